@@ -1,0 +1,1 @@
+//! Launcher environments (in progress).

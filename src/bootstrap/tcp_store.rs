@@ -1,0 +1,1 @@
+//! TCP store (in progress).

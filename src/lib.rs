@@ -1,0 +1,7 @@
+//! ferroccl: collective communication for Rust.
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod bootstrap;
+mod error;
+
+pub use error::{Error, Result};

@@ -1,0 +1,207 @@
+//! The transport seam of ferroccl: what every transport (tcp, shm, cuda-ipc,
+//! ib) implements, and the wire header they all carry.
+//!
+//! A connection between two ranks is a FIFO of `steps` slots of `chunk_bytes`
+//! each, in each direction. The sender fills a free slot and publishes it;
+//! the receiver consumes a filled slot and releases it. Nothing here knows
+//! about collectives, element types or algorithms: that is the executor's
+//! business, one layer up. This crate holds no `unsafe`.
+#![warn(missing_docs, unreachable_pub)]
+
+mod abort;
+mod frame;
+
+use std::time::Instant;
+
+pub use abort::{AbortHandle, AbortSignal};
+pub use frame::{Fingerprint, FrameHeader, FrameKind, HEADER_BYTES, MAGIC};
+
+/// Number of slots per direction of a connection unless configured otherwise
+/// (NCCL uses 8 as well).
+pub const DEFAULT_STEPS: usize = 8;
+
+/// Why a transport operation did not complete.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum TransportError {
+    /// The deadline passed while waiting on `peer`.
+    #[error("timed out after {waited_ms} ms waiting for rank {peer} ({what})")]
+    Timeout {
+        /// The rank waited for.
+        peer: usize,
+        /// What was being waited for (a slot, a frame, a connection).
+        what: &'static str,
+        /// How long the wait lasted.
+        waited_ms: u64,
+    },
+    /// The peer closed the connection or its process went away.
+    #[error("rank {peer} closed the connection: {detail}")]
+    PeerClosed {
+        /// The rank at the other end.
+        peer: usize,
+        /// What the operating system said.
+        detail: String,
+    },
+    /// The peer sent bytes that do not decode (bad magic, oversized frame...).
+    #[error("rank {peer} sent an invalid frame: {detail}")]
+    Protocol {
+        /// The rank at the other end.
+        peer: usize,
+        /// What was wrong with it.
+        detail: String,
+    },
+    /// A rank reported that another rank failed (through an abort frame or
+    /// the failure broadcast of the rendezvous).
+    #[error("rank {rank} failed: {reason}")]
+    PeerFailed {
+        /// The rank that failed.
+        rank: usize,
+        /// What is known about the failure.
+        reason: String,
+    },
+    /// Connection set-up failed (bind, connect, handshake).
+    #[error("could not connect to rank {peer}: {detail}")]
+    Connect {
+        /// The rank that could not be reached.
+        peer: usize,
+        /// Why.
+        detail: String,
+    },
+    /// The communicator was aborted locally.
+    #[error("aborted")]
+    Aborted,
+    /// Local I/O failure not attributable to a peer.
+    #[error("I/O error: {0}")]
+    Io(String),
+}
+
+/// What a rank tells its transports about itself, to decide which transport
+/// can reach which peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostInfo {
+    /// Identity of the host (boot id, hostname, network namespace).
+    pub host_id: String,
+}
+
+/// Parameters for a listener, shared by every connection it makes.
+#[derive(Debug, Clone)]
+pub struct ListenConfig {
+    /// Rank of this process in the communicator.
+    pub rank: usize,
+    /// Number of ranks in the communicator.
+    pub size: usize,
+    /// Job token: peers presenting another token are refused.
+    pub token: u64,
+    /// Identifies the communicator, so that a connection meant for another
+    /// communicator of the same job is refused.
+    pub comm_id: u64,
+    /// Bytes per slot.
+    pub chunk_bytes: usize,
+    /// Slots per direction.
+    pub steps: usize,
+    /// Interface name prefix to bind (FERROCCL_SOCKET_IFNAME); `None` picks one.
+    pub ifname: Option<String>,
+    /// IP address to bind to; `None` derives it from `ifname` or defaults.
+    pub bind_addr: Option<std::net::IpAddr>,
+    /// Sockets per peer, for transports that stripe (FERROCCL_NSOCKS_PERPEER).
+    pub nsocks: usize,
+}
+
+/// A transport: a way to build connections between ranks.
+pub trait Transport: Send + Sync {
+    /// Short name, as used by FERROCCL_TRANSPORT and in logs ("tcp", "shm").
+    fn name(&self) -> &'static str;
+    /// Whether this transport can join `local` and `peer`.
+    fn can_connect(&self, local: &HostInfo, peer: &HostInfo) -> bool;
+    /// Start accepting connections; the listener's address is then published
+    /// to the peers through the rendezvous.
+    fn listen(
+        &self,
+        config: &ListenConfig,
+        abort: &AbortSignal,
+    ) -> Result<Box<dyn Listener>, TransportError>;
+}
+
+/// A bound endpoint that accepts connections from peers and opens connections
+/// to them. By convention the lower rank connects and the higher rank accepts.
+pub trait Listener: Send + Sync {
+    /// Opaque address bytes to publish to peers.
+    fn address(&self) -> Vec<u8>;
+    /// Open a connection to `peer`, whose listener published `address`.
+    fn connect(
+        &self,
+        peer: usize,
+        address: &[u8],
+        deadline: Instant,
+    ) -> Result<Connection, TransportError>;
+    /// Wait for `peer` to connect to us.
+    fn accept(&self, peer: usize, deadline: Instant) -> Result<Connection, TransportError>;
+}
+
+/// One established connection to a peer: two independent halves, so that an
+/// executor can receive from one peer while it sends to another (or to the
+/// same one) in the same step.
+pub struct Connection {
+    /// The rank at the other end.
+    pub peer: usize,
+    /// Name of the transport that made it.
+    pub transport: &'static str,
+    /// The sending half.
+    pub sender: Box<dyn SlotSender>,
+    /// The receiving half.
+    pub receiver: Box<dyn SlotReceiver>,
+    /// Tears the connection down from any thread.
+    pub closer: std::sync::Arc<dyn ConnectionCloser>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("peer", &self.peer)
+            .field("transport", &self.transport)
+            .finish()
+    }
+}
+
+/// Closes a connection from any thread; blocked operations on either half
+/// then return an error instead of waiting for their deadline.
+pub trait ConnectionCloser: Send + Sync {
+    /// Tell the peer that `failed_rank` failed (best effort; used to spread a
+    /// failure to ranks that are not next to it), then close.
+    fn close_with_failure(&self, failed_rank: usize, reason: &str);
+    /// Close the connection without telling the peer anything more.
+    fn close(&self);
+}
+
+/// The sending half of a connection.
+pub trait SlotSender: Send {
+    /// Bytes per slot.
+    fn chunk_bytes(&self) -> usize;
+    /// Wait for a free slot (until `deadline`), let `fill` write into it and
+    /// return how many bytes it wrote (at most `chunk_bytes`), then publish
+    /// them to the peer under `header` (whose `len` is set from that count).
+    fn send_with(
+        &mut self,
+        header: FrameHeader,
+        deadline: Instant,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<(), TransportError>;
+}
+
+/// The receiving half of a connection.
+pub trait SlotReceiver: Send {
+    /// Bytes per slot.
+    fn chunk_bytes(&self) -> usize;
+    /// Wait for the next filled slot (until `deadline`), hand its header and
+    /// bytes to `consume`, then release the slot to the sender. An error from
+    /// `consume` is passed through and the slot is still released.
+    fn recv_with(
+        &mut self,
+        deadline: Instant,
+        consume: &mut dyn FnMut(&FrameHeader, &[u8]) -> Result<(), TransportError>,
+    ) -> Result<(), TransportError>;
+}
+
+/// Milliseconds between `start` and now, for error messages.
+pub fn elapsed_ms(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+}

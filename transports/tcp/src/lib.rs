@@ -1,0 +1,1 @@
+//! TCP transport (work in progress).
