@@ -1,7 +1,36 @@
 //! ferroccl: collective communication for Rust.
+//!
+//! Allreduce, reduce-scatter, allgather, broadcast, reduce, send/recv,
+//! all-to-all and barrier between the processes of a job, over pluggable
+//! transports. See `docs/architecture.md` for the layers.
+//!
+//! ```no_run
+//! use ferroccl::{Communicator, ReduceOp};
+//! let comm = Communicator::from_env()?;          // torchrun / mpirun / srun / ferroccl-run
+//! let send = vec![comm.rank() as f32; 1024];
+//! let mut recv = vec![0f32; 1024];
+//! comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+//! # Ok::<(), ferroccl::Error>(())
+//! ```
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod algo;
 pub mod bootstrap;
+mod coll;
+mod comm;
+mod config;
+mod element;
 mod error;
+mod exec;
+mod fingerprint;
+mod logging;
+pub mod testing;
+mod topo;
+mod transports;
+mod tune;
 
+pub use comm::{Communicator, Work};
+pub use config::{Config, DEFAULT_BUFFSIZE, DEFAULT_NSOCKS_PERPEER, DEFAULT_TIMEOUT};
+pub use element::{DataType, Element, ReduceOp};
 pub use error::{Error, Result};
+pub use transports::TRANSPORT_NAMES;

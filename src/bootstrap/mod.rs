@@ -9,8 +9,8 @@ mod tcp_store;
 use crate::error::Result;
 use std::time::Instant;
 
-// pub use memory::MemoryStore;
-// pub use tcp_store::{TcpStore, TcpStoreServer};
+pub use memory::MemoryStore;
+pub use tcp_store::{TcpStore, TcpStoreServer};
 
 /// A report that a rank of the job failed, broadcast to every rank.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,6 +10,7 @@
 
 mod abort;
 mod frame;
+pub mod mem;
 
 use std::time::Instant;
 

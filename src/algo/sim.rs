@@ -1,0 +1,281 @@
+//! A deterministic simulator for schedules: every rank's schedule runs over
+//! bounded FIFOs of f64 frames, one step at a time, round robin. It checks
+//! tags and lengths, detects deadlock (no rank can move) and returns the
+//! output buffers, so a schedule is tested with no threads and no I/O.
+
+use super::{Prim, Schedule};
+use std::collections::{HashMap, VecDeque};
+
+type Frame = (u32, Vec<f64>);
+
+/// Run `schedules` (one per rank). `inputs[r]` is rank r's input; when
+/// `in_place`, the input is read from the output buffer instead, which must
+/// then hold the input already. `cap` bounds each FIFO, as slots do.
+pub(crate) fn run(
+    schedules: &[Schedule],
+    inputs: &[Vec<f64>],
+    outputs: &mut [Vec<f64>],
+    in_place: bool,
+    cap: usize,
+) -> Result<(), String> {
+    let n = schedules.len();
+    let mut fifo: HashMap<(usize, usize), VecDeque<Frame>> = HashMap::new();
+    let mut pc = vec![0usize; n];
+    loop {
+        let mut moved = false;
+        for r in 0..n {
+            let Some(step) = schedules[r].steps.get(pc[r]).copied() else {
+                continue;
+            };
+            if step.prim.sends() {
+                let q = fifo.entry((r, step.send_to)).or_default();
+                if q.len() >= cap {
+                    continue;
+                }
+            }
+            let received = if step.prim.receives() {
+                let q = fifo.entry((step.recv_from, r)).or_default();
+                let Some((tag, data)) = q.pop_front() else {
+                    continue;
+                };
+                if tag != step.recv_tag {
+                    return Err(format!(
+                        "rank {r} step {} expected tag {} from {}, got {tag}",
+                        pc[r], step.recv_tag, step.recv_from
+                    ));
+                }
+                if data.len() != step.len {
+                    return Err(format!(
+                        "rank {r} step {} expected {} elements, got {}",
+                        pc[r],
+                        step.len,
+                        data.len()
+                    ));
+                }
+                Some(data)
+            } else {
+                None
+            };
+            let input: Vec<f64> = {
+                let src = if in_place { &outputs[r] } else { &inputs[r] };
+                if step.prim == Prim::Recv || step.prim == Prim::RecvCopySend {
+                    Vec::new()
+                } else {
+                    src.get(step.input..step.input + step.len)
+                        .ok_or_else(|| format!("rank {r} step {} reads past input", pc[r]))?
+                        .to_vec()
+                }
+            };
+            let value: Vec<f64> = match (received, step.prim.reduces()) {
+                (Some(data), true) => data.iter().zip(&input).map(|(a, b)| a + b).collect(),
+                (Some(data), false) => data,
+                (None, _) => input,
+            };
+            if step.prim.writes_output() {
+                let dst = outputs[r]
+                    .get_mut(step.output..step.output + step.len)
+                    .ok_or_else(|| format!("rank {r} step {} writes past output", pc[r]))?;
+                dst.copy_from_slice(&value);
+            }
+            if step.prim.sends() {
+                fifo.entry((r, step.send_to))
+                    .or_default()
+                    .push_back((step.send_tag, value));
+            }
+            pc[r] += 1;
+            moved = true;
+        }
+        if (0..n).all(|r| pc[r] == schedules[r].steps.len()) {
+            let left: usize = fifo.values().map(VecDeque::len).sum();
+            return if left == 0 {
+                Ok(())
+            } else {
+                Err(format!("{left} frames never received"))
+            };
+        }
+        if !moved {
+            return Err(format!("deadlock: program counters {pc:?}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ring::{self, RingParams};
+    use super::*;
+
+    fn value(rank: usize, i: usize) -> f64 {
+        (rank * 1000 + i) as f64
+    }
+
+    fn params(rank: usize, size: usize, slice: usize) -> RingParams {
+        RingParams { rank, size, slice }
+    }
+
+    const SIZES: [usize; 9] = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+    const SLICES: [usize; 3] = [1, 3, 1000];
+    // A rank holds its received slot while it waits for a send slot, so a
+    // link needs two slots; real links have `steps` (8) plus socket buffers.
+    const CAPS: [usize; 2] = [2, 8];
+
+    fn counts(n: usize) -> Vec<usize> {
+        vec![0, 1, n.saturating_sub(1), n, n + 1, 37, 100]
+    }
+
+    #[test]
+    fn ring_all_reduce_sums_everything_everywhere() {
+        for n in SIZES {
+            for count in counts(n) {
+                for slice in SLICES {
+                    for cap in CAPS {
+                        for in_place in [false, true] {
+                            let sched: Vec<_> = (0..n)
+                                .map(|r| ring::all_reduce(params(r, n, slice), count))
+                                .collect();
+                            let inputs: Vec<Vec<f64>> = (0..n)
+                                .map(|r| (0..count).map(|i| value(r, i)).collect())
+                                .collect();
+                            let mut outputs = if in_place {
+                                inputs.clone()
+                            } else {
+                                vec![vec![f64::NAN; count]; n]
+                            };
+                            run(&sched, &inputs, &mut outputs, in_place, cap).unwrap_or_else(|e| {
+                                panic!("n={n} count={count} slice={slice} cap={cap}: {e}")
+                            });
+                            for out in &outputs {
+                                for (i, v) in out.iter().enumerate() {
+                                    let want: f64 = (0..n).map(|r| value(r, i)).sum();
+                                    assert_eq!(*v, want, "n={n} count={count} i={i}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ring_reduce_scatter_and_all_gather() {
+        for n in SIZES {
+            for count in counts(n) {
+                for slice in SLICES {
+                    let rs: Vec<_> = (0..n)
+                        .map(|r| ring::reduce_scatter(params(r, n, slice), count))
+                        .collect();
+                    let inputs: Vec<Vec<f64>> = (0..n)
+                        .map(|r| (0..count * n).map(|i| value(r, i)).collect())
+                        .collect();
+                    let mut outputs = vec![vec![f64::NAN; count]; n];
+                    run(&rs, &inputs, &mut outputs, false, 2).unwrap();
+                    for (rank, out) in outputs.iter().enumerate() {
+                        for (i, v) in out.iter().enumerate() {
+                            let want: f64 = (0..n).map(|r| value(r, rank * count + i)).sum();
+                            assert_eq!(*v, want, "reduce_scatter n={n} count={count}");
+                        }
+                    }
+
+                    let ag: Vec<_> = (0..n)
+                        .map(|r| ring::all_gather(params(r, n, slice), count))
+                        .collect();
+                    let inputs: Vec<Vec<f64>> = (0..n)
+                        .map(|r| (0..count).map(|i| value(r, i)).collect())
+                        .collect();
+                    let mut outputs = vec![vec![f64::NAN; count * n]; n];
+                    run(&ag, &inputs, &mut outputs, false, 2).unwrap();
+                    for out in &outputs {
+                        for (j, v) in out.iter().enumerate() {
+                            assert_eq!(*v, value(j / count, j % count), "all_gather n={n}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn chains_broadcast_and_reduce_from_every_root() {
+        for n in SIZES {
+            for root in 0..n {
+                for count in counts(n) {
+                    let bc: Vec<_> = (0..n)
+                        .map(|r| ring::broadcast(params(r, n, 3), count, root))
+                        .collect();
+                    let mut bufs: Vec<Vec<f64>> = (0..n)
+                        .map(|r| (0..count).map(|i| value(r, i)).collect())
+                        .collect();
+                    run(&bc, &[], &mut bufs, true, 2).unwrap();
+                    for b in &bufs {
+                        for (i, v) in b.iter().enumerate() {
+                            assert_eq!(*v, value(root, i));
+                        }
+                    }
+
+                    let rd: Vec<_> = (0..n)
+                        .map(|r| ring::reduce(params(r, n, 3), count, root))
+                        .collect();
+                    let inputs: Vec<Vec<f64>> = (0..n)
+                        .map(|r| (0..count).map(|i| value(r, i)).collect())
+                        .collect();
+                    let mut outputs = vec![vec![f64::NAN; count]; n];
+                    run(&rd, &inputs, &mut outputs, false, 2).unwrap();
+                    for (i, v) in outputs[root].iter().enumerate() {
+                        let want: f64 = (0..n).map(|r| value(r, i)).sum();
+                        assert_eq!(*v, want, "reduce n={n} root={root}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn all_to_all_and_barrier_complete_without_deadlock() {
+        for n in SIZES {
+            for block in [0usize, 1, 5, 17] {
+                let sched: Vec<_> = (0..n)
+                    .map(|r| ring::all_to_all(params(r, n, 4), block))
+                    .collect();
+                let inputs: Vec<Vec<f64>> = (0..n)
+                    .map(|r| (0..block * n).map(|i| value(r, i)).collect())
+                    .collect();
+                let mut outputs = vec![vec![f64::NAN; block * n]; n];
+                run(&sched, &inputs, &mut outputs, false, 2).unwrap();
+                for (rank, out) in outputs.iter().enumerate() {
+                    for (j, v) in out.iter().enumerate() {
+                        let (src, i) = (j / block.max(1), j % block.max(1));
+                        assert_eq!(*v, value(src, rank * block + i));
+                    }
+                }
+            }
+            let barrier: Vec<_> = (0..n).map(|r| ring::barrier(params(r, n, 1))).collect();
+            run(&barrier, &[], &mut vec![Vec::new(); n], true, 2).unwrap();
+        }
+    }
+
+    #[test]
+    fn point_to_point_pairs_match() {
+        for count in [0usize, 1, 10] {
+            let sched = vec![
+                ring::point_to_point(params(0, 2, 3), count, 1, true),
+                ring::point_to_point(params(1, 2, 3), count, 0, false),
+            ];
+            let inputs = vec![(0..count).map(|i| value(0, i)).collect(), vec![]];
+            let mut outputs = vec![vec![], vec![f64::NAN; count]];
+            run(&sched, &inputs, &mut outputs, false, 2).unwrap();
+            assert_eq!(outputs[1], inputs[0]);
+        }
+    }
+
+    #[test]
+    fn simulator_catches_mismatched_schedules() {
+        // Rank 1 runs a schedule for another count: lengths disagree.
+        let sched = vec![
+            ring::all_reduce(params(0, 2, 100), 10),
+            ring::all_reduce(params(1, 2, 100), 12),
+        ];
+        let inputs = vec![vec![1.0; 10], vec![1.0; 12]];
+        let mut outputs = vec![vec![0.0; 10], vec![0.0; 12]];
+        assert!(run(&sched, &inputs, &mut outputs, false, 8).is_err());
+    }
+}

@@ -1,0 +1,30 @@
+//! Allgather: rank r's buffer lands in block r of every rank's output.
+
+use super::{check_len, Geometry, Plan};
+use crate::algo::ring;
+use crate::error::{Error, Result};
+
+/// Out of place: `recv_len == send_len * size`.
+pub(crate) fn all_gather(g: Geometry, send_len: usize, recv_len: usize) -> Result<Plan> {
+    check_len(
+        "all_gather recv buffer",
+        recv_len,
+        send_len * g.size,
+        "recv.len() == send.len() * size",
+    )?;
+    Ok(Plan::new(ring::all_gather(g.ring(), send_len)))
+}
+
+/// In place on a buffer of `count * size` whose block `rank` holds the input.
+pub(crate) fn all_gather_in_place(g: Geometry, buf_len: usize) -> Result<Plan> {
+    if buf_len % g.size != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "all_gather_in_place buffer has {buf_len} elements, not a multiple of the {} ranks",
+            g.size
+        )));
+    }
+    let count = buf_len / g.size;
+    let mut plan = Plan::new(ring::all_gather(g.ring(), count));
+    plan.input_base = g.rank * count;
+    Ok(plan)
+}

@@ -1,0 +1,819 @@
+//! The communicator: the public API, call ordering, async work, failure
+//! handling and split. It checks arguments through `coll`, runs schedules
+//! through `exec`, and never touches sockets itself.
+
+use crate::bootstrap::{self, Store};
+use crate::coll::{self, CollKind, Geometry, Plan};
+use crate::config::Config;
+use crate::element::{Element, ReduceOp};
+use crate::error::{Error, Result};
+use crate::exec::{self, Call, Connector, Io, Links};
+use crate::fingerprint::{self, NO_ROOT};
+use crate::tune;
+use ferroccl_transport::{AbortHandle, ConnectionCloser, Fingerprint, ListenConfig};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A group of ranks that run collectives together.
+///
+/// Calls on one communicator run in the order they were issued, on every
+/// rank; blocking calls are async calls followed by `wait`. After any failure
+/// (a dead peer, a timeout, a mismatch, `abort()`), every later call returns
+/// the error that ended it.
+pub struct Communicator {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.inner.rank)
+            .field("size", &self.inner.size)
+            .field("comm_id", &self.inner.comm_id)
+            .finish()
+    }
+}
+
+/// Owns the rendezvous of the job: the store client, and on the rank that
+/// hosts it the server. Shared by a communicator and every communicator split
+/// from it; the last one to go says goodbye so the job does not report this
+/// rank as failed.
+pub(crate) struct Rendezvous {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) _server: Option<bootstrap::TcpStoreServer>,
+}
+
+impl Drop for Rendezvous {
+    fn drop(&mut self) {
+        self.store.goodbye();
+    }
+}
+
+struct Turns {
+    /// Next ticket to hand out (under this lock, so that tickets and the
+    /// progress queue agree on order).
+    issued: Mutex<IssueState>,
+    served: Mutex<u64>,
+    turn: Condvar,
+}
+
+#[derive(Default)]
+struct IssueState {
+    next_ticket: u64,
+    coll_seq: u64,
+    /// Per (peer, sending) sequence numbers of point-to-point calls.
+    p2p_seq: HashMap<(usize, bool), u64>,
+}
+
+struct Inner {
+    rank: usize,
+    size: usize,
+    /// Rank in the job of each rank of this communicator.
+    global_ranks: Vec<usize>,
+    comm_id: u64,
+    config: Config,
+    rendezvous: Arc<Rendezvous>,
+    links: Mutex<Links>,
+    turns: Turns,
+    abort: AbortHandle,
+    failure: Mutex<Option<Error>>,
+    closers: Arc<Mutex<Vec<Arc<dyn ConnectionCloser>>>>,
+    progress: Mutex<Option<crossbeam_channel::Sender<Job>>>,
+    progress_thread: Mutex<Option<JoinHandle<()>>>,
+    watcher_stop: Mutex<Option<crossbeam_channel::Sender<()>>>,
+    splits: AtomicU64,
+}
+
+/// The result of an async call: `wait()` blocks until it is done.
+#[must_use = "an async call's errors are only seen through wait()"]
+pub struct Work<T> {
+    result: crossbeam_channel::Receiver<Result<T>>,
+    during: String,
+}
+
+impl<T> std::fmt::Debug for Work<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Work")
+            .field("during", &self.during)
+            .finish()
+    }
+}
+
+impl<T> Work<T> {
+    /// Wait for the call to finish and return its buffer. Bounded: every wait
+    /// inside the call is bounded by the communicator's timeout.
+    pub fn wait(self) -> Result<T> {
+        self.result.recv().unwrap_or_else(|_| {
+            Err(Error::Aborted(Some(format!(
+                "{}: the progress thread ended before the call finished",
+                self.during
+            ))))
+        })
+    }
+
+    /// Whether the call has finished (its result can be taken without waiting).
+    pub fn is_complete(&self) -> bool {
+        !self.result.is_empty()
+    }
+}
+
+/// What a call needs besides its buffers.
+struct CallSpec {
+    kind: CollKind,
+    dtype: crate::element::DataType,
+    op: Option<ReduceOp>,
+    count: usize,
+    root: Option<usize>,
+    /// `Some((peer, sending))` for point-to-point.
+    p2p: Option<(usize, bool)>,
+}
+
+impl Communicator {
+    /// Join a job with explicit settings: rank 0 hosts the rendezvous at
+    /// `config.master_addr:master_port`, every rank connects to it.
+    pub fn init(config: Config) -> Result<Communicator> {
+        crate::logging::init();
+        config.validate()?;
+        let deadline = Instant::now() + config.timeout;
+        let addr = crate::config::resolve(&config.master_addr, config.master_port)?;
+        let server = if config.rank == 0 {
+            let bind = std::net::SocketAddr::new(
+                if addr.ip().is_loopback() {
+                    addr.ip()
+                } else {
+                    std::net::Ipv4Addr::UNSPECIFIED.into()
+                },
+                addr.port(),
+            );
+            Some(bootstrap::TcpStoreServer::start(
+                bind,
+                config.token,
+                config.size,
+            )?)
+        } else {
+            None
+        };
+        let store = bootstrap::TcpStore::connect(addr, config.token, config.rank, deadline)?;
+        let rendezvous = Arc::new(Rendezvous {
+            store: Arc::new(store),
+            _server: server,
+        });
+        let global: Vec<usize> = (0..config.size).collect();
+        Self::build(config, rendezvous, global, 1)
+    }
+
+    /// Join the job described by the launcher's environment: torchrun or
+    /// ferroccl-run (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI
+    /// (OMPI_COMM_WORLD_*) or Slurm (SLURM_PROCID, ...). FERROCCL_* variables
+    /// tune it (see [`Config::from_env_overrides`]).
+    pub fn from_env() -> Result<Communicator> {
+        let info = bootstrap::env::detect_process_env()?;
+        let config = Config::from_launch(&info)?;
+        Self::init(config)
+    }
+
+    /// Build a communicator over an existing rendezvous (used by `init`,
+    /// `split` and the in-process test harness).
+    pub(crate) fn build(
+        config: Config,
+        rendezvous: Arc<Rendezvous>,
+        global_ranks: Vec<usize>,
+        comm_id: u64,
+    ) -> Result<Communicator> {
+        crate::logging::init();
+        let (rank, size) = (config.rank, config.size);
+        let abort = AbortHandle::new();
+        let transports = crate::transports::select(&config)?;
+        let listen = ListenConfig {
+            rank,
+            size,
+            token: config.token,
+            comm_id,
+            chunk_bytes: config.chunk_bytes(),
+            steps: config.steps,
+            ifname: config.socket_ifname.clone(),
+            bind_addr: None,
+            nsocks: config.nsocks_per_peer,
+        };
+        let connector = Connector::new(
+            &listen,
+            rendezvous.store.clone(),
+            transports,
+            crate::topo::host_info(),
+            &abort.signal(),
+            config.timeout,
+        )?;
+        let closers = Arc::new(Mutex::new(Vec::new()));
+        let mut links = Links::new(connector, closers.clone());
+        // Ring neighbours now, so that a broken network shows at start-up;
+        // other peers when first needed.
+        if size > 1 {
+            let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+            // The lower rank connects and the higher accepts; order the two
+            // set-ups so no rank accepts while its partner also accepts.
+            let mut order = [next, prev];
+            order.sort_unstable();
+            for peer in order {
+                links.ensure(peer)?;
+            }
+        }
+        let (job_tx, job_rx) = crossbeam_channel::unbounded::<Job>();
+        let progress_thread = std::thread::Builder::new()
+            .name(format!("ferroccl-progress-{rank}"))
+            .spawn(move || {
+                for job in job_rx {
+                    job();
+                }
+            })?;
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+        let inner = Arc::new(Inner {
+            rank,
+            size,
+            global_ranks,
+            comm_id,
+            config,
+            rendezvous,
+            links: Mutex::new(links),
+            turns: Turns {
+                issued: Mutex::new(IssueState::default()),
+                served: Mutex::new(0),
+                turn: Condvar::new(),
+            },
+            abort,
+            failure: Mutex::new(None),
+            closers,
+            progress: Mutex::new(Some(job_tx)),
+            progress_thread: Mutex::new(Some(progress_thread)),
+            watcher_stop: Mutex::new(Some(stop_tx)),
+            splits: AtomicU64::new(0),
+        });
+        spawn_watcher(&inner, stop_rx)?;
+        Ok(Communicator { inner })
+    }
+
+    /// This rank's index, `0..size()`.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// The settings this communicator runs with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The transport each peer is connected over (`None`: not connected yet,
+    /// or this rank itself).
+    pub fn transports(&self) -> Vec<Option<&'static str>> {
+        lock(&self.inner.links).transports().to_vec()
+    }
+
+    /// The error that ended this communicator, if one did; never blocks.
+    pub fn async_error(&self) -> Option<Error> {
+        lock(&self.inner.failure).clone()
+    }
+
+    /// Out-of-place allreduce: `recv[i] = op over ranks of send[i]`.
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let plan = coll::all_reduce(
+            self.geometry::<T>(send.len(), self.inner.size),
+            send.len(),
+            recv.len(),
+        )?;
+        self.run_blocking(
+            self.spec::<T>(CollKind::AllReduce, Some(op), send.len(), None),
+            plan,
+            Io::OutOfPlace {
+                input: send,
+                output: recv,
+            },
+        )
+    }
+
+    /// In-place allreduce.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let plan = coll::all_reduce(
+            self.geometry::<T>(buf.len(), self.inner.size),
+            buf.len(),
+            buf.len(),
+        )?;
+        let spec = self.spec::<T>(CollKind::AllReduce, Some(op), buf.len(), None);
+        self.run_blocking(spec, plan, in_place(buf, 0, 0))
+    }
+
+    /// Allreduce on an owned buffer, in place, without blocking: the call is
+    /// queued in order and `wait()` returns the buffer.
+    pub fn all_reduce_async<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+    ) -> Result<Work<Vec<T>>> {
+        let plan = coll::all_reduce(
+            self.geometry::<T>(buf.len(), self.inner.size),
+            buf.len(),
+            buf.len(),
+        )?;
+        let spec = self.spec::<T>(CollKind::AllReduce, Some(op), buf.len(), None);
+        self.run_async(spec, move |inner, call| {
+            inner
+                .execute(&plan, in_place(&mut buf, 0, 0), call)
+                .map(|()| buf)
+        })
+    }
+
+    /// Reduce-scatter: `send.len() == recv.len() * size`; rank r's `recv`
+    /// gets the reduction of block r of every rank's `send`.
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let plan = coll::reduce_scatter(self.geometry::<T>(recv.len(), 1), send.len(), recv.len())?;
+        let spec = self.spec::<T>(CollKind::ReduceScatter, Some(op), recv.len(), None);
+        self.run_blocking(
+            spec,
+            plan,
+            Io::OutOfPlace {
+                input: send,
+                output: recv,
+            },
+        )
+    }
+
+    /// In-place reduce-scatter on `count * size` elements: block `rank` of
+    /// `buf` gets the result; the other blocks are left as scratch.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let plan = coll::reduce_scatter_in_place(
+            self.geometry::<T>(buf.len() / self.inner.size, 1),
+            buf.len(),
+        )?;
+        let spec = self.spec::<T>(
+            CollKind::ReduceScatter,
+            Some(op),
+            buf.len() / self.inner.size,
+            None,
+        );
+        let (ib, ob) = (plan.input_base, plan.output_base);
+        self.run_blocking(spec, plan, in_place(buf, ib, ob))
+    }
+
+    /// Allgather: `recv.len() == send.len() * size`; block r of `recv` gets
+    /// rank r's `send`.
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let plan = coll::all_gather(self.geometry::<T>(send.len(), 1), send.len(), recv.len())?;
+        let spec = self.spec::<T>(CollKind::AllGather, None, send.len(), None);
+        self.run_blocking(
+            spec,
+            plan,
+            Io::OutOfPlace {
+                input: send,
+                output: recv,
+            },
+        )
+    }
+
+    /// In-place allgather on `count * size` elements whose block `rank`
+    /// holds this rank's input.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let plan = coll::all_gather_in_place(
+            self.geometry::<T>(buf.len() / self.inner.size, 1),
+            buf.len(),
+        )?;
+        let spec = self.spec::<T>(CollKind::AllGather, None, buf.len() / self.inner.size, None);
+        let (ib, ob) = (plan.input_base, plan.output_base);
+        self.run_blocking(spec, plan, in_place(buf, ib, ob))
+    }
+
+    /// Broadcast `buf` from `root` to every rank.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let plan = coll::broadcast(self.geometry::<T>(buf.len(), 1), buf.len(), root)?;
+        let spec = self.spec::<T>(CollKind::Broadcast, None, buf.len(), Some(root));
+        self.run_blocking(spec, plan, in_place(buf, 0, 0))
+    }
+
+    /// Reduce to `root`: on the root `recv` (of `send.len()`) gets the
+    /// reduction; elsewhere `recv` is not touched and may be empty.
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let plan = coll::reduce(
+            self.geometry::<T>(send.len(), 1),
+            send.len(),
+            recv.len(),
+            root,
+        )?;
+        let spec = self.spec::<T>(CollKind::Reduce, Some(op), send.len(), Some(root));
+        self.run_blocking(
+            spec,
+            plan,
+            Io::OutOfPlace {
+                input: send,
+                output: recv,
+            },
+        )
+    }
+
+    /// In-place reduce: the root's `buf` gets the reduction; other ranks'
+    /// buffers are inputs only (left unchanged).
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let plan = coll::reduce(self.geometry::<T>(buf.len(), 1), buf.len(), buf.len(), root)?;
+        let spec = self.spec::<T>(CollKind::Reduce, Some(op), buf.len(), Some(root));
+        self.run_blocking(spec, plan, in_place(buf, 0, 0))
+    }
+
+    /// Send `buf` to `peer` (which must call `recv` with the same length).
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        let plan = coll::point_to_point(self.geometry::<T>(buf.len(), 1), buf.len(), peer, true)?;
+        let mut spec = self.spec::<T>(CollKind::SendRecv, None, buf.len(), Some(self.inner.rank));
+        spec.p2p = Some((peer, true));
+        self.run_blocking(
+            spec,
+            plan,
+            Io::OutOfPlace {
+                input: buf,
+                output: &mut [],
+            },
+        )
+    }
+
+    /// Receive `buf.len()` elements from `peer`.
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        let plan = coll::point_to_point(self.geometry::<T>(buf.len(), 1), buf.len(), peer, false)?;
+        let mut spec = self.spec::<T>(CollKind::SendRecv, None, buf.len(), Some(peer));
+        spec.p2p = Some((peer, false));
+        self.run_blocking(
+            spec,
+            plan,
+            Io::OutOfPlace {
+                input: &[],
+                output: buf,
+            },
+        )
+    }
+
+    /// All-to-all: `send` and `recv` hold `size` blocks; block j of `send`
+    /// goes to rank j, block r of `recv` comes from rank r.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let plan = coll::all_to_all(
+            self.geometry::<T>(send.len() / self.inner.size, 1),
+            send.len(),
+            recv.len(),
+        )?;
+        let spec = self.spec::<T>(CollKind::AllToAll, None, send.len(), None);
+        self.run_blocking(
+            spec,
+            plan,
+            Io::OutOfPlace {
+                input: send,
+                output: recv,
+            },
+        )
+    }
+
+    /// Wait until every rank has called `barrier`.
+    pub fn barrier(&self) -> Result<()> {
+        let plan = coll::barrier(self.geometry::<u8>(0, 1));
+        let spec = self.spec::<u8>(CollKind::Barrier, None, 0, None);
+        self.run_blocking::<u8>(spec, plan, in_place(&mut [], 0, 0))
+    }
+
+    /// Split into sub-communicators: ranks passing the same `color` form one,
+    /// ordered by `key` (ties by rank). A negative color takes no part and
+    /// gets `None`. Every rank must call it (it is a collective).
+    pub fn split(&self, color: i32, key: i32) -> Result<Option<Communicator>> {
+        let mine = [i64::from(color), i64::from(key)];
+        let mut all = vec![0i64; 2 * self.inner.size];
+        self.all_gather(&mine, &mut all)?;
+        let split_index = self.inner.splits.fetch_add(1, Ordering::SeqCst);
+        if color < 0 {
+            return Ok(None);
+        }
+        let mut members: Vec<(i64, usize)> = (0..self.inner.size)
+            .filter(|&r| all[2 * r] == i64::from(color))
+            .map(|r| (all[2 * r + 1], r))
+            .collect();
+        members.sort_unstable();
+        let rank = members
+            .iter()
+            .position(|&(_, r)| r == self.inner.rank)
+            .ok_or_else(|| {
+                Error::Aborted(Some(
+                    "split: this rank is missing from its own color".into(),
+                ))
+            })?;
+        let global: Vec<usize> = members
+            .iter()
+            .map(|&(_, r)| self.inner.global_ranks[r])
+            .collect();
+        let comm_id = split_id(self.inner.comm_id, split_index, color);
+        let mut config = self.inner.config.clone();
+        config.rank = rank;
+        config.size = members.len();
+        Self::build(config, self.inner.rendezvous.clone(), global, comm_id).map(Some)
+    }
+
+    /// End every in-flight and queued call of this communicator with
+    /// `Error::Aborted`, from any thread, and close its connections. The
+    /// communicator stays unusable afterwards.
+    pub fn abort(&self) {
+        self.inner.fail(
+            Error::Aborted(Some("abort() was called on this rank".into())),
+            None,
+        );
+    }
+
+    fn geometry<T: Element>(&self, count: usize, pieces: usize) -> Geometry {
+        let elem = std::mem::size_of::<T>();
+        let piece_bytes = count / pieces.max(1) * elem;
+        let slice_bytes = tune::slice_bytes(piece_bytes, self.inner.config.chunk_bytes());
+        Geometry {
+            rank: self.inner.rank,
+            size: self.inner.size,
+            slice: (slice_bytes / elem).max(1),
+        }
+    }
+
+    fn spec<T: Element>(
+        &self,
+        kind: CollKind,
+        op: Option<ReduceOp>,
+        count: usize,
+        root: Option<usize>,
+    ) -> CallSpec {
+        CallSpec {
+            kind,
+            dtype: T::DTYPE,
+            op,
+            count,
+            root,
+            p2p: None,
+        }
+    }
+
+    fn run_blocking<T: Element>(&self, spec: CallSpec, plan: Plan, io: Io<'_, T>) -> Result<()> {
+        let (ticket, call) = self.inner.issue(&spec, None)?;
+        self.inner.wait_turn(ticket);
+        let result = self.inner.execute(&plan, io, &call);
+        self.inner.end_turn();
+        result
+    }
+
+    fn run_async<R: Send + 'static>(
+        &self,
+        spec: CallSpec,
+        job: impl FnOnce(&Inner, &Call) -> Result<R> + Send + 'static,
+    ) -> Result<Work<R>> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let inner = self.inner.clone();
+        let mut during = String::new();
+        let queued = |ticket: u64, call: &Call| -> Job {
+            during = call.during.clone();
+            let call = call.clone();
+            Box::new(move || {
+                inner.wait_turn(ticket);
+                let result = job(&inner, &call);
+                inner.end_turn();
+                let _ = tx.send(result);
+            })
+        };
+        self.inner.issue(&spec, Some(Box::new(queued)))?;
+        Ok(Work { result: rx, during })
+    }
+}
+
+fn in_place<T>(buf: &mut [T], input_base: usize, output_base: usize) -> Io<'_, T> {
+    Io::InPlace {
+        buf,
+        input_base,
+        output_base,
+    }
+}
+
+/// A communicator id for a split that every member computes alike and that
+/// differs from its parent's and its siblings'.
+fn split_id(parent: u64, index: u64, color: i32) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for v in [parent, index, color as u32 as u64, 0x5350_4c49_54] {
+        for b in v.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h | 2
+}
+
+impl Inner {
+    /// Hand out the next ticket and sequence number; for async calls, queue
+    /// the job under the same lock so queue order is ticket order.
+    fn issue(
+        &self,
+        spec: &CallSpec,
+        enqueue: Option<Box<dyn FnOnce(u64, &Call) -> Job + '_>>,
+    ) -> Result<(u64, Call)> {
+        if let Some(err) = lock(&self.failure).clone() {
+            return Err(err);
+        }
+        let mut state = lock(&self.turns.issued);
+        let seq = match spec.p2p {
+            Some(key) => {
+                let s = state.p2p_seq.entry(key).or_insert(0);
+                *s += 1;
+                *s
+            }
+            None => {
+                state.coll_seq += 1;
+                state.coll_seq
+            }
+        };
+        let fp = Fingerprint {
+            seq,
+            coll: spec.kind.code(),
+            dtype: spec.dtype.code(),
+            op: spec.op.map_or(0, ReduceOp::code),
+            count: spec.count as u64,
+            root: spec.root.map_or(NO_ROOT, |r| r as u32),
+        };
+        let call = Call {
+            during: fingerprint::describe(&fp),
+            fingerprint: fp,
+            op: spec.op.unwrap_or(ReduceOp::Sum),
+            timeout: self.config.timeout,
+        };
+        let ticket = state.next_ticket;
+        if let Some(make_job) = enqueue {
+            let job = make_job(ticket, &call);
+            let sender = lock(&self.progress);
+            let sender = sender
+                .as_ref()
+                .ok_or_else(|| Error::Aborted(Some("communicator is shutting down".into())))?;
+            sender
+                .send(job)
+                .map_err(|_| Error::Aborted(Some("the progress thread is gone".into())))?;
+        }
+        state.next_ticket += 1;
+        tracing::trace!(
+            rank = self.rank,
+            "issued {} as ticket {ticket}",
+            call.during
+        );
+        Ok((ticket, call))
+    }
+
+    fn wait_turn(&self, ticket: u64) {
+        let mut served = lock(&self.turns.served);
+        while *served != ticket {
+            served = self
+                .turns
+                .turn
+                .wait(served)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn end_turn(&self) {
+        *lock(&self.turns.served) += 1;
+        self.turns.turn.notify_all();
+    }
+
+    /// Run a checked call (the caller holds its turn).
+    fn execute<T: Element>(&self, plan: &Plan, io: Io<'_, T>, call: &Call) -> Result<()> {
+        if let Some(err) = self.relabelled_failure(&call.during) {
+            return Err(err);
+        }
+        let result = {
+            let mut links = lock(&self.links);
+            exec::run(&mut links, &plan.schedule, io, call)
+        };
+        match result {
+            Ok(()) => Ok(()),
+            Err(err) => Err(self.on_error(err, &call.during)),
+        }
+    }
+
+    /// Record a call's error as the communicator's failure (or, if the call
+    /// only saw the abort that an earlier failure caused, return that one).
+    fn on_error(&self, err: Error, during: &str) -> Error {
+        if matches!(err, Error::Aborted(None)) {
+            if let Some(stored) = self.relabelled_failure(during) {
+                return stored;
+            }
+        }
+        let blame = match &err {
+            Error::PeerFailed { rank, .. } | Error::Timeout { peer: rank, .. } => Some(*rank),
+            _ => None,
+        };
+        self.fail(err.clone(), blame);
+        self.relabelled_failure(during).unwrap_or(err)
+    }
+
+    /// The stored failure, restated for the call `during`.
+    fn relabelled_failure(&self, during: &str) -> Option<Error> {
+        let stored = lock(&self.failure).clone()?;
+        Some(match stored {
+            Error::PeerFailed { rank, reason, .. } => Error::PeerFailed {
+                rank,
+                during: during.to_string(),
+                reason,
+            },
+            other => other,
+        })
+    }
+
+    /// Mark the communicator failed (first failure wins), wake every waiter,
+    /// tell the job which rank is to blame, and close connections.
+    fn fail(&self, err: Error, blame: Option<usize>) {
+        {
+            let mut failure = lock(&self.failure);
+            if failure.is_some() {
+                return;
+            }
+            tracing::warn!(rank = self.rank, "communicator failed: {err}");
+            *failure = Some(err.clone());
+        }
+        self.abort.abort();
+        let reason = err.to_string();
+        if let Some(rank) = blame {
+            if let Some(&global) = self.global_ranks.get(rank) {
+                self.rendezvous.store.report_failure(global, &reason);
+            }
+        }
+        for closer in lock(&self.closers).iter() {
+            match blame {
+                Some(rank) => closer.close_with_failure(rank, &reason),
+                None => closer.close(),
+            }
+        }
+    }
+}
+
+/// Listen for failure reports of the job and fail the communicator when one
+/// names a member.
+fn spawn_watcher(inner: &Arc<Inner>, stop: crossbeam_channel::Receiver<()>) -> Result<()> {
+    let reports = inner.rendezvous.store.failures();
+    let weak: Weak<Inner> = Arc::downgrade(inner);
+    let rank = inner.rank;
+    std::thread::Builder::new()
+        .name(format!("ferroccl-watch-{rank}"))
+        .spawn(move || loop {
+            crossbeam_channel::select! {
+                recv(reports) -> report => {
+                    let Ok(report) = report else { return };
+                    let Some(inner) = weak.upgrade() else { return };
+                    if let Some(local) = inner.global_ranks.iter().position(|&g| g == report.rank) {
+                        if local != inner.rank {
+                            inner.fail(
+                                Error::PeerFailed {
+                                    rank: local,
+                                    during: String::new(),
+                                    reason: report.reason.clone(),
+                                },
+                                None,
+                            );
+                        }
+                    }
+                }
+                recv(stop) -> _ => return,
+            }
+        })?;
+    Ok(())
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        lock(&self.watcher_stop).take();
+        lock(&self.progress).take();
+        if let Some(handle) = lock(&self.progress_thread).take() {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
+        for closer in lock(&self.closers).iter() {
+            closer.close();
+        }
+        lock(&self.links).clear();
+        self.abort.abort();
+    }
+}

@@ -1,0 +1,247 @@
+//! Settings of a communicator: explicit fields, defaults, and the FERROCCL_*
+//! environment variables that override them (named as NCCL names its own).
+
+use crate::bootstrap::env::LaunchInfo;
+use crate::error::{Error, Result};
+use std::time::Duration;
+
+/// Default bound of every wait (FERROCCL_TIMEOUT, seconds).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default bytes of slot memory per direction of a connection
+/// (FERROCCL_BUFFSIZE), split into `steps` slots.
+pub const DEFAULT_BUFFSIZE: usize = 4 << 20;
+
+/// How to create a communicator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// This process's rank, `0..size`.
+    pub rank: usize,
+    /// Number of ranks.
+    pub size: usize,
+    /// Host of the rendezvous (rank 0 hosts it).
+    pub master_addr: String,
+    /// Port of the rendezvous.
+    pub master_port: u16,
+    /// Job token: the rendezvous and every connection refuse peers without it.
+    pub token: u64,
+    /// Bound of every wait (FERROCCL_TIMEOUT in seconds, fractions allowed).
+    pub timeout: Duration,
+    /// Force one transport by name (FERROCCL_TRANSPORT): "tcp", or "mem" for
+    /// ranks that are threads of one process.
+    pub transport: Option<String>,
+    /// Slot bytes per direction of a connection (FERROCCL_BUFFSIZE).
+    pub buffsize: usize,
+    /// Slots per direction (FERROCCL_STEPS).
+    pub steps: usize,
+    /// Sockets per peer for TCP (FERROCCL_NSOCKS_PERPEER).
+    pub nsocks_per_peer: usize,
+    /// Network interfaces for TCP, NCCL_SOCKET_IFNAME syntax
+    /// (FERROCCL_SOCKET_IFNAME).
+    pub socket_ifname: Option<String>,
+}
+
+/// Default sockets per peer. Measured on loopback with 2 cores
+/// (docs/performance.md): more sockets add threads that compete with the
+/// reduction for the same cores.
+pub const DEFAULT_NSOCKS_PERPEER: usize = 1;
+
+impl Config {
+    /// A config with defaults, then FERROCCL_* overrides from the process
+    /// environment.
+    pub fn new(
+        rank: usize,
+        size: usize,
+        master_addr: impl Into<String>,
+        master_port: u16,
+        token: u64,
+    ) -> Result<Config> {
+        let mut config = Config {
+            rank,
+            size,
+            master_addr: master_addr.into(),
+            master_port,
+            token,
+            timeout: DEFAULT_TIMEOUT,
+            transport: None,
+            buffsize: DEFAULT_BUFFSIZE,
+            steps: ferroccl_transport::DEFAULT_STEPS,
+            nsocks_per_peer: DEFAULT_NSOCKS_PERPEER,
+            socket_ifname: None,
+        };
+        config.from_env_overrides(&|k| std::env::var(k).ok())?;
+        Ok(config)
+    }
+
+    /// Build from what a launcher set (see `bootstrap::env`). Without
+    /// FERROCCL_TOKEN the token is derived from the rendezvous address, so
+    /// that every rank of a torchrun/mpirun job agrees on it.
+    pub fn from_launch(info: &LaunchInfo) -> Result<Config> {
+        let token = info
+            .token
+            .unwrap_or_else(|| derive_token(&info.master_addr, info.master_port, info.size));
+        Config::new(
+            info.rank,
+            info.size,
+            info.master_addr.clone(),
+            info.master_port,
+            token,
+        )
+    }
+
+    /// Apply FERROCCL_TIMEOUT, FERROCCL_TRANSPORT, FERROCCL_BUFFSIZE,
+    /// FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER and FERROCCL_SOCKET_IFNAME
+    /// read through `get`; a value that does not parse is an error naming it.
+    pub fn from_env_overrides(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
+        fn parse<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
+            value
+                .trim()
+                .parse()
+                .map_err(|_| Error::Env(format!("{name}='{value}' is not a valid number")))
+        }
+        if let Some(v) = get("FERROCCL_TIMEOUT") {
+            let secs: f64 = parse("FERROCCL_TIMEOUT", &v)?;
+            if !(secs > 0.0 && secs.is_finite()) {
+                return Err(Error::Env(format!(
+                    "FERROCCL_TIMEOUT='{v}' must be a positive number of seconds"
+                )));
+            }
+            self.timeout = Duration::from_secs_f64(secs);
+        }
+        if let Some(v) = get("FERROCCL_TRANSPORT") {
+            self.transport = Some(v.trim().to_ascii_lowercase()).filter(|s| !s.is_empty());
+        }
+        if let Some(v) = get("FERROCCL_BUFFSIZE") {
+            self.buffsize = parse("FERROCCL_BUFFSIZE", &v)?;
+        }
+        if let Some(v) = get("FERROCCL_STEPS") {
+            self.steps = parse("FERROCCL_STEPS", &v)?;
+        }
+        if let Some(v) = get("FERROCCL_NSOCKS_PERPEER") {
+            self.nsocks_per_peer = parse("FERROCCL_NSOCKS_PERPEER", &v)?;
+        }
+        if let Some(v) = get("FERROCCL_SOCKET_IFNAME") {
+            self.socket_ifname = Some(v).filter(|s| !s.trim().is_empty());
+        }
+        Ok(())
+    }
+
+    /// Bytes per slot.
+    pub fn chunk_bytes(&self) -> usize {
+        // Keep slots a multiple of 8 bytes so every element type tiles them.
+        (self.buffsize / self.steps.max(1)) & !7
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidArgument(m));
+        if self.size == 0 {
+            return bad("size must be at least 1".into());
+        }
+        if self.rank >= self.size {
+            return bad(format!(
+                "rank {} is out of range for size {}",
+                self.rank, self.size
+            ));
+        }
+        if self.steps < 2 {
+            return bad(format!(
+                "steps = {} but a connection needs at least 2 slots per direction",
+                self.steps
+            ));
+        }
+        if self.chunk_bytes() < 64 {
+            return bad(format!(
+                "buffsize = {} gives slots of {} bytes; at least 64 are needed",
+                self.buffsize,
+                self.chunk_bytes()
+            ));
+        }
+        if self.chunk_bytes() > u32::MAX as usize {
+            return bad(format!(
+                "buffsize = {} gives slots over 4 GiB",
+                self.buffsize
+            ));
+        }
+        if !(1..=64).contains(&self.nsocks_per_peer) {
+            return bad(format!(
+                "nsocks_per_peer = {} must be in 1..=64",
+                self.nsocks_per_peer
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Resolve `host:port` to a socket address, preferring IPv4.
+pub(crate) fn resolve(host: &str, port: u16) -> Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<_> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| Error::Bootstrap(format!("cannot resolve rendezvous host '{host}': {e}")))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| Error::Bootstrap(format!("rendezvous host '{host}' resolves to no address")))
+}
+
+/// A token every rank of one job derives alike when the launcher set none.
+pub(crate) fn derive_token(addr: &str, port: u16, size: usize) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in addr
+        .bytes()
+        .chain(port.to_le_bytes())
+        .chain((size as u64).to_le_bytes())
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with(vars: &[(&str, &str)]) -> Result<Config> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut c = Config::new(0, 2, "127.0.0.1", 1, 7)?;
+        c.from_env_overrides(&|k| map.get(k).cloned())?;
+        Ok(c)
+    }
+
+    #[test]
+    fn env_overrides_apply_and_bad_values_name_the_variable() {
+        let c = with(&[
+            ("FERROCCL_TIMEOUT", "2.5"),
+            ("FERROCCL_NSOCKS_PERPEER", "3"),
+            ("FERROCCL_TRANSPORT", "TCP"),
+        ])
+        .unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(2500));
+        assert_eq!(c.nsocks_per_peer, 3);
+        assert_eq!(c.transport.as_deref(), Some("tcp"));
+        let err = with(&[("FERROCCL_BUFFSIZE", "lots")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("FERROCCL_BUFFSIZE"), "{err}");
+        let err = with(&[("FERROCCL_TIMEOUT", "-1")]).unwrap_err().to_string();
+        assert!(err.contains("FERROCCL_TIMEOUT"), "{err}");
+    }
+
+    #[test]
+    fn validation_rejects_nonsense() {
+        let mut c = with(&[]).unwrap();
+        c.rank = 2;
+        assert!(c.validate().is_err());
+        let mut c = with(&[]).unwrap();
+        c.steps = 1;
+        assert!(c.validate().is_err());
+        assert!(with(&[]).unwrap().validate().is_ok());
+    }
+}

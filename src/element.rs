@@ -1,0 +1,514 @@
+//! Element types a collective can carry, and reduction operators.
+//!
+//! `Element` is sealed: the wire fingerprint and the kernels know exactly
+//! these ten types. f16 and bf16 come from the `half` crate.
+
+use half::{bf16, f16};
+
+/// Reduction operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Elementwise sum.
+    Sum,
+    /// Elementwise product.
+    Prod,
+    /// Elementwise minimum.
+    Min,
+    /// Elementwise maximum.
+    Max,
+    /// Sum divided by the number of ranks, once, at the end.
+    Avg,
+}
+
+impl ReduceOp {
+    /// All operators, for tests and tools.
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ];
+
+    /// nccl-tests name of the operator.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Avg => "avg",
+        }
+    }
+
+    /// Parse an nccl-tests operator name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|op| op.name().eq_ignore_ascii_case(name))
+    }
+
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            ReduceOp::Sum => 1,
+            ReduceOp::Prod => 2,
+            ReduceOp::Min => 3,
+            ReduceOp::Max => 4,
+            ReduceOp::Avg => 5,
+        }
+    }
+
+    pub(crate) fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|op| op.code() == code)
+    }
+
+    /// The operator applied while data moves; Avg moves as Sum and divides
+    /// once at the end.
+    pub(crate) fn combining(self) -> ReduceOp {
+        match self {
+            ReduceOp::Avg => ReduceOp::Sum,
+            other => other,
+        }
+    }
+}
+
+impl std::fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Element type names, as nccl-tests prints them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DataType {
+    /// `f32`
+    F32,
+    /// `f64`
+    F64,
+    /// `half::f16`
+    F16,
+    /// `half::bf16`
+    Bf16,
+    /// `i8`
+    I8,
+    /// `u8`
+    U8,
+    /// `i32`
+    I32,
+    /// `u32`
+    U32,
+    /// `i64`
+    I64,
+    /// `u64`
+    U64,
+}
+
+impl DataType {
+    /// All element types.
+    pub const ALL: [DataType; 10] = [
+        DataType::F32,
+        DataType::F64,
+        DataType::F16,
+        DataType::Bf16,
+        DataType::I8,
+        DataType::U8,
+        DataType::I32,
+        DataType::U32,
+        DataType::I64,
+        DataType::U64,
+    ];
+
+    /// nccl-tests name ("float", "half", "bfloat16", "int32", ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::F32 => "float",
+            DataType::F64 => "double",
+            DataType::F16 => "half",
+            DataType::Bf16 => "bfloat16",
+            DataType::I8 => "int8",
+            DataType::U8 => "uint8",
+            DataType::I32 => "int32",
+            DataType::U32 => "uint32",
+            DataType::I64 => "int64",
+            DataType::U64 => "uint64",
+        }
+    }
+
+    /// Parse an nccl-tests type name (also accepts Rust names like "f32").
+    pub fn from_name(name: &str) -> Option<Self> {
+        let lower = name.to_ascii_lowercase();
+        let alias = match lower.as_str() {
+            "f32" | "float32" => "float",
+            "f64" | "float64" => "double",
+            "f16" | "float16" => "half",
+            "bf16" => "bfloat16",
+            "i8" => "int8",
+            "u8" => "uint8",
+            "i32" | "int" => "int32",
+            "u32" => "uint32",
+            "i64" => "int64",
+            "u64" => "uint64",
+            other => other,
+        };
+        Self::ALL.into_iter().find(|t| t.name() == alias)
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DataType::I8 | DataType::U8 => 1,
+            DataType::F16 | DataType::Bf16 => 2,
+            DataType::F32 | DataType::I32 | DataType::U32 => 4,
+            DataType::F64 | DataType::I64 | DataType::U64 => 8,
+        }
+    }
+
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            DataType::F32 => 1,
+            DataType::F64 => 2,
+            DataType::F16 => 3,
+            DataType::Bf16 => 4,
+            DataType::I8 => 5,
+            DataType::U8 => 6,
+            DataType::I32 => 7,
+            DataType::U32 => 8,
+            DataType::I64 => 9,
+            DataType::U64 => 10,
+        }
+    }
+
+    pub(crate) fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.code() == code)
+    }
+}
+
+impl std::fmt::Display for DataType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A type collectives can carry. Sealed: implemented for f32, f64, f16,
+/// bf16, i8, u8, i32, u32, i64, u64.
+pub trait Element:
+    sealed::Sealed + bytemuck::Pod + PartialEq + Send + Sync + std::fmt::Debug + 'static
+{
+    /// The runtime tag of this type.
+    const DTYPE: DataType;
+    /// Combine `src` into `dst` elementwise with `op` (Avg acts as Sum).
+    fn reduce_into(op: ReduceOp, dst: &mut [Self], src: &[Self]);
+    /// `out = a op b` elementwise (Avg acts as Sum); all three have one length.
+    fn reduce_to(op: ReduceOp, out: &mut [Self], a: &[Self], b: &[Self]);
+    /// Divide every element by `n` (the end of Avg).
+    fn divide(buf: &mut [Self], n: usize);
+    /// Convert to f64 (for references and checks).
+    fn to_f64(self) -> f64;
+    /// Convert from f64, rounding or wrapping as the type does.
+    fn from_f64(v: f64) -> Self;
+}
+
+/// Elementwise combination of one pair, generic over the arithmetic of the
+/// type; the kernels below are one loop each over this, so the compiler sees
+/// a straight-line body it can vectorise.
+trait Arith: Copy {
+    fn add(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn min(self, o: Self) -> Self;
+    fn max(self, o: Self) -> Self;
+}
+
+macro_rules! float_arith {
+    ($t:ty) => {
+        impl Arith for $t {
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            #[inline(always)]
+            fn min(self, o: Self) -> Self {
+                // Not f32::min: that one is NaN-ignoring and branches; the
+                // compare-select form maps to minps/maxps.
+                if o < self {
+                    o
+                } else {
+                    self
+                }
+            }
+            #[inline(always)]
+            fn max(self, o: Self) -> Self {
+                if o > self {
+                    o
+                } else {
+                    self
+                }
+            }
+        }
+    };
+}
+
+macro_rules! int_arith {
+    ($t:ty) => {
+        impl Arith for $t {
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                self.wrapping_add(o)
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self.wrapping_mul(o)
+            }
+            #[inline(always)]
+            fn min(self, o: Self) -> Self {
+                Ord::min(self, o)
+            }
+            #[inline(always)]
+            fn max(self, o: Self) -> Self {
+                Ord::max(self, o)
+            }
+        }
+    };
+}
+
+float_arith!(f32);
+float_arith!(f64);
+int_arith!(i8);
+int_arith!(u8);
+int_arith!(i32);
+int_arith!(u32);
+int_arith!(i64);
+int_arith!(u64);
+
+#[inline(always)]
+fn zip_into<T: Arith>(dst: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = f(*d, *s);
+    }
+}
+
+#[inline(always)]
+fn zip_to<T: Arith>(out: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+    for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
+        *o = f(*x, *y);
+    }
+}
+
+fn native_reduce_into<T: Arith>(op: ReduceOp, dst: &mut [T], src: &[T]) {
+    debug_assert_eq!(dst.len(), src.len());
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => zip_into(dst, src, T::add),
+        ReduceOp::Prod => zip_into(dst, src, T::mul),
+        ReduceOp::Min => zip_into(dst, src, T::min),
+        ReduceOp::Max => zip_into(dst, src, T::max),
+    }
+}
+
+fn native_reduce_to<T: Arith>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
+    debug_assert!(out.len() == a.len() && a.len() == b.len());
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => zip_to(out, a, b, T::add),
+        ReduceOp::Prod => zip_to(out, a, b, T::mul),
+        ReduceOp::Min => zip_to(out, a, b, T::min),
+        ReduceOp::Max => zip_to(out, a, b, T::max),
+    }
+}
+
+macro_rules! native_element {
+    ($t:ty, $dt:expr, float) => {
+        native_element!(@impl $t, $dt, |buf: &mut [$t], n: usize| {
+            let n = n as $t;
+            for v in buf.iter_mut() {
+                *v /= n;
+            }
+        });
+    };
+    ($t:ty, $dt:expr, int) => {
+        // Integer Avg truncates toward zero, as NCCL's does.
+        native_element!(@impl $t, $dt, |buf: &mut [$t], n: usize| {
+            let n = n as $t;
+            for v in buf.iter_mut() {
+                *v = v.wrapping_div(n);
+            }
+        });
+    };
+    (@impl $t:ty, $dt:expr, $div:expr) => {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DataType = $dt;
+            fn reduce_into(op: ReduceOp, dst: &mut [Self], src: &[Self]) {
+                native_reduce_into(op, dst, src)
+            }
+            fn reduce_to(op: ReduceOp, out: &mut [Self], a: &[Self], b: &[Self]) {
+                native_reduce_to(op, out, a, b)
+            }
+            fn divide(buf: &mut [Self], n: usize) {
+                let div = $div;
+                div(buf, n)
+            }
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+
+native_element!(f32, DataType::F32, float);
+native_element!(f64, DataType::F64, float);
+native_element!(i8, DataType::I8, int);
+native_element!(u8, DataType::U8, int);
+native_element!(i32, DataType::I32, int);
+native_element!(u32, DataType::U32, int);
+native_element!(i64, DataType::I64, int);
+native_element!(u64, DataType::U64, int);
+
+/// Half-precision types reduce through f32: each step widens both inputs,
+/// combines in f32 and rounds once, in blocks that stay in L1.
+const HALF_BLOCK: usize = 256;
+
+macro_rules! half_element {
+    ($t:ty, $dt:expr) => {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DataType = $dt;
+            fn reduce_into(op: ReduceOp, dst: &mut [Self], src: &[Self]) {
+                let mut a = [0f32; HALF_BLOCK];
+                let mut b = [0f32; HALF_BLOCK];
+                for (d, s) in dst.chunks_mut(HALF_BLOCK).zip(src.chunks(HALF_BLOCK)) {
+                    let n = d.len();
+                    for (w, v) in a[..n].iter_mut().zip(d.iter()) {
+                        *w = v.to_f32();
+                    }
+                    for (w, v) in b[..n].iter_mut().zip(s) {
+                        *w = v.to_f32();
+                    }
+                    native_reduce_into(op, &mut a[..n], &b[..n]);
+                    for (v, w) in d.iter_mut().zip(&a[..n]) {
+                        *v = <$t>::from_f32(*w);
+                    }
+                }
+            }
+            fn reduce_to(op: ReduceOp, out: &mut [Self], x: &[Self], y: &[Self]) {
+                out.copy_from_slice(x);
+                Self::reduce_into(op, out, y);
+            }
+            fn divide(buf: &mut [Self], n: usize) {
+                let n = n as f32;
+                for v in buf.iter_mut() {
+                    *v = <$t>::from_f32(v.to_f32() / n);
+                }
+            }
+            fn to_f64(self) -> f64 {
+                self.to_f64()
+            }
+            fn from_f64(v: f64) -> Self {
+                <$t>::from_f64(v)
+            }
+        }
+    };
+}
+
+half_element!(f16, DataType::F16);
+half_element!(bf16, DataType::Bf16);
+
+/// Reduce `src` into `dst` for a runtime-chosen op; the single entry point
+/// the executor uses.
+#[inline]
+pub(crate) fn reduce_into<T: Element>(op: ReduceOp, dst: &mut [T], src: &[T]) {
+    T::reduce_into(op.combining(), dst, src)
+}
+
+/// `out = a op b`.
+#[inline]
+pub(crate) fn reduce_to<T: Element>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
+    T::reduce_to(op.combining(), out, a, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(op: ReduceOp, a: f64, b: f64) -> f64 {
+        match op {
+            ReduceOp::Sum | ReduceOp::Avg => a + b,
+            ReduceOp::Prod => a * b,
+            ReduceOp::Min => a.min(b),
+            ReduceOp::Max => a.max(b),
+        }
+    }
+
+    fn check<T: Element>(values: impl Fn(usize) -> (f64, f64)) {
+        for op in ReduceOp::ALL {
+            for len in [0usize, 1, 7, 255, 256, 257, 1000] {
+                let a: Vec<T> = (0..len).map(|i| T::from_f64(values(i).0)).collect();
+                let b: Vec<T> = (0..len).map(|i| T::from_f64(values(i).1)).collect();
+                let mut into = a.clone();
+                reduce_into(op, &mut into, &b);
+                let mut to = vec![T::from_f64(0.0); len];
+                reduce_to(op, &mut to, &a, &b);
+                for i in 0..len {
+                    let want = T::from_f64(reference(op, a[i].to_f64(), b[i].to_f64()));
+                    assert_eq!(into[i], want, "{} {op} i={i}", T::DTYPE);
+                    assert_eq!(to[i], want, "{} {op} i={i}", T::DTYPE);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn kernels_match_f64_reference_for_every_type_and_op() {
+        // Small integers keep every product exact in every type, so the
+        // f64 reference rounded to the type is the exact answer.
+        let small = |i: usize| (((i * 7) % 11) as f64 - 3.0, ((i * 5) % 9) as f64 - 2.0);
+        let unsigned = |i: usize| (((i * 7) % 11) as f64, ((i * 5) % 9) as f64);
+        check::<f32>(small);
+        check::<f64>(small);
+        check::<f16>(small);
+        check::<bf16>(small);
+        check::<i8>(small);
+        check::<i32>(small);
+        check::<i64>(small);
+        check::<u8>(unsigned);
+        check::<u32>(unsigned);
+        check::<u64>(unsigned);
+    }
+
+    #[test]
+    fn integer_sum_wraps_instead_of_panicking() {
+        let mut a = [u8::MAX, 200];
+        reduce_into(ReduceOp::Sum, &mut a, &[1, 100]);
+        assert_eq!(a, [0, 44]);
+    }
+
+    #[test]
+    fn avg_divides_once() {
+        let mut a = [7i32, -7, 9];
+        i32::divide(&mut a, 2);
+        assert_eq!(a, [3, -3, 4]);
+        let mut h = [f16::from_f32(3.0)];
+        f16::divide(&mut h, 4);
+        assert_eq!(h[0].to_f32(), 0.75);
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for t in DataType::ALL {
+            assert_eq!(DataType::from_name(t.name()), Some(t));
+            assert_eq!(DataType::from_code(t.code()), Some(t));
+        }
+        for op in ReduceOp::ALL {
+            assert_eq!(ReduceOp::from_name(op.name()), Some(op));
+            assert_eq!(ReduceOp::from_code(op.code()), Some(op));
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! The connections of one communicator: which transport reaches which peer,
+//! connection set-up through the rendezvous (lower rank connects, higher rank
+//! accepts), and the per-peer sending and receiving halves the executor uses.
+
+use super::Call;
+use crate::bootstrap::Store;
+use crate::error::{Error, Result};
+use ferroccl_transport::{
+    AbortSignal, ConnectionCloser, HostInfo, ListenConfig, Listener, SlotReceiver, SlotSender,
+    Transport,
+};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Builds connections to peers on demand.
+pub(crate) struct Connector {
+    rank: usize,
+    size: usize,
+    comm_id: u64,
+    store: Arc<dyn Store>,
+    transports: Vec<(Arc<dyn Transport>, Box<dyn Listener>)>,
+    hosts: Vec<HostInfo>,
+    timeout: Duration,
+}
+
+fn key(comm_id: u64, what: &str, rank: usize) -> String {
+    format!("comm/{comm_id:016x}/{what}/{rank}")
+}
+
+impl Connector {
+    /// Start a listener per transport, publish their addresses and this
+    /// rank's host identity, and learn every rank's host identity.
+    pub(crate) fn new(
+        config: &ListenConfig,
+        store: Arc<dyn Store>,
+        transports: Vec<Arc<dyn Transport>>,
+        host: HostInfo,
+        abort: &AbortSignal,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let (rank, size, comm_id) = (config.rank, config.size, config.comm_id);
+        let mut listening = Vec::new();
+        for transport in transports {
+            let listener = transport
+                .listen(config, abort)
+                .map_err(|e| Error::from_transport(e, "communicator set-up"))?;
+            store.set(
+                &key(comm_id, &format!("addr-{}", transport.name()), rank),
+                &listener.address(),
+            )?;
+            listening.push((transport, listener));
+        }
+        store.set(&key(comm_id, "host", rank), host.host_id.as_bytes())?;
+        let deadline = Instant::now() + timeout;
+        let mut hosts = Vec::with_capacity(size);
+        for r in 0..size {
+            let id = store.get(&key(comm_id, "host", r), deadline)?;
+            hosts.push(HostInfo {
+                host_id: String::from_utf8_lossy(&id).into_owned(),
+            });
+        }
+        Ok(Connector {
+            rank,
+            size,
+            comm_id,
+            store,
+            transports: listening,
+            hosts,
+            timeout,
+        })
+    }
+
+    /// Index of the transport that joins this rank and `peer`: the first in
+    /// preference order that can. Both ends compute the same answer.
+    fn pick(&self, peer: usize) -> Result<usize> {
+        let (me, them) = (&self.hosts[self.rank], &self.hosts[peer]);
+        self.transports
+            .iter()
+            .position(|(t, _)| t.can_connect(me, them))
+            .ok_or_else(|| Error::Connect {
+                peer,
+                detail: format!(
+                    "no transport can reach it (enabled: {})",
+                    self.transport_names().join(", ")
+                ),
+            })
+    }
+
+    fn transport_names(&self) -> Vec<&'static str> {
+        self.transports.iter().map(|(t, _)| t.name()).collect()
+    }
+
+    fn connect(&self, peer: usize) -> Result<ferroccl_transport::Connection> {
+        let index = self.pick(peer)?;
+        let (transport, listener) = &self.transports[index];
+        let deadline = Instant::now() + self.timeout;
+        let conn = if self.rank < peer {
+            let address = self.store.get(
+                &key(self.comm_id, &format!("addr-{}", transport.name()), peer),
+                deadline,
+            )?;
+            listener.connect(peer, &address, deadline)
+        } else {
+            listener.accept(peer, deadline)
+        }
+        .map_err(|e| Error::from_transport(e, "connection set-up"))?;
+        tracing::info!(
+            rank = self.rank,
+            peer,
+            transport = transport.name(),
+            "connected rank {} to rank {} over {}",
+            self.rank,
+            peer,
+            transport.name()
+        );
+        Ok(conn)
+    }
+}
+
+/// The halves of every established connection, by peer.
+pub(crate) struct Links {
+    connector: Connector,
+    senders: Vec<Option<Box<dyn SlotSender>>>,
+    receivers: Vec<Option<Box<dyn SlotReceiver>>>,
+    transport_of: Vec<Option<&'static str>>,
+    /// Shared with the communicator so that abort can close connections
+    /// while the executor is blocked holding `Links`.
+    closers: Arc<Mutex<Vec<Arc<dyn ConnectionCloser>>>>,
+}
+
+impl Links {
+    pub(crate) fn new(
+        connector: Connector,
+        closers: Arc<Mutex<Vec<Arc<dyn ConnectionCloser>>>>,
+    ) -> Self {
+        let size = connector.size;
+        Links {
+            connector,
+            senders: (0..size).map(|_| None).collect(),
+            receivers: (0..size).map(|_| None).collect(),
+            transport_of: vec![None; size],
+            closers,
+        }
+    }
+
+    /// Connect to `peer` now if not connected yet.
+    pub(crate) fn ensure(&mut self, peer: usize) -> Result<()> {
+        if peer >= self.connector.size {
+            return Err(Error::InvalidArgument(format!(
+                "rank {peer} out of range for a communicator of {} ranks",
+                self.connector.size
+            )));
+        }
+        if self.senders[peer].is_some() || peer == self.connector.rank {
+            return Ok(());
+        }
+        let conn = self.connector.connect(peer)?;
+        self.transport_of[peer] = Some(conn.transport);
+        self.senders[peer] = Some(conn.sender);
+        self.receivers[peer] = Some(conn.receiver);
+        self.closers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(conn.closer);
+        Ok(())
+    }
+
+    /// The transport each peer is connected over (None: not connected yet).
+    pub(crate) fn transports(&self) -> &[Option<&'static str>] {
+        &self.transport_of
+    }
+
+    pub(super) fn sender(&mut self, peer: usize, call: &Call) -> Result<&mut Box<dyn SlotSender>> {
+        self.ensure(peer)?;
+        self.senders[peer].as_mut().ok_or_else(|| gone(peer, call))
+    }
+
+    pub(super) fn receiver_and_sender(
+        &mut self,
+        from: usize,
+        to: usize,
+        call: &Call,
+    ) -> Result<(&mut Box<dyn SlotReceiver>, Option<&mut Box<dyn SlotSender>>)> {
+        self.ensure(from)?;
+        if to != crate::algo::NO_PEER {
+            self.ensure(to)?;
+        }
+        let receiver = self.receivers[from]
+            .as_mut()
+            .ok_or_else(|| gone(from, call))?;
+        let sender = if to == crate::algo::NO_PEER {
+            None
+        } else {
+            Some(self.senders[to].as_mut().ok_or_else(|| gone(to, call))?)
+        };
+        Ok((receiver, sender))
+    }
+
+    /// Drop every connection (their threads exit with them).
+    pub(crate) fn clear(&mut self) {
+        self.senders.iter_mut().for_each(|s| *s = None);
+        self.receivers.iter_mut().for_each(|r| *r = None);
+    }
+}
+
+fn gone(peer: usize, call: &Call) -> Error {
+    Error::PeerFailed {
+        rank: peer,
+        during: call.during.clone(),
+        reason: "its connection was already closed".into(),
+    }
+}
