@@ -298,9 +298,11 @@ impl Communicator {
             plan,
             Io::OutOfPlace {
                 input: send,
-                output: recv,
+                output: &mut *recv,
             },
-        )
+        )?;
+        self.finish_avg(op, recv);
+        Ok(())
     }
 
     /// In-place allreduce.
@@ -311,7 +313,9 @@ impl Communicator {
             buf.len(),
         )?;
         let spec = self.spec::<T>(CollKind::AllReduce, Some(op), buf.len(), None);
-        self.run_blocking(spec, plan, in_place(buf, 0, 0))
+        self.run_blocking(spec, plan, in_place(&mut *buf, 0, 0))?;
+        self.finish_avg(op, buf);
+        Ok(())
     }
 
     /// Allreduce on an owned buffer, in place, without blocking: the call is
@@ -327,10 +331,11 @@ impl Communicator {
             buf.len(),
         )?;
         let spec = self.spec::<T>(CollKind::AllReduce, Some(op), buf.len(), None);
+        let size = self.inner.size;
         self.run_async(spec, move |inner, call| {
-            inner
-                .execute(&plan, in_place(&mut buf, 0, 0), call)
-                .map(|()| buf)
+            inner.execute(&plan, in_place(&mut buf, 0, 0), call)?;
+            finish_avg(op, &mut buf, size);
+            Ok(buf)
         })
     }
 
@@ -349,9 +354,11 @@ impl Communicator {
             plan,
             Io::OutOfPlace {
                 input: send,
-                output: recv,
+                output: &mut *recv,
             },
-        )
+        )?;
+        self.finish_avg(op, recv);
+        Ok(())
     }
 
     /// In-place reduce-scatter on `count * size` elements: block `rank` of
@@ -368,7 +375,10 @@ impl Communicator {
             None,
         );
         let (ib, ob) = (plan.input_base, plan.output_base);
-        self.run_blocking(spec, plan, in_place(buf, ib, ob))
+        let count = buf.len() / self.inner.size;
+        self.run_blocking(spec, plan, in_place(&mut *buf, ib, ob))?;
+        self.finish_avg(op, &mut buf[ob..ob + count]);
+        Ok(())
     }
 
     /// Allgather: `recv.len() == send.len() * size`; block r of `recv` gets
@@ -426,9 +436,13 @@ impl Communicator {
             plan,
             Io::OutOfPlace {
                 input: send,
-                output: recv,
+                output: &mut *recv,
             },
-        )
+        )?;
+        if self.inner.rank == root {
+            self.finish_avg(op, recv);
+        }
+        Ok(())
     }
 
     /// In-place reduce: the root's `buf` gets the reduction; other ranks'
@@ -441,7 +455,11 @@ impl Communicator {
     ) -> Result<()> {
         let plan = coll::reduce(self.geometry::<T>(buf.len(), 1), buf.len(), buf.len(), root)?;
         let spec = self.spec::<T>(CollKind::Reduce, Some(op), buf.len(), Some(root));
-        self.run_blocking(spec, plan, in_place(buf, 0, 0))
+        self.run_blocking(spec, plan, in_place(&mut *buf, 0, 0))?;
+        if self.inner.rank == root {
+            self.finish_avg(op, buf);
+        }
+        Ok(())
     }
 
     /// Send `buf` to `peer` (which must call `recv` with the same length).
@@ -545,6 +563,10 @@ impl Communicator {
         );
     }
 
+    fn finish_avg<T: Element>(&self, op: ReduceOp, out: &mut [T]) {
+        finish_avg(op, out, self.inner.size);
+    }
+
     fn geometry<T: Element>(&self, count: usize, pieces: usize) -> Geometry {
         let elem = std::mem::size_of::<T>();
         let piece_bytes = count / pieces.max(1) * elem;
@@ -601,6 +623,14 @@ impl Communicator {
         };
         self.inner.issue(&spec, Some(Box::new(queued)))?;
         Ok(Work { result: rx, during })
+    }
+}
+
+/// Avg moves as Sum and divides once, at the end, on the ranks that hold a
+/// result.
+fn finish_avg<T: Element>(op: ReduceOp, out: &mut [T], size: usize) {
+    if op == ReduceOp::Avg {
+        T::divide(out, size);
     }
 }
 

@@ -26,7 +26,6 @@ struct Offer {
     /// Acceptor -> connector: free slots, and where to publish them.
     a2c_free: Receiver<Vec<u64>>,
     a2c_filled: Sender<Filled>,
-    closed: Arc<AtomicBool>,
 }
 
 fn registry() -> &'static Mutex<HashMap<u64, Sender<Offer>>> {
@@ -149,7 +148,6 @@ impl Listener for MemListener {
                 c2a_free: c2a_free_tx,
                 a2c_free: a2c_free_rx,
                 a2c_filled: a2c_filled_tx,
-                closed: closed.clone(),
             })
             .map_err(|_| TransportError::Connect {
                 peer,
@@ -192,13 +190,17 @@ impl Listener for MemListener {
                     });
                 }
                 let chunk = self.config.chunk_bytes;
+                // Each end has its own flag: closing one end must not hide
+                // frames already queued for the other; the other end learns
+                // of the close when the channels disconnect, after draining.
+                let closed = Arc::new(AtomicBool::new(false));
                 let sender = MemSender {
                     peer,
                     chunk,
                     free: offer.a2c_free,
                     out: offer.a2c_filled,
                     abort: self.abort.clone(),
-                    closed: offer.closed.clone(),
+                    closed: closed.clone(),
                 };
                 let receiver = MemReceiver {
                     peer,
@@ -206,7 +208,7 @@ impl Listener for MemListener {
                     filled: offer.c2a_filled,
                     free: offer.c2a_free,
                     abort: self.abort.clone(),
-                    closed: offer.closed,
+                    closed,
                 };
                 return Ok(self.connection(peer, sender, receiver));
             }

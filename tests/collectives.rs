@@ -1,0 +1,258 @@
+//! Every collective x every element type x every op x ranks {1,2,3,4,5,8} x
+//! counts {0, 1, ranks-1, 1000003, 4 MiB/elem + 7}, in place and out of
+//! place, against an f64 reference (see common/mod.rs for why the inputs make
+//! every result exact but Avg's final rounding).
+//!
+//! One communicator per rank count runs the whole matrix, so the test also
+//! shows that hundreds of calls in a row stay in step. The large counts run
+//! over the default transport (TCP); the small counts also over the
+//! in-process transport.
+
+mod common;
+
+use common::{check, input_value, make, reference, tolerance};
+use ferroccl::testing::run_ranks_with;
+use ferroccl::{Communicator, Element, ReduceOp};
+use half::{bf16, f16};
+
+fn counts(n: usize, elem: usize, large: bool) -> Vec<usize> {
+    let mut c = vec![0, 1, n.saturating_sub(1)];
+    if large {
+        c.push(1_000_003);
+        c.push((4 << 20) / elem + 7);
+    }
+    c.dedup();
+    c
+}
+
+fn reducing<T: Element>(comm: &Communicator, count: usize) {
+    let (rank, n, dt) = (comm.rank(), comm.size(), T::DTYPE);
+    for op in ReduceOp::ALL {
+        let what = |name: &str| format!("{name} {dt} {op} n={n} count={count} rank={rank}");
+        let tol = |w: f64| tolerance(dt, op, w);
+        let want = |i: usize| reference(dt, op, n, i);
+        let input: Vec<T> = make(count, |i| input_value(dt, op, rank, n, i));
+
+        // all_reduce, out of place and in place.
+        let mut out = vec![T::from_f64(-99.0); count];
+        comm.all_reduce(&input, &mut out, op).unwrap();
+        check(&what("all_reduce"), &out, want, tol);
+        let mut buf = input.clone();
+        comm.all_reduce_in_place(&mut buf, op).unwrap();
+        check(&what("all_reduce_in_place"), &buf, want, tol);
+
+        // reduce_scatter: block j of the input holds elements j*count..
+        let big: Vec<T> = make(count * n, |i| input_value(dt, op, rank, n, i));
+        let mut out = vec![T::from_f64(-99.0); count];
+        comm.reduce_scatter(&big, &mut out, op).unwrap();
+        check(&what("reduce_scatter"), &out, |i| reference(dt, op, n, rank * count + i), tol);
+        let mut buf = big.clone();
+        comm.reduce_scatter_in_place(&mut buf, op).unwrap();
+        check(
+            &what("reduce_scatter_in_place"),
+            &buf[rank * count..(rank + 1) * count],
+            |i| reference(dt, op, n, rank * count + i),
+            tol,
+        );
+
+        // reduce, to a root that moves with the count.
+        let root = (count + 1) % n;
+        let mut out = if rank == root { vec![T::from_f64(-99.0); count] } else { Vec::new() };
+        comm.reduce(&input, &mut out, op, root).unwrap();
+        if rank == root {
+            check(&what("reduce"), &out, want, tol);
+        }
+        let mut buf = input.clone();
+        comm.reduce_in_place(&mut buf, op, root).unwrap();
+        if rank == root {
+            check(&what("reduce_in_place"), &buf, want, tol);
+        } else {
+            assert!(buf == input, "{}: a non-root buffer changed", what("reduce_in_place"));
+        }
+    }
+}
+
+fn moving<T: Element>(comm: &Communicator, count: usize) {
+    let (rank, n, dt) = (comm.rank(), comm.size(), T::DTYPE);
+    let what = |name: &str| format!("{name} {dt} n={n} count={count} rank={rank}");
+    let exact = |_: f64| 0.0;
+    // A value that identifies (rank, i) and is exact in every type.
+    let tag = |r: usize, i: usize| ((r * 31 + i * 7) % 100) as f64;
+
+    let mine: Vec<T> = make(count, |i| tag(rank, i));
+    let mut out = vec![T::from_f64(-1.0); count * n];
+    comm.all_gather(&mine, &mut out).unwrap();
+    check(&what("all_gather"), &out, |j| tag(j / count.max(1), j % count.max(1)), exact);
+    let mut buf = vec![T::from_f64(-1.0); count * n];
+    buf[rank * count..(rank + 1) * count].copy_from_slice(&mine);
+    comm.all_gather_in_place(&mut buf).unwrap();
+    check(&what("all_gather_in_place"), &buf, |j| tag(j / count.max(1), j % count.max(1)), exact);
+
+    let root = count % n;
+    let mut buf: Vec<T> = make(count, |i| tag(rank, i));
+    comm.broadcast(&mut buf, root).unwrap();
+    check(&what("broadcast"), &buf, |i| tag(root, i), exact);
+
+    // all_to_all: block j of rank r's input is tagged (r, j*count + i).
+    let send: Vec<T> = make(count * n, |j| tag(rank, j));
+    let mut recv = vec![T::from_f64(-1.0); count * n];
+    comm.all_to_all(&send, &mut recv).unwrap();
+    check(
+        &what("all_to_all"),
+        &recv,
+        |j| tag(j / count.max(1), rank * count + j % count.max(1)),
+        exact,
+    );
+
+    // send/recv between pairs (0,1), (2,3), ...; an odd last rank sits out.
+    let partner = rank ^ 1;
+    if partner < n {
+        let mut got = vec![T::from_f64(-1.0); count];
+        if rank % 2 == 0 {
+            comm.send(&mine, partner).unwrap();
+            comm.recv(&mut got, partner).unwrap();
+        } else {
+            comm.recv(&mut got, partner).unwrap();
+            comm.send(&mine, partner).unwrap();
+        }
+        check(&what("send/recv"), &got, |i| tag(partner, i), exact);
+    }
+    comm.barrier().unwrap();
+}
+
+fn every_type(comm: &Communicator, large: bool) {
+    macro_rules! each {
+        ($($t:ty),*) => {$(
+            for count in counts(comm.size(), std::mem::size_of::<$t>(), large) {
+                reducing::<$t>(comm, count);
+                moving::<$t>(comm, count);
+            }
+        )*};
+    }
+    each!(f32, f64, f16, bf16, i8, u8, i32, u32, i64, u64);
+}
+
+fn matrix(n: usize, transport: Option<&str>, large: bool) {
+    run_ranks_with(
+        n,
+        |c| {
+            if let Some(t) = transport {
+                c.transport = Some(t.to_string());
+            }
+            c.timeout = std::time::Duration::from_secs(120);
+        },
+        |comm| every_type(&comm, large),
+    );
+}
+
+#[test]
+fn matrix_1_rank() {
+    matrix(1, None, true);
+}
+#[test]
+fn matrix_2_ranks() {
+    matrix(2, None, true);
+}
+#[test]
+fn matrix_3_ranks() {
+    matrix(3, None, true);
+}
+#[test]
+fn matrix_4_ranks() {
+    matrix(4, None, true);
+}
+#[test]
+fn matrix_5_ranks() {
+    matrix(5, None, true);
+}
+#[test]
+fn matrix_8_ranks() {
+    matrix(8, None, true);
+}
+
+#[test]
+fn small_counts_over_the_in_process_transport() {
+    for n in [1, 2, 3, 4, 5, 8] {
+        matrix(n, Some("mem"), false);
+    }
+}
+
+#[test]
+fn async_calls_run_in_issue_order_between_blocking_ones() {
+    run_ranks_with(
+        3,
+        |c| c.transport = Some("mem".into()),
+        |comm| {
+            let n = comm.size() as f64;
+            let works: Vec<_> = (0..5)
+                .map(|k| {
+                    let buf = vec![(comm.rank() + k) as f64; 10_000];
+                    comm.all_reduce_async(buf, ReduceOp::Sum).unwrap()
+                })
+                .collect();
+            // A blocking call issued after the async ones runs after them.
+            let mut mid = vec![1u32; 7];
+            comm.all_reduce_in_place(&mut mid, ReduceOp::Sum).unwrap();
+            assert_eq!(mid, vec![3u32; 7]);
+            for (k, w) in works.into_iter().enumerate() {
+                let got = w.wait().unwrap();
+                let want = (0..3).map(|r| (r + k) as f64).sum::<f64>();
+                assert!(got.iter().all(|&v| v == want), "async #{k}: {} != {want} (n={n})", got[0]);
+            }
+        },
+    );
+}
+
+#[test]
+fn split_makes_independent_communicators() {
+    run_ranks_with(
+        5,
+        |c| c.transport = Some("mem".into()),
+        |comm| {
+            let color = if comm.rank() == 4 { -1 } else { (comm.rank() % 2) as i32 };
+            // Reverse order inside each color through the key.
+            let sub = comm.split(color, -(comm.rank() as i32)).unwrap();
+            match sub {
+                None => assert_eq!(comm.rank(), 4),
+                Some(sub) => {
+                    assert_eq!(sub.size(), 2);
+                    let members: Vec<usize> = (0..4).filter(|r| r % 2 == comm.rank() % 2).collect();
+                    // Highest parent rank first.
+                    let want_rank = members.iter().rev().position(|&r| r == comm.rank()).unwrap();
+                    assert_eq!(sub.rank(), want_rank);
+                    let mut v = [comm.rank() as i64];
+                    sub.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                    assert_eq!(v[0], members.iter().map(|&r| r as i64).sum::<i64>());
+                }
+            }
+            // The parent still works after the split.
+            let mut v = [1i32];
+            comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+            assert_eq!(v[0], 5);
+        },
+    );
+}
+
+#[test]
+fn non_integer_floats_match_f64_within_rounding() {
+    // Ring order of summation differs from the reference's; the bound is
+    // the classic (n-1) * eps * sum|x| of recursive summation.
+    run_ranks_with(
+        4,
+        |c| c.transport = Some("mem".into()),
+        |comm| {
+            let n = comm.size();
+            let value = |r: usize, i: usize| ((r * 7919 + i * 104729) % 1000) as f64 / 37.0 - 13.0;
+            let count = 100_003;
+            let send: Vec<f32> = (0..count).map(|i| value(comm.rank(), i) as f32).collect();
+            let mut recv = vec![0f32; count];
+            comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+            for (i, got) in recv.iter().enumerate() {
+                let exact: f64 = (0..n).map(|r| value(r, i) as f32 as f64).sum();
+                let mag: f64 = (0..n).map(|r| (value(r, i) as f32 as f64).abs()).sum();
+                let bound = (n - 1) as f64 * f32::EPSILON as f64 * mag;
+                assert!((*got as f64 - exact).abs() <= bound, "i={i}: {got} vs {exact}");
+            }
+        },
+    );
+}

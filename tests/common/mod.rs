@@ -1,0 +1,94 @@
+//! Shared test helpers: inputs whose reductions are exact in every element
+//! type, and the f64 reference they are checked against.
+#![allow(dead_code)]
+
+use ferroccl::{DataType, Element, ReduceOp};
+
+/// Input of `rank` at element `i` for `op`. Small integers: every sum of up
+/// to 8 ranks fits i8/u8 and is exact in bf16 (8 significant bits), and
+/// products stay within {-2..2}, so integer results are exact and float
+/// results are exact up to the final division of Avg.
+pub fn input_value(dtype: DataType, op: ReduceOp, rank: usize, size: usize, i: usize) -> f64 {
+    let signed = matches!(
+        dtype,
+        DataType::I8 | DataType::I32 | DataType::I64 | DataType::F32 | DataType::F64 | DataType::F16 | DataType::Bf16
+    );
+    let h = (i.wrapping_mul(2654435761) ^ rank.wrapping_mul(40503)) % 9;
+    match op {
+        ReduceOp::Prod => {
+            // One rank (which one depends on i) contributes 2 or -1, the rest 1.
+            if rank == i % size {
+                if signed && i % 3 == 0 {
+                    -1.0
+                } else {
+                    2.0
+                }
+            } else {
+                1.0
+            }
+        }
+        _ => {
+            if signed {
+                h as f64 - 4.0
+            } else {
+                h as f64
+            }
+        }
+    }
+}
+
+/// The f64 reference of `op` over ranks of element `i`.
+pub fn reference(dtype: DataType, op: ReduceOp, size: usize, i: usize) -> f64 {
+    let vals = (0..size).map(|r| input_value(dtype, op, r, size, i));
+    match op {
+        ReduceOp::Sum => vals.sum(),
+        ReduceOp::Avg => {
+            let sum: f64 = vals.sum();
+            let avg = sum / size as f64;
+            if is_float(dtype) {
+                avg
+            } else {
+                avg.trunc()
+            }
+        }
+        ReduceOp::Prod => vals.product(),
+        ReduceOp::Min => vals.fold(f64::INFINITY, f64::min),
+        ReduceOp::Max => vals.fold(f64::NEG_INFINITY, f64::max),
+    }
+}
+
+pub fn is_float(dtype: DataType) -> bool {
+    matches!(dtype, DataType::F32 | DataType::F64 | DataType::F16 | DataType::Bf16)
+}
+
+/// Tolerance of a result: exact except Avg on floats, where the one final
+/// division rounds once (half an ulp of the type, relative).
+pub fn tolerance(dtype: DataType, op: ReduceOp, want: f64) -> f64 {
+    if op != ReduceOp::Avg || !is_float(dtype) {
+        return 0.0;
+    }
+    let rel = match dtype {
+        DataType::F16 => 2f64.powi(-11),
+        DataType::Bf16 => 2f64.powi(-8),
+        DataType::F32 => 2f64.powi(-24),
+        _ => 2f64.powi(-53),
+    };
+    want.abs() * rel * 1.01
+}
+
+pub fn make<T: Element>(n: usize, f: impl Fn(usize) -> f64) -> Vec<T> {
+    (0..n).map(|i| T::from_f64(f(i))).collect()
+}
+
+/// Check `got` against `want(i)`, reporting the first difference.
+pub fn check<T: Element>(what: &str, got: &[T], want: impl Fn(usize) -> f64, tol: impl Fn(f64) -> f64) {
+    for (i, v) in got.iter().enumerate() {
+        let w = want(i);
+        let g = v.to_f64();
+        assert!(
+            (g - w).abs() <= tol(w),
+            "{what}: element {i} is {g}, expected {w} ({} elements)",
+            got.len()
+        );
+    }
+}
