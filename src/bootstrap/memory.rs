@@ -1,1 +1,121 @@
-//! In-memory store (in progress).
+//! In-process store: ranks that run as threads of one process meet here.
+//!
+//! It owns a map and the list of failure reports, nothing else; it never
+//! touches sockets or the environment. Tests and `testing::run_ranks` use it.
+
+use super::{lock, FailureBook, FailureReport, Store};
+use crate::error::{Error, Result};
+use crossbeam_channel::Receiver;
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+/// A [`Store`] held in memory, shared by threads of one process.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    values: Mutex<HashMap<String, Vec<u8>>>,
+    changed: Condvar,
+    failures: Mutex<FailureBook>,
+}
+
+impl MemoryStore {
+    /// A new, empty store.
+    pub fn new() -> Arc<MemoryStore> {
+        Arc::new(MemoryStore::default())
+    }
+}
+
+impl Store for MemoryStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        lock(&self.values).insert(key.to_string(), value.to_vec());
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    fn get(&self, key: &str, deadline: Instant) -> Result<Vec<u8>> {
+        let start = Instant::now();
+        let mut values = lock(&self.values);
+        loop {
+            if let Some(v) = values.get(key) {
+                return Ok(v.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Bootstrap(format!(
+                    "timed out after {} ms waiting for key '{key}'",
+                    now.duration_since(start).as_millis()
+                )));
+            }
+            values = self
+                .changed
+                .wait_timeout(values, deadline - now)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
+        }
+    }
+
+    fn report_failure(&self, rank: usize, reason: &str) {
+        lock(&self.failures).publish(FailureReport {
+            rank,
+            reason: reason.to_string(),
+        });
+    }
+
+    fn failures(&self) -> Receiver<FailureReport> {
+        lock(&self.failures).subscribe()
+    }
+
+    fn goodbye(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn get_waits_for_a_later_set() {
+        let store = MemoryStore::new();
+        let s2 = store.clone();
+        let t = std::thread::spawn(move || {
+            s2.get("k", Instant::now() + Duration::from_secs(10))
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        store.set("k", b"v1").unwrap();
+        assert_eq!(t.join().unwrap(), b"v1".to_vec());
+    }
+
+    #[test]
+    fn get_times_out_naming_the_key() {
+        let store = MemoryStore::new();
+        let err = store
+            .get("missing", Instant::now() + Duration::from_millis(30))
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("'missing'"), "{msg}");
+        assert!(msg.contains("timed out after"), "{msg}");
+    }
+
+    #[test]
+    fn failures_replay_earlier_reports_then_new_ones() {
+        let store = MemoryStore::new();
+        store.report_failure(2, "gone");
+        let rx = store.failures();
+        store.report_failure(3, "also gone");
+        let got: Vec<_> = rx.try_iter().collect();
+        assert_eq!(
+            got,
+            vec![
+                FailureReport {
+                    rank: 2,
+                    reason: "gone".into()
+                },
+                FailureReport {
+                    rank: 3,
+                    reason: "also gone".into()
+                }
+            ]
+        );
+    }
+}
