@@ -3,5 +3,6 @@
 
 pub mod bootstrap;
 mod error;
+pub mod launch;
 
 pub use error::{Error, Result};
