@@ -385,3 +385,77 @@ fn alive_not_zombie(pid: i32) -> bool {
         Err(_) => false,
     }
 }
+
+/// Set in the environment of ranks started by `ranks_meet_over_the_tcp_store`.
+const CHILD_MARK: &str = "FERROCCL_LAUNCHER_TEST_CHILD";
+
+/// A rank of `ranks_meet_over_the_tcp_store`: this test binary, started
+/// again by ferroccl-run with only this test selected.
+#[test]
+#[ignore = "a rank of ranks_meet_over_the_tcp_store, started by ferroccl-run"]
+fn rank_main() {
+    use ferroccl::bootstrap::{detect_process_env, Store, TcpStore, TcpStoreServer};
+    if std::env::var(CHILD_MARK).is_err() {
+        return;
+    }
+    let info = detect_process_env().unwrap();
+    assert_eq!(info.source, "ferroccl-run");
+    let token = info.token.expect("ferroccl-run sets FERROCCL_TOKEN");
+    let addr = format!("{}:{}", info.master_addr, info.master_port)
+        .parse()
+        .unwrap();
+    let server = (info.rank == 0).then(|| TcpStoreServer::start(addr, token, info.size).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let store = TcpStore::connect(addr, token, info.rank, deadline).unwrap();
+    let mine = (info.rank * 10 + 1).to_string();
+    store
+        .set(&format!("hello/{}", info.rank), mine.as_bytes())
+        .unwrap();
+    let sum: usize = (0..info.size)
+        .map(|r| {
+            let v = store.get(&format!("hello/{r}"), deadline).unwrap();
+            String::from_utf8(v).unwrap().parse::<usize>().unwrap()
+        })
+        .sum();
+    println!("RESULT rank={} size={} sum={sum}", info.rank, info.size);
+    store.goodbye();
+    drop(server);
+}
+
+#[test]
+fn ranks_meet_over_the_tcp_store() {
+    let exe = std::env::current_exe().unwrap();
+    let out = run(
+        &[
+            "-n",
+            "4",
+            "--",
+            exe.to_str().unwrap(),
+            "rank_main",
+            "--exact",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ],
+        &[(CHILD_MARK, "1")],
+    );
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let expected_sum: usize = (0..4).map(|r| r * 10 + 1).sum();
+    let mut seen: Vec<usize> = text(&out.stdout)
+        .lines()
+        .filter_map(split_prefixed)
+        .filter_map(|(r, rest)| {
+            // libtest may print "test rank_main ... " on the same line.
+            let (_, rest) = rest.split_once("RESULT ")?;
+            assert_eq!(rest, format!("rank={r} size=4 sum={expected_sum}"));
+            Some(r)
+        })
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, vec![0, 1, 2, 3], "{}", text(&out.stdout));
+}

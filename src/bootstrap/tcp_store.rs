@@ -388,8 +388,14 @@ impl TcpStoreServer {
             }
             _ => self.local_addr,
         };
-        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
-        let _ = accept_thread.join();
+        match TcpStream::connect_timeout(&wake, Duration::from_secs(1)) {
+            Ok(_) => {
+                let _ = accept_thread.join();
+            }
+            // Joining would wait for a connection that may never come; the
+            // thread exits at the next one instead.
+            Err(e) => warn!(%wake, "rendezvous: cannot wake the accept thread: {e}"),
+        }
         for (_, stream) in lock(&sh.conns).drain() {
             let _ = stream.shutdown(Shutdown::Both);
         }
