@@ -23,6 +23,7 @@ mod element;
 mod error;
 mod exec;
 mod fingerprint;
+pub mod launch;
 mod logging;
 pub mod testing;
 mod topo;

@@ -1,64 +1,121 @@
-//! In-process store (temporary minimal version; replaced by the boot branch).
-use super::{FailureReport, Store};
+//! In-process store: ranks that run as threads of one process meet here.
+//!
+//! It owns a map and the list of failure reports, nothing else; it never
+//! touches sockets or the environment. Tests and `testing::run_ranks` use it.
+
+use super::{lock, FailureBook, FailureReport, Store};
 use crate::error::{Error, Result};
+use crossbeam_channel::Receiver;
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
-/// In-process store.
-#[derive(Default)]
+/// A [`Store`] held in memory, shared by threads of one process.
+#[derive(Debug, Default)]
 pub struct MemoryStore {
-    map: Mutex<HashMap<String, Vec<u8>>>,
-    cv: Condvar,
-    subs: Mutex<(
-        Vec<FailureReport>,
-        Vec<crossbeam_channel::Sender<FailureReport>>,
-    )>,
+    values: Mutex<HashMap<String, Vec<u8>>>,
+    changed: Condvar,
+    failures: Mutex<FailureBook>,
 }
+
 impl MemoryStore {
-    /// New store.
+    /// A new, empty store.
     pub fn new() -> Arc<MemoryStore> {
         Arc::new(MemoryStore::default())
     }
 }
+
 impl Store for MemoryStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.map.lock().unwrap().insert(key.into(), value.to_vec());
-        self.cv.notify_all();
+        lock(&self.values).insert(key.to_string(), value.to_vec());
+        self.changed.notify_all();
         Ok(())
     }
+
     fn get(&self, key: &str, deadline: Instant) -> Result<Vec<u8>> {
-        let mut m = self.map.lock().unwrap();
+        let start = Instant::now();
+        let mut values = lock(&self.values);
         loop {
-            if let Some(v) = m.get(key) {
+            if let Some(v) = values.get(key) {
                 return Ok(v.clone());
             }
             let now = Instant::now();
             if now >= deadline {
                 return Err(Error::Bootstrap(format!(
-                    "timed out waiting for key '{key}'"
+                    "timed out after {} ms waiting for key '{key}'",
+                    now.duration_since(start).as_millis()
                 )));
             }
-            m = self.cv.wait_timeout(m, deadline - now).unwrap().0;
+            values = self
+                .changed
+                .wait_timeout(values, deadline - now)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
         }
     }
+
     fn report_failure(&self, rank: usize, reason: &str) {
-        let r = FailureReport {
+        lock(&self.failures).publish(FailureReport {
             rank,
-            reason: reason.into(),
-        };
-        let mut s = self.subs.lock().unwrap();
-        s.0.push(r.clone());
-        s.1.retain(|tx| tx.send(r.clone()).is_ok());
+            reason: reason.to_string(),
+        });
     }
-    fn failures(&self) -> crossbeam_channel::Receiver<FailureReport> {
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let mut s = self.subs.lock().unwrap();
-        for r in &s.0 {
-            let _ = tx.send(r.clone());
-        }
-        s.1.push(tx);
-        rx
+
+    fn failures(&self) -> Receiver<FailureReport> {
+        lock(&self.failures).subscribe()
     }
+
     fn goodbye(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn get_waits_for_a_later_set() {
+        let store = MemoryStore::new();
+        let s2 = store.clone();
+        let t = std::thread::spawn(move || {
+            s2.get("k", Instant::now() + Duration::from_secs(10))
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        store.set("k", b"v1").unwrap();
+        assert_eq!(t.join().unwrap(), b"v1".to_vec());
+    }
+
+    #[test]
+    fn get_times_out_naming_the_key() {
+        let store = MemoryStore::new();
+        let err = store
+            .get("missing", Instant::now() + Duration::from_millis(30))
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("'missing'"), "{msg}");
+        assert!(msg.contains("timed out after"), "{msg}");
+    }
+
+    #[test]
+    fn failures_replay_earlier_reports_then_new_ones() {
+        let store = MemoryStore::new();
+        store.report_failure(2, "gone");
+        let rx = store.failures();
+        store.report_failure(3, "also gone");
+        let got: Vec<_> = rx.try_iter().collect();
+        assert_eq!(
+            got,
+            vec![
+                FailureReport {
+                    rank: 2,
+                    reason: "gone".into()
+                },
+                FailureReport {
+                    rank: 3,
+                    reason: "also gone".into()
+                }
+            ]
+        );
+    }
 }

@@ -7,10 +7,13 @@ mod memory;
 mod tcp_store;
 
 use crate::error::Result;
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
+pub use env::{detect, detect_process_env, LaunchInfo};
 pub use memory::MemoryStore;
-pub use tcp_store::{TcpStore, TcpStoreServer};
+pub use tcp_store::{free_port, TcpStore, TcpStoreServer, MAX_KEY_LEN, MAX_VALUE_LEN};
 
 /// A report that a rank of the job failed, broadcast to every rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,4 +41,45 @@ pub trait Store: Send + Sync {
     fn failures(&self) -> crossbeam_channel::Receiver<FailureReport>;
     /// This rank is leaving cleanly: do not report it as failed when it goes.
     fn goodbye(&self);
+}
+
+/// Every failure report seen so far and the channels of those who asked to
+/// hear of new ones; shared by the stores so that a late subscriber gets the
+/// earlier reports first.
+#[derive(Debug, Default)]
+pub(crate) struct FailureBook {
+    reports: Vec<FailureReport>,
+    subscribers: Vec<Sender<FailureReport>>,
+}
+
+impl FailureBook {
+    /// Record `report` and pass it to every live subscriber.
+    pub(crate) fn publish(&mut self, report: FailureReport) {
+        // A subscriber whose receiver is gone is dropped from the list.
+        self.subscribers.retain(|s| s.send(report.clone()).is_ok());
+        self.reports.push(report);
+    }
+
+    /// A receiver that yields every earlier report, then the new ones.
+    pub(crate) fn subscribe(&mut self) -> Receiver<FailureReport> {
+        let (tx, rx) = unbounded();
+        for r in &self.reports {
+            // Cannot fail: `rx` is alive.
+            let _ = tx.send(r.clone());
+        }
+        self.subscribers.push(tx);
+        rx
+    }
+
+    /// Whether exactly this report was already published.
+    pub(crate) fn contains(&self, report: &FailureReport) -> bool {
+        self.reports.contains(report)
+    }
+}
+
+/// Lock a mutex, going on with the data if another thread panicked while
+/// holding it: every update of the stores' state is a single insert or push,
+/// so the data is consistent even then.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
