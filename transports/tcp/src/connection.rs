@@ -291,6 +291,9 @@ pub(crate) fn establish(
     })
 }
 
+/// What `recv_with` hands a filled slot to.
+type Consume<'a> = dyn FnMut(&FrameHeader, &[u8]) -> Result<(), TransportError> + 'a;
+
 fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
 }
@@ -436,11 +439,7 @@ struct TcpReceiver {
 }
 
 impl TcpReceiver {
-    fn deliver(
-        &mut self,
-        item: Inbound,
-        consume: &mut dyn FnMut(&FrameHeader, &[u8]) -> Result<(), TransportError>,
-    ) -> Result<(), TransportError> {
+    fn deliver(&mut self, item: Inbound, consume: &mut Consume<'_>) -> Result<(), TransportError> {
         match item {
             Inbound::Frame(header, slot) => {
                 let n = self.filled.len();
@@ -475,7 +474,7 @@ impl SlotReceiver for TcpReceiver {
     fn recv_with(
         &mut self,
         deadline: Instant,
-        consume: &mut dyn FnMut(&FrameHeader, &[u8]) -> Result<(), TransportError>,
+        consume: &mut Consume<'_>,
     ) -> Result<(), TransportError> {
         let start = Instant::now();
         let peer = self.shared.peer;

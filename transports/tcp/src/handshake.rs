@@ -146,7 +146,7 @@ impl Hello {
 
     /// Check every field against what this listener expects.
     pub(crate) fn validate(&self, expected: &Expected) -> Result<(), Status> {
-        let eq = |wire: u64, want: usize| u64::try_from(want).map_or(false, |w| w == wire);
+        let eq = |wire: u64, want: usize| u64::try_from(want) == Ok(wire);
         if self.token != expected.token {
             return Err(Status::WrongToken);
         }
@@ -227,7 +227,8 @@ mod tests {
 
     #[test]
     fn every_field_is_checked() {
-        let cases: [(fn(&mut Hello), Status); 9] = [
+        type Mutation = fn(&mut Hello);
+        let cases: [(Mutation, Status); 9] = [
             (|h| h.token ^= 1, Status::WrongToken),
             (|h| h.comm_id = 43, Status::WrongComm),
             (|h| h.to_rank = 2, Status::WrongRank),
