@@ -295,8 +295,9 @@ pub(crate) fn run_reader(
                     peer,
                     detail: "peer shut down cleanly".into(),
                 };
-                let _ = filled.send(Inbound::End(err.clone()));
-                shared.set_send_error(err);
+                // Only the peer's sending half is gone: its receiving half
+                // may still read what we send.
+                let _ = filled.send(Inbound::End(err));
                 return;
             }
             Ok(Event::Stopped) => return,
@@ -314,9 +315,10 @@ pub(crate) fn run_reader(
         if lock(&shared.fatal).is_none() {
             tracing::warn!(peer, "connection broken: {end}");
         }
-        let _ = filled.send(Inbound::End(end.clone()));
+        // Both halves learn of it before `recv_with` can see it.
+        shared.set_send_error(end.clone());
         shared.set_rx_broken(end.clone());
-        shared.set_send_error(end);
+        let _ = filled.send(Inbound::End(end));
         return;
     }
 }

@@ -33,7 +33,24 @@ fn size_of(frame: usize, chunk: usize) -> usize {
 }
 
 fn exchange(chunk: usize, steps: usize, nsocks: usize, frames: usize) {
-    let (c0, c1, _abort) = pair(chunk, steps, nsocks);
+    exchange_over(
+        &ferroccl_tcp::TcpTransport::new(),
+        chunk,
+        steps,
+        nsocks,
+        frames,
+    );
+}
+
+fn exchange_over(
+    transport: &ferroccl_tcp::TcpTransport,
+    chunk: usize,
+    steps: usize,
+    nsocks: usize,
+    frames: usize,
+) {
+    let abort = ferroccl_transport::AbortHandle::new();
+    let (c0, c1) = pair_with(transport, chunk, steps, nsocks, &abort.signal());
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
     for (me, conn) in [(0usize, c0), (1usize, c1)] {
@@ -112,6 +129,15 @@ fn one_socket_small_chunks_wrap_many_times() {
 #[test]
 fn three_sockets_preserve_order() {
     exchange(1000, 4, 3, 300);
+}
+
+#[test]
+fn fewer_steps_than_sockets_under_backpressure() {
+    // Tiny socket buffers make every socket fill up, so that readers wait
+    // for slots while later frames sit on other sockets.
+    let t = ferroccl_tcp::TcpTransport::new().with_socket_buffer_bytes(Some(8 << 10));
+    exchange_over(&t, 32 << 10, 1, 3, 60);
+    exchange_over(&t, 32 << 10, 2, 4, 60);
 }
 
 #[test]
@@ -221,9 +247,9 @@ fn loopback_interface_by_name() {
 }
 
 #[test]
-fn autotuned_buffers_work_too() {
+fn fixed_socket_buffers_work_too() {
     let abort = ferroccl_transport::AbortHandle::new();
-    let transport = ferroccl_tcp::TcpTransport::new().with_socket_buffer_bytes(None);
+    let transport = ferroccl_tcp::TcpTransport::new().with_socket_buffer_bytes(Some(4 << 20));
     let (mut c0, mut c1) = pair_with(&transport, 4096, 2, 2, &abort.signal());
     for f in 0..10 {
         let payload: Vec<u8> = (0..4096).map(|i| pattern(1, f, i)).collect();

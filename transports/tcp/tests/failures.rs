@@ -136,12 +136,50 @@ fn dropped_connection_ends_cleanly_after_its_data() {
             })
         );
         assert!(start.elapsed() < Duration::from_secs(5));
-        // Sending to the departed peer fails too, naming it.
-        let sent = send_bytes(&mut c1, data(0), b"late", soon(5_000));
+        // Sending to the departed peer fails too, naming it, once the
+        // kernel has learnt that the socket is gone.
+        let start = Instant::now();
+        let sent = loop {
+            let sent = send_bytes(&mut c1, data(0), b"late", soon(5_000));
+            if sent.is_err() || start.elapsed() > Duration::from_secs(5) {
+                break sent;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
         assert!(
             matches!(sent, Err(TransportError::PeerClosed { peer: 0, .. })),
             "{sent:?}"
         );
+    }
+}
+
+#[test]
+fn half_close_leaves_the_other_direction_open() {
+    let (c0, c1, _abort) = pair(512, 4, 2);
+    let Connection {
+        sender: s0,
+        receiver: mut r0,
+        ..
+    } = c0;
+    let mut c1 = c1;
+    drop(s0);
+    let err = recv_bytes(&mut c1, soon(5_000)).map(|_| ());
+    assert_eq!(
+        err,
+        Err(TransportError::PeerClosed {
+            peer: 0,
+            detail: "peer shut down cleanly".into()
+        })
+    );
+    for step in 0..20 {
+        send_bytes(&mut c1, data(step), &[step as u8; 300], soon(5_000)).unwrap();
+        let mut got = None;
+        r0.recv_with(soon(5_000), &mut |h, b| {
+            got = Some((h.step, b.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got, Some((step, vec![step as u8; 300])));
     }
 }
 
