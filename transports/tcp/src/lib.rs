@@ -2,7 +2,7 @@
 //! as framed messages over one or more TCP sockets per peer.
 //!
 //! - [`TcpTransport`] is the entry point: `listen` binds a socket and starts
-//!   the accept thread ([`listener`]).
+//!   the accept thread (`listener`).
 //! - `iface` picks the address to bind and publish (FERROCCL_SOCKET_IFNAME).
 //! - `handshake` is the fixed-size hello a connecting rank sends and the
 //!   status byte it gets back; nothing reaches `accept()` before it passes.
