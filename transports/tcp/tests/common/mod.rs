@@ -1,0 +1,161 @@
+//! Helpers shared by the integration tests: listener configs, a connected
+//! pair of ranks over loopback, a hand-written hello (the documented wire
+//! layout, written out independently of the crate), patterned payloads.
+#![allow(dead_code)]
+
+use ferroccl_tcp::TcpTransport;
+use ferroccl_transport::{
+    AbortHandle, AbortSignal, Connection, FrameHeader, ListenConfig, Listener, Transport,
+    TransportError,
+};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+pub const TOKEN: u64 = 0x5eed_0000_1234_abcd;
+pub const COMM: u64 = 77;
+
+pub fn config(rank: usize, chunk_bytes: usize, steps: usize, nsocks: usize) -> ListenConfig {
+    ListenConfig {
+        rank,
+        size: 2,
+        token: TOKEN,
+        comm_id: COMM,
+        chunk_bytes,
+        steps,
+        ifname: None,
+        bind_addr: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        nsocks,
+    }
+}
+
+pub fn soon(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms)
+}
+
+pub fn listen(
+    transport: &TcpTransport,
+    config: &ListenConfig,
+    abort: &AbortSignal,
+) -> Box<dyn Listener> {
+    transport.listen(config, abort).expect("listen")
+}
+
+/// Rank 0 connects, rank 1 accepts; returns (rank 0's end, rank 1's end).
+pub fn pair_with(
+    transport: &TcpTransport,
+    chunk_bytes: usize,
+    steps: usize,
+    nsocks: usize,
+    abort: &AbortSignal,
+) -> (Connection, Connection) {
+    let l0 = listen(transport, &config(0, chunk_bytes, steps, nsocks), abort);
+    let l1 = listen(transport, &config(1, chunk_bytes, steps, nsocks), abort);
+    let addr1 = l1.address();
+    let acceptor = std::thread::spawn(move || l1.accept(0, soon(10_000)));
+    let c0 = l0.connect(1, &addr1, soon(10_000)).expect("connect");
+    let c1 = acceptor.join().unwrap().expect("accept");
+    assert_eq!(c0.peer, 1);
+    assert_eq!(c1.peer, 0);
+    assert_eq!(c0.transport, "tcp");
+    (c0, c1)
+}
+
+pub fn pair(
+    chunk_bytes: usize,
+    steps: usize,
+    nsocks: usize,
+) -> (Connection, Connection, AbortHandle) {
+    let abort = AbortHandle::new();
+    let (a, b) = pair_with(
+        &TcpTransport::new(),
+        chunk_bytes,
+        steps,
+        nsocks,
+        &abort.signal(),
+    );
+    (a, b, abort)
+}
+
+/// The byte at `index` of frame `frame` sent by rank `from`.
+pub fn pattern(from: usize, frame: usize, index: usize) -> u8 {
+    let x = (from as u64 + 1)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add((frame as u64) << 32)
+        .wrapping_add(index as u64 * 0x2545_f491);
+    (x ^ (x >> 29) ^ (x >> 47)) as u8
+}
+
+pub fn send_bytes(
+    conn: &mut Connection,
+    header: FrameHeader,
+    payload: &[u8],
+    deadline: Instant,
+) -> Result<(), TransportError> {
+    conn.sender
+        .send_with(header, deadline, &mut |buf: &mut [u8]| {
+            buf[..payload.len()].copy_from_slice(payload);
+            payload.len()
+        })
+}
+
+pub fn recv_bytes(
+    conn: &mut Connection,
+    deadline: Instant,
+) -> Result<(FrameHeader, Vec<u8>), TransportError> {
+    let mut out = None;
+    conn.receiver
+        .recv_with(deadline, &mut |h: &FrameHeader, bytes: &[u8]| {
+            out = Some((*h, bytes.to_vec()));
+            Ok(())
+        })?;
+    Ok(out.expect("consume was called"))
+}
+
+/// A hello laid out by hand: magic "FCHS", version 1, token, comm id,
+/// from, to, index, nsocks, chunk bytes (u64), steps, reserved.
+#[allow(clippy::too_many_arguments)]
+pub fn raw_hello(
+    token: u64,
+    comm: u64,
+    from: u32,
+    to: u32,
+    index: u32,
+    nsocks: u32,
+    chunk: u64,
+    steps: u32,
+) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(b"FCHS");
+    v.extend_from_slice(&1u32.to_le_bytes());
+    v.extend_from_slice(&token.to_le_bytes());
+    v.extend_from_slice(&comm.to_le_bytes());
+    v.extend_from_slice(&from.to_le_bytes());
+    v.extend_from_slice(&to.to_le_bytes());
+    v.extend_from_slice(&index.to_le_bytes());
+    v.extend_from_slice(&nsocks.to_le_bytes());
+    v.extend_from_slice(&chunk.to_le_bytes());
+    v.extend_from_slice(&steps.to_le_bytes());
+    v.extend_from_slice(&0u32.to_le_bytes());
+    assert_eq!(v.len(), 56);
+    v
+}
+
+/// A frame header laid out by hand: magic "FCCL", kind, coll, dtype, op,
+/// seq, count, root, step, len, aux.
+pub fn raw_header(kind: u8, step: u32, len: u32, aux: u32) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(b"FCCL");
+    v.extend_from_slice(&[kind, 0, 0, 0]);
+    v.extend_from_slice(&0u64.to_le_bytes());
+    v.extend_from_slice(&0u64.to_le_bytes());
+    v.extend_from_slice(&0u32.to_le_bytes());
+    v.extend_from_slice(&step.to_le_bytes());
+    v.extend_from_slice(&len.to_le_bytes());
+    v.extend_from_slice(&aux.to_le_bytes());
+    assert_eq!(v.len(), 40);
+    v
+}
+
+pub fn socket_addr(address: &[u8]) -> std::net::SocketAddr {
+    std::str::from_utf8(address).unwrap().parse().unwrap()
+}
