@@ -22,6 +22,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 type Job = Box<dyn FnOnce() + Send>;
+/// Builds an async call's job once its ticket and call are known.
+type MakeJob<'a> = Box<dyn FnOnce(u64, &Call) -> Job + 'a>;
 
 /// A group of ranks that run collectives together.
 ///
@@ -646,7 +648,7 @@ fn in_place<T>(buf: &mut [T], input_base: usize, output_base: usize) -> Io<'_, T
 /// differs from its parent's and its siblings'.
 fn split_id(parent: u64, index: u64, color: i32) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for v in [parent, index, color as u32 as u64, 0x5350_4c49_54] {
+    for v in [parent, index, color as u32 as u64, 0x0053_504c_4954] {
         for b in v.to_le_bytes() {
             h ^= u64::from(b);
             h = h.wrapping_mul(0x0000_0100_0000_01b3);
@@ -658,11 +660,7 @@ fn split_id(parent: u64, index: u64, color: i32) -> u64 {
 impl Inner {
     /// Hand out the next ticket and sequence number; for async calls, queue
     /// the job under the same lock so queue order is ticket order.
-    fn issue(
-        &self,
-        spec: &CallSpec,
-        enqueue: Option<Box<dyn FnOnce(u64, &Call) -> Job + '_>>,
-    ) -> Result<(u64, Call)> {
+    fn issue(&self, spec: &CallSpec, enqueue: Option<MakeJob<'_>>) -> Result<(u64, Call)> {
         if let Some(err) = lock(&self.failure).clone() {
             return Err(err);
         }

@@ -45,7 +45,12 @@ fn reducing<T: Element>(comm: &Communicator, count: usize) {
         let big: Vec<T> = make(count * n, |i| input_value(dt, op, rank, n, i));
         let mut out = vec![T::from_f64(-99.0); count];
         comm.reduce_scatter(&big, &mut out, op).unwrap();
-        check(&what("reduce_scatter"), &out, |i| reference(dt, op, n, rank * count + i), tol);
+        check(
+            &what("reduce_scatter"),
+            &out,
+            |i| reference(dt, op, n, rank * count + i),
+            tol,
+        );
         let mut buf = big.clone();
         comm.reduce_scatter_in_place(&mut buf, op).unwrap();
         check(
@@ -57,7 +62,11 @@ fn reducing<T: Element>(comm: &Communicator, count: usize) {
 
         // reduce, to a root that moves with the count.
         let root = (count + 1) % n;
-        let mut out = if rank == root { vec![T::from_f64(-99.0); count] } else { Vec::new() };
+        let mut out = if rank == root {
+            vec![T::from_f64(-99.0); count]
+        } else {
+            Vec::new()
+        };
         comm.reduce(&input, &mut out, op, root).unwrap();
         if rank == root {
             check(&what("reduce"), &out, want, tol);
@@ -67,7 +76,11 @@ fn reducing<T: Element>(comm: &Communicator, count: usize) {
         if rank == root {
             check(&what("reduce_in_place"), &buf, want, tol);
         } else {
-            assert!(buf == input, "{}: a non-root buffer changed", what("reduce_in_place"));
+            assert!(
+                buf == input,
+                "{}: a non-root buffer changed",
+                what("reduce_in_place")
+            );
         }
     }
 }
@@ -82,11 +95,21 @@ fn moving<T: Element>(comm: &Communicator, count: usize) {
     let mine: Vec<T> = make(count, |i| tag(rank, i));
     let mut out = vec![T::from_f64(-1.0); count * n];
     comm.all_gather(&mine, &mut out).unwrap();
-    check(&what("all_gather"), &out, |j| tag(j / count.max(1), j % count.max(1)), exact);
+    check(
+        &what("all_gather"),
+        &out,
+        |j| tag(j / count.max(1), j % count.max(1)),
+        exact,
+    );
     let mut buf = vec![T::from_f64(-1.0); count * n];
     buf[rank * count..(rank + 1) * count].copy_from_slice(&mine);
     comm.all_gather_in_place(&mut buf).unwrap();
-    check(&what("all_gather_in_place"), &buf, |j| tag(j / count.max(1), j % count.max(1)), exact);
+    check(
+        &what("all_gather_in_place"),
+        &buf,
+        |j| tag(j / count.max(1), j % count.max(1)),
+        exact,
+    );
 
     let root = count % n;
     let mut buf: Vec<T> = make(count, |i| tag(rank, i));
@@ -197,7 +220,11 @@ fn async_calls_run_in_issue_order_between_blocking_ones() {
             for (k, w) in works.into_iter().enumerate() {
                 let got = w.wait().unwrap();
                 let want = (0..3).map(|r| (r + k) as f64).sum::<f64>();
-                assert!(got.iter().all(|&v| v == want), "async #{k}: {} != {want} (n={n})", got[0]);
+                assert!(
+                    got.iter().all(|&v| v == want),
+                    "async #{k}: {} != {want} (n={n})",
+                    got[0]
+                );
             }
         },
     );
@@ -209,7 +236,11 @@ fn split_makes_independent_communicators() {
         5,
         |c| c.transport = Some("mem".into()),
         |comm| {
-            let color = if comm.rank() == 4 { -1 } else { (comm.rank() % 2) as i32 };
+            let color = if comm.rank() == 4 {
+                -1
+            } else {
+                (comm.rank() % 2) as i32
+            };
             // Reverse order inside each color through the key.
             let sub = comm.split(color, -(comm.rank() as i32)).unwrap();
             match sub {
@@ -218,7 +249,11 @@ fn split_makes_independent_communicators() {
                     assert_eq!(sub.size(), 2);
                     let members: Vec<usize> = (0..4).filter(|r| r % 2 == comm.rank() % 2).collect();
                     // Highest parent rank first.
-                    let want_rank = members.iter().rev().position(|&r| r == comm.rank()).unwrap();
+                    let want_rank = members
+                        .iter()
+                        .rev()
+                        .position(|&r| r == comm.rank())
+                        .unwrap();
                     assert_eq!(sub.rank(), want_rank);
                     let mut v = [comm.rank() as i64];
                     sub.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
@@ -251,7 +286,10 @@ fn non_integer_floats_match_f64_within_rounding() {
                 let exact: f64 = (0..n).map(|r| value(r, i) as f32 as f64).sum();
                 let mag: f64 = (0..n).map(|r| (value(r, i) as f32 as f64).abs()).sum();
                 let bound = (n - 1) as f64 * f32::EPSILON as f64 * mag;
-                assert!((*got as f64 - exact).abs() <= bound, "i={i}: {got} vs {exact}");
+                assert!(
+                    (*got as f64 - exact).abs() <= bound,
+                    "i={i}: {got} vs {exact}"
+                );
             }
         },
     );

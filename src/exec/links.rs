@@ -117,6 +117,12 @@ impl Connector {
     }
 }
 
+/// A receiving half, and the sending half its step forwards to (if any).
+pub(super) type RecvSend<'a> = (
+    &'a mut Box<dyn SlotReceiver>,
+    Option<&'a mut Box<dyn SlotSender>>,
+);
+
 /// The halves of every established connection, by peer.
 pub(crate) struct Links {
     connector: Connector,
@@ -180,7 +186,7 @@ impl Links {
         from: usize,
         to: usize,
         call: &Call,
-    ) -> Result<(&mut Box<dyn SlotReceiver>, Option<&mut Box<dyn SlotSender>>)> {
+    ) -> Result<RecvSend<'_>> {
         self.ensure(from)?;
         if to != crate::algo::NO_PEER {
             self.ensure(to)?;

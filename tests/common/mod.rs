@@ -11,7 +11,13 @@ use ferroccl::{DataType, Element, ReduceOp};
 pub fn input_value(dtype: DataType, op: ReduceOp, rank: usize, size: usize, i: usize) -> f64 {
     let signed = matches!(
         dtype,
-        DataType::I8 | DataType::I32 | DataType::I64 | DataType::F32 | DataType::F64 | DataType::F16 | DataType::Bf16
+        DataType::I8
+            | DataType::I32
+            | DataType::I64
+            | DataType::F32
+            | DataType::F64
+            | DataType::F16
+            | DataType::Bf16
     );
     let h = (i.wrapping_mul(2654435761) ^ rank.wrapping_mul(40503)) % 9;
     match op {
@@ -58,7 +64,10 @@ pub fn reference(dtype: DataType, op: ReduceOp, size: usize, i: usize) -> f64 {
 }
 
 pub fn is_float(dtype: DataType) -> bool {
-    matches!(dtype, DataType::F32 | DataType::F64 | DataType::F16 | DataType::Bf16)
+    matches!(
+        dtype,
+        DataType::F32 | DataType::F64 | DataType::F16 | DataType::Bf16
+    )
 }
 
 /// Tolerance of a result: exact except Avg on floats, where the one final
@@ -81,7 +90,12 @@ pub fn make<T: Element>(n: usize, f: impl Fn(usize) -> f64) -> Vec<T> {
 }
 
 /// Check `got` against `want(i)`, reporting the first difference.
-pub fn check<T: Element>(what: &str, got: &[T], want: impl Fn(usize) -> f64, tol: impl Fn(f64) -> f64) {
+pub fn check<T: Element>(
+    what: &str,
+    got: &[T],
+    want: impl Fn(usize) -> f64,
+    tol: impl Fn(f64) -> f64,
+) {
     for (i, v) in got.iter().enumerate() {
         let w = want(i);
         let g = v.to_f64();

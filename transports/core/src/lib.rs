@@ -188,6 +188,10 @@ pub trait SlotSender: Send {
     ) -> Result<(), TransportError>;
 }
 
+/// What a receiver hands each filled slot to: the frame's header and its
+/// payload bytes; an error it returns is passed through `recv_with`.
+pub type Consume<'a> = dyn FnMut(&FrameHeader, &[u8]) -> Result<(), TransportError> + 'a;
+
 /// The receiving half of a connection.
 pub trait SlotReceiver: Send {
     /// Bytes per slot.
@@ -198,7 +202,7 @@ pub trait SlotReceiver: Send {
     fn recv_with(
         &mut self,
         deadline: Instant,
-        consume: &mut dyn FnMut(&FrameHeader, &[u8]) -> Result<(), TransportError>,
+        consume: &mut Consume<'_>,
     ) -> Result<(), TransportError>;
 }
 

@@ -305,7 +305,7 @@ impl SlotReceiver for MemReceiver {
     fn recv_with(
         &mut self,
         deadline: Instant,
-        consume: &mut dyn FnMut(&FrameHeader, &[u8]) -> Result<(), TransportError>,
+        consume: &mut crate::Consume<'_>,
     ) -> Result<(), TransportError> {
         let start = Instant::now();
         let peer = self.peer;

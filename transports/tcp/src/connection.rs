@@ -292,7 +292,7 @@ pub(crate) fn establish(
 }
 
 /// What `recv_with` hands a filled slot to.
-type Consume<'a> = dyn FnMut(&FrameHeader, &[u8]) -> Result<(), TransportError> + 'a;
+use ferroccl_transport::Consume;
 
 fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
