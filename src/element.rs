@@ -421,16 +421,16 @@ macro_rules! half_element {
 half_element!(f16, DataType::F16);
 half_element!(bf16, DataType::Bf16);
 
-/// Reduce `src` into `dst` for a runtime-chosen op; the single entry point
-/// the executor uses.
+/// Reduce `src` into `dst` elementwise for a runtime-chosen op (Avg acts as
+/// Sum); the single entry point the executor uses.
 #[inline]
-pub(crate) fn reduce_into<T: Element>(op: ReduceOp, dst: &mut [T], src: &[T]) {
+pub fn reduce_into<T: Element>(op: ReduceOp, dst: &mut [T], src: &[T]) {
     T::reduce_into(op.combining(), dst, src)
 }
 
-/// `out = a op b`.
+/// `out = a op b` elementwise (Avg acts as Sum).
 #[inline]
-pub(crate) fn reduce_to<T: Element>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
+pub fn reduce_to<T: Element>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
     T::reduce_to(op.combining(), out, a, b)
 }
 

@@ -31,6 +31,13 @@ mod transports;
 mod tune;
 
 pub use comm::{Communicator, Work};
+
+/// CPU reduction kernels, one generic definition for every element type and
+/// op (f16 and bf16 combine in f32). Public for benchmarks and for callers
+/// that reduce locally, such as gradient accumulation.
+pub mod reduce {
+    pub use crate::element::{reduce_into, reduce_to};
+}
 pub use config::{Config, DEFAULT_BUFFSIZE, DEFAULT_NSOCKS_PERPEER, DEFAULT_TIMEOUT};
 pub use element::{DataType, Element, ReduceOp};
 pub use error::{Error, Result};
