@@ -562,6 +562,7 @@ impl Communicator {
         self.inner.fail(
             Error::Aborted(Some("abort() was called on this rank".into())),
             None,
+            true,
         );
     }
 
@@ -753,7 +754,7 @@ impl Inner {
             Error::PeerFailed { rank, .. } | Error::Timeout { peer: rank, .. } => Some(*rank),
             _ => None,
         };
-        self.fail(err.clone(), blame);
+        self.fail(err.clone(), blame, true);
         self.relabelled_failure(during).unwrap_or(err)
     }
 
@@ -771,8 +772,9 @@ impl Inner {
     }
 
     /// Mark the communicator failed (first failure wins), wake every waiter,
-    /// tell the job which rank is to blame, and close connections.
-    fn fail(&self, err: Error, blame: Option<usize>) {
+    /// tell the job which rank is to blame (unless the news came from the
+    /// job already), and close connections with a failure frame.
+    fn fail(&self, err: Error, blame: Option<usize>, broadcast: bool) {
         {
             let mut failure = lock(&self.failure);
             if failure.is_some() {
@@ -782,17 +784,18 @@ impl Inner {
             *failure = Some(err.clone());
         }
         self.abort.abort();
+        // Without a peer to blame (abort(), a mismatch seen here) this rank
+        // is the one leaving: say so, so that peers learn it at once instead
+        // of at their timeout.
+        let blamed = blame.unwrap_or(self.rank);
         let reason = err.to_string();
-        if let Some(rank) = blame {
-            if let Some(&global) = self.global_ranks.get(rank) {
+        if broadcast {
+            if let Some(&global) = self.global_ranks.get(blamed) {
                 self.rendezvous.store.report_failure(global, &reason);
             }
         }
         for closer in lock(&self.closers).iter() {
-            match blame {
-                Some(rank) => closer.close_with_failure(rank, &reason),
-                None => closer.close(),
-            }
+            closer.close_with_failure(blamed, &reason);
         }
     }
 }
@@ -818,7 +821,8 @@ fn spawn_watcher(inner: &Arc<Inner>, stop: crossbeam_channel::Receiver<()>) -> R
                                     during: String::new(),
                                     reason: report.reason.clone(),
                                 },
-                                None,
+                                Some(local),
+                                false,
                             );
                         }
                     }
@@ -838,9 +842,9 @@ impl Drop for Inner {
                 let _ = handle.join();
             }
         }
-        for closer in lock(&self.closers).iter() {
-            closer.close();
-        }
+        // Dropping the halves flushes frames still queued for peers (bounded
+        // by the transport) and says goodbye; `close()` would cut them off.
+        // The closers are for failure and abort only.
         lock(&self.links).clear();
         self.abort.abort();
     }
