@@ -1,1 +1,685 @@
-fn main() {}
+//! `ferroccl-perf`: nccl-tests style bandwidth table of a ferroccl collective.
+//!
+//! With `--ranks N` it launches N local copies of itself through
+//! [`ferroccl::launch::launch`] and waits for them; the copies (marked by
+//! [`CHILD_ENV`]) join the job from their environment, as they would under
+//! ferroccl-run, torchrun, mpirun or srun. Rank 0 prints the table; the other
+//! ranks print only their errors. See `ferroccl-perf --help`.
+
+use ferroccl::launch::{launch, LaunchOptions};
+use ferroccl::{Communicator, DataType, Element, ReduceOp};
+use ferroccl_bench::coll::{bandwidth, Coll};
+use ferroccl_bench::options::{parse_args, Command, Options, USAGE};
+use half::{bf16, f16};
+use std::error::Error;
+use std::io::Write;
+use std::time::Instant;
+
+/// Set in the environment of the ranks that `--ranks` launches, so that
+/// they join the job instead of launching again.
+const CHILD_ENV: &str = "FERROCCL_PERF_CHILD";
+
+/// Variables whose presence says that a launcher started this process.
+const LAUNCHER_VARS: [&str; 4] = ["RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID"];
+
+/// Bytes of each rank's description gathered for the header.
+const INFO_BYTES: usize = 256;
+
+type AnyResult<T> = Result<T, Box<dyn Error>>;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match parse_args(&args) {
+        Ok(Command::Run(o)) => o,
+        Ok(Command::Help) => {
+            println!("{USAGE}");
+            return;
+        }
+        Err(msg) => {
+            eprintln!("ferroccl-perf: {msg}\n\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    if std::env::var_os(CHILD_ENV).is_none() {
+        let under_launcher = LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some());
+        let ranks = opts.ranks.or(if under_launcher { None } else { Some(1) });
+        if let Some(n) = ranks {
+            std::process::exit(launch_self(n, &args));
+        }
+    }
+    match run(&opts) {
+        Ok(0) => {}
+        Ok(_) => std::process::exit(1),
+        Err(e) => {
+            let rank = std::env::var("RANK").unwrap_or_else(|_| "?".into());
+            eprintln!("ferroccl-perf: rank {rank}: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Start `ranks` copies of this program with the same arguments and return
+/// the launcher's exit code.
+fn launch_self(ranks: usize, args: &[String]) -> i32 {
+    let program = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("ferroccl-perf: cannot find this program to launch it: {e}");
+            return 1;
+        }
+    };
+    let opts = LaunchOptions {
+        nproc_per_node: ranks,
+        nnodes: 1,
+        node_rank: 0,
+        master_addr: "127.0.0.1".into(),
+        master_port: None,
+        program: program.into_os_string(),
+        args: args.iter().map(Into::into).collect(),
+        extra_env: vec![(CHILD_ENV.into(), "1".into())],
+        // Rank 0 prints the whole table and nobody else prints rows, so the
+        // output reads like nccl-tests'; errors carry their rank themselves.
+        prefix_output: false,
+    };
+    match launch(&opts) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ferroccl-perf: launching {ranks} ranks failed: {e}");
+            1
+        }
+    }
+}
+
+/// One timed column: out-of-place or in-place.
+#[derive(Debug, Clone, Copy)]
+struct Measure {
+    /// Max over ranks of the mean time per call, seconds.
+    seconds: f64,
+    algbw: f64,
+    busbw: f64,
+    /// Wrong elements over all ranks; `None` without `-c 1`.
+    wrong: Option<u64>,
+}
+
+/// One row of the table.
+struct Row {
+    bytes: usize,
+    count: usize,
+    dtype: DataType,
+    op: Option<ReduceOp>,
+    root: Option<usize>,
+    out_of_place: Measure,
+    in_place: Option<Measure>,
+}
+
+/// Where rows go: the table on rank 0's stdout and the CSV file; and the
+/// totals of the closing lines.
+struct Report {
+    print: bool,
+    coll: Coll,
+    ranks: usize,
+    csv: Option<std::io::BufWriter<std::fs::File>>,
+    busbw_sum: f64,
+    busbw_rows: usize,
+    wrong: u64,
+}
+
+impl Report {
+    fn row(&mut self, row: &Row) -> AnyResult<()> {
+        for m in std::iter::once(&row.out_of_place).chain(row.in_place.as_ref()) {
+            self.busbw_sum += m.busbw;
+            self.busbw_rows += 1;
+            self.wrong += m.wrong.unwrap_or(0);
+        }
+        if !self.print {
+            return Ok(());
+        }
+        let root = row.root.map_or("-1".to_string(), |r| r.to_string());
+        let op = row.op.map_or("none", ReduceOp::name);
+        let column = |m: Option<&Measure>| match m {
+            Some(m) => format!(
+                " {:>10.2} {:>7.2} {:>7.2} {:>6}",
+                m.seconds * 1e6,
+                m.algbw,
+                m.busbw,
+                m.wrong.map_or("N/A".to_string(), |w| w.to_string())
+            ),
+            None => format!(" {:>10} {:>7} {:>7} {:>6}", "N/A", "N/A", "N/A", "N/A"),
+        };
+        println!(
+            "{:>12} {:>12} {:>8} {:>6} {:>6} {} {}",
+            row.bytes,
+            row.count,
+            row.dtype.name(),
+            op,
+            root,
+            column(Some(&row.out_of_place)),
+            column(row.in_place.as_ref())
+        );
+        std::io::stdout().flush()?;
+        if let Some(csv) = self.csv.as_mut() {
+            let cells = |m: Option<&Measure>| match m {
+                Some(m) => format!(
+                    "{:.3},{:.4},{:.4},{}",
+                    m.seconds * 1e6,
+                    m.algbw,
+                    m.busbw,
+                    m.wrong.map_or(String::new(), |w| w.to_string())
+                ),
+                None => ",,,".to_string(),
+            };
+            writeln!(
+                csv,
+                "{},{},{},{},{},{},{},{},{}",
+                self.coll,
+                self.ranks,
+                row.bytes,
+                row.count,
+                row.dtype.name(),
+                op,
+                root,
+                cells(Some(&row.out_of_place)),
+                cells(row.in_place.as_ref())
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Run the benchmark as one rank of the job; returns the number of wrong
+/// elements found (0 without `-c 1`).
+fn run(opts: &Options) -> AnyResult<u64> {
+    let comm = Communicator::from_env()?;
+    let (rank, ranks) = (comm.rank(), comm.size());
+    if opts.coll.rooted() && opts.root >= ranks {
+        return Err(format!("--root {} is not a rank of {ranks}", opts.root).into());
+    }
+    if opts.coll == Coll::SendRecv && ranks < 2 {
+        return Err("sendrecv needs at least 2 ranks".into());
+    }
+    // Connect every peer the collective will use before anything is timed.
+    comm.barrier()?;
+    let infos = gather_infos(&comm)?;
+    let print = rank == 0;
+    if print {
+        print_header(opts, &comm, &infos);
+    }
+    let csv = match (&opts.csv, print) {
+        (Some(path), true) => {
+            let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
+            writeln!(
+                w,
+                "collective,ranks,size_bytes,count,type,redop,root,\
+                 oop_time_us,oop_algbw_gbs,oop_busbw_gbs,oop_wrong,\
+                 ip_time_us,ip_algbw_gbs,ip_busbw_gbs,ip_wrong"
+            )?;
+            Some(w)
+        }
+        _ => None,
+    };
+    let mut report = Report {
+        print,
+        coll: opts.coll,
+        ranks,
+        csv,
+        busbw_sum: 0.0,
+        busbw_rows: 0,
+        wrong: 0,
+    };
+    let ops: Vec<Option<ReduceOp>> = if opts.coll.reduces() {
+        opts.ops.iter().copied().map(Some).collect()
+    } else {
+        vec![None]
+    };
+    for &dtype in &opts.dtypes {
+        for &op in &ops {
+            macro_rules! typed {
+                ($($dt:ident => $t:ty),*) => {
+                    match dtype {
+                        $(DataType::$dt => bench_type::<$t>(&comm, opts, op, &mut report)?,)*
+                    }
+                };
+            }
+            typed!(F32 => f32, F64 => f64, F16 => f16, Bf16 => bf16, I8 => i8, U8 => u8,
+                   I32 => i32, U32 => u32, I64 => i64, U64 => u64);
+        }
+    }
+    if let Some(csv) = report.csv.as_mut() {
+        csv.flush()?;
+    }
+    if print {
+        if opts.check {
+            let verdict = if report.wrong == 0 { "OK" } else { "FAILED" };
+            println!("# Out of bounds values : {} {verdict}", report.wrong);
+        } else {
+            println!("# Out of bounds values : not checked (-c 0)");
+        }
+        let avg = report.busbw_sum / report.busbw_rows.max(1) as f64;
+        println!("# Avg bus bandwidth    : {avg:.4} ");
+        println!("#");
+    }
+    comm.barrier()?;
+    Ok(report.wrong)
+}
+
+/// Each rank's pid, host and transports, gathered to every rank.
+fn gather_infos(comm: &Communicator) -> AnyResult<Vec<String>> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "?".into());
+    let transports: Vec<String> = comm
+        .transports()
+        .iter()
+        .enumerate()
+        .filter_map(|(peer, t)| t.map(|t| format!("{peer}:{t}")))
+        .collect();
+    let text = format!(
+        "Rank {:>3} Pid {:>7} on {host} peers {}",
+        comm.rank(),
+        std::process::id(),
+        if transports.is_empty() {
+            "none".to_string()
+        } else {
+            transports.join(" ")
+        }
+    );
+    let mut mine = [0u8; INFO_BYTES];
+    let len = text.len().min(INFO_BYTES);
+    mine[..len].copy_from_slice(&text.as_bytes()[..len]);
+    let mut all = vec![0u8; INFO_BYTES * comm.size()];
+    comm.all_gather(&mine, &mut all)?;
+    Ok(all
+        .chunks(INFO_BYTES)
+        .map(|c| {
+            let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
+            String::from_utf8_lossy(&c[..end]).into_owned()
+        })
+        .collect())
+}
+
+fn print_header(opts: &Options, comm: &Communicator, infos: &[String]) {
+    let cfg = comm.config();
+    println!("# ferroccl-perf: {} on {} ranks", opts.coll, comm.size());
+    println!(
+        "# minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {} root: {}",
+        opts.min_bytes,
+        opts.max_bytes,
+        opts.step_factor,
+        opts.warmup_iters,
+        opts.iters,
+        u8::from(opts.check),
+        opts.root
+    );
+    println!(
+        "# ferroccl: transport {} buffsize {} steps {} slot {} B nsocks/peer {}",
+        cfg.transport.as_deref().unwrap_or("auto"),
+        cfg.buffsize,
+        cfg.steps,
+        cfg.chunk_bytes(),
+        cfg.nsocks_per_peer
+    );
+    println!("#");
+    println!("# Ranks (peer:transport)");
+    for info in infos {
+        println!("#  {info}");
+    }
+    println!("#");
+    // Rows: 48 columns of size..root, then two groups of 35.
+    println!("#{:48}{:^35}{:^35}", "", "out-of-place", "in-place");
+    println!(
+        "# {:>10} {:>12} {:>8} {:>6} {:>6}  {:>10} {:>7} {:>7} {:>6} {:>10} {:>7} {:>7} {:>6}",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong"
+    );
+    println!(
+        "# {:>10} {:>12} {:>8} {:>6} {:>6}  {:>10} {:>7} {:>7} {:>6} {:>10} {:>7} {:>7} {:>6}",
+        "(B)",
+        "(elements)",
+        "",
+        "",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        ""
+    );
+}
+
+/// The buffers of one size: `send` and `recv` for the out-of-place call,
+/// `inplace` for the in-place one.
+struct Buffers<T> {
+    send: Vec<T>,
+    recv: Vec<T>,
+    inplace: Vec<T>,
+}
+
+/// What every call of one row shares.
+#[derive(Clone, Copy)]
+struct Shape {
+    coll: Coll,
+    op: ReduceOp,
+    root: usize,
+    rank: usize,
+    ranks: usize,
+    /// Elements per block (see [`Coll::block_count`]).
+    block: usize,
+}
+
+fn bench_type<T: Element>(
+    comm: &Communicator,
+    opts: &Options,
+    op: Option<ReduceOp>,
+    report: &mut Report,
+) -> AnyResult<()> {
+    let elem = std::mem::size_of::<T>();
+    for bytes in opts.sizes() {
+        let ranks = comm.size();
+        let block = opts.coll.block_count(bytes, elem, ranks);
+        let total = opts.coll.total_count(block, ranks);
+        let shape = Shape {
+            coll: opts.coll,
+            op: op.unwrap_or(ReduceOp::Sum),
+            root: opts.root,
+            rank: comm.rank(),
+            ranks,
+            block,
+        };
+        let (send_len, recv_len, inplace_len) = lengths(shape);
+        let mut bufs = Buffers::<T> {
+            send: vec![T::from_f64(0.0); send_len],
+            recv: vec![T::from_f64(0.0); recv_len],
+            inplace: vec![T::from_f64(0.0); inplace_len],
+        };
+        let size_bytes = total * elem;
+
+        fill(shape, &mut bufs, false);
+        for _ in 0..opts.warmup_iters {
+            call(comm, shape, &mut bufs, false)?;
+        }
+        let seconds = time_calls(comm, opts.iters, || call(comm, shape, &mut bufs, false))?;
+        let wrong = if opts.check {
+            Some(count_wrong(comm, shape, &bufs, false)?)
+        } else {
+            None
+        };
+        let (algbw, busbw) = bandwidth(opts.coll, ranks, size_bytes, seconds);
+        let out_of_place = Measure {
+            seconds,
+            algbw,
+            busbw,
+            wrong,
+        };
+
+        let in_place = if opts.coll.has_in_place() {
+            fill(shape, &mut bufs, true);
+            for _ in 0..opts.warmup_iters {
+                call(comm, shape, &mut bufs, true)?;
+            }
+            let seconds = time_calls(comm, opts.iters, || call(comm, shape, &mut bufs, true))?;
+            // In-place calls consume their input: refill and check one more,
+            // untimed call.
+            let wrong = if opts.check {
+                fill(shape, &mut bufs, true);
+                call(comm, shape, &mut bufs, true)?;
+                Some(count_wrong(comm, shape, &bufs, true)?)
+            } else {
+                None
+            };
+            let (algbw, busbw) = bandwidth(opts.coll, ranks, size_bytes, seconds);
+            Some(Measure {
+                seconds,
+                algbw,
+                busbw,
+                wrong,
+            })
+        } else {
+            None
+        };
+        report.row(&Row {
+            bytes: size_bytes,
+            count: total,
+            dtype: T::DTYPE,
+            op: if opts.coll.reduces() { op } else { None },
+            root: opts.coll.rooted().then_some(opts.root),
+            out_of_place,
+            in_place,
+        })?;
+    }
+    Ok(())
+}
+
+/// Lengths of (send, recv, in-place buffer) for one shape.
+fn lengths(s: Shape) -> (usize, usize, usize) {
+    let (b, all) = (s.block, s.block * s.ranks);
+    match s.coll {
+        Coll::AllReduce | Coll::Reduce => (b, b, b),
+        Coll::ReduceScatter => (all, b, all),
+        Coll::AllGather => (b, all, all),
+        // Broadcast works in place: the out-of-place column uses `recv`.
+        Coll::Broadcast => (0, b, b),
+        Coll::AllToAll => (all, all, 0),
+        Coll::SendRecv => (b, b, 0),
+    }
+}
+
+/// Barrier, then `iters` calls; the mean per call on this rank, then the
+/// maximum over ranks.
+fn time_calls(
+    comm: &Communicator,
+    iters: usize,
+    mut one: impl FnMut() -> ferroccl::Result<()>,
+) -> AnyResult<f64> {
+    comm.barrier()?;
+    let start = Instant::now();
+    for _ in 0..iters {
+        one()?;
+    }
+    let mut t = [start.elapsed().as_secs_f64() / iters as f64];
+    comm.all_reduce_in_place(&mut t, ReduceOp::Max)?;
+    Ok(t[0])
+}
+
+/// One call of the collective.
+fn call<T: Element>(
+    comm: &Communicator,
+    s: Shape,
+    b: &mut Buffers<T>,
+    in_place: bool,
+) -> ferroccl::Result<()> {
+    if in_place {
+        let buf = &mut b.inplace[..];
+        return match s.coll {
+            Coll::AllReduce => comm.all_reduce_in_place(buf, s.op),
+            Coll::ReduceScatter => comm.reduce_scatter_in_place(buf, s.op),
+            Coll::AllGather => comm.all_gather_in_place(buf),
+            Coll::Broadcast => comm.broadcast(buf, s.root),
+            Coll::Reduce => comm.reduce_in_place(buf, s.op, s.root),
+            Coll::AllToAll | Coll::SendRecv => unreachable!("no in-place {}", s.coll),
+        };
+    }
+    match s.coll {
+        Coll::AllReduce => comm.all_reduce(&b.send, &mut b.recv, s.op),
+        Coll::ReduceScatter => comm.reduce_scatter(&b.send, &mut b.recv, s.op),
+        Coll::AllGather => comm.all_gather(&b.send, &mut b.recv),
+        Coll::Broadcast => comm.broadcast(&mut b.recv, s.root),
+        Coll::Reduce => comm.reduce(&b.send, &mut b.recv, s.op, s.root),
+        Coll::AllToAll => comm.all_to_all(&b.send, &mut b.recv),
+        Coll::SendRecv => {
+            // Calls on a communicator run one at a time, and a send larger
+            // than the slots blocks until the peer receives; if every rank
+            // sent first, a ring of them would wait on each other. Even ranks
+            // send first and odd ranks receive first, which breaks every
+            // cycle (for odd sizes the last, even, rank sends to rank 0,
+            // whose send to the odd rank 1 completes first).
+            let next = (s.rank + 1) % s.ranks;
+            let prev = (s.rank + s.ranks - 1) % s.ranks;
+            if s.rank % 2 == 0 {
+                comm.send(&b.send, next)?;
+                comm.recv(&mut b.recv, prev)
+            } else {
+                comm.recv(&mut b.recv, prev)?;
+                comm.send(&b.send, next)
+            }
+        }
+    }
+}
+
+/// Input of `rank` at element `i` of the whole (gathered) array: small
+/// integers, so that every sum, product, min and max over up to 50 ranks is
+/// exact in every element type, bf16 and int8 included.
+fn input_value(s: Shape, signed: bool, rank: usize, i: usize) -> f64 {
+    if s.op == ReduceOp::Prod {
+        // One rank per element contributes 2 (or -1), the others 1.
+        return if rank != i % s.ranks {
+            1.0
+        } else if signed && (i / s.ranks) % 2 == 1 {
+            -1.0
+        } else {
+            2.0
+        };
+    }
+    let mixed = (i ^ (i >> 5)).wrapping_mul(40_503) >> 4;
+    let k = (mixed + 7 * rank) % 3;
+    if signed {
+        k as f64 - 1.0
+    } else {
+        k as f64
+    }
+}
+
+/// A value no result can take: it marks output that nothing wrote.
+const SENTINEL: f64 = 101.0;
+
+fn is_signed(dtype: DataType) -> bool {
+    !matches!(dtype, DataType::U8 | DataType::U32 | DataType::U64)
+}
+
+/// Fill the inputs of the out-of-place or in-place call and poison its
+/// outputs.
+fn fill<T: Element>(s: Shape, b: &mut Buffers<T>, in_place: bool) {
+    let signed = is_signed(T::DTYPE);
+    let v = |rank: usize, i: usize| T::from_f64(input_value(s, signed, rank, i));
+    let poison = T::from_f64(SENTINEL);
+    let (r, blk) = (s.rank, s.block);
+    if in_place {
+        let buf = &mut b.inplace;
+        for (i, x) in buf.iter_mut().enumerate() {
+            *x = match s.coll {
+                Coll::AllGather if i / blk != r => poison,
+                Coll::AllGather => v(r, i),
+                Coll::Broadcast if r != s.root => poison,
+                Coll::Broadcast => v(s.root, i),
+                _ => v(r, i),
+            };
+        }
+        return;
+    }
+    for (i, x) in b.send.iter_mut().enumerate() {
+        *x = match s.coll {
+            Coll::AllGather => v(r, r * blk + i),
+            _ => v(r, i),
+        };
+    }
+    for (i, x) in b.recv.iter_mut().enumerate() {
+        *x = match s.coll {
+            Coll::Broadcast if r == s.root => v(s.root, i),
+            _ => poison,
+        };
+    }
+}
+
+/// The f64 reference of the reduction at element `i` of the whole array.
+fn reduced(s: Shape, signed: bool, float: bool, i: usize) -> f64 {
+    let vals = (0..s.ranks).map(|r| input_value(s, signed, r, i));
+    match s.op {
+        ReduceOp::Sum => vals.sum(),
+        ReduceOp::Prod => vals.product(),
+        ReduceOp::Min => vals.fold(f64::INFINITY, f64::min),
+        ReduceOp::Max => vals.fold(f64::NEG_INFINITY, f64::max),
+        ReduceOp::Avg => {
+            let avg = vals.sum::<f64>() / s.ranks as f64;
+            // Integer Avg truncates toward zero, as NCCL's does.
+            if float {
+                avg
+            } else {
+                avg.trunc()
+            }
+        }
+    }
+}
+
+/// Wrong elements of the last call's output, summed over ranks.
+fn count_wrong<T: Element>(
+    comm: &Communicator,
+    s: Shape,
+    b: &Buffers<T>,
+    in_place: bool,
+) -> ferroccl::Result<u64> {
+    let dtype = T::DTYPE;
+    let signed = is_signed(dtype);
+    let float = matches!(
+        dtype,
+        DataType::F32 | DataType::F64 | DataType::F16 | DataType::Bf16
+    );
+    // Only Avg on floats rounds (once, in the final division).
+    let rel_tol = match (s.op, dtype) {
+        (ReduceOp::Avg, DataType::F16) => 2f64.powi(-10),
+        (ReduceOp::Avg, DataType::Bf16) => 2f64.powi(-7),
+        (ReduceOp::Avg, DataType::F32) => 2f64.powi(-23),
+        (ReduceOp::Avg, DataType::F64) => 2f64.powi(-52),
+        _ => 0.0,
+    };
+    let (r, blk) = (s.rank, s.block);
+    let red = |i: usize| reduced(s, signed, float, i);
+    let inp = |rank: usize, i: usize| input_value(s, signed, rank, i);
+    // (the slice to check, the expected value of its element j)
+    let (got, want): (&[T], Box<dyn Fn(usize) -> f64>) = match (s.coll, in_place) {
+        (Coll::AllReduce, false) => (&b.recv, Box::new(red)),
+        (Coll::AllReduce, true) => (&b.inplace, Box::new(red)),
+        (Coll::ReduceScatter, false) => (&b.recv, Box::new(move |j| red(r * blk + j))),
+        (Coll::ReduceScatter, true) => (
+            &b.inplace[r * blk..(r + 1) * blk],
+            Box::new(move |j| red(r * blk + j)),
+        ),
+        (Coll::AllGather, false) => (&b.recv, Box::new(move |j| inp(j / blk, j))),
+        (Coll::AllGather, true) => (&b.inplace, Box::new(move |j| inp(j / blk, j))),
+        (Coll::Broadcast, false) => (&b.recv, Box::new(move |j| inp(s.root, j))),
+        (Coll::Broadcast, true) => (&b.inplace, Box::new(move |j| inp(s.root, j))),
+        (Coll::Reduce, false) if r == s.root => (&b.recv, Box::new(red)),
+        (Coll::Reduce, false) => (&[], Box::new(red)),
+        // Non-root buffers are inputs only and must come back unchanged.
+        (Coll::Reduce, true) if r == s.root => (&b.inplace, Box::new(red)),
+        (Coll::Reduce, true) => (&b.inplace, Box::new(move |j| inp(r, j))),
+        (Coll::AllToAll, _) => (&b.recv, Box::new(move |j| inp(j / blk, r * blk + j % blk))),
+        (Coll::SendRecv, _) => (
+            &b.recv,
+            Box::new(move |j| inp((r + s.ranks - 1) % s.ranks, j)),
+        ),
+    };
+    let wrong = got
+        .iter()
+        .enumerate()
+        .filter(|&(j, x)| {
+            let (g, w) = (x.to_f64(), want(j));
+            (g - w).abs() > w.abs() * rel_tol
+        })
+        .count() as u64;
+    let mut total = [wrong];
+    comm.all_reduce_in_place(&mut total, ReduceOp::Sum)?;
+    Ok(total[0])
+}

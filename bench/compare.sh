@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# ferroccl-perf next to its peers (Open MPI shared memory and TCP, PyTorch's
+# Gloo), in one session, on the same sizes; then a side-by-side busbw table.
+#
+# usage: bench/compare.sh [OP] [RANKS] [MINBYTES] [MAXBYTES] [ITERS]
+#   OP: allreduce | reducescatter | allgather   (f32, sum; the peers' set)
+# Environment:
+#   COMPARE_CSV=FILE   also write the summary as CSV to FILE
+#   COMPARE_OUT=DIR    keep the raw outputs in DIR (default: a temp dir)
+#   FERROCCL_*         passed through to ferroccl (transport, buffsize, ...)
+# The peers' script installs Open MPI and PyTorch on first use (minutes).
+set -euo pipefail
+op=${1:-allreduce} n=${2:-2} minb=${3:-1024} maxb=${4:-67108864} iters=${5:-20}
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+peers=${PEERS_DIR:-$root/../shared/peers}
+[ -x "$peers/run.sh" ] || peers=/work/shared/peers
+out=${COMPARE_OUT:-$(mktemp -d "${TMPDIR:-/tmp}/ferroccl-compare.XXXXXX")}
+mkdir -p "$out"
+
+# The peers step sizes by 4; ferroccl does the same so every row pairs up.
+(cd "$root" && cargo build --release -q -p ferroccl-bench --bin ferroccl-perf)
+perf=${CARGO_TARGET_DIR:-$root/target}/release/ferroccl-perf
+
+echo "## $(date -u '+%Y-%m-%dT%H:%M:%SZ') $(hostname) nproc=$(nproc) load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "## ferroccl ($op, $n ranks, transport ${FERROCCL_TRANSPORT:-default})"
+"$perf" "$op" --ranks "$n" -b "$minb" -e "$maxb" -f 4 -n "$iters" -w 3 \
+  --csv "$out/ferroccl.csv" | tee "$out/ferroccl.txt"
+echo
+echo "## peers"
+"$peers/run.sh" "$op" "$n" "$minb" "$maxb" "$iters" | tee "$out/peers.txt"
+echo "## load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+python3 "$here/compare_summary.py" "$out/ferroccl.csv" "$out/peers.txt" ${COMPARE_CSV:+--csv "$COMPARE_CSV"}

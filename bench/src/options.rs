@@ -1,0 +1,416 @@
+//! The command line of `ferroccl-perf`: nccl-tests' flags, plus `--ranks`
+//! to launch the job itself and `--csv` to keep the rows.
+
+use crate::coll::Coll;
+use ferroccl::{DataType, ReduceOp};
+use std::path::PathBuf;
+
+/// The usage text of `ferroccl-perf`.
+pub const USAGE: &str = "\
+usage: ferroccl-perf [COLLECTIVE] [options]
+
+Times a ferroccl collective over a range of sizes and prints nccl-tests style
+rows (time, algbw, busbw, #wrong; out-of-place and in-place). Either launches
+its own ranks (--ranks N) or joins the job of ferroccl-run, torchrun, mpirun
+or srun. Without either it runs one rank.
+
+COLLECTIVE: allreduce (default), reducescatter, allgather, broadcast, reduce,
+            alltoall, sendrecv (also accepted as -t/--coll NAME)
+
+options:
+  -b, --minbytes SIZE       smallest size (default 1K); suffixes K, M, G
+  -e, --maxbytes SIZE       largest size (default 64M)
+  -f, --stepfactor F        multiply the size by F each row (default 2)
+  -n, --iters N             timed iterations per size (default 20)
+  -w, --warmup_iters N      untimed iterations per size (default 5)
+  -d, --datatype T          float, double, half, bfloat16, int8, uint8, int32,
+                            uint32, int64, uint64 (or f32, bf16, ...) or all
+                            (default float)
+  -o, --op OP               sum, prod, min, max, avg or all (default sum)
+  -c, --check 0|1           verify results and count wrong elements (default 1)
+  -r, --root R              root of broadcast and reduce (default 0)
+  -t, --coll NAME           the collective
+      --ranks N             launch N local ranks of this program
+      --csv FILE            also write one CSV row per size to FILE
+  -h, --help                print this help
+
+The size is the one nccl-tests prints: for allgather and reducescatter the
+whole gathered array, for alltoall one rank's send buffer.";
+
+/// Settings of one `ferroccl-perf` run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// The collective to time.
+    pub coll: Coll,
+    /// Smallest size in bytes.
+    pub min_bytes: usize,
+    /// Largest size in bytes.
+    pub max_bytes: usize,
+    /// Size multiplier between rows (at least 2).
+    pub step_factor: usize,
+    /// Timed iterations per size.
+    pub iters: usize,
+    /// Untimed iterations per size before the timed ones.
+    pub warmup_iters: usize,
+    /// Element types, one table section each.
+    pub dtypes: Vec<DataType>,
+    /// Reduction operators (ignored by collectives that do not reduce).
+    pub ops: Vec<ReduceOp>,
+    /// Verify results.
+    pub check: bool,
+    /// Root of broadcast and reduce.
+    pub root: usize,
+    /// Launch this many local ranks instead of joining a job.
+    pub ranks: Option<usize>,
+    /// Where to write CSV rows.
+    pub csv: Option<PathBuf>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            coll: Coll::AllReduce,
+            min_bytes: 1 << 10,
+            max_bytes: 64 << 20,
+            step_factor: 2,
+            iters: 20,
+            warmup_iters: 5,
+            dtypes: vec![DataType::F32],
+            ops: vec![ReduceOp::Sum],
+            check: true,
+            root: 0,
+            ranks: None,
+            csv: None,
+        }
+    }
+}
+
+impl Options {
+    /// The sizes in bytes of the rows: `min_bytes` times powers of
+    /// `step_factor` up to `max_bytes`.
+    pub fn sizes(&self) -> Vec<usize> {
+        let mut sizes = Vec::new();
+        let mut s = self.min_bytes;
+        while s <= self.max_bytes {
+            sizes.push(s);
+            match s.checked_mul(self.step_factor) {
+                Some(next) => s = next,
+                None => break,
+            }
+        }
+        sizes
+    }
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Run the benchmark.
+    Run(Options),
+    /// Print the usage text.
+    Help,
+}
+
+/// Parse a size: a number of bytes with an optional K, M or G suffix
+/// (powers of 1024, as nccl-tests reads them; `KB`, `KiB` also accepted).
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(digits_end);
+    if num.is_empty() {
+        return Err(format!("size '{text}' does not start with a number"));
+    }
+    let shift = match suffix.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        _ => {
+            return Err(format!(
+                "size '{text}': unknown suffix '{suffix}' (K, M, G)"
+            ))
+        }
+    };
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("size '{text}' is too large"))?;
+    n.checked_mul(1usize << shift)
+        .ok_or_else(|| format!("size '{text}' is too large"))
+}
+
+/// Every option but `-h`/`--help`; all of them take a value.
+const OPTIONS_WITH_VALUE: [&str; 23] = [
+    "-b",
+    "--minbytes",
+    "-e",
+    "--maxbytes",
+    "-f",
+    "--stepfactor",
+    "-n",
+    "--iters",
+    "-w",
+    "--warmup_iters",
+    "--warmup-iters",
+    "-d",
+    "--datatype",
+    "-o",
+    "--op",
+    "-c",
+    "--check",
+    "-r",
+    "--root",
+    "-t",
+    "--coll",
+    "--ranks",
+    "--csv",
+];
+
+fn parse_number(name: &str, value: &str) -> Result<usize, String> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{name} '{value}' is not a non-negative integer"))
+}
+
+/// Parse the arguments (without the program name). `Err` carries a one-line
+/// reason; the caller prints it with [`USAGE`] and exits with status 2.
+pub fn parse_args(args: &[String]) -> Result<Command, String> {
+    let mut o = Options::default();
+    let mut coll_given = false;
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i].as_str();
+        i += 1;
+        if !arg.starts_with('-') || arg == "-" {
+            if coll_given {
+                return Err(format!("unexpected argument '{arg}'"));
+            }
+            o.coll = Coll::from_name(arg).ok_or_else(|| format!("unknown collective '{arg}'"))?;
+            coll_given = true;
+            continue;
+        }
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (arg, None),
+        };
+        if name == "-h" || name == "--help" {
+            return Ok(Command::Help);
+        }
+        if !OPTIONS_WITH_VALUE.contains(&name) {
+            return Err(format!("unknown option '{name}'"));
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => {
+                let v = args
+                    .get(i)
+                    .ok_or_else(|| format!("{name} needs a value"))?
+                    .clone();
+                i += 1;
+                v
+            }
+        };
+        match name {
+            "-b" | "--minbytes" => o.min_bytes = parse_size(&value)?,
+            "-e" | "--maxbytes" => o.max_bytes = parse_size(&value)?,
+            "-f" | "--stepfactor" => {
+                o.step_factor = parse_number(name, &value)?;
+                if o.step_factor < 2 {
+                    return Err(format!("{name} must be at least 2"));
+                }
+            }
+            "-n" | "--iters" => {
+                o.iters = parse_number(name, &value)?;
+                if o.iters == 0 {
+                    return Err(format!("{name} must be at least 1"));
+                }
+            }
+            "-w" | "--warmup_iters" | "--warmup-iters" => {
+                o.warmup_iters = parse_number(name, &value)?
+            }
+            "-d" | "--datatype" => {
+                o.dtypes = if value.eq_ignore_ascii_case("all") {
+                    DataType::ALL.to_vec()
+                } else {
+                    vec![DataType::from_name(&value)
+                        .ok_or_else(|| format!("unknown datatype '{value}'"))?]
+                }
+            }
+            "-o" | "--op" => {
+                o.ops = if value.eq_ignore_ascii_case("all") {
+                    ReduceOp::ALL.to_vec()
+                } else {
+                    vec![ReduceOp::from_name(&value)
+                        .ok_or_else(|| format!("unknown op '{value}'"))?]
+                }
+            }
+            "-c" | "--check" => {
+                o.check = match value.trim() {
+                    "0" => false,
+                    "1" => true,
+                    _ => return Err(format!("{name} takes 0 or 1, not '{value}'")),
+                }
+            }
+            "-r" | "--root" => o.root = parse_number(name, &value)?,
+            "-t" | "--coll" => {
+                if coll_given {
+                    return Err("the collective is given twice".into());
+                }
+                o.coll = Coll::from_name(&value)
+                    .ok_or_else(|| format!("unknown collective '{value}'"))?;
+                coll_given = true;
+            }
+            "--ranks" => {
+                let n = parse_number(name, &value)?;
+                if n == 0 {
+                    return Err("--ranks must be at least 1".into());
+                }
+                o.ranks = Some(n);
+            }
+            "--csv" => o.csv = Some(PathBuf::from(value)),
+            _ => unreachable!("{name} is in OPTIONS_WITH_VALUE"),
+        }
+    }
+    if o.min_bytes == 0 {
+        return Err("--minbytes must be at least 1".into());
+    }
+    if o.min_bytes > o.max_bytes {
+        return Err(format!(
+            "--minbytes {} is larger than --maxbytes {}",
+            o.min_bytes, o.max_bytes
+        ));
+    }
+    Ok(Command::Run(o))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Command, String> {
+        parse_args(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    fn options(args: &[&str]) -> Options {
+        match parse(args) {
+            Ok(Command::Run(o)) => o,
+            other => panic!("{args:?} -> {other:?}"),
+        }
+    }
+
+    #[test]
+    fn sizes_take_binary_suffixes() {
+        assert_eq!(parse_size("8"), Ok(8));
+        assert_eq!(parse_size("1K"), Ok(1024));
+        assert_eq!(parse_size("1k"), Ok(1024));
+        assert_eq!(parse_size("64M"), Ok(67_108_864));
+        assert_eq!(parse_size("2G"), Ok(2_147_483_648));
+        assert_eq!(parse_size("3KiB"), Ok(3072));
+        assert_eq!(parse_size("512B"), Ok(512));
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let o = options(&[]);
+        assert_eq!(o.coll, Coll::AllReduce);
+        assert_eq!(
+            (o.min_bytes, o.max_bytes, o.step_factor),
+            (1024, 64 << 20, 2)
+        );
+        assert_eq!((o.iters, o.warmup_iters, o.root), (20, 5, 0));
+        assert_eq!(o.dtypes, vec![DataType::F32]);
+        assert_eq!(o.ops, vec![ReduceOp::Sum]);
+        assert!(o.check);
+        assert_eq!(o.ranks, None);
+        assert_eq!(o.csv, None);
+        // 1K, 2K, ..., 64M: 17 rows.
+        let sizes = o.sizes();
+        assert_eq!(sizes.len(), 17);
+        assert_eq!((sizes[0], sizes[16]), (1024, 64 << 20));
+    }
+
+    #[test]
+    fn flags_in_short_long_and_inline_forms() {
+        let o = options(&[
+            "reducescatter",
+            "-b",
+            "8",
+            "--maxbytes=1M",
+            "-f",
+            "4",
+            "-n",
+            "3",
+            "-w",
+            "0",
+            "-d",
+            "bf16",
+            "-o",
+            "max",
+            "-c",
+            "0",
+            "-r",
+            "1",
+            "--ranks",
+            "4",
+            "--csv",
+            "out.csv",
+        ]);
+        assert_eq!(o.coll, Coll::ReduceScatter);
+        assert_eq!((o.min_bytes, o.max_bytes, o.step_factor), (8, 1 << 20, 4));
+        assert_eq!((o.iters, o.warmup_iters, o.root), (3, 0, 1));
+        assert_eq!(o.dtypes, vec![DataType::Bf16]);
+        assert_eq!(o.ops, vec![ReduceOp::Max]);
+        assert!(!o.check);
+        assert_eq!(o.ranks, Some(4));
+        assert_eq!(o.csv, Some(PathBuf::from("out.csv")));
+        // 8, 32, 128, ..., 512K: 8 * 4^k <= 1M for k = 0..=8.
+        assert_eq!(o.sizes().len(), 9);
+        assert_eq!(options(&["-t", "all_gather_perf"]).coll, Coll::AllGather);
+        assert_eq!(options(&["-d", "all"]).dtypes.len(), 10);
+        assert_eq!(options(&["-o", "all"]).ops.len(), 5);
+        assert_eq!(options(&["-d", "half"]).dtypes, vec![DataType::F16]);
+    }
+
+    #[test]
+    fn sizes_stop_at_the_maximum() {
+        let o = options(&["-b", "1K", "-e", "5K", "-f", "2"]);
+        assert_eq!(o.sizes(), vec![1024, 2048, 4096]);
+        let o = options(&["-b", "3", "-e", "3"]);
+        assert_eq!(o.sizes(), vec![3]);
+    }
+
+    #[test]
+    fn bad_flags_are_errors() {
+        for bad in [
+            &["--bogus"][..],
+            &["--bogus", "1"],
+            &["-x"],
+            &["-b"],
+            &["-b", "lots"],
+            &["-f", "1"],
+            &["-n", "0"],
+            &["-c", "2"],
+            &["-d", "float128"],
+            &["-o", "xor"],
+            &["gather"],
+            &["allreduce", "allgather"],
+            &["allreduce", "-t", "allgather"],
+            &["-b", "2M", "-e", "1M"],
+            &["-b", "0"],
+            &["--ranks", "0"],
+            &["--ranks", "two"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} was accepted");
+        }
+        assert_eq!(
+            parse(&["--bogus"]),
+            Err("unknown option '--bogus'".to_string())
+        );
+        assert_eq!(parse(&["-h"]), Ok(Command::Help));
+        assert_eq!(parse(&["-b", "1K", "--help"]), Ok(Command::Help));
+    }
+}
