@@ -11,7 +11,7 @@ mod links;
 
 pub(crate) use links::{Connector, Links};
 
-use crate::algo::{Prim, Schedule, Step};
+use crate::algo::{Prim, Schedule, Step, NO_PEER};
 use crate::element::{reduce_into, reduce_to, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::fingerprint;
@@ -126,14 +126,9 @@ fn fill_slot<T: Element>(slot: &mut [u8], len: usize, make: impl FnOnce(&mut [T]
     bytes
 }
 
-/// Check a received header against what this step expects and view its
-/// payload as elements.
-fn accept_frame<'b, T: Element>(
-    call: &Call,
-    step: &Step,
-    header: &FrameHeader,
-    bytes: &'b [u8],
-) -> Result<std::borrow::Cow<'b, [T]>> {
+/// Check a received header against what this step expects: the same call
+/// (fingerprint), the same step, the expected length.
+fn check_header<T: Element>(call: &Call, step: &Step, header: &FrameHeader) -> Result<()> {
     let peer = step.recv_from;
     if header.fingerprint != call.fingerprint {
         return Err(Error::Mismatch {
@@ -154,11 +149,33 @@ fn accept_frame<'b, T: Element>(
         )));
     }
     let want = step.len * std::mem::size_of::<T>();
-    if bytes.len() != want {
+    if header.len as usize != want {
         return Err(protocol(format!(
             "frame of {} bytes where {want} were expected",
-            bytes.len()
+            header.len
         )));
+    }
+    Ok(())
+}
+
+/// Check a received frame and view its payload as elements.
+fn accept_frame<'b, T: Element>(
+    call: &Call,
+    step: &Step,
+    header: &FrameHeader,
+    bytes: &'b [u8],
+) -> Result<std::borrow::Cow<'b, [T]>> {
+    check_header::<T>(call, step, header)?;
+    if bytes.len() != header.len as usize {
+        return Err(Error::Protocol {
+            peer: step.recv_from,
+            during: call.during.clone(),
+            detail: format!(
+                "frame header says {} bytes but {} arrived",
+                header.len,
+                bytes.len()
+            ),
+        });
     }
     Ok(match bytemuck::try_cast_slice::<u8, T>(bytes) {
         Ok(typed) => std::borrow::Cow::Borrowed(typed),
@@ -199,10 +216,24 @@ fn run_step<T: Element>(
             let sender = links.sender(step.send_to, call)?;
             let input = io.input(step.input, len);
             sender
-                .send_with(header, deadline(call), &mut |slot| {
-                    fill_slot::<T>(slot, len, |dst| dst.copy_from_slice(input))
-                })
+                .send_from(header, deadline(call), bytemuck::cast_slice(input))
                 .map_err(|e| Error::from_transport(e, &call.during))
+        }
+        Prim::Recv => {
+            let (receiver, _) = links.receiver_and_sender(step.recv_from, NO_PEER, call)?;
+            let mut found: Option<Error> = None;
+            let dst: &mut [u8] = bytemuck::cast_slice_mut(io.output(step.output, len));
+            let result = receiver.recv_into(
+                deadline(call),
+                &mut |h| {
+                    check_header::<T>(call, step, h).map_err(|e| {
+                        found = Some(e);
+                        TransportError::Aborted
+                    })
+                },
+                dst,
+            );
+            finish_recv(result, found, call)
         }
         prim => {
             let (receiver, mut sender) =
@@ -221,7 +252,6 @@ fn run_step<T: Element>(
                 };
                 let data: &[T] = &data;
                 match prim {
-                    Prim::Recv => io.output(step.output, len).copy_from_slice(data),
                     Prim::RecvReduceCopy => io.reduce_to_output(call.op, step, data),
                     Prim::RecvReduceSend => {
                         let input = io.input(step.input, len);
@@ -230,28 +260,40 @@ fn run_step<T: Element>(
                             fill_slot::<T>(slot, len, |dst| reduce_to(call.op, dst, data, input))
                         })?;
                     }
-                    Prim::RecvReduceCopySend | Prim::RecvCopySend => {
-                        if prim == Prim::RecvCopySend {
-                            io.output(step.output, len).copy_from_slice(data);
-                        } else {
-                            io.reduce_to_output(call.op, step, data);
-                        }
+                    Prim::RecvCopySend => {
+                        io.output(step.output, len).copy_from_slice(data);
+                        // Forward the received bytes themselves, not the copy.
+                        let sender = sender.as_mut().expect("schedule step sends");
+                        sender.send_from(header, deadline(call), bytemuck::cast_slice(data))?;
+                    }
+                    Prim::RecvReduceCopySend => {
+                        io.reduce_to_output(call.op, step, data);
                         let out = io.output(step.output, len);
                         let sender = sender.as_mut().expect("schedule step sends");
-                        sender.send_with(header, deadline(call), &mut |slot| {
-                            fill_slot::<T>(slot, len, |dst| dst.copy_from_slice(out))
-                        })?;
+                        sender.send_from(header, deadline(call), bytemuck::cast_slice(out))?;
                     }
-                    Prim::Send | Prim::CopySend | Prim::Copy => unreachable!("handled above"),
+                    Prim::Send | Prim::CopySend | Prim::Copy | Prim::Recv => {
+                        unreachable!("handled above")
+                    }
                 }
                 Ok(())
             });
-            match (result, found) {
-                (_, Some(err)) => Err(err),
-                (Err(e), None) => Err(Error::from_transport(e, &call.during)),
-                (Ok(()), None) => Ok(()),
-            }
+            finish_recv(result, found, call)
         }
+    }
+}
+
+/// The outcome of a receive: an error found while checking the frame wins
+/// over the placeholder the transport passed through.
+fn finish_recv(
+    result: std::result::Result<(), TransportError>,
+    found: Option<Error>,
+    call: &Call,
+) -> Result<()> {
+    match (result, found) {
+        (_, Some(err)) => Err(err),
+        (Err(e), None) => Err(Error::from_transport(e, &call.during)),
+        (Ok(()), None) => Ok(()),
     }
 }
 

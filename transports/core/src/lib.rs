@@ -186,6 +186,39 @@ pub trait SlotSender: Send {
         deadline: Instant,
         fill: &mut dyn FnMut(&mut [u8]) -> usize,
     ) -> Result<(), TransportError>;
+
+    /// Send `bytes` (at most `chunk_bytes`) as one frame. Transports that can
+    /// put caller memory on the wire directly override this to skip the copy
+    /// into a slot; the default copies through `send_with`.
+    fn send_from(
+        &mut self,
+        header: FrameHeader,
+        deadline: Instant,
+        bytes: &[u8],
+    ) -> Result<(), TransportError> {
+        send_from_via_slot(self, header, deadline, bytes)
+    }
+}
+
+/// `SlotSender::send_from` through a slot copy; also the fallback for
+/// transports whose fast path does not apply to a given frame.
+pub fn send_from_via_slot<S: SlotSender + ?Sized>(
+    sender: &mut S,
+    header: FrameHeader,
+    deadline: Instant,
+    bytes: &[u8],
+) -> Result<(), TransportError> {
+    let n = bytes.len();
+    if n > sender.chunk_bytes() {
+        return Err(TransportError::Io(format!(
+            "a frame of {n} bytes does not fit a {}-byte slot",
+            sender.chunk_bytes()
+        )));
+    }
+    sender.send_with(header, deadline, &mut |slot| {
+        slot[..n].copy_from_slice(bytes);
+        n
+    })
 }
 
 /// What a receiver hands each filled slot to: the frame's header and its
@@ -204,6 +237,45 @@ pub trait SlotReceiver: Send {
         deadline: Instant,
         consume: &mut Consume<'_>,
     ) -> Result<(), TransportError>;
+
+    /// Receive the next frame's payload straight into `dst`, after `check`
+    /// has accepted its header (`check` sees the header before any payload
+    /// byte is placed; its error is passed through). The payload length must
+    /// equal `dst.len()`, else a `Protocol` error. Transports that read the
+    /// wire on the calling thread override this to skip the slot; the
+    /// default copies out of the slot.
+    fn recv_into(
+        &mut self,
+        deadline: Instant,
+        check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
+        dst: &mut [u8],
+    ) -> Result<(), TransportError> {
+        recv_into_via_slot(self, deadline, check, dst)
+    }
+}
+
+/// `SlotReceiver::recv_into` through a slot copy.
+pub fn recv_into_via_slot<R: SlotReceiver + ?Sized>(
+    receiver: &mut R,
+    deadline: Instant,
+    check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
+    dst: &mut [u8],
+) -> Result<(), TransportError> {
+    receiver.recv_with(deadline, &mut |header, bytes| {
+        check(header)?;
+        if bytes.len() != dst.len() {
+            return Err(TransportError::Protocol {
+                peer: usize::MAX,
+                detail: format!(
+                    "frame of {} bytes where {} were expected",
+                    bytes.len(),
+                    dst.len()
+                ),
+            });
+        }
+        dst.copy_from_slice(bytes);
+        Ok(())
+    })
 }
 
 /// Milliseconds between `start` and now, for error messages.
