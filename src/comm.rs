@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::{self, Call, Connector, Io, Links};
-use crate::fingerprint::{self, NO_ROOT};
+use crate::fingerprint::NO_ROOT;
 use crate::tune;
 use ferroccl_transport::{AbortHandle, ConnectionCloser, Fingerprint, ListenConfig};
 use std::collections::HashMap;
@@ -615,7 +615,7 @@ impl Communicator {
         let inner = self.inner.clone();
         let mut during = String::new();
         let queued = |ticket: u64, call: &Call| -> Job {
-            during = call.during.clone();
+            during = call.during();
             let call = call.clone();
             Box::new(move || {
                 inner.wait_turn(ticket);
@@ -686,7 +686,6 @@ impl Inner {
             root: spec.root.map_or(NO_ROOT, |r| r as u32),
         };
         let call = Call {
-            during: fingerprint::describe(&fp),
             fingerprint: fp,
             op: spec.op.unwrap_or(ReduceOp::Sum),
             timeout: self.config.timeout,
@@ -706,7 +705,7 @@ impl Inner {
         tracing::trace!(
             rank = self.rank,
             "issued {} as ticket {ticket}",
-            call.during
+            call.during()
         );
         Ok((ticket, call))
     }
@@ -729,8 +728,10 @@ impl Inner {
 
     /// Run a checked call (the caller holds its turn).
     fn execute<T: Element>(&self, plan: &Plan, io: Io<'_, T>, call: &Call) -> Result<()> {
-        if let Some(err) = self.relabelled_failure(&call.during) {
-            return Err(err);
+        if lock(&self.failure).is_some() {
+            if let Some(err) = self.relabelled_failure(&call.during()) {
+                return Err(err);
+            }
         }
         let result = {
             let mut links = lock(&self.links);
@@ -738,7 +739,7 @@ impl Inner {
         };
         match result {
             Ok(()) => Ok(()),
-            Err(err) => Err(self.on_error(err, &call.during)),
+            Err(err) => Err(self.on_error(err, &call.during())),
         }
     }
 

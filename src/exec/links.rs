@@ -212,7 +212,7 @@ impl Links {
 fn gone(peer: usize, call: &Call) -> Error {
     Error::PeerFailed {
         rank: peer,
-        during: call.during.clone(),
+        during: call.during(),
         reason: "its connection was already closed".into(),
     }
 }

@@ -18,13 +18,20 @@ use crate::fingerprint;
 use ferroccl_transport::{Fingerprint, FrameHeader, TransportError};
 use std::time::{Duration, Instant};
 
+impl Call {
+    /// "all_reduce #17 (float, sum, 1000 elements)", for errors; formatted
+    /// only when one happens, so the fast path allocates nothing for it.
+    pub(crate) fn during(&self) -> String {
+        fingerprint::describe(&self.fingerprint)
+    }
+}
+
 /// What the executor needs to know about the call it runs.
 #[derive(Debug, Clone)]
 pub(crate) struct Call {
     /// Carried by every frame and checked on receipt.
     pub(crate) fingerprint: Fingerprint,
-    /// "all_reduce #17", for errors.
-    pub(crate) during: String,
+
     /// Reduction operator (ignored by non-reducing primitives).
     pub(crate) op: ReduceOp,
     /// Bound of every single wait.
@@ -139,7 +146,7 @@ fn check_header<T: Element>(call: &Call, step: &Step, header: &FrameHeader) -> R
     }
     let protocol = |detail: String| Error::Protocol {
         peer,
-        during: call.during.clone(),
+        during: call.during(),
         detail,
     };
     if header.step != step.recv_tag {
@@ -169,7 +176,7 @@ fn accept_frame<'b, T: Element>(
     if bytes.len() != header.len as usize {
         return Err(Error::Protocol {
             peer: step.recv_from,
-            during: call.during.clone(),
+            during: call.during(),
             detail: format!(
                 "frame header says {} bytes but {} arrived",
                 header.len,
@@ -217,7 +224,7 @@ fn run_step<T: Element>(
             let input = io.input(step.input, len);
             sender
                 .send_from(header, deadline(call), bytemuck::cast_slice(input))
-                .map_err(|e| Error::from_transport(e, &call.during))
+                .map_err(|e| Error::from_transport(e, &call.during()))
         }
         Prim::Recv => {
             let (receiver, _) = links.receiver_and_sender(step.recv_from, NO_PEER, call)?;
@@ -292,7 +299,7 @@ fn finish_recv(
 ) -> Result<()> {
     match (result, found) {
         (_, Some(err)) => Err(err),
-        (Err(e), None) => Err(Error::from_transport(e, &call.during)),
+        (Err(e), None) => Err(Error::from_transport(e, &call.during())),
         (Ok(()), None) => Ok(()),
     }
 }
