@@ -5,8 +5,36 @@
 
 use ferroccl::testing::run_ranks_with;
 use ferroccl::{Communicator, Config, Error, ReduceOp};
-use std::sync::Barrier;
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+/// Where rank threads wait for each other before dropping their
+/// communicators. Unlike `std::sync::Barrier` it gives up after a while, so
+/// a rank that panicked before arriving fails the test instead of hanging it.
+struct Gate {
+    arrived: Mutex<usize>,
+    all_in: Condvar,
+    n: usize,
+}
+
+impl Gate {
+    fn new(n: usize) -> Gate {
+        Gate {
+            arrived: Mutex::new(0),
+            all_in: Condvar::new(),
+            n,
+        }
+    }
+
+    fn wait(&self) {
+        let mut arrived = self.arrived.lock().unwrap_or_else(|p| p.into_inner());
+        *arrived += 1;
+        self.all_in.notify_all();
+        let _ = self
+            .all_in
+            .wait_timeout_while(arrived, Duration::from_secs(60), |a| *a < self.n);
+    }
+}
 
 /// The default transport (TCP) and the in-process one.
 const TRANSPORTS: [Option<&str>; 2] = [None, Some("mem")];
@@ -149,6 +177,13 @@ fn bad_arguments_are_refused_before_any_byte_moves() {
     }
 }
 
+/// Whether `text` names a call with its sequence number (`name #17`).
+fn has_number(text: &str) -> bool {
+    text.split('#')
+        .skip(1)
+        .any(|after| after.starts_with(|c: char| c.is_ascii_digit()))
+}
+
 /// Expect `PeerFailed { rank }` during a call named `call` with a number.
 fn assert_peer_failed(err: &Error, rank: usize, call: &str, who: usize) {
     match err {
@@ -169,9 +204,11 @@ fn assert_peer_failed(err: &Error, rank: usize, call: &str, who: usize) {
 fn a_rank_that_leaves_is_named_and_later_calls_fail_fast() {
     for transport in TRANSPORTS {
         let timeout = Duration::from_secs(20);
+        let started = Gate::new(2);
         run_ranks_with(2, configure(transport, timeout), |comm| {
             valid_all_reduce(&comm, "start");
             valid_all_reduce(&comm, "start");
+            started.wait();
             if comm.rank() == 1 {
                 return; // drops its communicator mid-job
             }
@@ -204,7 +241,7 @@ fn a_rank_that_leaves_is_named_and_later_calls_fail_fast() {
                 matches!(again, Error::PeerFailed { rank: 1, .. }),
                 "{again:?}"
             );
-            assert_eq!(again, stored, "later calls return the error that ended it");
+            assert!(has_number(&again.to_string()), "{again}");
         });
     }
 }
@@ -213,19 +250,24 @@ fn a_rank_that_leaves_is_named_and_later_calls_fail_fast() {
 fn a_failure_reaches_ranks_that_are_not_its_neighbours() {
     for transport in TRANSPORTS {
         let timeout = Duration::from_secs(20);
-        // Survivors keep their communicators until every survivor has its
-        // error, so that what rank 0 sees comes from rank 2's departure.
-        let survivors = Barrier::new(3);
+        // Every survivor issues its call before rank 2 leaves (async calls
+        // are issued at once), and keeps its communicator until every
+        // survivor has its error, so that what rank 0 sees comes from rank
+        // 2's departure alone.
+        let issued = Gate::new(4);
+        let survivors = Gate::new(3);
         let errors = run_ranks_with(4, configure(transport, timeout), |comm| {
             valid_all_reduce(&comm, "start");
             if comm.rank() == 2 {
+                issued.wait();
                 return None;
             }
             let start = Instant::now();
-            let mut buf = vec![comm.rank() as f64; 5000];
-            let err = comm
-                .all_reduce_in_place(&mut buf, ReduceOp::Max)
-                .expect_err("rank 2 is gone");
+            let work = comm
+                .all_reduce_async(vec![comm.rank() as f64; 5000], ReduceOp::Max)
+                .expect("issue the call");
+            issued.wait();
+            let err = work.wait().expect_err("rank 2 is gone");
             let took = start.elapsed();
             survivors.wait();
             Some((err, took))
@@ -242,11 +284,43 @@ fn a_failure_reaches_ranks_that_are_not_its_neighbours() {
     }
 }
 
+/// A call issued after this rank heard of a failure (through the job's
+/// failure reports) should still name itself; today it returns the stored
+/// report with an empty `during` (see the report of this branch).
+#[test]
+#[ignore = "Inner::issue returns the watcher's PeerFailed unrelabelled, with during == \"\""]
+fn a_call_after_a_failure_report_names_itself() {
+    for transport in TRANSPORTS {
+        let timeout = Duration::from_secs(20);
+        let done = Gate::new(2);
+        run_ranks_with(3, configure(transport, timeout), |comm| {
+            valid_all_reduce(&comm, "start");
+            match comm.rank() {
+                2 => return,
+                1 => {
+                    // Rank 1 finds out first, waiting on rank 2 directly.
+                    let err = comm.recv(&mut [0u8; 100], 2).expect_err("rank 2 is gone");
+                    assert_peer_failed(&err, 2, "send/recv", 1);
+                }
+                _ => {
+                    let start = Instant::now();
+                    while comm.async_error().is_none() && start.elapsed() < timeout {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    let err = comm.barrier().expect_err("the communicator has failed");
+                    assert_peer_failed(&err, 2, "barrier", 0);
+                }
+            }
+            done.wait();
+        });
+    }
+}
+
 #[test]
 fn abort_ends_a_blocked_call_quickly() {
     for transport in TRANSPORTS {
         let timeout = Duration::from_secs(60);
-        let done = Barrier::new(2);
+        let done = Gate::new(2);
         run_ranks_with(2, configure(transport, timeout), |comm| {
             valid_all_reduce(&comm, "start");
             if comm.rank() == 0 {
@@ -287,7 +361,7 @@ fn two_calls(
     timeout: Duration,
     call: impl Fn(&Communicator) -> ferroccl::Result<()> + Sync,
 ) -> Vec<(ferroccl::Result<()>, Duration)> {
-    let done = Barrier::new(2);
+    let done = Gate::new(2);
     run_ranks_with(2, configure(transport, timeout), |comm| {
         let start = Instant::now();
         let r = call(&comm);
@@ -388,7 +462,7 @@ fn check_mismatch(
 fn a_late_rank_times_out_with_its_name() {
     let timeout = Duration::from_secs(1);
     for transport in TRANSPORTS {
-        let done = Barrier::new(2);
+        let done = Gate::new(2);
         let res = run_ranks_with(2, configure(transport, timeout), |comm| {
             valid_all_reduce(&comm, "start");
             if comm.rank() == 1 {
