@@ -662,29 +662,31 @@ impl Inner {
     /// Hand out the next ticket and sequence number; for async calls, queue
     /// the job under the same lock so queue order is ticket order.
     fn issue(&self, spec: &CallSpec, enqueue: Option<MakeJob<'_>>) -> Result<(u64, Call)> {
-        if let Some(err) = lock(&self.failure).clone() {
-            return Err(err);
-        }
         let mut state = lock(&self.turns.issued);
-        let seq = match spec.p2p {
-            Some(key) => {
-                let s = state.p2p_seq.entry(key).or_insert(0);
-                *s += 1;
-                *s
-            }
-            None => {
-                state.coll_seq += 1;
-                state.coll_seq
-            }
+        let next_seq = match spec.p2p {
+            Some(key) => state.p2p_seq.get(&key).copied().unwrap_or(0) + 1,
+            None => state.coll_seq + 1,
         };
         let fp = Fingerprint {
-            seq,
+            seq: next_seq,
             coll: spec.kind.code(),
             dtype: spec.dtype.code(),
             op: spec.op.map_or(0, ReduceOp::code),
             count: spec.count as u64,
             root: spec.root.map_or(NO_ROOT, |r| r as u32),
         };
+        if lock(&self.failure).is_some() {
+            // Name the call being refused, not the one that failed.
+            if let Some(err) = self.relabelled_failure(&crate::fingerprint::describe(&fp)) {
+                return Err(err);
+            }
+        }
+        match spec.p2p {
+            Some(key) => {
+                state.p2p_seq.insert(key, next_seq);
+            }
+            None => state.coll_seq = next_seq,
+        }
         let call = Call {
             fingerprint: fp,
             op: spec.op.unwrap_or(ReduceOp::Sum),
@@ -751,6 +753,19 @@ impl Inner {
                 return stored;
             }
         }
+        if matches!(err, Error::Timeout { .. }) {
+            // A rank that timed out waiting on its neighbour is often only
+            // downstream of the real failure; give the job's failure report,
+            // if one is coming, a moment to arrive and name the cause.
+            let grace = (self.config.timeout / 10).min(std::time::Duration::from_secs(1));
+            let until = Instant::now() + grace;
+            while Instant::now() < until && lock(&self.failure).is_none() {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            if let Some(stored) = self.relabelled_failure(during) {
+                return stored;
+            }
+        }
         let blame = match &err {
             Error::PeerFailed { rank, .. } | Error::Timeout { peer: rank, .. } => Some(*rank),
             _ => None,
@@ -784,20 +799,25 @@ impl Inner {
             tracing::warn!(rank = self.rank, "communicator failed: {err}");
             *failure = Some(err.clone());
         }
-        self.abort.abort();
         // Without a peer to blame (abort(), a mismatch seen here) this rank
         // is the one leaving: say so, so that peers learn it at once instead
         // of at their timeout.
         let blamed = blame.unwrap_or(self.rank);
-        let reason = err.to_string();
+        let reason = match &err {
+            Error::PeerFailed { reason, .. } => reason.clone(),
+            other => other.to_string(),
+        };
         if broadcast {
             if let Some(&global) = self.global_ranks.get(blamed) {
                 self.rendezvous.store.report_failure(global, &reason);
             }
         }
+        // Peers first, then local waiters: a program that exits on the error
+        // must not look like the culprit to peers that have not heard yet.
         for closer in lock(&self.closers).iter() {
             closer.close_with_failure(blamed, &reason);
         }
+        self.abort.abort();
     }
 }
 

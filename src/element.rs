@@ -331,11 +331,12 @@ macro_rules! native_element {
         });
     };
     ($t:ty, $dt:expr, int) => {
-        // Integer Avg truncates toward zero, as NCCL's does.
+        // Integer Avg truncates toward zero, as NCCL's does. The rank count
+        // may not fit the type (256 ranks of u8): divide in i128.
         native_element!(@impl $t, $dt, |buf: &mut [$t], n: usize| {
-            let n = n as $t;
+            let n = n as i128;
             for v in buf.iter_mut() {
-                *v = v.wrapping_div(n);
+                *v = (*v as i128 / n) as $t;
             }
         });
     };
@@ -596,6 +597,19 @@ mod tests {
         let mut a = [u8::MAX, 200];
         reduce_into(ReduceOp::Sum, &mut a, &[1, 100]);
         assert_eq!(a, [0, 44]);
+    }
+
+    #[test]
+    fn integer_avg_survives_rank_counts_beyond_the_type() {
+        let mut a = [200u8, 255];
+        u8::divide(&mut a, 256);
+        assert_eq!(a, [0, 0]);
+        let mut b = [-100i8, 127];
+        i8::divide(&mut b, 128);
+        assert_eq!(b, [0, 0]);
+        let mut c = [-128i8];
+        i8::divide(&mut c, 1);
+        assert_eq!(c, [-128]);
     }
 
     #[test]

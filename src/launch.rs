@@ -22,6 +22,19 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// How long the other ranks may take to stop on their own after one failed,
+/// before they get SIGTERM (`FERROCCL_RUN_SETTLE_S`, default 1 s): a rank
+/// that sees the failure prints an error naming the failed rank, which is
+/// what a person needs to read.
+fn settle_time() -> Duration {
+    std::env::var("FERROCCL_RUN_SETTLE_S")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or(Duration::from_secs(1))
+}
+
 /// Grace period between SIGTERM and SIGKILL when `FERROCCL_RUN_GRACE_S` is
 /// not set.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
@@ -67,9 +80,10 @@ usage: ferroccl-run -n N [options] [--] PROGRAM [ARGS...]
 
 Starts N copies of PROGRAM on this node with RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, FERROCCL_LAUNCHER and
-FERROCCL_TOKEN set (as torchrun does). When a rank fails, the others get
-SIGTERM, then SIGKILL after FERROCCL_RUN_GRACE_S seconds (default 5), and
-ferroccl-run exits with the failed rank's code.
+FERROCCL_TOKEN set (as torchrun does). When a rank fails, the others have
+FERROCCL_RUN_SETTLE_S seconds (default 1) to stop on their own and report
+it, then get SIGTERM, then SIGKILL after FERROCCL_RUN_GRACE_S seconds
+(default 5); ferroccl-run exits with the failed rank's code.
 
 options:
   -n, --nproc-per-node N   processes on this node (required)
@@ -628,6 +642,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     drop(pump_done_tx);
 
     let mut first_failure: Option<(usize, ExitStatus)> = None;
+    let mut term_at: Option<Instant> = None;
     let mut kill_at: Option<Instant> = None;
     let mut give_up_at: Option<Instant> = None;
     loop {
@@ -639,23 +654,46 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
             // time from here.
             kill_at.get_or_insert_with(|| Instant::now() + grace);
         }
-        for i in 0..ranks.len() {
-            if ranks[i].status.is_some() {
-                continue;
-            }
-            let Ok(Some(status)) = ranks[i].child.try_wait() else {
-                continue;
-            };
-            ranks[i].status = Some(status);
-            if !status.success() && first_failure.is_none() {
-                first_failure = Some((ranks[i].rank, status));
-                eprintln!("{}", describe_exit(ranks[i].rank, status));
-                // Exited ranks too: their groups may still have members.
-                for r in &ranks {
-                    signal_group(r.child.id(), libc::SIGTERM);
+        let mut ended = Vec::new();
+        for (i, r) in ranks.iter_mut().enumerate() {
+            if r.status.is_none() {
+                if let Ok(Some(status)) = r.child.try_wait() {
+                    r.status = Some(status);
+                    ended.push(i);
                 }
-                kill_at.get_or_insert_with(|| Instant::now() + grace);
             }
+        }
+        let failed: Vec<usize> = ended
+            .iter()
+            .copied()
+            .filter(|&i| ranks[i].status.is_some_and(|s| !s.success()))
+            .collect();
+        if !failed.is_empty() && first_failure.is_none() {
+            // Of the ranks that ended in the same poll, one killed by a
+            // signal is the cause; the others most likely exited on the error
+            // it caused.
+            let cause = failed
+                .iter()
+                .copied()
+                .find(|&i| ranks[i].status.is_some_and(|s| s.signal().is_some()))
+                .unwrap_or(failed[0]);
+            let status = ranks[cause].status.expect("ended ranks have a status");
+            first_failure = Some((ranks[cause].rank, status));
+            // Give the survivors a moment to notice and report the failure
+            // themselves (they name the failed rank) before stopping them.
+            term_at = Some(Instant::now() + settle_time());
+        }
+        for &i in &failed {
+            let status = ranks[i].status.expect("ended ranks have a status");
+            eprintln!("{}", describe_exit(ranks[i].rank, status));
+        }
+        if term_at.is_some_and(|at| Instant::now() >= at) {
+            term_at = None;
+            // Exited ranks too: their groups may still have members.
+            for r in &ranks {
+                signal_group(r.child.id(), libc::SIGTERM);
+            }
+            kill_at.get_or_insert_with(|| Instant::now() + grace);
         }
         if ranks.iter().all(|r| r.status.is_some()) {
             break;

@@ -288,7 +288,6 @@ fn a_failure_reaches_ranks_that_are_not_its_neighbours() {
 /// failure reports) should still name itself; today it returns the stored
 /// report with an empty `during` (see the report of this branch).
 #[test]
-#[ignore = "Inner::issue returns the watcher's PeerFailed unrelabelled, with during == \"\""]
 fn a_call_after_a_failure_report_names_itself() {
     for transport in TRANSPORTS {
         let timeout = Duration::from_secs(20);

@@ -275,9 +275,6 @@ fn a_rank_killed_mid_collective_is_named_by_the_survivors() {
 /// and every survivor, including rank 0 (no ring neighbour of rank 2),
 /// prints an error that names rank 2.
 #[test]
-#[ignore = "ferroccl-run reports the lowest-numbered ended rank and SIGTERMs survivors before they \
-            print; a rank that learns of a failure from the store closes its connections without \
-            passing the blame on"]
 fn a_killed_rank_is_named_everywhere() {
     for _ in 0..10 {
         let f = launch(4, &KILL_ENV, &KILL_ARGS, Duration::from_secs(60));
@@ -335,7 +332,8 @@ fn a_hanging_rank_times_out_with_its_name() {
 /// ranks further along the ring time out on their own predecessor at about
 /// the same moment and blame it instead (see the report of this branch).
 #[test]
-#[ignore = "a timeout blames the peer waited on, even when that peer itself waits on the silent rank"]
+#[ignore = "issue 4: with a silent (not dead) rank every healthy rank times out at about the same \
+            moment blaming its own predecessor; telling the silent rank apart needs heartbeats"]
 fn a_hanging_rank_is_named_by_every_survivor() {
     let f = launch(
         4,
