@@ -70,6 +70,17 @@ impl Prim {
     }
 }
 
+/// Where a step's local operand lives: the data it sends, or combines with
+/// what it receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operand {
+    /// `input[step.input..]`: the caller's contribution.
+    Input,
+    /// `output[step.output..]`: a partial result an earlier step stored
+    /// (a tree node that combined one child and now adds the other).
+    Output,
+}
+
 /// No peer (for primitives that do not send or do not receive).
 pub const NO_PEER: usize = usize::MAX;
 
@@ -78,6 +89,8 @@ pub const NO_PEER: usize = usize::MAX;
 pub struct Step {
     /// What to do.
     pub prim: Prim,
+    /// Where the local operand is read from.
+    pub local: Operand,
     /// Peer to send to, or [`NO_PEER`].
     pub send_to: usize,
     /// Peer to receive from, or [`NO_PEER`].

@@ -9,7 +9,7 @@
 //! wire. A step whose slice is empty is left out on every rank alike, since
 //! all ranks compute the same lengths.
 
-use super::{partition, slice_of, Prim, Schedule, Step, NO_PEER};
+use super::{partition, slice_of, Operand, Prim, Schedule, Step, NO_PEER};
 
 /// Common inputs of a ring schedule.
 #[derive(Debug, Clone, Copy)]
@@ -57,6 +57,7 @@ impl Emitter<'_> {
         }
         let base = (s as u32).wrapping_mul(self.per_slice);
         self.out.push(Step {
+            local: Operand::Input,
             prim,
             send_to: if prim.sends() { self.p.next() } else { NO_PEER },
             recv_from: if prim.receives() {
@@ -77,6 +78,7 @@ fn local_copy(count: usize) -> Schedule {
     let mut out = Schedule::default();
     if count > 0 {
         out.push(Step {
+            local: Operand::Input,
             prim: Prim::Copy,
             send_to: NO_PEER,
             recv_from: NO_PEER,
@@ -205,6 +207,7 @@ fn chain(p: RingParams, count: usize, pos: usize, ends: [Prim; 3]) -> Schedule {
         let (off, len) = slice_of((0, count), s, p.slice);
         let tag = s as u32;
         out.push(Step {
+            local: Operand::Input,
             prim,
             send_to: if prim.sends() { p.next() } else { NO_PEER },
             recv_from: if prim.receives() { p.prev() } else { NO_PEER },
@@ -252,6 +255,7 @@ pub fn point_to_point(p: RingParams, count: usize, peer: usize, sending: bool) -
         let (off, len) = slice_of((0, count), s, p.slice);
         let tag = s as u32;
         out.push(Step {
+            local: Operand::Input,
             prim: if sending { Prim::Send } else { Prim::Recv },
             send_to: if sending { peer } else { NO_PEER },
             recv_from: if sending { NO_PEER } else { peer },
@@ -280,6 +284,7 @@ pub fn all_to_all(p: RingParams, block: usize) -> Schedule {
             let (rel, len) = slice_of((0, block), s, p.slice);
             let tag = ((k as u32) << 20).wrapping_add(s as u32);
             out.push(Step {
+                local: Operand::Input,
                 prim: Prim::Send,
                 send_to: to,
                 recv_from: NO_PEER,
@@ -290,6 +295,7 @@ pub fn all_to_all(p: RingParams, block: usize) -> Schedule {
                 recv_tag: 0,
             });
             out.push(Step {
+                local: Operand::Input,
                 prim: Prim::Recv,
                 send_to: NO_PEER,
                 recv_from: from,
@@ -321,6 +327,7 @@ pub fn barrier(p: RingParams) -> Schedule {
         return out;
     }
     let step = |prim: Prim, lap: u32| Step {
+        local: Operand::Input,
         prim,
         send_to: if prim.sends() { p.next() } else { NO_PEER },
         recv_from: if prim.receives() { p.prev() } else { NO_PEER },

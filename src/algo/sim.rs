@@ -3,7 +3,7 @@
 //! tags and lengths, detects deadlock (no rank can move) and returns the
 //! output buffers, so a schedule is tested with no threads and no I/O.
 
-use super::{Prim, Schedule};
+use super::{Operand, Prim, Schedule};
 use std::collections::{HashMap, VecDeque};
 
 type Frame = (u32, Vec<f64>);
@@ -57,12 +57,16 @@ pub(crate) fn run(
                 None
             };
             let input: Vec<f64> = {
-                let src = if in_place { &outputs[r] } else { &inputs[r] };
+                let (src, at) = match step.local {
+                    Operand::Input if !in_place => (&inputs[r], step.input),
+                    Operand::Input => (&outputs[r], step.input),
+                    Operand::Output => (&outputs[r], step.output),
+                };
                 if step.prim == Prim::Recv || step.prim == Prim::RecvCopySend {
                     Vec::new()
                 } else {
-                    src.get(step.input..step.input + step.len)
-                        .ok_or_else(|| format!("rank {r} step {} reads past input", pc[r]))?
+                    src.get(at..at + step.len)
+                        .ok_or_else(|| format!("rank {r} step {} reads past its operand", pc[r]))?
                         .to_vec()
                 }
             };

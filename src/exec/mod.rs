@@ -11,7 +11,7 @@ mod links;
 
 pub(crate) use links::{Connector, Links};
 
-use crate::algo::{Prim, Schedule, Step, NO_PEER};
+use crate::algo::{Operand, Prim, Schedule, Step, NO_PEER};
 use crate::element::{reduce_into, reduce_to, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::fingerprint;
@@ -61,6 +61,24 @@ impl<T: Element> Io<'_, T> {
         }
     }
 
+    fn output_ref(&self, off: usize, len: usize) -> &[T] {
+        match self {
+            Io::OutOfPlace { output, .. } => &output[off..off + len],
+            Io::InPlace {
+                buf, output_base, ..
+            } => &buf[*output_base + off..*output_base + off + len],
+        }
+    }
+
+    /// The step's local operand: its input, or a partial result in the
+    /// output.
+    fn local(&self, step: &Step) -> &[T] {
+        match step.local {
+            Operand::Input => self.input(step.input, step.len),
+            Operand::Output => self.output_ref(step.output, step.len),
+        }
+    }
+
     fn output(&mut self, off: usize, len: usize) -> &mut [T] {
         match self {
             Io::OutOfPlace { output, .. } => &mut output[off..off + len],
@@ -73,6 +91,10 @@ impl<T: Element> Io<'_, T> {
     /// `output[out..] = data op input[inp..]`, whatever aliasing in place.
     fn reduce_to_output(&mut self, op: ReduceOp, step: &Step, data: &[T]) {
         let len = step.len;
+        if step.local == Operand::Output {
+            reduce_into(op, self.output(step.output, len), data);
+            return;
+        }
         match self {
             Io::OutOfPlace { input, output } => reduce_to(
                 op,
@@ -100,6 +122,9 @@ impl<T: Element> Io<'_, T> {
     /// `output[out..] = input[inp..]` (a no-op when they are the same memory).
     fn copy_input_to_output(&mut self, step: &Step) {
         let len = step.len;
+        if step.local == Operand::Output {
+            return;
+        }
         match self {
             Io::OutOfPlace { input, output } => output[step.output..step.output + len]
                 .copy_from_slice(&input[step.input..step.input + len]),
@@ -221,7 +246,7 @@ fn run_step<T: Element>(
                 io.copy_input_to_output(step);
             }
             let sender = links.sender(step.send_to, call)?;
-            let input = io.input(step.input, len);
+            let input = io.local(step);
             sender
                 .send_from(header, deadline(call), bytemuck::cast_slice(input))
                 .map_err(|e| Error::from_transport(e, &call.during()))
@@ -261,7 +286,7 @@ fn run_step<T: Element>(
                 match prim {
                     Prim::RecvReduceCopy => io.reduce_to_output(call.op, step, data),
                     Prim::RecvReduceSend => {
-                        let input = io.input(step.input, len);
+                        let input = io.local(step);
                         let sender = sender.as_mut().expect("schedule step sends");
                         sender.send_with(header, deadline(call), &mut |slot| {
                             fill_slot::<T>(slot, len, |dst| reduce_to(call.op, dst, data, input))
