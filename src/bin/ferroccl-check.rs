@@ -591,6 +591,18 @@ fn main() {
         std::process::exit(1);
     }
     let passed = checker.passed;
+    // Which transport reaches each peer (all pairs are connected by now:
+    // all_to_all touches every one).
+    let links: Vec<String> = comm
+        .transports()
+        .iter()
+        .enumerate()
+        .filter_map(|(peer, t)| t.map(|t| format!("{peer}:{t}")))
+        .collect();
+    say(&format!(
+        "ferroccl-check: rank {rank}: transports {}",
+        links.join(" ")
+    ));
     say(&format!(
         "ferroccl-check: rank {rank}: {passed} checks passed ({} collective calls, {:.2} s)",
         checker.calls,
