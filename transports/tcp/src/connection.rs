@@ -934,7 +934,9 @@ impl TcpReceiver {
                             })
                         });
                         if let Some(err) = refused {
-                            st.partial.drop_payload();
+                            if let Some(slot) = st.partial.drop_payload() {
+                                st.free.push(slot);
+                            }
                             self.advance_next();
                             slot_unused = true;
                             break Err(err);
