@@ -3,10 +3,13 @@
 //! ping-pong latency of small frames. Both ranks are threads of this
 //! process, so they share the machine's cores.
 //!
-//! `cargo run --release -p ferroccl-tcp --example tcp_pingpong [-- quick] [-- copy] [-- sockbuf]`
-//! `copy`: fill and consume copy the payload (as a real executor does)
-//! instead of leaving the slot untouched. `sockbuf`: also compare fixed
-//! 4 MiB socket buffers with kernel autotuning (the default).
+//! `cargo run --release -p ferroccl-tcp --example tcp_pingpong [-- quick] [-- copy] [-- direct] [-- sockbuf]`
+//! `copy`: fill and consume copy the payload (as the executor's reducing
+//! steps do) instead of leaving the slot untouched. `direct`: frames go
+//! from and to caller memory through `send_from` and `recv_into` (as the
+//! executor's plain send and receive steps do); overrides `copy`.
+//! `sockbuf`: also compare fixed 4 MiB socket buffers with kernel
+//! autotuning (the default).
 
 use ferroccl_tcp::TcpTransport;
 use ferroccl_transport::{
@@ -48,8 +51,10 @@ fn pair(
     (c0, acceptor.join().unwrap().unwrap())
 }
 
+#[derive(Clone, Copy)]
 struct Opts {
     copy: bool,
+    direct: bool,
 }
 
 /// Move `total` bytes from `tx` to `rx` in full slots; returns seconds.
@@ -58,7 +63,7 @@ fn stream(
     mut receiver: Box<dyn ferroccl_transport::SlotReceiver>,
     chunk: usize,
     total: usize,
-    copy: bool,
+    opts: Opts,
 ) -> (
     f64,
     Box<dyn ferroccl_transport::SlotSender>,
@@ -68,10 +73,18 @@ fn stream(
     let deadline = Instant::now() + Duration::from_secs(120);
     let source = vec![0x5au8; chunk];
     let start = Instant::now();
+    let Opts { copy, direct } = opts;
     let rx = std::thread::spawn(move || {
         let mut sink = vec![0u8; chunk];
         let mut check = 0u64;
         for _ in 0..frames {
+            if direct {
+                receiver
+                    .recv_into(deadline, &mut |_| Ok(()), &mut sink)
+                    .unwrap();
+                check = check.wrapping_add(sink.len() as u64);
+                continue;
+            }
             receiver
                 .recv_with(deadline, &mut |_h: &FrameHeader, bytes: &[u8]| {
                     if copy {
@@ -86,6 +99,16 @@ fn stream(
         receiver
     });
     for f in 0..frames {
+        if direct {
+            sender
+                .send_from(
+                    FrameHeader::data(Default::default(), f as u32),
+                    deadline,
+                    &source,
+                )
+                .unwrap();
+            continue;
+        }
         sender
             .send_with(
                 FrameHeader::data(Default::default(), f as u32),
@@ -118,61 +141,96 @@ fn throughput(
     // One direction.
     let (c0, c1) = pair(t, chunk, nsocks, &abort);
     // Warm up, then measure.
-    let (_, s, r) = stream(c0.sender, c1.receiver, chunk, total / 8, opts.copy);
-    let (secs, _, _) = stream(s, r, chunk, total, opts.copy);
+    let (_, s, r) = stream(c0.sender, c1.receiver, chunk, total / 8, *opts);
+    let (secs, _, _) = stream(s, r, chunk, total, *opts);
     let uni = gbps(total, secs);
     drop((c0.receiver, c1.sender));
 
     // Both directions at once.
     let (c0, c1) = pair(t, chunk, nsocks, &abort);
-    let copy = opts.copy;
-    let a = std::thread::spawn(move || stream(c0.sender, c1.receiver, chunk, total, copy).0);
-    let b = std::thread::spawn(move || stream(c1.sender, c0.receiver, chunk, total, copy).0);
+    let o = *opts;
+    let a = std::thread::spawn(move || stream(c0.sender, c1.receiver, chunk, total, o).0);
+    let b = std::thread::spawn(move || stream(c1.sender, c0.receiver, chunk, total, o).0);
     let (sa, sb) = (a.join().unwrap(), b.join().unwrap());
     let bi = gbps(2 * total, sa.max(sb));
     (uni, bi)
 }
 
-fn latency(t: &TcpTransport, size: usize, iters: usize) -> (f64, f64) {
+/// Send `size` bytes of `buf` as frame `step`, the way `opts` says.
+fn send_one(
+    c: &mut Connection,
+    step: usize,
+    buf: &[u8],
+    size: usize,
+    opts: Opts,
+    deadline: Instant,
+) {
+    let header = FrameHeader::data(Default::default(), step as u32);
+    if opts.direct {
+        c.sender.send_from(header, deadline, &buf[..size]).unwrap();
+    } else {
+        c.sender
+            .send_with(header, deadline, &mut |slot| {
+                if opts.copy {
+                    slot[..size].copy_from_slice(&buf[..size]);
+                }
+                size
+            })
+            .unwrap();
+    }
+}
+
+/// Receive frame `step` of `size` bytes into `buf`, the way `opts` says.
+fn recv_one(
+    c: &mut Connection,
+    step: usize,
+    buf: &mut [u8],
+    size: usize,
+    opts: Opts,
+    deadline: Instant,
+) {
+    if opts.direct {
+        c.receiver
+            .recv_into(
+                deadline,
+                &mut |h| {
+                    assert_eq!(h.step, step as u32);
+                    Ok(())
+                },
+                &mut buf[..size],
+            )
+            .unwrap();
+    } else {
+        c.receiver
+            .recv_with(deadline, &mut |h, b| {
+                assert_eq!((h.step, b.len()), (step as u32, size));
+                if opts.copy {
+                    buf[..size].copy_from_slice(b);
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+}
+
+fn latency(t: &TcpTransport, size: usize, iters: usize, opts: Opts) -> (f64, f64) {
     let abort = AbortHandle::new();
     let (mut c0, mut c1) = pair(t, 64 << 10, 1, &abort);
     let deadline = Instant::now() + Duration::from_secs(120);
     let echo = std::thread::spawn(move || {
+        let mut buf = vec![0u8; size];
         for i in 0..iters + 100 {
-            let mut len = 0;
-            c1.receiver
-                .recv_with(deadline, &mut |h, b| {
-                    len = b.len();
-                    assert_eq!(h.step, i as u32);
-                    Ok(())
-                })
-                .unwrap();
-            c1.sender
-                .send_with(
-                    FrameHeader::data(Default::default(), i as u32),
-                    deadline,
-                    &mut |_| len,
-                )
-                .unwrap();
+            recv_one(&mut c1, i, &mut buf, size, opts, deadline);
+            send_one(&mut c1, i, &buf, size, opts, deadline);
         }
         c1
     });
+    let mut buf = vec![0x33u8; size];
     let mut samples = Vec::with_capacity(iters);
     for i in 0..iters + 100 {
         let start = Instant::now();
-        c0.sender
-            .send_with(
-                FrameHeader::data(Default::default(), i as u32),
-                deadline,
-                &mut |_| size,
-            )
-            .unwrap();
-        c0.receiver
-            .recv_with(deadline, &mut |_, b| {
-                assert_eq!(b.len(), size);
-                Ok(())
-            })
-            .unwrap();
+        send_one(&mut c0, i, &buf, size, opts, deadline);
+        recv_one(&mut c0, i, &mut buf, size, opts, deadline);
         if i >= 100 {
             samples.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
         }
@@ -188,6 +246,7 @@ fn main() {
     let quick = args.iter().any(|a| a == "quick");
     let opts = Opts {
         copy: args.iter().any(|a| a == "copy"),
+        direct: args.iter().any(|a| a == "direct"),
     };
     let total = if quick { 64 << 20 } else { 512 << 20 };
     let t = TcpTransport::new();
@@ -195,7 +254,9 @@ fn main() {
         "# loopback, {} MiB per direction, steps {}, payload {}",
         total >> 20,
         ferroccl_transport::DEFAULT_STEPS,
-        if opts.copy {
+        if opts.direct {
+            "from/to caller memory (send_from/recv_into)"
+        } else if opts.copy {
             "copied in fill/consume"
         } else {
             "untouched"
@@ -248,7 +309,7 @@ fn main() {
     println!("# ping-pong, one socket, half round trip");
     println!("{:>8} {:>10} {:>10}", "bytes", "p50 us", "mean us");
     for size in [0, 8, 1024, 8192, 65536] {
-        let (p50, mean) = latency(&t, size, if quick { 2_000 } else { 20_000 });
+        let (p50, mean) = latency(&t, size, if quick { 2_000 } else { 20_000 }, opts);
         println!("{:>8} {:>10.1} {:>10.1}", size, p50, mean);
     }
 }

@@ -1,54 +1,26 @@
-//! A fire-once wake-up that can sit in a `crossbeam_channel::select!` next to
-//! data channels: its receiver becomes disconnected when it fires (the same
-//! trick as the communicator's abort signal). Owns nothing else.
+//! Locking that shrugs off poisoning: the data guarded in this crate (error
+//! slots, socket lists, per-socket I/O state) stays consistent even if a
+//! holder panicked, and a transport must keep tearing down cleanly then.
 
-use crossbeam_channel::{Receiver, Sender};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
-/// Wakes every waiter that selects on [`Latch::receiver`], once.
-#[derive(Debug)]
-pub(crate) struct Latch {
-    sender: Mutex<Option<Sender<()>>>,
-    receiver: Receiver<()>,
-    fired: AtomicBool,
-}
-
-impl Latch {
-    pub(crate) fn new() -> Self {
-        let (sender, receiver) = crossbeam_channel::bounded(1);
-        Latch {
-            sender: Mutex::new(Some(sender)),
-            receiver,
-            fired: AtomicBool::new(false),
-        }
-    }
-
-    /// Fire; idempotent.
-    pub(crate) fn fire(&self) {
-        self.fired.store(true, Ordering::SeqCst);
-        let mut guard = match self.sender.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        guard.take();
-    }
-
-    pub(crate) fn is_fired(&self) -> bool {
-        self.fired.load(Ordering::SeqCst)
-    }
-
-    /// Include in a `select!`: ready (disconnected) once fired.
-    pub(crate) fn receiver(&self) -> &Receiver<()> {
-        &self.receiver
-    }
-}
-
-/// Lock a mutex, ignoring poisoning: the data guarded here (error slots,
-/// socket lists) stays consistent even if a holder panicked.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// Lock a mutex, ignoring poisoning.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     match m.lock() {
         Ok(g) => g,
         Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+/// Wait on `cv` for at most `timeout`, ignoring poisoning.
+pub(crate) fn wait_timeout<'a, T>(
+    cv: &Condvar,
+    guard: MutexGuard<'a, T>,
+    timeout: Duration,
+) -> MutexGuard<'a, T> {
+    match cv.wait_timeout(guard, timeout) {
+        Ok((g, _)) => g,
+        Err(poisoned) => poisoned.into_inner().0,
     }
 }

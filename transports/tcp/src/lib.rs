@@ -6,10 +6,17 @@
 //! - `iface` picks the address to bind and publish (FERROCCL_SOCKET_IFNAME).
 //! - `handshake` is the fixed-size hello a connecting rank sends and the
 //!   status byte it gets back; nothing reaches `accept()` before it passes.
-//! - `connection` owns the slot buffers and the sender/receiver halves;
-//!   `wire` owns the per-socket reader and writer threads.
+//! - `connection` owns the slot buffers and the sender/receiver halves. The
+//!   calling thread does the socket I/O: sends write header and payload
+//!   from the caller's memory with one gather write, receives read the
+//!   socket themselves (straight into the caller's buffer for
+//!   `recv_into`); one background reader per socket drains into free slots
+//!   only while the consumer is away (see its module docs).
+//! - `wire` owns the bytes of one socket: the resumable frame reader for
+//!   nonblocking sockets, deadline-bounded writes, `poll(2)`.
 //!
-//! The only `unsafe` is the `getifaddrs` walk in `iface`.
+//! The only `unsafe` is the `getifaddrs` walk in `iface` and the `poll(2)`
+//! call in `wire`.
 #![warn(missing_docs, unreachable_pub)]
 
 mod connection;
@@ -32,7 +39,8 @@ pub use listener::TcpListener;
 pub const RECOMMENDED_CHUNK_BYTES: usize = 512 << 10;
 
 /// Sockets per peer that measured best on a 2-core machine: more sockets
-/// add two threads each and brought no gain once payloads are copied.
+/// add a background reader each and brought no gain once payloads are
+/// copied.
 pub const RECOMMENDED_NSOCKS: usize = 1;
 
 /// Most sockets per peer a listener accepts in its configuration.
