@@ -2,6 +2,7 @@
 //! handling and split. It checks arguments through `coll`, runs schedules
 //! through `exec`, and never touches sockets itself.
 
+use crate::algo::Algorithm;
 use crate::bootstrap::{self, Store};
 use crate::coll::{self, CollKind, Geometry, Plan};
 use crate::config::Config;
@@ -294,6 +295,7 @@ impl Communicator {
             self.geometry::<T>(send.len(), self.inner.size),
             send.len(),
             recv.len(),
+            self.inner.config.algorithm.unwrap_or(Algorithm::Ring),
         )?;
         self.run_blocking(
             self.spec::<T>(CollKind::AllReduce, Some(op), send.len(), None),
@@ -313,9 +315,11 @@ impl Communicator {
             self.geometry::<T>(buf.len(), self.inner.size),
             buf.len(),
             buf.len(),
+            self.inner.config.algorithm.unwrap_or(Algorithm::Ring),
         )?;
         let spec = self.spec::<T>(CollKind::AllReduce, Some(op), buf.len(), None);
-        self.run_blocking(spec, plan, in_place(&mut *buf, 0, 0))?;
+        let copy = plan.copies_input.then(|| buf.to_vec());
+        self.run_blocking(spec, plan, in_place_or_from(&mut *buf, copy.as_deref()))?;
         self.finish_avg(op, buf);
         Ok(())
     }
@@ -331,11 +335,13 @@ impl Communicator {
             self.geometry::<T>(buf.len(), self.inner.size),
             buf.len(),
             buf.len(),
+            self.inner.config.algorithm.unwrap_or(Algorithm::Ring),
         )?;
         let spec = self.spec::<T>(CollKind::AllReduce, Some(op), buf.len(), None);
         let size = self.inner.size;
         self.run_async(spec, move |inner, call| {
-            inner.execute(&plan, in_place(&mut buf, 0, 0), call)?;
+            let copy = plan.copies_input.then(|| buf.clone());
+            inner.execute(&plan, in_place_or_from(&mut buf, copy.as_deref()), call)?;
             finish_avg(op, &mut buf, size);
             Ok(buf)
         })
@@ -412,7 +418,12 @@ impl Communicator {
 
     /// Broadcast `buf` from `root` to every rank.
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
-        let plan = coll::broadcast(self.geometry::<T>(buf.len(), 1), buf.len(), root)?;
+        let plan = coll::broadcast(
+            self.geometry::<T>(buf.len(), 1),
+            buf.len(),
+            root,
+            self.inner.config.algorithm.unwrap_or(Algorithm::Ring),
+        )?;
         let spec = self.spec::<T>(CollKind::Broadcast, None, buf.len(), Some(root));
         self.run_blocking(spec, plan, in_place(buf, 0, 0))
     }
@@ -431,14 +442,21 @@ impl Communicator {
             send.len(),
             recv.len(),
             root,
+            self.inner.config.algorithm.unwrap_or(Algorithm::Ring),
         )?;
         let spec = self.spec::<T>(CollKind::Reduce, Some(op), send.len(), Some(root));
+        let mut scratch = vec![T::zeroed(); plan.scratch_output];
+        let output = if plan.scratch_output > 0 {
+            &mut scratch[..]
+        } else {
+            &mut *recv
+        };
         self.run_blocking(
             spec,
             plan,
             Io::OutOfPlace {
                 input: send,
-                output: &mut *recv,
+                output,
             },
         )?;
         if self.inner.rank == root {
@@ -455,9 +473,24 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        let plan = coll::reduce(self.geometry::<T>(buf.len(), 1), buf.len(), buf.len(), root)?;
+        let plan = coll::reduce(
+            self.geometry::<T>(buf.len(), 1),
+            buf.len(),
+            buf.len(),
+            root,
+            self.inner.config.algorithm.unwrap_or(Algorithm::Ring),
+        )?;
         let spec = self.spec::<T>(CollKind::Reduce, Some(op), buf.len(), Some(root));
-        self.run_blocking(spec, plan, in_place(&mut *buf, 0, 0))?;
+        let mut scratch = vec![T::zeroed(); plan.scratch_output];
+        let io = if plan.scratch_output > 0 {
+            Io::OutOfPlace {
+                input: &*buf,
+                output: &mut scratch,
+            }
+        } else {
+            in_place(&mut *buf, 0, 0)
+        };
+        self.run_blocking(spec, plan, io)?;
         if self.inner.rank == root {
             self.finish_avg(op, buf);
         }
@@ -634,6 +667,15 @@ impl Communicator {
 fn finish_avg<T: Element>(op: ReduceOp, out: &mut [T], size: usize) {
     if op == ReduceOp::Avg {
         T::divide(out, size);
+    }
+}
+
+/// In place on `buf`, or out of place into `buf` from `copy` of its input
+/// (for schedules that read their input after writing their output).
+fn in_place_or_from<'a, T>(buf: &'a mut [T], copy: Option<&'a [T]>) -> Io<'a, T> {
+    match copy {
+        Some(input) => Io::OutOfPlace { input, output: buf },
+        None => in_place(buf, 0, 0),
     }
 }
 

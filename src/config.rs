@@ -1,6 +1,7 @@
 //! Settings of a communicator: explicit fields, defaults, and the FERROCCL_*
 //! environment variables that override them (named as NCCL names its own).
 
+use crate::algo::Algorithm;
 use crate::bootstrap::env::LaunchInfo;
 use crate::error::{Error, Result};
 use std::time::Duration;
@@ -38,6 +39,12 @@ pub struct Config {
     /// Network interfaces for TCP, NCCL_SOCKET_IFNAME syntax
     /// (FERROCCL_SOCKET_IFNAME).
     pub socket_ifname: Option<String>,
+    /// Force one algorithm for every collective that has it
+    /// (FERROCCL_ALGO: `ring`, `tree`, `one_shot`, `two_shot`, any case, so
+    /// NCCL's `Ring` and `Tree` work). A collective without the forced
+    /// algorithm (one-shot broadcast, say) runs its ring. `None`: the
+    /// library chooses.
+    pub algorithm: Option<Algorithm>,
 }
 
 /// Default sockets per peer. Measured on loopback with 2 cores
@@ -67,6 +74,7 @@ impl Config {
             steps: ferroccl_transport::DEFAULT_STEPS,
             nsocks_per_peer: DEFAULT_NSOCKS_PERPEER,
             socket_ifname: None,
+            algorithm: None,
         };
         config.from_env_overrides(&|k| std::env::var(k).ok())?;
         Ok(config)
@@ -89,8 +97,9 @@ impl Config {
     }
 
     /// Apply FERROCCL_TIMEOUT, FERROCCL_TRANSPORT, FERROCCL_BUFFSIZE,
-    /// FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER and FERROCCL_SOCKET_IFNAME
-    /// read through `get`; a value that does not parse is an error naming it.
+    /// FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER, FERROCCL_SOCKET_IFNAME and
+    /// FERROCCL_ALGO read through `get`; a value that does not parse is an
+    /// error naming it.
     pub fn from_env_overrides(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
         fn parse<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
             value
@@ -121,6 +130,19 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_SOCKET_IFNAME") {
             self.socket_ifname = Some(v).filter(|s| !s.trim().is_empty());
+        }
+        if let Some(v) = get("FERROCCL_ALGO") {
+            self.algorithm = if v.trim().is_empty() {
+                None
+            } else {
+                let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+                Some(Algorithm::from_name(v.trim()).ok_or_else(|| {
+                    Error::Env(format!(
+                        "FERROCCL_ALGO='{v}' names no algorithm (one of: {})",
+                        names.join(", ")
+                    ))
+                })?)
+            };
         }
         Ok(())
     }
@@ -232,6 +254,36 @@ mod tests {
         assert!(err.contains("FERROCCL_BUFFSIZE"), "{err}");
         let err = with(&[("FERROCCL_TIMEOUT", "-1")]).unwrap_err().to_string();
         assert!(err.contains("FERROCCL_TIMEOUT"), "{err}");
+    }
+
+    #[test]
+    fn algorithm_names_parse_in_any_case() {
+        assert_eq!(with(&[]).unwrap().algorithm, None);
+        for (v, want) in [
+            ("Ring", Algorithm::Ring),
+            ("TREE", Algorithm::Tree),
+            ("one_shot", Algorithm::OneShot),
+            ("OneShot", Algorithm::OneShot),
+            ("two-shot", Algorithm::TwoShot),
+            (" tree ", Algorithm::Tree),
+        ] {
+            assert_eq!(
+                with(&[("FERROCCL_ALGO", v)]).unwrap().algorithm,
+                Some(want),
+                "{v}"
+            );
+        }
+        assert_eq!(with(&[("FERROCCL_ALGO", "")]).unwrap().algorithm, None);
+        let err = with(&[("FERROCCL_ALGO", "CollNet")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("FERROCCL_ALGO") && err.contains("tree"),
+            "{err}"
+        );
+        for a in Algorithm::ALL {
+            assert_eq!(Algorithm::from_name(a.name()), Some(a));
+        }
     }
 
     #[test]

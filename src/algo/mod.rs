@@ -5,7 +5,68 @@
 //! any rank count can be built and checked on a laptop (see `sim` in the
 //! tests). The executor (`exec`) interprets schedules over connections.
 
+pub mod direct;
 pub mod ring;
+pub mod tree;
+
+/// The algorithms a collective can run on. Each collective supports a
+/// subset (see `coll`); a forced algorithm a collective does not support
+/// falls back to [`Algorithm::Ring`] for that collective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Pipelined ring (every collective): bandwidth-optimal, latency grows
+    /// with the rank count.
+    Ring,
+    /// Double binary tree for allreduce, one binary tree for broadcast and
+    /// reduce: latency grows with the log of the rank count.
+    Tree,
+    /// Allreduce by direct exchange of whole buffers: one step of latency,
+    /// for small messages.
+    OneShot,
+    /// Allreduce by direct reduce-scatter then direct allgather: two steps
+    /// of latency, a 1/n of the bytes of one-shot per peer.
+    TwoShot,
+}
+
+impl Algorithm {
+    /// Every algorithm, in declaration order.
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::Ring,
+        Algorithm::Tree,
+        Algorithm::OneShot,
+        Algorithm::TwoShot,
+    ];
+
+    /// The name used in logs and by FERROCCL_ALGO.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::Tree => "tree",
+            Algorithm::OneShot => "one_shot",
+            Algorithm::TwoShot => "two_shot",
+        }
+    }
+
+    /// Parse a name in any case (NCCL spells them `Ring`, `Tree`); `-`, `_`
+    /// and spaces are ignored, so `one_shot`, `OneShot` and `one-shot` all
+    /// name [`Algorithm::OneShot`].
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        let key: String = name
+            .chars()
+            .filter(|c| !matches!(c, '-' | '_' | ' '))
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name().replace('_', "") == key)
+    }
+}
+
+impl std::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// The primitive vocabulary (NCCL's, in snake case). "Input" is the caller's
 /// send buffer, "output" its receive buffer (the same buffer in place).
@@ -28,12 +89,19 @@ pub enum Prim {
     CopySend,
     /// Copy `input[input..]` to `output[output..]` (no communication).
     Copy,
+    /// `output[output..] = output[output..] op input[input..]` (no
+    /// communication): adds this rank's contribution to a partial result at
+    /// its place in a fixed reduction order. `local` is always `Input`.
+    Reduce,
 }
 
 impl Prim {
     /// Whether the primitive receives a frame.
     pub fn receives(self) -> bool {
-        !matches!(self, Prim::Send | Prim::CopySend | Prim::Copy)
+        !matches!(
+            self,
+            Prim::Send | Prim::CopySend | Prim::Copy | Prim::Reduce
+        )
     }
 
     /// Whether the primitive sends a frame.
@@ -48,7 +116,8 @@ impl Prim {
         )
     }
 
-    /// Whether the primitive combines received data with input.
+    /// Whether the primitive combines received data with its local operand
+    /// (`Reduce`, which combines two local operands, does not count).
     pub fn reduces(self) -> bool {
         matches!(
             self,
@@ -66,6 +135,7 @@ impl Prim {
                 | Prim::RecvReduceCopy
                 | Prim::CopySend
                 | Prim::Copy
+                | Prim::Reduce
         )
     }
 }
@@ -118,6 +188,70 @@ pub struct Schedule {
 impl Schedule {
     pub(crate) fn push(&mut self, step: Step) {
         self.steps.push(step);
+    }
+}
+
+/// Builds a schedule from steps stamped with a tick and a priority, then
+/// runs them in (tick, priority, stream) order; `stream` (a tree, a phase)
+/// breaks ties so that equal stamps keep one order on every rank.
+///
+/// Why this cannot deadlock over FIFOs of two slots, if the schedule keeps
+/// three rules: (1) a frame sent at tick `t` is received at tick `t + 1`;
+/// (2) a link carries at most two frames per tick, of different kinds (say
+/// the frames of tree 0 and of tree 1); (3) for each kind, the step that
+/// receives it has a lower priority than the step that sends it, and the
+/// receiver's priority is the sender's minus a constant, so both ends of a
+/// link meet the kinds in the same order. Take a stuck state and its lowest
+/// tick `t`: every frame of tick `t - 1` was sent, so a rank stuck at tick
+/// `t` waits for a free slot, on a link whose receiver has not taken some
+/// frame of tick `t - 1` yet; by (3) that receiver sits at a step of lower
+/// priority than the waiting sender, and waits in turn. Priorities fall
+/// along the chain of waits, so the chain ends at a rank that can move.
+/// With one frame per link and tick, (3) is not needed: a link then holds at
+/// most the one frame of tick `t - 1` when tick `t` sends.
+#[derive(Debug, Default)]
+pub(crate) struct Timeline {
+    stamped: Vec<(u64, i64, usize, Step)>,
+}
+
+impl Timeline {
+    /// Add `step` at `tick` with `priority` within the tick, for `stream`.
+    pub(crate) fn at(&mut self, tick: u64, priority: i64, stream: usize, step: Step) {
+        self.stamped.push((tick, priority, stream, step));
+    }
+
+    /// The steps in (tick, priority, stream) order; steps with equal stamps
+    /// keep the order they were added in.
+    pub(crate) fn into_schedule(mut self) -> Schedule {
+        self.stamped
+            .sort_by_key(|&(tick, prio, stream, _)| (tick, prio, stream));
+        Schedule {
+            steps: self.stamped.into_iter().map(|(.., step)| step).collect(),
+        }
+    }
+}
+
+impl Step {
+    /// A step with no peers at `input`/`output` offsets (callers set the
+    /// rest with struct update syntax).
+    pub(crate) fn local(
+        prim: Prim,
+        local: Operand,
+        input: usize,
+        output: usize,
+        len: usize,
+    ) -> Step {
+        Step {
+            prim,
+            local,
+            send_to: NO_PEER,
+            recv_from: NO_PEER,
+            input,
+            output,
+            len,
+            send_tag: 0,
+            recv_tag: 0,
+        }
     }
 }
 

@@ -11,12 +11,31 @@ type Frame = (u32, Vec<f64>);
 /// Run `schedules` (one per rank). `inputs[r]` is rank r's input; when
 /// `in_place`, the input is read from the output buffer instead, which must
 /// then hold the input already. `cap` bounds each FIFO, as slots do.
+/// Combining is f64 addition.
 pub(crate) fn run(
     schedules: &[Schedule],
     inputs: &[Vec<f64>],
     outputs: &mut [Vec<f64>],
     in_place: bool,
     cap: usize,
+) -> Result<(), String> {
+    run_with(schedules, inputs, outputs, in_place, cap, |a, b| a + b)
+}
+
+/// f32 addition, rounding every combine: results then depend on the order
+/// of the combines, which lets a test check that ranks agree bit for bit.
+pub(crate) fn add_f32(acc: f64, x: f64) -> f64 {
+    f64::from(acc as f32 + x as f32)
+}
+
+/// [`run`] with `combine(partial, contribution)` as the reduction.
+pub(crate) fn run_with(
+    schedules: &[Schedule],
+    inputs: &[Vec<f64>],
+    outputs: &mut [Vec<f64>],
+    in_place: bool,
+    cap: usize,
+    combine: fn(f64, f64) -> f64,
 ) -> Result<(), String> {
     let n = schedules.len();
     let mut fifo: HashMap<(usize, usize), VecDeque<Frame>> = HashMap::new();
@@ -71,7 +90,27 @@ pub(crate) fn run(
                 }
             };
             let value: Vec<f64> = match (received, step.prim.reduces()) {
-                (Some(data), true) => data.iter().zip(&input).map(|(a, b)| a + b).collect(),
+                _ if step.prim == Prim::Reduce => {
+                    let acc = outputs[r]
+                        .get(step.output..step.output + step.len)
+                        .ok_or_else(|| format!("rank {r} step {} reads past output", pc[r]))?;
+                    acc.iter()
+                        .zip(&input)
+                        .map(|(a, b)| combine(*a, *b))
+                        .collect()
+                }
+                // A partial result kept in the output is the left operand,
+                // as the executor's `reduce_into(output, data)` has it.
+                (Some(data), true) if step.local == Operand::Output => input
+                    .iter()
+                    .zip(&data)
+                    .map(|(a, b)| combine(*a, *b))
+                    .collect(),
+                (Some(data), true) => data
+                    .iter()
+                    .zip(&input)
+                    .map(|(a, b)| combine(*a, *b))
+                    .collect(),
                 (Some(data), false) => data,
                 (None, _) => input,
             };
@@ -106,6 +145,7 @@ pub(crate) fn run(
 #[cfg(test)]
 mod tests {
     use super::super::ring::{self, RingParams};
+    use super::super::{direct, tree};
     use super::*;
 
     fn value(rank: usize, i: usize) -> f64 {
@@ -281,5 +321,193 @@ mod tests {
         let inputs = vec![vec![1.0; 10], vec![1.0; 12]];
         let mut outputs = vec![vec![0.0; 10], vec![0.0; 12]];
         assert!(run(&sched, &inputs, &mut outputs, false, 8).is_err());
+    }
+
+    /// Counts the new schedules are checked for.
+    fn new_counts(n: usize) -> Vec<usize> {
+        vec![0, 1, n.saturating_sub(1), n, 37, 1000]
+    }
+
+    type Build = fn(RingParams, usize) -> Schedule;
+
+    /// Run an allreduce schedule for every rank on `value` inputs, out of
+    /// place (`stage`: in place as `comm` runs it, on a copy of the input)
+    /// or truly in place, and check every output against the f64 sum.
+    fn check_all_reduce(
+        name: &str,
+        build: Build,
+        n: usize,
+        count: usize,
+        slice: usize,
+        stage: bool,
+    ) {
+        let sched: Vec<_> = (0..n).map(|r| build(params(r, n, slice), count)).collect();
+        let inputs: Vec<Vec<f64>> = (0..n)
+            .map(|r| (0..count).map(|i| value(r, i)).collect())
+            .collect();
+        for in_place in [false, true] {
+            let mut outputs = if in_place {
+                inputs.clone()
+            } else {
+                vec![vec![f64::NAN; count]; n]
+            };
+            let truly_in_place = in_place && !stage;
+            run(&sched, &inputs, &mut outputs, truly_in_place, 2).unwrap_or_else(|e| {
+                panic!("{name} n={n} count={count} slice={slice} in_place={in_place}: {e}")
+            });
+            for (rank, out) in outputs.iter().enumerate() {
+                for (i, v) in out.iter().enumerate() {
+                    let want: f64 = (0..n).map(|r| value(r, i)).sum();
+                    assert_eq!(
+                        *v, want,
+                        "{name} n={n} count={count} slice={slice} in_place={in_place} rank={rank} i={i}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tree_all_reduce_sums_everything_everywhere() {
+        for n in 1..=33 {
+            for count in new_counts(n) {
+                for slice in SLICES {
+                    check_all_reduce("tree", tree::all_reduce, n, count, slice, false);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn direct_all_reduces_sum_everything_everywhere() {
+        for n in 1..=16 {
+            for count in new_counts(n) {
+                for slice in SLICES {
+                    check_all_reduce("one_shot", direct::one_shot, n, count, slice, true);
+                    check_all_reduce("two_shot", direct::two_shot, n, count, slice, true);
+                }
+            }
+        }
+    }
+
+    /// Non-integer inputs whose f32 sums depend on the order of the adds.
+    fn ragged(rank: usize, i: usize) -> f64 {
+        f64::from(((rank * 7919 + i * 104729) % 1000) as f32 * 0.1013 + 1e-3 * rank as f32)
+    }
+
+    #[test]
+    fn direct_and_tree_results_are_the_same_bits_on_every_rank() {
+        let builds: [(&str, Build, bool); 3] = [
+            ("one_shot", direct::one_shot, true),
+            ("two_shot", direct::two_shot, true),
+            ("tree", tree::all_reduce, false),
+        ];
+        for (name, build, rank_order) in builds {
+            for n in [2usize, 3, 5, 8, 13, 16] {
+                for (count, slice) in [(1usize, 1usize), (37, 4), (200, 1000)] {
+                    let sched: Vec<_> = (0..n).map(|r| build(params(r, n, slice), count)).collect();
+                    let inputs: Vec<Vec<f64>> = (0..n)
+                        .map(|r| (0..count).map(|i| ragged(r, i)).collect())
+                        .collect();
+                    let mut outputs = vec![vec![f64::NAN; count]; n];
+                    run_with(&sched, &inputs, &mut outputs, false, 2, add_f32).unwrap();
+                    for (rank, out) in outputs.iter().enumerate() {
+                        assert_eq!(
+                            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            outputs[0].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            "{name} n={n}: rank {rank} differs from rank 0"
+                        );
+                    }
+                    if rank_order {
+                        for (i, v) in outputs[0].iter().enumerate() {
+                            let want =
+                                (1..n).fold(ragged(0, i), |acc, r| add_f32(acc, ragged(r, i)));
+                            assert_eq!(
+                                v.to_bits(),
+                                want.to_bits(),
+                                "{name} n={n} i={i}: not rank order"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // The inputs do make the order matter.
+        let fwd = (1..8).fold(ragged(0, 3), |acc, r| add_f32(acc, ragged(r, 3)));
+        let back = (0..7)
+            .rev()
+            .fold(ragged(7, 3), |acc, r| add_f32(acc, ragged(r, 3)));
+        assert_ne!(fwd.to_bits(), back.to_bits());
+    }
+
+    #[test]
+    fn tree_broadcast_and_reduce_from_every_root() {
+        for n in 1..=33 {
+            for root in 0..n {
+                for count in new_counts(n) {
+                    for slice in SLICES {
+                        let what = format!("n={n} root={root} count={count} slice={slice}");
+                        let bc: Vec<_> = (0..n)
+                            .map(|r| tree::broadcast(params(r, n, slice), count, root))
+                            .collect();
+                        let mut bufs: Vec<Vec<f64>> = (0..n)
+                            .map(|r| (0..count).map(|i| value(r, i)).collect())
+                            .collect();
+                        run(&bc, &[], &mut bufs, true, 2)
+                            .unwrap_or_else(|e| panic!("broadcast {what}: {e}"));
+                        for b in &bufs {
+                            for (i, v) in b.iter().enumerate() {
+                                assert_eq!(*v, value(root, i), "broadcast {what}");
+                            }
+                        }
+
+                        let rd: Vec<_> = (0..n)
+                            .map(|r| tree::reduce(params(r, n, slice), count, root))
+                            .collect();
+                        let inputs: Vec<Vec<f64>> = (0..n)
+                            .map(|r| (0..count).map(|i| value(r, i)).collect())
+                            .collect();
+                        for in_place in [false, true] {
+                            let mut outputs = if in_place {
+                                inputs.clone()
+                            } else {
+                                vec![vec![f64::NAN; count]; n]
+                            };
+                            run(&rd, &inputs, &mut outputs, in_place, 2)
+                                .unwrap_or_else(|e| panic!("reduce {what}: {e}"));
+                            for (i, v) in outputs[root].iter().enumerate() {
+                                let want: f64 = (0..n).map(|r| value(r, i)).sum();
+                                assert_eq!(*v, want, "reduce {what} in_place={in_place}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tree_all_reduce_reaches_64_ranks() {
+        for n in [34usize, 47, 63, 64] {
+            for count in [0usize, 1, n - 1, 1000] {
+                check_all_reduce("tree", tree::all_reduce, n, count, 3, false);
+            }
+        }
+    }
+
+    #[test]
+    fn simulator_catches_an_unstaged_in_place_one_shot() {
+        // Run truly in place, one-shot overwrites its input before it adds
+        // it: the check must see the wrong sums.
+        let n = 3;
+        let sched: Vec<_> = (0..n)
+            .map(|r| direct::one_shot(params(r, n, 4), 4))
+            .collect();
+        let mut bufs: Vec<Vec<f64>> = (0..n)
+            .map(|r| (0..4).map(|i| value(r, i)).collect())
+            .collect();
+        run(&sched, &[], &mut bufs, true, 2).unwrap();
+        let want: f64 = (0..n).map(|r| value(r, 0)).sum();
+        assert!(bufs.iter().any(|b| b[0] != want));
     }
 }

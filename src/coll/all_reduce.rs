@@ -1,17 +1,30 @@
 //! Allreduce: every rank gets the reduction of every rank's buffer.
 
 use super::{check_len, Geometry, Plan};
-use crate::algo::ring;
+use crate::algo::{direct, ring, tree, Algorithm};
 use crate::error::Result;
 
 /// `send_len` and `recv_len` are equal for out of place; in place pass the
-/// buffer length twice.
-pub(crate) fn all_reduce(g: Geometry, send_len: usize, recv_len: usize) -> Result<Plan> {
+/// buffer length twice. Every [`Algorithm`] applies.
+pub(crate) fn all_reduce(
+    g: Geometry,
+    send_len: usize,
+    recv_len: usize,
+    algorithm: Algorithm,
+) -> Result<Plan> {
     check_len(
         "all_reduce recv buffer",
         recv_len,
         send_len,
         "recv.len() == send.len()",
     )?;
-    Ok(Plan::new(ring::all_reduce(g.ring(), send_len)))
+    let p = g.ring();
+    Ok(match algorithm {
+        Algorithm::Ring => Plan::new(ring::all_reduce(p, send_len)),
+        Algorithm::Tree => Plan::new(tree::all_reduce(p, send_len)),
+        // The direct schedules add this rank's input at its place in rank
+        // order, after the output holds a partial result.
+        Algorithm::OneShot => Plan::new(direct::one_shot(p, send_len)).copying_input(),
+        Algorithm::TwoShot => Plan::new(direct::two_shot(p, send_len)).copying_input(),
+    })
 }

@@ -87,6 +87,15 @@ pub(crate) struct Plan {
     pub(crate) input_base: usize,
     /// In place: where the output starts in the one buffer.
     pub(crate) output_base: usize,
+    /// The schedule reads its input after it has written its output there
+    /// (direct allreduce): in place, the caller runs it out of place from a
+    /// copy of the buffer.
+    pub(crate) copies_input: bool,
+    /// Elements of a temporary output the caller runs the schedule on,
+    /// because the schedule keeps partial results where the caller gave no
+    /// output or wants its buffer unchanged (a non-root rank of a tree
+    /// reduce); 0 for none.
+    pub(crate) scratch_output: usize,
 }
 
 impl Plan {
@@ -95,7 +104,14 @@ impl Plan {
             schedule,
             input_base: 0,
             output_base: 0,
+            copies_input: false,
+            scratch_output: 0,
         }
+    }
+
+    fn copying_input(mut self) -> Self {
+        self.copies_input = true;
+        self
     }
 }
 

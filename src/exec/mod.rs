@@ -119,6 +119,28 @@ impl<T: Element> Io<'_, T> {
         }
     }
 
+    /// `output[out..] = output[out..] op input[inp..]`. In place with both
+    /// at the same memory this is `x op x`, as the primitive says.
+    fn reduce_input_into_output(&mut self, op: ReduceOp, step: &Step) {
+        let len = step.len;
+        match self {
+            Io::OutOfPlace { input, output } => reduce_into(
+                op,
+                &mut output[step.output..step.output + len],
+                &input[step.input..step.input + len],
+            ),
+            Io::InPlace {
+                buf,
+                input_base,
+                output_base,
+            } => {
+                let (i, o) = (*input_base + step.input, *output_base + step.output);
+                let input = buf[i..i + len].to_vec();
+                reduce_into(op, &mut buf[o..o + len], &input);
+            }
+        }
+    }
+
     /// `output[out..] = input[inp..]` (a no-op when they are the same memory).
     fn copy_input_to_output(&mut self, step: &Step) {
         let len = step.len;
@@ -241,6 +263,10 @@ fn run_step<T: Element>(
             io.copy_input_to_output(step);
             Ok(())
         }
+        Prim::Reduce => {
+            io.reduce_input_into_output(call.op, step);
+            Ok(())
+        }
         Prim::Send | Prim::CopySend => {
             if step.prim == Prim::CopySend {
                 io.copy_input_to_output(step);
@@ -304,7 +330,7 @@ fn run_step<T: Element>(
                         let sender = sender.as_mut().expect("schedule step sends");
                         sender.send_from(header, deadline(call), bytemuck::cast_slice(out))?;
                     }
-                    Prim::Send | Prim::CopySend | Prim::Copy | Prim::Recv => {
+                    Prim::Send | Prim::CopySend | Prim::Copy | Prim::Reduce | Prim::Recv => {
                         unreachable!("handled above")
                     }
                 }

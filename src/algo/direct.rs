@@ -1,0 +1,122 @@
+//! Direct allreduce for small messages: every rank talks to every other
+//! rank at once, so latency is one or two steps whatever the rank count.
+//!
+//! Both schedules reduce the contributions of ranks `0, 1, ..., n-1` in
+//! that order, as `(((x0 op x1) op x2) ...)`, on whichever rank reduces, so
+//! float results are the same bits on every rank and do not depend on which
+//! rank computed them. Each reducing rank needs its input after it has
+//! started writing its output: in place, the caller runs these schedules on
+//! a copy of the input (`coll::all_reduce` says so in its plan).
+//!
+//! Pipelining follows [`super::Timeline`]: slice `s` is sent at tick `s`
+//! and received at tick `s + 1`.
+
+use super::ring::RingParams;
+use super::{partition, slice_of, Operand, Prim, Schedule, Step, Timeline, NO_PEER};
+
+/// The steps that reduce `(off, len)` of every rank's input into this
+/// rank's output in rank order, receiving the frames tagged `tag` from the
+/// peers.
+fn reduce_in_rank_order(p: RingParams, off: usize, len: usize, tag: u32) -> Vec<Step> {
+    (0..p.size)
+        .map(|j| {
+            if j == p.rank {
+                let prim = if j == 0 { Prim::Copy } else { Prim::Reduce };
+                Step::local(prim, Operand::Input, off, off, len)
+            } else {
+                let prim = if j == 0 {
+                    Prim::Recv
+                } else {
+                    Prim::RecvReduceCopy
+                };
+                Step {
+                    recv_from: j,
+                    recv_tag: tag,
+                    ..Step::local(prim, Operand::Output, off, off, len)
+                }
+            }
+        })
+        .collect()
+}
+
+/// Sends of `(off, len)` of `local` to every peer, nearest first.
+fn send_to_all(p: RingParams, local: Operand, off: usize, len: usize, tag: u32) -> Vec<Step> {
+    (1..p.size)
+        .map(|k| Step {
+            send_to: (p.rank + k) % p.size,
+            send_tag: tag,
+            ..Step::local(Prim::Send, local, off, off, len)
+        })
+        .collect()
+}
+
+/// One-shot allreduce: every rank sends its whole input (sliced) to every
+/// peer, then reduces the `n` contributions of each slice in rank order.
+pub fn one_shot(p: RingParams, count: usize) -> Schedule {
+    let mut line = Timeline::default();
+    for s in 0..count.div_ceil(p.slice.max(1)) {
+        let (off, len) = slice_of((0, count), s, p.slice);
+        let (t, tag) = (s as u64, s as u32);
+        for step in send_to_all(p, Operand::Input, off, len, tag) {
+            line.at(t, 0, 0, step);
+        }
+        for step in reduce_in_rank_order(p, off, len, tag) {
+            line.at(t + 1, 1, 0, step);
+        }
+    }
+    line.into_schedule()
+}
+
+/// Two-shot allreduce: rank `r` owns piece `r` of `partition(count, n, r)`;
+/// each slice of piece `j` goes to rank `j`, which reduces it in rank order
+/// (reduce-scatter), then sends the result to every peer (allgather).
+///
+/// Per tick `t`: receive the allgather frames of slice `t - 2`, reduce the
+/// frames of slice `t - 1`, send its result, send the pieces of slice `t`.
+/// Each link then carries two frames per tick, and each kind's receiver
+/// runs at priority two below its sender (see [`super::Timeline`]).
+pub fn two_shot(p: RingParams, count: usize) -> Schedule {
+    let n = p.size;
+    let piece = |j: usize| partition(count, n, j);
+    let mut line = Timeline::default();
+    for s in 0..piece(0).1.div_ceil(p.slice.max(1)) {
+        let at = |j: usize| slice_of(piece(j), s, p.slice);
+        let t = s as u64;
+        let (scatter, gather) = ((s as u32).wrapping_mul(2), (s as u32).wrapping_mul(2) + 1);
+        for k in 1..n {
+            let j = (p.rank + k) % n;
+            let (off, len) = at(j);
+            if len > 0 {
+                let step = Step {
+                    send_to: j,
+                    send_tag: scatter,
+                    ..Step::local(Prim::Send, Operand::Input, off, off, len)
+                };
+                line.at(t, 3, 0, step);
+            }
+        }
+        let (off, len) = at(p.rank);
+        if len > 0 {
+            for step in reduce_in_rank_order(p, off, len, scatter) {
+                line.at(t + 1, 1, 0, step);
+            }
+            for step in send_to_all(p, Operand::Output, off, len, gather) {
+                line.at(t + 1, 2, 0, step);
+            }
+        }
+        for k in 1..n {
+            let j = (p.rank + n - k) % n;
+            let (off, len) = at(j);
+            if len > 0 {
+                let step = Step {
+                    recv_from: j,
+                    recv_tag: gather,
+                    send_to: NO_PEER,
+                    ..Step::local(Prim::Recv, Operand::Output, off, off, len)
+                };
+                line.at(t + 2, 0, 0, step);
+            }
+        }
+    }
+    line.into_schedule()
+}
