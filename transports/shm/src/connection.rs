@@ -154,7 +154,15 @@ impl Link {
 
     fn peer_gone(&self) -> Option<TransportError> {
         let pid = self.peer_pid?;
-        os::process_gone(pid).then(|| TransportError::PeerClosed {
+        if !os::process_gone(pid) {
+            return None;
+        }
+        // A peer that died before mapping our segments never will.
+        if let Some(mut p) = lock(&self.pending).take() {
+            p.unlink();
+            self.settled.store(true, Ordering::Release);
+        }
+        Some(TransportError::PeerClosed {
             peer: self.peer,
             detail: format!("process {pid} is gone"),
         })
