@@ -14,7 +14,7 @@ use std::time::Duration;
 fn header_for(from: usize, frame: usize) -> FrameHeader {
     FrameHeader::data(
         Fingerprint {
-            seq: (from as u64) << 40 | frame as u64,
+            seq: ((from as u64) << 40) | frame as u64,
             coll: (frame % 7) as u8,
             dtype: (frame % 11) as u8,
             op: (frame % 5) as u8,

@@ -18,7 +18,7 @@ struct Rng(u64);
 
 impl Rng {
     fn new(from: usize, to: usize) -> Self {
-        Rng(0x2545_f491_4f6c_dd1d ^ ((from as u64) << 32 | to as u64 + 1))
+        Rng(0x2545_f491_4f6c_dd1d ^ (((from as u64) << 32) | (to as u64 + 1)))
     }
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
