@@ -1,0 +1,547 @@
+//! One established shared-memory connection as the slot FIFO of the
+//! transport seam: the sending and receiving halves, the closer, the state
+//! they share, and how they wait (spin, yield, sleep; checking abort,
+//! deadline, the peer's flags and whether its process lives). No threads.
+//!
+//! A failure report ends both halves at once, queued frames or not; a
+//! goodbye (the peer's sending half dropped or closed) ends the receiving
+//! half only after the frames published before it have been consumed.
+
+use crate::os;
+use crate::ring::{Consumer, Producer, Segment, MAX_REASON_BYTES};
+use ferroccl_transport::{
+    elapsed_ms, AbortSignal, Connection, ConnectionCloser, Consume, FrameHeader, FrameKind,
+    SlotReceiver, SlotSender, TransportError,
+};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How often a waiter asks the OS whether the peer's process still lives.
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(50);
+/// Spins before a waiter starts yielding its core.
+const SPINS: u32 = 256;
+/// Yields before a waiter starts sleeping.
+const YIELDS: u32 = 256;
+/// Sleep of a long wait: short enough for latency, long enough that a
+/// waiter on a 2-core machine leaves the core to the rank it waits for.
+const SLEEP: Duration = Duration::from_micros(50);
+
+/// What the creator of a connection's segments still owes: unlinking them
+/// if the peer has not mapped them by the set-up deadline or by drop.
+#[derive(Debug)]
+pub(crate) struct PendingUnlink {
+    pub(crate) paths: Vec<PathBuf>,
+    /// (device, inode) of each file, so that we never unlink a later file
+    /// that took the same name.
+    pub(crate) ids: Vec<(u64, u64)>,
+    pub(crate) deadline: Instant,
+}
+
+impl PendingUnlink {
+    fn unlink(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        for (path, id) in self.paths.drain(..).zip(self.ids.drain(..)) {
+            if let Ok(meta) = std::fs::symlink_metadata(&path) {
+                if (meta.dev(), meta.ino()) == id {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+    }
+}
+
+/// State shared by the halves and the closer of one connection.
+#[derive(Debug)]
+struct Link {
+    peer: usize,
+    chunk_bytes: usize,
+    steps: usize,
+    /// The segment we send on and the one we receive on.
+    out: Arc<Segment>,
+    inn: Arc<Segment>,
+    /// The peer's process id, or None when it is this process (ranks as
+    /// threads), whose liveness the closed flags carry instead.
+    peer_pid: Option<u32>,
+    closed_locally: AtomicBool,
+    /// Creator only: set-up not yet confirmed by the peer.
+    pending: Mutex<Option<PendingUnlink>>,
+    /// No set-up left to watch (`pending` is None): skips its lock.
+    settled: AtomicBool,
+    /// Set-up failed (refused, or never attached): ends both halves.
+    setup_error: Mutex<Option<TransportError>>,
+    abort: AbortSignal,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Why the acceptor refused a segment, by code (0: not refused).
+pub(crate) fn refusal_reason(code: u32) -> &'static str {
+    match code {
+        1 => "wrong job token",
+        2 => "another communicator",
+        3 => "wrong ranks",
+        4 => "chunk size differs",
+        5 => "steps differ",
+        6 => "layout version or magic differs",
+        7 => "segment size differs",
+        _ => "unknown reason",
+    }
+}
+
+impl Link {
+    /// Errors that end both halves at once, in order of precedence.
+    fn fatal(&self) -> Option<TransportError> {
+        if self.abort.is_fired() {
+            return Some(TransportError::Aborted);
+        }
+        for seg in [&self.inn, &self.out] {
+            if let Some((rank, reason)) = seg.failure() {
+                return Some(TransportError::PeerFailed {
+                    rank: usize::try_from(rank).unwrap_or(usize::MAX),
+                    reason: String::from_utf8_lossy(&reason).into_owned(),
+                });
+            }
+        }
+        if self.closed_locally.load(Ordering::Acquire) {
+            return Some(TransportError::Io(format!(
+                "connection to rank {} was closed locally",
+                self.peer
+            )));
+        }
+        lock(&self.setup_error).clone()
+    }
+
+    /// Creator only: settle the set-up once the peer attached, refused, or
+    /// missed the deadline. Returns the set-up error if there is one.
+    fn check_setup(&self) -> Option<TransportError> {
+        if self.settled.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut pending = lock(&self.pending);
+        let p = pending.as_mut()?;
+        let refused = self.out.refused().max(self.inn.refused());
+        let err = if refused != 0 {
+            TransportError::Connect {
+                peer: self.peer,
+                detail: format!("peer refused: {}", refusal_reason(refused)),
+            }
+        } else if self.out.attached() && self.inn.attached() {
+            // The opener unlinked them.
+            *pending = None;
+            self.settled.store(true, Ordering::Release);
+            return None;
+        } else if Instant::now() >= p.deadline {
+            TransportError::Timeout {
+                peer: self.peer,
+                what: "the peer to map the shared segments",
+                waited_ms: 0,
+            }
+        } else {
+            return None;
+        };
+        p.unlink();
+        *pending = None;
+        drop(pending);
+        tracing::warn!(peer = self.peer, "shared-memory set-up failed: {err}");
+        self.settled.store(true, Ordering::Release);
+        let mut slot = lock(&self.setup_error);
+        Some(slot.get_or_insert(err).clone())
+    }
+
+    fn peer_gone(&self) -> Option<TransportError> {
+        let pid = self.peer_pid?;
+        if !os::process_gone(pid) {
+            return None;
+        }
+        // A peer that died before mapping our segments never will.
+        if let Some(mut p) = lock(&self.pending).take() {
+            p.unlink();
+            self.settled.store(true, Ordering::Release);
+        }
+        Some(TransportError::PeerClosed {
+            peer: self.peer,
+            detail: format!("process {pid} is gone"),
+        })
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        if let Some(mut p) = lock(&self.pending).take() {
+            p.unlink();
+        }
+    }
+}
+
+/// Spin, then yield, then sleep; and tell the caller when to run the
+/// slower checks (deadline, liveness).
+struct Waiter {
+    start: Instant,
+    rounds: u32,
+    last_liveness: Instant,
+}
+
+impl Waiter {
+    fn new() -> Self {
+        let now = Instant::now();
+        Waiter {
+            start: now,
+            rounds: 0,
+            last_liveness: now,
+        }
+    }
+
+    /// Whether this round should look at the clock (every round once
+    /// spinning is over; every 32nd while spinning).
+    fn clock_round(&self) -> bool {
+        self.rounds >= SPINS || self.rounds % 32 == 0
+    }
+
+    fn liveness_due(&mut self, now: Instant) -> bool {
+        if now.duration_since(self.last_liveness) >= LIVENESS_INTERVAL {
+            self.last_liveness = now;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn pause(&mut self) {
+        if self.rounds < SPINS {
+            std::hint::spin_loop();
+        } else if self.rounds < SPINS + YIELDS {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(SLEEP);
+        }
+        self.rounds = self.rounds.saturating_add(1);
+    }
+}
+
+/// What a wait round found.
+enum Round {
+    Ready,
+    Wait,
+}
+
+/// Wait until `ready` says so, or an error: fatal ones first, then what
+/// `ready` reports, then (on clock rounds) the set-up, the deadline and the
+/// peer's liveness. Before a dead peer is reported, `ready` gets one more
+/// look (a receiver drains what was published before the death).
+fn wait_for(
+    link: &Link,
+    deadline: Instant,
+    what: &'static str,
+    ready: &mut dyn FnMut() -> Result<Round, TransportError>,
+) -> Result<(), TransportError> {
+    let mut w = Waiter::new();
+    if let Some(err) = link.check_setup() {
+        return Err(err);
+    }
+    loop {
+        if let Some(err) = link.fatal() {
+            return Err(err);
+        }
+        if let Round::Ready = ready()? {
+            return Ok(());
+        }
+        if w.clock_round() {
+            if let Some(err) = link.check_setup() {
+                return Err(err);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(TransportError::Timeout {
+                    peer: link.peer,
+                    what,
+                    waited_ms: elapsed_ms(w.start),
+                });
+            }
+            if w.liveness_due(now) {
+                if let Some(err) = link.peer_gone() {
+                    // One last look: what the peer published before it
+                    // died is still good.
+                    if let Round::Ready = ready()? {
+                        return Ok(());
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        w.pause();
+    }
+}
+
+/// The sending half.
+struct ShmSender {
+    link: Arc<Link>,
+    ring: Producer,
+}
+
+impl ShmSender {
+    fn wait_for_slot(&mut self, deadline: Instant) -> Result<(), TransportError> {
+        let ShmSender { link, ring } = self;
+        let peer = link.peer;
+        wait_for(link, deadline, "a free send slot", &mut || {
+            if ring.segment().receiver_closed() {
+                return Err(TransportError::PeerClosed {
+                    peer,
+                    detail: "peer dropped its receiving half".into(),
+                });
+            }
+            Ok(if ring.has_free_slot() {
+                Round::Ready
+            } else {
+                Round::Wait
+            })
+        })
+    }
+}
+
+impl SlotSender for ShmSender {
+    fn chunk_bytes(&self) -> usize {
+        self.link.chunk_bytes
+    }
+
+    fn send_with(
+        &mut self,
+        mut header: FrameHeader,
+        deadline: Instant,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<(), TransportError> {
+        self.wait_for_slot(deadline)?;
+        let chunk_bytes = self.link.chunk_bytes;
+        let peer = self.link.peer;
+        self.ring.fill_and_publish(fill, |len| {
+            if len > chunk_bytes {
+                return Err(TransportError::Io(format!(
+                    "fill wrote {len} bytes into a {chunk_bytes}-byte slot for rank {peer}"
+                )));
+            }
+            // Slots are at most u32::MAX bytes (checked when listening).
+            header.len = len as u32;
+            // Closing and failure travel in the control block, never in
+            // slots.
+            header.kind = FrameKind::Data;
+            Ok(header.encode())
+        })
+    }
+
+    fn send_from(
+        &mut self,
+        header: FrameHeader,
+        deadline: Instant,
+        bytes: &[u8],
+    ) -> Result<(), TransportError> {
+        let n = bytes.len();
+        if n > self.link.chunk_bytes {
+            return Err(TransportError::Io(format!(
+                "a frame of {n} bytes does not fit a {}-byte slot for rank {}",
+                self.link.chunk_bytes, self.link.peer
+            )));
+        }
+        self.send_with(header, deadline, &mut |slot| {
+            slot[..n].copy_from_slice(bytes);
+            n
+        })
+    }
+}
+
+impl Drop for ShmSender {
+    fn drop(&mut self) {
+        self.ring.segment().set_sender_closed();
+    }
+}
+
+/// The receiving half.
+struct ShmReceiver {
+    link: Arc<Link>,
+    ring: Consumer,
+    /// How this half ended (a protocol error), repeated to later calls.
+    ended: Option<TransportError>,
+}
+
+impl ShmReceiver {
+    fn wait_for_frame(&mut self, deadline: Instant) -> Result<(), TransportError> {
+        if let Some(err) = &self.ended {
+            return Err(err.clone());
+        }
+        let ShmReceiver { link, ring, .. } = self;
+        let peer = link.peer;
+        wait_for(link, deadline, "data", &mut || {
+            if ring.has_filled() {
+                return Ok(Round::Ready);
+            }
+            if ring.segment().sender_closed() {
+                // The goodbye was stored after the last tail (Release);
+                // having seen it, a reload of tail is complete.
+                if ring.has_filled() {
+                    return Ok(Round::Ready);
+                }
+                return Err(TransportError::PeerClosed {
+                    peer,
+                    detail: "peer shut down cleanly".into(),
+                });
+            }
+            Ok(Round::Wait)
+        })
+    }
+
+    fn protocol(&mut self, detail: String) -> TransportError {
+        let err = TransportError::Protocol {
+            peer: self.link.peer,
+            detail,
+        };
+        self.ended = Some(err.clone());
+        err
+    }
+
+    /// Wait for a frame, decode its header and hand it with its payload to
+    /// `take`, then release the slot whatever `take` said.
+    fn take_next(
+        &mut self,
+        deadline: Instant,
+        take: &mut Consume<'_>,
+    ) -> Result<(), TransportError> {
+        self.wait_for_frame(deadline)?;
+        let chunk_bytes = self.link.chunk_bytes;
+        let (decoded, result) = match self.ring.peek() {
+            Ok(Some(filled)) => match FrameHeader::decode(&filled.header, chunk_bytes) {
+                Ok(h) => {
+                    let r = take(&h, filled.payload(h.len as usize));
+                    (Ok(()), r)
+                }
+                Err(detail) => (Err(detail), Ok(())),
+            },
+            Ok(None) => unreachable!("wait_for_frame saw a filled slot"),
+            Err(tail) => {
+                let steps = self.link.steps;
+                return Err(self.protocol(format!(
+                    "peer claims {tail} frames published, more than {steps} past those released"
+                )));
+            }
+        };
+        match decoded {
+            Ok(()) => {
+                self.ring.release();
+                result
+            }
+            Err(detail) => Err(self.protocol(detail)),
+        }
+    }
+}
+
+impl SlotReceiver for ShmReceiver {
+    fn chunk_bytes(&self) -> usize {
+        self.link.chunk_bytes
+    }
+
+    fn recv_with(
+        &mut self,
+        deadline: Instant,
+        consume: &mut Consume<'_>,
+    ) -> Result<(), TransportError> {
+        self.take_next(deadline, consume)
+    }
+
+    fn recv_into(
+        &mut self,
+        deadline: Instant,
+        check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
+        dst: &mut [u8],
+    ) -> Result<(), TransportError> {
+        let peer = self.link.peer;
+        self.take_next(deadline, &mut |header, bytes| {
+            check(header)?;
+            if bytes.len() != dst.len() {
+                return Err(TransportError::Protocol {
+                    peer,
+                    detail: format!(
+                        "frame of {} bytes where {} were expected",
+                        bytes.len(),
+                        dst.len()
+                    ),
+                });
+            }
+            dst.copy_from_slice(bytes);
+            Ok(())
+        })
+    }
+}
+
+impl Drop for ShmReceiver {
+    fn drop(&mut self) {
+        self.ring.segment().set_receiver_closed();
+    }
+}
+
+/// Closes a connection from any thread.
+struct ShmCloser {
+    link: Arc<Link>,
+}
+
+impl ConnectionCloser for ShmCloser {
+    fn close_with_failure(&self, failed_rank: usize, reason: &str) {
+        let mut cut = reason.len().min(MAX_REASON_BYTES);
+        while !reason.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let rank = u64::try_from(failed_rank).unwrap_or(u64::MAX);
+        for seg in [&self.link.out, &self.link.inn] {
+            seg.set_failure(rank, &reason.as_bytes()[..cut]);
+        }
+    }
+
+    fn close(&self) {
+        self.link.closed_locally.store(true, Ordering::Release);
+        self.link.out.set_sender_closed();
+        self.link.inn.set_receiver_closed();
+    }
+}
+
+/// Everything needed to build a connection's halves.
+pub(crate) struct Parts {
+    pub(crate) peer: usize,
+    pub(crate) chunk_bytes: usize,
+    pub(crate) steps: usize,
+    pub(crate) out: Arc<Segment>,
+    pub(crate) inn: Arc<Segment>,
+    pub(crate) peer_pid: Option<u32>,
+    pub(crate) pending: Option<PendingUnlink>,
+    pub(crate) abort: AbortSignal,
+}
+
+/// Assemble a connection over two mapped segments.
+pub(crate) fn establish(parts: Parts) -> Connection {
+    let link = Arc::new(Link {
+        peer: parts.peer,
+        chunk_bytes: parts.chunk_bytes,
+        steps: parts.steps,
+        out: parts.out.clone(),
+        inn: parts.inn.clone(),
+        peer_pid: parts.peer_pid,
+        closed_locally: AtomicBool::new(false),
+        settled: AtomicBool::new(parts.pending.is_none()),
+        pending: Mutex::new(parts.pending),
+        setup_error: Mutex::new(None),
+        abort: parts.abort,
+    });
+    Connection {
+        peer: parts.peer,
+        transport: "shm",
+        sender: Box::new(ShmSender {
+            link: link.clone(),
+            ring: Producer::new(parts.out),
+        }),
+        receiver: Box::new(ShmReceiver {
+            link: link.clone(),
+            ring: Consumer::new(parts.inn),
+            ended: None,
+        }),
+        closer: Arc::new(ShmCloser { link }),
+    }
+}

@@ -1,0 +1,56 @@
+//! The three operating-system calls that std does not offer: whether a
+//! process still lives, reserving a file's blocks, and whether a directory
+//! is writable. With `ring`, the only `unsafe` of the crate.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+
+/// Whether process `pid` is gone: it does not exist, or it is a zombie
+/// (killed but not yet reaped by its parent, which `kill(pid, 0)` still
+/// reports as present).
+pub(crate) fn process_gone(pid: u32) -> bool {
+    let Ok(raw) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if raw <= 0 {
+        return false;
+    }
+    // SAFETY: kill with signal 0 sends nothing; it only checks that the
+    // process exists and may be signalled. No memory is passed.
+    let rc = unsafe { libc::kill(raw, 0) };
+    if rc != 0 {
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    }
+    // "pid (comm) S ...": the state follows the last ')'.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state == 'Z' || state == 'X'),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+/// Reserve `len` bytes of `file` so that a full /dev/shm is an error here
+/// rather than a SIGBUS on first touch of a slot.
+pub(crate) fn reserve(file: &File, len: u64) -> std::io::Result<()> {
+    let len = libc::off_t::try_from(len).map_err(|_| std::io::Error::other("segment too large"))?;
+    // SAFETY: the descriptor is open for writing for the duration of the
+    // call (borrowed from `file`); no memory is passed.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::from_raw_os_error(rc))
+    }
+}
+
+/// Whether this process may create files in `dir`.
+pub(crate) fn dir_writable(dir: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a NUL-terminated string that lives across the call.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}

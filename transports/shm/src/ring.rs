@@ -1,0 +1,508 @@
+//! One direction of a connection as a file mapped by two processes: the
+//! control block (identity, set-up handshake, counters, close and failure
+//! flags) and the slots. This module owns every access to the mapping and
+//! is, with `os`, the only place with `unsafe`; it knows nothing of
+//! deadlines, peers or errors beyond I/O.
+//!
+//! Layout (offsets in bytes, native endianness: both ends are on one host):
+//!
+//! ```text
+//!    0  identity   magic u64, version u32, from u32, to u32, steps u32,
+//!                  token u64, comm_id u64, chunk_bytes u64, total_len u64
+//!   64  set-up     ready u32, attached u32, refused u32, creator_pid u32,
+//!                  opener_pid u32
+//!  128  tail u64   frames published by the sender (only the sender writes)
+//!  192  head u64   frames released by the receiver (only the receiver writes)
+//!  256  state      sender_closed u32, receiver_closed u32, failure u32,
+//!                  reason_len u32, failed_rank u64
+//!  320  reason     256 bytes (UTF-8)
+//! 1024  slot 0     40-byte frame header, padding to 64, chunk_bytes payload,
+//!                  padding to a multiple of 64
+//!       slot 1 ... slot steps-1
+//! ```
+//!
+//! Every field of the control block is an atomic, so the two processes
+//! never race on plain memory there. Slots are plain memory whose owner is
+//! decided by the counters: slot `k % steps` belongs to the sender while
+//! `head <= k` and `k == tail` (it is free and next), to the receiver
+//! while `head == k < tail` (filled and next). The sender writes a slot
+//! and then stores `tail` with Release; the receiver loads `tail` with
+//! Acquire before reading it. The receiver reads the slot and then stores
+//! `head` with Release; the sender loads `head` with Acquire before writing
+//! the slot again. Each counter has one writer (single producer, single
+//! consumer), so plain stores suffice.
+
+use ferroccl_transport::HEADER_BYTES;
+use memmap2::{MmapOptions, MmapRaw};
+use std::fs::File;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+/// "FCCLSHM1" as a little-endian u64.
+const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"FCCLSHM1");
+/// Layout version; bumped on any change of the layout above.
+pub(crate) const LAYOUT_VERSION: u32 = 1;
+/// Where slot 0 starts.
+const SLOTS_OFFSET: usize = 1024;
+/// Where a slot's payload starts, from the slot's start.
+const PAYLOAD_OFFSET: usize = 64;
+/// Most bytes of a failure reason kept in the segment.
+pub(crate) const MAX_REASON_BYTES: usize = 256;
+
+// Counters and slots need real 64-bit atomics shared across processes.
+#[cfg(not(target_has_atomic = "64"))]
+compile_error!("ferroccl-shm needs 64-bit atomics");
+
+/// The control block at offset 0 of a segment.
+#[repr(C)]
+struct Control {
+    // Identity: written by the creator before `ready`, then read-only.
+    magic: AtomicU64,
+    version: AtomicU32,
+    from: AtomicU32,
+    to: AtomicU32,
+    steps: AtomicU32,
+    token: AtomicU64,
+    comm_id: AtomicU64,
+    chunk_bytes: AtomicU64,
+    total_len: AtomicU64,
+    _pad0: [u8; 8],
+    // Set-up.
+    ready: AtomicU32,
+    attached: AtomicU32,
+    refused: AtomicU32,
+    creator_pid: AtomicU32,
+    opener_pid: AtomicU32,
+    _pad1: [u8; 44],
+    tail: AtomicU64,
+    _pad2: [u8; 56],
+    head: AtomicU64,
+    _pad3: [u8; 56],
+    // State.
+    sender_closed: AtomicU32,
+    receiver_closed: AtomicU32,
+    failure: AtomicU32,
+    reason_len: AtomicU32,
+    failed_rank: AtomicU64,
+    _pad4: [u8; 40],
+    reason: [AtomicU8; MAX_REASON_BYTES],
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<Control>() <= SLOTS_OFFSET);
+    assert!(std::mem::offset_of!(Control, ready) == 64);
+    assert!(std::mem::offset_of!(Control, tail) == 128);
+    assert!(std::mem::offset_of!(Control, head) == 192);
+    assert!(std::mem::offset_of!(Control, sender_closed) == 256);
+    assert!(std::mem::offset_of!(Control, reason) == 320);
+    assert!(HEADER_BYTES <= PAYLOAD_OFFSET);
+};
+
+/// `failure` values: nobody reported one, one is being written, one is
+/// readable.
+const FAILURE_NONE: u32 = 0;
+const FAILURE_WRITING: u32 = 1;
+const FAILURE_SET: u32 = 2;
+
+/// The shape of a segment, from the local `ListenConfig` (never from the
+/// file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    pub(crate) chunk_bytes: usize,
+    pub(crate) steps: usize,
+}
+
+impl Geometry {
+    /// Bytes from one slot's start to the next.
+    pub(crate) fn stride(&self) -> Option<usize> {
+        PAYLOAD_OFFSET.checked_add(self.chunk_bytes.checked_next_multiple_of(64)?)
+    }
+
+    /// Bytes of the whole segment, or None if that overflows.
+    pub(crate) fn total_len(&self) -> Option<usize> {
+        SLOTS_OFFSET.checked_add(self.stride()?.checked_mul(self.steps)?)
+    }
+}
+
+/// Who a segment is for; written by the creator, checked by the opener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Identity {
+    pub(crate) token: u64,
+    pub(crate) comm_id: u64,
+    pub(crate) from: u32,
+    pub(crate) to: u32,
+    pub(crate) chunk_bytes: u64,
+    pub(crate) steps: u32,
+    pub(crate) total_len: u64,
+}
+
+/// Identity fields as the opener finds them, before any is trusted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FoundIdentity {
+    pub(crate) magic_ok: bool,
+    pub(crate) version: u32,
+    pub(crate) id: Identity,
+    pub(crate) creator_pid: u32,
+}
+
+/// One mapped segment. Its length is fixed at mapping time and is at
+/// least `SLOTS_OFFSET`; slot accessors are given the geometry that the
+/// mapping was sized for.
+#[derive(Debug)]
+pub(crate) struct Segment {
+    map: MmapRaw,
+    geometry: Option<Geometry>,
+}
+
+impl Segment {
+    /// Map the first `len` bytes of `file` shared and writable. `len` must
+    /// be at least the control block; the caller has checked that the file
+    /// is that long (a shorter file would fault on access).
+    fn map(file: &File, len: usize, geometry: Option<Geometry>) -> std::io::Result<Segment> {
+        if len < SLOTS_OFFSET {
+            return Err(std::io::Error::other(
+                "segment shorter than its control block",
+            ));
+        }
+        let map = MmapOptions::new().len(len).map_raw(file)?;
+        if map.len() < len {
+            return Err(std::io::Error::other("short mapping"));
+        }
+        Ok(Segment { map, geometry })
+    }
+
+    /// Map just the control block of a file at least that long, to read
+    /// its identity before trusting anything else in it.
+    pub(crate) fn map_control(file: &File) -> std::io::Result<Segment> {
+        Segment::map(file, SLOTS_OFFSET, None)
+    }
+
+    /// Map a whole segment of `geometry` (the file is `total_len` long).
+    pub(crate) fn map_full(file: &File, geometry: Geometry) -> std::io::Result<Segment> {
+        let len = geometry
+            .total_len()
+            .ok_or_else(|| std::io::Error::other("segment size overflows"))?;
+        Segment::map(file, len, Some(geometry))
+    }
+
+    /// Smallest file that holds a control block.
+    pub(crate) const CONTROL_BYTES: u64 = SLOTS_OFFSET as u64;
+
+    fn ctl(&self) -> &Control {
+        // SAFETY: the mapping is page-aligned (so aligned for Control),
+        // at least SLOTS_OFFSET >= size_of::<Control>() bytes long (checked
+        // in `map`) and lives as long as `self`. Control is made of atomics
+        // and padding bytes that nobody reads, for which any bit pattern is
+        // valid, and atomics may be written through a shared reference by
+        // this and the peer process alike.
+        unsafe { &*(self.map.as_mut_ptr() as *const Control) }
+    }
+
+    // ---- set-up ----------------------------------------------------------
+
+    /// Creator: write the identity, then mark the segment ready (Release,
+    /// so that an opener that sees `ready` sees the identity).
+    pub(crate) fn write_identity(&self, id: &Identity, creator_pid: u32) {
+        let c = self.ctl();
+        c.magic.store(SEGMENT_MAGIC, Ordering::Relaxed);
+        c.version.store(LAYOUT_VERSION, Ordering::Relaxed);
+        c.token.store(id.token, Ordering::Relaxed);
+        c.comm_id.store(id.comm_id, Ordering::Relaxed);
+        c.from.store(id.from, Ordering::Relaxed);
+        c.to.store(id.to, Ordering::Relaxed);
+        c.chunk_bytes.store(id.chunk_bytes, Ordering::Relaxed);
+        c.steps.store(id.steps, Ordering::Relaxed);
+        c.total_len.store(id.total_len, Ordering::Relaxed);
+        c.creator_pid.store(creator_pid, Ordering::Relaxed);
+        c.ready.store(1, Ordering::Release);
+    }
+
+    /// Opener: the identity, once the creator has marked it ready.
+    pub(crate) fn read_identity(&self) -> Option<FoundIdentity> {
+        let c = self.ctl();
+        if c.ready.load(Ordering::Acquire) != 1 {
+            return None;
+        }
+        Some(FoundIdentity {
+            magic_ok: c.magic.load(Ordering::Relaxed) == SEGMENT_MAGIC,
+            version: c.version.load(Ordering::Relaxed),
+            id: Identity {
+                token: c.token.load(Ordering::Relaxed),
+                comm_id: c.comm_id.load(Ordering::Relaxed),
+                from: c.from.load(Ordering::Relaxed),
+                to: c.to.load(Ordering::Relaxed),
+                chunk_bytes: c.chunk_bytes.load(Ordering::Relaxed),
+                steps: c.steps.load(Ordering::Relaxed),
+                total_len: c.total_len.load(Ordering::Relaxed),
+            },
+            creator_pid: c.creator_pid.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Opener: say that it has mapped (and unlinked) the segment.
+    pub(crate) fn mark_attached(&self, opener_pid: u32) {
+        let c = self.ctl();
+        c.opener_pid.store(opener_pid, Ordering::Relaxed);
+        c.attached.store(1, Ordering::Release);
+    }
+
+    /// Opener: refuse the segment with a reason code (non-zero).
+    pub(crate) fn mark_refused(&self, code: u32) {
+        self.ctl().refused.store(code, Ordering::Release);
+    }
+
+    /// Creator: whether the opener attached.
+    pub(crate) fn attached(&self) -> bool {
+        self.ctl().attached.load(Ordering::Acquire) == 1
+    }
+
+    /// Creator: the opener's refusal code, 0 if none.
+    pub(crate) fn refused(&self) -> u32 {
+        self.ctl().refused.load(Ordering::Acquire)
+    }
+
+    // ---- close and failure flags -----------------------------------------
+
+    /// The sender will publish nothing more (a goodbye). Release: a
+    /// receiver that sees it (Acquire) and then loads `tail` sees every
+    /// frame published before it.
+    pub(crate) fn set_sender_closed(&self) {
+        self.ctl().sender_closed.store(1, Ordering::Release);
+    }
+
+    pub(crate) fn sender_closed(&self) -> bool {
+        self.ctl().sender_closed.load(Ordering::Acquire) == 1
+    }
+
+    /// The receiver will release nothing more.
+    pub(crate) fn set_receiver_closed(&self) {
+        self.ctl().receiver_closed.store(1, Ordering::Release);
+    }
+
+    pub(crate) fn receiver_closed(&self) -> bool {
+        self.ctl().receiver_closed.load(Ordering::Acquire) == 1
+    }
+
+    /// Record that `rank` failed; the first report wins (the CAS elects
+    /// one writer of the reason bytes).
+    pub(crate) fn set_failure(&self, rank: u64, reason: &[u8]) {
+        let c = self.ctl();
+        if c.failure
+            .compare_exchange(
+                FAILURE_NONE,
+                FAILURE_WRITING,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return;
+        }
+        let n = reason.len().min(MAX_REASON_BYTES);
+        for (cell, b) in c.reason.iter().zip(&reason[..n]) {
+            cell.store(*b, Ordering::Relaxed);
+        }
+        c.reason_len.store(n as u32, Ordering::Relaxed);
+        c.failed_rank.store(rank, Ordering::Relaxed);
+        c.failure.store(FAILURE_SET, Ordering::Release);
+    }
+
+    /// The failed rank and reason, once fully written.
+    pub(crate) fn failure(&self) -> Option<(u64, Vec<u8>)> {
+        let c = self.ctl();
+        if c.failure.load(Ordering::Acquire) != FAILURE_SET {
+            return None;
+        }
+        let n = (c.reason_len.load(Ordering::Relaxed) as usize).min(MAX_REASON_BYTES);
+        let reason = c.reason[..n]
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        Some((c.failed_rank.load(Ordering::Relaxed), reason))
+    }
+
+    fn geometry(&self) -> Geometry {
+        self.geometry
+            .expect("slot access on a segment mapped for its control block only")
+    }
+}
+
+/// The sending end of a segment. There is one per segment (it is neither
+/// `Clone` nor `Sync`), which makes the sender the single writer of `tail`
+/// and of free slots.
+#[derive(Debug)]
+pub(crate) struct Producer {
+    seg: std::sync::Arc<Segment>,
+    /// Our own copy of `tail` (we are its only writer).
+    tail: u64,
+    /// `head` as last loaded: the receiver only moves it forward, so a
+    /// stale copy can only under-count free slots.
+    head_seen: u64,
+}
+
+/// The receiving end of a segment: the single writer of `head`.
+#[derive(Debug)]
+pub(crate) struct Consumer {
+    seg: std::sync::Arc<Segment>,
+    head: u64,
+    tail_seen: u64,
+}
+
+/// A filled slot as handed out by [`Consumer::peek`].
+pub(crate) struct Filled<'a> {
+    /// The raw 40 header bytes, copied out of the slot.
+    pub(crate) header: [u8; HEADER_BYTES],
+    payload: *const u8,
+    chunk_bytes: usize,
+    _seg: std::marker::PhantomData<&'a Segment>,
+}
+
+impl Filled<'_> {
+    /// The first `len` payload bytes, straight out of the mapping; `len`
+    /// comes from a header decoded against the slot size, and is clamped
+    /// to it here all the same.
+    pub(crate) fn payload(&self, len: usize) -> &[u8] {
+        let len = len.min(self.chunk_bytes);
+        // SAFETY: `payload` points at the payload of a slot inside the
+        // mapping, which holds `chunk_bytes` bytes (the mapping was sized
+        // from the local geometry) and outlives `self` (the borrow of the
+        // Consumer that made it). The slot is the receiver's until `head`
+        // moves past it, which only `Consumer::release` does and which
+        // needs `&mut Consumer`, so no `&mut` alias exists; the peer's
+        // sender does not write it before then (Acquire/Release on
+        // head). A peer that broke the protocol could change the bytes
+        // under us, but not their bounds.
+        unsafe { std::slice::from_raw_parts(self.payload, len) }
+    }
+}
+
+fn slot_ptr(seg: &Segment, index: u64) -> (*mut u8, Geometry) {
+    let g = seg.geometry();
+    let stride = g.stride().expect("checked when mapped");
+    let k = (index % g.steps as u64) as usize;
+    // `k < steps`, so the slot lies within the `total_len` bytes mapped.
+    let offset = SLOTS_OFFSET + k * stride;
+    // SAFETY: offset + stride <= total_len = the mapping's length, so the
+    // result stays inside the mapping.
+    (unsafe { seg.map.as_mut_ptr().add(offset) }, g)
+}
+
+impl Producer {
+    pub(crate) fn new(seg: std::sync::Arc<Segment>) -> Self {
+        let tail = seg.ctl().tail.load(Ordering::Relaxed);
+        Producer {
+            seg,
+            tail,
+            head_seen: tail,
+        }
+    }
+
+    pub(crate) fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
+    /// Whether a slot is free, reloading `head` (Acquire) if our copy
+    /// says there is none.
+    pub(crate) fn has_free_slot(&mut self) -> bool {
+        let steps = self.seg.geometry().steps as u64;
+        if self.tail.wrapping_sub(self.head_seen) < steps {
+            return true;
+        }
+        self.head_seen = self.seg.ctl().head.load(Ordering::Acquire);
+        self.tail.wrapping_sub(self.head_seen) < steps
+    }
+
+    /// Let `fill` write the next free slot's payload (`chunk_bytes` long)
+    /// and return its length; if `header_for(len)` gives a header, write
+    /// it and publish the slot, else leave the slot free. Call only after
+    /// `has_free_slot` returned true.
+    pub(crate) fn fill_and_publish<E>(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+        header_for: impl FnOnce(usize) -> Result<[u8; HEADER_BYTES], E>,
+    ) -> Result<(), E> {
+        debug_assert!(self.tail.wrapping_sub(self.head_seen) < self.seg.geometry().steps as u64);
+        let (slot, g) = slot_ptr(&self.seg, self.tail);
+        // SAFETY: the slot lies in the mapping (slot_ptr) with room for
+        // PAYLOAD_OFFSET + chunk_bytes bytes. It is free: tail - head <
+        // steps with `head` loaded Acquire, so the receiver finished reading
+        // it before it released it; and it is not yet published, so the
+        // receiver does not read it until our Release store of tail below.
+        // We are the only producer, and `&mut self` rules out a second
+        // live slice from this one.
+        let payload =
+            unsafe { std::slice::from_raw_parts_mut(slot.add(PAYLOAD_OFFSET), g.chunk_bytes) };
+        let len = fill(payload);
+        let header = header_for(len)?;
+        // SAFETY: as above; the header region [0, 40) of the free slot is
+        // ours, and `header` is a distinct local array.
+        unsafe { std::ptr::copy_nonoverlapping(header.as_ptr(), slot, HEADER_BYTES) };
+        self.tail += 1;
+        self.seg.ctl().tail.store(self.tail, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Consumer {
+    pub(crate) fn new(seg: std::sync::Arc<Segment>) -> Self {
+        let head = seg.ctl().head.load(Ordering::Relaxed);
+        Consumer {
+            seg,
+            head,
+            tail_seen: head,
+        }
+    }
+
+    pub(crate) fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
+    /// The next filled slot, if the sender has published one (Acquire on
+    /// `tail`). A tail that claims more than `steps` filled slots is a
+    /// broken peer; it is reported as `Err(tail)`.
+    pub(crate) fn peek(&mut self) -> Result<Option<Filled<'_>>, u64> {
+        if self.tail_seen == self.head {
+            self.tail_seen = self.seg.ctl().tail.load(Ordering::Acquire);
+            if self.tail_seen == self.head {
+                return Ok(None);
+            }
+        }
+        let g = self.seg.geometry();
+        if self.tail_seen.wrapping_sub(self.head) > g.steps as u64 {
+            return Err(self.tail_seen);
+        }
+        let (slot, g) = slot_ptr(&self.seg, self.head);
+        let mut header = [0u8; HEADER_BYTES];
+        // SAFETY: head < tail (loaded Acquire), so the slot is published
+        // and the sender wrote it before its Release store of tail; it
+        // will not write it again before we store head. The 40 bytes are
+        // inside the slot (slot_ptr) and copied into a distinct local.
+        unsafe {
+            std::ptr::copy_nonoverlapping(slot as *const u8, header.as_mut_ptr(), HEADER_BYTES)
+        };
+        Ok(Some(Filled {
+            header,
+            // SAFETY: PAYLOAD_OFFSET + chunk_bytes <= stride: still inside
+            // this slot of the mapping.
+            payload: unsafe { slot.add(PAYLOAD_OFFSET) },
+            chunk_bytes: g.chunk_bytes,
+            _seg: std::marker::PhantomData,
+        }))
+    }
+
+    /// Hand the slot of the last `peek` back to the sender (Release: our
+    /// reads of it happen before the sender's next writes).
+    pub(crate) fn release(&mut self) {
+        debug_assert!(self.head < self.tail_seen);
+        self.head += 1;
+        self.seg.ctl().head.store(self.head, Ordering::Release);
+    }
+
+    /// Whether published slots remain, reloading `tail`.
+    pub(crate) fn has_filled(&mut self) -> bool {
+        if self.tail_seen != self.head {
+            return true;
+        }
+        self.tail_seen = self.seg.ctl().tail.load(Ordering::Acquire);
+        self.tail_seen != self.head
+    }
+}
