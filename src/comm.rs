@@ -10,7 +10,7 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::{self, Call, Connector, Io, Links};
 use crate::fingerprint::NO_ROOT;
-use crate::tune;
+use crate::tune::{self, LinkModel};
 use ferroccl_transport::{AbortHandle, ConnectionCloser, Fingerprint, ListenConfig};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,6 +94,10 @@ struct Inner {
     progress_thread: Mutex<Option<JoinHandle<()>>>,
     watcher_stop: Mutex<Option<crossbeam_channel::Sender<()>>>,
     splits: AtomicU64,
+    /// The tuner's constants, agreed by every rank at creation.
+    model: Mutex<LinkModel>,
+    /// (collective, size class) pairs whose choice was already logged.
+    tuned: Mutex<std::collections::HashSet<(u8, u32)>>,
 }
 
 /// The result of an async call: `wait()` blocks until it is done.
@@ -258,9 +262,15 @@ impl Communicator {
             progress_thread: Mutex::new(Some(progress_thread)),
             watcher_stop: Mutex::new(Some(stop_tx)),
             splits: AtomicU64::new(0),
+            model: Mutex::new(LinkModel::DEFAULT),
+            tuned: Mutex::new(std::collections::HashSet::new()),
         });
         spawn_watcher(&inner, stop_rx)?;
-        Ok(Communicator { inner })
+        let comm = Communicator { inner };
+        if comm.inner.config.calibrate && comm.inner.size > 1 {
+            comm.calibrate()?;
+        }
+        Ok(comm)
     }
 
     /// This rank's index, `0..size()`.
@@ -291,12 +301,9 @@ impl Communicator {
 
     /// Out-of-place allreduce: `recv[i] = op over ranks of send[i]`.
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        let plan = coll::all_reduce(
-            self.geometry::<T>(send.len(), self.inner.size),
-            send.len(),
-            recv.len(),
-            self.inner.config.algorithm.unwrap_or(Algorithm::Ring),
-        )?;
+        let (algorithm, geometry) = self.pick::<T>(CollKind::AllReduce, send.len());
+
+        let plan = coll::all_reduce(geometry, send.len(), recv.len(), algorithm)?;
         self.run_blocking(
             self.spec::<T>(CollKind::AllReduce, Some(op), send.len(), None),
             plan,
@@ -311,12 +318,9 @@ impl Communicator {
 
     /// In-place allreduce.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let plan = coll::all_reduce(
-            self.geometry::<T>(buf.len(), self.inner.size),
-            buf.len(),
-            buf.len(),
-            self.inner.config.algorithm.unwrap_or(Algorithm::Ring),
-        )?;
+        let (algorithm, geometry) = self.pick::<T>(CollKind::AllReduce, buf.len());
+
+        let plan = coll::all_reduce(geometry, buf.len(), buf.len(), algorithm)?;
         let spec = self.spec::<T>(CollKind::AllReduce, Some(op), buf.len(), None);
         let copy = plan.copies_input.then(|| buf.to_vec());
         self.run_blocking(spec, plan, in_place_or_from(&mut *buf, copy.as_deref()))?;
@@ -331,12 +335,9 @@ impl Communicator {
         mut buf: Vec<T>,
         op: ReduceOp,
     ) -> Result<Work<Vec<T>>> {
-        let plan = coll::all_reduce(
-            self.geometry::<T>(buf.len(), self.inner.size),
-            buf.len(),
-            buf.len(),
-            self.inner.config.algorithm.unwrap_or(Algorithm::Ring),
-        )?;
+        let (algorithm, geometry) = self.pick::<T>(CollKind::AllReduce, buf.len());
+
+        let plan = coll::all_reduce(geometry, buf.len(), buf.len(), algorithm)?;
         let spec = self.spec::<T>(CollKind::AllReduce, Some(op), buf.len(), None);
         let size = self.inner.size;
         self.run_async(spec, move |inner, call| {
@@ -418,12 +419,9 @@ impl Communicator {
 
     /// Broadcast `buf` from `root` to every rank.
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
-        let plan = coll::broadcast(
-            self.geometry::<T>(buf.len(), 1),
-            buf.len(),
-            root,
-            self.inner.config.algorithm.unwrap_or(Algorithm::Ring),
-        )?;
+        let (algorithm, geometry) = self.pick::<T>(CollKind::Broadcast, buf.len());
+
+        let plan = coll::broadcast(geometry, buf.len(), root, algorithm)?;
         let spec = self.spec::<T>(CollKind::Broadcast, None, buf.len(), Some(root));
         self.run_blocking(spec, plan, in_place(buf, 0, 0))
     }
@@ -437,13 +435,9 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        let plan = coll::reduce(
-            self.geometry::<T>(send.len(), 1),
-            send.len(),
-            recv.len(),
-            root,
-            self.inner.config.algorithm.unwrap_or(Algorithm::Ring),
-        )?;
+        let (algorithm, geometry) = self.pick::<T>(CollKind::Reduce, send.len());
+
+        let plan = coll::reduce(geometry, send.len(), recv.len(), root, algorithm)?;
         let spec = self.spec::<T>(CollKind::Reduce, Some(op), send.len(), Some(root));
         let mut scratch = vec![T::zeroed(); plan.scratch_output];
         let output = if plan.scratch_output > 0 {
@@ -473,13 +467,9 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        let plan = coll::reduce(
-            self.geometry::<T>(buf.len(), 1),
-            buf.len(),
-            buf.len(),
-            root,
-            self.inner.config.algorithm.unwrap_or(Algorithm::Ring),
-        )?;
+        let (algorithm, geometry) = self.pick::<T>(CollKind::Reduce, buf.len());
+
+        let plan = coll::reduce(geometry, buf.len(), buf.len(), root, algorithm)?;
         let spec = self.spec::<T>(CollKind::Reduce, Some(op), buf.len(), Some(root));
         let mut scratch = vec![T::zeroed(); plan.scratch_output];
         let io = if plan.scratch_output > 0 {
@@ -601,6 +591,116 @@ impl Communicator {
 
     fn finish_avg<T: Element>(&self, op: ReduceOp, out: &mut [T]) {
         finish_avg(op, out, self.inner.size);
+    }
+
+    /// The algorithm for a call of `count` elements (forced by the config,
+    /// else the tuner's cheapest) and its slice geometry. Every rank decides
+    /// alike: the model is agreed at creation and the inputs are the call's.
+    fn pick<T: Element>(&self, kind: CollKind, count: usize) -> (Algorithm, Geometry) {
+        let n = self.inner.size;
+        let bytes = count * std::mem::size_of::<T>();
+        let algorithm = match self.inner.config.algorithm {
+            Some(forced) => forced,
+            None => {
+                let model = *lock(&self.inner.model);
+                let (best, costs) = tune::choose(kind, n, bytes, &model);
+                if tracing::enabled!(tracing::Level::INFO)
+                    && lock(&self.inner.tuned).insert((kind.code(), tune::size_class(bytes)))
+                {
+                    let listed: Vec<String> = costs
+                        .iter()
+                        .map(|(a, c)| format!("{} {c:.1} us", a.name()))
+                        .collect();
+                    tracing::info!(
+                        rank = self.inner.rank,
+                        "tuner: {} of {bytes} bytes on {n} ranks -> {} (model: {})",
+                        kind.name(),
+                        best.name(),
+                        listed.join(", ")
+                    );
+                }
+                best
+            }
+        };
+        // Slices are cut from the pieces the algorithm moves: a ring moves
+        // 1/n of the data per hop, each of the two trees half, one-shot all.
+        let pieces = match (kind, algorithm) {
+            (CollKind::AllReduce, Algorithm::Ring | Algorithm::TwoShot) => n,
+            (CollKind::AllReduce, Algorithm::Tree) => 2,
+            _ => 1,
+        };
+        (algorithm, self.geometry::<T>(count, pieces))
+    }
+
+    /// Measure this communicator's links and agree on the tuner's constants:
+    /// the latency of a one-element ring allreduce, the bandwidth of a
+    /// 1 MiB one, the local reduction speed; the slowest rank's figures win,
+    /// so every rank's model (and so every choice) is the same. Runs on
+    /// every rank at creation (a collective); turn off with
+    /// FERROCCL_CALIBRATE=0.
+    fn calibrate(&self) -> Result<()> {
+        let n = self.inner.size as f64;
+        let hops = 2.0 * (n - 1.0);
+        let ring = |buf: &mut [f32], op: ReduceOp| -> Result<()> {
+            let pieces = self.inner.size;
+            let plan = coll::all_reduce(
+                self.geometry::<f32>(buf.len(), pieces),
+                buf.len(),
+                buf.len(),
+                Algorithm::Ring,
+            )?;
+            let spec = self.spec::<f32>(CollKind::AllReduce, Some(op), buf.len(), None);
+            self.run_blocking(spec, plan, in_place(buf, 0, 0))
+        };
+        let mut one = [0f32; 1];
+        ring(&mut one, ReduceOp::Sum)?;
+        const SMALL: u32 = 8;
+        let start = Instant::now();
+        for _ in 0..SMALL {
+            ring(&mut one, ReduceOp::Sum)?;
+        }
+        let alpha_us = start.elapsed().as_secs_f64() * 1e6 / f64::from(SMALL) / hops;
+
+        let reduce_gbps = tune::measure_reduce_gbps();
+        let mut big = vec![0f32; (1 << 20) / 4];
+        let bytes = (big.len() * 4) as f64;
+        ring(&mut big, ReduceOp::Sum)?;
+        let start = Instant::now();
+        ring(&mut big, ReduceOp::Sum)?;
+        let t_us = start.elapsed().as_secs_f64() * 1e6;
+        let moving_us =
+            (t_us - hops * alpha_us - (n - 1.0) / n * bytes / (reduce_gbps * 1e3)).max(t_us * 0.1);
+        let beta_gbps = 2.0 * (n - 1.0) / n * bytes / moving_us / 1e3;
+
+        // Agree: the largest latency, the smallest speeds.
+        let mut agreed = [
+            alpha_us as f32,
+            (1.0 / beta_gbps) as f32,
+            (1.0 / reduce_gbps) as f32,
+        ];
+        ring(&mut agreed, ReduceOp::Max)?;
+        let model = LinkModel {
+            alpha_us: f64::from(agreed[0]).max(0.1),
+            beta_gbps: (1.0 / f64::from(agreed[1])).clamp(0.01, 1000.0),
+            reduce_gbps: (1.0 / f64::from(agreed[2])).clamp(0.01, 1000.0),
+        };
+        *lock(&self.inner.model) = model;
+        // Calibration is not the user's: number their calls from 1.
+        lock(&self.inner.turns.issued).coll_seq = 0;
+        tracing::info!(
+            rank = self.inner.rank,
+            "tuner: calibrated on {} ranks: alpha {:.1} us, beta {:.2} GB/s, reduce {:.1} GB/s",
+            self.inner.size,
+            model.alpha_us,
+            model.beta_gbps,
+            model.reduce_gbps
+        );
+        Ok(())
+    }
+
+    /// The tuner's constants (measured at creation, agreed by all ranks).
+    pub fn link_model(&self) -> LinkModel {
+        *lock(&self.inner.model)
     }
 
     fn geometry<T: Element>(&self, count: usize, pieces: usize) -> Geometry {

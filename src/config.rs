@@ -45,6 +45,9 @@ pub struct Config {
     /// algorithm (one-shot broadcast, say) runs its ring. `None`: the
     /// library chooses.
     pub algorithm: Option<Algorithm>,
+    /// Measure the links at creation for the tuner (FERROCCL_CALIBRATE=0 to
+    /// skip and use `LinkModel::DEFAULT`).
+    pub calibrate: bool,
 }
 
 /// Default sockets per peer. Measured on loopback with 2 cores
@@ -75,6 +78,7 @@ impl Config {
             nsocks_per_peer: DEFAULT_NSOCKS_PERPEER,
             socket_ifname: None,
             algorithm: None,
+            calibrate: true,
         };
         config.from_env_overrides(&|k| std::env::var(k).ok())?;
         Ok(config)
@@ -130,6 +134,17 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_SOCKET_IFNAME") {
             self.socket_ifname = Some(v).filter(|s| !s.trim().is_empty());
+        }
+        if let Some(v) = get("FERROCCL_CALIBRATE") {
+            self.calibrate = match v.trim() {
+                "0" | "false" | "off" | "no" => false,
+                "1" | "true" | "on" | "yes" | "" => true,
+                _ => {
+                    return Err(Error::Env(format!(
+                        "FERROCCL_CALIBRATE='{v}' must be 0 or 1"
+                    )))
+                }
+            };
         }
         if let Some(v) = get("FERROCCL_ALGO") {
             self.algorithm = if v.trim().is_empty() {

@@ -38,7 +38,9 @@ pub use comm::{Communicator, Work};
 pub mod reduce {
     pub use crate::element::{reduce_into, reduce_to};
 }
+pub use algo::Algorithm;
 pub use config::{Config, DEFAULT_BUFFSIZE, DEFAULT_NSOCKS_PERPEER, DEFAULT_TIMEOUT};
 pub use element::{DataType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use transports::TRANSPORT_NAMES;
+pub use tune::LinkModel;

@@ -23,6 +23,7 @@ pub(crate) fn init() {
             .with_max_level(level)
             .with_writer(std::io::stderr)
             .with_target(false)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .finish();
         // Fails when the application has its own subscriber: keep theirs.
         let _ = tracing::subscriber::set_global_default(subscriber);

@@ -8,11 +8,20 @@ use ferroccl_transport::Transport;
 use std::sync::Arc;
 
 /// Names accepted by FERROCCL_TRANSPORT.
-pub const TRANSPORT_NAMES: [&str; 2] = ["tcp", "mem"];
+pub const TRANSPORT_NAMES: [&str; 3] = ["shm", "tcp", "mem"];
 
+/// The transports a communicator listens on, in preference order: each peer
+/// is reached by the first whose `can_connect` holds for both ranks (shm for
+/// ranks of one host, TCP otherwise). A forced transport is the only one; if
+/// it cannot reach a peer, connecting to that peer fails with a message
+/// naming it.
 pub(crate) fn select(config: &Config) -> Result<Vec<Arc<dyn Transport>>> {
+    let shm = || Arc::new(ferroccl_shm::ShmTransport::new()) as Arc<dyn Transport>;
+    let tcp = || Arc::new(ferroccl_tcp::TcpTransport::new()) as Arc<dyn Transport>;
     match config.transport.as_deref() {
-        None | Some("tcp") => Ok(vec![Arc::new(ferroccl_tcp::TcpTransport::new())]),
+        None => Ok(vec![shm(), tcp()]),
+        Some("shm") => Ok(vec![shm()]),
+        Some("tcp") => Ok(vec![tcp()]),
         Some("mem") => Ok(vec![Arc::new(ferroccl_transport::mem::MemTransport)]),
         Some(other) => Err(Error::InvalidArgument(format!(
             "unknown transport '{other}' (FERROCCL_TRANSPORT); known: {}",

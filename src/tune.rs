@@ -1,5 +1,15 @@
-//! The tuner: picks the slice size (and, later, the algorithm) for a call.
-//! Pure functions of sizes; no clocks here.
+//! The tuner: which algorithm a call uses, and its slice size.
+//!
+//! An alpha-beta cost model: a message costs `alpha` (latency) plus its
+//! bytes over `beta` (bandwidth); combining costs bytes over the reduction
+//! kernel's speed. The constants are measured on the communicator's own
+//! links when it is created (`Communicator::calibrate`) and agreed by every
+//! rank (the slowest rank's figures), so every rank picks the same algorithm
+//! for the same call. Pure functions of sizes and constants, but for the one
+//! kernel timing in `measure_reduce_gbps`.
+
+use crate::algo::Algorithm;
+use crate::coll::CollKind;
 
 /// Smallest slice worth a frame of its own: below this the per-frame cost
 /// dominates.
@@ -7,12 +17,147 @@ const MIN_SLICE_BYTES: usize = 32 * 1024;
 /// Slices per ring piece we aim for, so that consecutive hops overlap.
 const TARGET_SLICES: usize = 4;
 
-/// Largest slice in bytes for a call whose ring pieces are `piece_bytes`,
-/// over slots of `chunk_bytes`.
+/// Largest slice in bytes for a call whose pieces are `piece_bytes`, over
+/// slots of `chunk_bytes`.
 pub(crate) fn slice_bytes(piece_bytes: usize, chunk_bytes: usize) -> usize {
     (piece_bytes / TARGET_SLICES)
         .clamp(MIN_SLICE_BYTES.min(chunk_bytes), chunk_bytes)
         .max(8)
+}
+
+/// Measured constants of a communicator's links.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkModel {
+    /// Cost of one message on the slowest link, microseconds.
+    pub alpha_us: f64,
+    /// Bandwidth of the slowest link, GB/s.
+    pub beta_gbps: f64,
+    /// Speed of the reduction kernel, GB/s of output.
+    pub reduce_gbps: f64,
+}
+
+impl LinkModel {
+    /// Constants used before calibration and where it is turned off:
+    /// loopback TCP on a small machine (docs/performance.md).
+    pub const DEFAULT: LinkModel = LinkModel {
+        alpha_us: 15.0,
+        beta_gbps: 2.0,
+        reduce_gbps: 5.0,
+    };
+}
+
+/// Speed of the f32 sum kernel on this machine, GB/s of output, on a
+/// 256 KiB block (in cache, as slices are). The one measurement here: the
+/// caller agrees it with the other ranks.
+pub(crate) fn measure_reduce_gbps() -> f64 {
+    let n = (256 << 10) / 4;
+    let src = vec![1.0f32; n];
+    let mut dst = vec![0.0f32; n];
+    crate::element::reduce_into(crate::ReduceOp::Sum, &mut dst, &src);
+    let start = std::time::Instant::now();
+    const REPS: u32 = 8;
+    for _ in 0..REPS {
+        crate::element::reduce_into(crate::ReduceOp::Sum, std::hint::black_box(&mut dst), &src);
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    (n * 4) as f64 * f64::from(REPS) / secs / 1e9
+}
+
+/// Depth of the binary trees over `n` ranks.
+fn tree_depth(n: usize) -> f64 {
+    (usize::BITS - n.max(1).leading_zeros()) as f64
+}
+
+/// Modelled time of `algo` for a call of `bytes` on `n` ranks, in
+/// microseconds; `None` where the algorithm does not implement the call.
+pub(crate) fn cost_us(
+    coll: CollKind,
+    algo: Algorithm,
+    n: usize,
+    bytes: usize,
+    m: &LinkModel,
+) -> Option<f64> {
+    if n <= 1 {
+        return Some(0.0);
+    }
+    let nf = n as f64;
+    let a = m.alpha_us;
+    // Microseconds to move / to combine `x` bytes.
+    let mv = |x: f64| x / (m.beta_gbps * 1e3);
+    let red = |x: f64| x / (m.reduce_gbps * 1e3);
+    let b = bytes as f64;
+    let d = tree_depth(n);
+    Some(match (coll, algo) {
+        (CollKind::AllReduce, Algorithm::Ring) => {
+            2.0 * (nf - 1.0) * a + 2.0 * (nf - 1.0) / nf * mv(b) + (nf - 1.0) / nf * red(b)
+        }
+        // Up then down two trees, each carrying half; an interior node
+        // combines two children's halves.
+        (CollKind::AllReduce, Algorithm::Tree) => 2.0 * d * a + 2.0 * mv(b) + red(b),
+        // Every rank sends its whole buffer to every peer and combines all.
+        (CollKind::AllReduce, Algorithm::OneShot) => (nf - 1.0) * (a + mv(b)) + (nf - 1.0) * red(b),
+        (CollKind::AllReduce, Algorithm::TwoShot) => {
+            2.0 * (nf - 1.0) * (a + mv(b / nf)) + (nf - 1.0) / nf * red(b)
+        }
+        (CollKind::Broadcast | CollKind::Reduce, Algorithm::Ring) => {
+            let r = if coll == CollKind::Reduce {
+                red(b)
+            } else {
+                0.0
+            };
+            (nf - 1.0) * a + mv(b) + r
+        }
+        (CollKind::Broadcast | CollKind::Reduce, Algorithm::Tree) => {
+            let r = if coll == CollKind::Reduce {
+                2.0 * red(b)
+            } else {
+                0.0
+            };
+            d * a + 2.0 * mv(b) + r
+        }
+        _ => return None,
+    })
+}
+
+/// The algorithms considered for a collective, in the order ties go.
+fn candidates(coll: CollKind) -> &'static [Algorithm] {
+    match coll {
+        CollKind::AllReduce => &[
+            Algorithm::Ring,
+            Algorithm::Tree,
+            Algorithm::OneShot,
+            Algorithm::TwoShot,
+        ],
+        CollKind::Broadcast | CollKind::Reduce => &[Algorithm::Ring, Algorithm::Tree],
+        _ => &[Algorithm::Ring],
+    }
+}
+
+/// The cheapest algorithm for the call, and each candidate's modelled cost.
+pub(crate) fn choose(
+    coll: CollKind,
+    n: usize,
+    bytes: usize,
+    m: &LinkModel,
+) -> (Algorithm, Vec<(Algorithm, f64)>) {
+    let costs: Vec<(Algorithm, f64)> = candidates(coll)
+        .iter()
+        .filter_map(|&algo| cost_us(coll, algo, n, bytes, m).map(|c| (algo, c)))
+        .collect();
+    let best = costs
+        .iter()
+        .copied()
+        .fold(None::<(Algorithm, f64)>, |best, (algo, c)| match best {
+            Some((_, bc)) if bc <= c => best,
+            _ => Some((algo, c)),
+        })
+        .map_or(Algorithm::Ring, |(algo, _)| algo);
+    (best, costs)
+}
+
+/// Size class of a call for logging: its power-of-two bucket.
+pub(crate) fn size_class(bytes: usize) -> u32 {
+    usize::BITS - bytes.leading_zeros()
 }
 
 #[cfg(test)]
@@ -28,6 +173,46 @@ mod tests {
                     s <= chunk.max(8) && s >= 8,
                     "piece {piece} chunk {chunk} -> {s}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn latency_bound_calls_avoid_the_ring_and_bandwidth_bound_ones_take_it() {
+        let m = LinkModel {
+            alpha_us: 10.0,
+            beta_gbps: 2.0,
+            reduce_gbps: 5.0,
+        };
+        // 8 ranks, 8 bytes: the ring's 14 hops lose to log-depth or direct.
+        let (small, _) = choose(CollKind::AllReduce, 8, 8, &m);
+        assert_ne!(small, Algorithm::Ring);
+        // 8 ranks, 256 MiB: the ring moves the fewest bytes per rank.
+        let (big, costs) = choose(CollKind::AllReduce, 8, 256 << 20, &m);
+        assert_eq!(big, Algorithm::Ring, "{costs:?}");
+        // The choice is the minimum of the listed costs.
+        let min = costs.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
+        assert_eq!(costs.iter().find(|c| c.0 == big).map(|c| c.1), Some(min));
+    }
+
+    #[test]
+    fn every_collective_has_a_choice_and_one_rank_costs_nothing() {
+        let m = LinkModel::DEFAULT;
+        for coll in [
+            CollKind::AllReduce,
+            CollKind::Broadcast,
+            CollKind::Reduce,
+            CollKind::AllGather,
+        ] {
+            for n in [1, 2, 3, 8, 64] {
+                for bytes in [0, 8, 1 << 20] {
+                    let (algo, costs) = choose(coll, n, bytes, &m);
+                    assert!(candidates(coll).contains(&algo));
+                    assert!(!costs.is_empty());
+                    if n == 1 {
+                        assert!(costs.iter().all(|c| c.1 == 0.0));
+                    }
+                }
             }
         }
     }

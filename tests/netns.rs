@@ -1,0 +1,151 @@
+//! Two hosts on one machine: two network namespaces joined by a veth pair,
+//! two ranks in each (through two `ferroccl-run` launchers, one per "node").
+//! Ranks that share a namespace must talk over shared memory, ranks in
+//! different namespaces over TCP, and every collective must check out.
+//!
+//! Needs root and `ip netns`; where either is missing the test says so and
+//! passes without running (it cannot create the hosts it is about).
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const RUN: &str = env!("CARGO_BIN_EXE_ferroccl-run");
+const CHECK: &str = env!("CARGO_BIN_EXE_ferroccl-check");
+
+/// Namespaces and a veth pair that are removed on drop.
+struct Hosts {
+    names: [String; 2],
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Hosts {
+    fn create(tag: &str) -> Result<Hosts, String> {
+        let names = [format!("fcc{tag}a"), format!("fcc{tag}b")];
+        let hosts = Hosts { names };
+        let [a, b] = &hosts.names;
+        let (va, vb) = (format!("{a}v"), format!("{b}v"));
+        ip(&["netns", "add", a])?;
+        ip(&["netns", "add", b])?;
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+        ip(&["link", "set", &va, "netns", a])?;
+        ip(&["link", "set", &vb, "netns", b])?;
+        for (ns, dev, addr) in [(a, &va, "10.213.7.1/24"), (b, &vb, "10.213.7.2/24")] {
+            ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(hosts)
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for ns in &self.names {
+            // Deleting a namespace deletes the veth end inside it, and so
+            // the pair.
+            let _ = ip(&["netns", "del", ns]);
+        }
+    }
+}
+
+/// Start one node's launcher inside namespace `ns`.
+fn node(ns: &str, node_rank: usize, port: u16) -> std::process::Child {
+    Command::new("ip")
+        .args(["netns", "exec", ns, RUN, "-n", "2", "--nnodes", "2"])
+        .args(["--node-rank", &node_rank.to_string()])
+        .args([
+            "--master-addr",
+            "10.213.7.1",
+            "--master-port",
+            &port.to_string(),
+        ])
+        .args(["--", CHECK, "--count", "3001"])
+        .env("FERROCCL_TOKEN", "0x5eed0213")
+        .env("FERROCCL_TIMEOUT", "30")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ferroccl-run in a namespace")
+}
+
+fn wait(child: std::process::Child, limit: Duration) -> (bool, String) {
+    let start = Instant::now();
+    let mut child = child;
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("collect output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn shm_inside_each_host_and_tcp_between_them() {
+    let tag = format!("{}", std::process::id() % 100_000);
+    let hosts = match Hosts::create(&tag) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!(
+                "SKIPPED: cannot create network namespaces here ({e}); needs root and iproute2"
+            );
+            return;
+        }
+    };
+    let port = 29_000 + (std::process::id() % 1000) as u16;
+    let a = node(&hosts.names[0], 0, port);
+    let b = node(&hosts.names[1], 1, port);
+    let (ok_b, out_b) = wait(b, Duration::from_secs(120));
+    let (ok_a, out_a) = wait(a, Duration::from_secs(120));
+    let all = format!("{out_a}\n{out_b}");
+    assert!(ok_a && ok_b, "a node failed:\n{all}");
+    assert!(
+        all.contains("checks passed on 4 ranks"),
+        "rank 0 did not report success:\n{all}"
+    );
+    // "[rank R] ferroccl-check: rank R: transports 1:shm 2:tcp 3:tcp"
+    let mut seen = 0;
+    for line in all.lines().filter(|l| l.contains(": transports ")) {
+        let rank: usize = line
+            .split("ferroccl-check: rank ")
+            .nth(1)
+            .and_then(|s| s.split(':').next())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| panic!("cannot parse {line}"));
+        let links = line.split(": transports ").nth(1).unwrap_or("");
+        for link in links.split_whitespace() {
+            let (peer, transport) = link.split_once(':').expect("peer:transport");
+            let peer: usize = peer.parse().expect("peer rank");
+            let same_host = rank / 2 == peer / 2;
+            let want = if same_host { "shm" } else { "tcp" };
+            assert_eq!(transport, want, "rank {rank} to rank {peer}: {line}");
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 4, "every rank reports its transports:\n{all}");
+}
