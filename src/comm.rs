@@ -975,13 +975,20 @@ fn spawn_watcher(inner: &Arc<Inner>, stop: crossbeam_channel::Receiver<()>) -> R
             crossbeam_channel::select! {
                 recv(reports) -> report => {
                     let Ok(report) = report else { return };
+                    if report.reason == crate::bootstrap::HOST_GONE_REASON {
+                        // Rank 0 leaving is often only the echo of another
+                        // failure (it exits on the error); give the report
+                        // naming the cause, or this rank's own error, a
+                        // moment to arrive first.
+                        std::thread::sleep(std::time::Duration::from_millis(200));
+                    }
                     let Some(inner) = weak.upgrade() else { return };
                     if let Some(local) = inner.global_ranks.iter().position(|&g| g == report.rank) {
                         if local != inner.rank {
                             inner.fail(
                                 Error::PeerFailed {
                                     rank: local,
-                                    during: String::new(),
+                                    during: "failure report from the job".into(),
                                     reason: report.reason.clone(),
                                 },
                                 Some(local),

@@ -115,6 +115,13 @@ pub(crate) fn cost_us(
             };
             d * a + 2.0 * mv(b) + r
         }
+        (CollKind::AllGather, Algorithm::Ring) => (nf - 1.0) * a + (nf - 1.0) / nf * mv(b),
+        (CollKind::ReduceScatter, Algorithm::Ring) => {
+            (nf - 1.0) * a + (nf - 1.0) / nf * (mv(b) + red(b))
+        }
+        (CollKind::AllToAll, Algorithm::Ring) => (nf - 1.0) * (a + mv(b / nf)),
+        (CollKind::SendRecv, Algorithm::Ring) => a + mv(b),
+        (CollKind::Barrier, Algorithm::Ring) => 2.0 * nf * a,
         _ => return None,
     })
 }

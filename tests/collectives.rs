@@ -4,9 +4,11 @@
 //! every result exact but Avg's final rounding).
 //!
 //! One communicator per rank count runs the whole matrix, so the test also
-//! shows that hundreds of calls in a row stay in step. The large counts run
-//! over the default transport (TCP); the small counts also over the
-//! in-process transport.
+//! shows that hundreds of calls in a row stay in step. The matrix runs over
+//! the default transports (shared memory between these thread ranks, with
+//! the tuner picking algorithms); TCP runs the small counts for every rank
+//! count and the whole matrix for 3 ranks; the in-process transport runs
+//! the small counts.
 
 mod common;
 
@@ -193,6 +195,18 @@ fn matrix_5_ranks() {
 #[test]
 fn matrix_8_ranks() {
     matrix(8, None, true);
+}
+
+// Ranks that share a host pick shared memory; TCP gets its own runs.
+#[test]
+fn small_counts_over_tcp() {
+    for n in [2, 3, 5, 8] {
+        matrix(n, Some("tcp"), false);
+    }
+}
+#[test]
+fn matrix_3_ranks_over_tcp() {
+    matrix(3, Some("tcp"), true);
 }
 
 #[test]

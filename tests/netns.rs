@@ -128,16 +128,16 @@ fn shm_inside_each_host_and_tcp_between_them() {
         all.contains("checks passed on 4 ranks"),
         "rank 0 did not report success:\n{all}"
     );
-    // "[rank R] ferroccl-check: rank R: transports 1:shm 2:tcp 3:tcp"
+    // "[rank R] ferroccl-check: rank R transports: 1:shm 2:tcp 3:tcp"
     let mut seen = 0;
-    for line in all.lines().filter(|l| l.contains(": transports ")) {
+    for line in all.lines().filter(|l| l.contains(" transports: ")) {
         let rank: usize = line
             .split("ferroccl-check: rank ")
             .nth(1)
-            .and_then(|s| s.split(':').next())
+            .and_then(|s| s.split(' ').next())
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or_else(|| panic!("cannot parse {line}"));
-        let links = line.split(": transports ").nth(1).unwrap_or("");
+        let links = line.split(" transports: ").nth(1).unwrap_or("");
         for link in links.split_whitespace() {
             let (peer, transport) = link.split_once(':').expect("peer:transport");
             let peer: usize = peer.parse().expect("peer rank");

@@ -600,7 +600,7 @@ fn main() {
         .filter_map(|(peer, t)| t.map(|t| format!("{peer}:{t}")))
         .collect();
     say(&format!(
-        "ferroccl-check: rank {rank}: transports {}",
+        "ferroccl-check: rank {rank} transports: {}",
         links.join(" ")
     ));
     say(&format!(

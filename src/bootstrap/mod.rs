@@ -13,6 +13,7 @@ use std::time::Instant;
 
 pub use env::{detect, detect_process_env, LaunchInfo};
 pub use memory::MemoryStore;
+pub(crate) use tcp_store::HOST_GONE_REASON;
 pub use tcp_store::{free_port, TcpStore, TcpStoreServer, MAX_KEY_LEN, MAX_VALUE_LEN};
 
 /// A report that a rank of the job failed, broadcast to every rank.

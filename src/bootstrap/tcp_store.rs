@@ -88,7 +88,7 @@ const REPLY_SLACK: Duration = Duration::from_secs(30);
 /// The reason the server gives for a rank whose watch connection closed.
 const LOST_REASON: &str = "lost its rendezvous connection (process died or was killed)";
 /// The reason a client gives when its watch connection to the server drops.
-const HOST_GONE_REASON: &str = "the rendezvous host (rank 0) went away";
+pub(crate) const HOST_GONE_REASON: &str = "the rendezvous host (rank 0) went away";
 
 /// The largest payload allowed for `op` in the given direction.
 fn max_payload(op: u8, to_server: bool) -> Option<usize> {
