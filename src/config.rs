@@ -45,6 +45,9 @@ pub struct Config {
     /// algorithm (one-shot broadcast, say) runs its ring. `None`: the
     /// library chooses.
     pub algorithm: Option<Algorithm>,
+    /// Directory of shared-memory segments (FERROCCL_SHM_DIR; default
+    /// /dev/shm). Segments are unlinked as soon as both ranks mapped them.
+    pub shm_dir: Option<std::path::PathBuf>,
     /// Measure the links at creation for the tuner (FERROCCL_CALIBRATE=0 to
     /// skip and use `LinkModel::DEFAULT`).
     pub calibrate: bool,
@@ -79,6 +82,7 @@ impl Config {
             socket_ifname: None,
             algorithm: None,
             calibrate: true,
+            shm_dir: None,
         };
         config.from_env_overrides(&|k| std::env::var(k).ok())?;
         Ok(config)
@@ -134,6 +138,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_SOCKET_IFNAME") {
             self.socket_ifname = Some(v).filter(|s| !s.trim().is_empty());
+        }
+        if let Some(v) = get("FERROCCL_SHM_DIR") {
+            self.shm_dir = Some(std::path::PathBuf::from(v)).filter(|p| !p.as_os_str().is_empty());
         }
         if let Some(v) = get("FERROCCL_CALIBRATE") {
             self.calibrate = match v.trim() {

@@ -14,7 +14,7 @@ mod common;
 
 use common::{check, input_value, make, reference, tolerance};
 use ferroccl::testing::run_ranks_with;
-use ferroccl::{Communicator, Element, ReduceOp};
+use ferroccl::{Algorithm, Communicator, Element, ReduceOp};
 use half::{bf16, f16};
 
 fn counts(n: usize, elem: usize, large: bool) -> Vec<usize> {
@@ -160,16 +160,39 @@ fn every_type(comm: &Communicator, large: bool) {
 }
 
 fn matrix(n: usize, transport: Option<&str>, large: bool) {
+    matrix_with(n, transport, None, large);
+}
+
+fn matrix_with(n: usize, transport: Option<&str>, algorithm: Option<Algorithm>, large: bool) {
     run_ranks_with(
         n,
         |c| {
             if let Some(t) = transport {
                 c.transport = Some(t.to_string());
             }
+            if algorithm.is_some() {
+                c.algorithm = algorithm;
+            }
             c.timeout = std::time::Duration::from_secs(120);
         },
         |comm| every_type(&comm, large),
     );
+}
+
+// The tree (allreduce, broadcast, reduce) and the direct paths, forced, on
+// the whole matrix; other collectives keep their ring.
+#[test]
+fn matrix_over_the_tree() {
+    for n in [2, 3, 5, 8] {
+        matrix_with(n, None, Some(Algorithm::Tree), n == 5);
+    }
+}
+#[test]
+fn small_counts_over_one_shot_and_two_shot() {
+    for n in [2, 3, 5, 8] {
+        matrix_with(n, None, Some(Algorithm::OneShot), false);
+        matrix_with(n, None, Some(Algorithm::TwoShot), false);
+    }
 }
 
 #[test]

@@ -426,3 +426,51 @@ fn bad_options_and_help() {
         assert!(f.stderr.contains("usage:"), "{bad:?}: {}", f.all());
     }
 }
+
+/// Files left in a job's private segment directory.
+fn leftovers(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn shared_memory_is_empty_after_a_normal_exit_and_after_a_kill() {
+    // A private directory on the same tmpfs, so that other tests' segments
+    // do not count.
+    let dir = std::path::PathBuf::from(format!("/dev/shm/ferroccl-test-{}", std::process::id()));
+    if std::fs::create_dir_all(&dir).is_err() {
+        eprintln!("SKIPPED: /dev/shm is not writable here");
+        return;
+    }
+    let d = dir.to_string_lossy().into_owned();
+    let env = [
+        ("FERROCCL_SHM_DIR", d.as_str()),
+        ("FERROCCL_TRANSPORT", "shm"),
+    ];
+    let f = launch(4, &env, &["--count", "5003"], Duration::from_secs(120));
+    assert!(f.status.success(), "exit {:?}\n{}", f.status, f.all());
+    assert!(f.stdout.contains("transports: "), "{}", f.all());
+    assert_eq!(leftovers(&dir), Vec::<String>::new(), "after a normal exit");
+
+    let mut kill_env = KILL_ENV.to_vec();
+    kill_env.extend(env);
+    let f = launch(4, &kill_env, &KILL_ARGS, Duration::from_secs(60));
+    assert!(!f.status.success(), "{}", f.all());
+    assert!(
+        f.stderr.contains("rank 2 was killed by signal 9"),
+        "{}",
+        f.all()
+    );
+    assert_eq!(
+        leftovers(&dir),
+        Vec::<String>::new(),
+        "after rank 2 was killed"
+    );
+    let _ = std::fs::remove_dir(&dir);
+}
