@@ -28,7 +28,11 @@ echo "## ferroccl ($op, $n ranks, transport ${FERROCCL_TRANSPORT:-default})"
   --csv "$out/ferroccl.csv" | tee "$out/ferroccl.txt"
 echo
 echo "## peers"
-"$peers/run.sh" "$op" "$n" "$minb" "$maxb" "$iters" | tee "$out/peers.txt"
+# ferroccl's allgather sizes (as nccl-tests') are the whole gathered array;
+# the peers take the bytes each rank contributes and report the whole.
+pminb=$minb pmaxb=$maxb
+if [ "$op" = allgather ]; then pminb=$((minb / n)) pmaxb=$((maxb / n)); fi
+"$peers/run.sh" "$op" "$n" "$pminb" "$pmaxb" "$iters" | tee "$out/peers.txt"
 echo "## load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 python3 "$here/compare_summary.py" "$out/ferroccl.csv" "$out/peers.txt" ${COMPARE_CSV:+--csv "$COMPARE_CSV"}

@@ -227,6 +227,8 @@ pub type Consume<'a> = dyn FnMut(&FrameHeader, &[u8]) -> Result<(), TransportErr
 
 /// The receiving half of a connection.
 pub trait SlotReceiver: Send {
+    /// The rank at the other end.
+    fn peer(&self) -> usize;
     /// Bytes per slot.
     fn chunk_bytes(&self) -> usize;
     /// Wait for the next filled slot (until `deadline`), hand its header and
@@ -261,21 +263,36 @@ pub fn recv_into_via_slot<R: SlotReceiver + ?Sized>(
     check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
     dst: &mut [u8],
 ) -> Result<(), TransportError> {
+    let peer = receiver.peer();
     receiver.recv_with(deadline, &mut |header, bytes| {
-        check(header)?;
-        if bytes.len() != dst.len() {
-            return Err(TransportError::Protocol {
-                peer: usize::MAX,
-                detail: format!(
-                    "frame of {} bytes where {} were expected",
-                    bytes.len(),
-                    dst.len()
-                ),
-            });
-        }
-        dst.copy_from_slice(bytes);
-        Ok(())
+        deliver_into(peer, header, bytes, check, dst)
     })
+}
+
+/// What `recv_into` does with a received frame, wherever its bytes are:
+/// let `check` accept the header, then copy the payload into `dst`, which it
+/// must fill exactly (else a `Protocol` error naming `peer`, and no byte of
+/// `dst` is written).
+pub fn deliver_into(
+    peer: usize,
+    header: &FrameHeader,
+    bytes: &[u8],
+    check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
+    dst: &mut [u8],
+) -> Result<(), TransportError> {
+    check(header)?;
+    if bytes.len() != dst.len() {
+        return Err(TransportError::Protocol {
+            peer,
+            detail: format!(
+                "frame of {} bytes where {} were expected",
+                bytes.len(),
+                dst.len()
+            ),
+        });
+    }
+    dst.copy_from_slice(bytes);
+    Ok(())
 }
 
 /// Milliseconds between `start` and now, for error messages.

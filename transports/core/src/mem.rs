@@ -298,6 +298,10 @@ impl SlotSender for MemSender {
 }
 
 impl SlotReceiver for MemReceiver {
+    fn peer(&self) -> usize {
+        self.peer
+    }
+
     fn chunk_bytes(&self) -> usize {
         self.chunk
     }

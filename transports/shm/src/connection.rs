@@ -436,6 +436,10 @@ impl ShmReceiver {
 }
 
 impl SlotReceiver for ShmReceiver {
+    fn peer(&self) -> usize {
+        self.link.peer
+    }
+
     fn chunk_bytes(&self) -> usize {
         self.link.chunk_bytes
     }
@@ -456,19 +460,7 @@ impl SlotReceiver for ShmReceiver {
     ) -> Result<(), TransportError> {
         let peer = self.link.peer;
         self.take_next(deadline, &mut |header, bytes| {
-            check(header)?;
-            if bytes.len() != dst.len() {
-                return Err(TransportError::Protocol {
-                    peer,
-                    detail: format!(
-                        "frame of {} bytes where {} were expected",
-                        bytes.len(),
-                        dst.len()
-                    ),
-                });
-            }
-            dst.copy_from_slice(bytes);
-            Ok(())
+            ferroccl_transport::deliver_into(peer, header, bytes, check, dst)
         })
     }
 }

@@ -1039,6 +1039,10 @@ impl TcpReceiver {
 }
 
 impl SlotReceiver for TcpReceiver {
+    fn peer(&self) -> usize {
+        self.shared.peer
+    }
+
     fn chunk_bytes(&self) -> usize {
         self.shared.chunk_bytes
     }
@@ -1078,20 +1082,7 @@ impl SlotReceiver for TcpReceiver {
             Got::Placed => Ok(()),
             Got::Slot(header, slot) => {
                 let bytes = slot.bytes(header.len as usize);
-                let result = check(&header).and_then(|()| {
-                    if bytes.len() != dst.len() {
-                        return Err(TransportError::Protocol {
-                            peer,
-                            detail: format!(
-                                "frame of {} bytes where {} were expected",
-                                bytes.len(),
-                                dst.len()
-                            ),
-                        });
-                    }
-                    dst.copy_from_slice(bytes);
-                    Ok(())
-                });
+                let result = ferroccl_transport::deliver_into(peer, &header, bytes, check, dst);
                 self.release(slot);
                 result
             }
