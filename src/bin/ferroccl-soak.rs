@@ -129,7 +129,7 @@ fn mix(mut z: u64) -> u64 {
 
 /// A hash of a few words (for inputs: any element of any rank, directly).
 fn hash(words: &[u64]) -> u64 {
-    words.iter().fold(0x5eed_0f_f0cc1u64, |h, &w| {
+    words.iter().fold(0x05ee_d0ff_0cc1_u64, |h, &w| {
         mix(h.wrapping_add(w).wrapping_mul(0x9e37_79b9_7f4a_7c15))
     })
 }
