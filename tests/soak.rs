@@ -1,0 +1,225 @@
+//! The randomised soak (`ferroccl-soak`) in real processes under
+//! `ferroccl-run`: short runs with fixed seeds over the default transports,
+//! over TCP and over the forced tree, and a run whose checker is sabotaged
+//! to prove that a wrong result fails the run with a replay line. Every run
+//! is bounded: a launcher that outlives its limit is killed and the test
+//! fails. The runs take turns (a lock), so that a 2-core CI machine is not
+//! asked to run several jobs of 3 to 4 ranks at once.
+
+use std::io::Read;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const RUN: &str = env!("CARGO_BIN_EXE_ferroccl-run");
+const SOAK: &str = env!("CARGO_BIN_EXE_ferroccl-soak");
+
+/// Longest a soak run may take before it is killed and the test fails.
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// One job at a time.
+static TURN: Mutex<()> = Mutex::new(());
+
+/// What a finished launcher left.
+struct Finished {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Finished {
+    fn all(&self) -> String {
+        format!("--- stdout\n{}--- stderr\n{}", self.stdout, self.stderr)
+    }
+
+    /// Lines `[rank R] rest` of both streams, as (R, rest).
+    fn prefixed(&self) -> Vec<(usize, String)> {
+        self.stdout
+            .lines()
+            .chain(self.stderr.lines())
+            .filter_map(|line| {
+                let rest = line.strip_prefix("[rank ")?;
+                let (r, rest) = rest.split_once("] ")?;
+                Some((r.parse().ok()?, rest.to_string()))
+            })
+            .collect()
+    }
+}
+
+/// `ferroccl-run -n N -- ferroccl-soak ARGS` with `env` and no launcher or
+/// ferroccl settings from the test's own environment; killed after `LIMIT`.
+fn soak(n: usize, env: &[(&str, &str)], args: &[&str]) -> Finished {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let mut cmd = Command::new(RUN);
+    for (var, _) in std::env::vars() {
+        let launcher = [
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ];
+        if var.starts_with("FERROCCL_")
+            || var.starts_with("OMPI_")
+            || var.starts_with("PMI_")
+            || var.starts_with("SLURM_")
+            || launcher.contains(&var.as_str())
+        {
+            cmd.env_remove(var);
+        }
+    }
+    // A hang becomes an error naming the call well within the limit.
+    cmd.env("FERROCCL_TIMEOUT", "60");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.args(["-n", &n.to_string(), "--", SOAK]).args(args);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("cannot start ferroccl-run");
+    let pipe = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut b = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut b);
+            }
+            String::from_utf8_lossy(&b).into_owned()
+        })
+    };
+    let out = pipe(child.stdout.take().map(|p| Box::new(p) as _));
+    let err = pipe(child.stderr.take().map(|p| Box::new(p) as _));
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if start.elapsed() > LIMIT {
+            // SIGKILL of the launcher: its ranks get SIGTERM (parent death
+            // signal) and go too.
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{cmd:?} still ran after {LIMIT:?}; killed it\n--- stdout\n{}--- stderr\n{}",
+                out.join().unwrap_or_default(),
+                err.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Finished {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
+
+/// Run the soak and require success on every rank.
+fn passes(n: usize, env: &[(&str, &str)], seed: u64) {
+    let seed_s = seed.to_string();
+    let f = soak(
+        n,
+        env,
+        &["--seed", &seed_s, "--ops", "150", "--max-count", "20000"],
+    );
+    assert!(
+        f.status.success(),
+        "{env:?} -n {n} seed {seed}: exit {:?}\n{}",
+        f.status,
+        f.all()
+    );
+    let lines = f.prefixed();
+    for r in 0..n {
+        let ok = format!("ferroccl-soak: rank {r}: 150 ops ok (seed {seed})");
+        assert!(
+            lines.iter().any(|(pr, rest)| *pr == r && *rest == ok),
+            "{env:?} -n {n} seed {seed}: no '{ok}'\n{}",
+            f.all()
+        );
+    }
+    let summary = format!("ferroccl-soak: 150 ops ok on {n} ranks in ");
+    assert!(
+        lines
+            .iter()
+            .any(|(r, rest)| *r == 0 && rest.starts_with(&summary)),
+        "no summary on rank 0\n{}",
+        f.all()
+    );
+}
+
+#[test]
+fn three_ranks_with_fixed_seeds() {
+    for seed in [1, 17, 2024] {
+        passes(3, &[], seed);
+    }
+}
+
+#[test]
+fn four_ranks_with_fixed_seeds() {
+    for seed in [2, 31, 4096] {
+        passes(4, &[], seed);
+    }
+}
+
+#[test]
+fn four_ranks_over_tcp() {
+    passes(4, &[("FERROCCL_TRANSPORT", "tcp")], 5);
+}
+
+#[test]
+fn four_ranks_over_the_forced_tree() {
+    passes(4, &[("FERROCCL_ALGO", "tree")], 9);
+}
+
+/// FERROCCL_SOAK_SABOTAGE=1 makes each rank expect one more than the
+/// reference for the first element it checks: the run must fail with the
+/// operation named and a replay line that reproduces it.
+#[test]
+fn a_wrong_result_fails_the_run_with_a_replay_line() {
+    let f = soak(
+        3,
+        &[("FERROCCL_SOAK_SABOTAGE", "1")],
+        &["--seed", "1", "--ops", "150", "--max-count", "20000"],
+    );
+    assert_eq!(f.status.code(), Some(1), "{}", f.all());
+    let lines = f.prefixed();
+    let wrong = lines.iter().find(|(r, rest)| {
+        rest.starts_with(&format!("rank {r}: op #")) && rest.contains("): wrong result: ")
+    });
+    assert!(
+        wrong.is_some(),
+        "no rank reported a wrong result\n{}",
+        f.all()
+    );
+    let replay = "replay: FERROCCL_SOAK_SABOTAGE=1 ferroccl-run -n 3 -- ferroccl-soak \
+                  --seed 1 --ops 150 --max-count 20000";
+    assert!(
+        lines.iter().any(|(_, rest)| rest == replay),
+        "no '{replay}'\n{}",
+        f.all()
+    );
+}
+
+#[test]
+fn help_and_bad_options() {
+    let help = Command::new(SOAK).arg("--help").output().expect("run");
+    assert!(help.status.success());
+    let text = String::from_utf8_lossy(&help.stdout);
+    for opt in [
+        "--seed",
+        "--ops",
+        "--max-count",
+        "--splits",
+        "FERROCCL_SOAK_SABOTAGE",
+    ] {
+        assert!(text.contains(opt), "--help names no {opt}: {text}");
+    }
+    for bad in [&["--ops"][..], &["--seed", "x"], &["--frobnicate"]] {
+        let out = Command::new(SOAK).args(bad).output().expect("run");
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("usage:"));
+    }
+}
