@@ -1021,6 +1021,10 @@ impl Drop for Inner {
         // by the transport) and says goodbye; `close()` would cut them off.
         // The closers are for failure and abort only.
         lock(&self.links).clear();
+        // The closers hold the last references to the connections: let
+        // them go before the abort fires, so a connection still owed to a
+        // peer (shm frames the peer has not mapped yet) can wait for it.
+        lock(&self.closers).clear();
         self.abort.abort();
     }
 }

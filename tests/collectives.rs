@@ -333,3 +333,40 @@ fn non_integer_floats_match_f64_within_rounding() {
         },
     );
 }
+
+/// A send completes before its receiver has even connected (ranks 0 and 2
+/// are not ring neighbours, so their link is made by this call); the sender
+/// then drops its communicator. The data must still arrive, as it does over
+/// TCP, instead of vanishing with the sender's shared-memory segments.
+#[test]
+fn a_send_survives_the_sender_leaving_first() {
+    for transport in [None, Some("tcp")] {
+        let got = run_ranks_with(
+            4,
+            |c| {
+                if let Some(t) = transport {
+                    c.transport = Some(t.to_string());
+                }
+                c.timeout = std::time::Duration::from_secs(20);
+            },
+            |comm| match comm.rank() {
+                0 => {
+                    comm.send(&[1.0f32, 2.0, 3.0, 4.0], 2).unwrap();
+                    None
+                }
+                2 => {
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                    let mut buf = [0f32; 4];
+                    comm.recv(&mut buf, 0).unwrap();
+                    Some(buf)
+                }
+                _ => None,
+            },
+        );
+        assert_eq!(
+            got[2],
+            Some([1.0, 2.0, 3.0, 4.0]),
+            "transport {transport:?}"
+        );
+    }
+}

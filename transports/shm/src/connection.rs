@@ -171,6 +171,20 @@ impl Link {
 
 impl Drop for Link {
     fn drop(&mut self) {
+        // Frames published before the peer mapped the segments are still
+        // owed to it: a peer connects when it first needs the link, which
+        // may be after this side has sent and gone. Leave it until the
+        // set-up deadline to take them, unless the link ended otherwise
+        // (refused, failed, aborted, peer process gone); only then unlink.
+        if !self.settled.load(Ordering::Acquire) && self.out.published() > 0 {
+            while self.check_setup().is_none()
+                && !self.settled.load(Ordering::Acquire)
+                && self.fatal().is_none()
+                && self.peer_gone().is_none()
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         if let Some(mut p) = lock(&self.pending).take() {
             p.unlink();
         }

@@ -251,6 +251,11 @@ impl Segment {
     }
 
     /// Creator: whether the opener attached.
+    /// How many frames the sender has published on this segment so far.
+    pub(crate) fn published(&self) -> u64 {
+        self.ctl().tail.load(Ordering::Acquire)
+    }
+
     pub(crate) fn attached(&self) -> bool {
         self.ctl().attached.load(Ordering::Acquire) == 1
     }
