@@ -3,124 +3,14 @@
 //! token. Every run is bounded: a launcher that outlives its limit is killed
 //! and the test fails instead of hanging CI.
 
-use std::io::Read;
-use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+
+use common::process::{clean, run_bounded, Finished};
+use std::process::Command;
+use std::time::Duration;
 
 const RUN: &str = env!("CARGO_BIN_EXE_ferroccl-run");
 const CHECK: &str = env!("CARGO_BIN_EXE_ferroccl-check");
-
-/// What a finished process left.
-struct Finished {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-    elapsed: Duration,
-}
-
-impl Finished {
-    fn all(&self) -> String {
-        format!("--- stdout\n{}--- stderr\n{}", self.stdout, self.stderr)
-    }
-
-    /// Lines `[rank R] rest` of both streams, as (R, rest).
-    fn prefixed(&self) -> Vec<(usize, String)> {
-        self.stdout
-            .lines()
-            .chain(self.stderr.lines())
-            .filter_map(|line| {
-                let rest = line.strip_prefix("[rank ")?;
-                let (r, rest) = rest.split_once("] ")?;
-                Some((r.parse().ok()?, rest.to_string()))
-            })
-            .collect()
-    }
-
-    /// The error rank `r` printed (`rank R: ...` after its prefix).
-    fn error_of(&self, r: usize) -> Option<String> {
-        let own = format!("rank {r}: ");
-        self.prefixed()
-            .into_iter()
-            .filter(|(pr, _)| *pr == r)
-            .find_map(|(_, rest)| rest.strip_prefix(&own).map(str::to_string))
-    }
-}
-
-/// A command with no launcher or ferroccl settings from the test's own
-/// environment.
-fn clean(program: &str) -> Command {
-    let mut cmd = Command::new(program);
-    for var in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "FERROCCL_LAUNCHER",
-        "FERROCCL_TOKEN",
-        "FERROCCL_TIMEOUT",
-        "FERROCCL_TRANSPORT",
-        "FERROCCL_RUN_GRACE_S",
-        "FERROCCL_DEBUG",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_RANK",
-        "PMI_SIZE",
-        "SLURM_PROCID",
-        "SLURM_NTASKS",
-        "SLURM_JOB_ID",
-        "SLURM_STEP_ID",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd
-}
-
-/// Run `cmd` to its end; kill it (and fail) if it runs past `limit`.
-fn run_bounded(mut cmd: Command, limit: Duration) -> Finished {
-    let start = Instant::now();
-    let mut child = cmd.spawn().expect("cannot start the process");
-    let pipe = |r: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            if let Some(mut r) = r {
-                let mut b = Vec::new();
-                let _ = r.read_to_end(&mut b);
-                s = String::from_utf8_lossy(&b).into_owned();
-            }
-            s
-        })
-    };
-    let out = pipe(child.stdout.take().map(|p| Box::new(p) as _));
-    let err = pipe(child.stderr.take().map(|p| Box::new(p) as _));
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{cmd:?} still ran after {limit:?}; killed it\n--- stdout\n{}--- stderr\n{}",
-                out.join().unwrap_or_default(),
-                err.join().unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let elapsed = start.elapsed();
-    Finished {
-        status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
-        elapsed,
-    }
-}
 
 /// `ferroccl-run -n N [env] -- ferroccl-check ARGS`.
 fn launch(n: usize, env: &[(&str, &str)], args: &[&str], limit: Duration) -> Finished {

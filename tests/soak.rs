@@ -6,10 +6,12 @@
 //! fails. The runs take turns (a lock), so that a 2-core CI machine is not
 //! asked to run several jobs of 3 to 4 ranks at once.
 
-use std::io::Read;
-use std::process::{Command, ExitStatus, Stdio};
+mod common;
+
+use common::process::{clean, run_bounded, Finished};
+use std::process::Command;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const RUN: &str = env!("CARGO_BIN_EXE_ferroccl-run");
 const SOAK: &str = env!("CARGO_BIN_EXE_ferroccl-soak");
@@ -20,101 +22,18 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// One job at a time.
 static TURN: Mutex<()> = Mutex::new(());
 
-/// What a finished launcher left.
-struct Finished {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Finished {
-    fn all(&self) -> String {
-        format!("--- stdout\n{}--- stderr\n{}", self.stdout, self.stderr)
-    }
-
-    /// Lines `[rank R] rest` of both streams, as (R, rest).
-    fn prefixed(&self) -> Vec<(usize, String)> {
-        self.stdout
-            .lines()
-            .chain(self.stderr.lines())
-            .filter_map(|line| {
-                let rest = line.strip_prefix("[rank ")?;
-                let (r, rest) = rest.split_once("] ")?;
-                Some((r.parse().ok()?, rest.to_string()))
-            })
-            .collect()
-    }
-}
-
 /// `ferroccl-run -n N -- ferroccl-soak ARGS` with `env` and no launcher or
 /// ferroccl settings from the test's own environment; killed after `LIMIT`.
 fn soak(n: usize, env: &[(&str, &str)], args: &[&str]) -> Finished {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let mut cmd = Command::new(RUN);
-    for (var, _) in std::env::vars() {
-        let launcher = [
-            "RANK",
-            "WORLD_SIZE",
-            "LOCAL_RANK",
-            "LOCAL_WORLD_SIZE",
-            "GROUP_RANK",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-        ];
-        if var.starts_with("FERROCCL_")
-            || var.starts_with("OMPI_")
-            || var.starts_with("PMI_")
-            || var.starts_with("SLURM_")
-            || launcher.contains(&var.as_str())
-        {
-            cmd.env_remove(var);
-        }
-    }
+    let mut cmd = clean(RUN);
     // A hang becomes an error naming the call well within the limit.
     cmd.env("FERROCCL_TIMEOUT", "60");
     for (k, v) in env {
         cmd.env(k, v);
     }
     cmd.args(["-n", &n.to_string(), "--", SOAK]).args(args);
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-
-    let start = Instant::now();
-    let mut child = cmd.spawn().expect("cannot start ferroccl-run");
-    let pipe = |r: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut b = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut b);
-            }
-            String::from_utf8_lossy(&b).into_owned()
-        })
-    };
-    let out = pipe(child.stdout.take().map(|p| Box::new(p) as _));
-    let err = pipe(child.stderr.take().map(|p| Box::new(p) as _));
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if start.elapsed() > LIMIT {
-            // SIGKILL of the launcher: its ranks get SIGTERM (parent death
-            // signal) and go too.
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{cmd:?} still ran after {LIMIT:?}; killed it\n--- stdout\n{}--- stderr\n{}",
-                out.join().unwrap_or_default(),
-                err.join().unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Finished {
-        status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
-    }
+    run_bounded(cmd, LIMIT)
 }
 
 /// Run the soak and require success on every rank.

@@ -2,6 +2,8 @@
 //! type, and the f64 reference they are checked against.
 #![allow(dead_code)]
 
+pub mod process;
+
 use ferroccl::{DataType, Element, ReduceOp};
 
 /// Input of `rank` at element `i` for `op`. Small integers: every sum of up

@@ -1,0 +1,113 @@
+//! Running real processes in tests: a command cleared of launcher and
+//! ferroccl settings from the test's own environment, run to its end or
+//! killed past a limit (so a bug fails the test instead of hanging CI), and
+//! what it left.
+
+use std::io::Read;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// What a finished process left.
+pub struct Finished {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Finished {
+    pub fn all(&self) -> String {
+        format!("--- stdout\n{}--- stderr\n{}", self.stdout, self.stderr)
+    }
+
+    /// Lines `[rank R] rest` of both streams, as (R, rest).
+    pub fn prefixed(&self) -> Vec<(usize, String)> {
+        self.stdout
+            .lines()
+            .chain(self.stderr.lines())
+            .filter_map(|line| {
+                let rest = line.strip_prefix("[rank ")?;
+                let (r, rest) = rest.split_once("] ")?;
+                Some((r.parse().ok()?, rest.to_string()))
+            })
+            .collect()
+    }
+
+    /// The error rank `r` printed (`rank R: ...` after its prefix).
+    pub fn error_of(&self, r: usize) -> Option<String> {
+        let own = format!("rank {r}: ");
+        self.prefixed()
+            .into_iter()
+            .filter(|(pr, _)| *pr == r)
+            .find_map(|(_, rest)| rest.strip_prefix(&own).map(str::to_string))
+    }
+}
+
+/// A command with no launcher or ferroccl settings from the test's own
+/// environment, stdin closed, output captured.
+pub fn clean(program: &str) -> Command {
+    let mut cmd = Command::new(program);
+    let launcher = [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ];
+    for (var, _) in std::env::vars() {
+        if var.starts_with("FERROCCL_")
+            || var.starts_with("OMPI_")
+            || var.starts_with("PMI_")
+            || var.starts_with("SLURM_")
+            || launcher.contains(&var.as_str())
+        {
+            cmd.env_remove(var);
+        }
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Run `cmd` to its end; kill it (and fail) if it runs past `limit`.
+/// Killing `ferroccl-run` also ends its ranks (their parent-death signal).
+pub fn run_bounded(mut cmd: Command, limit: Duration) -> Finished {
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("cannot start the process");
+    let pipe = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut b = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut b);
+            }
+            String::from_utf8_lossy(&b).into_owned()
+        })
+    };
+    let out = pipe(child.stdout.take().map(|p| Box::new(p) as _));
+    let err = pipe(child.stderr.take().map(|p| Box::new(p) as _));
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{cmd:?} still ran after {limit:?}; killed it\n--- stdout\n{}--- stderr\n{}",
+                out.join().unwrap_or_default(),
+                err.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let elapsed = start.elapsed();
+    Finished {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+        elapsed,
+    }
+}
