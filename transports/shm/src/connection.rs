@@ -20,8 +20,24 @@ use std::time::{Duration, Instant};
 
 /// How often a waiter asks the OS whether the peer's process still lives.
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(50);
-/// Spins before a waiter starts yielding its core.
+/// Spins before a waiter starts yielding its core, when every rank can
+/// have a core of its own.
 const SPINS: u32 = 256;
+/// Spins when ranks outnumber cores: the peer a waiter waits for may need
+/// this very core, so yield almost at once.
+const OVERSUBSCRIBED_SPINS: u32 = 8;
+
+/// How long a waiter spins: a job with more ranks than this machine has
+/// cores (an upper bound on the ranks that share it) must not spin on a
+/// core its peer needs.
+pub(crate) fn spins_for(ranks: usize) -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if ranks > cores {
+        OVERSUBSCRIBED_SPINS
+    } else {
+        SPINS
+    }
+}
 /// Yields before a waiter starts sleeping.
 const YIELDS: u32 = 256;
 /// Sleep of a long wait: short enough for latency, long enough that a
@@ -72,6 +88,8 @@ struct Link {
     /// Set-up failed (refused, or never attached): ends both halves.
     setup_error: Mutex<Option<TransportError>>,
     abort: AbortSignal,
+    /// Spins of a wait before it yields (see `spins_for`).
+    spins: u32,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -195,15 +213,17 @@ impl Drop for Link {
 /// slower checks (deadline, liveness).
 struct Waiter {
     start: Instant,
+    spins: u32,
     rounds: u32,
     last_liveness: Instant,
 }
 
 impl Waiter {
-    fn new() -> Self {
+    fn new(spins: u32) -> Self {
         let now = Instant::now();
         Waiter {
             start: now,
+            spins,
             rounds: 0,
             last_liveness: now,
         }
@@ -212,7 +232,7 @@ impl Waiter {
     /// Whether this round should look at the clock (every round once
     /// spinning is over; every 32nd while spinning).
     fn clock_round(&self) -> bool {
-        self.rounds >= SPINS || self.rounds % 32 == 0
+        self.rounds >= self.spins || self.rounds % 32 == 0
     }
 
     fn liveness_due(&mut self, now: Instant) -> bool {
@@ -225,9 +245,9 @@ impl Waiter {
     }
 
     fn pause(&mut self) {
-        if self.rounds < SPINS {
+        if self.rounds < self.spins {
             std::hint::spin_loop();
-        } else if self.rounds < SPINS + YIELDS {
+        } else if self.rounds < self.spins + YIELDS {
             std::thread::yield_now();
         } else {
             std::thread::sleep(SLEEP);
@@ -252,7 +272,7 @@ fn wait_for(
     what: &'static str,
     ready: &mut dyn FnMut() -> Result<Round, TransportError>,
 ) -> Result<(), TransportError> {
-    let mut w = Waiter::new();
+    let mut w = Waiter::new(link.spins);
     if let Some(err) = link.check_setup() {
         return Err(err);
     }
@@ -519,6 +539,8 @@ pub(crate) struct Parts {
     pub(crate) peer_pid: Option<u32>,
     pub(crate) pending: Option<PendingUnlink>,
     pub(crate) abort: AbortSignal,
+    /// Ranks of the communicator (bounds how many share this machine).
+    pub(crate) ranks: usize,
 }
 
 /// Assemble a connection over two mapped segments.
@@ -535,6 +557,7 @@ pub(crate) fn establish(parts: Parts) -> Connection {
         pending: Mutex::new(parts.pending),
         setup_error: Mutex::new(None),
         abort: parts.abort,
+        spins: spins_for(parts.ranks),
     });
     Connection {
         peer: parts.peer,

@@ -295,6 +295,7 @@ impl Listener for ShmListener {
             in_path.display()
         );
         Ok(connection::establish(Parts {
+            ranks: self.config.size,
             peer,
             chunk_bytes: self.config.chunk_bytes,
             steps: self.config.steps,
@@ -411,6 +412,7 @@ impl ShmListener {
         }
         tracing::debug!(rank = me, peer, "mapped and unlinked the shared segments");
         Ok(Some(connection::establish(Parts {
+            ranks: self.config.size,
             peer,
             chunk_bytes: self.config.chunk_bytes,
             steps: self.config.steps,
