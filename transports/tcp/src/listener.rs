@@ -393,7 +393,14 @@ impl Listener for TcpListener {
             sockets.push(self.open_socket(peer, addr, index, deadline)?);
         }
         tracing::debug!(rank = self.rank, peer, %addr, nsocks = self.nsocks, "tcp connected");
-        connection::establish(peer, sockets, self.chunk_bytes, self.steps, &self.abort)
+        connection::establish(
+            peer,
+            sockets,
+            self.chunk_bytes,
+            self.steps,
+            connection::spin_for(self.size),
+            &self.abort,
+        )
     }
 
     fn accept(&self, peer: usize, deadline: Instant) -> Result<Connection, TransportError> {
@@ -425,7 +432,14 @@ impl Listener for TcpListener {
         }
         let sockets = sockets.into_iter().flatten().collect();
         tracing::debug!(rank = self.rank, peer, nsocks = self.nsocks, "tcp accepted");
-        connection::establish(peer, sockets, self.chunk_bytes, self.steps, &self.abort)
+        connection::establish(
+            peer,
+            sockets,
+            self.chunk_bytes,
+            self.steps,
+            connection::spin_for(self.size),
+            &self.abort,
+        )
     }
 }
 
