@@ -210,12 +210,29 @@ fn checked(
     })
 }
 
+/// A launcher's rank and size variables: both (parsed), neither (that
+/// launcher did not start this process), or one alone (an error naming the
+/// other).
+fn rank_and_size(
+    get: &dyn Fn(&str) -> Option<String>,
+    rank_var: &str,
+    size_var: &str,
+) -> Result<Option<(usize, usize)>> {
+    match (get(rank_var), get(size_var)) {
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(Error::Env(format!(
+            "{rank_var} is set but {size_var} is missing"
+        ))),
+        (None, Some(_)) => Err(Error::Env(format!(
+            "{size_var} is set but {rank_var} is missing"
+        ))),
+        (Some(r), Some(s)) => Ok(Some((number(rank_var, &r)?, number(size_var, &s)?))),
+    }
+}
+
 fn from_torchrun(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>> {
-    let (rank, size) = match (get("RANK"), get("WORLD_SIZE")) {
-        (None, None) => return Ok(None),
-        (Some(_), None) => return Err(Error::Env("RANK is set but WORLD_SIZE is missing".into())),
-        (None, Some(_)) => return Err(Error::Env("WORLD_SIZE is set but RANK is missing".into())),
-        (Some(r), Some(s)) => (number("RANK", &r)?, number("WORLD_SIZE", &s)?),
+    let Some((rank, size)) = rank_and_size(get, "RANK", "WORLD_SIZE")? else {
+        return Ok(None);
     };
     let local_rank = opt_number(get, "LOCAL_RANK")?.unwrap_or(0);
     let local_size = opt_number(get, "LOCAL_WORLD_SIZE")?;
@@ -242,11 +259,8 @@ fn from_torchrun(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchIn
 fn from_open_mpi(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>> {
     const RANK: &str = "OMPI_COMM_WORLD_RANK";
     const SIZE: &str = "OMPI_COMM_WORLD_SIZE";
-    let (rank, size) = match (get(RANK), get(SIZE)) {
-        (None, None) => return Ok(None),
-        (Some(_), None) => return Err(Error::Env(format!("{RANK} is set but {SIZE} is missing"))),
-        (None, Some(_)) => return Err(Error::Env(format!("{SIZE} is set but {RANK} is missing"))),
-        (Some(r), Some(s)) => (number(RANK, &r)?, number(SIZE, &s)?),
+    let Some((rank, size)) = rank_and_size(get, RANK, SIZE)? else {
+        return Ok(None);
     };
     let local_rank = opt_number(get, "OMPI_COMM_WORLD_LOCAL_RANK")?.unwrap_or(0);
     let local_size = opt_number(get, "OMPI_COMM_WORLD_LOCAL_SIZE")?;
@@ -280,24 +294,15 @@ fn from_open_mpi(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchIn
 
 fn from_slurm(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>> {
     const RANK: &str = "SLURM_PROCID";
-    let size_var = if get("SLURM_NTASKS").is_some() {
-        "SLURM_NTASKS"
-    } else {
+    // SLURM_NPROCS is the older name of SLURM_NTASKS; a missing size is
+    // reported by the current name.
+    let size_var = if get("SLURM_NTASKS").is_none() && get("SLURM_NPROCS").is_some() {
         "SLURM_NPROCS"
+    } else {
+        "SLURM_NTASKS"
     };
-    let (rank, size) = match (get(RANK), get(size_var)) {
-        (None, None) => return Ok(None),
-        (Some(_), None) => {
-            return Err(Error::Env(format!(
-                "{RANK} is set but SLURM_NTASKS is missing"
-            )))
-        }
-        (None, Some(_)) => {
-            return Err(Error::Env(format!(
-                "{size_var} is set but {RANK} is missing"
-            )))
-        }
-        (Some(r), Some(s)) => (number(RANK, &r)?, number(size_var, &s)?),
+    let Some((rank, size)) = rank_and_size(get, RANK, size_var)? else {
+        return Ok(None);
     };
     let local_rank = opt_number(get, "SLURM_LOCALID")?.unwrap_or(0);
     let master_addr = match get("MASTER_ADDR") {
