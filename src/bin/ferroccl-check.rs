@@ -18,10 +18,12 @@
 //! collective call, `--hang-rank R --hang-at K` makes it sleep for an hour
 //! there instead.
 
+mod tool;
+
 use ferroccl::{Communicator, DataType, Element, Error, ReduceOp};
 use half::{bf16, f16};
-use std::io::Write;
 use std::time::{Duration, Instant};
+use tool::{say, say_err};
 
 const USAGE: &str = "\
 usage: ferroccl-check [options]
@@ -539,43 +541,10 @@ impl Checker<'_> {
 }
 
 /// Print a line on stdout now (the launcher may stop this process soon).
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
-fn say_err(line: &str) {
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "{line}");
-    let _ = err.flush();
-}
-
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let opts = match parse_options(&args) {
-        Ok(Some(o)) => o,
-        Ok(None) => {
-            say(USAGE);
-            return;
-        }
-        Err(msg) => {
-            say_err(&format!("ferroccl-check: {msg}\n\n{USAGE}"));
-            std::process::exit(2);
-        }
-    };
+    let opts = tool::options_or_exit("ferroccl-check", USAGE, parse_options);
     let started = Instant::now();
-    let comm = match Communicator::from_env() {
-        Ok(c) => c,
-        Err(e) => {
-            let who = match ferroccl::bootstrap::detect_process_env() {
-                Ok(info) => format!("rank {}", info.rank),
-                Err(_) => "ferroccl-check".to_string(),
-            };
-            say_err(&format!("{who}: {e}"));
-            std::process::exit(1);
-        }
-    };
+    let comm = tool::join_or_exit("ferroccl-check");
     let (rank, size) = (comm.rank(), comm.size());
     let mut checker = Checker {
         comm: &comm,

@@ -28,12 +28,14 @@
 //! each rank expect a wrong value (one more than the reference) for the
 //! first element it checks, so that the run must fail.
 
+mod tool;
+
 use ferroccl::{Communicator, DataType, Element, ReduceOp, Work};
 use half::{bf16, f16};
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::time::Instant;
+use tool::{say, say_err};
 
 const USAGE: &str = "\
 usage: ferroccl-soak [options]
@@ -1070,18 +1072,6 @@ impl Soak {
 // ------------------------------------------------------------ main
 
 /// Print a line on stdout now (the launcher may stop this process soon).
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
-fn say_err(line: &str) {
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "{line}");
-    let _ = err.flush();
-}
-
 /// Settings that change what a run does, for the replay line.
 const REPLAY_ENV: [&str; 8] = [
     "FERROCCL_TRANSPORT",
@@ -1142,30 +1132,9 @@ fn agree(comm: &Communicator, opts: &Options) -> Result<u64, String> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let opts = match parse_options(&args) {
-        Ok(Some(o)) => o,
-        Ok(None) => {
-            say(USAGE);
-            return;
-        }
-        Err(msg) => {
-            say_err(&format!("ferroccl-soak: {msg}\n\n{USAGE}"));
-            std::process::exit(2);
-        }
-    };
+    let opts = tool::options_or_exit("ferroccl-soak", USAGE, parse_options);
     let started = Instant::now();
-    let comm = match Communicator::from_env() {
-        Ok(c) => c,
-        Err(e) => {
-            let who = match ferroccl::bootstrap::detect_process_env() {
-                Ok(info) => format!("rank {}", info.rank),
-                Err(_) => "ferroccl-soak".to_string(),
-            };
-            say_err(&format!("{who}: {e}"));
-            std::process::exit(1);
-        }
-    };
+    let comm = tool::join_or_exit("ferroccl-soak");
     let (rank, size) = (comm.rank(), comm.size());
     let seed = match agree(&comm, &opts) {
         Ok(s) => s,
