@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{check, input_value, make, reference, tolerance};
+use common::{check, check_reduce, input_value, make, reference, tolerance};
 use ferroccl::algo::Algorithm;
 use ferroccl::testing::run_ranks_with;
 use ferroccl::{Communicator, Config, Element, ReduceOp};
@@ -60,27 +60,7 @@ fn collectives<T: Element>(comm: &Communicator, count: usize) {
             .unwrap();
         check(&what("all_reduce_async"), &buf, want, tol);
 
-        let root = (count + 1) % n;
-        let mut out = if rank == root {
-            vec![T::from_f64(-99.0); count]
-        } else {
-            Vec::new()
-        };
-        comm.reduce(&input, &mut out, op, root).unwrap();
-        if rank == root {
-            check(&what("reduce"), &out, want, tol);
-        }
-        let mut buf = input.clone();
-        comm.reduce_in_place(&mut buf, op, root).unwrap();
-        if rank == root {
-            check(&what("reduce_in_place"), &buf, want, tol);
-        } else {
-            assert!(
-                buf == input,
-                "{}: a non-root buffer changed",
-                what("reduce_in_place")
-            );
-        }
+        check_reduce(comm, &input, op, (count + 1) % n, want, tol, &what);
     }
     let root = count % n;
     let tag = |r: usize, i: usize| ((r * 31 + i * 7) % 100) as f64;

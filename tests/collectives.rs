@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{check, input_value, make, reference, tolerance};
+use common::{check, check_reduce, input_value, make, reference, tolerance};
 use ferroccl::testing::run_ranks_with;
 use ferroccl::{Algorithm, Communicator, Element, ReduceOp};
 use half::{bf16, f16};
@@ -65,27 +65,7 @@ fn reducing<T: Element>(comm: &Communicator, count: usize) {
         );
 
         // reduce, to a root that moves with the count.
-        let root = (count + 1) % n;
-        let mut out = if rank == root {
-            vec![T::from_f64(-99.0); count]
-        } else {
-            Vec::new()
-        };
-        comm.reduce(&input, &mut out, op, root).unwrap();
-        if rank == root {
-            check(&what("reduce"), &out, want, tol);
-        }
-        let mut buf = input.clone();
-        comm.reduce_in_place(&mut buf, op, root).unwrap();
-        if rank == root {
-            check(&what("reduce_in_place"), &buf, want, tol);
-        } else {
-            assert!(
-                buf == input,
-                "{}: a non-root buffer changed",
-                what("reduce_in_place")
-            );
-        }
+        check_reduce(comm, &input, op, (count + 1) % n, want, tol, &what);
     }
 }
 

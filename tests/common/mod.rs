@@ -4,7 +4,7 @@
 
 pub mod process;
 
-use ferroccl::{DataType, Element, ReduceOp};
+use ferroccl::{Communicator, DataType, Element, ReduceOp};
 
 /// Input of `rank` at element `i` for `op`. Small integers: every sum of up
 /// to 8 ranks fits i8/u8 and is exact in bf16 (8 significant bits), and
@@ -105,6 +105,41 @@ pub fn check<T: Element>(
             (g - w).abs() <= tol(w),
             "{what}: element {i} is {g}, expected {w} ({} elements)",
             got.len()
+        );
+    }
+}
+
+/// Reduce `input` to `root`, out of place and in place: the root's result
+/// must match `want`, and an in-place buffer on any other rank must be left
+/// as it was.
+pub fn check_reduce<T: Element>(
+    comm: &Communicator,
+    input: &[T],
+    op: ReduceOp,
+    root: usize,
+    want: impl Fn(usize) -> f64 + Copy,
+    tol: impl Fn(f64) -> f64 + Copy,
+    what: &dyn Fn(&str) -> String,
+) {
+    let rank = comm.rank();
+    let mut out = if rank == root {
+        vec![T::from_f64(-99.0); input.len()]
+    } else {
+        Vec::new()
+    };
+    comm.reduce(input, &mut out, op, root).unwrap();
+    if rank == root {
+        check(&what("reduce"), &out, want, tol);
+    }
+    let mut buf = input.to_vec();
+    comm.reduce_in_place(&mut buf, op, root).unwrap();
+    if rank == root {
+        check(&what("reduce_in_place"), &buf, want, tol);
+    } else {
+        assert!(
+            buf == input,
+            "{}: a non-root buffer changed",
+            what("reduce_in_place")
         );
     }
 }
