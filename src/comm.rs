@@ -980,7 +980,7 @@ fn spawn_watcher(inner: &Arc<Inner>, stop: crossbeam_channel::Receiver<()>) -> R
             crossbeam_channel::select! {
                 recv(reports) -> report => {
                     let Ok(report) = report else { return };
-                    if report.reason == crate::bootstrap::HOST_GONE_REASON {
+                    if report.is_rendezvous_loss() {
                         // Rank 0 leaving is often only the echo of another
                         // failure (it exits on the error); give the report
                         // naming the cause, or this rank's own error, a

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 pub use env::{detect, detect_process_env, LaunchInfo};
 pub use memory::MemoryStore;
-pub(crate) use tcp_store::HOST_GONE_REASON;
+use tcp_store::HOST_GONE_REASON;
 pub use tcp_store::{free_port, TcpStore, TcpStoreServer, MAX_KEY_LEN, MAX_VALUE_LEN};
 
 /// A report that a rank of the job failed, broadcast to every rank.
@@ -23,6 +23,15 @@ pub struct FailureReport {
     pub rank: usize,
     /// What is known about it.
     pub reason: String,
+}
+
+impl FailureReport {
+    /// Whether this only says that the rendezvous host (rank 0) went away:
+    /// often the echo of another rank's failure (rank 0 exits on it), so
+    /// the report naming the cause may still be on its way.
+    pub fn is_rendezvous_loss(&self) -> bool {
+        self.rank == 0 && self.reason == HOST_GONE_REASON
+    }
 }
 
 /// A key-value rendezvous shared by the ranks of one job.
