@@ -65,8 +65,16 @@ struct Turns {
     /// Next ticket to hand out (under this lock, so that tickets and the
     /// progress queue agree on order).
     issued: Mutex<IssueState>,
-    served: Mutex<u64>,
+    served: Mutex<Served>,
     turn: Condvar,
+}
+
+/// How far the turns have got, and how many callers wait for theirs (so
+/// that ending a turn nobody waits for makes no wake-up system call).
+#[derive(Default)]
+struct Served {
+    tickets: u64,
+    waiting: usize,
 }
 
 #[derive(Default)]
@@ -98,7 +106,17 @@ struct Inner {
     model: Mutex<LinkModel>,
     /// (collective, size class) pairs whose choice was already logged.
     tuned: Mutex<std::collections::HashSet<(u8, u32)>>,
+    /// Recent plans by (collective, count, element size); see
+    /// `Communicator::all_reduce_plan`.
+    /// A few entries scanned in order: cheaper than hashing the key.
+    plans: Mutex<Vec<(PlanKey, Arc<Plan>)>>,
 }
+
+/// (collective, count, element size).
+type PlanKey = (u8, usize, usize);
+
+/// Plans kept per communicator; the oldest goes first.
+const PLAN_CACHE_ENTRIES: usize = 32;
 
 /// The result of an async call: `wait()` blocks until it is done.
 #[must_use = "an async call's errors are only seen through wait()"]
@@ -252,7 +270,7 @@ impl Communicator {
             links: Mutex::new(links),
             turns: Turns {
                 issued: Mutex::new(IssueState::default()),
-                served: Mutex::new(0),
+                served: Mutex::new(Served::default()),
                 turn: Condvar::new(),
             },
             abort,
@@ -264,6 +282,7 @@ impl Communicator {
             splits: AtomicU64::new(0),
             model: Mutex::new(LinkModel::DEFAULT),
             tuned: Mutex::new(std::collections::HashSet::new()),
+            plans: Mutex::new(Vec::new()),
         });
         spawn_watcher(&inner, stop_rx)?;
         let comm = Communicator { inner };
@@ -301,12 +320,15 @@ impl Communicator {
 
     /// Out-of-place allreduce: `recv[i] = op over ranks of send[i]`.
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        let (algorithm, geometry) = self.pick::<T>(CollKind::AllReduce, send.len());
-
-        let plan = coll::all_reduce(geometry, send.len(), recv.len(), algorithm)?;
+        if send.len() != recv.len() {
+            // Let the plan builder state the error.
+            let (algorithm, geometry) = self.pick::<T>(CollKind::AllReduce, send.len());
+            coll::all_reduce(geometry, send.len(), recv.len(), algorithm)?;
+        }
+        let plan = self.all_reduce_plan::<T>(send.len())?;
         self.run_blocking(
             self.spec::<T>(CollKind::AllReduce, Some(op), send.len(), None),
-            plan,
+            &plan,
             Io::OutOfPlace {
                 input: send,
                 output: &mut *recv,
@@ -318,12 +340,10 @@ impl Communicator {
 
     /// In-place allreduce.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let (algorithm, geometry) = self.pick::<T>(CollKind::AllReduce, buf.len());
-
-        let plan = coll::all_reduce(geometry, buf.len(), buf.len(), algorithm)?;
+        let plan = self.all_reduce_plan::<T>(buf.len())?;
         let spec = self.spec::<T>(CollKind::AllReduce, Some(op), buf.len(), None);
         let copy = plan.copies_input.then(|| buf.to_vec());
-        self.run_blocking(spec, plan, in_place_or_from(&mut *buf, copy.as_deref()))?;
+        self.run_blocking(spec, &plan, in_place_or_from(&mut *buf, copy.as_deref()))?;
         self.finish_avg(op, buf);
         Ok(())
     }
@@ -335,9 +355,7 @@ impl Communicator {
         mut buf: Vec<T>,
         op: ReduceOp,
     ) -> Result<Work<Vec<T>>> {
-        let (algorithm, geometry) = self.pick::<T>(CollKind::AllReduce, buf.len());
-
-        let plan = coll::all_reduce(geometry, buf.len(), buf.len(), algorithm)?;
+        let plan = self.all_reduce_plan::<T>(buf.len())?;
         let spec = self.spec::<T>(CollKind::AllReduce, Some(op), buf.len(), None);
         let size = self.inner.size;
         self.run_async(spec, move |inner, call| {
@@ -360,7 +378,7 @@ impl Communicator {
         let spec = self.spec::<T>(CollKind::ReduceScatter, Some(op), recv.len(), None);
         self.run_blocking(
             spec,
-            plan,
+            &plan,
             Io::OutOfPlace {
                 input: send,
                 output: &mut *recv,
@@ -385,7 +403,7 @@ impl Communicator {
         );
         let (ib, ob) = (plan.input_base, plan.output_base);
         let count = buf.len() / self.inner.size;
-        self.run_blocking(spec, plan, in_place(&mut *buf, ib, ob))?;
+        self.run_blocking(spec, &plan, in_place(&mut *buf, ib, ob))?;
         self.finish_avg(op, &mut buf[ob..ob + count]);
         Ok(())
     }
@@ -397,7 +415,7 @@ impl Communicator {
         let spec = self.spec::<T>(CollKind::AllGather, None, send.len(), None);
         self.run_blocking(
             spec,
-            plan,
+            &plan,
             Io::OutOfPlace {
                 input: send,
                 output: recv,
@@ -414,7 +432,7 @@ impl Communicator {
         )?;
         let spec = self.spec::<T>(CollKind::AllGather, None, buf.len() / self.inner.size, None);
         let (ib, ob) = (plan.input_base, plan.output_base);
-        self.run_blocking(spec, plan, in_place(buf, ib, ob))
+        self.run_blocking(spec, &plan, in_place(buf, ib, ob))
     }
 
     /// Broadcast `buf` from `root` to every rank.
@@ -423,7 +441,7 @@ impl Communicator {
 
         let plan = coll::broadcast(geometry, buf.len(), root, algorithm)?;
         let spec = self.spec::<T>(CollKind::Broadcast, None, buf.len(), Some(root));
-        self.run_blocking(spec, plan, in_place(buf, 0, 0))
+        self.run_blocking(spec, &plan, in_place(buf, 0, 0))
     }
 
     /// Reduce to `root`: on the root `recv` (of `send.len()`) gets the
@@ -447,7 +465,7 @@ impl Communicator {
         };
         self.run_blocking(
             spec,
-            plan,
+            &plan,
             Io::OutOfPlace {
                 input: send,
                 output,
@@ -480,7 +498,7 @@ impl Communicator {
         } else {
             in_place(&mut *buf, 0, 0)
         };
-        self.run_blocking(spec, plan, io)?;
+        self.run_blocking(spec, &plan, io)?;
         if self.inner.rank == root {
             self.finish_avg(op, buf);
         }
@@ -494,7 +512,7 @@ impl Communicator {
         spec.p2p = Some((peer, true));
         self.run_blocking(
             spec,
-            plan,
+            &plan,
             Io::OutOfPlace {
                 input: buf,
                 output: &mut [],
@@ -509,7 +527,7 @@ impl Communicator {
         spec.p2p = Some((peer, false));
         self.run_blocking(
             spec,
-            plan,
+            &plan,
             Io::OutOfPlace {
                 input: &[],
                 output: buf,
@@ -528,7 +546,7 @@ impl Communicator {
         let spec = self.spec::<T>(CollKind::AllToAll, None, send.len(), None);
         self.run_blocking(
             spec,
-            plan,
+            &plan,
             Io::OutOfPlace {
                 input: send,
                 output: recv,
@@ -540,7 +558,7 @@ impl Communicator {
     pub fn barrier(&self) -> Result<()> {
         let plan = coll::barrier(self.geometry::<u8>(0, 1));
         let spec = self.spec::<u8>(CollKind::Barrier, None, 0, None);
-        self.run_blocking::<u8>(spec, plan, in_place(&mut [], 0, 0))
+        self.run_blocking::<u8>(spec, &plan, in_place(&mut [], 0, 0))
     }
 
     /// Split into sub-communicators: ranks passing the same `color` form one,
@@ -650,7 +668,7 @@ impl Communicator {
                 Algorithm::Ring,
             )?;
             let spec = self.spec::<f32>(CollKind::AllReduce, Some(op), buf.len(), None);
-            self.run_blocking(spec, plan, in_place(buf, 0, 0))
+            self.run_blocking(spec, &plan, in_place(buf, 0, 0))
         };
         // Each figure is the best of several timed runs after a warm-up:
         // the minimum is what the links can do; the noise of a shared
@@ -690,6 +708,8 @@ impl Communicator {
             reduce_gbps: (1.0 / f64::from(agreed[2])).clamp(0.01, 1000.0),
         };
         *lock(&self.inner.model) = model;
+        // Plans chosen under the old model (none in practice) are stale.
+        lock(&self.inner.plans).clear();
         // Calibration is not the user's: number their calls from 1.
         lock(&self.inner.turns.issued).coll_seq = 0;
         tracing::info!(
@@ -706,6 +726,25 @@ impl Communicator {
     /// The tuner's constants (measured at creation, agreed by all ranks).
     pub fn link_model(&self) -> LinkModel {
         *lock(&self.inner.model)
+    }
+
+    /// The allreduce plan for `count` elements of `T`, from the cache of
+    /// recent plans or built (and cached). Training loops and benchmarks
+    /// repeat the same sizes, and choosing an algorithm and building its
+    /// schedule costs more than running a small allreduce over shared memory.
+    fn all_reduce_plan<T: Element>(&self, count: usize) -> Result<Arc<Plan>> {
+        let key = (CollKind::AllReduce.code(), count, std::mem::size_of::<T>());
+        if let Some((_, plan)) = lock(&self.inner.plans).iter().find(|(k, _)| *k == key) {
+            return Ok(plan.clone());
+        }
+        let (algorithm, geometry) = self.pick::<T>(CollKind::AllReduce, count);
+        let plan = Arc::new(coll::all_reduce(geometry, count, count, algorithm)?);
+        let mut plans = lock(&self.inner.plans);
+        if plans.len() >= PLAN_CACHE_ENTRIES {
+            plans.remove(0);
+        }
+        plans.push((key, plan.clone()));
+        Ok(plan)
     }
 
     fn geometry<T: Element>(&self, count: usize, pieces: usize) -> Geometry {
@@ -736,10 +775,10 @@ impl Communicator {
         }
     }
 
-    fn run_blocking<T: Element>(&self, spec: CallSpec, plan: Plan, io: Io<'_, T>) -> Result<()> {
+    fn run_blocking<T: Element>(&self, spec: CallSpec, plan: &Plan, io: Io<'_, T>) -> Result<()> {
         let (ticket, call) = self.inner.issue(&spec, None)?;
         self.inner.wait_turn(ticket);
-        let result = self.inner.execute(&plan, io, &call);
+        let result = self.inner.execute(plan, io, &call);
         self.inner.end_turn();
         result
     }
@@ -838,6 +877,7 @@ impl Inner {
             fingerprint: fp,
             op: spec.op.unwrap_or(ReduceOp::Sum),
             timeout: self.config.timeout,
+            nt_store_bytes: self.config.nt_store_bytes,
         };
         let ticket = state.next_ticket;
         if let Some(make_job) = enqueue {
@@ -861,18 +901,29 @@ impl Inner {
 
     fn wait_turn(&self, ticket: u64) {
         let mut served = lock(&self.turns.served);
-        while *served != ticket {
+        if served.tickets == ticket {
+            return;
+        }
+        served.waiting += 1;
+        while served.tickets != ticket {
             served = self
                 .turns
                 .turn
                 .wait(served)
                 .unwrap_or_else(|p| p.into_inner());
         }
+        served.waiting -= 1;
     }
 
     fn end_turn(&self) {
-        *lock(&self.turns.served) += 1;
-        self.turns.turn.notify_all();
+        let waiting = {
+            let mut served = lock(&self.turns.served);
+            served.tickets += 1;
+            served.waiting
+        };
+        if waiting > 0 {
+            self.turns.turn.notify_all();
+        }
     }
 
     /// Run a checked call (the caller holds its turn).

@@ -51,7 +51,16 @@ pub struct Config {
     /// Measure the links at creation for the tuner (FERROCCL_CALIBRATE=0 to
     /// skip and use `LinkModel::DEFAULT`).
     pub calibrate: bool,
+    /// Calls whose output has at least this many bytes write it with
+    /// streaming (non-temporal) stores, which skip reading each output line
+    /// before writing it and leave the cache to the slots; 0 never does
+    /// (FERROCCL_NT_STORE_BYTES).
+    pub nt_store_bytes: usize,
 }
+
+/// Default of `Config::nt_store_bytes`: outputs this large do not stay in
+/// the caches of the machines we measured on (docs/performance.md).
+pub const DEFAULT_NT_STORE_BYTES: usize = 16 << 20;
 
 /// Default sockets per peer. Measured on loopback with 2 cores
 /// (docs/performance.md): more sockets add threads that compete with the
@@ -83,6 +92,7 @@ impl Config {
             algorithm: None,
             calibrate: true,
             shm_dir: None,
+            nt_store_bytes: DEFAULT_NT_STORE_BYTES,
         };
         config.from_env_overrides(&|k| std::env::var(k).ok())?;
         Ok(config)
@@ -105,7 +115,8 @@ impl Config {
     }
 
     /// Apply FERROCCL_TIMEOUT, FERROCCL_TRANSPORT, FERROCCL_BUFFSIZE,
-    /// FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER, FERROCCL_SOCKET_IFNAME and
+    /// FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER, FERROCCL_SOCKET_IFNAME,
+    /// FERROCCL_SHM_DIR, FERROCCL_CALIBRATE, FERROCCL_NT_STORE_BYTES and
     /// FERROCCL_ALGO read through `get`; a value that does not parse is an
     /// error naming it.
     pub fn from_env_overrides(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
@@ -138,6 +149,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_SOCKET_IFNAME") {
             self.socket_ifname = Some(v).filter(|s| !s.trim().is_empty());
+        }
+        if let Some(v) = get("FERROCCL_NT_STORE_BYTES") {
+            self.nt_store_bytes = parse("FERROCCL_NT_STORE_BYTES", &v)?;
         }
         if let Some(v) = get("FERROCCL_SHM_DIR") {
             self.shm_dir = Some(std::path::PathBuf::from(v)).filter(|p| !p.as_os_str().is_empty());

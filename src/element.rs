@@ -502,6 +502,108 @@ pub fn reduce_to<T: Element>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
     T::reduce_to(op.combining(), out, a, b)
 }
 
+/// Elements per block of the two-destination kernels: small enough that a
+/// block just written is still in L1 when it is copied to the second
+/// destination.
+const PAIR_BLOCK: usize = 1024;
+
+/// How a kernel writes the collective's output (see `crate::nt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Store {
+    /// Ordinary stores: the output stays in cache.
+    Cached,
+    /// Streaming stores: for a large output that will not be read soon.
+    Streaming,
+}
+
+/// `dst = src` in the given store mode.
+pub(crate) fn store<T: Element>(mode: Store, dst: &mut [T], src: &[T]) {
+    match mode {
+        Store::Cached => dst.copy_from_slice(src),
+        Store::Streaming => {
+            crate::nt::copy_nt(bytemuck::cast_slice_mut(dst), bytemuck::cast_slice(src))
+        }
+    }
+}
+
+/// `out = a op b` (Avg acts as Sum), writing `out` in the given mode.
+pub(crate) fn reduce_to_output<T: Element>(
+    mode: Store,
+    op: ReduceOp,
+    out: &mut [T],
+    a: &[T],
+    b: &[T],
+) {
+    if mode == Store::Cached {
+        return reduce_to(op, out, a, b);
+    }
+    let mut tmp = [<T as bytemuck::Zeroable>::zeroed(); PAIR_BLOCK];
+    let blocks = out
+        .chunks_mut(PAIR_BLOCK)
+        .zip(a.chunks(PAIR_BLOCK).zip(b.chunks(PAIR_BLOCK)));
+    for (out, (a, b)) in blocks {
+        let tmp = &mut tmp[..out.len()];
+        reduce_to(op, tmp, a, b);
+        store(mode, out, tmp);
+    }
+}
+
+/// `out = a op b` and `copy = out`, block by block, so each input byte is
+/// read once (Avg acts as Sum). Used where a reduced chunk goes both to the
+/// output and into a send slot (`copy`, always written through the cache:
+/// the peer reads it next).
+pub(crate) fn reduce_to_both<T: Element>(
+    mode: Store,
+    op: ReduceOp,
+    out: &mut [T],
+    copy: &mut [T],
+    a: &[T],
+    b: &[T],
+) {
+    debug_assert!(out.len() == copy.len() && out.len() == a.len() && out.len() == b.len());
+    let blocks = out
+        .chunks_mut(PAIR_BLOCK)
+        .zip(copy.chunks_mut(PAIR_BLOCK))
+        .zip(a.chunks(PAIR_BLOCK).zip(b.chunks(PAIR_BLOCK)));
+    for ((out, copy), (a, b)) in blocks {
+        reduce_to(op, copy, a, b);
+        store(mode, out, copy);
+    }
+}
+
+/// `dst = dst op src` and `copy = dst`, block by block.
+pub(crate) fn reduce_into_both<T: Element>(
+    mode: Store,
+    op: ReduceOp,
+    dst: &mut [T],
+    copy: &mut [T],
+    src: &[T],
+) {
+    debug_assert!(dst.len() == copy.len() && dst.len() == src.len());
+    let blocks = dst
+        .chunks_mut(PAIR_BLOCK)
+        .zip(copy.chunks_mut(PAIR_BLOCK))
+        .zip(src.chunks(PAIR_BLOCK));
+    for ((dst, copy), src) in blocks {
+        reduce_to(op, copy, dst, src);
+        store(mode, dst, copy);
+    }
+}
+
+/// `out = src` (in the given mode) and `copy = src`, reading `src` once
+/// per block.
+pub(crate) fn copy_to_both<T: Element>(mode: Store, out: &mut [T], copy: &mut [T], src: &[T]) {
+    debug_assert!(out.len() == copy.len() && out.len() == src.len());
+    let blocks = out
+        .chunks_mut(PAIR_BLOCK)
+        .zip(copy.chunks_mut(PAIR_BLOCK))
+        .zip(src.chunks(PAIR_BLOCK));
+    for ((out, copy), src) in blocks {
+        copy.copy_from_slice(src);
+        store(mode, out, copy);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -517,7 +619,8 @@ mod tests {
 
     fn check<T: Element>(values: impl Fn(usize) -> (f64, f64)) {
         for op in ReduceOp::ALL {
-            for len in [0usize, 1, 7, 255, 256, 257, 1000] {
+            // Lengths around PAIR_BLOCK too, for the two-destination kernels.
+            for len in [0usize, 1, 7, 255, 256, 257, 1000, 1024, 1025, 3000] {
                 let a: Vec<T> = (0..len).map(|i| T::from_f64(values(i).0)).collect();
                 let b: Vec<T> = (0..len).map(|i| T::from_f64(values(i).1)).collect();
                 let mut into = a.clone();
@@ -528,6 +631,25 @@ mod tests {
                     let want = T::from_f64(reference(op, a[i].to_f64(), b[i].to_f64()));
                     assert_eq!(into[i], want, "{} {op} i={i}", T::DTYPE);
                     assert_eq!(to[i], want, "{} {op} i={i}", T::DTYPE);
+                }
+                for mode in [Store::Cached, Store::Streaming] {
+                    let zeros = || vec![T::from_f64(0.0); len];
+                    let mut out = zeros();
+                    reduce_to_output(mode, op, &mut out, &a, &b);
+                    let (mut both, mut both_copy) = (zeros(), zeros());
+                    reduce_to_both(mode, op, &mut both, &mut both_copy, &a, &b);
+                    let (mut into_both, mut into_copy) = (a.clone(), zeros());
+                    reduce_into_both(mode, op, &mut into_both, &mut into_copy, &b);
+                    let (mut copy_a, mut copy_b) = (zeros(), zeros());
+                    copy_to_both(mode, &mut copy_a, &mut copy_b, &a);
+                    for i in 0..len {
+                        let want = T::from_f64(reference(op, a[i].to_f64(), b[i].to_f64()));
+                        let got = [out[i], both[i], both_copy[i], into_both[i], into_copy[i]];
+                        for got in got {
+                            assert_eq!(got, want, "{mode:?} kernels: {} {op} i={i}", T::DTYPE);
+                        }
+                        assert_eq!((copy_a[i], copy_b[i]), (a[i], a[i]), "copy_to_both i={i}");
+                    }
                 }
             }
         }

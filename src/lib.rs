@@ -25,6 +25,7 @@ mod exec;
 mod fingerprint;
 pub mod launch;
 mod logging;
+mod nt;
 pub mod testing;
 mod topo;
 mod transports;
@@ -39,7 +40,9 @@ pub mod reduce {
     pub use crate::element::{reduce_into, reduce_to};
 }
 pub use algo::Algorithm;
-pub use config::{Config, DEFAULT_BUFFSIZE, DEFAULT_NSOCKS_PERPEER, DEFAULT_TIMEOUT};
+pub use config::{
+    Config, DEFAULT_BUFFSIZE, DEFAULT_NSOCKS_PERPEER, DEFAULT_NT_STORE_BYTES, DEFAULT_TIMEOUT,
+};
 pub use element::{DataType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use transports::TRANSPORT_NAMES;

@@ -12,7 +12,10 @@ mod links;
 pub(crate) use links::{Connector, Links};
 
 use crate::algo::{Operand, Prim, Schedule, Step, NO_PEER};
-use crate::element::{reduce_into, reduce_to, Element, ReduceOp};
+use crate::element::{
+    copy_to_both, reduce_into, reduce_into_both, reduce_to, reduce_to_both, reduce_to_output,
+    store, Element, ReduceOp, Store,
+};
 use crate::error::{Error, Result};
 use crate::fingerprint;
 use ferroccl_transport::{Fingerprint, FrameHeader, TransportError};
@@ -36,6 +39,9 @@ pub(crate) struct Call {
     pub(crate) op: ReduceOp,
     /// Bound of every single wait.
     pub(crate) timeout: Duration,
+    /// Outputs of at least this many bytes are written with streaming
+    /// stores (0: never); `Config::nt_store_bytes`.
+    pub(crate) nt_store_bytes: usize,
 }
 
 /// The buffers of a call. Offsets in a schedule are relative to the input
@@ -89,14 +95,15 @@ impl<T: Element> Io<'_, T> {
     }
 
     /// `output[out..] = data op input[inp..]`, whatever aliasing in place.
-    fn reduce_to_output(&mut self, op: ReduceOp, step: &Step, data: &[T]) {
+    fn reduce_to_output(&mut self, mode: Store, op: ReduceOp, step: &Step, data: &[T]) {
         let len = step.len;
         if step.local == Operand::Output {
             reduce_into(op, self.output(step.output, len), data);
             return;
         }
         match self {
-            Io::OutOfPlace { input, output } => reduce_to(
+            Io::OutOfPlace { input, output } => reduce_to_output(
+                mode,
                 op,
                 &mut output[step.output..step.output + len],
                 data,
@@ -113,7 +120,47 @@ impl<T: Element> Io<'_, T> {
                 } else {
                     // No schedule does this today; keep it correct anyway.
                     let input = buf[i..i + len].to_vec();
-                    reduce_to(op, &mut buf[o..o + len], data, &input);
+                    reduce_to_output(mode, op, &mut buf[o..o + len], data, &input);
+                }
+            }
+        }
+    }
+
+    /// `reduce_to_output`, and the result also into `copy` (a send slot) in
+    /// the same pass.
+    fn reduce_to_output_and_copy(
+        &mut self,
+        mode: Store,
+        op: ReduceOp,
+        step: &Step,
+        data: &[T],
+        copy: &mut [T],
+    ) {
+        let len = step.len;
+        if step.local == Operand::Output {
+            reduce_into_both(mode, op, self.output(step.output, len), copy, data);
+            return;
+        }
+        match self {
+            Io::OutOfPlace { input, output } => reduce_to_both(
+                mode,
+                op,
+                &mut output[step.output..step.output + len],
+                copy,
+                data,
+                &input[step.input..step.input + len],
+            ),
+            Io::InPlace {
+                buf,
+                input_base,
+                output_base,
+            } => {
+                let (i, o) = (*input_base + step.input, *output_base + step.output);
+                if i == o {
+                    reduce_into_both(mode, op, &mut buf[o..o + len], copy, data);
+                } else {
+                    let input = buf[i..i + len].to_vec();
+                    reduce_to_both(mode, op, &mut buf[o..o + len], copy, data, &input);
                 }
             }
         }
@@ -142,14 +189,17 @@ impl<T: Element> Io<'_, T> {
     }
 
     /// `output[out..] = input[inp..]` (a no-op when they are the same memory).
-    fn copy_input_to_output(&mut self, step: &Step) {
+    fn copy_input_to_output(&mut self, mode: Store, step: &Step) {
         let len = step.len;
         if step.local == Operand::Output {
             return;
         }
         match self {
-            Io::OutOfPlace { input, output } => output[step.output..step.output + len]
-                .copy_from_slice(&input[step.input..step.input + len]),
+            Io::OutOfPlace { input, output } => store(
+                mode,
+                &mut output[step.output..step.output + len],
+                &input[step.input..step.input + len],
+            ),
             Io::InPlace {
                 buf,
                 input_base,
@@ -160,6 +210,14 @@ impl<T: Element> Io<'_, T> {
                     buf.copy_within(i..i + len, o);
                 }
             }
+        }
+    }
+
+    /// Elements of the output (in place: of the whole buffer).
+    fn output_len(&self) -> usize {
+        match self {
+            Io::OutOfPlace { output, .. } => output.len(),
+            Io::InPlace { buf, .. } => buf.len(),
         }
     }
 }
@@ -244,8 +302,16 @@ pub(crate) fn run<T: Element>(
     mut io: Io<'_, T>,
     call: &Call,
 ) -> Result<()> {
+    // A large output is written with streaming stores: it would not stay
+    // in cache anyway, and ordinary stores would read every line first.
+    let bytes = io.output_len() * std::mem::size_of::<T>();
+    let mode = if call.nt_store_bytes > 0 && bytes >= call.nt_store_bytes {
+        Store::Streaming
+    } else {
+        Store::Cached
+    };
     for step in &schedule.steps {
-        run_step(links, step, &mut io, call)?;
+        run_step(links, step, &mut io, call, mode)?;
     }
     Ok(())
 }
@@ -255,12 +321,13 @@ fn run_step<T: Element>(
     step: &Step,
     io: &mut Io<'_, T>,
     call: &Call,
+    mode: Store,
 ) -> Result<()> {
     let header = FrameHeader::data(call.fingerprint, step.send_tag);
     let len = step.len;
     match step.prim {
         Prim::Copy => {
-            io.copy_input_to_output(step);
+            io.copy_input_to_output(mode, step);
             Ok(())
         }
         Prim::Reduce => {
@@ -269,7 +336,7 @@ fn run_step<T: Element>(
         }
         Prim::Send | Prim::CopySend => {
             if step.prim == Prim::CopySend {
-                io.copy_input_to_output(step);
+                io.copy_input_to_output(mode, step);
             }
             let sender = links.sender(step.send_to, call)?;
             let input = io.local(step);
@@ -280,6 +347,24 @@ fn run_step<T: Element>(
         Prim::Recv => {
             let (receiver, _) = links.receiver_and_sender(step.recv_from, NO_PEER, call)?;
             let mut found: Option<Error> = None;
+            if mode == Store::Streaming && receiver.recv_into_copies() {
+                // Out of the slot with streaming stores.
+                let out = io.output(step.output, len);
+                let result = receiver.recv_with(
+                    deadline(call),
+                    &mut |h, bytes| match accept_frame::<T>(call, step, h, bytes) {
+                        Ok(data) => {
+                            store(mode, out, &data);
+                            Ok(())
+                        }
+                        Err(e) => {
+                            found = Some(e);
+                            Err(TransportError::Aborted)
+                        }
+                    },
+                );
+                return finish_recv(result, found, call);
+            }
             let dst: &mut [u8] = bytemuck::cast_slice_mut(io.output(step.output, len));
             let result = receiver.recv_into(
                 deadline(call),
@@ -310,7 +395,7 @@ fn run_step<T: Element>(
                 };
                 let data: &[T] = &data;
                 match prim {
-                    Prim::RecvReduceCopy => io.reduce_to_output(call.op, step, data),
+                    Prim::RecvReduceCopy => io.reduce_to_output(mode, call.op, step, data),
                     Prim::RecvReduceSend => {
                         let input = io.local(step);
                         let sender = sender.as_mut().expect("schedule step sends");
@@ -318,17 +403,34 @@ fn run_step<T: Element>(
                             fill_slot::<T>(slot, len, |dst| reduce_to(call.op, dst, data, input))
                         })?;
                     }
+                    // Where sending copies into a slot anyway, the output
+                    // and the slot are written in one pass over the data.
                     Prim::RecvCopySend => {
-                        io.output(step.output, len).copy_from_slice(data);
-                        // Forward the received bytes themselves, not the copy.
                         let sender = sender.as_mut().expect("schedule step sends");
-                        sender.send_from(header, deadline(call), bytemuck::cast_slice(data))?;
+                        if sender.send_from_copies() {
+                            let out = io.output(step.output, len);
+                            sender.send_with(header, deadline(call), &mut |slot| {
+                                fill_slot::<T>(slot, len, |dst| copy_to_both(mode, out, dst, data))
+                            })?;
+                        } else {
+                            io.output(step.output, len).copy_from_slice(data);
+                            // Forward the received bytes themselves, not the copy.
+                            sender.send_from(header, deadline(call), bytemuck::cast_slice(data))?;
+                        }
                     }
                     Prim::RecvReduceCopySend => {
-                        io.reduce_to_output(call.op, step, data);
-                        let out = io.output(step.output, len);
                         let sender = sender.as_mut().expect("schedule step sends");
-                        sender.send_from(header, deadline(call), bytemuck::cast_slice(out))?;
+                        if sender.send_from_copies() {
+                            sender.send_with(header, deadline(call), &mut |slot| {
+                                fill_slot::<T>(slot, len, |dst| {
+                                    io.reduce_to_output_and_copy(mode, call.op, step, data, dst)
+                                })
+                            })?;
+                        } else {
+                            io.reduce_to_output(Store::Cached, call.op, step, data);
+                            let out = io.output(step.output, len);
+                            sender.send_from(header, deadline(call), bytemuck::cast_slice(out))?;
+                        }
                     }
                     Prim::Send | Prim::CopySend | Prim::Copy | Prim::Reduce | Prim::Recv => {
                         unreachable!("handled above")

@@ -198,6 +198,16 @@ pub trait SlotSender: Send {
     ) -> Result<(), TransportError> {
         send_from_via_slot(self, header, deadline, bytes)
     }
+
+    /// Whether `send_from` copies the caller's bytes into a slot (true for
+    /// transports whose slots are the medium, such as shared memory). An
+    /// executor that has just produced the bytes in one pass can then write
+    /// them into the slot in that same pass through `send_with`, instead of
+    /// writing them elsewhere and having `send_from` read them again. False
+    /// where `send_from` puts caller memory on the wire as it is (TCP).
+    fn send_from_copies(&self) -> bool {
+        true
+    }
 }
 
 /// `SlotSender::send_from` through a slot copy; also the fallback for
@@ -253,6 +263,14 @@ pub trait SlotReceiver: Send {
         dst: &mut [u8],
     ) -> Result<(), TransportError> {
         recv_into_via_slot(self, deadline, check, dst)
+    }
+
+    /// Whether `recv_into` copies out of a slot (true unless overridden):
+    /// an executor that wants to write `dst` in its own way (streaming
+    /// stores, say) can then use `recv_with` at no extra cost. False where
+    /// `recv_into` reads the wire straight into `dst` (TCP).
+    fn recv_into_copies(&self) -> bool {
+        true
     }
 }
 

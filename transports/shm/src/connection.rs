@@ -87,6 +87,8 @@ struct Link {
     settled: AtomicBool,
     /// Set-up failed (refused, or never attached): ends both halves.
     setup_error: Mutex<Option<TransportError>>,
+    /// `setup_error` is set: lets every wait round skip its lock.
+    setup_failed: AtomicBool,
     abort: AbortSignal,
     /// Spins of a wait before it yields (see `spins_for`).
     spins: u32,
@@ -130,6 +132,9 @@ impl Link {
                 self.peer
             )));
         }
+        if !self.setup_failed.load(Ordering::Acquire) {
+            return None;
+        }
         lock(&self.setup_error).clone()
     }
 
@@ -167,7 +172,9 @@ impl Link {
         tracing::warn!(peer = self.peer, "shared-memory set-up failed: {err}");
         self.settled.store(true, Ordering::Release);
         let mut slot = lock(&self.setup_error);
-        Some(slot.get_or_insert(err).clone())
+        let err = slot.get_or_insert(err).clone();
+        self.setup_failed.store(true, Ordering::Release);
+        Some(err)
     }
 
     fn peer_gone(&self) -> Option<TransportError> {
@@ -556,6 +563,7 @@ pub(crate) fn establish(parts: Parts) -> Connection {
         settled: AtomicBool::new(parts.pending.is_none()),
         pending: Mutex::new(parts.pending),
         setup_error: Mutex::new(None),
+        setup_failed: AtomicBool::new(false),
         abort: parts.abort,
         spins: spins_for(parts.ranks),
     });

@@ -692,6 +692,11 @@ impl SlotSender for TcpSender {
         self.shared.chunk_bytes
     }
 
+    /// `send_from` writes caller memory to the socket as it is.
+    fn send_from_copies(&self) -> bool {
+        false
+    }
+
     fn send_with(
         &mut self,
         header: FrameHeader,
@@ -1059,6 +1064,11 @@ impl TcpReceiver {
 impl SlotReceiver for TcpReceiver {
     fn peer(&self) -> usize {
         self.shared.peer
+    }
+
+    /// `recv_into` reads the socket straight into the caller's memory.
+    fn recv_into_copies(&self) -> bool {
+        false
     }
 
     fn chunk_bytes(&self) -> usize {
