@@ -19,6 +19,7 @@ use crate::element::{
 use crate::error::{Error, Result};
 use crate::fingerprint;
 use ferroccl_transport::{Fingerprint, FrameHeader, TransportError};
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 impl Call {
@@ -94,20 +95,19 @@ impl<T: Element> Io<'_, T> {
         }
     }
 
-    /// `output[out..] = data op input[inp..]`, whatever aliasing in place.
-    fn reduce_to_output(&mut self, mode: Store, op: ReduceOp, step: &Step, data: &[T]) {
+    /// The step's output, and its local operand unless that is the output
+    /// itself (a partial result there, or in place at the same place). An
+    /// in-place input elsewhere in the buffer comes as a copy (no schedule
+    /// does that today; it stays correct anyway).
+    fn output_and_input(&mut self, step: &Step) -> (&mut [T], Option<Cow<'_, [T]>>) {
         let len = step.len;
         if step.local == Operand::Output {
-            reduce_into(op, self.output(step.output, len), data);
-            return;
+            return (self.output(step.output, len), None);
         }
         match self {
-            Io::OutOfPlace { input, output } => reduce_to_output(
-                mode,
-                op,
+            Io::OutOfPlace { input, output } => (
                 &mut output[step.output..step.output + len],
-                data,
-                &input[step.input..step.input + len],
+                Some(Cow::Borrowed(&input[step.input..step.input + len])),
             ),
             Io::InPlace {
                 buf,
@@ -115,14 +115,17 @@ impl<T: Element> Io<'_, T> {
                 output_base,
             } => {
                 let (i, o) = (*input_base + step.input, *output_base + step.output);
-                if i == o {
-                    reduce_into(op, &mut buf[o..o + len], data);
-                } else {
-                    // No schedule does this today; keep it correct anyway.
-                    let input = buf[i..i + len].to_vec();
-                    reduce_to_output(mode, op, &mut buf[o..o + len], data, &input);
-                }
+                let input = (i != o).then(|| Cow::Owned(buf[i..i + len].to_vec()));
+                (&mut buf[o..o + len], input)
             }
+        }
+    }
+
+    /// `output[out..] = data op input[inp..]`, whatever aliasing in place.
+    fn reduce_to_output(&mut self, mode: Store, op: ReduceOp, step: &Step, data: &[T]) {
+        match self.output_and_input(step) {
+            (out, None) => reduce_into(op, out, data),
+            (out, Some(input)) => reduce_to_output(mode, op, out, data, &input),
         }
     }
 
@@ -136,33 +139,9 @@ impl<T: Element> Io<'_, T> {
         data: &[T],
         copy: &mut [T],
     ) {
-        let len = step.len;
-        if step.local == Operand::Output {
-            reduce_into_both(mode, op, self.output(step.output, len), copy, data);
-            return;
-        }
-        match self {
-            Io::OutOfPlace { input, output } => reduce_to_both(
-                mode,
-                op,
-                &mut output[step.output..step.output + len],
-                copy,
-                data,
-                &input[step.input..step.input + len],
-            ),
-            Io::InPlace {
-                buf,
-                input_base,
-                output_base,
-            } => {
-                let (i, o) = (*input_base + step.input, *output_base + step.output);
-                if i == o {
-                    reduce_into_both(mode, op, &mut buf[o..o + len], copy, data);
-                } else {
-                    let input = buf[i..i + len].to_vec();
-                    reduce_to_both(mode, op, &mut buf[o..o + len], copy, data, &input);
-                }
-            }
+        match self.output_and_input(step) {
+            (out, None) => reduce_into_both(mode, op, out, copy, data),
+            (out, Some(input)) => reduce_to_both(mode, op, out, copy, data, &input),
         }
     }
 
@@ -276,7 +255,7 @@ fn accept_frame<'b, T: Element>(
     step: &Step,
     header: &FrameHeader,
     bytes: &'b [u8],
-) -> Result<std::borrow::Cow<'b, [T]>> {
+) -> Result<Cow<'b, [T]>> {
     check_header::<T>(call, step, header)?;
     if bytes.len() != header.len as usize {
         return Err(Error::Protocol {
@@ -290,8 +269,8 @@ fn accept_frame<'b, T: Element>(
         });
     }
     Ok(match bytemuck::try_cast_slice::<u8, T>(bytes) {
-        Ok(typed) => std::borrow::Cow::Borrowed(typed),
-        Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec::<u8, T>(bytes)),
+        Ok(typed) => Cow::Borrowed(typed),
+        Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec::<u8, T>(bytes)),
     })
 }
 
