@@ -314,10 +314,22 @@ fn run_step<T: Element>(
             Ok(())
         }
         Prim::Send | Prim::CopySend => {
+            let sender = links.sender(step.send_to, call)?;
+            if step.prim == Prim::CopySend && sender.send_from_copies() {
+                // Output and slot in one pass over the input.
+                let result = match io.output_and_input(step) {
+                    (out, Some(input)) => sender.send_with(header, deadline(call), &mut |slot| {
+                        fill_slot::<T>(slot, len, |dst| copy_to_both(mode, out, dst, &input))
+                    }),
+                    (out, None) => {
+                        sender.send_from(header, deadline(call), bytemuck::cast_slice(out))
+                    }
+                };
+                return result.map_err(|e| Error::from_transport(e, &call.during()));
+            }
             if step.prim == Prim::CopySend {
                 io.copy_input_to_output(mode, step);
             }
-            let sender = links.sender(step.send_to, call)?;
             let input = io.local(step);
             sender
                 .send_from(header, deadline(call), bytemuck::cast_slice(input))
