@@ -3,7 +3,7 @@
 //! through `exec`, and never touches sockets itself.
 
 use crate::algo::Algorithm;
-use crate::bootstrap::{self, Store};
+use crate::bootstrap::{self, FailureReport, MismatchReport, Store};
 use crate::coll::{self, CollKind, Geometry, Plan};
 use crate::config::Config;
 use crate::element::{Element, ReduceOp};
@@ -75,7 +75,13 @@ struct IssueState {
     coll_seq: u64,
     /// Per (peer, sending) sequence numbers of point-to-point calls.
     p2p_seq: HashMap<(usize, bool), u64>,
+    /// The last few collective calls issued, newest last: what this rank
+    /// called at a sequence number that another rank reports a mismatch on.
+    recent: std::collections::VecDeque<Fingerprint>,
 }
+
+/// How many issued collective calls [`IssueState::recent`] keeps.
+const RECENT_CALLS: usize = 16;
 
 struct Inner {
     rank: usize,
@@ -94,6 +100,10 @@ struct Inner {
     progress_thread: Mutex<Option<JoinHandle<()>>>,
     watcher_stop: Mutex<Option<crossbeam_channel::Sender<()>>>,
     splits: AtomicU64,
+    /// Sequence number of the last collective issued here: peers whose call
+    /// timed out ask it (through the store) to find the rank that never
+    /// called.
+    issued: Arc<AtomicU64>,
     /// The tuner's constants, agreed by every rank at creation.
     model: Mutex<LinkModel>,
     /// (collective, size class) pairs whose choice was already logged.
@@ -169,7 +179,13 @@ impl Communicator {
         } else {
             None
         };
-        let store = bootstrap::TcpStore::connect(addr, config.token, config.rank, deadline)?;
+        let store = bootstrap::TcpStore::connect_with_heartbeat(
+            addr,
+            config.token,
+            config.rank,
+            deadline,
+            config.heartbeat_interval(),
+        )?;
         let rendezvous = Arc::new(Rendezvous {
             store: Arc::new(store),
             _server: server,
@@ -262,9 +278,17 @@ impl Communicator {
             progress_thread: Mutex::new(Some(progress_thread)),
             watcher_stop: Mutex::new(Some(stop_tx)),
             splits: AtomicU64::new(0),
+            issued: Arc::new(AtomicU64::new(0)),
             model: Mutex::new(LinkModel::DEFAULT),
             tuned: Mutex::new(std::collections::HashSet::new()),
         });
+        if let Some(&global) = inner.global_ranks.get(rank) {
+            inner.rendezvous.store.register_progress(
+                comm_id,
+                global,
+                Arc::downgrade(&inner.issued),
+            );
+        }
         spawn_watcher(&inner, stop_rx)?;
         let comm = Communicator { inner };
         if comm.inner.config.calibrate && comm.inner.size > 1 {
@@ -691,7 +715,12 @@ impl Communicator {
         };
         *lock(&self.inner.model) = model;
         // Calibration is not the user's: number their calls from 1.
-        lock(&self.inner.turns.issued).coll_seq = 0;
+        {
+            let mut state = lock(&self.inner.turns.issued);
+            state.coll_seq = 0;
+            state.recent.clear();
+            self.inner.issued.store(0, Ordering::SeqCst);
+        }
         tracing::info!(
             rank = self.inner.rank,
             "tuner: calibrated on {} ranks: alpha {:.1} us, beta {:.2} GB/s, reduce {:.1} GB/s",
@@ -832,7 +861,14 @@ impl Inner {
             Some(key) => {
                 state.p2p_seq.insert(key, next_seq);
             }
-            None => state.coll_seq = next_seq,
+            None => {
+                state.coll_seq = next_seq;
+                if state.recent.len() == RECENT_CALLS {
+                    state.recent.pop_front();
+                }
+                state.recent.push_back(fp);
+                self.issued.store(next_seq, Ordering::SeqCst);
+            }
         }
         let call = Call {
             fingerprint: fp,
@@ -888,37 +924,108 @@ impl Inner {
         };
         match result {
             Ok(()) => Ok(()),
-            Err(err) => Err(self.on_error(err, &call.during())),
+            Err(err) => Err(self.on_error(err, call)),
         }
     }
 
     /// Record a call's error as the communicator's failure (or, if the call
     /// only saw the abort that an earlier failure caused, return that one).
-    fn on_error(&self, err: Error, during: &str) -> Error {
+    fn on_error(&self, err: Error, call: &Call) -> Error {
+        let during = call.during();
         if matches!(err, Error::Aborted(None)) {
-            if let Some(stored) = self.relabelled_failure(during) {
+            if let Some(stored) = self.relabelled_failure(&during) {
                 return stored;
             }
         }
-        if matches!(err, Error::Timeout { .. }) {
-            // A rank that timed out waiting on its neighbour is often only
-            // downstream of the real failure; give the job's failure report,
-            // if one is coming, a moment to arrive and name the cause.
+        if matches!(err, Error::Timeout { .. } | Error::PeerFailed { .. }) {
+            // A rank that timed out waiting on its neighbour, or heard from
+            // it that it failed, is often only downstream of the real
+            // failure (a rank further away died, stopped or found a
+            // mismatch); give the job's report, if one is coming, a moment
+            // to arrive and name the cause.
             let grace = (self.config.timeout / 10).min(std::time::Duration::from_secs(1));
             let until = Instant::now() + grace;
             while Instant::now() < until && lock(&self.failure).is_none() {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            if let Some(stored) = self.relabelled_failure(during) {
+            if let Some(stored) = self.relabelled_failure(&during) {
                 return stored;
             }
         }
+        if let Error::Mismatch {
+            peer,
+            local,
+            remote,
+        } = &err
+        {
+            let report = self.global_ranks.get(*peer).map(|&peer| MismatchReport {
+                comm_id: self.comm_id,
+                seq: call.fingerprint.seq,
+                peer,
+                local: local.clone(),
+                remote: remote.clone(),
+            });
+            self.fail_with(err.clone(), None, Broadcast::Mismatch(report));
+            return self.relabelled_failure(&during).unwrap_or(err);
+        }
+        let err = match err {
+            Error::Timeout {
+                peer, waited_ms, ..
+            } => self.blame_for_timeout(call, peer, waited_ms).unwrap_or(err),
+            other => other,
+        };
         let blame = match &err {
             Error::PeerFailed { rank, .. } | Error::Timeout { peer: rank, .. } => Some(*rank),
             _ => None,
         };
         self.fail(err.clone(), blame, true);
-        self.relabelled_failure(during).unwrap_or(err)
+        self.relabelled_failure(&during).unwrap_or(err)
+    }
+
+    /// After a collective timed out waiting on `waited_for`: ask every
+    /// member how far it has come, and blame the lowest rank that has not
+    /// issued this call at all (it is stuck in its own code, or stopped)
+    /// rather than the neighbour, which may only be waiting too. `None`
+    /// when every member has issued it (then the neighbour is blamed).
+    fn blame_for_timeout(&self, call: &Call, waited_for: usize, waited_ms: u64) -> Option<Error> {
+        if CollKind::from_code(call.fingerprint.coll) == Some(CollKind::SendRecv) {
+            return None; // one peer, and its own numbering
+        }
+        let seq = call.fingerprint.seq;
+        let others: Vec<usize> = (0..self.size).filter(|&r| r != self.rank).collect();
+        let globals: Vec<usize> = others
+            .iter()
+            .filter_map(|&r| self.global_ranks.get(r).copied())
+            .collect();
+        let wait = (self.config.timeout / 4).min(std::time::Duration::from_secs(2));
+        let answers =
+            self.rendezvous
+                .store
+                .ask_progress(self.comm_id, &globals, Instant::now() + wait);
+        let (laggard, at) = others
+            .iter()
+            .zip(answers)
+            .find_map(|(&r, a)| a.filter(|&issued| issued < seq).map(|a| (r, a)))?;
+        let last = if at == 0 {
+            "none yet".to_string()
+        } else {
+            format!("#{at}")
+        };
+        tracing::warn!(
+            rank = self.rank,
+            "{}: timed out waiting for rank {waited_for}; rank {laggard} has not issued the call \
+             (its last collective call: {last})",
+            call.during()
+        );
+        Some(Error::PeerFailed {
+            rank: laggard,
+            during: call.during(),
+            reason: format!(
+                "timed out after {waited_ms} ms: it has not called {} #{seq} (its last collective \
+                 call: {last}); it is stuck or busy outside the library",
+                CollKind::from_code(call.fingerprint.coll).map_or("the collective", |k| k.name())
+            ),
+        })
     }
 
     /// The stored failure, restated for the call `during`.
@@ -938,6 +1045,15 @@ impl Inner {
     /// tell the job which rank is to blame (unless the news came from the
     /// job already), and close connections with a failure frame.
     fn fail(&self, err: Error, blame: Option<usize>, broadcast: bool) {
+        let how = if broadcast {
+            Broadcast::Failed
+        } else {
+            Broadcast::No
+        };
+        self.fail_with(err, blame, how);
+    }
+
+    fn fail_with(&self, err: Error, blame: Option<usize>, broadcast: Broadcast) {
         {
             let mut failure = lock(&self.failure);
             if failure.is_some() {
@@ -954,9 +1070,15 @@ impl Inner {
             Error::PeerFailed { reason, .. } => reason.clone(),
             other => other.to_string(),
         };
-        if broadcast {
-            if let Some(&global) = self.global_ranks.get(blamed) {
-                self.rendezvous.store.report_failure(global, &reason);
+        if let Some(&global) = self.global_ranks.get(blamed) {
+            match broadcast {
+                Broadcast::No => {}
+                Broadcast::Failed => self.rendezvous.store.report_failure(global, &reason),
+                Broadcast::Mismatch(mismatch) => self.rendezvous.store.report(FailureReport {
+                    rank: global,
+                    reason: reason.clone(),
+                    mismatch,
+                }),
             }
         }
         // Peers first, then local waiters: a program that exits on the error
@@ -966,6 +1088,58 @@ impl Inner {
         }
         self.abort.abort();
     }
+
+    /// What this rank says about a mismatch that `reporter` (local rank)
+    /// found with `m.peer`: each side sees the other's call; a third rank
+    /// compares its own call at that position with both.
+    fn mismatch_seen_here(&self, reporter: usize, peer: usize, m: &MismatchReport) -> Error {
+        if self.rank == peer {
+            return Error::Mismatch {
+                peer: reporter,
+                local: m.remote.clone(),
+                remote: m.local.clone(),
+            };
+        }
+        let own = lock(&self.turns.issued)
+            .recent
+            .iter()
+            .find(|fp| fp.seq == m.seq)
+            .map(crate::fingerprint::describe);
+        let both = || format!("{} (and rank {peer} called {})", m.local, m.remote);
+        match own {
+            Some(own) if own == m.local => Error::Mismatch {
+                peer,
+                local: own,
+                remote: m.remote.clone(),
+            },
+            Some(own) if own == m.remote => Error::Mismatch {
+                peer: reporter,
+                local: own,
+                remote: m.local.clone(),
+            },
+            Some(own) => Error::Mismatch {
+                peer: reporter,
+                local: own,
+                remote: both(),
+            },
+            None => Error::Mismatch {
+                peer: reporter,
+                local: format!("no call #{} yet", m.seq),
+                remote: both(),
+            },
+        }
+    }
+}
+
+/// What [`Inner::fail_with`] tells the job.
+enum Broadcast {
+    /// Nothing (the news came from the job).
+    No,
+    /// That the blamed rank failed.
+    Failed,
+    /// That this rank found a mismatch (with the peer's global rank and
+    /// both calls, when known).
+    Mismatch(Option<MismatchReport>),
 }
 
 /// Listen for failure reports of the job and fail the communicator when one
@@ -982,24 +1156,36 @@ fn spawn_watcher(inner: &Arc<Inner>, stop: crossbeam_channel::Receiver<()>) -> R
                     let Ok(report) = report else { return };
                     if report.is_rendezvous_loss() {
                         // Rank 0 leaving is often only the echo of another
-                        // failure (it exits on the error); give the report
-                        // naming the cause, or this rank's own error, a
-                        // moment to arrive first.
+                        // failure (it exits on it); give the report naming
+                        // the cause, or this rank's own error, a moment to
+                        // arrive first.
                         std::thread::sleep(std::time::Duration::from_millis(200));
                     }
                     let Some(inner) = weak.upgrade() else { return };
-                    if let Some(local) = inner.global_ranks.iter().position(|&g| g == report.rank) {
-                        if local != inner.rank {
-                            inner.fail(
-                                Error::PeerFailed {
-                                    rank: local,
-                                    during: "failure report from the job".into(),
-                                    reason: report.reason.clone(),
-                                },
-                                Some(local),
-                                false,
-                            );
+                    let local_of = |g: usize| inner.global_ranks.iter().position(|&x| x == g);
+                    let Some(local) = local_of(report.rank) else { continue };
+                    if local == inner.rank {
+                        continue;
+                    }
+                    match &report.mismatch {
+                        // A mismatch concerns its own communicator only:
+                        // the reporter is alive and its other communicators
+                        // work.
+                        Some(m) if m.comm_id != inner.comm_id => {}
+                        Some(m) => {
+                            let peer = local_of(m.peer).unwrap_or(local);
+                            let err = inner.mismatch_seen_here(local, peer, m);
+                            inner.fail(err, Some(local), false);
                         }
+                        None => inner.fail(
+                            Error::PeerFailed {
+                                rank: local,
+                                during: "failure report from the job".into(),
+                                reason: report.reason.clone(),
+                            },
+                            Some(local),
+                            false,
+                        ),
                     }
                 }
                 recv(stop) -> _ => return,
