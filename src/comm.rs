@@ -95,6 +95,10 @@ struct Inner {
     turns: Turns,
     abort: AbortHandle,
     failure: Mutex<Option<Error>>,
+    /// A mismatch another rank reported, as (reporter, peer, report) in
+    /// this communicator's ranks: calls that end on it compare themselves
+    /// with both sides.
+    mismatch_heard: Mutex<Option<(usize, usize, MismatchReport)>>,
     closers: Arc<Mutex<Vec<Arc<dyn ConnectionCloser>>>>,
     progress: Mutex<Option<crossbeam_channel::Sender<Job>>>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
@@ -273,6 +277,7 @@ impl Communicator {
             },
             abort,
             failure: Mutex::new(None),
+            mismatch_heard: Mutex::new(None),
             closers,
             progress: Mutex::new(Some(job_tx)),
             progress_thread: Mutex::new(Some(progress_thread)),
@@ -320,7 +325,12 @@ impl Communicator {
 
     /// The error that ended this communicator, if one did; never blocks.
     pub fn async_error(&self) -> Option<Error> {
-        lock(&self.inner.failure).clone()
+        if let Some(failure) = lock(&self.inner.failure).clone() {
+            return Some(failure);
+        }
+        // A mismatch reported for a call this rank has not reached yet.
+        let (reporter, peer, m) = lock(&self.inner.mismatch_heard).clone()?;
+        Some(self.inner.mismatch_seen_here(reporter, peer, &m, None))
     }
 
     /// Out-of-place allreduce: `recv[i] = op over ranks of send[i]`.
@@ -853,7 +863,7 @@ impl Inner {
         };
         if lock(&self.failure).is_some() {
             // Name the call being refused, not the one that failed.
-            if let Some(err) = self.relabelled_failure(&crate::fingerprint::describe(&fp)) {
+            if let Some(err) = self.relabelled_failure(&fp) {
                 return Err(err);
             }
         }
@@ -914,9 +924,12 @@ impl Inner {
     /// Run a checked call (the caller holds its turn).
     fn execute<T: Element>(&self, plan: &Plan, io: Io<'_, T>, call: &Call) -> Result<()> {
         if lock(&self.failure).is_some() {
-            if let Some(err) = self.relabelled_failure(&call.during()) {
+            if let Some(err) = self.relabelled_failure(&call.fingerprint) {
                 return Err(err);
             }
+        }
+        if let Some(err) = self.heard_mismatch(&call.fingerprint, false) {
+            return Err(err);
         }
         let result = {
             let mut links = lock(&self.links);
@@ -931,9 +944,8 @@ impl Inner {
     /// Record a call's error as the communicator's failure (or, if the call
     /// only saw the abort that an earlier failure caused, return that one).
     fn on_error(&self, err: Error, call: &Call) -> Error {
-        let during = call.during();
         if matches!(err, Error::Aborted(None)) {
-            if let Some(stored) = self.relabelled_failure(&during) {
+            if let Some(stored) = self.relabelled_failure(&call.fingerprint) {
                 return stored;
             }
         }
@@ -945,10 +957,16 @@ impl Inner {
             // to arrive and name the cause.
             let grace = (self.config.timeout / 10).min(std::time::Duration::from_secs(1));
             let until = Instant::now() + grace;
-            while Instant::now() < until && lock(&self.failure).is_none() {
+            while Instant::now() < until
+                && lock(&self.failure).is_none()
+                && lock(&self.mismatch_heard).is_none()
+            {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            if let Some(stored) = self.relabelled_failure(&during) {
+            if let Some(mismatch) = self.heard_mismatch(&call.fingerprint, true) {
+                return mismatch;
+            }
+            if let Some(stored) = self.relabelled_failure(&call.fingerprint) {
                 return stored;
             }
         }
@@ -966,7 +984,7 @@ impl Inner {
                 remote: remote.clone(),
             });
             self.fail_with(err.clone(), None, Broadcast::Mismatch(report));
-            return self.relabelled_failure(&during).unwrap_or(err);
+            return self.relabelled_failure(&call.fingerprint).unwrap_or(err);
         }
         let err = match err {
             Error::Timeout {
@@ -979,7 +997,21 @@ impl Inner {
             _ => None,
         };
         self.fail(err.clone(), blame, true);
-        self.relabelled_failure(&during).unwrap_or(err)
+        self.relabelled_failure(&call.fingerprint).unwrap_or(err)
+    }
+
+    /// The error for `call` if another rank reported a mismatch that
+    /// concerns it (a collective at or after the mismatched position, or,
+    /// with `any_call`, any call: one that failed on the mismatch's
+    /// fallout); the communicator fails with it.
+    fn heard_mismatch(&self, call: &Fingerprint, any_call: bool) -> Option<Error> {
+        let (reporter, peer, m) = lock(&self.mismatch_heard).clone()?;
+        if !any_call && !is_p2p(call) && call.seq < m.seq {
+            return None;
+        }
+        let err = self.mismatch_seen_here(reporter, peer, &m, Some(call));
+        self.fail(err.clone(), Some(reporter), false);
+        Some(self.relabelled_failure(call).unwrap_or(err))
     }
 
     /// After a collective timed out waiting on `waited_for`: ask every
@@ -988,7 +1020,7 @@ impl Inner {
     /// rather than the neighbour, which may only be waiting too. `None`
     /// when every member has issued it (then the neighbour is blamed).
     fn blame_for_timeout(&self, call: &Call, waited_for: usize, waited_ms: u64) -> Option<Error> {
-        if CollKind::from_code(call.fingerprint.coll) == Some(CollKind::SendRecv) {
+        if is_p2p(&call.fingerprint) {
             return None; // one peer, and its own numbering
         }
         let seq = call.fingerprint.seq;
@@ -1028,14 +1060,21 @@ impl Inner {
         })
     }
 
-    /// The stored failure, restated for the call `during`.
-    fn relabelled_failure(&self, during: &str) -> Option<Error> {
+    /// The stored failure, restated for the call `call` (a mismatch that
+    /// another rank reported is compared with this call).
+    fn relabelled_failure(&self, call: &Fingerprint) -> Option<Error> {
         let stored = lock(&self.failure).clone()?;
         Some(match stored {
             Error::PeerFailed { rank, reason, .. } => Error::PeerFailed {
                 rank,
-                during: during.to_string(),
+                during: crate::fingerprint::describe(call),
                 reason,
+            },
+            Error::Mismatch { .. } => match &*lock(&self.mismatch_heard) {
+                Some((reporter, peer, m)) => {
+                    self.mismatch_seen_here(*reporter, *peer, m, Some(call))
+                }
+                None => stored,
             },
             other => other,
         })
@@ -1092,7 +1131,13 @@ impl Inner {
     /// What this rank says about a mismatch that `reporter` (local rank)
     /// found with `m.peer`: each side sees the other's call; a third rank
     /// compares its own call at that position with both.
-    fn mismatch_seen_here(&self, reporter: usize, peer: usize, m: &MismatchReport) -> Error {
+    fn mismatch_seen_here(
+        &self,
+        reporter: usize,
+        peer: usize,
+        m: &MismatchReport,
+        call: Option<&Fingerprint>,
+    ) -> Error {
         if self.rank == peer {
             return Error::Mismatch {
                 peer: reporter,
@@ -1100,11 +1145,14 @@ impl Inner {
                 remote: m.local.clone(),
             };
         }
-        let own = lock(&self.turns.issued)
-            .recent
-            .iter()
-            .find(|fp| fp.seq == m.seq)
-            .map(crate::fingerprint::describe);
+        let own = match call {
+            Some(fp) if fp.seq == m.seq && !is_p2p(fp) => Some(crate::fingerprint::describe(fp)),
+            _ => lock(&self.turns.issued)
+                .recent
+                .iter()
+                .find(|fp| fp.seq == m.seq)
+                .map(crate::fingerprint::describe),
+        };
         let both = || format!("{} (and rank {peer} called {})", m.local, m.remote);
         match own {
             Some(own) if own == m.local => Error::Mismatch {
@@ -1129,6 +1177,11 @@ impl Inner {
             },
         }
     }
+}
+
+/// Whether a call is point-to-point (numbered per peer and direction).
+fn is_p2p(fp: &Fingerprint) -> bool {
+    CollKind::from_code(fp.coll) == Some(CollKind::SendRecv)
 }
 
 /// What [`Inner::fail_with`] tells the job.
@@ -1174,8 +1227,20 @@ fn spawn_watcher(inner: &Arc<Inner>, stop: crossbeam_channel::Receiver<()>) -> R
                         Some(m) if m.comm_id != inner.comm_id => {}
                         Some(m) => {
                             let peer = local_of(m.peer).unwrap_or(local);
-                            let err = inner.mismatch_seen_here(local, peer, m);
-                            inner.fail(err, Some(local), false);
+                            {
+                                let mut heard = lock(&inner.mismatch_heard);
+                                if heard.is_none() && lock(&inner.failure).is_none() {
+                                    *heard = Some((local, peer, m.clone()));
+                                }
+                            }
+                            // A call before the mismatched one is left to
+                            // finish: its peers completed it, so its data
+                            // is on the way. The mismatched call (or a
+                            // later one) ends now, or when it starts.
+                            if inner.issued.load(Ordering::SeqCst) >= m.seq {
+                                let err = inner.mismatch_seen_here(local, peer, m, None);
+                                inner.fail(err, Some(local), false);
+                            }
                         }
                         None => inner.fail(
                             Error::PeerFailed {
