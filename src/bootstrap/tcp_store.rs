@@ -1676,6 +1676,134 @@ mod tests {
     }
 
     #[test]
+    fn reports_hellos_and_progress_round_trip() {
+        let plain = FailureReport::failed(3, "gone");
+        assert_eq!(parse_failure(&failure_payload(&plain)), Some(plain));
+        let mismatch = FailureReport {
+            rank: 1,
+            reason: "mismatch".into(),
+            mismatch: Some(MismatchReport {
+                comm_id: 9,
+                seq: 4,
+                peer: 2,
+                local: "all_reduce #4 (float, sum, 3 elements)".into(),
+                remote: "x".repeat(MAX_CALL_LEN + 10),
+            }),
+        };
+        let back = parse_failure(&failure_payload(&mismatch)).expect("parses");
+        let m = back.mismatch.as_ref().expect("a mismatch");
+        assert_eq!(
+            m.remote.len(),
+            MAX_CALL_LEN,
+            "calls are clipped on the wire"
+        );
+        assert_eq!((back.rank, m.comm_id, m.seq, m.peer), (1, 9, 4, 2));
+        let hello = hello_payload(KIND_WATCH, 5, 77, Some(Duration::from_millis(250)));
+        assert_eq!(
+            parse_hello(&hello),
+            Some(Hello {
+                version: VERSION,
+                kind: KIND_WATCH,
+                rank: 5,
+                token: 77,
+                heartbeat: Some(Duration::from_millis(250)),
+            })
+        );
+        let a = ProgressAnswer {
+            comm_id: u64::MAX,
+            question: 3,
+            rank: 2,
+            issued: 17,
+        };
+        assert_eq!(parse_progress(&progress_payload(&a)), Some(a));
+    }
+
+    #[test]
+    fn a_read_timeout_keeps_the_partial_frame() {
+        // The frame arrives in two parts with a timeout between them.
+        struct TwoParts(Vec<Vec<u8>>, bool);
+        impl Read for TwoParts {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                self.1 = !self.1;
+                if self.1 {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                if self.0.is_empty() {
+                    return Ok(0);
+                }
+                let n = buf.len().min(self.0[0].len());
+                buf[..n].copy_from_slice(&self.0[0][..n]);
+                self.0[0].drain(..n);
+                if self.0[0].is_empty() {
+                    self.0.remove(0);
+                }
+                Ok(n)
+            }
+        }
+        let mut wire = Vec::new();
+        write_frame(&mut wire, OP_SET, &[&3u32.to_le_bytes(), b"keyvalue"]).unwrap();
+        let mut src = TwoParts(
+            vec![wire[..3].to_vec(), wire[3..9].to_vec(), wire[9..].to_vec()],
+            false,
+        );
+        let mut reader = FrameReader::new(true);
+        let mut timeouts = 0;
+        let frame = loop {
+            match reader.poll(&mut src).unwrap() {
+                Some(f) => break f,
+                None => timeouts += 1,
+            }
+        };
+        assert!(timeouts >= 2);
+        assert_eq!(frame.0, OP_SET);
+        assert_eq!(&frame.1[4..], b"keyvalue");
+        assert!(matches!(reader.poll(&mut src), Ok(None)));
+        assert!(matches!(reader.poll(&mut src), Err(ReadError::Closed)));
+    }
+
+    proptest::proptest! {
+        /// Every decoder of the protocol on arbitrary bytes: errors, never
+        /// a panic (the fuzz target `store_frames` runs the same function).
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
+            let _ = fuzz_store_bytes(&bytes);
+        }
+
+        /// A valid frame followed by anything: the frame comes out whole.
+        #[test]
+        fn a_valid_frame_survives_any_tail(
+            op in proptest::sample::select(vec![OP_SET, OP_GET, OP_REPORT, OP_HEARTBEAT, OP_ASK]),
+            payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..16),
+            tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        ) {
+            let payload = if max_payload(op, true) == Some(0) { Vec::new() } else { payload };
+            let mut wire = Vec::new();
+            write_frame(&mut wire, op, &[&payload]).unwrap();
+            wire.extend_from_slice(&tail);
+            let (got_op, got) = read_frame(&mut wire.as_slice(), true).unwrap();
+            proptest::prop_assert_eq!(got_op, op);
+            proptest::prop_assert_eq!(got, payload);
+        }
+
+        /// Reports survive the wire with any rank and reason.
+        #[test]
+        fn reports_round_trip(rank in 0u32..u32::MAX, reason in ".{0,40}", comm in proptest::prelude::any::<u64>(), mismatch in proptest::prelude::any::<bool>()) {
+            let report = FailureReport {
+                rank: rank as usize,
+                reason,
+                mismatch: mismatch.then(|| MismatchReport {
+                    comm_id: comm,
+                    seq: comm / 3,
+                    peer: 1,
+                    local: "a".into(),
+                    remote: "b".into(),
+                }),
+            };
+            proptest::prop_assert_eq!(parse_failure(&failure_payload(&report)), Some(report));
+        }
+    }
+
+    #[test]
     fn reasons_are_clipped_on_a_char_boundary() {
         let long = "é".repeat(MAX_REASON_LEN);
         let clipped = clip_reason(&long);

@@ -22,6 +22,8 @@
 
 mod connection;
 mod fault;
+#[doc(hidden)]
+pub mod fuzzing;
 mod handshake;
 mod iface;
 mod latch;
