@@ -80,6 +80,10 @@ struct IssueState {
     recent: std::collections::VecDeque<Fingerprint>,
 }
 
+/// How long the rank that hosts the rendezvous waits after it reported a
+/// failure, before it lets its own calls end (see `Inner::fail_with`).
+const HOST_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// How many issued collective calls [`IssueState::recent`] keeps.
 const RECENT_CALLS: usize = 16;
 
@@ -1109,6 +1113,7 @@ impl Inner {
             Error::PeerFailed { reason, .. } => reason.clone(),
             other => other.to_string(),
         };
+        let told_the_job = !matches!(broadcast, Broadcast::No);
         if let Some(&global) = self.global_ranks.get(blamed) {
             match broadcast {
                 Broadcast::No => {}
@@ -1118,6 +1123,14 @@ impl Inner {
                     reason: reason.clone(),
                     mismatch,
                 }),
+            }
+            if told_the_job && self.rendezvous._server.is_some() {
+                // This process hosts the rendezvous and may exit on this
+                // error at once: a socket closed with unread bytes (the
+                // clients' heartbeats) is reset, and a reset peer drops what
+                // it had not read yet, this report among it. The watch
+                // threads read at once; give them a moment.
+                std::thread::sleep(HOST_LINGER);
             }
         }
         // Peers first, then local waiters: a program that exits on the error
@@ -1170,9 +1183,19 @@ impl Inner {
                 local: own,
                 remote: both(),
             },
+            // This rank has not reached that position: it says where it is
+            // (a call before it can end on the mismatch's fallout, when the
+            // reporter's process exits and its sockets reset).
             None => Error::Mismatch {
                 peer: reporter,
-                local: format!("no call #{} yet", m.seq),
+                local: match call {
+                    Some(fp) => format!(
+                        "{} and nothing at #{} yet",
+                        crate::fingerprint::describe(fp),
+                        m.seq
+                    ),
+                    None => format!("nothing at #{} yet", m.seq),
+                },
                 remote: both(),
             },
         }
@@ -1242,15 +1265,22 @@ fn spawn_watcher(inner: &Arc<Inner>, stop: crossbeam_channel::Receiver<()>) -> R
                                 inner.fail(err, Some(local), false);
                             }
                         }
-                        None => inner.fail(
-                            Error::PeerFailed {
-                                rank: local,
-                                during: "failure report from the job".into(),
-                                reason: report.reason.clone(),
-                            },
-                            Some(local),
-                            false,
-                        ),
+                        None => {
+                            // After a mismatch report, ranks leave on the
+                            // mismatch: their going is its echo, not news.
+                            let heard = lock(&inner.mismatch_heard).clone();
+                            let err = match heard {
+                                Some((reporter, peer, m)) => {
+                                    inner.mismatch_seen_here(reporter, peer, &m, None)
+                                }
+                                None => Error::PeerFailed {
+                                    rank: local,
+                                    during: "failure report from the job".into(),
+                                    reason: report.reason.clone(),
+                                },
+                            };
+                            inner.fail(err, Some(local), false);
+                        }
                     }
                 }
                 recv(stop) -> _ => return,

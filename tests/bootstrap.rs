@@ -528,13 +528,16 @@ fn a_silent_watcher_is_reported_after_its_missed_heartbeats() {
 fn a_beating_client_is_not_reported() {
     let srv = server(2);
     let addr = srv.local_addr();
-    let beat = Some(Duration::from_millis(20));
+    // 100 ms: four missed beats are 400 ms of silence, which a sender
+    // thread does not see even on a loaded machine (a 20 ms interval did
+    // fail here at a load average of 15).
+    let beat = Some(Duration::from_millis(100));
     let a = TcpStore::connect_with_heartbeat(addr, TOKEN, 0, in_secs(10), beat).unwrap();
     let b = TcpStore::connect_with_heartbeat(addr, TOKEN, 1, in_secs(10), beat).unwrap();
     let (ra, rb) = (a.failures(), b.failures());
-    // Thirty intervals of quiet application time: heartbeats keep both
+    // Fifteen intervals of quiet application time: heartbeats keep both
     // sides alive.
-    std::thread::sleep(Duration::from_millis(600));
+    std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(next_report(&ra, Duration::ZERO), None);
     assert_eq!(next_report(&rb, Duration::ZERO), None);
     a.goodbye();

@@ -681,15 +681,20 @@ fn a_mismatch_ends_every_rank_with_a_mismatch() {
             .into_iter()
             .filter(|(pr, _)| *pr == r)
             .filter_map(|(_, rest)| rest.strip_prefix(&own).map(str::to_string))
-            .last()
+            .next_back()
             .unwrap_or_else(|| panic!("rank {r} printed no error\n{}", f.all()));
         assert!(
             e.starts_with("collective mismatch with rank ") && e.contains(extra),
             "rank {r}: {e}\n{}",
             f.all()
         );
-        // Each rank states its own call, not "no call yet".
-        assert!(e.contains("this rank called all_"), "rank {r}: {e}");
+        // Each rank states its own call (a rank still finishing the call
+        // before may end there when the reporter's sockets reset: it then
+        // says so).
+        assert!(
+            e.contains("this rank called ") && !e.contains("called nothing"),
+            "rank {r}: {e}"
+        );
     }
     assert!(f.elapsed < Duration::from_secs(40), "took {:?}", f.elapsed);
     assert_nothing_left(&marker, None, &f);
