@@ -3,7 +3,7 @@
 //! through `exec`, and never touches sockets itself.
 
 use crate::algo::Algorithm;
-use crate::bootstrap::{self, Store};
+use crate::bootstrap::{self, FailureReport, MismatchReport, Store};
 use crate::coll::{self, CollKind, Geometry, Plan};
 use crate::config::Config;
 use crate::element::{Element, ReduceOp};
@@ -83,7 +83,17 @@ struct IssueState {
     coll_seq: u64,
     /// Per (peer, sending) sequence numbers of point-to-point calls.
     p2p_seq: HashMap<(usize, bool), u64>,
+    /// The last few collective calls issued, newest last: what this rank
+    /// called at a sequence number that another rank reports a mismatch on.
+    recent: std::collections::VecDeque<Fingerprint>,
 }
+
+/// How long the rank that hosts the rendezvous waits after it reported a
+/// failure, before it lets its own calls end (see `Inner::fail_with`).
+const HOST_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How many issued collective calls [`IssueState::recent`] keeps.
+const RECENT_CALLS: usize = 16;
 
 struct Inner {
     rank: usize,
@@ -97,11 +107,19 @@ struct Inner {
     turns: Turns,
     abort: AbortHandle,
     failure: Mutex<Option<Error>>,
+    /// A mismatch another rank reported, as (reporter, peer, report) in
+    /// this communicator's ranks: calls that end on it compare themselves
+    /// with both sides.
+    mismatch_heard: Mutex<Option<(usize, usize, MismatchReport)>>,
     closers: Arc<Mutex<Vec<Arc<dyn ConnectionCloser>>>>,
     progress: Mutex<Option<crossbeam_channel::Sender<Job>>>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
     watcher_stop: Mutex<Option<crossbeam_channel::Sender<()>>>,
     splits: AtomicU64,
+    /// Sequence number of the last collective issued here: peers whose call
+    /// timed out ask it (through the store) to find the rank that never
+    /// called.
+    issued: Arc<AtomicU64>,
     /// The tuner's constants, agreed by every rank at creation.
     model: Mutex<LinkModel>,
     /// (collective, size class) pairs whose choice was already logged.
@@ -187,7 +205,13 @@ impl Communicator {
         } else {
             None
         };
-        let store = bootstrap::TcpStore::connect(addr, config.token, config.rank, deadline)?;
+        let store = bootstrap::TcpStore::connect_with_heartbeat(
+            addr,
+            config.token,
+            config.rank,
+            deadline,
+            config.heartbeat_interval(),
+        )?;
         let rendezvous = Arc::new(Rendezvous {
             store: Arc::new(store),
             _server: server,
@@ -275,15 +299,24 @@ impl Communicator {
             },
             abort,
             failure: Mutex::new(None),
+            mismatch_heard: Mutex::new(None),
             closers,
             progress: Mutex::new(Some(job_tx)),
             progress_thread: Mutex::new(Some(progress_thread)),
             watcher_stop: Mutex::new(Some(stop_tx)),
             splits: AtomicU64::new(0),
+            issued: Arc::new(AtomicU64::new(0)),
             model: Mutex::new(LinkModel::DEFAULT),
             tuned: Mutex::new(std::collections::HashSet::new()),
             plans: Mutex::new(Vec::new()),
         });
+        if let Some(&global) = inner.global_ranks.get(rank) {
+            inner.rendezvous.store.register_progress(
+                comm_id,
+                global,
+                Arc::downgrade(&inner.issued),
+            );
+        }
         spawn_watcher(&inner, stop_rx)?;
         let comm = Communicator { inner };
         if comm.inner.config.calibrate && comm.inner.size > 1 {
@@ -315,7 +348,12 @@ impl Communicator {
 
     /// The error that ended this communicator, if one did; never blocks.
     pub fn async_error(&self) -> Option<Error> {
-        lock(&self.inner.failure).clone()
+        if let Some(failure) = lock(&self.inner.failure).clone() {
+            return Some(failure);
+        }
+        // A mismatch reported for a call this rank has not reached yet.
+        let (reporter, peer, m) = lock(&self.inner.mismatch_heard).clone()?;
+        Some(self.inner.mismatch_seen_here(reporter, peer, &m, None))
     }
 
     /// Out-of-place allreduce: `recv[i] = op over ranks of send[i]`.
@@ -711,7 +749,12 @@ impl Communicator {
         // Plans chosen under the old model (none in practice) are stale.
         lock(&self.inner.plans).clear();
         // Calibration is not the user's: number their calls from 1.
-        lock(&self.inner.turns.issued).coll_seq = 0;
+        {
+            let mut state = lock(&self.inner.turns.issued);
+            state.coll_seq = 0;
+            state.recent.clear();
+            self.inner.issued.store(0, Ordering::SeqCst);
+        }
         tracing::info!(
             rank = self.inner.rank,
             "tuner: calibrated on {} ranks: alpha {:.1} us, beta {:.2} GB/s, reduce {:.1} GB/s",
@@ -863,7 +906,7 @@ impl Inner {
         };
         if lock(&self.failure).is_some() {
             // Name the call being refused, not the one that failed.
-            if let Some(err) = self.relabelled_failure(&crate::fingerprint::describe(&fp)) {
+            if let Some(err) = self.relabelled_failure(&fp) {
                 return Err(err);
             }
         }
@@ -871,7 +914,14 @@ impl Inner {
             Some(key) => {
                 state.p2p_seq.insert(key, next_seq);
             }
-            None => state.coll_seq = next_seq,
+            None => {
+                state.coll_seq = next_seq;
+                if state.recent.len() == RECENT_CALLS {
+                    state.recent.pop_front();
+                }
+                state.recent.push_back(fp);
+                self.issued.store(next_seq, Ordering::SeqCst);
+            }
         }
         let call = Call {
             fingerprint: fp,
@@ -929,9 +979,12 @@ impl Inner {
     /// Run a checked call (the caller holds its turn).
     fn execute<T: Element>(&self, plan: &Plan, io: Io<'_, T>, call: &Call) -> Result<()> {
         if lock(&self.failure).is_some() {
-            if let Some(err) = self.relabelled_failure(&call.during()) {
+            if let Some(err) = self.relabelled_failure(&call.fingerprint) {
                 return Err(err);
             }
+        }
+        if let Some(err) = self.heard_mismatch(&call.fingerprint, false) {
+            return Err(err);
         }
         let result = {
             let mut links = lock(&self.links);
@@ -939,47 +992,144 @@ impl Inner {
         };
         match result {
             Ok(()) => Ok(()),
-            Err(err) => Err(self.on_error(err, &call.during())),
+            Err(err) => Err(self.on_error(err, call)),
         }
     }
 
     /// Record a call's error as the communicator's failure (or, if the call
     /// only saw the abort that an earlier failure caused, return that one).
-    fn on_error(&self, err: Error, during: &str) -> Error {
+    fn on_error(&self, err: Error, call: &Call) -> Error {
         if matches!(err, Error::Aborted(None)) {
-            if let Some(stored) = self.relabelled_failure(during) {
+            if let Some(stored) = self.relabelled_failure(&call.fingerprint) {
                 return stored;
             }
         }
-        if matches!(err, Error::Timeout { .. }) {
-            // A rank that timed out waiting on its neighbour is often only
-            // downstream of the real failure; give the job's failure report,
-            // if one is coming, a moment to arrive and name the cause.
+        if matches!(err, Error::Timeout { .. } | Error::PeerFailed { .. }) {
+            // A rank that timed out waiting on its neighbour, or heard from
+            // it that it failed, is often only downstream of the real
+            // failure (a rank further away died, stopped or found a
+            // mismatch); give the job's report, if one is coming, a moment
+            // to arrive and name the cause.
             let grace = (self.config.timeout / 10).min(std::time::Duration::from_secs(1));
             let until = Instant::now() + grace;
-            while Instant::now() < until && lock(&self.failure).is_none() {
+            while Instant::now() < until
+                && lock(&self.failure).is_none()
+                && lock(&self.mismatch_heard).is_none()
+            {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            if let Some(stored) = self.relabelled_failure(during) {
+            if let Some(mismatch) = self.heard_mismatch(&call.fingerprint, true) {
+                return mismatch;
+            }
+            if let Some(stored) = self.relabelled_failure(&call.fingerprint) {
                 return stored;
             }
         }
+        if let Error::Mismatch {
+            peer,
+            local,
+            remote,
+        } = &err
+        {
+            let report = self.global_ranks.get(*peer).map(|&peer| MismatchReport {
+                comm_id: self.comm_id,
+                seq: call.fingerprint.seq,
+                peer,
+                local: local.clone(),
+                remote: remote.clone(),
+            });
+            self.fail_with(err.clone(), None, Broadcast::Mismatch(report));
+            return self.relabelled_failure(&call.fingerprint).unwrap_or(err);
+        }
+        let err = match err {
+            Error::Timeout {
+                peer, waited_ms, ..
+            } => self.blame_for_timeout(call, peer, waited_ms).unwrap_or(err),
+            other => other,
+        };
         let blame = match &err {
             Error::PeerFailed { rank, .. } | Error::Timeout { peer: rank, .. } => Some(*rank),
             _ => None,
         };
         self.fail(err.clone(), blame, true);
-        self.relabelled_failure(during).unwrap_or(err)
+        self.relabelled_failure(&call.fingerprint).unwrap_or(err)
     }
 
-    /// The stored failure, restated for the call `during`.
-    fn relabelled_failure(&self, during: &str) -> Option<Error> {
+    /// The error for `call` if another rank reported a mismatch that
+    /// concerns it (a collective at or after the mismatched position, or,
+    /// with `any_call`, any call: one that failed on the mismatch's
+    /// fallout); the communicator fails with it.
+    fn heard_mismatch(&self, call: &Fingerprint, any_call: bool) -> Option<Error> {
+        let (reporter, peer, m) = lock(&self.mismatch_heard).clone()?;
+        if !any_call && !is_p2p(call) && call.seq < m.seq {
+            return None;
+        }
+        let err = self.mismatch_seen_here(reporter, peer, &m, Some(call));
+        self.fail(err.clone(), Some(reporter), false);
+        Some(self.relabelled_failure(call).unwrap_or(err))
+    }
+
+    /// After a collective timed out waiting on `waited_for`: ask every
+    /// member how far it has come, and blame the lowest rank that has not
+    /// issued this call at all (it is stuck in its own code, or stopped)
+    /// rather than the neighbour, which may only be waiting too. `None`
+    /// when every member has issued it (then the neighbour is blamed).
+    fn blame_for_timeout(&self, call: &Call, waited_for: usize, waited_ms: u64) -> Option<Error> {
+        if is_p2p(&call.fingerprint) {
+            return None; // one peer, and its own numbering
+        }
+        let seq = call.fingerprint.seq;
+        let others: Vec<usize> = (0..self.size).filter(|&r| r != self.rank).collect();
+        let globals: Vec<usize> = others
+            .iter()
+            .filter_map(|&r| self.global_ranks.get(r).copied())
+            .collect();
+        let wait = (self.config.timeout / 4).min(std::time::Duration::from_secs(2));
+        let answers =
+            self.rendezvous
+                .store
+                .ask_progress(self.comm_id, &globals, Instant::now() + wait);
+        let (laggard, at) = others
+            .iter()
+            .zip(answers)
+            .find_map(|(&r, a)| a.filter(|&issued| issued < seq).map(|a| (r, a)))?;
+        let last = if at == 0 {
+            "none yet".to_string()
+        } else {
+            format!("#{at}")
+        };
+        tracing::warn!(
+            rank = self.rank,
+            "{}: timed out waiting for rank {waited_for}; rank {laggard} has not issued the call \
+             (its last collective call: {last})",
+            call.during()
+        );
+        Some(Error::PeerFailed {
+            rank: laggard,
+            during: call.during(),
+            reason: format!(
+                "timed out after {waited_ms} ms: it has not called {} #{seq} (its last collective \
+                 call: {last}); it is stuck or busy outside the library",
+                CollKind::from_code(call.fingerprint.coll).map_or("the collective", |k| k.name())
+            ),
+        })
+    }
+
+    /// The stored failure, restated for the call `call` (a mismatch that
+    /// another rank reported is compared with this call).
+    fn relabelled_failure(&self, call: &Fingerprint) -> Option<Error> {
         let stored = lock(&self.failure).clone()?;
         Some(match stored {
             Error::PeerFailed { rank, reason, .. } => Error::PeerFailed {
                 rank,
-                during: during.to_string(),
+                during: crate::fingerprint::describe(call),
                 reason,
+            },
+            Error::Mismatch { .. } => match &*lock(&self.mismatch_heard) {
+                Some((reporter, peer, m)) => {
+                    self.mismatch_seen_here(*reporter, *peer, m, Some(call))
+                }
+                None => stored,
             },
             other => other,
         })
@@ -989,6 +1139,15 @@ impl Inner {
     /// tell the job which rank is to blame (unless the news came from the
     /// job already), and close connections with a failure frame.
     fn fail(&self, err: Error, blame: Option<usize>, broadcast: bool) {
+        let how = if broadcast {
+            Broadcast::Failed
+        } else {
+            Broadcast::No
+        };
+        self.fail_with(err, blame, how);
+    }
+
+    fn fail_with(&self, err: Error, blame: Option<usize>, broadcast: Broadcast) {
         {
             let mut failure = lock(&self.failure);
             if failure.is_some() {
@@ -1005,9 +1164,24 @@ impl Inner {
             Error::PeerFailed { reason, .. } => reason.clone(),
             other => other.to_string(),
         };
-        if broadcast {
-            if let Some(&global) = self.global_ranks.get(blamed) {
-                self.rendezvous.store.report_failure(global, &reason);
+        let told_the_job = !matches!(broadcast, Broadcast::No);
+        if let Some(&global) = self.global_ranks.get(blamed) {
+            match broadcast {
+                Broadcast::No => {}
+                Broadcast::Failed => self.rendezvous.store.report_failure(global, &reason),
+                Broadcast::Mismatch(mismatch) => self.rendezvous.store.report(FailureReport {
+                    rank: global,
+                    reason: reason.clone(),
+                    mismatch,
+                }),
+            }
+            if told_the_job && self.rendezvous._server.is_some() {
+                // This process hosts the rendezvous and may exit on this
+                // error at once: a socket closed with unread bytes (the
+                // clients' heartbeats) is reset, and a reset peer drops what
+                // it had not read yet, this report among it. The watch
+                // threads read at once; give them a moment.
+                std::thread::sleep(HOST_LINGER);
             }
         }
         // Peers first, then local waiters: a program that exits on the error
@@ -1017,6 +1191,82 @@ impl Inner {
         }
         self.abort.abort();
     }
+
+    /// What this rank says about a mismatch that `reporter` (local rank)
+    /// found with `m.peer`: each side sees the other's call; a third rank
+    /// compares its own call at that position with both.
+    fn mismatch_seen_here(
+        &self,
+        reporter: usize,
+        peer: usize,
+        m: &MismatchReport,
+        call: Option<&Fingerprint>,
+    ) -> Error {
+        if self.rank == peer {
+            return Error::Mismatch {
+                peer: reporter,
+                local: m.remote.clone(),
+                remote: m.local.clone(),
+            };
+        }
+        let own = match call {
+            Some(fp) if fp.seq == m.seq && !is_p2p(fp) => Some(crate::fingerprint::describe(fp)),
+            _ => lock(&self.turns.issued)
+                .recent
+                .iter()
+                .find(|fp| fp.seq == m.seq)
+                .map(crate::fingerprint::describe),
+        };
+        let both = || format!("{} (and rank {peer} called {})", m.local, m.remote);
+        match own {
+            Some(own) if own == m.local => Error::Mismatch {
+                peer,
+                local: own,
+                remote: m.remote.clone(),
+            },
+            Some(own) if own == m.remote => Error::Mismatch {
+                peer: reporter,
+                local: own,
+                remote: m.local.clone(),
+            },
+            Some(own) => Error::Mismatch {
+                peer: reporter,
+                local: own,
+                remote: both(),
+            },
+            // This rank has not reached that position: it says where it is
+            // (a call before it can end on the mismatch's fallout, when the
+            // reporter's process exits and its sockets reset).
+            None => Error::Mismatch {
+                peer: reporter,
+                local: match call {
+                    Some(fp) => format!(
+                        "{} and nothing at #{} yet",
+                        crate::fingerprint::describe(fp),
+                        m.seq
+                    ),
+                    None => format!("nothing at #{} yet", m.seq),
+                },
+                remote: both(),
+            },
+        }
+    }
+}
+
+/// Whether a call is point-to-point (numbered per peer and direction).
+fn is_p2p(fp: &Fingerprint) -> bool {
+    CollKind::from_code(fp.coll) == Some(CollKind::SendRecv)
+}
+
+/// What [`Inner::fail_with`] tells the job.
+enum Broadcast {
+    /// Nothing (the news came from the job).
+    No,
+    /// That the blamed rank failed.
+    Failed,
+    /// That this rank found a mismatch (with the peer's global rank and
+    /// both calls, when known).
+    Mismatch(Option<MismatchReport>),
 }
 
 /// Listen for failure reports of the job and fail the communicator when one
@@ -1033,23 +1283,54 @@ fn spawn_watcher(inner: &Arc<Inner>, stop: crossbeam_channel::Receiver<()>) -> R
                     let Ok(report) = report else { return };
                     if report.is_rendezvous_loss() {
                         // Rank 0 leaving is often only the echo of another
-                        // failure (it exits on the error); give the report
-                        // naming the cause, or this rank's own error, a
-                        // moment to arrive first.
+                        // failure (it exits on it); give the report naming
+                        // the cause, or this rank's own error, a moment to
+                        // arrive first.
                         std::thread::sleep(std::time::Duration::from_millis(200));
                     }
                     let Some(inner) = weak.upgrade() else { return };
-                    if let Some(local) = inner.global_ranks.iter().position(|&g| g == report.rank) {
-                        if local != inner.rank {
-                            inner.fail(
-                                Error::PeerFailed {
+                    let local_of = |g: usize| inner.global_ranks.iter().position(|&x| x == g);
+                    let Some(local) = local_of(report.rank) else { continue };
+                    if local == inner.rank {
+                        continue;
+                    }
+                    match &report.mismatch {
+                        // A mismatch concerns its own communicator only:
+                        // the reporter is alive and its other communicators
+                        // work.
+                        Some(m) if m.comm_id != inner.comm_id => {}
+                        Some(m) => {
+                            let peer = local_of(m.peer).unwrap_or(local);
+                            {
+                                let mut heard = lock(&inner.mismatch_heard);
+                                if heard.is_none() && lock(&inner.failure).is_none() {
+                                    *heard = Some((local, peer, m.clone()));
+                                }
+                            }
+                            // A call before the mismatched one is left to
+                            // finish: its peers completed it, so its data
+                            // is on the way. The mismatched call (or a
+                            // later one) ends now, or when it starts.
+                            if inner.issued.load(Ordering::SeqCst) >= m.seq {
+                                let err = inner.mismatch_seen_here(local, peer, m, None);
+                                inner.fail(err, Some(local), false);
+                            }
+                        }
+                        None => {
+                            // After a mismatch report, ranks leave on the
+                            // mismatch: their going is its echo, not news.
+                            let heard = lock(&inner.mismatch_heard).clone();
+                            let err = match heard {
+                                Some((reporter, peer, m)) => {
+                                    inner.mismatch_seen_here(reporter, peer, &m, None)
+                                }
+                                None => Error::PeerFailed {
                                     rank: local,
                                     during: "failure report from the job".into(),
                                     reason: report.reason.clone(),
                                 },
-                                Some(local),
-                                false,
-                            );
+                            };
+                            inner.fail(err, Some(local), false);
                         }
                     }
                 }

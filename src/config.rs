@@ -27,6 +27,13 @@ pub struct Config {
     pub token: u64,
     /// Bound of every wait (FERROCCL_TIMEOUT in seconds, fractions allowed).
     pub timeout: Duration,
+    /// Interval of the heartbeats between each process and the rendezvous
+    /// (FERROCCL_HEARTBEAT_MS; 0 turns them off). A process that sends
+    /// nothing for four intervals (stopped, frozen, cut off) is reported
+    /// failed to every rank. `None`: a quarter of half the timeout, so a
+    /// silent rank is named before the others time out, within 100 ms to
+    /// 5 s (see [`Config::heartbeat_interval`]).
+    pub heartbeat: Option<Duration>,
     /// Force one transport by name (FERROCCL_TRANSPORT): "tcp", or "mem" for
     /// ranks that are threads of one process.
     pub transport: Option<String>,
@@ -84,6 +91,7 @@ impl Config {
             master_port,
             token,
             timeout: DEFAULT_TIMEOUT,
+            heartbeat: None,
             transport: None,
             buffsize: DEFAULT_BUFFSIZE,
             steps: ferroccl_transport::DEFAULT_STEPS,
@@ -114,9 +122,10 @@ impl Config {
         )
     }
 
-    /// Apply FERROCCL_TIMEOUT, FERROCCL_TRANSPORT, FERROCCL_BUFFSIZE,
-    /// FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER, FERROCCL_SOCKET_IFNAME,
-    /// FERROCCL_SHM_DIR, FERROCCL_CALIBRATE, FERROCCL_NT_STORE_BYTES and
+    /// Apply FERROCCL_TIMEOUT, FERROCCL_HEARTBEAT_MS, FERROCCL_TRANSPORT,
+    /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER,
+    /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
+    /// FERROCCL_NT_STORE_BYTES and
     /// FERROCCL_ALGO read through `get`; a value that does not parse is an
     /// error naming it.
     pub fn from_env_overrides(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
@@ -134,6 +143,16 @@ impl Config {
                 )));
             }
             self.timeout = Duration::from_secs_f64(secs);
+        }
+        if let Some(v) = get("FERROCCL_HEARTBEAT_MS") {
+            let ms: u64 = parse("FERROCCL_HEARTBEAT_MS", &v)?;
+            if ms > 3_600_000 {
+                return Err(Error::Env(format!(
+                    "FERROCCL_HEARTBEAT_MS='{v}' must be at most 3600000 (one hour); 0 turns \
+                     heartbeats off"
+                )));
+            }
+            self.heartbeat = Some(Duration::from_millis(ms));
         }
         if let Some(v) = get("FERROCCL_TRANSPORT") {
             self.transport = Some(v.trim().to_ascii_lowercase()).filter(|s| !s.is_empty());
@@ -187,6 +206,19 @@ impl Config {
     pub fn chunk_bytes(&self) -> usize {
         // Keep slots a multiple of 8 bytes so every element type tiles them.
         (self.buffsize / self.steps.max(1)) & !7
+    }
+
+    /// The heartbeat interval in force: the one set, or one eighth of the
+    /// timeout within 100 ms to 5 s, so that four missed heartbeats fit in
+    /// half the timeout. `None`: heartbeats are off.
+    pub fn heartbeat_interval(&self) -> Option<Duration> {
+        match self.heartbeat {
+            Some(h) if h.is_zero() => None,
+            Some(h) => Some(h.max(Duration::from_millis(10))),
+            None => {
+                Some((self.timeout / 8).clamp(Duration::from_millis(100), Duration::from_secs(5)))
+            }
+        }
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
@@ -290,6 +322,26 @@ mod tests {
         assert!(err.contains("FERROCCL_BUFFSIZE"), "{err}");
         let err = with(&[("FERROCCL_TIMEOUT", "-1")]).unwrap_err().to_string();
         assert!(err.contains("FERROCCL_TIMEOUT"), "{err}");
+    }
+
+    #[test]
+    fn heartbeats_follow_the_timeout_unless_set() {
+        let c = with(&[("FERROCCL_TIMEOUT", "3")]).unwrap();
+        assert_eq!(c.heartbeat_interval(), Some(Duration::from_millis(375)));
+        let c = with(&[("FERROCCL_TIMEOUT", "0.2")]).unwrap();
+        assert_eq!(c.heartbeat_interval(), Some(Duration::from_millis(100)));
+        let c = with(&[]).unwrap();
+        assert_eq!(c.heartbeat_interval(), Some(Duration::from_secs(5)));
+        let c = with(&[("FERROCCL_HEARTBEAT_MS", "250")]).unwrap();
+        assert_eq!(c.heartbeat_interval(), Some(Duration::from_millis(250)));
+        let c = with(&[("FERROCCL_HEARTBEAT_MS", "0")]).unwrap();
+        assert_eq!(c.heartbeat_interval(), None);
+        for bad in ["-1", "fast", "3600001"] {
+            let err = with(&[("FERROCCL_HEARTBEAT_MS", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("FERROCCL_HEARTBEAT_MS"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The TCP rendezvous: key-value semantics, token checks, robustness against
 //! garbage, and the failure broadcast.
 
-use ferroccl::bootstrap::{FailureReport, Store, TcpStore, TcpStoreServer};
+use ferroccl::bootstrap::{FailureReport, MismatchReport, Store, TcpStore, TcpStoreServer};
 use ferroccl::Error;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -238,13 +238,19 @@ fn send_raw(addr: SocketAddr, bytes: &[u8], close_write: bool) {
 }
 
 fn hello(token: u64, rank: u32, kind: u8) -> Vec<u8> {
+    hello_beating(token, rank, kind, 0)
+}
+
+/// A hello that promises heartbeats every `beat_ms` (0: none).
+fn hello_beating(token: u64, rank: u32, kind: u8, beat_ms: u32) -> Vec<u8> {
     let mut p = vec![0x01];
-    p.extend_from_slice(&19u32.to_le_bytes());
+    p.extend_from_slice(&23u32.to_le_bytes());
     p.extend_from_slice(&u32::from_be_bytes(*b"FCCL").to_le_bytes());
-    p.extend_from_slice(&1u16.to_le_bytes());
+    p.extend_from_slice(&2u16.to_le_bytes());
     p.push(kind);
     p.extend_from_slice(&rank.to_le_bytes());
     p.extend_from_slice(&token.to_le_bytes());
+    p.extend_from_slice(&beat_ms.to_le_bytes());
     p
 }
 
@@ -360,10 +366,7 @@ fn report_failure_reaches_every_client() {
     let stores: Vec<TcpStore> = (0..3).map(|r| client(addr, r)).collect();
     let rxs: Vec<_> = stores.iter().map(|s| s.failures()).collect();
     stores[1].report_failure(2, "timed out in all_reduce #7");
-    let expected = FailureReport {
-        rank: 2,
-        reason: "timed out in all_reduce #7".into(),
-    };
+    let expected = FailureReport::failed(2, "timed out in all_reduce #7");
     for (r, rx) in rxs.iter().enumerate() {
         assert_eq!(
             next_report(rx, Duration::from_secs(5)),
@@ -468,14 +471,196 @@ fn server_death_is_reported_as_rank_0() {
     let report = next_report(&rc, Duration::from_secs(5)).expect("no report");
     assert_eq!(
         report,
-        FailureReport {
-            rank: 0,
-            reason: "the rendezvous host (rank 0) went away".into()
-        }
+        FailureReport::failed(0, "the rendezvous host (rank 0) went away")
     );
     // The real server saw rank 0's connection vanish and told rank 1.
     let seen = next_report(&rx, Duration::from_secs(5)).expect("no report on rank 1");
     assert_eq!(seen.rank, 0);
     b.goodbye();
     drop(c);
+}
+
+#[test]
+fn a_silent_watcher_is_reported_after_its_missed_heartbeats() {
+    // A raw watch connection that promises heartbeats every 50 ms and then
+    // sends none: what a stopped (SIGSTOP) process looks like, its socket
+    // still open.
+    let srv = server(2);
+    let addr = srv.local_addr();
+    let a = TcpStore::connect_with_heartbeat(
+        addr,
+        TOKEN,
+        0,
+        in_secs(10),
+        Some(Duration::from_millis(50)),
+    )
+    .unwrap();
+    let rx = a.failures();
+    let mut raw = TcpStream::connect(addr).unwrap();
+    raw.write_all(&hello_beating(TOKEN, 1, 1, 50)).unwrap();
+    let mut ok = [0u8; 5];
+    raw.read_exact(&mut ok).unwrap();
+    assert_eq!(ok[0], 0x81);
+    let start = Instant::now();
+    let report = next_report(&rx, Duration::from_secs(10)).expect("no failure report");
+    let took = start.elapsed();
+    assert_eq!(report.rank, 1, "{report:?}");
+    assert!(report.reason.contains("no heartbeat"), "{report:?}");
+    // Four intervals of 50 ms, plus scheduling on a loaded machine.
+    assert!(
+        took >= Duration::from_millis(150) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    // The server pushed its own beats meanwhile, and cut the connection.
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut pushed = Vec::new();
+    let _ = raw.read_to_end(&mut pushed);
+    assert!(
+        pushed.len() >= 5 && pushed.chunks(5).any(|f| f == [0x87, 0, 0, 0, 0]),
+        "no BEAT frame among {pushed:?}"
+    );
+    // The healthy client was never taken for silent.
+    assert_eq!(next_report(&rx, Duration::from_millis(300)), None);
+    a.goodbye();
+}
+
+#[test]
+fn a_beating_client_is_not_reported() {
+    let srv = server(2);
+    let addr = srv.local_addr();
+    // 100 ms: four missed beats are 400 ms of silence, which a sender
+    // thread does not see even on a loaded machine (a 20 ms interval did
+    // fail here at a load average of 15).
+    let beat = Some(Duration::from_millis(100));
+    let a = TcpStore::connect_with_heartbeat(addr, TOKEN, 0, in_secs(10), beat).unwrap();
+    let b = TcpStore::connect_with_heartbeat(addr, TOKEN, 1, in_secs(10), beat).unwrap();
+    let (ra, rb) = (a.failures(), b.failures());
+    // Fifteen intervals of quiet application time: heartbeats keep both
+    // sides alive.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(next_report(&ra, Duration::ZERO), None);
+    assert_eq!(next_report(&rb, Duration::ZERO), None);
+    a.goodbye();
+    b.goodbye();
+}
+
+#[test]
+fn a_silent_server_is_reported_as_rank_0() {
+    // A fake rendezvous that accepts hellos and then says nothing: what a
+    // stopped rank 0 looks like to the others.
+    let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = fake.local_addr().unwrap();
+    let held = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        for _ in 0..2 {
+            let (mut s, _) = fake.accept().unwrap();
+            let mut hello = [0u8; 5 + 23];
+            s.read_exact(&mut hello).unwrap();
+            s.write_all(&[0x81, 0, 0, 0, 0]).unwrap();
+            conns.push(s);
+        }
+        std::thread::sleep(Duration::from_secs(3));
+        conns
+    });
+    let c = TcpStore::connect_with_heartbeat(
+        addr,
+        TOKEN,
+        1,
+        in_secs(10),
+        Some(Duration::from_millis(50)),
+    )
+    .unwrap();
+    let rx = c.failures();
+    let start = Instant::now();
+    let report = next_report(&rx, Duration::from_secs(10)).expect("no report");
+    assert_eq!(report.rank, 0, "{report:?}");
+    assert!(report.reason.contains("no heartbeat"), "{report:?}");
+    assert!(
+        !report.is_rendezvous_loss(),
+        "silence is a failure of its own"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(c);
+    drop(held.join().unwrap());
+}
+
+#[test]
+fn a_mismatch_report_reaches_every_client_whole() {
+    let srv = server(3);
+    let addr = srv.local_addr();
+    let stores: Vec<TcpStore> = (0..3).map(|r| client(addr, r)).collect();
+    let rxs: Vec<_> = stores.iter().map(|s| s.failures()).collect();
+    let report = FailureReport {
+        rank: 2,
+        reason: "collective mismatch".into(),
+        mismatch: Some(MismatchReport {
+            comm_id: 0xfeed_0000_0000_0001,
+            seq: 3,
+            peer: 1,
+            local: "all_reduce #3 (float, sum, 12 elements)".into(),
+            remote: "all_reduce #3 (float, sum, 10 elements) — é".into(),
+        }),
+    };
+    stores[2].report(report.clone());
+    for (r, rx) in rxs.iter().enumerate() {
+        assert_eq!(
+            next_report(rx, Duration::from_secs(5)),
+            Some(report.clone()),
+            "rank {r}"
+        );
+    }
+    for s in &stores {
+        s.goodbye();
+    }
+}
+
+#[test]
+fn progress_questions_are_answered_by_each_process() {
+    use std::sync::atomic::AtomicU64;
+    let srv = server(3);
+    let addr = srv.local_addr();
+    let stores: Vec<TcpStore> = (0..3).map(|r| client(addr, r)).collect();
+    let counters: Vec<Arc<AtomicU64>> = [5, 4, 5].map(|v| Arc::new(AtomicU64::new(v))).into();
+    for (r, s) in stores.iter().enumerate() {
+        s.register_progress(77, r, Arc::downgrade(&counters[r]));
+    }
+    // Another communicator's counter is not an answer for this one.
+    let other = Arc::new(AtomicU64::new(99));
+    stores[1].register_progress(78, 1, Arc::downgrade(&other));
+    let got = stores[0].ask_progress(77, &[1, 2], in_secs(5));
+    assert_eq!(got, vec![Some(4), Some(5)]);
+    // A dropped counter no longer answers: the question waits for its
+    // deadline and says so with None.
+    drop(counters);
+    let start = Instant::now();
+    let got = stores[2].ask_progress(77, &[0, 1], Instant::now() + Duration::from_millis(300));
+    assert_eq!(got, vec![None, None]);
+    assert!(start.elapsed() < Duration::from_secs(5));
+    for s in &stores {
+        s.goodbye();
+    }
+}
+
+#[test]
+fn garbage_on_a_watch_connection_reports_that_rank_and_nothing_else() {
+    let srv = server(2);
+    let addr = srv.local_addr();
+    let a = client(addr, 0);
+    let rx = a.failures();
+    let mut raw = TcpStream::connect(addr).unwrap();
+    raw.write_all(&hello(TOKEN, 1, 1)).unwrap();
+    let mut ok = [0u8; 5];
+    raw.read_exact(&mut ok).unwrap();
+    // A SET is not a watch frame; then a PROGRESS of the wrong size.
+    raw.write_all(&[0x02, 0, 0, 0, 0]).unwrap();
+    let report = next_report(&rx, Duration::from_secs(5)).expect("no report");
+    assert_eq!(report.rank, 1);
+    assert!(report.reason.contains("0x02"), "{report:?}");
+    a.set("still", b"here").unwrap();
+    assert_eq!(a.get("still", in_secs(5)).unwrap(), b"here");
+    a.goodbye();
 }

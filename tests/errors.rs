@@ -528,3 +528,108 @@ fn bad_configuration_is_refused() {
         .expect("a valid timeout");
     assert_eq!(config.timeout, Duration::from_millis(250));
 }
+
+/// Every rank ends a mismatched call with `Error::Mismatch` that names both
+/// calls, also the ranks whose neighbours called what they called (with a
+/// ring on four ranks only ranks 3 and 0 see the odd frame themselves; the
+/// others learn it from the job's mismatch report).
+#[test]
+fn a_mismatch_reaches_every_rank_as_a_mismatch() {
+    let timeout = Duration::from_secs(10);
+    let odd = "all_reduce #1 (float, sum, 12 elements)";
+    let even = "all_reduce #1 (float, sum, 10 elements)";
+    for transport in TRANSPORTS {
+        let (ready, done) = (Gate::new(4), Gate::new(4));
+        let res = run_ranks_with(
+            4,
+            |c| {
+                configure(transport, timeout)(c);
+                c.algorithm = Some(ferroccl::Algorithm::Ring);
+            },
+            |comm| {
+                // Every rank has finished creating its communicator (the
+                // calibration's collectives): a mismatch found while a
+                // neighbour still finishes the call before fails that call.
+                ready.wait();
+                let n = if comm.rank() == 3 { 12 } else { 10 };
+                let mut b = vec![1f32; n];
+                let start = Instant::now();
+                let r = comm.all_reduce_in_place(&mut b, ReduceOp::Sum);
+                let took = start.elapsed();
+                done.wait();
+                (r, took)
+            },
+        );
+        for (rank, (r, took)) in res.iter().enumerate() {
+            assert!(*took < timeout, "rank {rank} took {took:?}");
+            let (own, other) = if rank == 3 { (odd, even) } else { (even, odd) };
+            match r {
+                Err(Error::Mismatch {
+                    peer,
+                    local,
+                    remote,
+                }) => {
+                    assert_eq!(local, own, "rank {rank}'s own call");
+                    assert!(remote.starts_with(other), "rank {rank}: remote '{remote}'");
+                    if rank == 3 {
+                        assert!(*peer < 3, "rank 3 names peer {peer}");
+                    } else {
+                        assert_eq!(*peer, 3, "rank {rank} names peer {peer}");
+                    }
+                }
+                other => panic!("rank {rank} ({transport:?}): expected a Mismatch, got {other:?}"),
+            }
+        }
+    }
+}
+
+/// A rank that stays away in its own code (not dead: its heartbeats and
+/// the answers of its watch thread go on) is named by every other rank,
+/// not each rank's neighbour: on a timeout the ranks ask how far every
+/// member has come and blame the one that never issued the call.
+#[test]
+fn a_rank_busy_outside_the_library_is_named_by_every_other_rank() {
+    let timeout = Duration::from_secs(1);
+    for transport in TRANSPORTS {
+        let done = Gate::new(4);
+        let res = run_ranks_with(
+            4,
+            |c| {
+                configure(transport, timeout)(c);
+                c.algorithm = Some(ferroccl::Algorithm::Ring);
+            },
+            |comm| {
+                valid_all_reduce(&comm, "start");
+                if comm.rank() == 1 {
+                    std::thread::sleep(timeout * 4);
+                    done.wait();
+                    return None;
+                }
+                let start = Instant::now();
+                let mut b = vec![1u32; 1000];
+                let r = comm.all_reduce_in_place(&mut b, ReduceOp::Sum);
+                let took = start.elapsed();
+                let stored = comm.async_error();
+                done.wait();
+                Some((r, took, stored))
+            },
+        );
+        for (rank, got) in res.into_iter().enumerate() {
+            let Some((r, took, stored)) = got else {
+                assert_eq!(rank, 1);
+                continue;
+            };
+            assert!(
+                took >= timeout && took < timeout + Duration::from_secs(10),
+                "rank {rank} gave up after {took:?}"
+            );
+            let err = r.expect_err("rank 1 never joined");
+            assert_peer_failed(&err, 1, "all_reduce", rank);
+            assert!(err.to_string().contains("all_reduce #2"), "{err}");
+            assert!(
+                matches!(stored, Some(Error::PeerFailed { rank: 1, .. })),
+                "rank {rank}: async_error {stored:?}"
+            );
+        }
+    }
+}

@@ -218,28 +218,6 @@ fn a_hanging_rank_times_out_with_its_name() {
     );
 }
 
-/// With four ranks every survivor should name the silent rank 1; today the
-/// ranks further along the ring time out on their own predecessor at about
-/// the same moment and blame it instead (see the report of this branch).
-#[test]
-#[ignore = "issue 4: with a silent (not dead) rank every healthy rank times out at about the same \
-            moment blaming its own predecessor; telling the silent rank apart needs heartbeats"]
-fn a_hanging_rank_is_named_by_every_survivor() {
-    let f = launch(
-        4,
-        &[("FERROCCL_TIMEOUT", "3"), ("FERROCCL_RUN_GRACE_S", "10")],
-        &["--hang-rank", "1", "--hang-at", "3"],
-        Duration::from_secs(90),
-    );
-    assert!(!f.status.success());
-    for r in [0, 2, 3] {
-        let e = f
-            .error_of(r)
-            .unwrap_or_else(|| panic!("rank {r} printed no error\n{}", f.all()));
-        assert!(blames(&e, 1) && has_numbered_call(&e), "rank {r}: {e}");
-    }
-}
-
 /// Start rank `rank` of 2 by hand with the given token.
 fn by_hand(rank: usize, port: u16, token: &str) -> Command {
     let mut cmd = clean(CHECK);
@@ -363,4 +341,454 @@ fn shared_memory_is_empty_after_a_normal_exit_and_after_a_kill() {
         "after rank 2 was killed"
     );
     let _ = std::fs::remove_dir(&dir);
+}
+
+// ------------------------------------------------------------ fault suite
+//
+// Each case runs a real job under the launcher with a fault injected,
+// asserts the named error on every survivor within a bounded time, and
+// checks that the job left no process and no shared-memory file behind.
+
+/// `launch` with `-- ferroccl-check ARGS` and a marker in every rank's
+/// environment, so that leftover processes of this job can be found.
+fn launch_marked(
+    n: usize,
+    env: &[(&str, &str)],
+    args: &[&str],
+    limit: Duration,
+    marker: &str,
+) -> Finished {
+    let mut env = env.to_vec();
+    env.push(("FERROCCL_TEST_JOB", marker));
+    launch(n, &env, args, limit)
+}
+
+/// Processes still alive that carry `FERROCCL_TEST_JOB=marker`.
+fn processes_of(marker: &str) -> Vec<u32> {
+    let needle = format!("FERROCCL_TEST_JOB={marker}");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|var| var == needle.as_bytes()))
+        })
+        .collect()
+}
+
+/// A job's private directory for shared-memory segments, removed on drop.
+struct ShmDir(std::path::PathBuf);
+
+impl ShmDir {
+    fn new(name: &str) -> Option<ShmDir> {
+        let dir = std::path::PathBuf::from(format!(
+            "/dev/shm/ferroccl-test-{}-{name}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).ok()?;
+        Some(ShmDir(dir))
+    }
+
+    fn path(&self) -> String {
+        self.0.to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for ShmDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Assert that the job of `marker` left no process and, for shm, no file.
+fn assert_nothing_left(marker: &str, shm: Option<&ShmDir>, f: &Finished) {
+    // The launcher reaps its ranks before it exits; a rank stopped with
+    // SIGSTOP must have been killed, not left behind.
+    let left = processes_of(marker);
+    assert!(left.is_empty(), "processes left: {left:?}\n{}", f.all());
+    if let Some(dir) = shm {
+        assert_eq!(
+            leftovers(&dir.0),
+            Vec::<String>::new(),
+            "shared-memory files left\n{}",
+            f.all()
+        );
+    }
+    assert!(
+        !f.all().contains("panicked"),
+        "a process panicked\n{}",
+        f.all()
+    );
+}
+
+/// Every rank in `survivors` printed an error naming `culprit` and its call.
+fn assert_named_by(f: &Finished, culprit: usize, survivors: &[usize]) {
+    for &r in survivors {
+        let e = f
+            .error_of(r)
+            .unwrap_or_else(|| panic!("rank {r} printed no error\n{}", f.all()));
+        assert!(
+            blames(&e, culprit) && has_numbered_call(&e),
+            "rank {r} does not name rank {culprit} with a numbered call: {e}\n{}",
+            f.all()
+        );
+    }
+}
+
+/// The transports a fault case runs over: TCP always, shared memory when
+/// /dev/shm is writable here.
+fn fault_transports(case: &str) -> Vec<(&'static str, Option<ShmDir>)> {
+    let mut out = vec![("tcp", None)];
+    match ShmDir::new(case) {
+        Some(dir) => out.push(("shm", Some(dir))),
+        None => eprintln!("{case}: /dev/shm is not writable here; shm case skipped"),
+    }
+    out
+}
+
+/// A rank stopped with SIGSTOP keeps its sockets open: only its missing
+/// heartbeats give it away. Every survivor must name it well before the
+/// collective timeout would have, and the launcher must kill it.
+fn stopped_rank_case(n: usize, victim: usize) {
+    let timeout_s = 6;
+    for (transport, shm) in fault_transports(&format!("stop{victim}")) {
+        let marker = format!("stop-{victim}-{transport}-{}", std::process::id());
+        let timeout = timeout_s.to_string();
+        let mut env = vec![
+            ("FERROCCL_TIMEOUT", timeout.as_str()),
+            ("FERROCCL_RUN_GRACE_S", "1"),
+            ("FERROCCL_TRANSPORT", transport),
+        ];
+        let dir = shm.as_ref().map(ShmDir::path);
+        if let Some(d) = &dir {
+            env.push(("FERROCCL_SHM_DIR", d));
+        }
+        let victim_s = victim.to_string();
+        let f = launch_marked(
+            n,
+            &env,
+            &["--stop-rank", &victim_s, "--stop-at", "5", "--iters", "3"],
+            Duration::from_secs(90),
+            &marker,
+        );
+        assert!(!f.status.success(), "{}", f.all());
+        assert!(
+            f.error_of(victim)
+                .is_some_and(|e| e.contains("with SIGSTOP before collective call 5")),
+            "rank {victim} did not announce its stop\n{}",
+            f.all()
+        );
+        let survivors: Vec<usize> = (0..n).filter(|&r| r != victim).collect();
+        assert_named_by(&f, victim, &survivors);
+        // Named through the missing heartbeats (four intervals of
+        // timeout/8), not through the collective timeout.
+        assert!(
+            survivors
+                .iter()
+                .filter_map(|&r| f.error_of(r))
+                .any(|e| e.contains("no heartbeat")),
+            "no survivor heard of the missing heartbeats\n{}",
+            f.all()
+        );
+        // Start-up, the wait for the heartbeats, the launcher's settle and
+        // grace times, and a margin for a loaded machine.
+        assert!(
+            f.elapsed < Duration::from_secs(timeout_s + 30),
+            "{transport}: took {:?}",
+            f.elapsed
+        );
+        assert_nothing_left(&marker, shm.as_ref(), &f);
+    }
+}
+
+#[test]
+fn a_stopped_rank_is_named_by_every_survivor() {
+    stopped_rank_case(4, 2);
+}
+
+#[test]
+fn a_stopped_rendezvous_host_is_named_by_every_survivor() {
+    // Rank 0 hosts the rendezvous: its server stops with it, and the
+    // others notice the server's missing heartbeats.
+    stopped_rank_case(3, 0);
+}
+
+/// A small deterministic generator (splitmix64), so that a failing case can
+/// be replayed from the printed seed.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The seed of the randomised fault cases: FERROCCL_FAULT_SEED, or the
+/// clock; printed so that a failure can be replayed.
+fn fault_seed() -> u64 {
+    let seed = std::env::var("FERROCCL_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    eprintln!("fault seed {seed} (replay with FERROCCL_FAULT_SEED={seed})");
+    seed
+}
+
+#[test]
+fn a_rank_killed_at_a_random_moment_is_named_by_every_survivor() {
+    let seed = fault_seed();
+    let mut rng = SplitMix(seed);
+    for (transport, shm) in fault_transports("kill") {
+        for case in 0..2 {
+            let n = 3 + rng.below(2) as usize;
+            let victim = rng.below(n as u64) as usize;
+            // Somewhere in the first few iterations of every collective,
+            // splits included.
+            let after_ms = 20 + rng.below(400);
+            let what = format!(
+                "seed {seed} case {case}: {transport}, {n} ranks, rank {victim} killed \
+                 {after_ms} ms after joining"
+            );
+            eprintln!("{what}");
+            let marker = format!("kill-{transport}-{case}-{}", std::process::id());
+            let mut env = vec![
+                ("FERROCCL_TIMEOUT", "5"),
+                ("FERROCCL_RUN_GRACE_S", "2"),
+                ("FERROCCL_TRANSPORT", transport),
+            ];
+            let dir = shm.as_ref().map(ShmDir::path);
+            if let Some(d) = &dir {
+                env.push(("FERROCCL_SHM_DIR", d));
+            }
+            let (v, ms) = (victim.to_string(), after_ms.to_string());
+            let f = launch_marked(
+                n,
+                &env,
+                &[
+                    "--kill-rank",
+                    &v,
+                    "--kill-after-ms",
+                    &ms,
+                    "--iters",
+                    "1000",
+                    "--count",
+                    "3001",
+                ],
+                Duration::from_secs(90),
+                &marker,
+            );
+            assert!(
+                f.stderr.contains(&format!(
+                    "ferroccl-run: rank {victim} was killed by signal 9"
+                )),
+                "{what}\n{}",
+                f.all()
+            );
+            let survivors: Vec<usize> = (0..n).filter(|&r| r != victim).collect();
+            for &r in &survivors {
+                let e = f
+                    .error_of(r)
+                    .unwrap_or_else(|| panic!("{what}: rank {r} printed no error\n{}", f.all()));
+                // A survivor names the dead rank in the call it was in
+                // (split sub-communicators number their own ranks, so the
+                // name there is checked on the job's ranks only).
+                assert!(
+                    has_numbered_call(&e) || e.contains("split"),
+                    "{what}: rank {r}: {e}"
+                );
+                assert!(
+                    e.contains(" failed") || e.contains("timed out"),
+                    "{what}: rank {r}: {e}"
+                );
+            }
+            assert!(
+                survivors
+                    .iter()
+                    .filter_map(|&r| f.error_of(r))
+                    .any(|e| blames(&e, victim)),
+                "{what}: no survivor named rank {victim}\n{}",
+                f.all()
+            );
+            assert!(
+                f.elapsed < Duration::from_secs(60),
+                "{what}: took {:?}",
+                f.elapsed
+            );
+            assert_nothing_left(&marker, shm.as_ref(), &f);
+        }
+    }
+}
+
+#[test]
+fn a_socket_closed_mid_frame_is_named_by_every_survivor() {
+    // Rank 1 writes half of its 40th data frame, then shuts the socket down.
+    let marker = format!("cut-{}", std::process::id());
+    let f = launch_marked(
+        4,
+        &[
+            ("FERROCCL_TIMEOUT", "5"),
+            ("FERROCCL_RUN_GRACE_S", "2"),
+            ("FERROCCL_TRANSPORT", "tcp"),
+            ("FERROCCL_FAULT", "close_mid_frame:rank=1:after_frames=40"),
+        ],
+        &["--count", "4001"],
+        Duration::from_secs(90),
+        &marker,
+    );
+    assert!(!f.status.success(), "{}", f.all());
+    let own = f
+        .error_of(1)
+        .unwrap_or_else(|| panic!("rank 1 printed no error\n{}", f.all()));
+    assert!(own.contains("mid-frame"), "rank 1: {own}");
+    assert_named_by(&f, 1, &[0, 2, 3]);
+    assert!(f.elapsed < Duration::from_secs(40), "took {:?}", f.elapsed);
+    assert_nothing_left(&marker, None, &f);
+}
+
+#[test]
+fn a_mismatch_ends_every_rank_with_a_mismatch() {
+    // Rank 2 issues an extra all_reduce before its 4th call: every rank,
+    // not only its ring neighbours, must end with the mismatch.
+    let marker = format!("mismatch-{}", std::process::id());
+    let f = launch_marked(
+        4,
+        &[("FERROCCL_TIMEOUT", "10"), ("FERROCCL_RUN_GRACE_S", "2")],
+        &["--mismatch-rank", "2", "--mismatch-at", "4"],
+        Duration::from_secs(90),
+        &marker,
+    );
+    assert!(!f.status.success(), "{}", f.all());
+    let extra = "all_reduce #4 (uint8, max, 7919 elements)";
+    for r in 0..4 {
+        // The last line: rank 2 announces the extra call first.
+        let own = format!("rank {r}: ");
+        let e = f
+            .prefixed()
+            .into_iter()
+            .filter(|(pr, _)| *pr == r)
+            .filter_map(|(_, rest)| rest.strip_prefix(&own).map(str::to_string))
+            .next_back()
+            .unwrap_or_else(|| panic!("rank {r} printed no error\n{}", f.all()));
+        assert!(
+            e.starts_with("collective mismatch with rank ") && e.contains(extra),
+            "rank {r}: {e}\n{}",
+            f.all()
+        );
+        // Each rank states its own call (a rank still finishing the call
+        // before may end there when the reporter's sockets reset: it then
+        // says so).
+        assert!(
+            e.contains("this rank called ") && !e.contains("called nothing"),
+            "rank {r}: {e}"
+        );
+    }
+    assert!(f.elapsed < Duration::from_secs(40), "took {:?}", f.elapsed);
+    assert_nothing_left(&marker, None, &f);
+}
+
+/// Bytes a stranger might send to the rendezvous port.
+fn garbage_variants() -> Vec<Vec<u8>> {
+    let mut v = vec![
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        vec![0xff; 300],
+        vec![0x01, 0xff, 0xff, 0xff, 0xff, 1, 2, 3],
+        vec![0x02, 0xff, 0xff, 0xff, 0x7f],
+        vec![0x01, 5, 0, 0, 0, 1],
+        Vec::new(),
+    ];
+    // A well-formed hello with a wrong token (the job's is secret).
+    let mut hello = vec![0x01, 23, 0, 0, 0];
+    hello.extend_from_slice(&u32::from_be_bytes(*b"FCCL").to_le_bytes());
+    hello.extend_from_slice(&2u16.to_le_bytes());
+    hello.push(1);
+    hello.extend_from_slice(&1u32.to_le_bytes());
+    hello.extend_from_slice(&0xdead_beef_u64.to_le_bytes());
+    hello.extend_from_slice(&10u32.to_le_bytes());
+    v.push(hello);
+    let mut rng = SplitMix(0x5eed);
+    for len in [1, 5, 17, 64, 1000] {
+        v.push((0..len).map(|_| rng.next() as u8).collect());
+    }
+    v
+}
+
+#[test]
+fn garbage_sent_to_the_rendezvous_of_a_live_job_does_not_disturb_it() {
+    let port = ferroccl::bootstrap::free_port().expect("free port");
+    let marker = format!("garbage-{}", std::process::id());
+    let mut cmd = clean(RUN);
+    let p = port.to_string();
+    cmd.args(["-n", "3", "--master-port", &p, "--", CHECK])
+        .args(["--iters", "3", "--delay-ms", "2"])
+        .env("FERROCCL_TIMEOUT", "20")
+        .env("FERROCCL_TEST_JOB", &marker);
+    let job = std::thread::spawn(move || run_bounded(cmd, Duration::from_secs(120)));
+    let stop = std::time::Instant::now() + Duration::from_secs(3);
+    let mut sent = 0;
+    while std::time::Instant::now() < stop && !job.is_finished() {
+        for g in garbage_variants() {
+            use std::io::Write;
+            let Ok(mut s) = std::net::TcpStream::connect_timeout(
+                &([127, 0, 0, 1], port).into(),
+                Duration::from_millis(200),
+            ) else {
+                continue; // not listening yet, or done
+            };
+            let _ = s.write_all(&g);
+            sent += 1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let f = job.join().expect("job thread");
+    assert!(f.status.success(), "exit {:?}\n{}", f.status, f.all());
+    assert!(sent > 0, "no garbage could be sent");
+    for r in 0..3 {
+        assert!(
+            f.stdout.contains(&format!("ferroccl-check: rank {r}: ")),
+            "rank {r} printed no summary\n{}",
+            f.all()
+        );
+    }
+    assert_nothing_left(&marker, None, &f);
+}
+
+#[test]
+fn a_rank_that_hangs_in_its_own_code_is_named_by_every_survivor() {
+    // Not stopped: its heartbeats go on, so only the timeout notices; the
+    // ranks then ask how far each member has come and blame the one that
+    // never issued the call, instead of each its own ring neighbour.
+    let marker = format!("hang-{}", std::process::id());
+    let f = launch_marked(
+        4,
+        &[("FERROCCL_TIMEOUT", "3"), ("FERROCCL_RUN_GRACE_S", "1")],
+        &["--hang-rank", "1", "--hang-at", "3"],
+        Duration::from_secs(90),
+        &marker,
+    );
+    assert!(!f.status.success());
+    assert_named_by(&f, 1, &[0, 2, 3]);
+    for r in [0, 2, 3] {
+        let e = f.error_of(r).unwrap_or_default();
+        assert!(e.contains("has not called"), "rank {r}: {e}");
+    }
+    assert!(
+        f.elapsed < Duration::from_secs(3 + 30),
+        "took {:?}",
+        f.elapsed
+    );
+    assert_nothing_left(&marker, None, &f);
 }

@@ -16,7 +16,10 @@
 //! The fault-injection options exist for the test suite: `--die-rank R
 //! --die-at K` makes rank R kill itself with SIGKILL right before its K-th
 //! collective call, `--hang-rank R --hang-at K` makes it sleep for an hour
-//! there instead.
+//! there instead, `--stop-rank R --stop-at K` stops it there with SIGSTOP,
+//! `--kill-rank R --kill-after-ms M` kills it with SIGKILL M ms after it
+//! joined, wherever it is then, and `--mismatch-rank R --mismatch-at K`
+//! makes it issue an extra all_reduce that no other rank issues.
 
 mod tool;
 
@@ -41,6 +44,12 @@ options:
       --die-at K         right before its K-th collective call (1-based)
       --hang-rank R    with --hang-at K: rank R sleeps for an hour right
       --hang-at K        before its K-th collective call (1-based)
+      --stop-rank R    with --stop-at K: rank R stops itself with SIGSTOP
+      --stop-at K        right before its K-th collective call (1-based)
+      --kill-rank R    with --kill-after-ms M: rank R kills itself with
+      --kill-after-ms M  SIGKILL M ms after joining, wherever it is then
+      --mismatch-rank R  with --mismatch-at K: rank R issues an extra
+      --mismatch-at K    all_reduce (a mismatch) before its K-th call
   -h, --help           print this help";
 
 /// The parsed command line.
@@ -53,6 +62,12 @@ struct Options {
     die: Option<(usize, u64)>,
     /// (rank, call) at which that rank hangs.
     hang: Option<(usize, u64)>,
+    /// (rank, call) at which that rank stops itself (SIGSTOP).
+    stop: Option<(usize, u64)>,
+    /// (rank, milliseconds after joining) at which that rank is killed.
+    kill: Option<(usize, u64)>,
+    /// (rank, call) before which that rank issues a call nobody else does.
+    mismatch: Option<(usize, u64)>,
 }
 
 /// Parse the arguments (without the program name); `Ok(None)` asks for help.
@@ -62,6 +77,9 @@ fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
     let mut delay_ms = 0u64;
     let (mut die_rank, mut die_at) = (None, None);
     let (mut hang_rank, mut hang_at) = (None, None);
+    let (mut stop_rank, mut stop_at) = (None, None);
+    let (mut kill_rank, mut kill_after) = (None, None);
+    let (mut mismatch_rank, mut mismatch_at) = (None, None);
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -80,6 +98,12 @@ fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
                 | "--die-at"
                 | "--hang-rank"
                 | "--hang-at"
+                | "--stop-rank"
+                | "--stop-at"
+                | "--kill-rank"
+                | "--kill-after-ms"
+                | "--mismatch-rank"
+                | "--mismatch-at"
         ) {
             return Err(format!("unknown argument '{arg}'"));
         }
@@ -104,6 +128,12 @@ fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
             "--die-at" => die_at = Some(n),
             "--hang-rank" => hang_rank = Some(n as usize),
             "--hang-at" => hang_at = Some(n),
+            "--stop-rank" => stop_rank = Some(n as usize),
+            "--stop-at" => stop_at = Some(n),
+            "--kill-rank" => kill_rank = Some(n as usize),
+            "--kill-after-ms" => kill_after = Some(n),
+            "--mismatch-rank" => mismatch_rank = Some(n as usize),
+            "--mismatch-at" => mismatch_at = Some(n),
             _ => unreachable!("checked above"),
         }
     }
@@ -119,6 +149,13 @@ fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
         delay: Duration::from_millis(delay_ms),
         die: pair("die", die_rank, die_at)?,
         hang: pair("hang", hang_rank, hang_at)?,
+        stop: pair("stop", stop_rank, stop_at)?,
+        kill: match (kill_rank, kill_after) {
+            (Some(r), Some(ms)) => Some((r, ms)),
+            (None, None) => None,
+            _ => return Err("--kill-rank and --kill-after-ms go together".into()),
+        },
+        mismatch: pair("mismatch", mismatch_rank, mismatch_at)?,
     }))
 }
 
@@ -326,6 +363,28 @@ impl Checker<'_> {
             }
             say_err(&format!("rank {rank}: could not SIGKILL itself; aborting"));
             std::process::abort();
+        }
+        if self.opts.stop == Some((rank, k)) {
+            let pid = std::process::id();
+            say_err(&format!(
+                "rank {rank}: stopping this process (pid {pid}) with SIGSTOP before collective \
+                 call {k} (--stop-at)"
+            ));
+            if !signal_self("STOP") {
+                say_err(&format!("rank {rank}: could not SIGSTOP itself; aborting"));
+                std::process::abort();
+            }
+        }
+        if self.opts.mismatch == Some((rank, k)) {
+            say_err(&format!(
+                "rank {rank}: issuing an extra all_reduce before collective call {k} \
+                 (--mismatch-at)"
+            ));
+            let mut odd = [1u8; 7919];
+            if let Err(e) = self.comm.all_reduce_in_place(&mut odd, ReduceOp::Max) {
+                say_err(&format!("rank {rank}: {e}"));
+                std::process::exit(1);
+            }
         }
         if self.opts.hang == Some((rank, k)) {
             say_err(&format!(
@@ -541,11 +600,43 @@ impl Checker<'_> {
 }
 
 /// Print a line on stdout now (the launcher may stop this process soon).
+/// Send `signal` (a name `kill` knows: STOP, KILL) to this process with
+/// the `kill` program, or the shell's builtin where there is none.
+fn signal_self(signal: &str) -> bool {
+    let pid = std::process::id().to_string();
+    let flag = format!("-{signal}");
+    std::process::Command::new("kill")
+        .args([flag.as_str(), &pid])
+        .status()
+        .is_ok_and(|s| s.success())
+        || std::process::Command::new("sh")
+            .args(["-c", &format!("kill {flag} {pid}")])
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
 fn main() {
     let opts = tool::options_or_exit("ferroccl-check", USAGE, parse_options);
     let started = Instant::now();
     let comm = tool::join_or_exit("ferroccl-check");
     let (rank, size) = (comm.rank(), comm.size());
+    if let Some((victim, ms)) = opts.kill {
+        if victim == rank {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(ms));
+                say_err(&format!(
+                    "rank {rank}: killing this process with SIGKILL {ms} ms after joining \
+                     (--kill-after-ms)"
+                ));
+                if !signal_self("KILL") {
+                    std::process::abort();
+                }
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            });
+        }
+    }
     let mut checker = Checker {
         comm: &comm,
         opts: &opts,

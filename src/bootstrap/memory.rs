@@ -3,11 +3,12 @@
 //! It owns a map and the list of failure reports, nothing else; it never
 //! touches sockets or the environment. Tests and `testing::run_ranks` use it.
 
-use super::{lock, FailureBook, FailureReport, Store};
+use super::{lock, FailureBook, FailureReport, Progress, ProgressBook, Store};
 use crate::error::{Error, Result};
 use crossbeam_channel::Receiver;
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Instant;
 
 /// A [`Store`] held in memory, shared by threads of one process.
@@ -16,6 +17,7 @@ pub struct MemoryStore {
     values: Mutex<HashMap<String, Vec<u8>>>,
     changed: Condvar,
     failures: Mutex<FailureBook>,
+    progress: Mutex<ProgressBook>,
 }
 
 impl MemoryStore {
@@ -54,11 +56,8 @@ impl Store for MemoryStore {
         }
     }
 
-    fn report_failure(&self, rank: usize, reason: &str) {
-        lock(&self.failures).publish(FailureReport {
-            rank,
-            reason: reason.to_string(),
-        });
+    fn report(&self, report: FailureReport) {
+        lock(&self.failures).publish(report);
     }
 
     fn failures(&self) -> Receiver<FailureReport> {
@@ -66,6 +65,19 @@ impl Store for MemoryStore {
     }
 
     fn goodbye(&self) {}
+
+    fn register_progress(&self, comm_id: u64, rank: usize, issued: Weak<AtomicU64>) {
+        lock(&self.progress).register(comm_id, rank, issued);
+    }
+
+    fn ask_progress(&self, comm_id: u64, members: &[usize], _deadline: Instant) -> Progress {
+        // Every rank of an in-process job lives here: the answer is at hand.
+        let answers = lock(&self.progress).answers(comm_id);
+        members
+            .iter()
+            .map(|m| answers.iter().find(|(r, _)| r == m).map(|&(_, s)| s))
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -107,14 +119,8 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                FailureReport {
-                    rank: 2,
-                    reason: "gone".into()
-                },
-                FailureReport {
-                    rank: 3,
-                    reason: "also gone".into()
-                }
+                FailureReport::failed(2, "gone"),
+                FailureReport::failed(3, "also gone")
             ]
         );
     }

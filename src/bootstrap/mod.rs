@@ -1,6 +1,6 @@
 //! Rendezvous and rank discovery: the store through which ranks find each
-//! other, the failure broadcast, and the reading of launcher environments.
-//! Nothing here moves collective data.
+//! other, the failure broadcast, liveness (heartbeats on the TCP store) and
+//! the reading of launcher environments. Nothing here moves collective data.
 
 pub mod env;
 mod memory;
@@ -8,13 +8,19 @@ mod tcp_store;
 
 use crate::error::Result;
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
 pub use env::{detect, detect_process_env, LaunchInfo};
 pub use memory::MemoryStore;
+#[doc(hidden)]
+pub use tcp_store::fuzz_store_bytes;
 use tcp_store::HOST_GONE_REASON;
-pub use tcp_store::{free_port, TcpStore, TcpStoreServer, MAX_KEY_LEN, MAX_VALUE_LEN};
+pub use tcp_store::{
+    free_port, TcpStore, TcpStoreServer, DEFAULT_HEARTBEAT, MAX_KEY_LEN, MAX_VALUE_LEN,
+    MISSED_HEARTBEATS,
+};
 
 /// A report that a rank of the job failed, broadcast to every rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,35 +29,88 @@ pub struct FailureReport {
     pub rank: usize,
     /// What is known about it.
     pub reason: String,
+    /// Set when the failure is a collective mismatch that `rank` found: the
+    /// ranks of that communicator end their call with `Error::Mismatch`
+    /// instead of blaming `rank`; other communicators are not concerned.
+    pub mismatch: Option<MismatchReport>,
+}
+
+/// Two ranks of one communicator called different collectives (or the same
+/// one with other arguments) at the same position of its sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MismatchReport {
+    /// The communicator.
+    pub comm_id: u64,
+    /// Sequence number of the reporter's call.
+    pub seq: u64,
+    /// Global rank of the peer whose frame disagreed with the reporter.
+    pub peer: usize,
+    /// The reporter's call, described ("all_reduce #3 (float, sum, 10
+    /// elements)").
+    pub local: String,
+    /// The peer's call, as its frame described it.
+    pub remote: String,
 }
 
 impl FailureReport {
+    /// A report that `rank` failed for `reason`.
+    pub fn failed(rank: usize, reason: impl Into<String>) -> FailureReport {
+        FailureReport {
+            rank,
+            reason: reason.into(),
+            mismatch: None,
+        }
+    }
+
     /// Whether this only says that the rendezvous host (rank 0) went away:
     /// often the echo of another rank's failure (rank 0 exits on it), so
     /// the report naming the cause may still be on its way.
     pub fn is_rendezvous_loss(&self) -> bool {
-        self.rank == 0 && self.reason == HOST_GONE_REASON
+        self.rank == 0 && self.reason == HOST_GONE_REASON && self.mismatch.is_none()
     }
 }
+
+/// How far each member of a communicator has come, as answered to
+/// [`Store::ask_progress`]: the sequence number of the last collective it
+/// issued, or `None` where no answer came before the deadline.
+pub type Progress = Vec<Option<u64>>;
 
 /// A key-value rendezvous shared by the ranks of one job.
 ///
 /// Keys are written once; `get` waits until a key exists. Besides the
 /// key-value part the store spreads failure reports: any rank may report that
 /// a rank failed, and every rank that subscribed hears of it, which is how a
-/// rank learns of a failure that happened far from it in the ring.
+/// rank learns of a failure that happened far from it in the ring. It also
+/// answers, for a rank whose collective timed out, how far the other members
+/// have come, so that the rank that never called can be named.
 pub trait Store: Send + Sync {
     /// Set `key` to `value` (overwriting).
     fn set(&self, key: &str, value: &[u8]) -> Result<()>;
     /// Wait until `key` exists and return its value; error at `deadline`.
     fn get(&self, key: &str, deadline: Instant) -> Result<Vec<u8>>;
+    /// Tell every rank of the job about `report`.
+    fn report(&self, report: FailureReport);
     /// Tell every rank that `rank` failed.
-    fn report_failure(&self, rank: usize, reason: &str);
+    fn report_failure(&self, rank: usize, reason: &str) {
+        self.report(FailureReport::failed(rank, reason));
+    }
     /// Subscribe to failure reports (including ones made before the call).
     fn failures(&self) -> crossbeam_channel::Receiver<FailureReport>;
     /// This rank is leaving cleanly: do not report it as failed when it goes.
     fn goodbye(&self);
+    /// Let peers ask how far global rank `rank` has come in communicator
+    /// `comm_id`: `issued` holds the sequence number of its last issued
+    /// collective. Held weakly; a dropped communicator stops answering.
+    fn register_progress(&self, comm_id: u64, rank: usize, issued: Weak<AtomicU64>);
+    /// Ask the processes of the global ranks `members` how far they have come
+    /// in `comm_id`, waiting for answers until `deadline` at most.
+    fn ask_progress(&self, comm_id: u64, members: &[usize], deadline: Instant) -> Progress;
 }
+
+/// How often a client of the TCP store says it is alive, and how often it
+/// expects the server to: `None` turns heartbeats off (then only a closed
+/// connection tells of a dead rank).
+pub type Heartbeat = Option<Duration>;
 
 /// Every failure report seen so far and the channels of those who asked to
 /// hear of new ones; shared by the stores so that a late subscriber gets the
@@ -92,4 +151,31 @@ impl FailureBook {
 /// so the data is consistent even then.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The progress counters of this process's communicators, by (communicator,
+/// global rank), held weakly so that a dropped communicator stops answering.
+#[derive(Debug, Default)]
+pub(crate) struct ProgressBook {
+    entries: Vec<(u64, usize, Weak<AtomicU64>)>,
+}
+
+impl ProgressBook {
+    pub(crate) fn register(&mut self, comm_id: u64, rank: usize, issued: Weak<AtomicU64>) {
+        self.entries.retain(|(_, _, w)| w.strong_count() > 0);
+        self.entries.push((comm_id, rank, issued));
+    }
+
+    /// (global rank, last issued sequence number) of every live member of
+    /// `comm_id` in this process.
+    pub(crate) fn answers(&self, comm_id: u64) -> Vec<(usize, u64)> {
+        self.entries
+            .iter()
+            .filter(|(c, _, _)| *c == comm_id)
+            .filter_map(|(_, r, w)| {
+                w.upgrade()
+                    .map(|a| (*r, a.load(std::sync::atomic::Ordering::SeqCst)))
+            })
+            .collect()
+    }
 }

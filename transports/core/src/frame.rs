@@ -181,6 +181,29 @@ mod tests {
         assert!(err.contains("4096"), "{err}");
     }
 
+    proptest::proptest! {
+        /// Any bytes: refused, or a header within the slot bound that
+        /// encodes back to the same 40 bytes.
+        #[test]
+        fn random_headers_decode_within_bounds_or_not_at_all(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            max_len in 0usize..(1 << 20),
+            magic in proptest::prelude::any::<bool>(),
+        ) {
+            let mut bytes = bytes;
+            if magic && bytes.len() >= 4 {
+                bytes[..4].copy_from_slice(&MAGIC.to_le_bytes());
+            }
+            match FrameHeader::decode(&bytes, max_len) {
+                Ok(h) => {
+                    proptest::prop_assert!(h.len as usize <= max_len);
+                    proptest::prop_assert_eq!(&h.encode()[..], &bytes[..HEADER_BYTES]);
+                }
+                Err(e) => proptest::prop_assert!(!e.is_empty()),
+            }
+        }
+    }
+
     #[test]
     fn garbage_is_refused_without_panic() {
         assert!(FrameHeader::decode(&[], 10).is_err());

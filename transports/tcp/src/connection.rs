@@ -654,6 +654,11 @@ fn put_frame(
     if let Err(e) = flush_backlog(tx, &mut st, deadline, timeout, &mut stop) {
         return Err(failed(&mut st, e));
     }
+    if crate::fault::cut_this_frame() {
+        return Err(cut_mid_frame(
+            shared, &mut st, tx, &encoded, payload, deadline,
+        ));
+    }
     let mut written = 0;
     let result = wire::write_bounded(
         &tx.socket,
@@ -685,6 +690,48 @@ fn put_frame(
             Err(failed(&mut st, e))
         }
     }
+}
+
+/// The `FERROCCL_FAULT=close_mid_frame` hook: put the header and half the
+/// payload on the wire, then shut the socket down as a dying network would.
+#[cold]
+fn cut_mid_frame(
+    shared: &ConnShared,
+    st: &mut TxState,
+    tx: &TxSocket,
+    encoded: &[u8],
+    payload: &[u8],
+    deadline: Instant,
+) -> TransportError {
+    let mut written = 0;
+    let mut never = || None;
+    // Half the payload; half the header for a frame without one.
+    let parts = if payload.is_empty() {
+        [&encoded[..encoded.len() / 2], payload]
+    } else {
+        [encoded, &payload[..payload.len() / 2]]
+    };
+    let _ = wire::write_bounded(
+        &tx.socket,
+        parts,
+        &mut written,
+        deadline,
+        (shared.peer, SEND_WAIT, Instant::now()),
+        &mut never,
+    );
+    tracing::warn!(
+        peer = shared.peer,
+        "FERROCCL_FAULT: closed the socket after {written} bytes of a {}-byte frame",
+        encoded.len() + payload.len()
+    );
+    st.closed = true;
+    shared.shutdown(Shutdown::Both);
+    let err = TransportError::Io(format!(
+        "fault injection (FERROCCL_FAULT): closed the socket to rank {} mid-frame",
+        shared.peer
+    ));
+    shared.set_send_error(err.clone());
+    err
 }
 
 impl SlotSender for TcpSender {

@@ -12,6 +12,7 @@
 //!   socket themselves (straight into the caller's buffer for
 //!   `recv_into`); one background reader per socket drains into free slots
 //!   only while the consumer is away (see its module docs).
+//! - `fault` is the test-only `FERROCCL_FAULT` hook (inert unless set).
 //! - `wire` owns the bytes of one socket: the resumable frame reader for
 //!   nonblocking sockets, deadline-bounded writes, `poll(2)`.
 //!
@@ -20,6 +21,9 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod connection;
+mod fault;
+#[doc(hidden)]
+pub mod fuzzing;
 mod handshake;
 mod iface;
 mod latch;
