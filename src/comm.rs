@@ -8,7 +8,7 @@ use crate::coll::{self, CollKind, Geometry, Plan};
 use crate::config::Config;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::{self, Call, Connector, Io, Links};
+use crate::exec::{self, Call, Connector, Io, Links, MemberWatch};
 use crate::fingerprint::NO_ROOT;
 use crate::tune::{self, LinkModel};
 use ferroccl_transport::{AbortHandle, ConnectionCloser, Fingerprint, ListenConfig};
@@ -105,7 +105,7 @@ struct Inner {
     rendezvous: Arc<Rendezvous>,
     links: Mutex<Links>,
     turns: Turns,
-    abort: AbortHandle,
+    abort: Arc<AbortHandle>,
     failure: Mutex<Option<Error>>,
     /// A mismatch another rank reported, as (reporter, peer, report) in
     /// this communicator's ranks: calls that end on it compare themselves
@@ -240,7 +240,8 @@ impl Communicator {
     ) -> Result<Communicator> {
         crate::logging::init();
         let (rank, size) = (config.rank, config.size);
-        let abort = AbortHandle::new();
+        // Shared with the set-up watch thread below.
+        let abort = Arc::new(AbortHandle::new());
         let transports = crate::transports::select(&config)?;
         let listen = ListenConfig {
             rank,
@@ -253,28 +254,61 @@ impl Communicator {
             bind_addr: None,
             nsocks: config.nsocks_per_peer,
         };
-        let connector = Connector::new(
-            &listen,
-            rendezvous.store.clone(),
-            transports,
-            crate::topo::host_info(),
-            &abort.signal(),
-            config.timeout,
-        )?;
-        let closers = Arc::new(Mutex::new(Vec::new()));
-        let mut links = Links::new(connector, closers.clone());
-        // Ring neighbours now, so that a broken network shows at start-up;
-        // other peers when first needed.
-        if size > 1 {
-            let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
-            // The lower rank connects and the higher accepts; order the two
-            // set-ups so no rank accepts while its partner also accepts.
-            let mut order = [next, prev];
-            order.sort_unstable();
-            for peer in order {
-                links.ensure(peer)?;
-            }
+        // A member that dies during set-up is named, not waited for: the
+        // rendezvous waits consult `watch`, and a thread fires this
+        // communicator's abort (ending transport waits) when it hears.
+        let watch = Arc::new(MemberWatch::new(
+            &*rendezvous.store,
+            rank,
+            global_ranks.clone(),
+        ));
+        let (setup_done, setup_running) = crossbeam_channel::bounded::<()>(0);
+        {
+            let (watch, abort) = (watch.clone(), abort.clone());
+            std::thread::Builder::new()
+                .name(format!("ferroccl-setup-{rank}"))
+                .spawn(move || loop {
+                    match setup_running.recv_timeout(std::time::Duration::from_millis(50)) {
+                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                            if watch.failed().is_some() {
+                                abort.abort();
+                                return;
+                            }
+                        }
+                        _ => return,
+                    }
+                })?;
         }
+        let closers = Arc::new(Mutex::new(Vec::new()));
+        let set_up = || -> Result<Links> {
+            let connector = Connector::new(
+                &listen,
+                rendezvous.store.clone(),
+                watch.clone(),
+                transports,
+                crate::topo::host_info(),
+                &abort.signal(),
+                config.timeout,
+            )?;
+            let mut links = Links::new(connector, closers.clone());
+            // Ring neighbours now, so that a broken network shows at
+            // start-up; other peers when first needed.
+            if size > 1 {
+                let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+                // The lower rank connects and the higher accepts; order the
+                // two set-ups so no rank accepts while its partner also
+                // accepts.
+                let mut order = [next, prev];
+                order.sort_unstable();
+                for peer in order {
+                    links.ensure(peer)?;
+                }
+            }
+            Ok(links)
+        };
+        let links = set_up();
+        drop(setup_done);
+        let links = links.map_err(|err| watch.error("communicator set-up").unwrap_or(err))?;
         let (job_tx, job_rx) = crossbeam_channel::unbounded::<Job>();
         let progress_thread = std::thread::Builder::new()
             .name(format!("ferroccl-progress-{rank}"))

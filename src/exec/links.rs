@@ -3,7 +3,7 @@
 //! accepts), and the per-peer sending and receiving halves the executor uses.
 
 use super::Call;
-use crate::bootstrap::Store;
+use crate::bootstrap::{FailureReport, Store};
 use crate::error::{Error, Result};
 use ferroccl_transport::{
     AbortSignal, ConnectionCloser, HostInfo, ListenConfig, Listener, SlotReceiver, SlotSender,
@@ -12,12 +12,76 @@ use ferroccl_transport::{
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// Failure reports about the members of one communicator, consulted by its
+/// rendezvous waits: a member that dies while the communicator is being set
+/// up (or before a lazy connection to it) is named, in this communicator's
+/// ranks, instead of leaving the others to wait out the timeout.
+pub(crate) struct MemberWatch {
+    rank: usize,
+    /// Job rank of each rank of the communicator.
+    members: Vec<usize>,
+    reports: crossbeam_channel::Receiver<FailureReport>,
+    failed: Mutex<Option<(usize, String)>>,
+}
+
+impl MemberWatch {
+    /// Watch the reports of `store` (those made before included) for the
+    /// members `members` (job ranks, by communicator rank); `rank` is this
+    /// rank in the communicator.
+    pub(crate) fn new(store: &dyn Store, rank: usize, members: Vec<usize>) -> Self {
+        MemberWatch {
+            rank,
+            members,
+            reports: store.failures(),
+            failed: Mutex::new(None),
+        }
+    }
+
+    /// The first other member reported failed, as (communicator rank,
+    /// reason). Mismatch reports concern a call, not a member's life, and
+    /// are left to the communicator that made them.
+    pub(crate) fn failed(&self) -> Option<(usize, String)> {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if failed.is_none() {
+            for report in self.reports.try_iter() {
+                if report.mismatch.is_some() {
+                    continue;
+                }
+                let local = self.members.iter().position(|&g| g == report.rank);
+                if let Some(local) = local.filter(|&l| l != self.rank) {
+                    *failed = Some((local, report.reason));
+                    break;
+                }
+            }
+        }
+        failed.clone()
+    }
+
+    /// `failed()` as the error of what was going on (`during`).
+    pub(crate) fn error(&self, during: &str) -> Option<Error> {
+        self.failed().map(|(rank, reason)| Error::PeerFailed {
+            rank,
+            during: during.to_string(),
+            reason,
+        })
+    }
+}
+
+/// A rendezvous wait asks for at most this long at a time, then looks at
+/// the failure reports.
+const WAIT_SLICE: Duration = Duration::from_millis(200);
+
+/// How much earlier than asked a sliced wait may end and still count as
+/// having run out.
+const SLICE_EARLY: Duration = Duration::from_millis(20);
+
 /// Builds connections to peers on demand.
 pub(crate) struct Connector {
     rank: usize,
     size: usize,
     comm_id: u64,
     store: Arc<dyn Store>,
+    watch: Arc<MemberWatch>,
     transports: Vec<(Arc<dyn Transport>, Box<dyn Listener>)>,
     hosts: Vec<HostInfo>,
     timeout: Duration,
@@ -33,6 +97,7 @@ impl Connector {
     pub(crate) fn new(
         config: &ListenConfig,
         store: Arc<dyn Store>,
+        watch: Arc<MemberWatch>,
         transports: Vec<Arc<dyn Transport>>,
         host: HostInfo,
         abort: &AbortSignal,
@@ -54,7 +119,7 @@ impl Connector {
         let deadline = Instant::now() + timeout;
         let mut hosts = Vec::with_capacity(size);
         for r in 0..size {
-            let id = store.get(&key(comm_id, "host", r), deadline)?;
+            let id = watched_get(&*store, &watch, &key(comm_id, "host", r), deadline)?;
             hosts.push(HostInfo {
                 host_id: String::from_utf8_lossy(&id).into_owned(),
             });
@@ -64,6 +129,7 @@ impl Connector {
             size,
             comm_id,
             store,
+            watch,
             transports: listening,
             hosts,
             timeout,
@@ -95,7 +161,9 @@ impl Connector {
         let (transport, listener) = &self.transports[index];
         let deadline = Instant::now() + self.timeout;
         let conn = if self.rank < peer {
-            let address = self.store.get(
+            let address = watched_get(
+                &*self.store,
+                &self.watch,
                 &key(self.comm_id, &format!("addr-{}", transport.name()), peer),
                 deadline,
             )?;
@@ -114,6 +182,43 @@ impl Connector {
             transport.name()
         );
         Ok(conn)
+    }
+}
+
+/// `store.get(key, deadline)` in slices, ending early with the failure of a
+/// member that `watch` hears of. A wait that ends in an error of its own
+/// (the rendezvous gone, say) first gives a report a moment to arrive: when
+/// a member dies, rank 0 often exits on it and takes the rendezvous along.
+fn watched_get(
+    store: &dyn Store,
+    watch: &MemberWatch,
+    key: &str,
+    deadline: Instant,
+) -> Result<Vec<u8>> {
+    const DURING: &str = "communicator set-up";
+    loop {
+        if let Some(err) = watch.error(DURING) {
+            return Err(err);
+        }
+        let slice = deadline.min(Instant::now() + WAIT_SLICE);
+        match store.get(key, slice) {
+            Ok(value) => return Ok(value),
+            // The slice ran out (the server rounds its wait down to whole
+            // milliseconds, so allow it to answer a little early): wait on.
+            // An error of another kind that happens to come this late is
+            // met again, at once, by the next request.
+            Err(_) if Instant::now() + SLICE_EARLY >= slice && slice < deadline => {}
+            Err(err) => {
+                let until = Instant::now() + WAIT_SLICE;
+                while Instant::now() < until {
+                    if let Some(failed) = watch.error(DURING) {
+                        return Err(failed);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                return Err(err);
+            }
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 
 mod links;
 
-pub(crate) use links::{Connector, Links};
+pub(crate) use links::{Connector, Links, MemberWatch};
 
 use crate::algo::{Operand, Prim, Schedule, Step, NO_PEER};
 use crate::element::{
