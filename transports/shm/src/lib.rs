@@ -16,6 +16,8 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod connection;
+#[doc(hidden)]
+pub mod fuzzing;
 mod listener;
 mod os;
 mod ring;

@@ -41,13 +41,13 @@ pub struct ShmListener {
 }
 
 /// The fields of a published address.
-struct Address {
+pub(crate) struct Address {
     nonce: u64,
     pid: u32,
     rank: u32,
 }
 
-fn parse_address(bytes: &[u8]) -> Result<Address, String> {
+pub(crate) fn parse_address(bytes: &[u8]) -> Result<Address, String> {
     if bytes.len() != ADDRESS_BYTES {
         return Err(format!(
             "shm address of {} bytes, expected {ADDRESS_BYTES}",
@@ -69,6 +69,29 @@ fn parse_address(bytes: &[u8]) -> Result<Address, String> {
         pid: u32_at(16),
         rank: u32_at(20),
     })
+}
+
+/// Why `found` (in a file of `file_len` bytes) is not the segment `want`
+/// describes, as a refusal code (see `refusal_reason`); None: it is.
+pub(crate) fn refusal(found: &FoundIdentity, file_len: u64, want: &Identity) -> Option<u32> {
+    let f = &found.id;
+    if !found.magic_ok || found.version != LAYOUT_VERSION {
+        Some(6)
+    } else if f.token != want.token {
+        Some(1)
+    } else if f.comm_id != want.comm_id {
+        Some(2)
+    } else if (f.from, f.to) != (want.from, want.to) {
+        Some(3)
+    } else if f.chunk_bytes != want.chunk_bytes {
+        Some(4)
+    } else if f.steps != want.steps {
+        Some(5)
+    } else if f.total_len != want.total_len || file_len != want.total_len {
+        Some(7)
+    } else {
+        None
+    }
 }
 
 /// A random 64-bit number from the kernel, or failing that from the
@@ -219,24 +242,7 @@ impl ShmListener {
     /// Why `found` (in a file of `file_len` bytes) is not the segment we
     /// expect from `want`, as a refusal code.
     fn mismatch(&self, found: &FoundIdentity, file_len: u64, want: &Identity) -> Option<u32> {
-        let f = &found.id;
-        if !found.magic_ok || found.version != LAYOUT_VERSION {
-            Some(6)
-        } else if f.token != want.token {
-            Some(1)
-        } else if f.comm_id != want.comm_id {
-            Some(2)
-        } else if (f.from, f.to) != (want.from, want.to) {
-            Some(3)
-        } else if f.chunk_bytes != want.chunk_bytes {
-            Some(4)
-        } else if f.steps != want.steps {
-            Some(5)
-        } else if f.total_len != want.total_len || file_len != want.total_len {
-            Some(7)
-        } else {
-            None
-        }
+        refusal(found, file_len, want)
     }
 }
 
