@@ -58,16 +58,18 @@ pub struct Config {
     /// Measure the links at creation for the tuner (FERROCCL_CALIBRATE=0 to
     /// skip and use `LinkModel::DEFAULT`).
     pub calibrate: bool,
-    /// Calls whose output has at least this many bytes write it with
-    /// streaming (non-temporal) stores, which skip reading each output line
-    /// before writing it and leave the cache to the slots; 0 never does
-    /// (FERROCCL_NT_STORE_BYTES).
+    /// Out-of-place calls whose output has at least this many bytes write
+    /// it with streaming (non-temporal) stores, which skip reading each
+    /// output line before writing it and leave the cache to the slots; 0
+    /// never does (FERROCCL_NT_STORE_BYTES). In-place calls never do: their
+    /// output lines were just read and are in cache.
     pub nt_store_bytes: usize,
 }
 
-/// Default of `Config::nt_store_bytes`: outputs this large do not stay in
-/// the caches of the machines we measured on (docs/performance.md).
-pub const DEFAULT_NT_STORE_BYTES: usize = 16 << 20;
+/// Default of `Config::nt_store_bytes`. On the 2-core build machine a
+/// 2-rank allreduce out of place gained 10-25% from streaming stores at
+/// 64 and 256 MiB and lost about 10% at 16 MiB (docs/performance.md).
+pub const DEFAULT_NT_STORE_BYTES: usize = 32 << 20;
 
 /// Default sockets per peer. Measured on loopback with 2 cores
 /// (docs/performance.md): more sockets add threads that compete with the

@@ -281,10 +281,13 @@ pub(crate) fn run<T: Element>(
     mut io: Io<'_, T>,
     call: &Call,
 ) -> Result<()> {
-    // A large output is written with streaming stores: it would not stay
-    // in cache anyway, and ordinary stores would read every line first.
+    // A large output of its own is written with streaming stores: it would
+    // not stay in cache anyway, and ordinary stores would read every line
+    // first. In place, the lines written were just read as input and are in
+    // cache: streaming them out measured 30-40% slower (docs/performance.md).
     let bytes = io.output_len() * std::mem::size_of::<T>();
-    let mode = if call.nt_store_bytes > 0 && bytes >= call.nt_store_bytes {
+    let own_output = matches!(io, Io::OutOfPlace { .. });
+    let mode = if own_output && call.nt_store_bytes > 0 && bytes >= call.nt_store_bytes {
         Store::Streaming
     } else {
         Store::Cached
