@@ -195,6 +195,12 @@ impl<'c, T: Element> Reducer<'c, T> {
             .collect()
     }
 
+    /// Chunks (buckets, without prefix streaming) whose collective has
+    /// started in the current step.
+    pub fn launched(&self) -> usize {
+        self.next_launch
+    }
+
     /// Whether the buckets were re-packed from the observed ready order.
     pub fn is_rebuilt(&self) -> bool {
         self.rebuilt
@@ -334,13 +340,13 @@ impl<'c, T: Element> Reducer<'c, T> {
         waited?;
 
         if let Some(err) = self.fault_error(step, local_fault, &status[..size]) {
+            // The step is void on every rank: the next one starts afresh.
+            self.touched.fill(false);
             self.grads_valid = false;
             return Err(err);
         }
         self.globally_unused = (0..n).filter(|&p| status[size + p] == 0).collect();
-        for t in &mut self.touched {
-            *t = false;
-        }
+        self.touched.fill(false);
         self.grads_valid = true;
         if self.config.rebuild_buckets && !self.rebuilt {
             self.rebuild(ready_order)?;
