@@ -109,6 +109,16 @@ pub trait CommHook<T: Element>: Send + Sync {
     fn name(&self) -> &str;
 }
 
+/// A boxed hook is a hook, so hooks can be chosen at run time.
+impl<T: Element, H: CommHook<T> + ?Sized> CommHook<T> for Box<H> {
+    fn launch(&self, comm: &Communicator, bucket: Vec<T>) -> Result<PendingBucket<T>> {
+        (**self).launch(comm, bucket)
+    }
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+}
+
 /// The default: one allreduce with [`ReduceOp::Avg`] per bucket (sum on the
 /// wire, one division by the world size at the end, on each rank).
 #[derive(Debug, Clone, Copy, Default)]
