@@ -288,6 +288,38 @@ impl<'c, T: Element> Reducer<'c, T> {
         }
     }
 
+    /// Copy every parameter's gradient (as [`grad`](Self::grad) gives it)
+    /// into `out`, one slice per parameter in registration order: for
+    /// callers that keep gradients in their own memory rather than reading
+    /// them from the buckets.
+    pub fn copy_grads_into(&self, out: &mut [&mut [T]]) -> Result<()> {
+        if out.len() != self.specs.len() {
+            return Err(Error::InvalidArgument(format!(
+                "ddp: copy_grads_into got {} slices for {} parameters",
+                out.len(),
+                self.specs.len()
+            )));
+        }
+        for (p, dst) in out.iter_mut().enumerate() {
+            let src = self.grad(p).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "ddp: no gradient of parameter {p} ({}) to copy: call finish() first",
+                    self.specs[p].name
+                ))
+            })?;
+            if dst.len() != src.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "ddp: copy_grads_into: parameter {p} ({}) has {} elements, the slice {}",
+                    self.specs[p].name,
+                    src.len(),
+                    dst.len()
+                )));
+            }
+            dst.copy_from_slice(src);
+        }
+        Ok(())
+    }
+
     /// End the step. Synchronised: every rank's remaining buckets are
     /// launched (parameters declared or detected unused count as zero),
     /// all are waited for, and the averaged gradients are left in the
