@@ -57,16 +57,21 @@ for n in "${RANKS[@]}"; do
   done
   none=$(median <"$tmp/0")
   after=$(median <"$tmp/1")
-  echo "| configuration | buckets | collectives | step ms (median) | runs (ms) | comm. hidden |"
-  echo "|---|---:|---:|---:|---|---:|"
+  none_min=$(sort -g "$tmp/0" | head -1)
+  after_min=$(sort -g "$tmp/1" | head -1)
+  hidden() { awk -v a="$1" -v x="$2" -v z="$3" 'BEGIN { if (a - z <= 0) print "n/a"; else printf "%.0f%%", 100 * (a - x) / (a - z) }'; }
+  echo "| configuration | buckets | collectives | step ms, median | step ms, min | runs (ms) | hidden (medians) | hidden (mins) |"
+  echo "|---|---:|---:|---:|---:|---|---:|---:|"
   for i in "${!CONFIGS[@]}"; do
     label="${CONFIGS[$i]%%|*}"
     m=$(median <"$tmp/$i")
+    lo=$(sort -g "$tmp/$i" | head -1)
     read -r b c <"$tmp/$i.layout"
     runs=$(sort -g "$tmp/$i" | tr '\n' ' ' | sed 's/ $//')
-    hidden=$(awk -v a="$after" -v x="$m" -v z="$none" 'BEGIN { if (a - z <= 0) print "n/a"; else printf "%.0f%%", 100 * (a - x) / (a - z) }')
-    [[ $i -le 1 ]] && hidden="-"
-    echo "| $label | $b | $c | $m | $runs | $hidden |"
+    h1=$(hidden "$after" "$m" "$none")
+    h2=$(hidden "$after_min" "$lo" "$none_min")
+    if [[ $i -le 1 ]]; then h1="-"; h2="-"; fi
+    echo "| $label | $b | $c | $m | $lo | $runs | $h1 | $h2 |"
   done
   echo
   echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
