@@ -21,7 +21,12 @@
 //! `after-backward` hands all of them over once backward is done (the same
 //! buckets, no overlap); `none` skips communication (each rank trains on its
 //! shard alone: the compute-only baseline). Rank 0 prints one line of
-//! `key=value` pairs, read by `bench/ddp-bench.sh`.
+//! `key=value` pairs. `compare` runs several variants in one job, taking
+//! turns step by step on the same data (`--variants`, e.g.
+//! `none;after:25;red:1;red:25:4` for none, after-backward with 25 MiB
+//! buckets, the reducer with 1 MiB buckets, and with 25 MiB buckets and
+//! 4 MiB prefix chunks), and prints a markdown table: what
+//! `bench/ddp-bench.sh` runs.
 
 use ferroccl::ddp::{
     broadcast_parameters, AllReduceHook, Bf16CompressHook, CommHook, Fp16CompressHook, ParamSpec,
@@ -35,7 +40,64 @@ enum Mode {
     Reducer,
     AfterBackward,
     None,
+    Compare,
 }
+
+/// One configuration of `--mode compare`.
+#[derive(Clone, Debug)]
+struct VariantSpec {
+    label: String,
+    mode: Mode,
+    bucket_mb: f64,
+    prefix_mb: Option<f64>,
+}
+
+/// `none`, `after:CAP` or `red:CAP[:PREFIX]` (MiB), separated by `;`.
+fn parse_variants(text: &str) -> Result<Vec<VariantSpec>, String> {
+    text.split(';')
+        .map(|v| {
+            let parts: Vec<&str> = v.split(':').collect();
+            let num = |i: usize| -> Result<Option<f64>, String> {
+                parts
+                    .get(i)
+                    .map(|p| p.parse::<f64>().map_err(|e| format!("variant {v}: {e}")))
+                    .transpose()
+            };
+            let (mode, label) = match parts[0] {
+                "none" => {
+                    return Ok(VariantSpec {
+                        label: "none".into(),
+                        mode: Mode::None,
+                        bucket_mb: 25.0,
+                        prefix_mb: None,
+                    })
+                }
+                "after" => (Mode::AfterBackward, "after-backward".to_string()),
+                "red" => (Mode::Reducer, String::new()),
+                other => return Err(format!("unknown variant kind {other}")),
+            };
+            let bucket_mb = num(1)?.unwrap_or(25.0);
+            let prefix_mb = num(2)?;
+            let label = if mode == Mode::Reducer {
+                match prefix_mb {
+                    Some(p) => format!("reducer, {bucket_mb} MiB + prefix {p} MiB"),
+                    None => format!("reducer, {bucket_mb} MiB"),
+                }
+            } else {
+                label
+            };
+            Ok(VariantSpec {
+                label,
+                mode,
+                bucket_mb,
+                prefix_mb,
+            })
+        })
+        .collect()
+}
+
+const DEFAULT_VARIANTS: &str =
+    "none;after:25;red:1;red:5;red:25;red:100;red:25:4;red:100:4;red:100:12";
 
 struct Args {
     steps: usize,
@@ -53,6 +115,7 @@ struct Args {
     hook: String,
     rebuild: bool,
     accumulate: usize,
+    variants: Vec<VariantSpec>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -72,6 +135,7 @@ fn parse_args() -> Result<Args, String> {
         hook: "allreduce".into(),
         rebuild: true,
         accumulate: 1,
+        variants: parse_variants(DEFAULT_VARIANTS)?,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -92,11 +156,13 @@ fn parse_args() -> Result<Args, String> {
             "--accumulate" => a.accumulate = (num(value()?)? as usize).max(1),
             "--hook" => a.hook = value()?,
             "--no-rebuild" => a.rebuild = false,
+            "--variants" => a.variants = parse_variants(&value()?)?,
             "--mode" => {
                 a.mode = match value()?.as_str() {
                     "reducer" => Mode::Reducer,
                     "after-backward" => Mode::AfterBackward,
                     "none" => Mode::None,
+                    "compare" => Mode::Compare,
                     other => return Err(format!("unknown mode {other}")),
                 }
             }
@@ -283,122 +349,75 @@ fn run(args: &Args) -> ferroccl::Result<()> {
         .collect();
     let grad_bytes: usize = specs.iter().map(|s| s.len * 4).sum();
     let mib = |x: f64| (x * (1 << 20) as f64) as usize;
-    let config = ReducerConfig {
-        bucket_cap_bytes: mib(args.bucket_mb),
+    let config = |bucket_mb: f64, prefix_mb: Option<f64>| ReducerConfig {
+        bucket_cap_bytes: mib(bucket_mb),
         first_bucket_cap_bytes: mib(args.first_bucket_mb),
-        prefix_chunk_bytes: args.prefix_chunk_mb.map(mib),
+        prefix_chunk_bytes: prefix_mb.map(mib),
         rebuild_buckets: args.rebuild,
         find_unused_parameters: false,
     };
-    let hook: Box<dyn CommHook<f32>> = match args.hook.as_str() {
-        "allreduce" => Box::new(AllReduceHook),
-        "fp16" => Box::new(Fp16CompressHook),
-        "bf16" => Box::new(Bf16CompressHook),
-        other => {
-            return Err(ferroccl::Error::InvalidArgument(format!(
-                "unknown hook {other}"
-            )))
-        }
+    let hook = || -> ferroccl::Result<Box<dyn CommHook<f32>>> {
+        Ok(match args.hook.as_str() {
+            "allreduce" => Box::new(AllReduceHook),
+            "fp16" => Box::new(Fp16CompressHook),
+            "bf16" => Box::new(Bf16CompressHook),
+            other => {
+                return Err(ferroccl::Error::InvalidArgument(format!(
+                    "unknown hook {other}"
+                )))
+            }
+        })
     };
-    let mut reducer = match args.mode {
-        Mode::None => None,
-        _ => Some(Reducer::with_hook(&comm, &specs, config, hook)?),
+    // What runs: one mode, or (compare) several variants taking turns step
+    // by step on the same data, so that a shared machine's load falls on
+    // all of them alike.
+    let specs_of_variants = match args.mode {
+        Mode::Compare => args.variants.clone(),
+        mode => vec![VariantSpec {
+            label: format!("{mode:?}"),
+            mode,
+            bucket_mb: args.bucket_mb,
+            prefix_mb: args.prefix_chunk_mb,
+        }],
     };
+    let mut variants = Vec::new();
+    for v in specs_of_variants {
+        let reducer = match v.mode {
+            Mode::None => None,
+            _ => Some(Reducer::with_hook(
+                &comm,
+                &specs,
+                config(v.bucket_mb, v.prefix_mb),
+                hook()?,
+            )?),
+        };
+        variants.push((v, reducer, Vec::new()));
+    }
 
-    let mut times = Vec::new();
     let mut last_loss = 0f64;
     let mut grads: Vec<Vec<f32>> = specs.iter().map(|s| vec![0.0; s.len]).collect();
     let total_steps = args.warmup + args.steps;
+    let n_variants = variants.len();
     for step in 0..total_steps {
-        comm.barrier()?; // every rank starts the timed step together
-        let start = Instant::now();
-        let mut loss_sum = 0f64;
-        for micro in 0..args.accumulate {
-            let sync = micro + 1 == args.accumulate;
-            if let Some(r) = reducer.as_mut() {
-                r.set_sync(sync);
-            }
-            let first = (step * args.accumulate + micro) * args.batch + rank * shard;
-            let (x, t) = batch(first, shard, args.d_in, args.d_out);
-
-            // Forward, keeping each layer's input.
-            let mut inputs = vec![x];
-            for (l, layer) in layers.iter().enumerate() {
-                let mut y = forward(layer, &inputs[l], shard);
-                if l + 1 < layers.len() {
-                    y.iter_mut().for_each(|v| *v = v.max(0.0));
-                }
-                inputs.push(y);
-            }
-            let out = inputs.pop().expect("output");
-            // Mean squared error over the shard (and the micro-steps).
-            let denom = (shard * args.d_out * args.accumulate) as f32;
-            let mut dy: Vec<f32> = out
-                .iter()
-                .zip(&t)
-                .map(|(y, t)| (y - t) / denom * 2.0)
-                .collect();
-            loss_sum += out
-                .iter()
-                .zip(&t)
-                .map(|(y, t)| f64::from((y - t) * (y - t)))
-                .sum::<f64>()
-                / f64::from(denom);
-
-            // Backward, last layer first: each layer's gradients go to the
-            // reducer as soon as they are computed.
-            for l in (0..layers.len()).rev() {
-                let (gw, gb) = layer_backward(&layers[l], &inputs[l], &dy, shard);
-                if l > 0 {
-                    let mut dx = input_grad(&layers[l], &dy, shard);
-                    // Through the ReLU of the layer below.
-                    for (d, a) in dx.iter_mut().zip(&inputs[l]) {
-                        if *a <= 0.0 {
-                            *d = 0.0;
-                        }
-                    }
-                    dy = dx;
-                }
-                match (args.mode, reducer.as_mut()) {
-                    (Mode::Reducer, Some(r)) => {
-                        r.mark_ready(2 * l, &gw)?;
-                        r.mark_ready(2 * l + 1, &gb)?;
-                    }
-                    _ => {
-                        // Without a reducer, micro-steps accumulate here;
-                        // with one (after-backward), in its buckets.
-                        let m = if args.mode == Mode::None { micro } else { 0 };
-                        accumulate_into(&mut grads[2 * l], gw, m);
-                        accumulate_into(&mut grads[2 * l + 1], gb, m);
-                    }
-                }
-            }
-            if let (Mode::AfterBackward, Some(r)) = (args.mode, reducer.as_mut()) {
-                // The same buckets, handed over only once backward is done.
-                for p in (0..specs.len()).rev() {
-                    r.mark_ready(p, &grads[p])?;
-                }
-            }
-            if let Some(r) = reducer.as_mut() {
-                r.finish()?;
+        for k in 0..n_variants {
+            // Rotate who goes first, so no variant always follows another.
+            let (v, reducer, times) = &mut variants[(k + step) % n_variants];
+            comm.barrier()?; // every rank starts the timed step together
+            let start = Instant::now();
+            last_loss = train_step(
+                &mut layers,
+                args,
+                v.mode,
+                reducer.as_mut(),
+                &mut grads,
+                step,
+                rank,
+                shard,
+            )?;
+            if step >= args.warmup {
+                times.push(start.elapsed().as_secs_f64() * 1e3);
             }
         }
-        // SGD.
-        for (l, layer) in layers.iter_mut().enumerate() {
-            let (gw, gb) = match reducer.as_ref() {
-                Some(r) => (
-                    r.grad(2 * l).expect("averaged"),
-                    r.grad(2 * l + 1).expect("averaged"),
-                ),
-                None => (&grads[2 * l][..], &grads[2 * l + 1][..]),
-            };
-            axpy(&mut layer.w, -args.lr, gw);
-            axpy(&mut layer.b, -args.lr, gb);
-        }
-        if step >= args.warmup {
-            times.push(start.elapsed().as_secs_f64() * 1e3);
-        }
-        last_loss = loss_sum;
     }
 
     // The mean loss of the last step over all ranks, and a checksum of the
@@ -411,26 +430,150 @@ fn run(args: &Args) -> ferroccl::Result<()> {
         .enumerate()
         .map(|(i, &v)| f64::from(v) * (1.0 + (i % 7) as f64))
         .sum();
-    times.sort_by(f64::total_cmp);
-    let median = if times.is_empty() {
-        0.0
-    } else {
-        times[times.len() / 2]
-    };
-    if rank == 0 {
-        let (buckets, chunks) = reducer.as_ref().map_or((0, 0), |r| {
-            (r.bucket_layout().len(), r.chunk_layout().len())
-        });
+    if rank != 0 {
+        return Ok(());
+    }
+    let summary: Vec<(String, f64, f64, usize, usize)> = variants
+        .iter_mut()
+        .map(|(v, reducer, times)| {
+            times.sort_by(f64::total_cmp);
+            let median = times.get(times.len() / 2).copied().unwrap_or(0.0);
+            let min = times.first().copied().unwrap_or(0.0);
+            let (b, c) = reducer.as_ref().map_or((0, 0), |r| {
+                (r.bucket_layout().len(), r.chunk_layout().len())
+            });
+            (v.label.clone(), median, min, b, c)
+        })
+        .collect();
+    if args.mode != Mode::Compare {
+        let (_, median, min, buckets, chunks) = &summary[0];
         println!(
             "mode={:?} ranks={size} grad_mib={:.1} buckets={buckets} chunks={chunks} \
-             step_ms_median={median:.2} step_ms_min={:.2} loss={:.6} checksum={checksum:.6}",
+             step_ms_median={median:.2} step_ms_min={min:.2} loss={:.6} checksum={checksum:.6}",
             args.mode,
             grad_bytes as f64 / (1 << 20) as f64,
-            times.first().copied().unwrap_or(0.0),
             loss[0],
         );
+        return Ok(());
     }
+    // Compare: a markdown table; "hidden" is the share of the communication
+    // time (after-backward minus none) that the variant does not pay.
+    let find = |label: &str| summary.iter().find(|s| s.0 == label).map(|s| s.1);
+    let (none, after) = (find("none"), find("after-backward"));
+    println!("| variant | buckets | collectives | step ms, median | step ms, min | comm. hidden |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (label, median, min, b, c) in &summary {
+        let hidden = match (none, after) {
+            (Some(z), Some(a)) if a > z && label != "none" && label != "after-backward" => {
+                format!("{:.0}%", 100.0 * (a - median) / (a - z))
+            }
+            _ => "-".into(),
+        };
+        println!("| {label} | {b} | {c} | {median:.1} | {min:.1} | {hidden} |");
+    }
+    println!(
+        "ranks={size} grad_mib={:.1} steps={} checksum={checksum:.6}",
+        grad_bytes as f64 / (1 << 20) as f64,
+        args.steps
+    );
     Ok(())
+}
+
+/// One optimizer step (with its micro-steps) of `mode`; returns the loss.
+#[allow(clippy::too_many_arguments)]
+fn train_step(
+    layers: &mut [Linear],
+    args: &Args,
+    mode: Mode,
+    mut reducer: Option<&mut Reducer<'_, f32>>,
+    grads: &mut [Vec<f32>],
+    step: usize,
+    rank: usize,
+    shard: usize,
+) -> ferroccl::Result<f64> {
+    let mut loss_sum = 0f64;
+    for micro in 0..args.accumulate {
+        if let Some(r) = reducer.as_mut() {
+            r.set_sync(micro + 1 == args.accumulate);
+        }
+        let first = (step * args.accumulate + micro) * args.batch + rank * shard;
+        let (x, t) = batch(first, shard, args.d_in, args.d_out);
+
+        // Forward, keeping each layer's input.
+        let mut inputs = vec![x];
+        for (l, layer) in layers.iter().enumerate() {
+            let mut y = forward(layer, &inputs[l], shard);
+            if l + 1 < layers.len() {
+                y.iter_mut().for_each(|v| *v = v.max(0.0));
+            }
+            inputs.push(y);
+        }
+        let out = inputs.pop().expect("output");
+        // Mean squared error over the shard (and the micro-steps).
+        let denom = (shard * args.d_out * args.accumulate) as f32;
+        let mut dy: Vec<f32> = out
+            .iter()
+            .zip(&t)
+            .map(|(y, t)| (y - t) / denom * 2.0)
+            .collect();
+        loss_sum += out
+            .iter()
+            .zip(&t)
+            .map(|(y, t)| f64::from((y - t) * (y - t)))
+            .sum::<f64>()
+            / f64::from(denom);
+
+        // Backward, last layer first: each layer's gradients go to the
+        // reducer as soon as they are computed.
+        for l in (0..layers.len()).rev() {
+            let (gw, gb) = layer_backward(&layers[l], &inputs[l], &dy, shard);
+            if l > 0 {
+                let mut dx = input_grad(&layers[l], &dy, shard);
+                // Through the ReLU of the layer below.
+                for (d, a) in dx.iter_mut().zip(&inputs[l]) {
+                    if *a <= 0.0 {
+                        *d = 0.0;
+                    }
+                }
+                dy = dx;
+            }
+            match (mode, reducer.as_mut()) {
+                (Mode::Reducer, Some(r)) => {
+                    r.mark_ready(2 * l, &gw)?;
+                    r.mark_ready(2 * l + 1, &gb)?;
+                }
+                _ => {
+                    // Without a reducer, micro-steps accumulate here;
+                    // with one (after-backward), in its buckets.
+                    let m = if mode == Mode::None { micro } else { 0 };
+                    accumulate_into(&mut grads[2 * l], gw, m);
+                    accumulate_into(&mut grads[2 * l + 1], gb, m);
+                }
+            }
+        }
+        if let (Mode::AfterBackward, Some(r)) = (mode, reducer.as_mut()) {
+            // The same buckets, handed over only once backward is done.
+            for p in (0..grads.len()).rev() {
+                r.mark_ready(p, &grads[p])?;
+            }
+        }
+        if let Some(r) = reducer.as_mut() {
+            r.finish()?;
+        }
+    }
+    // SGD.
+    for (l, layer) in layers.iter_mut().enumerate() {
+        let (gw, gb) = match reducer.as_ref() {
+            Some(r) => (
+                r.grad(2 * l).expect("averaged"),
+                r.grad(2 * l + 1).expect("averaged"),
+            ),
+            None => (&grads[2 * l][..], &grads[2 * l + 1][..]),
+        };
+        axpy(&mut layer.w, -args.lr, gw);
+        axpy(&mut layer.b, -args.lr, gb);
+    }
+    Ok(loss_sum)
 }
 
 /// `dst = src` on the first micro-step, `dst += src` on the others.
