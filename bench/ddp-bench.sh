@@ -25,7 +25,7 @@ RANKS=("$@")
 REPEATS="${REPEATS:-3}"
 STEPS="${STEPS:-20}"
 MODEL="${MODEL:---in 1024 --hidden 1024 --layers 10 --out 64 --batch 16}"
-VARIANTS="${VARIANTS:-none;after:25;red:1;red:5;red:25;red:100;red:25:4;red:100:4;red:100:12}"
+VARIANTS="${VARIANTS:-none;after:25;one;red:1;red:5;red:25;red:100;red:25:4;red:100:4;red:100:12}"
 
 for n in "${RANKS[@]}"; do
   for ((r = 1; r <= REPEATS; r++)); do

@@ -50,9 +50,13 @@ struct VariantSpec {
     mode: Mode,
     bucket_mb: f64,
     prefix_mb: Option<f64>,
+    /// Cap of the first bucket, if not `--first-bucket-mb`.
+    first_mb: Option<f64>,
 }
 
-/// `none`, `after:CAP` or `red:CAP[:PREFIX]` (MiB), separated by `;`.
+/// `none`, `after:CAP`, `one` (the reducer with a single bucket: every
+/// gradient reduced in one collective once backward is done) or
+/// `red:CAP[:PREFIX]` (MiB), separated by `;`.
 fn parse_variants(text: &str) -> Result<Vec<VariantSpec>, String> {
     text.split(';')
         .map(|v| {
@@ -70,6 +74,16 @@ fn parse_variants(text: &str) -> Result<Vec<VariantSpec>, String> {
                         mode: Mode::None,
                         bucket_mb: 25.0,
                         prefix_mb: None,
+                        first_mb: None,
+                    })
+                }
+                "one" => {
+                    return Ok(VariantSpec {
+                        label: "one bucket".into(),
+                        mode: Mode::Reducer,
+                        bucket_mb: 1e6,
+                        prefix_mb: None,
+                        first_mb: Some(1e6),
                     })
                 }
                 "after" => (Mode::AfterBackward, "after-backward".to_string()),
@@ -91,13 +105,14 @@ fn parse_variants(text: &str) -> Result<Vec<VariantSpec>, String> {
                 mode,
                 bucket_mb,
                 prefix_mb,
+                first_mb: None,
             })
         })
         .collect()
 }
 
 const DEFAULT_VARIANTS: &str =
-    "none;after:25;red:1;red:5;red:25;red:100;red:25:4;red:100:4;red:100:12";
+    "none;after:25;one;red:1;red:5;red:25;red:100;red:25:4;red:100:4;red:100:12";
 
 struct Args {
     steps: usize,
@@ -349,9 +364,9 @@ fn run(args: &Args) -> ferroccl::Result<()> {
         .collect();
     let grad_bytes: usize = specs.iter().map(|s| s.len * 4).sum();
     let mib = |x: f64| (x * (1 << 20) as f64) as usize;
-    let config = |bucket_mb: f64, prefix_mb: Option<f64>| ReducerConfig {
+    let config = |bucket_mb: f64, prefix_mb: Option<f64>, first_mb: Option<f64>| ReducerConfig {
         bucket_cap_bytes: mib(bucket_mb),
-        first_bucket_cap_bytes: mib(args.first_bucket_mb),
+        first_bucket_cap_bytes: mib(first_mb.unwrap_or(args.first_bucket_mb)),
         prefix_chunk_bytes: prefix_mb.map(mib),
         rebuild_buckets: args.rebuild,
         find_unused_parameters: false,
@@ -378,6 +393,7 @@ fn run(args: &Args) -> ferroccl::Result<()> {
             mode,
             bucket_mb: args.bucket_mb,
             prefix_mb: args.prefix_chunk_mb,
+            first_mb: None,
         }],
     };
     let mut variants = Vec::new();
@@ -387,7 +403,7 @@ fn run(args: &Args) -> ferroccl::Result<()> {
             _ => Some(Reducer::with_hook(
                 &comm,
                 &specs,
-                config(v.bucket_mb, v.prefix_mb),
+                config(v.bucket_mb, v.prefix_mb, v.first_mb),
                 hook()?,
             )?),
         };
@@ -459,17 +475,26 @@ fn run(args: &Args) -> ferroccl::Result<()> {
     // Compare: a markdown table; "hidden" is the share of the communication
     // time (after-backward minus none) that the variant does not pay.
     let find = |label: &str| summary.iter().find(|s| s.0 == label).map(|s| s.1);
-    let (none, after) = (find("none"), find("after-backward"));
-    println!("| variant | buckets | collectives | step ms, median | step ms, min | comm. hidden |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    let (none, after, one) = (find("none"), find("after-backward"), find("one bucket"));
+    let hidden = |base: Option<f64>, label: &str, median: f64| match (none, base) {
+        (Some(z), Some(a)) if a > z && label != "none" && label != "after-backward" => {
+            format!("{:.0}%", 100.0 * (a - median) / (a - z))
+        }
+        _ => "-".into(),
+    };
+    println!(
+        "| variant | buckets | collectives | step ms, median | step ms, min \
+         | hidden vs after-backward | hidden vs one bucket |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for (label, median, min, b, c) in &summary {
-        let hidden = match (none, after) {
-            (Some(z), Some(a)) if a > z && label != "none" && label != "after-backward" => {
-                format!("{:.0}%", 100.0 * (a - median) / (a - z))
-            }
-            _ => "-".into(),
+        let h1 = hidden(after, label, *median);
+        let h2 = if label == "one bucket" {
+            "-".into()
+        } else {
+            hidden(one, label, *median)
         };
-        println!("| {label} | {b} | {c} | {median:.1} | {min:.1} | {hidden} |");
+        println!("| {label} | {b} | {c} | {median:.1} | {min:.1} | {h1} | {h2} |");
     }
     println!(
         "ranks={size} grad_mib={:.1} steps={} checksum={checksum:.6}",
@@ -576,10 +601,12 @@ fn train_step(
     Ok(loss_sum)
 }
 
-/// `dst = src` on the first micro-step, `dst += src` on the others.
-fn accumulate_into(dst: &mut [f32], src: Vec<f32>, micro: usize) {
+/// `dst = src` on the first micro-step (a move: no copy, so that the
+/// baselines pay no copy the reducer mode does not), `dst += src` on the
+/// others.
+fn accumulate_into(dst: &mut Vec<f32>, src: Vec<f32>, micro: usize) {
     if micro == 0 {
-        dst.copy_from_slice(&src);
+        *dst = src;
     } else {
         axpy(dst, 1.0, &src);
     }
