@@ -940,6 +940,10 @@ fn run_example(
         .args(args)
         .env("FERROCCL_CALIBRATE", "0")
         .env_remove("FERROCCL_TOKEN")
+        // `mem` (thread ranks only) would leave processes unable to connect;
+        // and a short timeout bounds the run if anything else goes wrong.
+        .env_remove("FERROCCL_TRANSPORT")
+        .env("FERROCCL_TIMEOUT", "30")
         .output()
         .expect("cannot run ferroccl-run");
     let stdout = String::from_utf8_lossy(&out.stdout);
