@@ -1028,3 +1028,60 @@ fn the_candle_example_trains_the_same_model_on_1_and_2_ranks() {
         "2 ranks: {got}, one process {want}"
     );
 }
+
+/// A hook that refuses to launch on one rank.
+struct FailsOnRank(usize);
+
+impl CommHook<f32> for FailsOnRank {
+    fn launch(
+        &self,
+        comm: &Communicator,
+        bucket: Vec<f32>,
+    ) -> ferroccl::Result<PendingBucket<f32>> {
+        if comm.rank() == self.0 {
+            return Err(Error::InvalidArgument("hook refused".into()));
+        }
+        Ok(PendingBucket::from_work(
+            comm.all_reduce_async(bucket, ReduceOp::Avg)?,
+        ))
+    }
+    fn name(&self) -> &str {
+        "fails_on_rank"
+    }
+}
+
+#[test]
+fn a_hook_failing_on_one_rank_fails_the_step_everywhere_within_the_timeout() {
+    let start = Instant::now();
+    let results = run_ranks_with(
+        3,
+        |c| c.timeout = Duration::from_secs(2),
+        |comm| -> Result<(), Error> {
+            let mut r = Reducer::with_hook(&comm, &specs(6), small_buckets(), FailsOnRank(1))?;
+            let mut first_err = None;
+            for p in (0..6).rev() {
+                if let Err(e) = r.mark_ready(p, &vec![1.0; LENS[p]]) {
+                    first_err.get_or_insert(e);
+                }
+            }
+            let finished = r.finish();
+            match first_err {
+                Some(e) => Err(e),
+                None => finished,
+            }
+        },
+    );
+    let err = results[1].clone().expect_err("rank 1's hook failed");
+    assert!(err.to_string().contains("hook refused"), "{err}");
+    for rank in [0, 2] {
+        assert!(
+            results[rank].is_err(),
+            "rank {rank} must not report success"
+        );
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        start.elapsed()
+    );
+}

@@ -89,6 +89,8 @@ pub struct Reducer<'c, T: Element> {
     /// Order in which parameters became ready in this step.
     order: Vec<usize>,
     fault: Option<Fault>,
+    /// A hook failed to launch a chunk in this step: launch nothing more.
+    launch_error: Option<Error>,
     sync: bool,
     rebuilt: bool,
     step: u64,
@@ -163,6 +165,7 @@ impl<'c, T: Element> Reducer<'c, T> {
             used: vec![false; n],
             order: Vec::with_capacity(n),
             fault: None,
+            launch_error: None,
             sync: true,
             rebuilt: false,
             step: 0,
@@ -442,6 +445,9 @@ impl<'c, T: Element> Reducer<'c, T> {
     /// launched: the prefix order is what keeps every rank's collective
     /// sequence the same.
     fn launch_ready(&mut self) -> Result<()> {
+        if let Some(e) = &self.launch_error {
+            return Err(e.clone());
+        }
         while self.next_launch < self.chunks.len() && self.pending[self.next_launch] == 0 {
             let c = self.next_launch;
             let placeholder = ChunkState::Idle(Vec::new());
@@ -449,8 +455,19 @@ impl<'c, T: Element> Reducer<'c, T> {
                 ChunkState::Idle(buf) => buf,
                 ChunkState::InFlight(_) => unreachable!("chunk {c} launched twice"),
             };
-            let pending = self.hook.launch(self.comm, buf)?;
-            self.chunks[c] = ChunkState::InFlight(pending);
+            match self.hook.launch(self.comm, buf) {
+                Ok(pending) => self.chunks[c] = ChunkState::InFlight(pending),
+                Err(e) => {
+                    // The buffer went with the failed call: keep the shape,
+                    // and stop launching in this step (the sequence of
+                    // collectives is broken; the others learn it from the
+                    // communicator, at worst by its timeout).
+                    self.chunks[c] =
+                        ChunkState::Idle(vec![T::from_f64(0.0); self.layout.chunks[c].len]);
+                    self.launch_error = Some(e.clone());
+                    return Err(e);
+                }
+            }
             self.next_launch += 1;
         }
         Ok(())
@@ -488,6 +505,7 @@ impl<'c, T: Element> Reducer<'c, T> {
     }
 
     fn reset_step(&mut self) {
+        self.launch_error = None;
         self.marked.fill(false);
         self.used.fill(false);
         self.order.clear();
