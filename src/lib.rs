@@ -19,6 +19,7 @@ pub mod bootstrap;
 mod coll;
 mod comm;
 mod config;
+pub mod ddp;
 mod element;
 mod error;
 mod exec;

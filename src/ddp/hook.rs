@@ -1,0 +1,234 @@
+//! Communication hooks: how a filled bucket becomes the average of that
+//! bucket over all ranks. The reducer hands a hook each bucket (or chunk)
+//! as an owned buffer the moment it is complete; the hook starts whatever
+//! collectives it likes and returns a [`PendingBucket`] that yields the
+//! averaged buffer. Hooks see only the public communicator API.
+
+use crate::{Communicator, DataType, Element, ReduceOp, Result, Work};
+use half::{bf16, f16};
+
+/// A bucket whose reduction is under way; [`PendingBucket::wait`] gives the
+/// buffer back holding the average over ranks.
+#[must_use = "a bucket's errors are only seen through wait()"]
+pub struct PendingBucket<T> {
+    inner: Box<dyn Pending<T>>,
+}
+
+impl<T> std::fmt::Debug for PendingBucket<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingBucket")
+            .field("complete", &self.inner.is_complete())
+            .finish()
+    }
+}
+
+trait Pending<T>: Send {
+    fn wait(self: Box<Self>) -> Result<Vec<T>>;
+    fn is_complete(&self) -> bool;
+}
+
+struct Then<U, F> {
+    work: Work<Vec<U>>,
+    then: F,
+}
+
+impl<T, U, F> Pending<T> for Then<U, F>
+where
+    U: Send + 'static,
+    F: FnOnce(Vec<U>) -> Result<Vec<T>> + Send,
+{
+    fn wait(self: Box<Self>) -> Result<Vec<T>> {
+        let done = self.work.wait()?;
+        (self.then)(done)
+    }
+    fn is_complete(&self) -> bool {
+        self.work.is_complete()
+    }
+}
+
+struct Done<T>(Result<Vec<T>>);
+
+impl<T: Send> Pending<T> for Done<T> {
+    fn wait(self: Box<Self>) -> Result<Vec<T>> {
+        self.0
+    }
+    fn is_complete(&self) -> bool {
+        true
+    }
+}
+
+impl<T: Send + 'static> PendingBucket<T> {
+    /// A collective whose result is the averaged bucket itself.
+    pub fn from_work(work: Work<Vec<T>>) -> Self {
+        Self::then(work, Ok)
+    }
+
+    /// A collective on some buffer `Vec<U>` (a compressed copy, say) and the
+    /// step that turns its result into the averaged bucket; `then` runs in
+    /// [`wait`](Self::wait), on the caller's thread.
+    pub fn then<U: Send + 'static>(
+        work: Work<Vec<U>>,
+        then: impl FnOnce(Vec<U>) -> Result<Vec<T>> + Send + 'static,
+    ) -> Self {
+        PendingBucket {
+            inner: Box::new(Then { work, then }),
+        }
+    }
+
+    /// A bucket that needs no waiting (a hook that finished synchronously).
+    pub fn ready(result: Result<Vec<T>>) -> Self {
+        PendingBucket {
+            inner: Box::new(Done(result)),
+        }
+    }
+
+    /// Wait for the reduction and return the averaged bucket. Bounded by
+    /// the communicator's timeout.
+    pub fn wait(self) -> Result<Vec<T>> {
+        self.inner.wait()
+    }
+
+    /// Whether [`wait`](Self::wait) would return at once.
+    pub fn is_complete(&self) -> bool {
+        self.inner.is_complete()
+    }
+}
+
+/// What the reducer calls for every complete bucket (PyTorch's
+/// `register_comm_hook`). Implementations must issue the same collectives
+/// on every rank for the same bucket: the reducer hands buckets over in the
+/// same order everywhere.
+pub trait CommHook<T: Element>: Send + Sync {
+    /// Start reducing `bucket`, this rank's gradients, so that the result
+    /// is their average over the ranks of `comm` (a parameter a rank did not
+    /// use counts as zero there). Must not block on other ranks.
+    fn launch(&self, comm: &Communicator, bucket: Vec<T>) -> Result<PendingBucket<T>>;
+
+    /// A short name, for logs and for checking that every rank uses the
+    /// same hook.
+    fn name(&self) -> &str;
+}
+
+/// A boxed hook is a hook, so hooks can be chosen at run time.
+impl<T: Element, H: CommHook<T> + ?Sized> CommHook<T> for Box<H> {
+    fn launch(&self, comm: &Communicator, bucket: Vec<T>) -> Result<PendingBucket<T>> {
+        (**self).launch(comm, bucket)
+    }
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+}
+
+/// The default: one allreduce with [`ReduceOp::Avg`] per bucket (sum on the
+/// wire, one division by the world size at the end, on each rank).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AllReduceHook;
+
+impl<T: Element> CommHook<T> for AllReduceHook {
+    fn launch(&self, comm: &Communicator, bucket: Vec<T>) -> Result<PendingBucket<T>> {
+        Ok(PendingBucket::from_work(
+            comm.all_reduce_async(bucket, ReduceOp::Avg)?,
+        ))
+    }
+    fn name(&self) -> &str {
+        "allreduce"
+    }
+}
+
+/// A 16-bit float the compression hooks can carry.
+trait Half: Element + Copy {
+    fn from_f32s(src: &[f32], dst: &mut [Self]);
+    fn to_f32s(src: &[Self], dst: &mut [f32]);
+    fn from_f64_value(v: f64) -> Self;
+}
+
+impl Half for f16 {
+    fn from_f32s(src: &[f32], dst: &mut [Self]) {
+        half::slice::HalfFloatSliceExt::convert_from_f32_slice(dst, src);
+    }
+    fn to_f32s(src: &[Self], dst: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
+    }
+    fn from_f64_value(v: f64) -> Self {
+        f16::from_f64(v)
+    }
+}
+
+impl Half for bf16 {
+    fn from_f32s(src: &[f32], dst: &mut [Self]) {
+        half::slice::HalfFloatSliceExt::convert_from_f32_slice(dst, src);
+    }
+    fn to_f32s(src: &[Self], dst: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
+    }
+    fn from_f64_value(v: f64) -> Self {
+        bf16::from_f64(v)
+    }
+}
+
+/// Divide by the world size, cast to `H`, allreduce (sum) in `H`, cast back
+/// into the original buffer. The division comes first, as in PyTorch's
+/// compression hooks, so that sums of many ranks cannot overflow f16's
+/// range; it costs the precision of values that drop into f16's subnormals.
+fn compress_launch<T: Element, H: Half>(
+    comm: &Communicator,
+    mut bucket: Vec<T>,
+) -> Result<PendingBucket<T>> {
+    let n = comm.size() as f64;
+    let mut small = vec![H::from_f64_value(0.0); bucket.len()];
+    if T::DTYPE == DataType::F32 {
+        // The common case, through half's vectorised conversion.
+        let src: &mut [f32] = bytemuck::cast_slice_mut(&mut bucket);
+        let inv = (1.0 / n) as f32;
+        for v in src.iter_mut() {
+            *v *= inv;
+        }
+        H::from_f32s(src, &mut small);
+    } else {
+        for (s, v) in small.iter_mut().zip(&bucket) {
+            *s = H::from_f64_value(v.to_f64() / n);
+        }
+    }
+    let work = comm.all_reduce_async(small, ReduceOp::Sum)?;
+    Ok(PendingBucket::then(work, move |small: Vec<H>| {
+        if T::DTYPE == DataType::F32 {
+            H::to_f32s(&small, bytemuck::cast_slice_mut(&mut bucket));
+        } else {
+            for (v, s) in bucket.iter_mut().zip(&small) {
+                *v = T::from_f64(s.to_f64());
+            }
+        }
+        Ok(bucket)
+    }))
+}
+
+/// Compress buckets to IEEE half precision on the wire (PyTorch's
+/// `fp16_compress_hook`): half the bytes of f32, about three decimal
+/// digits, range up to 65504 (values are divided by the world size before
+/// the cast, so sums stay in range).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fp16CompressHook;
+
+impl<T: Element> CommHook<T> for Fp16CompressHook {
+    fn launch(&self, comm: &Communicator, bucket: Vec<T>) -> Result<PendingBucket<T>> {
+        compress_launch::<T, f16>(comm, bucket)
+    }
+    fn name(&self) -> &str {
+        "fp16_compress"
+    }
+}
+
+/// Compress buckets to bfloat16 on the wire (PyTorch's
+/// `bf16_compress_hook`): half the bytes of f32, f32's range, about two
+/// decimal digits.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Bf16CompressHook;
+
+impl<T: Element> CommHook<T> for Bf16CompressHook {
+    fn launch(&self, comm: &Communicator, bucket: Vec<T>) -> Result<PendingBucket<T>> {
+        compress_launch::<T, bf16>(comm, bucket)
+    }
+    fn name(&self) -> &str {
+        "bf16_compress"
+    }
+}
