@@ -318,6 +318,10 @@ fn bad_arguments_give_usage_errors() {
             &["-n", "2", "--master-port", "99999", "true"][..],
             "not a port",
         ),
+        (
+            &["-n", "2", "--bind-to", "socket", "true"][..],
+            "--bind-to 'socket'",
+        ),
     ] {
         let out = run(args, &[]);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
@@ -458,4 +462,68 @@ fn ranks_meet_over_the_tcp_store() {
         .collect();
     seen.sort_unstable();
     assert_eq!(seen, vec![0, 1, 2, 3], "{}", text(&out.stdout));
+}
+
+/// The CPUs listed in a `Cpus_allowed_list` value ("0-3,6").
+fn cpu_list(list: &str) -> Vec<usize> {
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
+            None => cpus.push(part.parse().unwrap()),
+        }
+    }
+    cpus
+}
+
+fn own_cpus() -> Vec<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap();
+    cpu_list(line)
+}
+
+/// Each rank's allowed CPUs, as it reads them from /proc.
+fn cpus_by_rank(args: &[&str]) -> BTreeMap<usize, Vec<usize>> {
+    let mut full = args.to_vec();
+    full.extend(["--", "sh", "-c", "grep Cpus_allowed_list /proc/self/status"]);
+    let out = run(&full, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .map(|line| {
+            let (r, rest) = split_prefixed(line).unwrap();
+            (r, cpu_list(rest.split_once(':').unwrap().1))
+        })
+        .collect()
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn ranks_get_cpus_of_their_own_when_there_are_enough() {
+    let cpus = own_cpus();
+    let c = cpus.len();
+    // As many ranks as CPUs: rank i alone on the i-th CPU (the default
+    // share, and --bind-to core).
+    let n = c.to_string();
+    for args in [&["-n", &n][..], &["-n", &n, "--bind-to", "core"][..]] {
+        let got = cpus_by_rank(args);
+        for r in 0..c {
+            assert_eq!(got[&r], vec![cpus[r]], "{args:?}: rank {r}");
+        }
+    }
+    // One rank keeps every CPU (its own threads need them); --bind-to none
+    // or more ranks than CPUs: no pinning at all.
+    let more = (c + 1).to_string();
+    for args in [
+        &["-n", "1"][..],
+        &["-n", &n, "--bind-to", "none"][..],
+        &["-n", &more][..],
+    ] {
+        for (r, got) in cpus_by_rank(args) {
+            assert_eq!(got, cpus, "{args:?}: rank {r}");
+        }
+    }
 }

@@ -6,7 +6,7 @@
 //! ferroccl-run, torchrun, mpirun or srun. Rank 0 prints the table; the other
 //! ranks print only their errors. See `ferroccl-perf --help`.
 
-use ferroccl::launch::{launch, LaunchOptions};
+use ferroccl::launch::{launch, Bind, LaunchOptions};
 use ferroccl::{Communicator, DataType, Element, ReduceOp};
 use ferroccl_bench::coll::{bandwidth, Coll};
 use ferroccl_bench::options::{parse_args, Command, Options, USAGE};
@@ -80,6 +80,9 @@ fn launch_self(ranks: usize, args: &[String]) -> i32 {
         // Rank 0 prints the whole table and nobody else prints rows, so the
         // output reads like nccl-tests'; errors carry their rank themselves.
         prefix_output: false,
+        // Each rank on CPUs of its own when there are enough, as mpirun
+        // binds the peers this is compared with.
+        bind: Bind::Share,
     };
     match launch(&opts) {
         Ok(code) => code,
