@@ -233,6 +233,26 @@ fn by_hand(rank: usize, port: u16, token: &str) -> Command {
 }
 
 #[test]
+fn the_in_process_transport_is_refused_for_process_ranks() {
+    // FERROCCL_TRANSPORT=mem reaches only threads of one process; ranks
+    // started by a launcher must say so at once, not wait out the timeout.
+    let f = launch(
+        2,
+        &[("FERROCCL_TRANSPORT", "mem"), ("FERROCCL_TIMEOUT", "60")],
+        &[],
+        Duration::from_secs(60),
+    );
+    assert_ne!(f.status.code(), Some(0), "{}", f.all());
+    for r in 0..2 {
+        let e = f
+            .error_of(r)
+            .unwrap_or_else(|| panic!("rank {r} printed no error\n{}", f.all()));
+        assert!(e.contains("FERROCCL_TRANSPORT=mem"), "rank {r}: {e}");
+    }
+    assert!(f.elapsed < Duration::from_secs(20), "took {:?}", f.elapsed);
+}
+
+#[test]
 fn a_rank_with_the_wrong_token_is_refused() {
     let port = ferroccl::bootstrap::free_port().expect("free port");
     let rank0 =
