@@ -316,7 +316,11 @@ impl Communicator {
         };
         let links = set_up();
         drop(setup_done);
-        let links = links.map_err(|err| watch.error("communicator set-up").unwrap_or(err))?;
+        let links = links.map_err(|err| {
+            watch
+                .error_within("communicator set-up", exec::WAIT_SLICE)
+                .unwrap_or(err)
+        })?;
         let (job_tx, job_rx) = crossbeam_channel::unbounded::<Job>();
         let progress_thread = std::thread::Builder::new()
             .name(format!("ferroccl-progress-{rank}"))

@@ -22,6 +22,9 @@ pub(crate) struct MemberWatch {
     members: Vec<usize>,
     reports: crossbeam_channel::Receiver<FailureReport>,
     failed: Mutex<Option<(usize, String)>>,
+    /// The rendezvous host went away (it need not be a member: every
+    /// communicator's set-up goes through it).
+    host_lost: Mutex<Option<String>>,
 }
 
 impl MemberWatch {
@@ -34,6 +37,7 @@ impl MemberWatch {
             members,
             reports: store.failures(),
             failed: Mutex::new(None),
+            host_lost: Mutex::new(None),
         }
     }
 
@@ -52,24 +56,54 @@ impl MemberWatch {
                     *failed = Some((local, report.reason));
                     break;
                 }
+                if report.is_rendezvous_loss() {
+                    let mut lost = self.host_lost.lock().unwrap_or_else(|p| p.into_inner());
+                    lost.get_or_insert(report.reason);
+                }
             }
         }
         failed.clone()
     }
 
-    /// `failed()` as the error of what was going on (`during`).
+    /// `failed()` as the error of what was going on (`during`); failing
+    /// that, the loss of the rendezvous host when it is not a member.
     pub(crate) fn error(&self, during: &str) -> Option<Error> {
-        self.failed().map(|(rank, reason)| Error::PeerFailed {
-            rank,
-            during: during.to_string(),
-            reason,
+        if let Some((rank, reason)) = self.failed() {
+            return Some(Error::PeerFailed {
+                rank,
+                during: during.to_string(),
+                reason,
+            });
+        }
+        let lost = self.host_lost.lock().unwrap_or_else(|p| p.into_inner());
+        lost.as_ref().map(|reason| {
+            Error::Bootstrap(format!(
+                "{during}: rank 0 of the job, the rendezvous host, failed: {reason}"
+            ))
         })
+    }
+
+    /// `error()`, waiting up to `grace` for a report to arrive: what failed
+    /// a wait (a reset rendezvous connection, say) is often the echo of a
+    /// member's death whose report is a moment behind.
+    pub(crate) fn error_within(&self, during: &str, grace: Duration) -> Option<Error> {
+        let until = Instant::now() + grace;
+        loop {
+            if let Some(err) = self.error(during) {
+                return Some(err);
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
 /// A rendezvous wait asks for at most this long at a time, then looks at
-/// the failure reports.
-const WAIT_SLICE: Duration = Duration::from_millis(200);
+/// the failure reports; also how long a failed set-up step waits for a
+/// report that names the cause.
+pub(crate) const WAIT_SLICE: Duration = Duration::from_millis(200);
 
 /// How much earlier than asked a sliced wait may end and still count as
 /// having run out.
@@ -208,16 +242,7 @@ fn watched_get(
             // An error of another kind that happens to come this late is
             // met again, at once, by the next request.
             Err(_) if Instant::now() + SLICE_EARLY >= slice && slice < deadline => {}
-            Err(err) => {
-                let until = Instant::now() + WAIT_SLICE;
-                while Instant::now() < until {
-                    if let Some(failed) = watch.error(DURING) {
-                        return Err(failed);
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                return Err(err);
-            }
+            Err(err) => return Err(watch.error_within(DURING, WAIT_SLICE).unwrap_or(err)),
         }
     }
 }

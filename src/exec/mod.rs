@@ -9,7 +9,7 @@
 
 mod links;
 
-pub(crate) use links::{Connector, Links, MemberWatch};
+pub(crate) use links::{Connector, Links, MemberWatch, WAIT_SLICE};
 
 use crate::algo::{Operand, Prim, Schedule, Step, NO_PEER};
 use crate::element::{
