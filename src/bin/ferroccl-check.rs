@@ -646,8 +646,11 @@ fn main() {
     };
     if let Err(failure) = checker.run_all() {
         // Print first, then leave at once: a launcher stops the other ranks
-        // when one fails, and the error is what the user needs.
+        // when one fails, and the error is what the user needs. Dropping
+        // the (failed) communicator first is quick and lets it remove
+        // shared-memory segments a dead peer left for it.
         say_err(&format!("rank {rank}: {failure}"));
+        drop(comm);
         std::process::exit(1);
     }
     let passed = checker.passed;

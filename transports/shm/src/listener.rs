@@ -246,6 +246,25 @@ impl ShmListener {
     }
 }
 
+/// Segments named for this listener (its nonce) that nobody mapped: a peer
+/// that created them and died, or gave up, before this side attached.
+/// Nobody else will map them once the listener is gone, so it removes them;
+/// that keeps a killed peer from leaving files behind whenever a survivor
+/// drops its communicator.
+impl Drop for ShmListener {
+    fn drop(&mut self) {
+        let prefix = self.segment_prefix();
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
 impl Listener for ShmListener {
     fn address(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(ADDRESS_BYTES);

@@ -248,3 +248,24 @@ fn can_connect_only_on_the_same_host() {
     assert!(!t.can_connect(&a, &b));
     assert!(!ShmTransport::with_dir("/no/such/dir").can_connect(&a, &a.clone()));
 }
+
+#[test]
+fn a_listener_removes_segments_left_for_it_when_it_goes() {
+    // A peer that created its segments and died before this side mapped
+    // them leaves files named for this listener; dropping the listener
+    // removes them, and nothing with another listener's name.
+    let abort = AbortHandle::new();
+    let mine = listen(&config(1, 4096, 4), &abort.signal());
+    let other = listen(&config(2, 4096, 4), &abort.signal());
+    let dir = std::path::Path::new(ferroccl_shm::DEFAULT_DIR);
+    let left = dir.join(format!("{}0-1", mine.segment_prefix()));
+    let foreign = dir.join(format!("{}0-2", other.segment_prefix()));
+    std::fs::write(&left, [0u8; 64]).expect("create a leftover segment");
+    std::fs::write(&foreign, [0u8; 64]).expect("create another listener's segment");
+    let prefix = mine.segment_prefix();
+    drop(mine);
+    assert_eq!(segments(&prefix), Vec::<String>::new());
+    assert!(foreign.exists(), "another listener's segment was removed");
+    drop(other);
+    assert!(!foreign.exists());
+}
