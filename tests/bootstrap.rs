@@ -241,6 +241,17 @@ fn hello(token: u64, rank: u32, kind: u8) -> Vec<u8> {
     hello_beating(token, rank, kind, 0)
 }
 
+/// A watch connection for `rank` opened by hand (hello, then the server's
+/// OK), for tests that then misbehave on it.
+fn raw_watcher(addr: std::net::SocketAddr, rank: u32) -> TcpStream {
+    let mut raw = TcpStream::connect(addr).unwrap();
+    raw.write_all(&hello(TOKEN, rank, 1)).unwrap();
+    let mut ok = [0u8; 5];
+    raw.read_exact(&mut ok).unwrap();
+    assert_eq!(ok[0], 0x81, "the server did not accept the watch hello");
+    raw
+}
+
 /// A hello that promises heartbeats every `beat_ms` (0: none).
 fn hello_beating(token: u64, rank: u32, kind: u8, beat_ms: u32) -> Vec<u8> {
     let mut p = vec![0x01];
@@ -348,11 +359,7 @@ fn a_killed_raw_watch_connection_is_reported() {
     let addr = srv.local_addr();
     let a = client(addr, 0);
     let rx = a.failures();
-    let mut raw = TcpStream::connect(addr).unwrap();
-    raw.write_all(&hello(TOKEN, 1, 1)).unwrap();
-    let mut ok = [0u8; 5];
-    raw.read_exact(&mut ok).unwrap();
-    assert_eq!(ok[0], 0x81);
+    let raw = raw_watcher(addr, 1);
     drop(raw);
     let report = next_report(&rx, Duration::from_secs(5)).expect("no failure report");
     assert_eq!(report.rank, 1);
@@ -651,10 +658,7 @@ fn garbage_on_a_watch_connection_reports_that_rank_and_nothing_else() {
     let addr = srv.local_addr();
     let a = client(addr, 0);
     let rx = a.failures();
-    let mut raw = TcpStream::connect(addr).unwrap();
-    raw.write_all(&hello(TOKEN, 1, 1)).unwrap();
-    let mut ok = [0u8; 5];
-    raw.read_exact(&mut ok).unwrap();
+    let mut raw = raw_watcher(addr, 1);
     // A SET is not a watch frame; then a PROGRESS of the wrong size.
     raw.write_all(&[0x02, 0, 0, 0, 0]).unwrap();
     let report = next_report(&rx, Duration::from_secs(5)).expect("no report");
