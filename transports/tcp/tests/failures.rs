@@ -8,39 +8,10 @@ use common::*;
 use ferroccl_tcp::TcpTransport;
 use ferroccl_transport::{AbortHandle, Connection, FrameHeader, TransportError};
 use std::io::Write;
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 fn data(step: u32) -> FrameHeader {
     FrameHeader::data(Default::default(), step)
-}
-
-/// Rank 1's end of a connection whose rank 0 is a raw socket driven by
-/// hand (after a hand-written hello).
-fn raw_peer(chunk: usize, steps: usize) -> (TcpStream, Connection, AbortHandle) {
-    let abort = AbortHandle::new();
-    let l1 = listen(
-        &TcpTransport::new(),
-        &config(1, chunk, steps, 1),
-        &abort.signal(),
-    );
-    let mut s = TcpStream::connect(socket_addr(&l1.address())).unwrap();
-    s.write_all(&raw_hello(
-        TOKEN,
-        COMM,
-        0,
-        1,
-        0,
-        1,
-        chunk as u64,
-        steps as u32,
-    ))
-    .unwrap();
-    let mut ok = [9u8; 1];
-    std::io::Read::read_exact(&mut s, &mut ok).unwrap();
-    assert_eq!(ok, [0]);
-    let conn = l1.accept(0, soon(5_000)).unwrap();
-    (s, conn, abort)
 }
 
 #[test]

@@ -159,3 +159,25 @@ pub fn raw_header(kind: u8, step: u32, len: u32, aux: u32) -> Vec<u8> {
 pub fn socket_addr(address: &[u8]) -> std::net::SocketAddr {
     std::str::from_utf8(address).unwrap().parse().unwrap()
 }
+
+/// Rank 1's end of a connection whose rank 0 is a raw socket driven by
+/// hand (after a hand-written hello).
+pub fn raw_peer(chunk: usize, steps: usize) -> (std::net::TcpStream, Connection, AbortHandle) {
+    let abort = AbortHandle::new();
+    let l1 = listen(
+        &TcpTransport::new(),
+        &config(1, chunk, steps, 1),
+        &abort.signal(),
+    );
+    let mut s = std::net::TcpStream::connect(socket_addr(&l1.address())).unwrap();
+    std::io::Write::write_all(
+        &mut s,
+        &raw_hello(TOKEN, COMM, 0, 1, 0, 1, chunk as u64, steps as u32),
+    )
+    .unwrap();
+    let mut ok = [9u8; 1];
+    std::io::Read::read_exact(&mut s, &mut ok).unwrap();
+    assert_eq!(ok, [0]);
+    let conn = l1.accept(0, soon(5_000)).unwrap();
+    (s, conn, abort)
+}
