@@ -139,7 +139,6 @@ impl<T: Element> CommHook<T> for AllReduceHook {
 trait Half: Element + Copy {
     fn from_f32s(src: &[f32], dst: &mut [Self]);
     fn to_f32s(src: &[Self], dst: &mut [f32]);
-    fn from_f64_value(v: f64) -> Self;
 }
 
 impl Half for f16 {
@@ -149,9 +148,6 @@ impl Half for f16 {
     fn to_f32s(src: &[Self], dst: &mut [f32]) {
         half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
     }
-    fn from_f64_value(v: f64) -> Self {
-        f16::from_f64(v)
-    }
 }
 
 impl Half for bf16 {
@@ -160,9 +156,6 @@ impl Half for bf16 {
     }
     fn to_f32s(src: &[Self], dst: &mut [f32]) {
         half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
-    }
-    fn from_f64_value(v: f64) -> Self {
-        bf16::from_f64(v)
     }
 }
 
@@ -175,7 +168,7 @@ fn compress_launch<T: Element, H: Half>(
     mut bucket: Vec<T>,
 ) -> Result<PendingBucket<T>> {
     let n = comm.size() as f64;
-    let mut small = vec![H::from_f64_value(0.0); bucket.len()];
+    let mut small = vec![<H as Element>::from_f64(0.0); bucket.len()];
     if T::DTYPE == DataType::F32 {
         // The common case, through half's vectorised conversion.
         let src: &mut [f32] = bytemuck::cast_slice_mut(&mut bucket);
@@ -186,7 +179,7 @@ fn compress_launch<T: Element, H: Half>(
         H::from_f32s(src, &mut small);
     } else {
         for (s, v) in small.iter_mut().zip(&bucket) {
-            *s = H::from_f64_value(v.to_f64() / n);
+            *s = <H as Element>::from_f64(v.to_f64() / n);
         }
     }
     let work = comm.all_reduce_async(small, ReduceOp::Sum)?;
