@@ -11,6 +11,8 @@ use crate::error::{Error, Result};
 use crate::exec::{self, Call, Connector, Io, Links, MemberWatch};
 use crate::fingerprint::NO_ROOT;
 use crate::tune::{self, LinkModel};
+use crate::window::{self, Control, Window, WindowMaps, Windows};
+use ferroccl_shm::Region;
 use ferroccl_transport::{AbortHandle, ConnectionCloser, Fingerprint, ListenConfig};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -128,7 +130,14 @@ struct Inner {
     /// `Communicator::all_reduce_plan`.
     /// A few entries scanned in order: cheaper than hashing the key.
     plans: Mutex<Vec<(PlanKey, Arc<Plan>)>>,
+    /// Shared windows and the control pages that go with them.
+    windows: Mutex<Windows>,
+    /// Collectives that ran directly between windows.
+    direct_calls: AtomicU64,
 }
+
+/// The peers' parts of a new window, and the control pages (first window).
+type PeerParts = (Vec<Option<Region>>, Option<Vec<Region>>);
 
 /// (collective, count, element size).
 type PlanKey = (u8, usize, usize);
@@ -355,6 +364,8 @@ impl Communicator {
             model: Mutex::new(LinkModel::DEFAULT),
             tuned: Mutex::new(std::collections::HashSet::new()),
             plans: Mutex::new(Vec::new()),
+            windows: Mutex::new(Windows::default()),
+            direct_calls: AtomicU64::new(0),
         });
         if let Some(&global) = inner.global_ranks.get(rank) {
             inner.rendezvous.store.register_progress(
@@ -426,8 +437,7 @@ impl Communicator {
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let plan = self.all_reduce_plan::<T>(buf.len())?;
         let spec = self.spec::<T>(CollKind::AllReduce, Some(op), buf.len(), None);
-        let copy = plan.copies_input.then(|| buf.to_vec());
-        self.run_blocking(spec, &plan, in_place_or_from(&mut *buf, copy.as_deref()))?;
+        self.run_blocking(spec, &plan, in_place(&mut *buf, 0, 0))?;
         self.finish_avg(op, buf);
         Ok(())
     }
@@ -443,8 +453,7 @@ impl Communicator {
         let spec = self.spec::<T>(CollKind::AllReduce, Some(op), buf.len(), None);
         let size = self.inner.size;
         self.run_async(spec, move |inner, call| {
-            let copy = plan.copies_input.then(|| buf.clone());
-            inner.execute(&plan, in_place_or_from(&mut buf, copy.as_deref()), call)?;
+            inner.execute(&plan, in_place(&mut buf, 0, 0), call)?;
             finish_avg(op, &mut buf, size);
             Ok(buf)
         })
@@ -636,6 +645,180 @@ impl Communicator {
                 output: recv,
             },
         )
+    }
+
+    /// Allocate a window: `len` elements (zeroed) that every rank of this
+    /// communicator maps, used as a slice (`&mut window[..]`). Collectives
+    /// whose buffers lie in windows (the same window on every rank, at any
+    /// offset) read and write the peers' buffers directly, copying each
+    /// byte once instead of twice through slots: allreduce (input and
+    /// output in windows), allgather (output in a window), reduce-scatter
+    /// (input in a window). This is MPI's `MPI_Win_allocate_shared`, or
+    /// NCCL's `ncclMemAlloc` plus a symmetric window registration.
+    ///
+    /// A collective: every rank calls it, in the same order as its other
+    /// collectives; lengths may differ between ranks. Where the ranks
+    /// cannot share memory (several hosts, FERROCCL_TRANSPORT=tcp, no
+    /// writable shared-memory directory, one rank) every rank gets private
+    /// memory instead ([`Window::is_shared`] is false) and collectives on
+    /// it run as on any buffer. Once a communicator has a shared window,
+    /// each of its collectives starts with a check-in on a shared control
+    /// page (about a cache-line exchange with every peer).
+    pub fn alloc_window<T: Element>(&self, len: usize) -> Result<Window<T>> {
+        let inner = &self.inner;
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "alloc_window: {len} elements of {} do not fit in memory",
+                T::DTYPE.name()
+            ))
+        })?;
+        let (id, first) = {
+            let mut windows = lock(&inner.windows);
+            windows.created += 1;
+            (windows.created, windows.control.is_none())
+        };
+        let dir = inner
+            .config
+            .shm_dir
+            .clone()
+            .unwrap_or_else(|| std::path::PathBuf::from(ferroccl_shm::DEFAULT_DIR));
+        let name =
+            |id: u64, rank: usize| window::region_name(inner.config.token, inner.comm_id, id, rank);
+        let can_share = inner.size > 1
+            && inner.config.transport.as_deref() != Some("tcp")
+            && lock(&inner.links).one_host();
+        // 1. Every rank creates its part (and, for the first window, its
+        // control page); all agree that every rank could.
+        let created = can_share.then(|| -> std::io::Result<(Region, Option<Region>)> {
+            let own = Region::create(&dir, &name(id, inner.rank), bytes)?;
+            let page = if first {
+                let page = Region::create(&dir, &name(0, inner.rank), window::CONTROL_BYTES);
+                let page = match page {
+                    Ok(page) => page,
+                    Err(e) => {
+                        let _ = own.unlink();
+                        return Err(e);
+                    }
+                };
+                let word = |i: usize| page.word(i).map_err(std::io::Error::other);
+                word(exec::window::W_PID)?.store(u64::from(std::process::id()), Ordering::Relaxed);
+                word(exec::window::W_MAGIC)?.store(exec::window::CONTROL_MAGIC, Ordering::Release);
+                Some(page)
+            } else {
+                None
+            };
+            Ok((own, page))
+        });
+        let created = match created {
+            Some(Ok(parts)) => Some(parts),
+            Some(Err(e)) => {
+                tracing::info!(
+                    rank = inner.rank,
+                    "alloc_window: cannot create a shared part in {}: {e}; the window is private",
+                    dir.display()
+                );
+                None
+            }
+            None => None,
+        };
+        let unlink = |parts: &Option<(Region, Option<Region>)>| {
+            if let Some((own, page)) = parts {
+                let _ = own.unlink();
+                if let Some(page) = page {
+                    let _ = page.unlink();
+                }
+            }
+        };
+        let agreed = self.agree_all(created.is_some());
+        let all_created = match agreed {
+            Ok(all) => all,
+            Err(e) => {
+                unlink(&created);
+                return Err(e);
+            }
+        };
+        if !all_created {
+            unlink(&created);
+            return Ok(Window::private(len));
+        }
+        let Some((own, own_page)) = created else {
+            return Ok(Window::private(len));
+        };
+        // 2. Every rank maps every peer's part; then the files go.
+        let opened = (|| -> std::io::Result<PeerParts> {
+            let mut parts = Vec::with_capacity(inner.size);
+            for r in 0..inner.size {
+                parts.push(if r == inner.rank {
+                    None
+                } else {
+                    Some(Region::open(&dir, &name(id, r))?)
+                });
+            }
+            let pages = match &own_page {
+                None => None,
+                Some(_) => Some(
+                    (0..inner.size)
+                        .map(|r| Region::open(&dir, &name(0, r)))
+                        .collect::<std::io::Result<Vec<_>>>()?,
+                ),
+            };
+            Ok((parts, pages))
+        })();
+        if let Err(e) = &opened {
+            tracing::info!(
+                rank = inner.rank,
+                "alloc_window: cannot map a peer's part: {e}; the window is private"
+            );
+        }
+        let agreed = self.agree_all(opened.is_ok());
+        let _ = own.unlink();
+        if let Some(page) = &own_page {
+            let _ = page.unlink();
+        }
+        if !agreed? {
+            return Ok(Window::private(len));
+        }
+        let (parts, pages) = opened.map_err(|e| Error::Io(e.to_string()))?;
+        let mut windows = lock(&inner.windows);
+        if let Some(pages) = pages {
+            let pids = pages
+                .iter()
+                .map(|p| {
+                    p.word(exec::window::W_PID)
+                        .map(|w| w.load(Ordering::Relaxed) as u32)
+                        .unwrap_or(0)
+                })
+                .collect();
+            windows.control = Some(Arc::new(Control { pages, pids }));
+        }
+        let maps = Arc::new(WindowMaps {
+            id,
+            own_addr: own.addr(),
+            own_bytes: bytes,
+            peers: Mutex::new(parts),
+        });
+        windows.add(&maps);
+        tracing::debug!(
+            rank = inner.rank,
+            "alloc_window: window {id} of {bytes} bytes shared by {} ranks",
+            inner.size
+        );
+        Ok(Window::shared(own, len, maps))
+    }
+
+    /// How many collectives of this communicator ran directly between
+    /// windows (see [`Communicator::alloc_window`]) rather than through
+    /// slots: to check that a program's buffers are where it thinks.
+    pub fn direct_window_calls(&self) -> u64 {
+        self.inner.direct_calls.load(Ordering::Relaxed)
+    }
+
+    /// Whether `ok` holds on every rank (a collective).
+    fn agree_all(&self, ok: bool) -> Result<bool> {
+        let mine = [u8::from(!ok)];
+        let mut any_failed = [0u8];
+        self.all_reduce(&mine, &mut any_failed, ReduceOp::Max)?;
+        Ok(any_failed[0] == 0)
     }
 
     /// Wait until every rank has called `barrier`.
@@ -903,15 +1086,6 @@ fn finish_avg<T: Element>(op: ReduceOp, out: &mut [T], size: usize) {
     }
 }
 
-/// In place on `buf`, or out of place into `buf` from `copy` of its input
-/// (for schedules that read their input after writing their output).
-fn in_place_or_from<'a, T>(buf: &'a mut [T], copy: Option<&'a [T]>) -> Io<'a, T> {
-    match copy {
-        Some(input) => Io::OutOfPlace { input, output: buf },
-        None => in_place(buf, 0, 0),
-    }
-}
-
 fn in_place<T>(buf: &mut [T], input_base: usize, output_base: usize) -> Io<'_, T> {
     Io::InPlace {
         buf,
@@ -1032,13 +1206,52 @@ impl Inner {
         if let Some(err) = self.heard_mismatch(&call.fingerprint, false) {
             return Err(err);
         }
-        let result = {
-            let mut links = lock(&self.links);
-            exec::run(&mut links, &plan.schedule, io, call)
-        };
+        let result = self.execute_checked(plan, io, call);
         match result {
             Ok(()) => Ok(()),
             Err(err) => Err(self.on_error(err, call)),
+        }
+    }
+
+    /// Run a call: directly between windows where every rank's buffers
+    /// allow it (once the communicator has windows), else its schedule.
+    fn execute_checked<T: Element>(
+        &self,
+        plan: &Plan,
+        mut io: Io<'_, T>,
+        call: &Call,
+    ) -> Result<()> {
+        let control = lock(&self.windows).control.clone();
+        if let Some(control) = control.filter(|_| !is_p2p(&call.fingerprint)) {
+            let ctx = exec::window::Ctx {
+                rank: self.rank,
+                size: self.size,
+                control: &control,
+                windows: &self.windows,
+                abort: self.abort.signal(),
+            };
+            if exec::window::run(&ctx, &mut io, call)? {
+                self.direct_calls.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+        let mut links = lock(&self.links);
+        match io {
+            // The schedule reads its input after writing its output: run
+            // it out of place from a copy.
+            Io::InPlace {
+                buf,
+                input_base: 0,
+                output_base: 0,
+            } if plan.copies_input => {
+                let copy = buf.to_vec();
+                let io = Io::OutOfPlace {
+                    input: &copy,
+                    output: buf,
+                };
+                exec::run(&mut links, &plan.schedule, io, call)
+            }
+            io => exec::run(&mut links, &plan.schedule, io, call),
         }
     }
 

@@ -31,6 +31,7 @@ pub mod testing;
 mod topo;
 mod transports;
 mod tune;
+mod window;
 
 pub use comm::{Communicator, Work};
 
@@ -48,3 +49,4 @@ pub use element::{DataType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use transports::TRANSPORT_NAMES;
 pub use tune::LinkModel;
+pub use window::Window;

@@ -186,6 +186,12 @@ impl Connector {
             })
     }
 
+    /// Whether every rank of the communicator is on this rank's host.
+    fn one_host(&self) -> bool {
+        let me = &self.hosts[self.rank].host_id;
+        !me.is_empty() && self.hosts.iter().all(|h| &h.host_id == me)
+    }
+
     fn transport_names(&self) -> Vec<&'static str> {
         self.transports.iter().map(|(t, _)| t.name()).collect()
     }
@@ -299,6 +305,12 @@ impl Links {
             .unwrap_or_else(|p| p.into_inner())
             .push(conn.closer);
         Ok(())
+    }
+
+    /// Whether every rank of the communicator is on this rank's host (so
+    /// that they can share memory).
+    pub(crate) fn one_host(&self) -> bool {
+        self.connector.one_host()
     }
 
     /// The transport each peer is connected over (None: not connected yet).

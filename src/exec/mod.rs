@@ -8,6 +8,7 @@
 //! which collective it runs beyond the fingerprint it is handed.
 
 mod links;
+pub(crate) mod window;
 
 pub(crate) use links::{Connector, Links, MemberWatch, WAIT_SLICE};
 
@@ -188,6 +189,26 @@ impl<T: Element> Io<'_, T> {
                 if i != o {
                     buf.copy_within(i..i + len, o);
                 }
+            }
+        }
+    }
+
+    /// Addresses of the input's and the output's first elements, to find
+    /// the window they lie in (`window`).
+    fn addresses(&self) -> (usize, usize) {
+        let elem = std::mem::size_of::<T>();
+        match self {
+            Io::OutOfPlace { input, output } => (input.as_ptr() as usize, output.as_ptr() as usize),
+            Io::InPlace {
+                buf,
+                input_base,
+                output_base,
+            } => {
+                let base = buf.as_ptr() as usize;
+                (
+                    base.wrapping_add(input_base * elem),
+                    base.wrapping_add(output_base * elem),
+                )
             }
         }
     }

@@ -10,9 +10,11 @@
 //! - `connection` holds the halves, the closer and the waiting policy
 //!   (spin, yield, then short sleeps; abort, deadline, peer flags and peer
 //!   process liveness checked throughout). There are no threads.
+//! - `region` maps files that every rank of a communicator shares, for
+//!   memory that peers read and write directly (ferroccl's windows).
 //! - `ring` is the segment layout and the single-producer single-consumer
-//!   protocol over it; with `os` (three libc calls) it holds all the
-//!   `unsafe` of the crate.
+//!   protocol over it; with `os` (three libc calls) and `region` it holds
+//!   all the `unsafe` of the crate.
 #![warn(missing_docs, unreachable_pub)]
 
 mod connection;
@@ -20,6 +22,7 @@ mod connection;
 pub mod fuzzing;
 mod listener;
 mod os;
+pub mod region;
 mod ring;
 
 use ferroccl_transport::{
@@ -28,6 +31,7 @@ use ferroccl_transport::{
 use std::path::{Path, PathBuf};
 
 pub use listener::ShmListener;
+pub use region::{process_gone, Region};
 
 /// Where segments live unless told otherwise.
 pub const DEFAULT_DIR: &str = "/dev/shm";

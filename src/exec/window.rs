@@ -1,0 +1,640 @@
+//! Collectives straight between windows (see `crate::window`).
+//!
+//! Once a communicator has a shared window, every collective call is
+//! announced on the caller's control page before anything else: its
+//! fingerprint and where its input and output lie (window and offset, or
+//! "not in a window"). Each rank then reads every peer's announcement of
+//! the same call, which
+//!
+//! - compares the calls (a mismatch is found here, before any byte moves),
+//! - decides, from the same facts on every rank, whether the call runs
+//!   directly between the windows or through slots as usual, and
+//! - tells each rank that its peers' buffers are ready to be read/written.
+//!
+//! Directly, each rank moves one share of the data, reading and writing
+//! the other ranks' buffers itself, so each byte is copied once:
+//!
+//! - allreduce: rank r reduces piece r of every input, in rank order, and
+//!   writes the result into piece r of every output;
+//! - allgather: rank r writes its input into block r of every output;
+//! - reduce-scatter: rank r reduces block r of every input, in rank order,
+//!   into its own output.
+//!
+//! Only rank r touches piece (block) r of any buffer, so in place needs no
+//! copy. Then each rank marks the call done on its page and waits until
+//! every peer has too: nobody returns while another rank may still touch
+//! its buffers.
+//!
+//! Control page layout (64-bit words, native endianness: one host):
+//!
+//! ```text
+//!  word  0  magic            1  process id
+//!  word  8  done: the last call this rank finished directly
+//!  word 16  announcement of calls with an even sequence number
+//!  word 32  announcement of calls with an odd sequence number
+//!           each: +0 seq (stored last, Release), +1 coll|dtype<<8|op<<16|root<<32,
+//!                 +2 count, +3 input window, +4 input offset,
+//!                 +5 output window, +6 output offset (window 0: not in one)
+//! ```
+//!
+//! Two announcement slots suffice: announcing is a barrier, so when a rank
+//! announces call s + 2 every rank has announced s + 1 and so has finished
+//! reading the announcements of s.
+
+use super::{Call, Io};
+use crate::algo::partition;
+use crate::algo::{Operand, Prim, Step};
+use crate::coll::CollKind;
+use crate::element::{reduce_into, reduce_to, store, Element, ReduceOp, Store};
+use crate::error::{Error, Result};
+use crate::fingerprint;
+use crate::window::{Control, WindowMaps, Windows};
+use ferroccl_shm::Region;
+use ferroccl_transport::{AbortSignal, Fingerprint};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// "FCCLWIN1".
+pub(crate) const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"FCCLWIN1");
+pub(crate) const W_MAGIC: usize = 0;
+pub(crate) const W_PID: usize = 1;
+const W_DONE: usize = 8;
+const W_ENTRY: usize = 16;
+const ENTRY_WORDS: usize = 16;
+const E_SEQ: usize = 0;
+const E_FP: usize = 1;
+const E_COUNT: usize = 2;
+const E_IN_WIN: usize = 3;
+const E_IN_OFF: usize = 4;
+const E_OUT_WIN: usize = 5;
+const E_OUT_OFF: usize = 6;
+
+/// Elements reduced per block: a block of each input and the result stay
+/// in L1 while the result is written to every output.
+const BLOCK_BYTES: usize = 8192;
+
+/// Spins of a wait before it yields, when every rank has a core; yields
+/// before it sleeps; the sleep; how often it checks the peer's process.
+const SPINS: u32 = 512;
+const OVERSUBSCRIBED_SPINS: u32 = 8;
+const YIELDS: u32 = 256;
+const SLEEP: Duration = Duration::from_micros(50);
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Where a rank's buffers of a call are: (window, byte offset) for input
+/// and output; window 0 for a buffer in no window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Place {
+    in_win: u64,
+    in_off: u64,
+    out_win: u64,
+    out_off: u64,
+}
+
+/// What a rank announced for a call.
+#[derive(Debug, Clone, Copy)]
+struct Announcement {
+    fp: Fingerprint,
+    place: Place,
+}
+
+fn pack(fp: &Fingerprint) -> u64 {
+    u64::from(fp.coll)
+        | u64::from(fp.dtype) << 8
+        | u64::from(fp.op) << 16
+        | u64::from(fp.root) << 32
+}
+
+fn unpack(seq: u64, word: u64, count: u64) -> Fingerprint {
+    Fingerprint {
+        seq,
+        coll: word as u8,
+        dtype: (word >> 8) as u8,
+        op: (word >> 16) as u8,
+        count,
+        root: (word >> 32) as u32,
+    }
+}
+
+/// Everything a windowed call needs from the communicator.
+pub(crate) struct Ctx<'a> {
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) control: &'a Control,
+    pub(crate) windows: &'a Mutex<Windows>,
+    pub(crate) abort: AbortSignal,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The element counts of a call's input and output, from its fingerprint.
+fn extents(kind: Option<CollKind>, count: usize, size: usize) -> (usize, usize) {
+    match kind {
+        Some(CollKind::AllGather) => (count, count * size),
+        Some(CollKind::ReduceScatter) => (count * size, count),
+        _ => (count, count),
+    }
+}
+
+/// Announce `call`, read every peer's announcement of it, and run it
+/// directly between windows if every rank's buffers allow. `Ok(true)`: done
+/// (results in place on every rank); `Ok(false)`: run it through slots.
+pub(crate) fn run<T: Element>(ctx: &Ctx<'_>, io: &mut Io<'_, T>, call: &Call) -> Result<bool> {
+    let fp = call.fingerprint;
+    let kind = CollKind::from_code(fp.coll);
+    let elem = std::mem::size_of::<T>();
+    let (in_len, out_len) = extents(kind, fp.count as usize, ctx.size);
+    let place = {
+        let windows = lock(ctx.windows);
+        let (in_addr, out_addr) = io.addresses();
+        let locate = |addr: usize, len: usize| {
+            windows
+                .find(addr, len * elem)
+                .filter(|&(_, off)| off % elem == 0)
+                .map_or((0, 0), |(id, off)| (id, off as u64))
+        };
+        let (in_win, in_off) = locate(in_addr, in_len);
+        let (out_win, out_off) = locate(out_addr, out_len);
+        Place {
+            in_win,
+            in_off,
+            out_win,
+            out_off,
+        }
+    };
+    announce(ctx, &fp, &place)?;
+    let deadline = Instant::now() + call.timeout;
+    let mut places = vec![place; ctx.size];
+    for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
+        let heard = read_announcement(ctx, peer, fp.seq, deadline, call)?;
+        if heard.fp != fp {
+            return Err(Error::Mismatch {
+                peer,
+                local: fingerprint::describe(&fp),
+                remote: fingerprint::describe(&heard.fp),
+            });
+        }
+        places[peer] = heard.place;
+    }
+    let same = |w: fn(&Place) -> u64| {
+        let first = w(&places[0]);
+        (first != 0 && places.iter().all(|p| w(p) == first)).then_some(first)
+    };
+    let (inputs, outputs) = (same(|p| p.in_win), same(|p| p.out_win));
+    let plan = match (kind, inputs, outputs) {
+        (Some(CollKind::AllReduce), Some(i), Some(o)) => Direct::AllReduce(i, o),
+        (Some(CollKind::AllGather), _, Some(o)) => Direct::AllGather(o),
+        (Some(CollKind::ReduceScatter), Some(i), _) => Direct::ReduceScatter(i),
+        _ => return Ok(false),
+    };
+    let during = || call.during();
+    let get = |id: u64| {
+        lock(ctx.windows).get(id).ok_or_else(|| {
+            Error::Io(format!(
+                "{}: window {id} is not mapped on this rank",
+                during()
+            ))
+        })
+    };
+    let bytes = out_len * elem;
+    let mode = if matches!(io, Io::OutOfPlace { .. })
+        && call.nt_store_bytes > 0
+        && bytes >= call.nt_store_bytes
+    {
+        Store::Streaming
+    } else {
+        Store::Cached
+    };
+    let k = Kernel {
+        rank: ctx.rank,
+        size: ctx.size,
+        elem,
+        places: &places,
+        call,
+        op: call.op,
+        mode,
+    };
+    match plan {
+        Direct::AllReduce(i, o) => {
+            let (inw, outw) = (get(i)?, get(o)?);
+            k.check_peers(&inw, &outw, in_len, out_len)?;
+            let mut maps = Maps::new(&inw, &outw);
+            let (off, len) = partition(fp.count as usize, ctx.size, ctx.rank);
+            k.reduce_and_spread(io, &mut maps, off, len)?;
+        }
+        Direct::AllGather(o) => {
+            let outw = get(o)?;
+            k.check_peers(&outw, &outw, 0, out_len)?;
+            let mut maps = Maps::new(&outw, &outw);
+            k.gather(io, &mut maps, in_len)?;
+        }
+        Direct::ReduceScatter(i) => {
+            let inw = get(i)?;
+            k.check_peers(&inw, &inw, in_len, 0)?;
+            let mut maps = Maps::new(&inw, &inw);
+            k.scatter(io, &mut maps, out_len)?;
+        }
+    }
+    finish(ctx, fp.seq, deadline, call)?;
+    Ok(true)
+}
+
+enum Direct {
+    AllReduce(u64, u64),
+    AllGather(u64),
+    ReduceScatter(u64),
+}
+
+fn word(page: &Region, index: usize) -> Result<&AtomicU64> {
+    page.word(index)
+        .map_err(|e| Error::Io(format!("window control page: {e}")))
+}
+
+fn entry(seq: u64) -> usize {
+    W_ENTRY + (seq % 2) as usize * ENTRY_WORDS
+}
+
+fn announce(ctx: &Ctx<'_>, fp: &Fingerprint, place: &Place) -> Result<()> {
+    let page = &ctx.control.pages[ctx.rank];
+    let e = entry(fp.seq);
+    for (field, value) in [
+        (E_FP, pack(fp)),
+        (E_COUNT, fp.count),
+        (E_IN_WIN, place.in_win),
+        (E_IN_OFF, place.in_off),
+        (E_OUT_WIN, place.out_win),
+        (E_OUT_OFF, place.out_off),
+    ] {
+        word(page, e + field)?.store(value, Ordering::Relaxed);
+    }
+    // Release: a peer that sees the sequence number sees the fields, and
+    // (in place) this rank's input as the caller left it.
+    word(page, e + E_SEQ)?.store(fp.seq, Ordering::Release);
+    Ok(())
+}
+
+fn read_announcement(
+    ctx: &Ctx<'_>,
+    peer: usize,
+    seq: u64,
+    deadline: Instant,
+    call: &Call,
+) -> Result<Announcement> {
+    let page = &ctx.control.pages[peer];
+    let e = entry(seq);
+    let seq_word = word(page, e + E_SEQ)?;
+    wait(
+        ctx,
+        peer,
+        deadline,
+        call,
+        "its announcement of the call",
+        || seq_word.load(Ordering::Acquire) == seq,
+    )?;
+    let read = |field: usize| word(page, e + field).map(|w| w.load(Ordering::Relaxed));
+    let fp = unpack(seq, read(E_FP)?, read(E_COUNT)?);
+    Ok(Announcement {
+        fp,
+        place: Place {
+            in_win: read(E_IN_WIN)?,
+            in_off: read(E_IN_OFF)?,
+            out_win: read(E_OUT_WIN)?,
+            out_off: read(E_OUT_OFF)?,
+        },
+    })
+}
+
+/// Say this rank is done with call `seq`, and wait until every peer is.
+fn finish(ctx: &Ctx<'_>, seq: u64, deadline: Instant, call: &Call) -> Result<()> {
+    // Release: a peer that sees it sees every byte this rank wrote into
+    // the peer's buffers.
+    word(&ctx.control.pages[ctx.rank], W_DONE)?.store(seq, Ordering::Release);
+    for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
+        let done = word(&ctx.control.pages[peer], W_DONE)?;
+        wait(ctx, peer, deadline, call, "it to finish the call", || {
+            done.load(Ordering::Acquire) >= seq
+        })?;
+    }
+    Ok(())
+}
+
+/// Wait for `ready`: spin, yield, then sleep; end on abort, at the
+/// deadline, or when `peer`'s process is gone.
+fn wait(
+    ctx: &Ctx<'_>,
+    peer: usize,
+    deadline: Instant,
+    call: &Call,
+    what: &str,
+    mut ready: impl FnMut() -> bool,
+) -> Result<()> {
+    if ready() {
+        return Ok(());
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let spins = if ctx.size > cores {
+        OVERSUBSCRIBED_SPINS
+    } else {
+        SPINS
+    };
+    let start = Instant::now();
+    let mut last_liveness = start;
+    let mut rounds: u32 = 0;
+    loop {
+        if ready() {
+            return Ok(());
+        }
+        if rounds >= spins || rounds % 32 == 0 {
+            if ctx.abort.is_fired() {
+                return Err(Error::Aborted(None));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    peer,
+                    during: call.during(),
+                    what: what.to_string(),
+                    waited_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+            if now.duration_since(last_liveness) >= LIVENESS_INTERVAL {
+                last_liveness = now;
+                if ferroccl_shm::process_gone(ctx.control.pids[peer]) && !ready() {
+                    return Err(Error::PeerFailed {
+                        rank: peer,
+                        during: call.during(),
+                        reason: "its process exited".into(),
+                    });
+                }
+            }
+        }
+        if rounds < spins {
+            std::hint::spin_loop();
+        } else if rounds < spins + YIELDS {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(SLEEP);
+        }
+        rounds = rounds.saturating_add(1);
+    }
+}
+
+/// The peers' parts of the call's input and output windows (one lock when
+/// both are the same window).
+struct Maps<'a> {
+    input: MutexGuard<'a, Vec<Option<Region>>>,
+    output: Option<MutexGuard<'a, Vec<Option<Region>>>>,
+}
+
+impl<'a> Maps<'a> {
+    fn new(input: &'a Arc<WindowMaps>, output: &'a Arc<WindowMaps>) -> Self {
+        let same = Arc::ptr_eq(input, output);
+        Maps {
+            input: lock(&input.peers),
+            output: (!same).then(|| lock(&output.peers)),
+        }
+    }
+
+    fn input_region(&self, peer: usize) -> Option<&Region> {
+        self.input.get(peer)?.as_ref()
+    }
+
+    fn output_region(&mut self, peer: usize) -> Option<&mut Region> {
+        match &mut self.output {
+            Some(out) => out.get_mut(peer)?.as_mut(),
+            None => self.input.get_mut(peer)?.as_mut(),
+        }
+    }
+}
+
+struct Kernel<'a> {
+    rank: usize,
+    size: usize,
+    elem: usize,
+    places: &'a [Place],
+    call: &'a Call,
+    op: ReduceOp,
+    mode: Store,
+}
+
+impl Kernel<'_> {
+    fn protocol(&self, peer: usize, detail: String) -> Error {
+        Error::Protocol {
+            peer,
+            during: self.call.during(),
+            detail,
+        }
+    }
+
+    /// Check what the peers announced against their mappings here: their
+    /// buffers lie inside their parts of the windows, at offsets aligned
+    /// for the type, and an input and an output in one window are the same
+    /// bytes (in place) or apart.
+    fn check_peers(
+        &self,
+        inw: &WindowMaps,
+        outw: &WindowMaps,
+        in_elems: usize,
+        out_elems: usize,
+    ) -> Result<()> {
+        let elem = self.elem as u64;
+        let same = std::ptr::eq(inw, outw);
+        let ins = lock(&inw.peers);
+        let outs = (!same).then(|| lock(&outw.peers));
+        let outs = outs.as_deref().unwrap_or(&ins);
+        for peer in (0..self.size).filter(|&p| p != self.rank) {
+            let p = self.places[peer];
+            let span = |off: u64, elems: usize, regions: &[Option<Region>]| -> Result<(u64, u64)> {
+                let bytes = elems as u64 * elem;
+                match regions.get(peer).and_then(Option::as_ref).map(Region::len) {
+                    Some(len)
+                        if off % elem == 0
+                            && off.checked_add(bytes).is_some_and(|end| end <= len as u64) =>
+                    {
+                        Ok((off, off + bytes))
+                    }
+                    Some(len) => Err(self.protocol(
+                        peer,
+                        format!(
+                            "it announced {bytes} bytes at offset {off} of its {len}-byte part \
+                             of a window"
+                        ),
+                    )),
+                    None => {
+                        Err(self.protocol(peer, "its part of the window is not mapped here".into()))
+                    }
+                }
+            };
+            let input = (in_elems > 0)
+                .then(|| span(p.in_off, in_elems, &ins))
+                .transpose()?;
+            let output = (out_elems > 0)
+                .then(|| span(p.out_off, out_elems, outs))
+                .transpose()?;
+            if let (Some((a, b)), Some((c, d))) = (input, output) {
+                if p.in_win == p.out_win && !(b <= c || d <= a || (a, b) == (c, d)) {
+                    return Err(self.protocol(
+                        peer,
+                        "its input and output overlap without being the same buffer".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Elements `start..start + len` of rank `j`'s input.
+    fn input<'x, T: Element>(
+        &self,
+        io: &'x Io<'_, T>,
+        maps: &'x Maps<'_>,
+        j: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<&'x [T]> {
+        if j == self.rank {
+            return Ok(io.input(start, len));
+        }
+        let region = maps
+            .input_region(j)
+            .ok_or_else(|| self.protocol(j, "its part of the window is not mapped here".into()))?;
+        let off = self.places[j].in_off as usize + start * self.elem;
+        let bytes = region
+            .slice(off, len * self.elem)
+            .map_err(|e| self.protocol(j, e.to_string()))?;
+        bytemuck::try_cast_slice(bytes).map_err(|e| self.protocol(j, format!("{e:?}")))
+    }
+
+    /// Elements `start..start + len` of rank `j`'s output.
+    fn output<'x, T: Element>(
+        &self,
+        io: &'x mut Io<'_, T>,
+        maps: &'x mut Maps<'_>,
+        j: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<&'x mut [T]> {
+        if j == self.rank {
+            return Ok(io.output(start, len));
+        }
+        let off = self.places[j].out_off as usize + start * self.elem;
+        let elem = self.elem;
+        let region = maps
+            .output_region(j)
+            .ok_or_else(|| self.protocol(j, "its part of the window is not mapped here".into()))?;
+        let bytes = region
+            .slice_mut(off, len * elem)
+            .map_err(|e| self.protocol(j, e.to_string()))?;
+        bytemuck::try_cast_slice_mut(bytes).map_err(|e| self.protocol(j, format!("{e:?}")))
+    }
+
+    /// `tmp = input_0 op input_1 op ... ` over `start..start + tmp.len()`
+    /// of the inputs (rank order, so every rank would get the same bits).
+    fn reduce_block<T: Element>(
+        &self,
+        io: &Io<'_, T>,
+        maps: &Maps<'_>,
+        start: usize,
+        tmp: &mut [T],
+    ) -> Result<()> {
+        let k = tmp.len();
+        let first = self.input(io, maps, 0, start, k)?;
+        if self.size == 1 {
+            tmp.copy_from_slice(first);
+            return Ok(());
+        }
+        reduce_to(self.op, tmp, first, self.input(io, maps, 1, start, k)?);
+        for j in 2..self.size {
+            reduce_into(self.op, tmp, self.input(io, maps, j, start, k)?);
+        }
+        Ok(())
+    }
+
+    fn block<T>(&self) -> usize {
+        (BLOCK_BYTES / std::mem::size_of::<T>().max(1)).max(1)
+    }
+
+    /// Allreduce share: piece `off..off + len` of every input, reduced,
+    /// into the same piece of every output.
+    fn reduce_and_spread<T: Element>(
+        &self,
+        io: &mut Io<'_, T>,
+        maps: &mut Maps<'_>,
+        off: usize,
+        len: usize,
+    ) -> Result<()> {
+        let mut tmp = vec![T::zeroed(); self.block::<T>().min(len)];
+        let mut done = 0;
+        while done < len {
+            let k = tmp.len().min(len - done);
+            let start = off + done;
+            let t = &mut tmp[..k];
+            self.reduce_block(io, maps, start, t)?;
+            // Peers first: they wait on this rank, it waits on nobody.
+            for step in 1..=self.size {
+                let j = (self.rank + step) % self.size;
+                store(self.mode, self.output(io, maps, j, start, k)?, t);
+            }
+            done += k;
+        }
+        Ok(())
+    }
+
+    /// Allgather share: this rank's input (`count` elements) into block
+    /// `rank` of every output.
+    fn gather<T: Element>(
+        &self,
+        io: &mut Io<'_, T>,
+        maps: &mut Maps<'_>,
+        count: usize,
+    ) -> Result<()> {
+        let base = self.rank * count;
+        let block = self.block::<T>();
+        let mut done = 0;
+        while done < count {
+            let k = block.min(count - done);
+            for step in 1..self.size {
+                let j = (self.rank + step) % self.size;
+                let off = self.places[j].out_off as usize + (base + done) * self.elem;
+                let region = maps.output_region(j).ok_or_else(|| {
+                    self.protocol(j, "its part of the window is not mapped here".into())
+                })?;
+                let bytes = region
+                    .slice_mut(off, k * self.elem)
+                    .map_err(|e| self.protocol(j, e.to_string()))?;
+                let dst: &mut [T] = bytemuck::try_cast_slice_mut(bytes)
+                    .map_err(|e| self.protocol(j, format!("{e:?}")))?;
+                store(self.mode, dst, io.input(done, k));
+            }
+            done += k;
+        }
+        // This rank's own block (nothing to do in place).
+        let own = Step::local(Prim::Copy, Operand::Input, 0, base, count);
+        io.copy_input_to_output(self.mode, &own);
+        Ok(())
+    }
+
+    /// Reduce-scatter share: block `rank` of every input, reduced, into
+    /// this rank's output (`count` elements).
+    fn scatter<T: Element>(
+        &self,
+        io: &mut Io<'_, T>,
+        maps: &mut Maps<'_>,
+        count: usize,
+    ) -> Result<()> {
+        let base = self.rank * count;
+        let mut tmp = vec![T::zeroed(); self.block::<T>().min(count)];
+        let mut done = 0;
+        while done < count {
+            let k = tmp.len().min(count - done);
+            let t = &mut tmp[..k];
+            self.reduce_block(io, maps, base + done, t)?;
+            store(self.mode, io.output(done, k), t);
+            done += k;
+        }
+        Ok(())
+    }
+}

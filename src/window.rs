@@ -1,0 +1,191 @@
+//! Windows: buffers that every rank of a communicator can read and write
+//! directly (MPI's `MPI_Win_allocate_shared`; NCCL's memory allocated with
+//! `ncclMemAlloc` and registered as a symmetric window).
+//!
+//! Through slots every byte a collective moves is copied twice: into a slot
+//! by its sender, out of it by its receiver. When the buffers themselves
+//! live in memory every rank has mapped, a rank can read its peers' inputs
+//! and write their outputs itself, and each byte is copied once. On a CPU
+//! there is no way to map another process's ordinary heap (that takes a
+//! kernel module such as XPMEM), so such buffers must be allocated shared
+//! from the start: [`crate::Communicator::alloc_window`] does that, every
+//! rank together, and returns a [`Window`] that is used as a slice.
+//!
+//! Collectives whose buffers lie in windows on every rank (the same window
+//! on every rank, at any offset) run the direct schedules of
+//! `exec::window`; anything else runs as before. Which way a call goes is
+//! agreed per call through a small control page per rank, which also
+//! compares the calls' fingerprints before any data moves.
+
+use crate::element::Element;
+use ferroccl_shm::Region;
+use std::sync::{Arc, Mutex, Weak};
+
+/// A buffer of elements that the ranks of a communicator share: made by
+/// [`crate::Communicator::alloc_window`], used as a `[T]` (it derefs to
+/// one). Collectives whose input and output lie in windows (the same window
+/// on every rank) copy each byte once, straight between the ranks'
+/// buffers.
+///
+/// Where the ranks cannot share memory (ranks on several hosts, no
+/// writable /dev/shm, FERROCCL_TRANSPORT=tcp, a single rank) the window is
+/// ordinary private memory ([`Window::is_shared`] says which) and
+/// collectives on it run as on any buffer.
+///
+/// A window's memory goes back to the system when every rank has dropped
+/// its window. Elements start zeroed.
+pub struct Window<T: Element> {
+    mem: Mem<T>,
+    len: usize,
+    /// The mappings of the peers' parts, shared with the communicator's
+    /// registry (which holds it weakly): they live as long as this window.
+    maps: Option<Arc<WindowMaps>>,
+}
+
+enum Mem<T> {
+    Shared(Region),
+    Private(Vec<T>),
+}
+
+impl<T: Element> Window<T> {
+    pub(crate) fn shared(own: Region, len: usize, maps: Arc<WindowMaps>) -> Self {
+        Window {
+            mem: Mem::Shared(own),
+            len,
+            maps: Some(maps),
+        }
+    }
+
+    pub(crate) fn private(len: usize) -> Self {
+        Window {
+            mem: Mem::Private(vec![T::zeroed(); len]),
+            len,
+            maps: None,
+        }
+    }
+
+    /// Whether the peers map this window (else it is private memory and
+    /// collectives on it take the ordinary path).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.mem, Mem::Shared(_))
+    }
+
+    /// The window's number on its communicator (the same on every rank;
+    /// 0 for a private window).
+    pub fn id(&self) -> u64 {
+        self.maps.as_ref().map_or(0, |m| m.id)
+    }
+}
+
+impl<T: Element> std::ops::Deref for Window<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        let bytes = self.len * std::mem::size_of::<T>();
+        match &self.mem {
+            // The region holds at least `bytes` bytes and is page-aligned
+            // (see `Communicator::alloc_window`), so neither can fail.
+            Mem::Shared(region) => bytemuck::cast_slice(
+                region
+                    .slice(0, bytes)
+                    .expect("a window's region holds its elements"),
+            ),
+            Mem::Private(v) => v,
+        }
+    }
+}
+
+impl<T: Element> std::ops::DerefMut for Window<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        let bytes = self.len * std::mem::size_of::<T>();
+        match &mut self.mem {
+            Mem::Shared(region) => bytemuck::cast_slice_mut(
+                region
+                    .slice_mut(0, bytes)
+                    .expect("a window's region holds its elements"),
+            ),
+            Mem::Private(v) => v,
+        }
+    }
+}
+
+impl<T: Element> std::fmt::Debug for Window<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Window")
+            .field("id", &self.id())
+            .field("len", &self.len)
+            .field("shared", &self.is_shared())
+            .finish()
+    }
+}
+
+/// What the communicator knows of one shared window: where this rank's part
+/// is (to recognise buffers inside it) and the mappings of the peers' parts.
+pub(crate) struct WindowMaps {
+    pub(crate) id: u64,
+    /// Address and length in bytes of this rank's part, in this process.
+    pub(crate) own_addr: usize,
+    pub(crate) own_bytes: usize,
+    /// Each rank's part as mapped here; `None` at this rank's index (its
+    /// part is the window's own region, reached through the caller's
+    /// slices).
+    pub(crate) peers: Mutex<Vec<Option<Region>>>,
+}
+
+/// The control pages of the ranks (one per rank, every rank maps all):
+/// where calls are announced and completions signalled (`exec::window`).
+pub(crate) struct Control {
+    /// Each rank's page, by rank (this rank's own included).
+    pub(crate) pages: Vec<Region>,
+    /// Each rank's process id, to notice a peer that died.
+    pub(crate) pids: Vec<u32>,
+}
+
+/// A communicator's windows.
+#[derive(Default)]
+pub(crate) struct Windows {
+    /// Set once the first shared window exists, on every rank alike: from
+    /// then on every collective is announced (see `exec::window`).
+    pub(crate) control: Option<Arc<Control>>,
+    /// Windows created so far (shared or not), the same count on every
+    /// rank: numbers them.
+    pub(crate) created: u64,
+    pub(crate) live: Vec<Weak<WindowMaps>>,
+}
+
+impl Windows {
+    /// The live shared window whose own part holds `bytes` bytes at
+    /// `addr`, and the offset of `addr` in it.
+    pub(crate) fn find(&self, addr: usize, bytes: usize) -> Option<(u64, usize)> {
+        self.live.iter().filter_map(Weak::upgrade).find_map(|m| {
+            let end = addr.checked_add(bytes)?;
+            (addr >= m.own_addr && end <= m.own_addr + m.own_bytes)
+                .then(|| (m.id, addr - m.own_addr))
+        })
+    }
+
+    /// The live window numbered `id`.
+    pub(crate) fn get(&self, id: u64) -> Option<Arc<WindowMaps>> {
+        self.live
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|m| m.id == id)
+    }
+
+    /// Remember a new window (and forget the dropped ones).
+    pub(crate) fn add(&mut self, maps: &Arc<WindowMaps>) {
+        self.live.retain(|w| w.strong_count() > 0);
+        self.live.push(Arc::downgrade(maps));
+    }
+}
+
+/// The file name of rank `rank`'s part of window `id` (0: the control
+/// page) of communicator `comm_id` in the job of `token`.
+pub(crate) fn region_name(token: u64, comm_id: u64, id: u64, rank: usize) -> String {
+    format!(
+        "{}win-{token:016x}-{comm_id:016x}-{id}-{rank}",
+        ferroccl_shm::SEGMENT_PREFIX
+    )
+}
+
+/// Bytes of a control page.
+pub(crate) const CONTROL_BYTES: usize = 4096;

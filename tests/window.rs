@@ -1,0 +1,294 @@
+//! Windows (`Communicator::alloc_window`): collectives straight between
+//! shared buffers against the f64 reference, for several rank counts,
+//! types, ops and counts, in place and out of place and at offsets; the
+//! fallback to slots whenever a rank's buffers are not in the common window;
+//! mismatches caught at the check-in; private windows where memory cannot
+//! be shared; nothing left in /dev/shm.
+
+mod common;
+
+use common::{check, input_value, make, reference, tolerance};
+use ferroccl::testing::run_ranks_with;
+use ferroccl::{Communicator, Config, Element, Error, ReduceOp};
+use half::bf16;
+use std::time::Duration;
+
+/// A token per test, so that its files can be told from other tests'.
+fn token(seed: u64) -> u64 {
+    0x5749_4e00_0000_0000 | (u64::from(std::process::id()) << 8) | seed
+}
+
+fn with_token(seed: u64) -> impl Fn(&mut Config) + Sync {
+    move |c: &mut Config| {
+        c.token = token(seed);
+        c.timeout = Duration::from_secs(20);
+    }
+}
+
+/// Files of this test's windows still in /dev/shm.
+fn leftovers(seed: u64) -> Vec<String> {
+    let prefix = format!("ferroccl-win-{:016x}", token(seed));
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every reducing and gathering collective with its buffers in windows
+/// (so directly), checked against the reference; returns how many calls
+/// should have run directly.
+fn windowed<T: Element>(comm: &Communicator, counts: &[usize]) -> u64 {
+    let (rank, n, dt) = (comm.rank(), comm.size(), T::DTYPE);
+    let most = counts.iter().copied().max().unwrap_or(0) * n + 16;
+    let mut a = comm.alloc_window::<T>(most).unwrap();
+    let mut b = comm.alloc_window::<T>(most).unwrap();
+    assert_eq!(a.is_shared(), n > 1, "rank {rank}: window sharing");
+    assert_eq!(a.len(), most);
+    assert!(a.iter().all(|v| v.to_f64() == 0.0), "windows start zeroed");
+    let mut direct = 0;
+    for &count in counts {
+        for op in ReduceOp::ALL {
+            let what = |name: &str| format!("{name} {dt} {op} n={n} count={count} rank={rank}");
+            let tol = |w: f64| tolerance(dt, op, w);
+            let want: Vec<f64> = (0..count).map(|i| reference(dt, op, n, i)).collect();
+            let input: Vec<T> = make(count, |i| input_value(dt, op, rank, n, i));
+
+            // Out of place, the input at an offset that differs per rank.
+            let at = rank % 3;
+            a[at..at + count].copy_from_slice(&input);
+            b[..count].fill(T::from_f64(-99.0));
+            comm.all_reduce(&a[at..at + count], &mut b[..count], op)
+                .unwrap();
+            check(&what("all_reduce"), &b[..count], |i| want[i], tol);
+            // In place.
+            a[..count].copy_from_slice(&input);
+            comm.all_reduce_in_place(&mut a[..count], op).unwrap();
+            check(&what("all_reduce_in_place"), &a[..count], |i| want[i], tol);
+            direct += 2;
+
+            // reduce_scatter from a window into a plain vector, and in place.
+            let big: Vec<T> = make(count * n, |i| input_value(dt, op, rank, n, i));
+            let want_block = |i: usize| reference(dt, op, n, rank * count + i);
+            a[..count * n].copy_from_slice(&big);
+            let mut out = vec![T::from_f64(-99.0); count];
+            comm.reduce_scatter(&a[..count * n], &mut out, op).unwrap();
+            check(&what("reduce_scatter"), &out, want_block, tol);
+            b[..count * n].copy_from_slice(&big);
+            comm.reduce_scatter_in_place(&mut b[..count * n], op)
+                .unwrap();
+            check(
+                &what("reduce_scatter_in_place"),
+                &b[rank * count..(rank + 1) * count],
+                want_block,
+                tol,
+            );
+            direct += 2;
+        }
+        // all_gather from a plain vector into a window, and in place.
+        let tag = |r: usize, i: usize| ((r * 31 + i * 7) % 100) as f64;
+        let gathered = |j: usize| tag(j / count.max(1), j % count.max(1));
+        let what = |name: &str| format!("{name} {dt} n={n} count={count} rank={rank}");
+        let mine: Vec<T> = make(count, |i| tag(rank, i));
+        b[..count * n].fill(T::from_f64(-1.0));
+        comm.all_gather(&mine, &mut b[..count * n]).unwrap();
+        check(&what("all_gather"), &b[..count * n], gathered, |_| 0.0);
+        a[..count * n].fill(T::from_f64(-1.0));
+        a[rank * count..(rank + 1) * count].copy_from_slice(&mine);
+        comm.all_gather_in_place(&mut a[..count * n]).unwrap();
+        check(
+            &what("all_gather_in_place"),
+            &a[..count * n],
+            gathered,
+            |_| 0.0,
+        );
+        direct += 2;
+    }
+    if n == 1 {
+        0
+    } else {
+        direct
+    }
+}
+
+fn matrix(n: usize, seed: u64) {
+    let counts = [0usize, 1, 7, 1000, 100_003];
+    let results = run_ranks_with(n, with_token(seed), |comm| {
+        let before = comm.direct_window_calls();
+        let mut want = 0;
+        want += windowed::<f32>(&comm, &counts);
+        want += windowed::<f64>(&comm, &[1, 5003]);
+        want += windowed::<bf16>(&comm, &[3, 4099]);
+        want += windowed::<i32>(&comm, &[1, 5003]);
+        want += windowed::<u8>(&comm, &[2, 9000]);
+        // Other collectives still work once windows exist.
+        let mut x = vec![comm.rank() as f32; 10];
+        comm.broadcast(&mut x, n - 1).unwrap();
+        assert!(x.iter().all(|&v| v == (n - 1) as f32));
+        comm.barrier().unwrap();
+        (comm.direct_window_calls() - before, want)
+    });
+    for (rank, (got, want)) in results.into_iter().enumerate() {
+        assert_eq!(got, want, "rank {rank}: calls run directly between windows");
+    }
+    assert_eq!(leftovers(seed), Vec::<String>::new());
+}
+
+#[test]
+fn one_rank_gets_a_private_window() {
+    matrix(1, 1);
+}
+
+#[test]
+fn two_ranks() {
+    matrix(2, 2);
+}
+
+#[test]
+fn three_ranks() {
+    matrix(3, 3);
+}
+
+#[test]
+fn four_ranks() {
+    matrix(4, 4);
+}
+
+#[test]
+fn five_ranks() {
+    matrix(5, 5);
+}
+
+/// Any rank whose buffers are not in the common window sends the call
+/// through slots, on every rank, with the same results.
+#[test]
+fn calls_outside_the_common_window_fall_back_to_slots() {
+    let n = 3;
+    let results = run_ranks_with(n, with_token(6), |comm| {
+        let rank = comm.rank();
+        let count = 4099;
+        let op = ReduceOp::Sum;
+        let want = |i: usize| reference(ferroccl::DataType::F32, op, n, i);
+        let input: Vec<f32> = make(count, |i| {
+            input_value(ferroccl::DataType::F32, op, rank, n, i)
+        });
+        let mut w1 = comm.alloc_window::<f32>(count).unwrap();
+        let mut w2 = comm.alloc_window::<f32>(count).unwrap();
+        let before = comm.direct_window_calls();
+        // Rank 1 uses a plain vector, the others their window.
+        let mut plain = input.clone();
+        w1.copy_from_slice(&input);
+        if rank == 1 {
+            comm.all_reduce_in_place(&mut plain, op).unwrap();
+            check("plain", &plain, want, |_| 0.0);
+        } else {
+            comm.all_reduce_in_place(&mut w1, op).unwrap();
+            check("window", &w1, want, |_| 0.0);
+        }
+        // Each rank its own window, but not the same one.
+        w1.copy_from_slice(&input);
+        w2.copy_from_slice(&input);
+        let target = if rank % 2 == 0 { &mut w1 } else { &mut w2 };
+        comm.all_reduce_in_place(target, op).unwrap();
+        check("mixed windows", target, want, |_| 0.0);
+        // Async calls (their buffers are never windows) between direct ones.
+        let work = comm.all_reduce_async(input.clone(), op).unwrap();
+        w1.copy_from_slice(&input);
+        let got = work.wait().unwrap();
+        check("async", &got, want, |_| 0.0);
+        comm.all_reduce_in_place(&mut w1, op).unwrap();
+        check("window after async", &w1, want, |_| 0.0);
+        comm.direct_window_calls() - before
+    });
+    assert_eq!(results, vec![1; n], "only the last call runs directly");
+    assert_eq!(leftovers(6), Vec::<String>::new());
+}
+
+/// Ranks that disagree on a call find out at the check-in, before any byte
+/// moves, and every rank names the other side.
+#[test]
+fn a_mismatch_is_caught_at_the_check_in() {
+    let results = run_ranks_with(
+        2,
+        |c| {
+            c.token = token(7);
+            c.timeout = Duration::from_secs(5);
+        },
+        |comm| {
+            let mut w = comm.alloc_window::<f32>(100).unwrap();
+            let count = 50 + comm.rank();
+            let started = std::time::Instant::now();
+            let err = comm
+                .all_reduce_in_place(&mut w[..count], ReduceOp::Sum)
+                .unwrap_err();
+            (err, started.elapsed())
+        },
+    );
+    for (rank, (err, took)) in results.into_iter().enumerate() {
+        match &err {
+            Error::Mismatch {
+                peer,
+                local,
+                remote,
+            } => {
+                assert_eq!(*peer, 1 - rank, "rank {rank}: {err}");
+                assert!(local.contains(&format!("{} elements", 50 + rank)), "{err}");
+                assert!(remote.contains(&format!("{} elements", 51 - rank)), "{err}");
+            }
+            other => panic!("rank {rank}: expected a mismatch, got {other}"),
+        }
+        assert!(took < Duration::from_secs(4), "rank {rank} took {took:?}");
+    }
+}
+
+/// Over TCP (forced) the ranks do not share memory: private windows, the
+/// usual path, the same results.
+#[test]
+fn forced_tcp_gives_private_windows() {
+    let results = run_ranks_with(
+        2,
+        |c| {
+            c.token = token(8);
+            c.transport = Some("tcp".into());
+        },
+        |comm| {
+            let mut w = comm.alloc_window::<i64>(1000).unwrap();
+            assert!(!w.is_shared());
+            assert_eq!(w.id(), 0);
+            for (i, v) in w.iter_mut().enumerate() {
+                *v = (i * (comm.rank() + 1)) as i64;
+            }
+            comm.all_reduce_in_place(&mut w, ReduceOp::Sum).unwrap();
+            check("tcp", &w, |i| (i * 3) as f64, |_| 0.0);
+            comm.direct_window_calls()
+        },
+    );
+    assert_eq!(results, vec![0, 0]);
+}
+
+/// A window dropped on every rank can be replaced by another; many
+/// windows can live at once.
+#[test]
+fn windows_come_and_go() {
+    let n = 2;
+    run_ranks_with(n, with_token(9), |comm| {
+        let mut keep = Vec::new();
+        for round in 0..20usize {
+            let mut w = comm.alloc_window::<u32>(64 + round).unwrap();
+            w.fill(comm.rank() as u32 + round as u32);
+            comm.all_reduce_in_place(&mut w, ReduceOp::Sum).unwrap();
+            let want = (2 * round + 1) as f64;
+            check("round", &w, |_| want, |_| 0.0);
+            if round % 4 == 0 {
+                keep.push(w);
+            }
+        }
+        for w in &mut keep {
+            comm.all_reduce_in_place(w, ReduceOp::Max).unwrap();
+        }
+    });
+    assert_eq!(leftovers(9), Vec::<String>::new());
+}

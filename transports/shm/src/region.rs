@@ -1,0 +1,222 @@
+//! Shared regions: a file under /dev/shm that every rank of a communicator
+//! maps, for memory that peers read and write directly (ferroccl's windows,
+//! and the small control page that goes with them).
+//!
+//! A region is plain bytes plus, at the start of a control region, 64-bit
+//! words used as atomics. Which process may touch which bytes when is the
+//! business of the protocol one layer up (ferroccl's `window` module); this
+//! module only maps, bounds-checks and hands out views. Its `unsafe` is the
+//! conversion of the mapping into slices and atomics.
+
+use memmap2::{MmapOptions, MmapRaw};
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+
+/// One mapping of a shared region.
+#[derive(Debug)]
+pub struct Region {
+    map: MmapRaw,
+    len: usize,
+    path: PathBuf,
+    /// (device, inode) of the file, so that `unlink` never removes a later
+    /// file that took the same name.
+    id: (u64, u64),
+}
+
+fn file_id(file: &File) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata()?;
+    Ok((meta.dev(), meta.ino()))
+}
+
+impl Region {
+    /// Create `dir/name` (it must not exist) with `len` bytes reserved
+    /// (a full /dev/shm is an error here, not a SIGBUS later), zero-filled,
+    /// and map it. `len` of 0 maps one byte's page so that every region has
+    /// an address.
+    pub fn create(dir: &Path, name: &str, len: usize) -> std::io::Result<Region> {
+        let path = dir.join(name);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        let made = (|| {
+            let bytes = len.max(1) as u64;
+            file.set_len(bytes)?;
+            crate::os::reserve(&file, bytes)?;
+            Region::map(&file, path.clone())
+        })();
+        if made.is_err() {
+            let _ = std::fs::remove_file(&path);
+        }
+        made
+    }
+
+    /// Map the existing region `dir/name`, whatever its length.
+    pub fn open(dir: &Path, name: &str) -> std::io::Result<Region> {
+        let path = dir.join(name);
+        let file = OpenOptions::new().read(true).write(true).open(&path)?;
+        Region::map(&file, path)
+    }
+
+    fn map(file: &File, path: PathBuf) -> std::io::Result<Region> {
+        let len = usize::try_from(file.metadata()?.len())
+            .map_err(|_| std::io::Error::other("region too large"))?;
+        if len == 0 {
+            return Err(std::io::Error::other("region file is empty"));
+        }
+        let map = MmapOptions::new().len(len).map_raw(file)?;
+        if map.len() < len {
+            return Err(std::io::Error::other("short mapping"));
+        }
+        Ok(Region {
+            map,
+            len,
+            path,
+            id: file_id(file)?,
+        })
+    }
+
+    /// Remove the region's file (the mappings stay valid until dropped).
+    /// A file of the same name that is not this region is left alone.
+    pub fn unlink(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::metadata(&self.path) {
+            Ok(meta) if (meta.dev(), meta.ino()) == self.id => std::fs::remove_file(&self.path),
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region has no bytes (never: see `create`).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Address of the first byte in this process, to tell whether a slice
+    /// lies inside the region. Not for dereferencing.
+    pub fn addr(&self) -> usize {
+        self.map.as_ptr() as usize
+    }
+
+    /// The file the region was created from or opened at.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn check(&self, off: usize, len: usize) -> std::io::Result<()> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(std::io::Error::other(format!(
+                "bytes {off}..+{len} lie outside a region of {} bytes",
+                self.len
+            ))),
+        }
+    }
+
+    /// `len` bytes at `off`, to read.
+    ///
+    /// Other processes may write other parts of the region meanwhile; the
+    /// caller's protocol guarantees nobody writes these bytes while the view
+    /// lives.
+    pub fn slice(&self, off: usize, len: usize) -> std::io::Result<&[u8]> {
+        self.check(off, len)?;
+        // SAFETY: `off + len <= self.len` (checked above) and the mapping
+        // of `self.len` bytes lives as long as `self`, which the returned
+        // borrow cannot outlive. Any bit pattern is a valid u8. Within this
+        // process no `&mut` to these bytes exists while the shared borrow of
+        // `self` lives (`slice_mut` takes `&mut self`); other processes stay
+        // off them by protocol, as with the transport's slots.
+        Ok(unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(off), len) })
+    }
+
+    /// `len` bytes at `off`, to write.
+    pub fn slice_mut(&mut self, off: usize, len: usize) -> std::io::Result<&mut [u8]> {
+        self.check(off, len)?;
+        // SAFETY: as in `slice`; `&mut self` makes this the only view of
+        // the region in this process while it lives.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(off), len) })
+    }
+
+    /// The 64-bit word at `index` (byte offset `8 * index`), as an atomic
+    /// shared with every process that maps the region.
+    pub fn word(&self, index: usize) -> std::io::Result<&AtomicU64> {
+        let off = index
+            .checked_mul(8)
+            .ok_or_else(|| std::io::Error::other("word index overflows"))?;
+        self.check(off, 8)?;
+        // SAFETY: the mapping is page-aligned, so `off` (a multiple of 8)
+        // is 8-aligned; the 8 bytes lie inside the mapping (checked) which
+        // outlives the borrow. AtomicU64 has the size and alignment of u64,
+        // any bit pattern is valid, and atomics may be accessed through a
+        // shared reference from this and other processes at once. Regions
+        // used with words keep those bytes for atomics only.
+        Ok(unsafe { &*(self.map.as_ptr().add(off) as *const AtomicU64) })
+    }
+}
+
+/// Whether process `pid` is gone (does not exist, or is a zombie).
+pub fn process_gone(pid: u32) -> bool {
+    crate::os::process_gone(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    fn name(tag: &str) -> String {
+        format!("ferroccl-test-region-{}-{tag}", std::process::id())
+    }
+
+    #[test]
+    fn two_mappings_see_each_others_writes_and_unlink_leaves_them_valid() {
+        let dir = Path::new(crate::DEFAULT_DIR);
+        let n = name("share");
+        let mut a = Region::create(dir, &n, 10_000).unwrap();
+        let b = Region::open(dir, &n).unwrap();
+        assert_eq!(b.len(), 10_000);
+        a.unlink().unwrap();
+        assert!(!dir.join(&n).exists());
+        a.slice_mut(5000, 4).unwrap().copy_from_slice(&[1, 2, 3, 4]);
+        assert_eq!(b.slice(5000, 4).unwrap(), &[1, 2, 3, 4]);
+        a.word(3).unwrap().store(77, Ordering::Release);
+        assert_eq!(b.word(3).unwrap().load(Ordering::Acquire), 77);
+        assert!(b.slice(9999, 2).is_err());
+        assert!(b.slice(usize::MAX, 2).is_err());
+        assert!(b.word(1250).is_err());
+        assert!(b.word(usize::MAX).is_err());
+    }
+
+    #[test]
+    fn create_refuses_an_existing_name_and_unlink_spares_a_newer_file() {
+        let dir = Path::new(crate::DEFAULT_DIR);
+        let n = name("excl");
+        let first = Region::create(dir, &n, 64).unwrap();
+        assert!(Region::create(dir, &n, 64).is_err());
+        std::fs::remove_file(dir.join(&n)).unwrap();
+        let second = Region::create(dir, &n, 64).unwrap();
+        first.unlink().unwrap();
+        assert!(dir.join(&n).exists(), "the newer file must stay");
+        second.unlink().unwrap();
+        assert!(!dir.join(&n).exists());
+    }
+
+    #[test]
+    fn a_missing_or_empty_file_is_an_error() {
+        let dir = Path::new(crate::DEFAULT_DIR);
+        assert!(Region::open(dir, &name("missing")).is_err());
+        let n = name("empty");
+        std::fs::File::create(dir.join(&n)).unwrap();
+        assert!(Region::open(dir, &n).is_err());
+        std::fs::remove_file(dir.join(&n)).unwrap();
+    }
+}
