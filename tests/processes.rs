@@ -815,3 +815,65 @@ fn a_rank_that_hangs_in_its_own_code_is_named_by_every_survivor() {
     );
     assert_nothing_left(&marker, None, &f);
 }
+
+/// `--windows`: the reducing and gathering checks run on windows, directly
+/// between the ranks' buffers; every check passes, and nothing is left in
+/// the shared-memory directory. Then a rank killed while the others wait
+/// for it at a window check-in is named by them, and again nothing is left.
+#[test]
+fn windows_pass_every_check_and_a_killed_rank_is_named() {
+    let Some(dir) = ShmDir::new("windows") else {
+        eprintln!("SKIPPED: /dev/shm is not writable here");
+        return;
+    };
+    let d = dir.path();
+    let env = [("FERROCCL_SHM_DIR", d.as_str())];
+    let f = launch_marked(
+        3,
+        &env,
+        &["--windows", "--count", "5003"],
+        Duration::from_secs(120),
+        "windows-ok",
+    );
+    assert!(f.status.success(), "exit {:?}\n{}", f.status, f.all());
+    for r in 0..3 {
+        let own = format!("ferroccl-check: rank {r}: ");
+        let line = f
+            .prefixed()
+            .into_iter()
+            .find_map(|(pr, rest)| {
+                (pr == r)
+                    .then(|| rest.strip_prefix(&own).map(String::from))
+                    .flatten()
+            })
+            .unwrap_or_else(|| panic!("rank {r} printed no summary\n{}", f.all()));
+        let direct: u64 = line
+            .split(", ")
+            .find_map(|part| part.strip_suffix(" directly between windows"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("rank {r}: no count of direct calls in: {line}"));
+        assert!(direct >= 100, "rank {r}: only {direct} calls ran directly");
+    }
+    assert_nothing_left("windows-ok", Some(&dir), &f);
+
+    let mut kill_env = KILL_ENV.to_vec();
+    kill_env.extend(env);
+    let mut args = KILL_ARGS.to_vec();
+    args.push("--windows");
+    let f = launch_marked(4, &kill_env, &args, Duration::from_secs(60), "windows-kill");
+    assert!(!f.status.success(), "{}", f.all());
+    assert!(f.elapsed < Duration::from_secs(30), "took {:?}", f.elapsed);
+    let errors: Vec<(usize, String)> = [0, 1, 3]
+        .into_iter()
+        .filter_map(|r| f.error_of(r).map(|e| (r, e)))
+        .collect();
+    assert!(
+        errors.iter().any(|(_, e)| blames(e, 2)),
+        "no survivor named rank 2\n{}",
+        f.all()
+    );
+    for (r, e) in &errors {
+        assert!(has_numbered_call(e), "rank {r}: {e}");
+    }
+    assert_nothing_left("windows-kill", Some(&dir), &f);
+}

@@ -30,6 +30,12 @@ options:
   -c, --check 0|1           verify results and count wrong elements (default 1)
   -r, --root R              root of broadcast and reduce (default 0)
   -t, --coll NAME           the collective
+  -R, --register 0|2        2: allocate every buffer as a window that all
+                            ranks map (Communicator::alloc_window; nccl-tests'
+                            symmetric registration), so collectives copy
+                            straight between ranks' buffers; 0: plain
+                            buffers (default). 1 (local registration) has no
+                            CPU counterpart.
       --ranks N             launch N local ranks of this program
       --csv FILE            also write one CSV row per size to FILE
   -h, --help                print this help
@@ -64,6 +70,8 @@ pub struct Options {
     pub ranks: Option<usize>,
     /// Where to write CSV rows.
     pub csv: Option<PathBuf>,
+    /// Allocate the buffers as windows (`-R 2`).
+    pub windows: bool,
 }
 
 impl Default for Options {
@@ -81,6 +89,7 @@ impl Default for Options {
             root: 0,
             ranks: None,
             csv: None,
+            windows: false,
         }
     }
 }
@@ -139,7 +148,7 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
 }
 
 /// Every option but `-h`/`--help`; all of them take a value.
-const OPTIONS_WITH_VALUE: [&str; 23] = [
+const OPTIONS_WITH_VALUE: [&str; 25] = [
     "-b",
     "--minbytes",
     "-e",
@@ -163,6 +172,8 @@ const OPTIONS_WITH_VALUE: [&str; 23] = [
     "--coll",
     "--ranks",
     "--csv",
+    "-R",
+    "--register",
 ];
 
 fn parse_number(name: &str, value: &str) -> Result<usize, String> {
@@ -268,6 +279,19 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
                 o.ranks = Some(n);
             }
             "--csv" => o.csv = Some(PathBuf::from(value)),
+            "-R" | "--register" => {
+                o.windows = match value.trim() {
+                    "0" => false,
+                    "2" => true,
+                    "1" => {
+                        return Err(format!(
+                            "{name} 1 (local registration of any buffer) has no CPU counterpart: \
+                             peers can only map memory ferroccl allocated; use {name} 2 (windows)"
+                        ))
+                    }
+                    _ => return Err(format!("{name} takes 0 or 2, not '{value}'")),
+                }
+            }
             _ => unreachable!("{name} is in OPTIONS_WITH_VALUE"),
         }
     }

@@ -50,6 +50,9 @@ options:
       --kill-after-ms M  SIGKILL M ms after joining, wherever it is then
       --mismatch-rank R  with --mismatch-at K: rank R issues an extra
       --mismatch-at K    all_reduce (a mismatch) before its K-th call
+      --windows        run allreduce, reduce-scatter and allgather on
+                       buffers from Communicator::alloc_window (directly
+                       between the ranks' buffers where memory is shared)
   -h, --help           print this help";
 
 /// The parsed command line.
@@ -68,11 +71,14 @@ struct Options {
     kill: Option<(usize, u64)>,
     /// (rank, call) before which that rank issues a call nobody else does.
     mismatch: Option<(usize, u64)>,
+    /// Run the reducing and gathering checks on windows.
+    windows: bool,
 }
 
 /// Parse the arguments (without the program name); `Ok(None)` asks for help.
 fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
     let mut count = 1000usize;
+    let mut windows = false;
     let mut iters = 1usize;
     let mut delay_ms = 0u64;
     let (mut die_rank, mut die_at) = (None, None);
@@ -88,6 +94,10 @@ fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
         };
         if matches!(name, "-h" | "--help") {
             return Ok(None);
+        }
+        if name == "--windows" && inline.is_none() {
+            windows = true;
+            continue;
         }
         if !matches!(
             name,
@@ -156,6 +166,7 @@ fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
             _ => return Err("--kill-rank and --kill-after-ms go together".into()),
         },
         mismatch: pair("mismatch", mismatch_rank, mismatch_at)?,
+        windows,
     }))
 }
 
@@ -412,8 +423,24 @@ impl Checker<'_> {
         let what = format!("all_reduce {dt} {} {count} elements", op.name());
         let send: Vec<T> = make(count, |i| input(dt, op, rank, n, i));
         let mut recv = vec![T::from_f64(99.0); count];
+        // With --windows: two windows of `count * n` for this type.
+        let mut windows = if self.opts.windows {
+            Some((
+                comm.alloc_window::<T>(count * n)?,
+                comm.alloc_window::<T>(count * n)?,
+            ))
+        } else {
+            None
+        };
         self.before_call();
-        comm.all_reduce(&send, &mut recv, op)?;
+        match &mut windows {
+            Some((a, b)) => {
+                a[..count].copy_from_slice(&send);
+                comm.all_reduce(&a[..count], &mut b[..count], op)?;
+                recv.copy_from_slice(&b[..count]);
+            }
+            None => comm.all_reduce(&send, &mut recv, op)?,
+        }
         compare(
             &what,
             &recv,
@@ -427,7 +454,14 @@ impl Checker<'_> {
         let what = format!("all_reduce_in_place {dt} {} {count} elements", op.name());
         let mut buf: Vec<T> = make(count, |i| input(dt, op, rank, n, i));
         self.before_call();
-        comm.all_reduce_in_place(&mut buf, op)?;
+        match &mut windows {
+            Some((a, _)) => {
+                a[..count].copy_from_slice(&buf);
+                comm.all_reduce_in_place(&mut a[..count], op)?;
+                buf.copy_from_slice(&a[..count]);
+            }
+            None => comm.all_reduce_in_place(&mut buf, op)?,
+        }
         compare(
             &what,
             &buf,
@@ -445,7 +479,13 @@ impl Checker<'_> {
         let send: Vec<T> = make(count * n, |i| input(dt, op, rank, n, i));
         let mut recv = vec![T::from_f64(99.0); count];
         self.before_call();
-        comm.reduce_scatter(&send, &mut recv, op)?;
+        match &mut windows {
+            Some((a, _)) => {
+                a.copy_from_slice(&send);
+                comm.reduce_scatter(a, &mut recv, op)?;
+            }
+            None => comm.reduce_scatter(&send, &mut recv, op)?,
+        }
         compare(
             &what,
             &recv,
@@ -459,7 +499,14 @@ impl Checker<'_> {
         let mine: Vec<T> = make(count, |i| tag(rank, i));
         let mut all = vec![T::from_f64(99.0); count * n];
         self.before_call();
-        comm.all_gather(&mine, &mut all)?;
+        match &mut windows {
+            Some((_, b)) => {
+                b.fill(T::from_f64(99.0));
+                comm.all_gather(&mine, b)?;
+                all.copy_from_slice(b);
+            }
+            None => comm.all_gather(&mine, &mut all)?,
+        }
         compare(
             &what,
             &all,
@@ -667,8 +714,10 @@ fn main() {
         links.join(" ")
     ));
     say(&format!(
-        "ferroccl-check: rank {rank}: {passed} checks passed ({} collective calls, {:.2} s)",
+        "ferroccl-check: rank {rank}: {passed} checks passed ({} collective calls, {} directly \
+         between windows, {:.2} s)",
         checker.calls,
+        comm.direct_window_calls(),
         started.elapsed().as_secs_f64()
     ));
     if rank == 0 {

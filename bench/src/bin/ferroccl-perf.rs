@@ -321,6 +321,9 @@ fn print_header(opts: &Options, comm: &Communicator, infos: &[String]) {
         cfg.chunk_bytes(),
         cfg.nsocks_per_peer
     );
+    if opts.windows {
+        println!("# buffers: windows (-R 2), shared between the ranks where they can be");
+    }
     println!("#");
     println!("# Ranks (peer:transport)");
     for info in infos {
@@ -365,10 +368,45 @@ fn print_header(opts: &Options, comm: &Communicator, infos: &[String]) {
 
 /// The buffers of one size: `send` and `recv` for the out-of-place call,
 /// `inplace` for the in-place one.
-struct Buffers<T> {
-    send: Vec<T>,
-    recv: Vec<T>,
-    inplace: Vec<T>,
+struct Buffers<T: Element> {
+    send: Buf<T>,
+    recv: Buf<T>,
+    inplace: Buf<T>,
+}
+
+/// A plain buffer, or a window (`-R 2`).
+enum Buf<T: Element> {
+    Plain(Vec<T>),
+    Window(ferroccl::Window<T>),
+}
+
+impl<T: Element> Buf<T> {
+    fn new(comm: &Communicator, len: usize, window: bool) -> ferroccl::Result<Self> {
+        Ok(if window {
+            Buf::Window(comm.alloc_window(len)?)
+        } else {
+            Buf::Plain(vec![T::from_f64(0.0); len])
+        })
+    }
+}
+
+impl<T: Element> std::ops::Deref for Buf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Buf::Plain(v) => v,
+            Buf::Window(w) => w,
+        }
+    }
+}
+
+impl<T: Element> std::ops::DerefMut for Buf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            Buf::Plain(v) => v,
+            Buf::Window(w) => w,
+        }
+    }
 }
 
 /// What every call of one row shares.
@@ -403,10 +441,11 @@ fn bench_type<T: Element>(
             block,
         };
         let (send_len, recv_len, inplace_len) = lengths(shape);
+        let w = opts.windows;
         let mut bufs = Buffers::<T> {
-            send: vec![T::from_f64(0.0); send_len],
-            recv: vec![T::from_f64(0.0); recv_len],
-            inplace: vec![T::from_f64(0.0); inplace_len],
+            send: Buf::new(comm, send_len, w)?,
+            recv: Buf::new(comm, recv_len, w)?,
+            inplace: Buf::new(comm, inplace_len, w)?,
         };
         let size_bytes = total * elem;
 
