@@ -323,6 +323,18 @@ mod tests {
     }
 
     #[test]
+    fn register_takes_0_or_2() {
+        assert!(!options(&[]).windows);
+        assert!(options(&["-R", "2"]).windows);
+        assert!(options(&["--register=2"]).windows);
+        assert!(!options(&["-R", "0"]).windows);
+        let err = parse(&["-R", "1"]).unwrap_err();
+        assert!(err.contains("no CPU counterpart"), "{err}");
+        assert!(parse(&["-R", "3"]).is_err());
+        assert!(parse(&["-R"]).is_err());
+    }
+
+    #[test]
     fn sizes_take_binary_suffixes() {
         assert_eq!(parse_size("8"), Ok(8));
         assert_eq!(parse_size("1K"), Ok(1024));
