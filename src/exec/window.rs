@@ -334,8 +334,7 @@ fn wait(
     if ready() {
         return Ok(());
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let spins = if ctx.size > cores {
+    let spins = if ctx.size > online_cpus() {
         OVERSUBSCRIBED_SPINS
     } else {
         SPINS
@@ -380,6 +379,32 @@ fn wait(
         }
         rounds = rounds.saturating_add(1);
     }
+}
+
+/// CPUs of the machine (not of this process's affinity mask: a launcher
+/// that pins each rank to one CPU does not make the ranks share CPUs), read
+/// once.
+fn online_cpus() -> usize {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| {
+        // "0-3,8-11"
+        let count = std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .ok()
+            .map(|list| {
+                list.trim()
+                    .split(',')
+                    .filter_map(|range| match range.split_once('-') {
+                        Some((a, b)) => {
+                            let (a, b) = (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?);
+                            Some(b.checked_sub(a)? + 1)
+                        }
+                        None => range.parse::<usize>().ok().map(|_| 1),
+                    })
+                    .sum::<usize>()
+            })
+            .filter(|&n| n > 0);
+        count.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    })
 }
 
 /// The peers' parts of the call's input and output windows (one lock when
