@@ -292,3 +292,90 @@ fn windows_come_and_go() {
     });
     assert_eq!(leftovers(9), Vec::<String>::new());
 }
+
+/// A long random sequence of calls on 4 ranks in which each rank, per
+/// call, picks window or plain buffers and offsets from a shared seed
+/// (so ranks sometimes agree on the direct path and sometimes not), mixed
+/// with calls that never go direct: every result is checked, and the count
+/// of direct calls matches what the choices imply.
+#[test]
+fn random_mixtures_of_direct_and_slot_calls_stay_in_step() {
+    let n = 4;
+    let results = run_ranks_with(n, with_token(10), |comm| {
+        let rank = comm.rank();
+        let dt = ferroccl::DataType::F32;
+        let mut a = comm.alloc_window::<f32>(40_000).unwrap();
+        let mut b = comm.alloc_window::<f32>(40_000).unwrap();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        let mut direct = 0u64;
+        for call in 0..300 {
+            let count = [1usize, 3, 64, 1000, 9000][next(5) as usize];
+            // Per rank: in a window or not (the same draws on every rank).
+            let windowed: Vec<bool> = (0..n).map(|_| next(4) != 0).collect();
+            let all = windowed.iter().all(|&w| w);
+            let at = next(7) as usize + rank;
+            let op = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min][next(3) as usize];
+            let what = format!("call {call} count {count} rank {rank} {windowed:?}");
+            let input: Vec<f32> = make(count * n, |i| input_value(dt, op, rank, n, i));
+            match next(4) {
+                0 => {
+                    let want = |i: usize| reference(dt, op, n, i);
+                    if windowed[rank] {
+                        a[at..at + count].copy_from_slice(&input[..count]);
+                        comm.all_reduce_in_place(&mut a[at..at + count], op)
+                            .unwrap();
+                        check(&what, &a[at..at + count], want, |_| 0.0);
+                    } else {
+                        let mut v = input[..count].to_vec();
+                        comm.all_reduce_in_place(&mut v, op).unwrap();
+                        check(&what, &v, want, |_| 0.0);
+                    }
+                    direct += u64::from(all);
+                }
+                1 => {
+                    let want = |i: usize| reference(dt, op, n, rank * count + i);
+                    let mut out = vec![-1f32; count];
+                    if windowed[rank] {
+                        b[at..at + count * n].copy_from_slice(&input);
+                        comm.reduce_scatter(&b[at..at + count * n], &mut out, op)
+                            .unwrap();
+                    } else {
+                        comm.reduce_scatter(&input, &mut out, op).unwrap();
+                    }
+                    check(&what, &out, want, |_| 0.0);
+                    direct += u64::from(all);
+                }
+                2 => {
+                    let mine = &input[..count];
+                    let want = |j: usize| input_value(dt, op, j / count, n, j % count);
+                    if windowed[rank] {
+                        comm.all_gather(mine, &mut a[at..at + count * n]).unwrap();
+                        check(&what, &a[at..at + count * n], want, |_| 0.0);
+                    } else {
+                        let mut out = vec![-1f32; count * n];
+                        comm.all_gather(mine, &mut out).unwrap();
+                        check(&what, &out, want, |_| 0.0);
+                    }
+                    direct += u64::from(all);
+                }
+                _ => {
+                    let root = next(n as u64) as usize;
+                    let mut v: Vec<f32> = make(count, |i| input_value(dt, op, rank, n, i));
+                    comm.broadcast(&mut v, root).unwrap();
+                    check(&what, &v, |i| input_value(dt, op, root, n, i), |_| 0.0);
+                }
+            }
+        }
+        (comm.direct_window_calls(), direct)
+    });
+    for (rank, (got, want)) in results.into_iter().enumerate() {
+        assert_eq!(got, want, "rank {rank}: direct calls");
+        assert!(want > 50, "the draws should give direct calls too");
+    }
+}
