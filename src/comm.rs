@@ -442,13 +442,14 @@ impl Communicator {
         Ok(())
     }
 
-    /// Allreduce on an owned buffer, in place, without blocking: the call is
-    /// queued in order and `wait()` returns the buffer.
-    pub fn all_reduce_async<T: Element>(
-        &self,
-        mut buf: Vec<T>,
-        op: ReduceOp,
-    ) -> Result<Work<Vec<T>>> {
+    /// Allreduce on an owned buffer (a `Vec<T>`, a [`Window<T>`], any
+    /// owner of a `[T]`), in place, without blocking: the call is queued in
+    /// order and `wait()` returns the buffer.
+    pub fn all_reduce_async<T, B>(&self, mut buf: B, op: ReduceOp) -> Result<Work<B>>
+    where
+        T: Element,
+        B: std::ops::DerefMut<Target = [T]> + Send + 'static,
+    {
         let plan = self.all_reduce_plan::<T>(buf.len())?;
         let spec = self.spec::<T>(CollKind::AllReduce, Some(op), buf.len(), None);
         let size = self.inner.size;

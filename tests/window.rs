@@ -379,3 +379,23 @@ fn random_mixtures_of_direct_and_slot_calls_stay_in_step() {
         assert!(want > 50, "the draws should give direct calls too");
     }
 }
+
+/// A window handed to `all_reduce_async` runs directly, like a blocking
+/// call on it, and comes back with the result.
+#[test]
+fn async_allreduce_on_a_window_runs_directly() {
+    let n = 3;
+    let results = run_ranks_with(n, with_token(11), |comm| {
+        let mut w = comm.alloc_window::<f64>(10_007).unwrap();
+        for (i, v) in w.iter_mut().enumerate() {
+            *v = (i % 13) as f64 * (comm.rank() + 1) as f64;
+        }
+        let before = comm.direct_window_calls();
+        let work = comm.all_reduce_async(w, ReduceOp::Sum).unwrap();
+        let w = work.wait().unwrap();
+        check("async window", &w, |i| (i % 13) as f64 * 6.0, |_| 0.0);
+        comm.direct_window_calls() - before
+    });
+    assert_eq!(results, vec![1; n]);
+    assert_eq!(leftovers(11), Vec::<String>::new());
+}
