@@ -7,6 +7,8 @@
 # Environment:
 #   COMPARE_CSV=FILE   also write the summary as CSV to FILE
 #   COMPARE_OUT=DIR    keep the raw outputs in DIR (default: a temp dir)
+#   COMPARE_WINDOWS=1  also run ferroccl-perf -R 2 (buffers in windows)
+#                      in the same session, as extra columns
 #   FERROCCL_*         passed through to ferroccl (transport, buffsize, ...)
 # The peers' script installs Open MPI and PyTorch on first use (minutes).
 set -euo pipefail
@@ -27,6 +29,14 @@ echo "## ferroccl ($op, $n ranks, transport ${FERROCCL_TRANSPORT:-default})"
 "$perf" "$op" --ranks "$n" -b "$minb" -e "$maxb" -f 4 -n "$iters" -w 3 \
   --csv "$out/ferroccl.csv" | tee "$out/ferroccl.txt"
 echo
+windows=()
+if [ "${COMPARE_WINDOWS:-0}" = 1 ]; then
+  echo "## ferroccl with windows (-R 2, $op, $n ranks)"
+  "$perf" "$op" --ranks "$n" -b "$minb" -e "$maxb" -f 4 -n "$iters" -w 3 -R 2 \
+    --csv "$out/ferroccl-windows.csv" | tee "$out/ferroccl-windows.txt"
+  windows=(--windows "$out/ferroccl-windows.csv")
+  echo
+fi
 echo "## peers"
 # ferroccl's allgather sizes (as nccl-tests') are the whole gathered array;
 # the peers take the bytes each rank contributes and report the whole.
@@ -38,4 +48,5 @@ if [ "$op" = allgather ]; then pminb=$((minb / n)) pmaxb=$((maxb / n)); fi
   echo "## (the peers' script stopped early: a peer lacks $op)"
 echo "## load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-python3 "$here/compare_summary.py" "$out/ferroccl.csv" "$out/peers.txt" ${COMPARE_CSV:+--csv "$COMPARE_CSV"}
+python3 "$here/compare_summary.py" "$out/ferroccl.csv" "$out/peers.txt" ${windows[@]+"${windows[@]}"} \
+  ${COMPARE_CSV:+--csv "$COMPARE_CSV"}

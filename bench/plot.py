@@ -14,6 +14,7 @@ import sys
 
 SERIES = [
     ("ferroccl", "ferroccl", "#d62728"),
+    ("ferroccl_win", "ferroccl windows", "#ff7f0e"),
     ("mpi_shm", "Open MPI shm", "#1f77b4"),
     ("mpi_tcp", "Open MPI TCP", "#2ca02c"),
     ("gloo", "Gloo", "#9467bd"),
