@@ -730,11 +730,23 @@ impl Communicator {
                 }
             }
         };
+        // When a rank fails in the middle, the survivors remove every
+        // rank's files of this window: the failed rank may have created its
+        // own and not lived to unlink them.
+        let sweep = || {
+            for r in 0..inner.size {
+                let _ = std::fs::remove_file(dir.join(name(id, r)));
+                if first {
+                    let _ = std::fs::remove_file(dir.join(name(0, r)));
+                }
+            }
+        };
         let agreed = self.agree_all(created.is_some());
         let all_created = match agreed {
             Ok(all) => all,
             Err(e) => {
                 unlink(&created);
+                sweep();
                 return Err(e);
             }
         };
@@ -776,8 +788,13 @@ impl Communicator {
         if let Some(page) = &own_page {
             let _ = page.unlink();
         }
-        if !agreed? {
-            return Ok(Window::private(len));
+        match agreed {
+            Err(e) => {
+                sweep();
+                return Err(e);
+            }
+            Ok(false) => return Ok(Window::private(len)),
+            Ok(true) => {}
         }
         let (parts, pages) = opened.map_err(|e| Error::Io(e.to_string()))?;
         let mut windows = lock(&inner.windows);
