@@ -807,7 +807,12 @@ impl Communicator {
                         .unwrap_or(0)
                 })
                 .collect();
-            windows.control = Some(Arc::new(Control { pages, pids }));
+            let own = own_page.expect("a first window creates its control page");
+            windows.control = Some(Arc::new(Control {
+                pages,
+                own: Mutex::new(own),
+                pids,
+            }));
         }
         let maps = Arc::new(WindowMaps {
             id,
@@ -824,9 +829,11 @@ impl Communicator {
         Ok(Window::shared(own, len, maps))
     }
 
-    /// How many collectives of this communicator ran directly between
-    /// windows (see [`Communicator::alloc_window`]) rather than through
-    /// slots: to check that a program's buffers are where it thinks.
+    /// How many collectives of this communicator ran without the
+    /// transport's slots: directly between windows (see
+    /// [`Communicator::alloc_window`]), or, once the communicator has a
+    /// shared window, allreduces of at most 4 KiB carried inline in the
+    /// check-in. To check that a program's buffers are where it thinks.
     pub fn direct_window_calls(&self) -> u64 {
         self.inner.direct_calls.load(Ordering::Relaxed)
     }

@@ -136,6 +136,9 @@ pub(crate) struct WindowMaps {
 pub(crate) struct Control {
     /// Each rank's page, by rank (this rank's own included).
     pub(crate) pages: Vec<Region>,
+    /// This rank's page once more, to write its inline data through (the
+    /// same memory as `pages[rank]`).
+    pub(crate) own: Mutex<Region>,
     /// Each rank's process id, to notice a peer that died.
     pub(crate) pids: Vec<u32>,
 }
@@ -187,5 +190,6 @@ pub(crate) fn region_name(token: u64, comm_id: u64, id: u64, rank: usize) -> Str
     )
 }
 
-/// Bytes of a control page.
-pub(crate) const CONTROL_BYTES: usize = 4096;
+/// Bytes of a control page: announcements, then the inline data of small
+/// allreduces (`exec::window`).
+pub(crate) const CONTROL_BYTES: usize = 16384;
