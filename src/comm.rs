@@ -771,7 +771,19 @@ impl Communicator {
                 None => None,
                 Some(_) => Some(
                     (0..inner.size)
-                        .map(|r| Region::open(&dir, &name(0, r)))
+                        .map(|r| {
+                            let page = Region::open(&dir, &name(0, r))?;
+                            let magic = page.word(exec::window::W_MAGIC)?.load(Ordering::Acquire);
+                            if page.len() < window::CONTROL_BYTES
+                                || magic != exec::window::CONTROL_MAGIC
+                            {
+                                return Err(std::io::Error::other(format!(
+                                    "{} is not a control page of this version",
+                                    page.path().display()
+                                )));
+                            }
+                            Ok(page)
+                        })
                         .collect::<std::io::Result<Vec<_>>>()?,
                 ),
             };
@@ -798,7 +810,7 @@ impl Communicator {
         }
         let (parts, pages) = opened.map_err(|e| Error::Io(e.to_string()))?;
         let mut windows = lock(&inner.windows);
-        if let Some(pages) = pages {
+        if let (Some(pages), Some(own_ctl)) = (pages, own_page) {
             let pids = pages
                 .iter()
                 .map(|p| {
@@ -807,10 +819,9 @@ impl Communicator {
                         .unwrap_or(0)
                 })
                 .collect();
-            let own = own_page.expect("a first window creates its control page");
             windows.control = Some(Arc::new(Control {
                 pages,
-                own: Mutex::new(own),
+                own: Mutex::new(own_ctl),
                 pids,
             }));
         }
