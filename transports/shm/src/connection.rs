@@ -10,8 +10,8 @@
 use crate::os;
 use crate::ring::{Consumer, Producer, Segment, MAX_REASON_BYTES};
 use ferroccl_transport::{
-    elapsed_ms, AbortSignal, Connection, ConnectionCloser, Consume, FrameHeader, FrameKind,
-    SlotReceiver, SlotSender, TransportError,
+    elapsed_ms, AbortSignal, Connection, ConnectionCloser, Consume, Deadline, FrameHeader,
+    FrameKind, SlotReceiver, SlotSender, TransportError,
 };
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -293,11 +293,12 @@ enum Round {
 /// look (a receiver drains what was published before the death).
 fn wait_for(
     link: &Link,
-    deadline: Instant,
+    deadline: Deadline,
     what: &'static str,
     ready: &mut dyn FnMut() -> Result<Round, TransportError>,
 ) -> Result<(), TransportError> {
     let mut w = Waiter::new(link.spins);
+    let mut until = None;
     if let Some(err) = link.check_setup() {
         return Err(err);
     }
@@ -314,7 +315,11 @@ fn wait_for(
             }
             let now = Instant::now();
             w.at(now);
-            if now >= deadline {
+            let until = *until.get_or_insert(match deadline {
+                Deadline::At(at) => at,
+                Deadline::After(wait) => now + wait,
+            });
+            if now >= until {
                 return Err(TransportError::Timeout {
                     peer: link.peer,
                     what,
@@ -343,7 +348,7 @@ struct ShmSender {
 }
 
 impl ShmSender {
-    fn wait_for_slot(&mut self, deadline: Instant) -> Result<(), TransportError> {
+    fn wait_for_slot(&mut self, deadline: Deadline) -> Result<(), TransportError> {
         let ShmSender { link, ring } = self;
         let peer = link.peer;
         wait_for(link, deadline, "a free send slot", &mut || {
@@ -369,8 +374,26 @@ impl SlotSender for ShmSender {
 
     fn send_with(
         &mut self,
-        mut header: FrameHeader,
+        header: FrameHeader,
         deadline: Instant,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<(), TransportError> {
+        self.send_with_until(header, Deadline::At(deadline), fill)
+    }
+
+    fn send_from(
+        &mut self,
+        header: FrameHeader,
+        deadline: Instant,
+        bytes: &[u8],
+    ) -> Result<(), TransportError> {
+        self.send_from_until(header, Deadline::At(deadline), bytes)
+    }
+
+    fn send_with_until(
+        &mut self,
+        mut header: FrameHeader,
+        deadline: Deadline,
         fill: &mut dyn FnMut(&mut [u8]) -> usize,
     ) -> Result<(), TransportError> {
         self.wait_for_slot(deadline)?;
@@ -391,10 +414,10 @@ impl SlotSender for ShmSender {
         })
     }
 
-    fn send_from(
+    fn send_from_until(
         &mut self,
         header: FrameHeader,
-        deadline: Instant,
+        deadline: Deadline,
         bytes: &[u8],
     ) -> Result<(), TransportError> {
         let n = bytes.len();
@@ -404,7 +427,7 @@ impl SlotSender for ShmSender {
                 self.link.chunk_bytes, self.link.peer
             )));
         }
-        self.send_with(header, deadline, &mut |slot| {
+        self.send_with_until(header, deadline, &mut |slot| {
             slot[..n].copy_from_slice(bytes);
             n
         })
@@ -426,7 +449,7 @@ struct ShmReceiver {
 }
 
 impl ShmReceiver {
-    fn wait_for_frame(&mut self, deadline: Instant) -> Result<(), TransportError> {
+    fn wait_for_frame(&mut self, deadline: Deadline) -> Result<(), TransportError> {
         if let Some(err) = &self.ended {
             return Err(err.clone());
         }
@@ -464,7 +487,7 @@ impl ShmReceiver {
     /// `take`, then release the slot whatever `take` said.
     fn take_next(
         &mut self,
-        deadline: Instant,
+        deadline: Deadline,
         take: &mut Consume<'_>,
     ) -> Result<(), TransportError> {
         self.wait_for_frame(deadline)?;
@@ -503,12 +526,29 @@ impl SlotReceiver for ShmReceiver {
         deadline: Instant,
         consume: &mut Consume<'_>,
     ) -> Result<(), TransportError> {
-        self.take_next(deadline, consume)
+        self.take_next(Deadline::At(deadline), consume)
     }
 
     fn recv_into(
         &mut self,
         deadline: Instant,
+        check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
+        dst: &mut [u8],
+    ) -> Result<(), TransportError> {
+        self.recv_into_until(Deadline::At(deadline), check, dst)
+    }
+
+    fn recv_with_until(
+        &mut self,
+        deadline: Deadline,
+        consume: &mut Consume<'_>,
+    ) -> Result<(), TransportError> {
+        self.take_next(deadline, consume)
+    }
+
+    fn recv_into_until(
+        &mut self,
+        deadline: Deadline,
         check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
         dst: &mut [u8],
     ) -> Result<(), TransportError> {
