@@ -139,10 +139,16 @@ impl Link {
 
     /// Creator only: settle the set-up once the peer attached, refused, or
     /// missed the deadline. Returns the set-up error if there is one.
+    #[inline]
     fn check_setup(&self) -> Option<TransportError> {
         if self.settled.load(Ordering::Acquire) {
             return None;
         }
+        self.settle()
+    }
+
+    #[cold]
+    fn settle(&self) -> Option<TransportError> {
         let mut pending = lock(&self.pending);
         let p = pending.as_mut()?;
         let refused = self.out.refused().max(self.inn.refused());
