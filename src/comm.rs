@@ -15,7 +15,7 @@ use crate::window::{self, Control, Window, WindowMaps, Windows};
 use ferroccl_shm::Region;
 use ferroccl_transport::{AbortHandle, ConnectionCloser, Fingerprint, ListenConfig};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -67,16 +67,15 @@ struct Turns {
     /// Next ticket to hand out (under this lock, so that tickets and the
     /// progress queue agree on order).
     issued: Mutex<IssueState>,
-    served: Mutex<Served>,
+    /// Tickets served so far: the caller whose ticket is next goes without
+    /// taking a lock (a blocking call on an idle communicator always is).
+    served: AtomicU64,
+    /// Callers asleep on `turn` (so that ending a turn nobody waits for
+    /// takes no lock and makes no wake-up system call).
+    waiting: AtomicUsize,
+    /// What `turn` sleeps on; it guards no data.
+    sleep: Mutex<()>,
     turn: Condvar,
-}
-
-/// How far the turns have got, and how many callers wait for theirs (so
-/// that ending a turn nobody waits for makes no wake-up system call).
-#[derive(Default)]
-struct Served {
-    tickets: u64,
-    waiting: usize,
 }
 
 #[derive(Default)]
@@ -109,10 +108,14 @@ struct Inner {
     turns: Turns,
     abort: Arc<AbortHandle>,
     failure: Mutex<Option<Error>>,
+    /// `failure` is set: lets every call check it without the lock.
+    failed: AtomicBool,
     /// A mismatch another rank reported, as (reporter, peer, report) in
     /// this communicator's ranks: calls that end on it compare themselves
     /// with both sides.
     mismatch_heard: Mutex<Option<(usize, usize, MismatchReport)>>,
+    /// `mismatch_heard` is set (SeqCst, against `issued`: see the watcher).
+    mismatch_flag: AtomicBool,
     closers: Arc<Mutex<Vec<Arc<dyn ConnectionCloser>>>>,
     progress: Mutex<Option<crossbeam_channel::Sender<Job>>>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
@@ -134,6 +137,9 @@ struct Inner {
     windows: Mutex<Windows>,
     /// Collectives that ran directly between windows.
     direct_calls: AtomicU64,
+    /// Whether collectives check in on the control pages (set with the
+    /// first shared window; `windows.control` then holds them).
+    checks_in: std::sync::atomic::AtomicBool,
 }
 
 /// The peers' parts of a new window, and the control pages (first window).
@@ -349,12 +355,16 @@ impl Communicator {
             links: Mutex::new(links),
             turns: Turns {
                 issued: Mutex::new(IssueState::default()),
-                served: Mutex::new(Served::default()),
+                served: AtomicU64::new(0),
+                waiting: AtomicUsize::new(0),
+                sleep: Mutex::new(()),
                 turn: Condvar::new(),
             },
             abort,
             failure: Mutex::new(None),
+            failed: AtomicBool::new(false),
             mismatch_heard: Mutex::new(None),
+            mismatch_flag: AtomicBool::new(false),
             closers,
             progress: Mutex::new(Some(job_tx)),
             progress_thread: Mutex::new(Some(progress_thread)),
@@ -366,6 +376,7 @@ impl Communicator {
             plans: Mutex::new(Vec::new()),
             windows: Mutex::new(Windows::default()),
             direct_calls: AtomicU64::new(0),
+            checks_in: std::sync::atomic::AtomicBool::new(false),
         });
         if let Some(&global) = inner.global_ranks.get(rank) {
             inner.rendezvous.store.register_progress(
@@ -824,6 +835,7 @@ impl Communicator {
                 own: Mutex::new(own_ctl),
                 pids,
             }));
+            inner.checks_in.store(true, Ordering::Release);
         }
         let maps = Arc::new(WindowMaps {
             id,
@@ -1122,6 +1134,19 @@ fn finish_avg<T: Element>(op: ReduceOp, out: &mut [T], size: usize) {
     }
 }
 
+/// Bytes of input that an in-place call copies onto the stack rather than
+/// the heap, in 8-byte words (element types are at most 8 bytes).
+const SMALL_COPY_WORDS: usize = 32;
+
+/// `src` copied into `words`, if it fits.
+fn small_copy<'a, T: Element>(words: &'a mut [u64], src: &[T]) -> Option<&'a [T]> {
+    let n = (std::mem::size_of_val(src)).div_ceil(8);
+    let typed: &mut [T] = bytemuck::try_cast_slice_mut(words.get_mut(..n)?).ok()?;
+    let typed = typed.get_mut(..src.len())?;
+    typed.copy_from_slice(src);
+    Some(typed)
+}
+
 fn in_place<T>(buf: &mut [T], input_base: usize, output_base: usize) -> Io<'_, T> {
     Io::InPlace {
         buf,
@@ -1160,7 +1185,7 @@ impl Inner {
             count: spec.count as u64,
             root: spec.root.map_or(NO_ROOT, |r| r as u32),
         };
-        if lock(&self.failure).is_some() {
+        if self.has_failed() {
             // Name the call being refused, not the one that failed.
             if let Some(err) = self.relabelled_failure(&fp) {
                 return Err(err);
@@ -1206,35 +1231,40 @@ impl Inner {
     }
 
     fn wait_turn(&self, ticket: u64) {
-        let mut served = lock(&self.turns.served);
-        if served.tickets == ticket {
+        let turns = &self.turns;
+        if turns.served.load(Ordering::Acquire) == ticket {
             return;
         }
-        served.waiting += 1;
-        while served.tickets != ticket {
-            served = self
-                .turns
-                .turn
-                .wait(served)
-                .unwrap_or_else(|p| p.into_inner());
+        let mut guard = lock(&turns.sleep);
+        // SeqCst with `end_turn`: either it sees this waiter, or this
+        // waiter sees its ticket count (no lost wake-up).
+        turns.waiting.fetch_add(1, Ordering::SeqCst);
+        while turns.served.load(Ordering::SeqCst) != ticket {
+            guard = turns.turn.wait(guard).unwrap_or_else(|p| p.into_inner());
         }
-        served.waiting -= 1;
+        turns.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 
     fn end_turn(&self) {
-        let waiting = {
-            let mut served = lock(&self.turns.served);
-            served.tickets += 1;
-            served.waiting
-        };
-        if waiting > 0 {
-            self.turns.turn.notify_all();
+        let turns = &self.turns;
+        turns.served.fetch_add(1, Ordering::SeqCst);
+        if turns.waiting.load(Ordering::SeqCst) > 0 {
+            // A waiter that counted itself holds `sleep` until it sleeps:
+            // taking it here means the notification cannot fall between
+            // its check of `served` and its sleep.
+            drop(lock(&turns.sleep));
+            turns.turn.notify_all();
         }
+    }
+
+    /// Whether the communicator has failed (its error is in `failure`).
+    fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
     }
 
     /// Run a checked call (the caller holds its turn).
     fn execute<T: Element>(&self, plan: &Plan, io: Io<'_, T>, call: &Call) -> Result<()> {
-        if lock(&self.failure).is_some() {
+        if self.has_failed() {
             if let Some(err) = self.relabelled_failure(&call.fingerprint) {
                 return Err(err);
             }
@@ -1257,8 +1287,13 @@ impl Inner {
         mut io: Io<'_, T>,
         call: &Call,
     ) -> Result<()> {
-        let control = lock(&self.windows).control.clone();
-        if let Some(control) = control.filter(|_| !is_p2p(&call.fingerprint)) {
+        // Without windows (the common case) this costs one atomic load.
+        let control = if self.checks_in.load(Ordering::Acquire) && !is_p2p(&call.fingerprint) {
+            lock(&self.windows).control.clone()
+        } else {
+            None
+        };
+        if let Some(control) = control {
             let ctx = exec::window::Ctx {
                 rank: self.rank,
                 size: self.size,
@@ -1280,11 +1315,19 @@ impl Inner {
                 input_base: 0,
                 output_base: 0,
             } if plan.copies_input => {
-                let copy = buf.to_vec();
-                let io = Io::OutOfPlace {
-                    input: &copy,
-                    output: buf,
+                // The copy of a small input lives on the stack: an
+                // allocation and its free cost ~70 instructions, a tenth of
+                // an 8-byte allreduce.
+                let mut words = [0u64; SMALL_COPY_WORDS];
+                let heap;
+                let input = match small_copy(&mut words, buf) {
+                    Some(small) => small,
+                    None => {
+                        heap = buf.to_vec();
+                        &heap
+                    }
                 };
+                let io = Io::OutOfPlace { input, output: buf };
                 exec::run(&mut links, &plan.schedule, io, call)
             }
             io => exec::run(&mut links, &plan.schedule, io, call),
@@ -1354,7 +1397,16 @@ impl Inner {
     /// concerns it (a collective at or after the mismatched position, or,
     /// with `any_call`, any call: one that failed on the mismatch's
     /// fallout); the communicator fails with it.
+    #[inline]
     fn heard_mismatch(&self, call: &Fingerprint, any_call: bool) -> Option<Error> {
+        if !self.mismatch_flag.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.heard_mismatch_now(call, any_call)
+    }
+
+    #[cold]
+    fn heard_mismatch_now(&self, call: &Fingerprint, any_call: bool) -> Option<Error> {
         let (reporter, peer, m) = lock(&self.mismatch_heard).clone()?;
         if !any_call && !is_p2p(call) && call.seq < m.seq {
             return None;
@@ -1450,6 +1502,7 @@ impl Inner {
             }
             tracing::warn!(rank = self.rank, "communicator failed: {err}");
             *failure = Some(err.clone());
+            self.failed.store(true, Ordering::Release);
         }
         // Without a peer to blame (abort(), a mismatch seen here) this rank
         // is the one leaving: say so, so that peers learn it at once instead
@@ -1602,6 +1655,10 @@ fn spawn_watcher(inner: &Arc<Inner>, stop: crossbeam_channel::Receiver<()>) -> R
                                     *heard = Some((local, peer, m.clone()));
                                 }
                             }
+                            // SeqCst, as the issuer's store of `issued` and
+                            // its load of this flag: either that call sees
+                            // the flag, or the check below sees the call.
+                            inner.mismatch_flag.store(true, Ordering::SeqCst);
                             // A call before the mismatched one is left to
                             // finish: its peers completed it, so its data
                             // is on the way. The mismatched call (or a

@@ -285,8 +285,18 @@ impl Links {
         }
     }
 
-    /// Connect to `peer` now if not connected yet.
+    /// Connect to `peer` now if not connected yet. Inlined: every step of
+    /// every call asks, and almost always the answer is "connected".
+    #[inline]
     pub(crate) fn ensure(&mut self, peer: usize) -> Result<()> {
+        match self.senders.get(peer) {
+            Some(Some(_)) => Ok(()),
+            _ => self.connect(peer),
+        }
+    }
+
+    #[cold]
+    fn connect(&mut self, peer: usize) -> Result<()> {
         if peer >= self.connector.size {
             return Err(Error::InvalidArgument(format!(
                 "rank {peer} out of range for a communicator of {} ranks",
@@ -318,11 +328,13 @@ impl Links {
         &self.transport_of
     }
 
+    #[inline]
     pub(super) fn sender(&mut self, peer: usize, call: &Call) -> Result<&mut Box<dyn SlotSender>> {
         self.ensure(peer)?;
         self.senders[peer].as_mut().ok_or_else(|| gone(peer, call))
     }
 
+    #[inline]
     pub(super) fn receiver_and_sender(
         &mut self,
         from: usize,

@@ -19,9 +19,9 @@ use crate::element::{
 };
 use crate::error::{Error, Result};
 use crate::fingerprint;
-use ferroccl_transport::{Fingerprint, FrameHeader, TransportError};
+use ferroccl_transport::{Deadline, Fingerprint, FrameHeader, TransportError};
 use std::borrow::Cow;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 impl Call {
     /// "all_reduce #17 (float, sum, 1000 elements)", for errors; formatted
@@ -342,11 +342,13 @@ fn run_step<T: Element>(
             if step.prim == Prim::CopySend && sender.send_from_copies() {
                 // Output and slot in one pass over the input.
                 let result = match io.output_and_input(step) {
-                    (out, Some(input)) => sender.send_with(header, deadline(call), &mut |slot| {
-                        fill_slot::<T>(slot, len, |dst| copy_to_both(mode, out, dst, &input))
-                    }),
+                    (out, Some(input)) => {
+                        sender.send_with_until(header, deadline(call), &mut |slot| {
+                            fill_slot::<T>(slot, len, |dst| copy_to_both(mode, out, dst, &input))
+                        })
+                    }
                     (out, None) => {
-                        sender.send_from(header, deadline(call), bytemuck::cast_slice(out))
+                        sender.send_from_until(header, deadline(call), bytemuck::cast_slice(out))
                     }
                 };
                 return result.map_err(|e| Error::from_transport(e, &call.during()));
@@ -356,7 +358,7 @@ fn run_step<T: Element>(
             }
             let input = io.local(step);
             sender
-                .send_from(header, deadline(call), bytemuck::cast_slice(input))
+                .send_from_until(header, deadline(call), bytemuck::cast_slice(input))
                 .map_err(|e| Error::from_transport(e, &call.during()))
         }
         Prim::Recv => {
@@ -365,23 +367,24 @@ fn run_step<T: Element>(
             if mode == Store::Streaming && receiver.recv_into_copies() {
                 // Out of the slot with streaming stores.
                 let out = io.output(step.output, len);
-                let result = receiver.recv_with(
-                    deadline(call),
-                    &mut |h, bytes| match accept_frame::<T>(call, step, h, bytes) {
-                        Ok(data) => {
-                            store(mode, out, &data);
-                            Ok(())
-                        }
-                        Err(e) => {
-                            found = Some(e);
-                            Err(TransportError::Aborted)
-                        }
-                    },
-                );
+                let result =
+                    receiver.recv_with_until(
+                        deadline(call),
+                        &mut |h, bytes| match accept_frame::<T>(call, step, h, bytes) {
+                            Ok(data) => {
+                                store(mode, out, &data);
+                                Ok(())
+                            }
+                            Err(e) => {
+                                found = Some(e);
+                                Err(TransportError::Aborted)
+                            }
+                        },
+                    );
                 return finish_recv(result, found, call);
             }
             let dst: &mut [u8] = bytemuck::cast_slice_mut(io.output(step.output, len));
-            let result = receiver.recv_into(
+            let result = receiver.recv_into_until(
                 deadline(call),
                 &mut |h| {
                     check_header::<T>(call, step, h).map_err(|e| {
@@ -400,7 +403,7 @@ fn run_step<T: Element>(
             // transport can carry; keep it here and hand the transport a
             // placeholder.
             let mut found: Option<Error> = None;
-            let result = receiver.recv_with(deadline(call), &mut |h, bytes| {
+            let result = receiver.recv_with_until(deadline(call), &mut |h, bytes| {
                 let data = match accept_frame::<T>(call, step, h, bytes) {
                     Ok(data) => data,
                     Err(e) => {
@@ -414,7 +417,7 @@ fn run_step<T: Element>(
                     Prim::RecvReduceSend => {
                         let input = io.local(step);
                         let sender = sender.as_mut().expect("schedule step sends");
-                        sender.send_with(header, deadline(call), &mut |slot| {
+                        sender.send_with_until(header, deadline(call), &mut |slot| {
                             fill_slot::<T>(slot, len, |dst| reduce_to(call.op, dst, data, input))
                         })?;
                     }
@@ -424,19 +427,23 @@ fn run_step<T: Element>(
                         let sender = sender.as_mut().expect("schedule step sends");
                         if sender.send_from_copies() {
                             let out = io.output(step.output, len);
-                            sender.send_with(header, deadline(call), &mut |slot| {
+                            sender.send_with_until(header, deadline(call), &mut |slot| {
                                 fill_slot::<T>(slot, len, |dst| copy_to_both(mode, out, dst, data))
                             })?;
                         } else {
                             io.output(step.output, len).copy_from_slice(data);
                             // Forward the received bytes themselves, not the copy.
-                            sender.send_from(header, deadline(call), bytemuck::cast_slice(data))?;
+                            sender.send_from_until(
+                                header,
+                                deadline(call),
+                                bytemuck::cast_slice(data),
+                            )?;
                         }
                     }
                     Prim::RecvReduceCopySend => {
                         let sender = sender.as_mut().expect("schedule step sends");
                         if sender.send_from_copies() {
-                            sender.send_with(header, deadline(call), &mut |slot| {
+                            sender.send_with_until(header, deadline(call), &mut |slot| {
                                 fill_slot::<T>(slot, len, |dst| {
                                     io.reduce_to_output_and_copy(mode, call.op, step, data, dst)
                                 })
@@ -444,7 +451,11 @@ fn run_step<T: Element>(
                         } else {
                             io.reduce_to_output(Store::Cached, call.op, step, data);
                             let out = io.output(step.output, len);
-                            sender.send_from(header, deadline(call), bytemuck::cast_slice(out))?;
+                            sender.send_from_until(
+                                header,
+                                deadline(call),
+                                bytemuck::cast_slice(out),
+                            )?;
                         }
                     }
                     Prim::Send | Prim::CopySend | Prim::Copy | Prim::Reduce | Prim::Recv => {
@@ -472,6 +483,9 @@ fn finish_recv(
     }
 }
 
-fn deadline(call: &Call) -> Instant {
-    Instant::now() + call.timeout
+/// Each wait of a step ends `call.timeout` after it begins; transports that
+/// can count from their first look at the clock skip it for waits that end
+/// at once.
+fn deadline(call: &Call) -> Deadline {
+    Deadline::After(call.timeout)
 }

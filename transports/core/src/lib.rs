@@ -12,7 +12,7 @@ mod abort;
 mod frame;
 pub mod mem;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub use abort::{AbortHandle, AbortSignal};
 pub use frame::{Fingerprint, FrameHeader, FrameKind, HEADER_BYTES, MAGIC};
@@ -173,6 +173,35 @@ pub trait ConnectionCloser: Send + Sync {
     fn close(&self);
 }
 
+/// When a wait gives up: at a fixed instant, or a time after the wait
+/// begins. The second lets a transport skip the clock for a wait that ends
+/// at once (a small frame that is already there), where reading it costs as
+/// much as the frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deadline {
+    /// At this instant.
+    At(Instant),
+    /// This long after the wait begins; a transport may count from its
+    /// first look at the clock, a few spins into the wait.
+    After(Duration),
+}
+
+impl Deadline {
+    /// The instant, reading the clock now for [`Deadline::After`].
+    pub fn instant(self) -> Instant {
+        match self {
+            Deadline::At(at) => at,
+            Deadline::After(wait) => Instant::now() + wait,
+        }
+    }
+}
+
+impl From<Instant> for Deadline {
+    fn from(at: Instant) -> Self {
+        Deadline::At(at)
+    }
+}
+
 /// The sending half of a connection.
 pub trait SlotSender: Send {
     /// Bytes per slot.
@@ -207,6 +236,27 @@ pub trait SlotSender: Send {
     /// where `send_from` puts caller memory on the wire as it is (TCP).
     fn send_from_copies(&self) -> bool {
         true
+    }
+
+    /// `send_with` until a [`Deadline`]; transports whose waits can start
+    /// without the clock override it (the default reads it now).
+    fn send_with_until(
+        &mut self,
+        header: FrameHeader,
+        deadline: Deadline,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<(), TransportError> {
+        self.send_with(header, deadline.instant(), fill)
+    }
+
+    /// `send_from` until a [`Deadline`] (see `send_with_until`).
+    fn send_from_until(
+        &mut self,
+        header: FrameHeader,
+        deadline: Deadline,
+        bytes: &[u8],
+    ) -> Result<(), TransportError> {
+        self.send_from(header, deadline.instant(), bytes)
     }
 }
 
@@ -271,6 +321,26 @@ pub trait SlotReceiver: Send {
     /// `recv_into` reads the wire straight into `dst` (TCP).
     fn recv_into_copies(&self) -> bool {
         true
+    }
+
+    /// `recv_with` until a [`Deadline`]; transports whose waits can start
+    /// without the clock override it (the default reads it now).
+    fn recv_with_until(
+        &mut self,
+        deadline: Deadline,
+        consume: &mut Consume<'_>,
+    ) -> Result<(), TransportError> {
+        self.recv_with(deadline.instant(), consume)
+    }
+
+    /// `recv_into` until a [`Deadline`] (see `recv_with_until`).
+    fn recv_into_until(
+        &mut self,
+        deadline: Deadline,
+        check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
+        dst: &mut [u8],
+    ) -> Result<(), TransportError> {
+        self.recv_into(deadline.instant(), check, dst)
     }
 }
 

@@ -30,8 +30,8 @@ const GEOMETRY: Geometry = Geometry {
 /// Write `data` (cut or zero-padded to one small segment) into a file,
 /// read its control block as an acceptor does and judge its identity
 /// against a fixed expectation, then map it whole and consume up to
-/// `steps + 1` frames as a receiver does: counters checked against the
-/// geometry, each header decoded against the slot size, the payload taken
+/// `steps + 1` frames as a receiver does: each slot's `published` word
+/// checked against the frame expected there, each header decoded against the slot size, the payload taken
 /// at the decoded length. Returns the refusal code (None: accepted) and how
 /// many frames decoded. Panics only if a decoder does.
 pub fn segment(data: &[u8]) -> std::io::Result<(Option<u32>, usize)> {
@@ -70,8 +70,7 @@ pub fn segment(data: &[u8]) -> std::io::Result<(Option<u32>, usize)> {
         let mut frames = 0;
         for _ in 0..=GEOMETRY.steps {
             match ring.peek() {
-                Ok(Some(filled)) => match FrameHeader::decode(&filled.header, GEOMETRY.chunk_bytes)
-                {
+                Some(filled) => match FrameHeader::decode(&filled.header, GEOMETRY.chunk_bytes) {
                     Ok(h) => {
                         let payload = filled.payload(h.len as usize);
                         assert_eq!(payload.len(), h.len as usize, "payload past the frame");
@@ -80,7 +79,7 @@ pub fn segment(data: &[u8]) -> std::io::Result<(Option<u32>, usize)> {
                     }
                     Err(_) => break,
                 },
-                Ok(None) | Err(_) => break,
+                None => break,
             }
         }
         Ok((code, frames))

@@ -16,21 +16,30 @@
 //!  256  state      sender_closed u32, receiver_closed u32, failure u32,
 //!                  reason_len u32, failed_rank u64
 //!  320  reason     256 bytes (UTF-8)
-//! 1024  slot 0     40-byte frame header, padding to 64, chunk_bytes payload,
-//!                  padding to a multiple of 64
+//! 1024  slot 0     published u64, 40-byte frame header, 16 bytes of inline
+//!                  payload (one cache line), chunk_bytes payload, padding
+//!                  to a multiple of 64
 //!       slot 1 ... slot steps-1
 //! ```
 //!
 //! Every field of the control block is an atomic, so the two processes
-//! never race on plain memory there. Slots are plain memory whose owner is
-//! decided by the counters: slot `k % steps` belongs to the sender while
-//! `head <= k` and `k == tail` (it is free and next), to the receiver
-//! while `head == k < tail` (filled and next). The sender writes a slot
-//! and then stores `tail` with Release; the receiver loads `tail` with
-//! Acquire before reading it. The receiver reads the slot and then stores
-//! `head` with Release; the sender loads `head` with Acquire before writing
-//! the slot again. Each counter has one writer (single producer, single
+//! never race on plain memory there. Slots are plain memory (but for their
+//! `published` word, an atomic) whose owner is decided by the counters:
+//! slot `k % steps` belongs to the sender while `head <= k` and `k == tail`
+//! (it is free and next), to the receiver while `head == k < tail` (filled
+//! and next). The sender writes a slot, then stores its `published` word =
+//! `k + 1` with Release, then `tail`; the receiver loads the `published`
+//! word of the slot it expects next with Acquire before reading it. The
+//! receiver reads the slot and then stores `head` with Release; the sender
+//! loads `head` with Acquire before writing the slot again. Each counter
+//! and each `published` word has one writer (single producer, single
 //! consumer), so plain stores suffice.
+//!
+//! The receiver polls the slot itself rather than `tail`: the word, the
+//! header and a payload of up to 16 bytes share one cache line, so a small
+//! frame costs the receiver one line moved between cores instead of three
+//! (counter, header, payload), one after the other. `tail` is still kept
+//! (how many frames went out, for the drop of a link).
 
 use ferroccl_transport::HEADER_BYTES;
 use memmap2::{MmapOptions, MmapRaw};
@@ -39,11 +48,19 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// "FCCLSHM1" as a little-endian u64.
 const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"FCCLSHM1");
-/// Layout version; bumped on any change of the layout above.
-pub(crate) const LAYOUT_VERSION: u32 = 1;
+/// Layout version; bumped on any change of the layout above (2: the
+/// `published` word and the inline payload in each slot).
+pub(crate) const LAYOUT_VERSION: u32 = 2;
 /// Where slot 0 starts.
 const SLOTS_OFFSET: usize = 1024;
-/// Where a slot's payload starts, from the slot's start.
+/// Where a slot's frame header starts, after its `published` word.
+const HEADER_OFFSET: usize = 8;
+/// Where the payload of a frame of at most `INLINE_BYTES` starts: right
+/// after the header, in the same cache line.
+const INLINE_OFFSET: usize = HEADER_OFFSET + HEADER_BYTES;
+/// Payloads of at most this many bytes travel in the header's cache line.
+pub(crate) const INLINE_BYTES: usize = PAYLOAD_OFFSET - INLINE_OFFSET;
+/// Where a larger payload starts, from the slot's start (64-aligned).
 const PAYLOAD_OFFSET: usize = 64;
 /// Most bytes of a failure reason kept in the segment.
 pub(crate) const MAX_REASON_BYTES: usize = 256;
@@ -94,7 +111,8 @@ const _: () = {
     assert!(std::mem::offset_of!(Control, head) == 192);
     assert!(std::mem::offset_of!(Control, sender_closed) == 256);
     assert!(std::mem::offset_of!(Control, reason) == 320);
-    assert!(HEADER_BYTES <= PAYLOAD_OFFSET);
+    assert!(INLINE_OFFSET <= PAYLOAD_OFFSET);
+    assert!(INLINE_BYTES >= 8);
 };
 
 /// `failure` values: nobody reported one, one is being written, one is
@@ -349,35 +367,55 @@ pub(crate) struct Producer {
 pub(crate) struct Consumer {
     seg: std::sync::Arc<Segment>,
     head: u64,
-    tail_seen: u64,
 }
 
 /// A filled slot as handed out by [`Consumer::peek`].
 pub(crate) struct Filled<'a> {
     /// The raw 40 header bytes, copied out of the slot.
     pub(crate) header: [u8; HEADER_BYTES],
-    payload: *const u8,
+    slot: *const u8,
     chunk_bytes: usize,
     _seg: std::marker::PhantomData<&'a Segment>,
 }
 
 impl Filled<'_> {
-    /// The first `len` payload bytes, straight out of the mapping; `len`
-    /// comes from a header decoded against the slot size, and is clamped
-    /// to it here all the same.
+    /// The first `len` payload bytes, straight out of the mapping: in the
+    /// header's line for a frame of at most `INLINE_BYTES`, else in the
+    /// payload area. `len` comes from a header decoded against the slot
+    /// size, and is clamped to it here all the same.
     pub(crate) fn payload(&self, len: usize) -> &[u8] {
         let len = len.min(self.chunk_bytes);
-        // SAFETY: `payload` points at the payload of a slot inside the
-        // mapping, which holds `chunk_bytes` bytes (the mapping was sized
-        // from the local geometry) and outlives `self` (the borrow of the
-        // Consumer that made it). The slot is the receiver's until `head`
-        // moves past it, which only `Consumer::release` does and which
-        // needs `&mut Consumer`, so no `&mut` alias exists; the peer's
-        // sender does not write it before then (Acquire/Release on
-        // head). A peer that broke the protocol could change the bytes
-        // under us, but not their bounds.
-        unsafe { std::slice::from_raw_parts(self.payload, len) }
+        let offset = if len <= INLINE_BYTES {
+            INLINE_OFFSET
+        } else {
+            PAYLOAD_OFFSET
+        };
+        // SAFETY: `slot` is the start of a slot inside the mapping; the
+        // inline area [INLINE_OFFSET, PAYLOAD_OFFSET) holds INLINE_BYTES >=
+        // len bytes, and the payload area at PAYLOAD_OFFSET holds
+        // `chunk_bytes` >= len bytes (the mapping was sized from the local
+        // geometry); both outlive `self` (the borrow of the Consumer that
+        // made it). The slot is the receiver's until `head` moves past it,
+        // which only `Consumer::release` does and which needs `&mut
+        // Consumer`, so no `&mut` alias exists; the peer's sender does not
+        // write it before then (Acquire/Release on head). Neither area
+        // overlaps the atomic `published` word. A peer that broke the
+        // protocol could change the bytes under us, but not their bounds.
+        unsafe { std::slice::from_raw_parts(self.slot.add(offset), len) }
     }
+}
+
+/// The `published` word at the start of the slot at `slot`.
+fn published_word<'a>(slot: *mut u8) -> &'a AtomicU64 {
+    // SAFETY: `slot` is the start of a slot inside a live mapping
+    // (slot_ptr), 64-aligned (the mapping is page-aligned, SLOTS_OFFSET and
+    // the stride are multiples of 64), so 8 bytes there are aligned for an
+    // AtomicU64 and any bit pattern is a valid one. Both processes only
+    // ever access these 8 bytes as this atomic: the header, inline and
+    // payload writes and reads start at HEADER_OFFSET = 8 or later. The
+    // reference lives no longer than the borrow of the Producer or
+    // Consumer that holds the mapping (callers use it at once).
+    unsafe { &*(slot as *const AtomicU64) }
 }
 
 fn slot_ptr(seg: &Segment, index: u64) -> (*mut u8, Geometry) {
@@ -438,10 +476,25 @@ impl Producer {
             unsafe { std::slice::from_raw_parts_mut(slot.add(PAYLOAD_OFFSET), g.chunk_bytes) };
         let len = fill(payload);
         let header = header_for(len)?;
-        // SAFETY: as above; the header region [0, 40) of the free slot is
+        // SAFETY: as above; the header region [8, 48) of the free slot is
         // ours, and `header` is a distinct local array.
-        unsafe { std::ptr::copy_nonoverlapping(header.as_ptr(), slot, HEADER_BYTES) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(header.as_ptr(), slot.add(HEADER_OFFSET), HEADER_BYTES)
+        };
+        if len <= INLINE_BYTES {
+            // SAFETY: as above; the inline area [48, 64) of the free slot
+            // is ours and holds INLINE_BYTES >= len bytes; the payload area
+            // (from 64) does not overlap it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    slot.add(PAYLOAD_OFFSET),
+                    slot.add(INLINE_OFFSET),
+                    len,
+                )
+            };
+        }
         self.tail += 1;
+        published_word(slot).store(self.tail, Ordering::Release);
         self.seg.ctl().tail.store(self.tail, Ordering::Release);
         Ok(())
     }
@@ -450,64 +503,53 @@ impl Producer {
 impl Consumer {
     pub(crate) fn new(seg: std::sync::Arc<Segment>) -> Self {
         let head = seg.ctl().head.load(Ordering::Relaxed);
-        Consumer {
-            seg,
-            head,
-            tail_seen: head,
-        }
+        Consumer { seg, head }
     }
 
     pub(crate) fn segment(&self) -> &Segment {
         &self.seg
     }
 
-    /// The next filled slot, if the sender has published one (Acquire on
-    /// `tail`). A tail that claims more than `steps` filled slots is a
-    /// broken peer; it is reported as `Err(tail)`.
-    pub(crate) fn peek(&mut self) -> Result<Option<Filled<'_>>, u64> {
-        if self.tail_seen == self.head {
-            self.tail_seen = self.seg.ctl().tail.load(Ordering::Acquire);
-            if self.tail_seen == self.head {
-                return Ok(None);
-            }
-        }
-        let g = self.seg.geometry();
-        if self.tail_seen.wrapping_sub(self.head) > g.steps as u64 {
-            return Err(self.tail_seen);
+    /// The next filled slot, if the sender has published it: its
+    /// `published` word (Acquire) says frame `head`. A slot holds one frame
+    /// number at a time, so a broken peer cannot make more than `steps`
+    /// frames appear ahead of `head` either.
+    pub(crate) fn peek(&mut self) -> Option<Filled<'_>> {
+        if !self.has_filled() {
+            return None;
         }
         let (slot, g) = slot_ptr(&self.seg, self.head);
         let mut header = [0u8; HEADER_BYTES];
-        // SAFETY: head < tail (loaded Acquire), so the slot is published
-        // and the sender wrote it before its Release store of tail; it
-        // will not write it again before we store head. The 40 bytes are
-        // inside the slot (slot_ptr) and copied into a distinct local.
+        // SAFETY: the slot's word (loaded Acquire in has_filled) says it
+        // holds frame `head`, so the sender wrote it before its Release
+        // store of that word; it will not write it again before we store
+        // head. The 40 bytes at HEADER_OFFSET are inside the slot
+        // (slot_ptr), apart from the word, and copied into a distinct local.
         unsafe {
-            std::ptr::copy_nonoverlapping(slot as *const u8, header.as_mut_ptr(), HEADER_BYTES)
+            std::ptr::copy_nonoverlapping(
+                slot.add(HEADER_OFFSET) as *const u8,
+                header.as_mut_ptr(),
+                HEADER_BYTES,
+            )
         };
-        Ok(Some(Filled {
+        Some(Filled {
             header,
-            // SAFETY: PAYLOAD_OFFSET + chunk_bytes <= stride: still inside
-            // this slot of the mapping.
-            payload: unsafe { slot.add(PAYLOAD_OFFSET) },
+            slot,
             chunk_bytes: g.chunk_bytes,
             _seg: std::marker::PhantomData,
-        }))
+        })
     }
 
     /// Hand the slot of the last `peek` back to the sender (Release: our
     /// reads of it happen before the sender's next writes).
     pub(crate) fn release(&mut self) {
-        debug_assert!(self.head < self.tail_seen);
         self.head += 1;
         self.seg.ctl().head.store(self.head, Ordering::Release);
     }
 
-    /// Whether published slots remain, reloading `tail`.
+    /// Whether the next slot is published (Acquire on its word).
     pub(crate) fn has_filled(&mut self) -> bool {
-        if self.tail_seen != self.head {
-            return true;
-        }
-        self.tail_seen = self.seg.ctl().tail.load(Ordering::Acquire);
-        self.tail_seen != self.head
+        let (slot, _) = slot_ptr(&self.seg, self.head);
+        published_word(slot).load(Ordering::Acquire) == self.head.wrapping_add(1)
     }
 }

@@ -163,6 +163,31 @@ fn odd_chunk_sizes_keep_payloads_aligned() {
     }
 }
 
+/// Frames of up to 16 bytes travel in the header's cache line, larger
+/// ones in the payload area: sizes on both sides of that edge, in every
+/// order, through slots that are reused, never show a stale byte of the
+/// other area or of an earlier frame.
+#[test]
+fn payloads_on_both_sides_of_the_inline_edge() {
+    let (mut c0, mut c1, _abort) = pair(64, 2);
+    let sizes: Vec<usize> = (0..=40)
+        .chain((0..=40).rev())
+        .chain([16, 17, 15, 64, 0, 16])
+        .collect();
+    for (f, &len) in sizes.iter().enumerate() {
+        let payload: Vec<u8> = (0..len).map(|i| pattern(0, f, i)).collect();
+        send_bytes(&mut c0, header_for(0, f), &payload, soon(5_000)).unwrap();
+        if f % 2 == 1 {
+            // Two frames in flight: both slots hold one.
+            for g in [f - 1, f] {
+                let (h, bytes) = recv_bytes(&mut c1, soon(5_000)).unwrap();
+                let want: Vec<u8> = (0..sizes[g]).map(|i| pattern(0, g, i)).collect();
+                assert_eq!((h.step, bytes), (g as u32, want), "frame {g}");
+            }
+        }
+    }
+}
+
 #[test]
 fn large_chunks() {
     exchange(1 << 20, 8, 40, false);

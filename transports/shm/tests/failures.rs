@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use ferroccl_transport::{AbortHandle, Connection, TransportError};
+use ferroccl_transport::{AbortHandle, Connection, Deadline, TransportError};
 use std::time::{Duration, Instant};
 
 fn clean_close() -> Result<(), TransportError> {
@@ -213,6 +213,58 @@ fn receive_deadline_is_a_timeout_naming_the_peer() {
         matches!(err, Err(TransportError::Timeout { peer: 0, .. })),
         "{err:?}"
     );
+}
+
+/// A deadline given as a time after the wait begins (the executor's way,
+/// which lets a wait that ends at once skip the clock) bounds the wait
+/// like a fixed instant does, on both halves.
+#[test]
+fn a_relative_deadline_is_a_timeout_naming_the_peer() {
+    let (mut c0, mut c1, _abort) = pair(64, 1);
+    let start = Instant::now();
+    let err = c1
+        .receiver
+        .recv_with_until(Deadline::After(Duration::from_millis(200)), &mut |_, _| {
+            Ok(())
+        });
+    let waited = start.elapsed();
+    assert!(
+        matches!(
+            err,
+            Err(TransportError::Timeout {
+                peer: 0,
+                what: "data",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    send_bytes(&mut c0, data(0), &[1; 8], soon(1_000)).unwrap();
+    let start = Instant::now();
+    let err = c0.sender.send_from_until(
+        data(1),
+        Deadline::After(Duration::from_millis(200)),
+        &[2; 8],
+    );
+    assert!(
+        matches!(
+            err,
+            Err(TransportError::Timeout {
+                peer: 1,
+                what: "a free send slot",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(start.elapsed() >= Duration::from_millis(200));
+    // What was sent before is intact.
+    let (h, bytes) = recv_bytes(&mut c1, soon(1_000)).unwrap();
+    assert_eq!((h.step, bytes), (0, vec![1u8; 8]));
 }
 
 #[test]
