@@ -137,9 +137,12 @@ struct Inner {
     windows: Mutex<Windows>,
     /// Collectives that ran directly between windows.
     direct_calls: AtomicU64,
-    /// Whether collectives check in on the control pages (set with the
-    /// first shared window; `windows.control` then holds them).
-    checks_in: std::sync::atomic::AtomicBool,
+    /// The control pages once the first shared window exists (the same
+    /// as `windows.control`, readable without a lock): from then on every
+    /// collective checks in there.
+    control: std::sync::OnceLock<Arc<Control>>,
+    /// `abort`'s signal, for waits that only look at it.
+    abort_signal: ferroccl_transport::AbortSignal,
 }
 
 /// The peers' parts of a new window, and the control pages (first window).
@@ -345,6 +348,7 @@ impl Communicator {
                 }
             })?;
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+        let abort_signal = abort.signal();
         let inner = Arc::new(Inner {
             rank,
             size,
@@ -376,7 +380,8 @@ impl Communicator {
             plans: Mutex::new(Vec::new()),
             windows: Mutex::new(Windows::default()),
             direct_calls: AtomicU64::new(0),
-            checks_in: std::sync::atomic::AtomicBool::new(false),
+            control: std::sync::OnceLock::new(),
+            abort_signal,
         });
         if let Some(&global) = inner.global_ranks.get(rank) {
             inner.rendezvous.store.register_progress(
@@ -830,12 +835,13 @@ impl Communicator {
                         .unwrap_or(0)
                 })
                 .collect();
-            windows.control = Some(Arc::new(Control {
+            let control = Arc::new(Control {
                 pages,
                 own: Mutex::new(own_ctl),
                 pids,
-            }));
-            inner.checks_in.store(true, Ordering::Release);
+            });
+            windows.control = Some(control.clone());
+            let _ = inner.control.set(control);
         }
         let maps = Arc::new(WindowMaps {
             id,
@@ -1288,18 +1294,14 @@ impl Inner {
         call: &Call,
     ) -> Result<()> {
         // Without windows (the common case) this costs one atomic load.
-        let control = if self.checks_in.load(Ordering::Acquire) && !is_p2p(&call.fingerprint) {
-            lock(&self.windows).control.clone()
-        } else {
-            None
-        };
+        let control = self.control.get().filter(|_| !is_p2p(&call.fingerprint));
         if let Some(control) = control {
             let ctx = exec::window::Ctx {
                 rank: self.rank,
                 size: self.size,
-                control: &control,
+                control,
                 windows: &self.windows,
-                abort: self.abort.signal(),
+                abort: &self.abort_signal,
             };
             if exec::window::run(&ctx, &mut io, call)? {
                 self.direct_calls.fetch_add(1, Ordering::Relaxed);

@@ -106,13 +106,6 @@ struct Place {
     out_off: u64,
 }
 
-/// What a rank announced for a call.
-#[derive(Debug, Clone, Copy)]
-struct Announcement {
-    fp: Fingerprint,
-    place: Place,
-}
-
 fn pack(fp: &Fingerprint) -> u64 {
     u64::from(fp.coll)
         | u64::from(fp.dtype) << 8
@@ -137,7 +130,7 @@ pub(crate) struct Ctx<'a> {
     pub(crate) size: usize,
     pub(crate) control: &'a Control,
     pub(crate) windows: &'a Mutex<Windows>,
-    pub(crate) abort: AbortSignal,
+    pub(crate) abort: &'a AbortSignal,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -161,6 +154,17 @@ pub(crate) fn run<T: Element>(ctx: &Ctx<'_>, io: &mut Io<'_, T>, call: &Call) ->
     let kind = CollKind::from_code(fp.coll);
     let elem = std::mem::size_of::<T>();
     let (in_len, out_len) = extents(kind, fp.count as usize, ctx.size);
+    let deadline = Deadline::new(call.timeout);
+    // A small allreduce is all done in the check-in: no window lookup.
+    if kind == Some(CollKind::AllReduce) && in_len * elem <= INLINE_BYTES {
+        write_inline(ctx, fp.seq, bytemuck::cast_slice(io.input(0, in_len)))?;
+        announce(ctx, &fp, &Place::default())?;
+        for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
+            read_announcement(ctx, peer, &fp, &deadline, call)?;
+        }
+        reduce_inline(ctx, io, call.op, fp.seq, in_len)?;
+        return Ok(true);
+    }
     let place = {
         let windows = lock(ctx.windows);
         let (in_addr, out_addr) = io.addresses();
@@ -179,27 +183,10 @@ pub(crate) fn run<T: Element>(ctx: &Ctx<'_>, io: &mut Io<'_, T>, call: &Call) ->
             out_off,
         }
     };
-    let inline = kind == Some(CollKind::AllReduce) && in_len * elem <= INLINE_BYTES;
-    if inline {
-        write_inline(ctx, fp.seq, bytemuck::cast_slice(io.input(0, in_len)))?;
-    }
     announce(ctx, &fp, &place)?;
-    let deadline = Instant::now() + call.timeout;
     let mut places = vec![place; ctx.size];
     for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
-        let heard = read_announcement(ctx, peer, fp.seq, deadline, call)?;
-        if heard.fp != fp {
-            return Err(Error::Mismatch {
-                peer,
-                local: fingerprint::describe(&fp),
-                remote: fingerprint::describe(&heard.fp),
-            });
-        }
-        places[peer] = heard.place;
-    }
-    if inline {
-        reduce_inline(ctx, io, call.op, fp.seq, in_len)?;
-        return Ok(true);
+        places[peer] = read_announcement(ctx, peer, &fp, &deadline, call)?;
     }
     if kind == Some(CollKind::Barrier) {
         // Every rank has checked in: that was the barrier.
@@ -264,7 +251,7 @@ pub(crate) fn run<T: Element>(ctx: &Ctx<'_>, io: &mut Io<'_, T>, call: &Call) ->
             k.scatter(io, &mut maps, out_len)?;
         }
     }
-    finish(ctx, fp.seq, deadline, call)?;
+    finish(ctx, fp.seq, &deadline, call)?;
     Ok(true)
 }
 
@@ -305,12 +292,12 @@ fn announce(ctx: &Ctx<'_>, fp: &Fingerprint, place: &Place) -> Result<()> {
 fn read_announcement(
     ctx: &Ctx<'_>,
     peer: usize,
-    seq: u64,
-    deadline: Instant,
+    fp: &Fingerprint,
+    deadline: &Deadline,
     call: &Call,
-) -> Result<Announcement> {
+) -> Result<Place> {
     let page = &ctx.control.pages[peer];
-    let e = entry(seq);
+    let e = entry(fp.seq);
     let seq_word = word(page, e + E_SEQ)?;
     wait(
         ctx,
@@ -318,19 +305,64 @@ fn read_announcement(
         deadline,
         call,
         "its announcement of the call",
-        || seq_word.load(Ordering::Acquire) == seq,
+        || seq_word.load(Ordering::Acquire) == fp.seq,
     )?;
     let read = |field: usize| word(page, e + field).map(|w| w.load(Ordering::Relaxed));
-    let fp = unpack(seq, read(E_FP)?, read(E_COUNT)?);
-    Ok(Announcement {
-        fp,
-        place: Place {
-            in_win: read(E_IN_WIN)?,
-            in_off: read(E_IN_OFF)?,
-            out_win: read(E_OUT_WIN)?,
-            out_off: read(E_OUT_OFF)?,
-        },
+    let heard = unpack(fp.seq, read(E_FP)?, read(E_COUNT)?);
+    if heard != *fp {
+        return Err(Error::Mismatch {
+            peer,
+            local: fingerprint::describe(fp),
+            remote: fingerprint::describe(&heard),
+        });
+    }
+    Ok(Place {
+        in_win: read(E_IN_WIN)?,
+        in_off: read(E_IN_OFF)?,
+        out_win: read(E_OUT_WIN)?,
+        out_off: read(E_OUT_OFF)?,
     })
+}
+
+/// Say this rank is done with call `seq`, and wait until every peer is.
+fn finish(ctx: &Ctx<'_>, seq: u64, deadline: &Deadline, call: &Call) -> Result<()> {
+    // Release: a peer that sees it sees every byte this rank wrote into
+    // the peer's buffers.
+    word(&ctx.control.pages[ctx.rank], W_DONE)?.store(seq, Ordering::Release);
+    for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
+        let done = word(&ctx.control.pages[peer], W_DONE)?;
+        wait(ctx, peer, deadline, call, "it to finish the call", || {
+            done.load(Ordering::Acquire) >= seq
+        })?;
+    }
+    Ok(())
+}
+
+/// A call's deadline, read from the clock only when a wait first has to
+/// (a check-in whose peers are already there reads no clock).
+struct Deadline {
+    timeout: Duration,
+    at: std::cell::Cell<Option<Instant>>,
+}
+
+impl Deadline {
+    fn new(timeout: Duration) -> Self {
+        Deadline {
+            timeout,
+            at: std::cell::Cell::new(None),
+        }
+    }
+
+    fn get(&self) -> Instant {
+        match self.at.get() {
+            Some(at) => at,
+            None => {
+                let at = Instant::now() + self.timeout;
+                self.at.set(Some(at));
+                at
+            }
+        }
+    }
 }
 
 fn inline_at(seq: u64) -> usize {
@@ -356,8 +388,16 @@ fn reduce_inline<T: Element>(
     len: usize,
 ) -> Result<()> {
     let words = (len * std::mem::size_of::<T>()).div_ceil(8);
-    let mut acc = [0u64; INLINE_WORDS];
-    let sum: &mut [T] = &mut bytemuck::cast_slice_mut(&mut acc[..words])[..len];
+    // Zeroing 4 KiB of stack costs more than an 8-byte allreduce.
+    let mut small = [0u64; 8];
+    let mut big;
+    let acc: &mut [u64] = if words <= small.len() {
+        &mut small[..words]
+    } else {
+        big = [0u64; INLINE_WORDS];
+        &mut big[..words]
+    };
+    let sum: &mut [T] = &mut bytemuck::cast_slice_mut(acc)[..len];
     let bytes = len * std::mem::size_of::<T>();
     let inline = |j: usize| -> Result<&[T]> {
         let raw = ctx.control.pages[j]
@@ -381,26 +421,12 @@ fn reduce_inline<T: Element>(
     Ok(())
 }
 
-/// Say this rank is done with call `seq`, and wait until every peer is.
-fn finish(ctx: &Ctx<'_>, seq: u64, deadline: Instant, call: &Call) -> Result<()> {
-    // Release: a peer that sees it sees every byte this rank wrote into
-    // the peer's buffers.
-    word(&ctx.control.pages[ctx.rank], W_DONE)?.store(seq, Ordering::Release);
-    for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
-        let done = word(&ctx.control.pages[peer], W_DONE)?;
-        wait(ctx, peer, deadline, call, "it to finish the call", || {
-            done.load(Ordering::Acquire) >= seq
-        })?;
-    }
-    Ok(())
-}
-
 /// Wait for `ready`: spin, yield, then sleep; end on abort, at the
 /// deadline, or when `peer`'s process is gone.
 fn wait(
     ctx: &Ctx<'_>,
     peer: usize,
-    deadline: Instant,
+    deadline: &Deadline,
     call: &Call,
     what: &str,
     mut ready: impl FnMut() -> bool,
@@ -425,7 +451,7 @@ fn wait(
                 return Err(Error::Aborted(None));
             }
             let now = Instant::now();
-            if now >= deadline {
+            if now >= deadline.get() {
                 return Err(Error::Timeout {
                     peer,
                     during: call.during(),
@@ -708,11 +734,12 @@ impl Kernel<'_> {
                     .map_err(|e| self.protocol(j, format!("{e:?}")))?;
                 store(self.mode, dst, io.input(done, k));
             }
+            // This rank's own block while the input block is in cache
+            // (nothing to do in place).
+            let own = Step::local(Prim::Copy, Operand::Input, done, base + done, k);
+            io.copy_input_to_output(self.mode, &own);
             done += k;
         }
-        // This rank's own block (nothing to do in place).
-        let own = Step::local(Prim::Copy, Operand::Input, 0, base, count);
-        io.copy_input_to_output(self.mode, &own);
         Ok(())
     }
 
