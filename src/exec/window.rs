@@ -34,7 +34,8 @@
 //!  word 32  announcement of calls with an odd sequence number
 //!           each: +0 seq (stored last, Release), +1 coll|dtype<<8|op<<16|root<<32,
 //!                 +2 count, +3 input window, +4 input offset,
-//!                 +5 output window, +6 output offset (window 0: not in one)
+//!                 +5 output window, +6 output offset (window 0: not in one),
+//!                 +7 an inline input of at most 8 bytes (same cache line)
 //!  word 512   inline input of an even call (4 KiB)
 //!  word 1024  inline input of an odd call (4 KiB)
 //! ```
@@ -76,6 +77,9 @@ const E_IN_WIN: usize = 3;
 const E_IN_OFF: usize = 4;
 const E_OUT_WIN: usize = 5;
 const E_OUT_OFF: usize = 6;
+/// An inline input of at most 8 bytes: in the announcement's own cache
+/// line, so that a peer reads one line.
+const E_SMALL: usize = 7;
 
 /// Where the inline data of the two announcement slots start (in words),
 /// and how much they hold: allreduces of at most this many bytes travel in
@@ -371,6 +375,13 @@ fn inline_at(seq: u64) -> usize {
 
 /// Copy a small input into this rank's announcement slot for `seq`.
 fn write_inline(ctx: &Ctx<'_>, seq: u64, bytes: &[u8]) -> Result<()> {
+    if bytes.len() <= 8 {
+        let mut w = [0u8; 8];
+        w[..bytes.len()].copy_from_slice(bytes);
+        let page = &ctx.control.pages[ctx.rank];
+        word(page, entry(seq) + E_SMALL)?.store(u64::from_ne_bytes(w), Ordering::Relaxed);
+        return Ok(());
+    }
     let mut own = lock(&ctx.control.own);
     own.slice_mut(inline_at(seq), bytes.len())
         .map_err(|e| Error::Io(format!("window control page: {e}")))?
@@ -405,9 +416,13 @@ fn reduce_inline<T: Element>(
             .map_err(|e| Error::Io(format!("window control page: {e}")))?;
         bytemuck::try_cast_slice(raw).map_err(|e| Error::Io(format!("window control page: {e:?}")))
     };
+    let mut one = [0u64; 1];
     for j in 0..ctx.size {
         let x = if j == ctx.rank {
             io.input(0, len)
+        } else if bytes <= 8 {
+            one[0] = word(&ctx.control.pages[j], entry(seq) + E_SMALL)?.load(Ordering::Relaxed);
+            &bytemuck::cast_slice(&one)[..len]
         } else {
             inline(j)?
         };
