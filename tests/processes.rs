@@ -105,6 +105,29 @@ fn every_check_passes_on_four_ranks() {
     );
 }
 
+/// The errors the `survivors` printed: at least one names `victim`, and
+/// each names the call it ended, with its number. (The launcher stops the
+/// survivors once it sees a rank end, so some may be gone before they
+/// print; the first to notice always prints.)
+fn survivors_name(f: &Finished, victim: usize, survivors: &[usize]) -> Vec<(usize, String)> {
+    let errors: Vec<(usize, String)> = survivors
+        .iter()
+        .filter_map(|&r| f.error_of(r).map(|e| (r, e)))
+        .collect();
+    assert!(
+        errors.iter().any(|(_, e)| blames(e, victim)),
+        "no survivor named rank {victim}\n{}",
+        f.all()
+    );
+    for (r, e) in &errors {
+        assert!(
+            has_numbered_call(e),
+            "rank {r}'s error names no call with its number: {e}"
+        );
+    }
+    errors
+}
+
 const KILL_ARGS: [&str; 6] = ["--die-rank", "2", "--die-at", "5", "--iters", "3"];
 const KILL_ENV: [(&str, &str); 2] = [("FERROCCL_TIMEOUT", "5"), ("FERROCCL_RUN_GRACE_S", "10")];
 
@@ -122,22 +145,8 @@ fn a_rank_killed_mid_collective_is_named_by_the_survivors() {
         "rank 2 did not announce its death\n{}",
         f.all()
     );
-    let errors: Vec<(usize, String)> = [0, 1, 3]
-        .into_iter()
-        .filter_map(|r| f.error_of(r).map(|e| (r, e)))
-        .collect();
-    // The launcher stops the survivors once it sees a rank end, so some may
-    // be gone before they print; the first to notice always prints.
-    assert!(
-        errors.iter().any(|(_, e)| blames(e, 2)),
-        "no survivor named rank 2\n{}",
-        f.all()
-    );
+    let errors = survivors_name(&f, 2, &[0, 1, 3]);
     for (r, e) in &errors {
-        assert!(
-            has_numbered_call(e),
-            "rank {r}'s error names no call with its number: {e}"
-        );
         assert!(
             e.contains(" failed") || e.contains("timed out"),
             "rank {r}: {e}"
@@ -867,17 +876,6 @@ fn windows_pass_every_check_and_a_killed_rank_is_named() {
     let f = launch_marked(4, &kill_env, &args, Duration::from_secs(60), "windows-kill");
     assert!(!f.status.success(), "{}", f.all());
     assert!(f.elapsed < Duration::from_secs(30), "took {:?}", f.elapsed);
-    let errors: Vec<(usize, String)> = [0, 1, 3]
-        .into_iter()
-        .filter_map(|r| f.error_of(r).map(|e| (r, e)))
-        .collect();
-    assert!(
-        errors.iter().any(|(_, e)| blames(e, 2)),
-        "no survivor named rank 2\n{}",
-        f.all()
-    );
-    for (r, e) in &errors {
-        assert!(has_numbered_call(e), "rank {r}: {e}");
-    }
+    survivors_name(&f, 2, &[0, 1, 3]);
     assert_nothing_left("windows-kill", Some(&dir), &f);
 }

@@ -660,6 +660,17 @@ impl Kernel<'_> {
         if j == self.rank {
             return Ok(io.output(start, len));
         }
+        self.peer_output(maps, j, start, len)
+    }
+
+    /// Elements `start..start + len` of peer `j`'s output, in its window.
+    fn peer_output<'x, T: Element>(
+        &self,
+        maps: &'x mut Maps<'_>,
+        j: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<&'x mut [T]> {
         let off = self.places[j].out_off as usize + start * self.elem;
         let elem = self.elem;
         let region = maps
@@ -738,15 +749,7 @@ impl Kernel<'_> {
             let k = block.min(count - done);
             for step in 1..self.size {
                 let j = (self.rank + step) % self.size;
-                let off = self.places[j].out_off as usize + (base + done) * self.elem;
-                let region = maps.output_region(j).ok_or_else(|| {
-                    self.protocol(j, "its part of the window is not mapped here".into())
-                })?;
-                let bytes = region
-                    .slice_mut(off, k * self.elem)
-                    .map_err(|e| self.protocol(j, e.to_string()))?;
-                let dst: &mut [T] = bytemuck::try_cast_slice_mut(bytes)
-                    .map_err(|e| self.protocol(j, format!("{e:?}")))?;
+                let dst = self.peer_output(maps, j, base + done, k)?;
                 store(self.mode, dst, io.input(done, k));
             }
             // This rank's own block while the input block is in cache
