@@ -406,3 +406,39 @@ fn async_allreduce_on_a_window_runs_directly() {
     assert_eq!(results, vec![2; n]);
     assert_eq!(leftovers(11), Vec::<String>::new());
 }
+
+/// Windows of a split communicator are its own: sub-communicators of the
+/// same ranks allocate and reduce directly side by side, and the parent
+/// (which has no window) still goes through slots.
+#[test]
+fn split_communicators_have_their_own_windows() {
+    let n = 4;
+    let results = run_ranks_with(n, with_token(12), |comm| {
+        let rank = comm.rank();
+        let sub = comm.split((rank % 2) as i32, rank as i32).unwrap().unwrap();
+        let mut w = sub.alloc_window::<i32>(1000).unwrap();
+        assert!(w.is_shared());
+        for (i, v) in w.iter_mut().enumerate() {
+            *v = (i + rank) as i32;
+        }
+        let before = sub.direct_window_calls();
+        sub.all_reduce_in_place(&mut w, ReduceOp::Sum).unwrap();
+        // The two members of this half are `rank % 2` and `rank % 2 + 2`.
+        let half = rank % 2;
+        check(
+            "split window",
+            &w,
+            |i| (2 * i + 2 * half + 2) as f64,
+            |_| 0.0,
+        );
+        let mut v = vec![1i32; 1000];
+        comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        check("parent", &v, |_| n as f64, |_| 0.0);
+        (
+            sub.direct_window_calls() - before,
+            comm.direct_window_calls(),
+        )
+    });
+    assert_eq!(results, vec![(1, 0); n]);
+    assert_eq!(leftovers(12), Vec::<String>::new());
+}
