@@ -137,9 +137,8 @@ struct Inner {
     windows: Mutex<Windows>,
     /// Collectives that ran directly between windows.
     direct_calls: AtomicU64,
-    /// The control pages once the first shared window exists (the same
-    /// as `windows.control`, readable without a lock): from then on every
-    /// collective checks in there.
+    /// The control pages once the first shared window exists (set once,
+    /// read without a lock): from then on every collective checks in there.
     control: std::sync::OnceLock<Arc<Control>>,
     /// `abort`'s signal, for waits that only look at it.
     abort_signal: ferroccl_transport::AbortSignal,
@@ -692,7 +691,7 @@ impl Communicator {
         let (id, first) = {
             let mut windows = lock(&inner.windows);
             windows.created += 1;
-            (windows.created, windows.control.is_none())
+            (windows.created, inner.control.get().is_none())
         };
         let dir = inner
             .config
@@ -840,7 +839,6 @@ impl Communicator {
                 own: Mutex::new(own_ctl),
                 pids,
             });
-            windows.control = Some(control.clone());
             let _ = inner.control.set(control);
         }
         let maps = Arc::new(WindowMaps {

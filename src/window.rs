@@ -146,9 +146,6 @@ pub(crate) struct Control {
 /// A communicator's windows.
 #[derive(Default)]
 pub(crate) struct Windows {
-    /// Set once the first shared window exists, on every rank alike: from
-    /// then on every collective is announced (see `exec::window`).
-    pub(crate) control: Option<Arc<Control>>,
     /// Windows created so far (shared or not), the same count on every
     /// rank: numbers them.
     pub(crate) created: u64,

@@ -6,6 +6,7 @@
 mod common;
 
 use common::process::{clean, run_bounded, Finished};
+use common::SplitMix;
 use std::process::Command;
 use std::time::Duration;
 
@@ -545,24 +546,6 @@ fn a_stopped_rendezvous_host_is_named_by_every_survivor() {
     // Rank 0 hosts the rendezvous: its server stops with it, and the
     // others notice the server's missing heartbeats.
     stopped_rank_case(3, 0);
-}
-
-/// A small deterministic generator (splitmix64), so that a failing case can
-/// be replayed from the printed seed.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// The seed of the randomised fault cases: FERROCCL_FAULT_SEED, or the

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{check, input_value, make, reference, tolerance};
+use common::{check, input_value, make, reference, tolerance, SplitMix};
 use ferroccl::testing::run_ranks_with;
 use ferroccl::{Communicator, Config, Element, Error, ReduceOp};
 use half::bf16;
@@ -309,13 +309,8 @@ fn random_mixtures_of_direct_and_slot_calls_stay_in_step() {
         let mut a = comm.alloc_window::<f32>(40_000).unwrap();
         let mut b = comm.alloc_window::<f32>(40_000).unwrap();
         let before = comm.direct_window_calls();
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |m: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % m
-        };
+        let mut rng = SplitMix(10);
+        let mut next = move |m: u64| rng.below(m);
         let mut direct = 0u64;
         for call in 0..300 {
             let count = [1usize, 3, 64, 1000, 9000][next(5) as usize];

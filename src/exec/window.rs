@@ -708,6 +708,29 @@ impl Kernel<'_> {
         (BLOCK_BYTES / std::mem::size_of::<T>().max(1)).max(1)
     }
 
+    /// Reduce elements `from..from + len` of every input block by block
+    /// (through an L1-sized buffer) and hand each result to `put` with its
+    /// offset from `from`.
+    fn reduce_blocks<T: Element>(
+        &self,
+        io: &mut Io<'_, T>,
+        maps: &mut Maps<'_>,
+        from: usize,
+        len: usize,
+        mut put: impl FnMut(&mut Io<'_, T>, &mut Maps<'_>, usize, &[T]) -> Result<()>,
+    ) -> Result<()> {
+        let mut tmp = vec![T::zeroed(); self.block::<T>().min(len)];
+        let mut done = 0;
+        while done < len {
+            let k = tmp.len().min(len - done);
+            let t = &mut tmp[..k];
+            self.reduce_block(io, maps, from + done, t)?;
+            put(io, maps, done, t)?;
+            done += k;
+        }
+        Ok(())
+    }
+
     /// Allreduce share: piece `off..off + len` of every input, reduced,
     /// into the same piece of every output.
     fn reduce_and_spread<T: Element>(
@@ -717,21 +740,14 @@ impl Kernel<'_> {
         off: usize,
         len: usize,
     ) -> Result<()> {
-        let mut tmp = vec![T::zeroed(); self.block::<T>().min(len)];
-        let mut done = 0;
-        while done < len {
-            let k = tmp.len().min(len - done);
-            let start = off + done;
-            let t = &mut tmp[..k];
-            self.reduce_block(io, maps, start, t)?;
+        self.reduce_blocks(io, maps, off, len, |io, maps, done, t| {
             // Peers first: they wait on this rank, it waits on nobody.
             for step in 1..=self.size {
                 let j = (self.rank + step) % self.size;
-                store(self.mode, self.output(io, maps, j, start, k)?, t);
+                store(self.mode, self.output(io, maps, j, off + done, t.len())?, t);
             }
-            done += k;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Allgather share: this rank's input (`count` elements) into block
@@ -769,16 +785,9 @@ impl Kernel<'_> {
         maps: &mut Maps<'_>,
         count: usize,
     ) -> Result<()> {
-        let base = self.rank * count;
-        let mut tmp = vec![T::zeroed(); self.block::<T>().min(count)];
-        let mut done = 0;
-        while done < count {
-            let k = tmp.len().min(count - done);
-            let t = &mut tmp[..k];
-            self.reduce_block(io, maps, base + done, t)?;
-            store(self.mode, io.output(done, k), t);
-            done += k;
-        }
-        Ok(())
+        self.reduce_blocks(io, maps, self.rank * count, count, |io, _, done, t| {
+            store(self.mode, io.output(done, t.len()), t);
+            Ok(())
+        })
     }
 }

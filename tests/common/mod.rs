@@ -143,3 +143,22 @@ pub fn check_reduce<T: Element>(
         );
     }
 }
+
+/// A small deterministic generator (splitmix64), so that a failing case can
+/// be replayed from the printed seed.
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0; the modulo bias is irrelevant here).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
