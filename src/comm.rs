@@ -745,9 +745,10 @@ impl Communicator {
                 }
             }
         };
-        // When a rank fails in the middle, the survivors remove every
-        // rank's files of this window: the failed rank may have created its
-        // own and not lived to unlink them.
+        // Every rank's files of this window (names are unique to the job,
+        // the communicator and the window): removed by each survivor of a
+        // failed set-up, and by every rank once all have mapped them, since
+        // a rank may die before it unlinks its own.
         let sweep = || {
             for r in 0..inner.size {
                 let _ = std::fs::remove_file(dir.join(name(id, r)));
@@ -811,15 +812,12 @@ impl Communicator {
             );
         }
         let agreed = self.agree_all(opened.is_ok());
-        let _ = own.unlink();
-        if let Some(page) = &own_page {
-            let _ = page.unlink();
-        }
+        // Every rank has mapped every part, or given up: the files go. Each
+        // rank removes all of them, not only its own, so that a rank killed
+        // right after this agreement leaves nothing behind either.
+        sweep();
         match agreed {
-            Err(e) => {
-                sweep();
-                return Err(e);
-            }
+            Err(e) => return Err(e),
             Ok(false) => return Ok(Window::private(len)),
             Ok(true) => {}
         }
