@@ -137,15 +137,13 @@ struct Inner {
     windows: Mutex<Windows>,
     /// Collectives that ran directly between windows.
     direct_calls: AtomicU64,
-    /// The control pages once the first shared window exists (set once,
-    /// read without a lock): from then on every collective checks in there.
+    /// The control pages (set once, read without a lock), made at creation
+    /// where every rank is on one host (or with the first window under
+    /// FERROCCL_CHECKIN=0): from then on every collective checks in there.
     control: std::sync::OnceLock<Arc<Control>>,
     /// `abort`'s signal, for waits that only look at it.
     abort_signal: ferroccl_transport::AbortSignal,
 }
-
-/// The peers' parts of a new window, and the control pages (first window).
-type PeerParts = (Vec<Option<Region>>, Option<Vec<Region>>);
 
 /// (collective, count, element size).
 type PlanKey = (u8, usize, usize);
@@ -393,6 +391,11 @@ impl Communicator {
         let comm = Communicator { inner };
         if comm.inner.config.calibrate && comm.inner.size > 1 {
             comm.calibrate()?;
+        }
+        // After calibration: its calls restart the numbering, which a
+        // check-in must never see go backwards.
+        if comm.inner.config.checkin && comm.create_control()? {
+            comm.restart_numbering();
         }
         Ok(comm)
     }
@@ -678,8 +681,9 @@ impl Communicator {
     /// writable shared-memory directory, one rank) every rank gets private
     /// memory instead ([`Window::is_shared`] is false) and collectives on
     /// it run as on any buffer. Once a communicator has a shared window,
-    /// each of its collectives starts with a check-in on a shared control
-    /// page (about a cache-line exchange with every peer).
+    /// each of its collectives starts with a check-in on the shared control
+    /// pages (about a cache-line exchange with every peer), not only the
+    /// small ones.
     pub fn alloc_window<T: Element>(&self, len: usize) -> Result<Window<T>> {
         let inner = &self.inner;
         let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
@@ -688,61 +692,29 @@ impl Communicator {
                 T::DTYPE.name()
             ))
         })?;
-        let (id, first) = {
+        let id = {
             let mut windows = lock(&inner.windows);
             windows.created += 1;
-            (windows.created, inner.control.get().is_none())
+            windows.created
         };
-        let dir = inner
-            .config
-            .shm_dir
-            .clone()
-            .unwrap_or_else(|| std::path::PathBuf::from(ferroccl_shm::DEFAULT_DIR));
+        // The control pages first (made at creation unless
+        // FERROCCL_CHECKIN=0): without them a window is private memory.
+        if !self.create_control()? {
+            return Ok(Window::private(len));
+        }
+        let dir = self.shm_dir();
         let name =
             |id: u64, rank: usize| window::region_name(inner.config.token, inner.comm_id, id, rank);
-        let can_share = inner.size > 1
-            && inner.config.transport.as_deref() != Some("tcp")
-            && lock(&inner.links).one_host();
-        // 1. Every rank creates its part (and, for the first window, its
-        // control page); all agree that every rank could.
-        let created = can_share.then(|| -> std::io::Result<(Region, Option<Region>)> {
-            let own = Region::create(&dir, &name(id, inner.rank), bytes)?;
-            let page = if first {
-                let page = Region::create(&dir, &name(0, inner.rank), window::CONTROL_BYTES);
-                let page = match page {
-                    Ok(page) => page,
-                    Err(e) => {
-                        let _ = own.unlink();
-                        return Err(e);
-                    }
-                };
-                let word = |i: usize| page.word(i).map_err(std::io::Error::other);
-                word(exec::window::W_PID)?.store(u64::from(std::process::id()), Ordering::Relaxed);
-                word(exec::window::W_MAGIC)?.store(exec::window::CONTROL_MAGIC, Ordering::Release);
-                Some(page)
-            } else {
-                None
-            };
-            Ok((own, page))
-        });
-        let created = match created {
-            Some(Ok(parts)) => Some(parts),
-            Some(Err(e)) => {
+        // 1. Every rank creates its part; all agree that every rank could.
+        let created = match Region::create(&dir, &name(id, inner.rank), bytes) {
+            Ok(own) => Some(own),
+            Err(e) => {
                 tracing::info!(
                     rank = inner.rank,
                     "alloc_window: cannot create a shared part in {}: {e}; the window is private",
                     dir.display()
                 );
                 None
-            }
-            None => None,
-        };
-        let unlink = |parts: &Option<(Region, Option<Region>)>| {
-            if let Some((own, page)) = parts {
-                let _ = own.unlink();
-                if let Some(page) = page {
-                    let _ = page.unlink();
-                }
             }
         };
         // Every rank's files of this window (names are unique to the job,
@@ -752,59 +724,31 @@ impl Communicator {
         let sweep = || {
             for r in 0..inner.size {
                 let _ = std::fs::remove_file(dir.join(name(id, r)));
-                if first {
-                    let _ = std::fs::remove_file(dir.join(name(0, r)));
-                }
             }
         };
-        let agreed = self.agree_all(created.is_some());
-        let all_created = match agreed {
+        let all_created = match self.agree_all(created.is_some()) {
             Ok(all) => all,
             Err(e) => {
-                unlink(&created);
                 sweep();
                 return Err(e);
             }
         };
-        if !all_created {
-            unlink(&created);
-            return Ok(Window::private(len));
-        }
-        let Some((own, own_page)) = created else {
-            return Ok(Window::private(len));
+        let own = match created {
+            Some(own) if all_created => own,
+            Some(own) => {
+                let _ = own.unlink();
+                return Ok(Window::private(len));
+            }
+            None => return Ok(Window::private(len)),
         };
         // 2. Every rank maps every peer's part; then the files go.
-        let opened = (|| -> std::io::Result<PeerParts> {
-            let mut parts = Vec::with_capacity(inner.size);
-            for r in 0..inner.size {
-                parts.push(if r == inner.rank {
-                    None
-                } else {
-                    Some(Region::open(&dir, &name(id, r))?)
-                });
-            }
-            let pages = match &own_page {
-                None => None,
-                Some(_) => Some(
-                    (0..inner.size)
-                        .map(|r| {
-                            let page = Region::open(&dir, &name(0, r))?;
-                            let magic = page.word(exec::window::W_MAGIC)?.load(Ordering::Acquire);
-                            if page.len() < window::CONTROL_BYTES
-                                || magic != exec::window::CONTROL_MAGIC
-                            {
-                                return Err(std::io::Error::other(format!(
-                                    "{} is not a control page of this version",
-                                    page.path().display()
-                                )));
-                            }
-                            Ok(page)
-                        })
-                        .collect::<std::io::Result<Vec<_>>>()?,
-                ),
-            };
-            Ok((parts, pages))
-        })();
+        let opened = (0..inner.size)
+            .map(|r| {
+                (r != inner.rank)
+                    .then(|| Region::open(&dir, &name(id, r)))
+                    .transpose()
+            })
+            .collect::<std::io::Result<Vec<_>>>();
         if let Err(e) = &opened {
             tracing::info!(
                 rank = inner.rank,
@@ -821,31 +765,17 @@ impl Communicator {
             Ok(false) => return Ok(Window::private(len)),
             Ok(true) => {}
         }
-        let (parts, pages) = opened.map_err(|e| Error::Io(e.to_string()))?;
-        let mut windows = lock(&inner.windows);
-        if let (Some(pages), Some(own_ctl)) = (pages, own_page) {
-            let pids = pages
-                .iter()
-                .map(|p| {
-                    p.word(exec::window::W_PID)
-                        .map(|w| w.load(Ordering::Relaxed) as u32)
-                        .unwrap_or(0)
-                })
-                .collect();
-            let control = Arc::new(Control {
-                pages,
-                own: Mutex::new(own_ctl),
-                pids,
-            });
-            let _ = inner.control.set(control);
-        }
+        let parts = opened.map_err(|e| Error::Io(e.to_string()))?;
         let maps = Arc::new(WindowMaps {
             id,
             own_addr: own.addr(),
             own_bytes: bytes,
             peers: Mutex::new(parts),
         });
-        windows.add(&maps);
+        lock(&inner.windows).add(&maps);
+        if let Some(control) = inner.control.get() {
+            control.windows.store(true, Ordering::Relaxed);
+        }
         tracing::debug!(
             rank = inner.rank,
             "alloc_window: window {id} of {bytes} bytes shared by {} ranks",
@@ -854,11 +784,122 @@ impl Communicator {
         Ok(Window::shared(own, len, maps))
     }
 
+    /// The directory of shared-memory files (FERROCCL_SHM_DIR).
+    fn shm_dir(&self) -> std::path::PathBuf {
+        self.inner
+            .config
+            .shm_dir
+            .clone()
+            .unwrap_or_else(|| std::path::PathBuf::from(ferroccl_shm::DEFAULT_DIR))
+    }
+
+    /// Give every rank the control pages of all (a collective), unless it
+    /// has them: each rank creates its page, all agree, each maps every
+    /// page, all agree again, and the files go. `Ok(false)` where the ranks
+    /// cannot share memory (several hosts, FERROCCL_TRANSPORT=tcp, one
+    /// rank, a rank that could not create or map a page): the communicator
+    /// then runs every call through slots.
+    fn create_control(&self) -> Result<bool> {
+        let inner = &self.inner;
+        if inner.control.get().is_some() {
+            return Ok(true);
+        }
+        let can_share = inner.size > 1
+            && inner.config.transport.as_deref() != Some("tcp")
+            && lock(&inner.links).one_host();
+        if !can_share {
+            return Ok(false);
+        }
+        let dir = self.shm_dir();
+        let name = |rank: usize| window::region_name(inner.config.token, inner.comm_id, 0, rank);
+        let created = (|| -> std::io::Result<Region> {
+            let page = Region::create(&dir, &name(inner.rank), window::CONTROL_BYTES)?;
+            let word = |i: usize| page.word(i).map_err(std::io::Error::other);
+            word(exec::window::W_PID)?.store(u64::from(std::process::id()), Ordering::Relaxed);
+            word(exec::window::W_MAGIC)?.store(exec::window::CONTROL_MAGIC, Ordering::Release);
+            Ok(page)
+        })();
+        if let Err(e) = &created {
+            tracing::info!(
+                rank = inner.rank,
+                "cannot create a control page in {}: {e}; every call goes through slots",
+                dir.display()
+            );
+        }
+        let sweep = || {
+            for r in 0..inner.size {
+                let _ = std::fs::remove_file(dir.join(name(r)));
+            }
+        };
+        let all_created = match self.agree_all(created.is_ok()) {
+            Ok(all) => all,
+            Err(e) => {
+                sweep();
+                return Err(e);
+            }
+        };
+        let own = match created {
+            Ok(own) if all_created => own,
+            Ok(own) => {
+                let _ = own.unlink();
+                return Ok(false);
+            }
+            Err(_) => return Ok(false),
+        };
+        let opened = (0..inner.size)
+            .map(|r| {
+                let page = Region::open(&dir, &name(r))?;
+                let magic = page.word(exec::window::W_MAGIC)?.load(Ordering::Acquire);
+                if page.len() < window::CONTROL_BYTES || magic != exec::window::CONTROL_MAGIC {
+                    return Err(std::io::Error::other(format!(
+                        "{} is not a control page of this version",
+                        page.path().display()
+                    )));
+                }
+                Ok(page)
+            })
+            .collect::<std::io::Result<Vec<_>>>();
+        if let Err(e) = &opened {
+            tracing::info!(
+                rank = inner.rank,
+                "cannot map a peer's control page: {e}; every call goes through slots"
+            );
+        }
+        let agreed = self.agree_all(opened.is_ok());
+        // As for windows: every rank removes every page's file.
+        sweep();
+        if !agreed? {
+            return Ok(false);
+        }
+        let pages = opened.map_err(|e| Error::Io(e.to_string()))?;
+        let pids = pages
+            .iter()
+            .map(|p| {
+                p.word(exec::window::W_PID)
+                    .map(|w| w.load(Ordering::Relaxed) as u32)
+                    .unwrap_or(0)
+            })
+            .collect();
+        let _ = inner.control.set(Arc::new(Control {
+            pages,
+            own: Mutex::new(own),
+            pids,
+            checkins: AtomicU64::new(0),
+            windows: AtomicBool::new(false),
+        }));
+        tracing::debug!(
+            rank = inner.rank,
+            "control pages shared by {} ranks",
+            inner.size
+        );
+        Ok(true)
+    }
+
     /// How many collectives of this communicator ran without the
-    /// transport's slots: directly between windows (see
-    /// [`Communicator::alloc_window`]), or, once the communicator has a
-    /// shared window, allreduces of at most 4 KiB carried inline in the
-    /// check-in. To check that a program's buffers are where it thinks.
+    /// transport's slots: inline in the check-in on the shared control
+    /// pages (input of at most 4 KiB, every rank on one host), or directly
+    /// between windows (see [`Communicator::alloc_window`]). To check that
+    /// a program's buffers are where it thinks.
     pub fn direct_window_calls(&self) -> u64 {
         self.inner.direct_calls.load(Ordering::Relaxed)
     }
@@ -946,11 +987,19 @@ impl Communicator {
                         .iter()
                         .map(|(a, c)| format!("{} {c:.1} us", a.name()))
                         .collect();
+                    // Small calls skip the schedule where the ranks share
+                    // control pages (`exec::window`).
+                    let chosen = if bytes <= exec::window::INLINE_BYTES
+                        && self.inner.control.get().is_some()
+                    {
+                        "inline in the check-in on the shared control pages, one exchange"
+                    } else {
+                        best.name()
+                    };
                     tracing::info!(
                         rank = self.inner.rank,
-                        "tuner: {} of {bytes} bytes on {n} ranks -> {} (model: {})",
+                        "tuner: {} of {bytes} bytes on {n} ranks -> {chosen} (model: {})",
                         kind.name(),
-                        best.name(),
                         listed.join(", ")
                     );
                 }
@@ -1027,13 +1076,7 @@ impl Communicator {
         *lock(&self.inner.model) = model;
         // Plans chosen under the old model (none in practice) are stale.
         lock(&self.inner.plans).clear();
-        // Calibration is not the user's: number their calls from 1.
-        {
-            let mut state = lock(&self.inner.turns.issued);
-            state.coll_seq = 0;
-            state.recent.clear();
-            self.inner.issued.store(0, Ordering::SeqCst);
-        }
+        self.restart_numbering();
         tracing::info!(
             rank = self.inner.rank,
             "tuner: calibrated on {} ranks: alpha {:.1} us, beta {:.2} GB/s, reduce {:.1} GB/s",
@@ -1043,6 +1086,15 @@ impl Communicator {
             model.reduce_gbps
         );
         Ok(())
+    }
+
+    /// Number the user's calls from 1: the set-up's own calls (calibration,
+    /// control pages) are not theirs. Only before any check-in.
+    fn restart_numbering(&self) {
+        let mut state = lock(&self.inner.turns.issued);
+        state.coll_seq = 0;
+        state.recent.clear();
+        self.inner.issued.store(0, Ordering::SeqCst);
     }
 
     /// The tuner's constants (measured at creation, agreed by all ranks).
@@ -1211,6 +1263,7 @@ impl Inner {
             op: spec.op.unwrap_or(ReduceOp::Sum),
             timeout: self.config.timeout,
             nt_store_bytes: self.config.nt_store_bytes,
+            inline: self.config.algorithm.is_none(),
         };
         let ticket = state.next_ticket;
         if let Some(make_job) = enqueue {
@@ -1692,6 +1745,13 @@ fn spawn_watcher(inner: &Arc<Inner>, stop: crossbeam_channel::Receiver<()>) -> R
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // A peer waiting at a check-in learns that this rank is gone (after
+        // a failure it learns that from the job's failure report instead).
+        if let Some(control) = self.control.get() {
+            if !self.has_failed() {
+                exec::window::leave(control, self.rank);
+            }
+        }
         lock(&self.watcher_stop).take();
         lock(&self.progress).take();
         if let Some(handle) = lock(&self.progress_thread).take() {

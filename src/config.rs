@@ -64,6 +64,13 @@ pub struct Config {
     /// never does (FERROCCL_NT_STORE_BYTES). In-place calls never do: their
     /// output lines were just read and are in cache.
     pub nt_store_bytes: usize,
+    /// Where every rank is on one host and shared memory is allowed, give
+    /// the communicator shared control pages at creation, so that every
+    /// collective checks in there first: small ones (input of at most
+    /// 4 KiB) travel inline in the check-in, one exchange in all, and
+    /// calls on windows run directly (FERROCCL_CHECKIN=0: only once the
+    /// first window is allocated).
+    pub checkin: bool,
 }
 
 /// Default of `Config::nt_store_bytes`. On the 2-core build machine a
@@ -103,6 +110,7 @@ impl Config {
             calibrate: true,
             shm_dir: None,
             nt_store_bytes: DEFAULT_NT_STORE_BYTES,
+            checkin: true,
         };
         config.from_env_overrides(&|k| std::env::var(k).ok())?;
         Ok(config)
@@ -127,7 +135,7 @@ impl Config {
     /// Apply FERROCCL_TIMEOUT, FERROCCL_HEARTBEAT_MS, FERROCCL_TRANSPORT,
     /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
-    /// FERROCCL_NT_STORE_BYTES and
+    /// FERROCCL_CHECKIN, FERROCCL_NT_STORE_BYTES and
     /// FERROCCL_ALGO read through `get`; a value that does not parse is an
     /// error naming it.
     pub fn from_env_overrides(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
@@ -136,6 +144,13 @@ impl Config {
                 .trim()
                 .parse()
                 .map_err(|_| Error::Env(format!("{name}='{value}' is not a valid number")))
+        }
+        fn parse_flag(name: &str, value: &str) -> Result<bool> {
+            match value.trim() {
+                "0" | "false" | "off" | "no" => Ok(false),
+                "1" | "true" | "on" | "yes" | "" => Ok(true),
+                _ => Err(Error::Env(format!("{name}='{value}' must be 0 or 1"))),
+            }
         }
         if let Some(v) = get("FERROCCL_TIMEOUT") {
             let secs: f64 = parse("FERROCCL_TIMEOUT", &v)?;
@@ -178,15 +193,10 @@ impl Config {
             self.shm_dir = Some(std::path::PathBuf::from(v)).filter(|p| !p.as_os_str().is_empty());
         }
         if let Some(v) = get("FERROCCL_CALIBRATE") {
-            self.calibrate = match v.trim() {
-                "0" | "false" | "off" | "no" => false,
-                "1" | "true" | "on" | "yes" | "" => true,
-                _ => {
-                    return Err(Error::Env(format!(
-                        "FERROCCL_CALIBRATE='{v}' must be 0 or 1"
-                    )))
-                }
-            };
+            self.calibrate = parse_flag("FERROCCL_CALIBRATE", &v)?;
+        }
+        if let Some(v) = get("FERROCCL_CHECKIN") {
+            self.checkin = parse_flag("FERROCCL_CHECKIN", &v)?;
         }
         if let Some(v) = get("FERROCCL_ALGO") {
             self.algorithm = if v.trim().is_empty() {

@@ -14,8 +14,10 @@
 //! Collectives whose buffers lie in windows on every rank (the same window
 //! on every rank, at any offset) run the direct schedules of
 //! `exec::window`; anything else runs as before. Which way a call goes is
-//! agreed per call through a small control page per rank, which also
-//! compares the calls' fingerprints before any data moves.
+//! agreed per call through a small control page per rank (made when the
+//! communicator is, where its ranks share a host), which also compares the
+//! calls' fingerprints before any data moves and carries small calls
+//! inline.
 
 use crate::element::Element;
 use ferroccl_shm::Region;
@@ -141,6 +143,14 @@ pub(crate) struct Control {
     pub(crate) own: Mutex<Region>,
     /// Each rank's process id, to notice a peer that died.
     pub(crate) pids: Vec<u32>,
+    /// Check-ins so far on this rank (the same count on every rank: which
+    /// calls check in is decided from the call alone): picks the
+    /// announcement slot of the next one.
+    pub(crate) checkins: std::sync::atomic::AtomicU64,
+    /// Set once the communicator has a shared window (on every rank
+    /// alike): from then on every collective checks in, not only small
+    /// ones, since any of them may lie in windows.
+    pub(crate) windows: std::sync::atomic::AtomicBool,
 }
 
 /// A communicator's windows.
@@ -188,5 +198,5 @@ pub(crate) fn region_name(token: u64, comm_id: u64, id: u64, rank: usize) -> Str
 }
 
 /// Bytes of a control page: announcements, then the inline data of small
-/// allreduces (`exec::window`).
+/// calls (`exec::window`).
 pub(crate) const CONTROL_BYTES: usize = 16384;

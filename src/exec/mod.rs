@@ -44,6 +44,9 @@ pub(crate) struct Call {
     /// Outputs of at least this many bytes are written with streaming
     /// stores (0: never); `Config::nt_store_bytes`.
     pub(crate) nt_store_bytes: usize,
+    /// Small calls may travel inline in a check-in (not when the config
+    /// forces an algorithm: then that algorithm runs).
+    pub(crate) inline: bool,
 }
 
 /// The buffers of a call. Offsets in a schedule are relative to the input

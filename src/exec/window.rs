@@ -1,17 +1,32 @@
-//! Collectives straight between windows (see `crate::window`).
+//! The check-in: small collectives inline, and collectives straight
+//! between windows (see `crate::window`).
 //!
-//! Once a communicator has a shared window, every collective call is
-//! announced on the caller's control page before anything else: its
-//! fingerprint and where its input and output lie (window and offset, or
-//! "not in a window"). Each rank then reads every peer's announcement of
-//! the same call, which
+//! Where every rank of a communicator is on one host, each rank has a
+//! control page that every rank maps (made at creation; under
+//! FERROCCL_CHECKIN=0 with the first window). A call *checks in* when it is
+//! small (input of at most `INLINE_BYTES`, any collective but send/recv,
+//! unless the config forces an algorithm) or once the communicator has a
+//! shared window (then every collective does). Which calls check in is
+//! decided from the call alone, so every rank decides alike. Checking in,
+//! a rank announces the call on its page: its fingerprint and where its
+//! input and output lie (window and offset, or "not in a window"). Each
+//! rank then reads every peer's announcement of the same call, which
 //!
 //! - compares the calls (a mismatch is found here, before any byte moves),
 //! - decides, from the same facts on every rank, whether the call runs
-//!   directly between the windows or through slots as usual, and
+//!   inline, directly between the windows, or through slots as usual, and
 //! - tells each rank that its peers' buffers are ready to be read/written.
 //!
-//! Directly, each rank moves one share of the data, reading and writing
+//! **Inline**: a small call carries its input in the announcement (up to
+//! 8 bytes in the announcement's own cache line, else in the page's inline
+//! area); each rank takes what it needs from the peers' pages (allreduce:
+//! reduces all in rank order; allgather: every block; reduce-scatter: its
+//! block of each; broadcast: the root's; reduce: the root reduces; all-to-
+//! all: its block of each) and returns. Nobody touches another rank's
+//! buffers, so there is no completion wait: one exchange in all; a barrier
+//! is the check-in alone.
+//!
+//! **Directly**, each rank moves one share of the data, reading and writing
 //! the other ranks' buffers itself, so each byte is copied once:
 //!
 //! - allreduce: rank r reduces piece r of every input, in rank order, and
@@ -25,29 +40,33 @@
 //! every peer has too: nobody returns while another rank may still touch
 //! its buffers.
 //!
+//! A call that does not check in (large, and no window yet) goes through
+//! slots after one store of its fingerprint on the page (`W_SLOTS`): a peer
+//! that checks in for that call instead was given a different call, and
+//! reports the mismatch rather than waiting for the timeout.
+//!
 //! Control page layout (64-bit words, native endianness: one host):
 //!
 //! ```text
 //!  word  0  magic            1  process id
+//!  word  2  last call through slots without a check-in:
+//!           +0 seq (stored last, Release), +1 fingerprint, +2 count
+//!  word  5  non-zero once the rank has dropped its communicator
 //!  word  8  done: the last call this rank finished directly
-//!  word 16  announcement of calls with an even sequence number
-//!  word 32  announcement of calls with an odd sequence number
+//!  word 16  announcement of even check-ins (counted per communicator)
+//!  word 32  announcement of odd check-ins
 //!           each: +0 seq (stored last, Release), +1 coll|dtype<<8|op<<16|root<<32,
 //!                 +2 count, +3 input window, +4 input offset,
 //!                 +5 output window, +6 output offset (window 0: not in one),
 //!                 +7 an inline input of at most 8 bytes (same cache line)
-//!  word 512   inline input of an even call (4 KiB)
-//!  word 1024  inline input of an odd call (4 KiB)
+//!  word 512   inline input of an even check-in (4 KiB)
+//!  word 1024  inline input of an odd check-in (4 KiB)
 //! ```
 //!
-//! An allreduce of at most 4 KiB, in windows or not, carries its input in
-//! the announcement: each rank reduces every rank's inline input in rank
-//! order into its own output and returns. Nobody touches another rank's
-//! buffers, so there is no completion wait: one exchange in all.
-//!
-//! Two announcement slots suffice: announcing is a barrier, so when a rank
-//! announces call s + 2 every rank has announced s + 1 and so has finished
-//! reading the announcements of s.
+//! Two announcement slots suffice: every check-in waits for every peer's
+//! announcement, so when a rank announces check-in t + 2 every rank has
+//! announced t + 1 and so has finished reading everything of t. Calls in
+//! between that do not check in do not touch the slots.
 
 use super::{Call, Io};
 use crate::algo::partition;
@@ -67,6 +86,11 @@ use std::time::{Duration, Instant};
 pub(crate) const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"FCCLWIN1");
 pub(crate) const W_MAGIC: usize = 0;
 pub(crate) const W_PID: usize = 1;
+/// The last call this rank ran through slots without a check-in: +0 seq
+/// (stored last, Release), +1 packed fingerprint, +2 count.
+const W_SLOTS: usize = 2;
+/// Non-zero once this rank has dropped its communicator.
+const W_LEFT: usize = 5;
 const W_DONE: usize = 8;
 const W_ENTRY: usize = 16;
 const ENTRY_WORDS: usize = 16;
@@ -85,7 +109,7 @@ const E_SMALL: usize = 7;
 /// and how much they hold: allreduces of at most this many bytes travel in
 /// the announcement itself.
 const W_INLINE: usize = 512;
-const INLINE_BYTES: usize = 4096;
+pub(crate) const INLINE_BYTES: usize = 4096;
 const INLINE_WORDS: usize = INLINE_BYTES / 8;
 
 /// Elements reduced per block: a block of each input and the result stay
@@ -158,15 +182,18 @@ pub(crate) fn run<T: Element>(ctx: &Ctx<'_>, io: &mut Io<'_, T>, call: &Call) ->
     let kind = CollKind::from_code(fp.coll);
     let elem = std::mem::size_of::<T>();
     let (in_len, out_len) = extents(kind, fp.count as usize, ctx.size);
+    let inline = kind.filter(|&k| call.inline && inlinable(k) && in_len * elem <= INLINE_BYTES);
+    if inline.is_none() && !ctx.control.windows.load(Ordering::Relaxed) {
+        // No window anywhere: nothing to agree on, the call goes through
+        // slots. Said on the page for a peer that checks in for it instead
+        // (different calls), so that it reports the mismatch.
+        note_slot_call(ctx, &fp)?;
+        return Ok(false);
+    }
+    let turn = ctx.control.checkins.fetch_add(1, Ordering::Relaxed);
     let deadline = Deadline::new(call.timeout);
-    // A small allreduce is all done in the check-in: no window lookup.
-    if kind == Some(CollKind::AllReduce) && in_len * elem <= INLINE_BYTES {
-        write_inline(ctx, fp.seq, bytemuck::cast_slice(io.input(0, in_len)))?;
-        announce(ctx, &fp, &Place::default())?;
-        for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
-            read_announcement(ctx, peer, &fp, &deadline, call)?;
-        }
-        reduce_inline(ctx, io, call.op, fp.seq, in_len)?;
+    if let Some(kind) = inline {
+        run_inline(ctx, io, call, kind, in_len, turn, &deadline)?;
         return Ok(true);
     }
     let place = {
@@ -187,10 +214,10 @@ pub(crate) fn run<T: Element>(ctx: &Ctx<'_>, io: &mut Io<'_, T>, call: &Call) ->
             out_off,
         }
     };
-    announce(ctx, &fp, &place)?;
+    announce(ctx, turn, &fp, &place)?;
     let mut places = vec![place; ctx.size];
     for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
-        places[peer] = read_announcement(ctx, peer, &fp, &deadline, call)?;
+        places[peer] = read_announcement(ctx, turn, peer, &fp, &deadline, call)?;
     }
     if kind == Some(CollKind::Barrier) {
         // Every rank has checked in: that was the barrier.
@@ -270,13 +297,30 @@ fn word(page: &Region, index: usize) -> Result<&AtomicU64> {
         .map_err(|e| Error::Io(format!("window control page: {e}")))
 }
 
-fn entry(seq: u64) -> usize {
-    W_ENTRY + (seq % 2) as usize * ENTRY_WORDS
+/// The announcement slot of check-in number `turn`.
+fn entry(turn: u64) -> usize {
+    W_ENTRY + (turn % 2) as usize * ENTRY_WORDS
 }
 
-fn announce(ctx: &Ctx<'_>, fp: &Fingerprint, place: &Place) -> Result<()> {
+/// Which collectives can run inline in the check-in when their input is
+/// small: all but send/recv.
+fn inlinable(kind: CollKind) -> bool {
+    !matches!(kind, CollKind::SendRecv)
+}
+
+/// Say on this rank's page that call `fp` runs through slots without a
+/// check-in (see `read_announcement`).
+fn note_slot_call(ctx: &Ctx<'_>, fp: &Fingerprint) -> Result<()> {
     let page = &ctx.control.pages[ctx.rank];
-    let e = entry(fp.seq);
+    word(page, W_SLOTS + 1)?.store(pack(fp), Ordering::Relaxed);
+    word(page, W_SLOTS + 2)?.store(fp.count, Ordering::Relaxed);
+    word(page, W_SLOTS)?.store(fp.seq, Ordering::Release);
+    Ok(())
+}
+
+fn announce(ctx: &Ctx<'_>, turn: u64, fp: &Fingerprint, place: &Place) -> Result<()> {
+    let page = &ctx.control.pages[ctx.rank];
+    let e = entry(turn);
     for (field, value) in [
         (E_FP, pack(fp)),
         (E_COUNT, fp.count),
@@ -293,27 +337,43 @@ fn announce(ctx: &Ctx<'_>, fp: &Fingerprint, place: &Place) -> Result<()> {
     Ok(())
 }
 
+/// Wait for `peer`'s announcement of check-in `turn`, which must be of
+/// call `fp`; where the peer's buffers are. The ranks decide alike which
+/// calls check in, from the calls alone, so a peer that announces another
+/// call at this turn, or runs this call or a later one through slots
+/// without checking in, was given a different call: a mismatch.
 fn read_announcement(
     ctx: &Ctx<'_>,
+    turn: u64,
     peer: usize,
     fp: &Fingerprint,
     deadline: &Deadline,
     call: &Call,
 ) -> Result<Place> {
     let page = &ctx.control.pages[peer];
-    let e = entry(fp.seq);
+    let e = entry(turn);
     let seq_word = word(page, e + E_SEQ)?;
+    let slots_word = word(page, W_SLOTS)?;
     wait(
         ctx,
         peer,
         deadline,
         call,
         "its announcement of the call",
-        || seq_word.load(Ordering::Acquire) == fp.seq,
+        || {
+            seq_word.load(Ordering::Acquire) >= fp.seq
+                || slots_word.load(Ordering::Acquire) >= fp.seq
+        },
     )?;
-    let read = |field: usize| word(page, e + field).map(|w| w.load(Ordering::Relaxed));
-    let heard = unpack(fp.seq, read(E_FP)?, read(E_COUNT)?);
-    if heard != *fp {
+    let read = |at: usize| word(page, at).map(|w| w.load(Ordering::Relaxed));
+    let seq = seq_word.load(Ordering::Acquire);
+    let heard = if seq >= fp.seq {
+        unpack(seq, read(e + E_FP)?, read(e + E_COUNT)?)
+    } else {
+        let seq = slots_word.load(Ordering::Acquire);
+        unpack(seq, read(W_SLOTS + 1)?, read(W_SLOTS + 2)?)
+    };
+    if heard != *fp || seq != fp.seq {
         return Err(Error::Mismatch {
             peer,
             local: fingerprint::describe(fp),
@@ -321,10 +381,10 @@ fn read_announcement(
         });
     }
     Ok(Place {
-        in_win: read(E_IN_WIN)?,
-        in_off: read(E_IN_OFF)?,
-        out_win: read(E_OUT_WIN)?,
-        out_off: read(E_OUT_OFF)?,
+        in_win: read(e + E_IN_WIN)?,
+        in_off: read(e + E_IN_OFF)?,
+        out_win: read(e + E_OUT_WIN)?,
+        out_off: read(e + E_OUT_OFF)?,
     })
 }
 
@@ -369,62 +429,81 @@ impl Deadline {
     }
 }
 
-fn inline_at(seq: u64) -> usize {
-    (W_INLINE + (seq % 2) as usize * INLINE_WORDS) * 8
+fn inline_at(turn: u64) -> usize {
+    (W_INLINE + (turn % 2) as usize * INLINE_WORDS) * 8
 }
 
-/// Copy a small input into this rank's announcement slot for `seq`.
-fn write_inline(ctx: &Ctx<'_>, seq: u64, bytes: &[u8]) -> Result<()> {
+/// Copy a small input into this rank's announcement slot of check-in
+/// `turn`.
+fn write_inline(ctx: &Ctx<'_>, turn: u64, bytes: &[u8]) -> Result<()> {
     if bytes.len() <= 8 {
         let mut w = [0u8; 8];
         w[..bytes.len()].copy_from_slice(bytes);
         let page = &ctx.control.pages[ctx.rank];
-        word(page, entry(seq) + E_SMALL)?.store(u64::from_ne_bytes(w), Ordering::Relaxed);
+        word(page, entry(turn) + E_SMALL)?.store(u64::from_ne_bytes(w), Ordering::Relaxed);
         return Ok(());
     }
     let mut own = lock(&ctx.control.own);
-    own.slice_mut(inline_at(seq), bytes.len())
+    own.slice_mut(inline_at(turn), bytes.len())
         .map_err(|e| Error::Io(format!("window control page: {e}")))?
         .copy_from_slice(bytes);
     Ok(())
 }
 
-/// `output = input_0 op input_1 op ...` from the inline inputs of call
-/// `seq` (this rank's own from its buffer), in rank order.
+/// Elements `off..off + len` of rank `j`'s inline input of check-in
+/// `turn` (`total` elements in all); an input of at most 8 bytes is read
+/// from the announcement's line into `small`.
+fn peer_inline<'x, T: Element>(
+    ctx: &'x Ctx<'_>,
+    j: usize,
+    turn: u64,
+    total: usize,
+    (off, len): (usize, usize),
+    small: &'x mut [u64; 1],
+) -> Result<&'x [T]> {
+    let elem = std::mem::size_of::<T>();
+    if total * elem <= 8 {
+        small[0] = word(&ctx.control.pages[j], entry(turn) + E_SMALL)?.load(Ordering::Relaxed);
+        let all: &[T] = bytemuck::cast_slice(&small[..]);
+        return all
+            .get(off..off + len)
+            .ok_or_else(|| Error::Io(format!("inline input {off}+{len} of {total}")));
+    }
+    let raw = ctx.control.pages[j]
+        .slice(inline_at(turn) + off * elem, len * elem)
+        .map_err(|e| Error::Io(format!("window control page: {e}")))?;
+    bytemuck::try_cast_slice(raw).map_err(|e| Error::Io(format!("window control page: {e:?}")))
+}
+
+/// `output[..len] = input_0 op input_1 op ...` over elements
+/// `off..off + len` of the inline inputs of check-in `turn` (`total`
+/// elements each; this rank's own from its buffer), in rank order, so
+/// that every rank gets the same bits.
 fn reduce_inline<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut Io<'_, T>,
     op: ReduceOp,
-    seq: u64,
+    (turn, total): (u64, usize),
+    off: usize,
     len: usize,
 ) -> Result<()> {
     let words = (len * std::mem::size_of::<T>()).div_ceil(8);
     // Zeroing 4 KiB of stack costs more than an 8-byte allreduce.
-    let mut small = [0u64; 8];
+    let mut small_acc = [0u64; 8];
     let mut big;
-    let acc: &mut [u64] = if words <= small.len() {
-        &mut small[..words]
+    let acc: &mut [u64] = if words <= small_acc.len() {
+        &mut small_acc[..words]
     } else {
         big = [0u64; INLINE_WORDS];
         &mut big[..words]
     };
     let sum: &mut [T] = &mut bytemuck::cast_slice_mut(acc)[..len];
-    let bytes = len * std::mem::size_of::<T>();
-    let inline = |j: usize| -> Result<&[T]> {
-        let raw = ctx.control.pages[j]
-            .slice(inline_at(seq), bytes)
-            .map_err(|e| Error::Io(format!("window control page: {e}")))?;
-        bytemuck::try_cast_slice(raw).map_err(|e| Error::Io(format!("window control page: {e:?}")))
-    };
-    let mut one = [0u64; 1];
     for j in 0..ctx.size {
+        let mut small = [0u64; 1];
         let x = if j == ctx.rank {
-            io.input(0, len)
-        } else if bytes <= 8 {
-            one[0] = word(&ctx.control.pages[j], entry(seq) + E_SMALL)?.load(Ordering::Relaxed);
-            &bytemuck::cast_slice(&one)[..len]
+            io.input(off, len)
         } else {
-            inline(j)?
+            peer_inline(ctx, j, turn, total, (off, len), &mut small)?
         };
         if j == 0 {
             sum.copy_from_slice(x);
@@ -434,6 +513,72 @@ fn reduce_inline<T: Element>(
     }
     io.output(0, len).copy_from_slice(sum);
     Ok(())
+}
+
+/// A small call, all in check-in `turn`: each rank puts its input (at most
+/// `INLINE_BYTES`; a broadcast's root only) on its page with its
+/// announcement, reads every peer's announcement, then takes what it needs
+/// from the peers' pages. Nobody touches another rank's buffers, so there
+/// is no completion wait: one exchange in all.
+fn run_inline<T: Element>(
+    ctx: &Ctx<'_>,
+    io: &mut Io<'_, T>,
+    call: &Call,
+    kind: CollKind,
+    in_len: usize,
+    turn: u64,
+    deadline: &Deadline,
+) -> Result<()> {
+    let fp = call.fingerprint;
+    let (rank, size) = (ctx.rank, ctx.size);
+    let root = fp.root as usize;
+    let count = fp.count as usize;
+    let publishes = match kind {
+        CollKind::Barrier => false,
+        CollKind::Broadcast => rank == root,
+        _ => true,
+    };
+    if publishes {
+        write_inline(ctx, turn, bytemuck::cast_slice(io.input(0, in_len)))?;
+    }
+    announce(ctx, turn, &fp, &Place::default())?;
+    for peer in (0..size).filter(|&p| p != rank) {
+        read_announcement(ctx, turn, peer, &fp, deadline, call)?;
+    }
+    let inputs = (turn, in_len);
+    // Copy peer `j`'s elements `from` (of its input) into `to` (of the
+    // output); this rank's own straight from input to output.
+    let take = |io: &mut Io<'_, T>, j: usize, from: (usize, usize), to: usize| -> Result<()> {
+        if j == rank {
+            let own = Step::local(Prim::Copy, Operand::Input, from.0, to, from.1);
+            io.copy_input_to_output(Store::Cached, &own);
+            return Ok(());
+        }
+        let mut small = [0u64; 1];
+        let x = peer_inline(ctx, j, turn, in_len, from, &mut small)?;
+        io.output(to, from.1).copy_from_slice(x);
+        Ok(())
+    };
+    match kind {
+        CollKind::AllReduce => reduce_inline(ctx, io, call.op, inputs, 0, count),
+        CollKind::Reduce if rank == root => reduce_inline(ctx, io, call.op, inputs, 0, count),
+        CollKind::ReduceScatter => reduce_inline(ctx, io, call.op, inputs, rank * count, count),
+        CollKind::AllGather => (0..size).try_for_each(|j| take(io, j, (0, count), j * count)),
+        CollKind::Broadcast => take(io, root, (0, count), 0),
+        CollKind::AllToAll => {
+            let block = count / size;
+            (0..size).try_for_each(|j| take(io, j, (rank * block, block), j * block))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Say on this rank's page that it has dropped its communicator: a peer
+/// waiting for it at a check-in ends with `PeerFailed` naming it.
+pub(crate) fn leave(control: &Control, rank: usize) {
+    if let Some(w) = control.pages.get(rank).and_then(|p| p.word(W_LEFT).ok()) {
+        w.store(1, Ordering::Release);
+    }
 }
 
 /// Wait for `ready`: spin, yield, then sleep; end on abort, at the
@@ -454,6 +599,7 @@ fn wait(
     } else {
         SPINS
     };
+    let left = word(&ctx.control.pages[peer], W_LEFT)?;
     let start = Instant::now();
     let mut last_liveness = start;
     let mut rounds: u32 = 0;
@@ -464,6 +610,13 @@ fn wait(
         if rounds >= spins || rounds % 32 == 0 {
             if ctx.abort.is_fired() {
                 return Err(Error::Aborted(None));
+            }
+            if left.load(Ordering::Acquire) != 0 && !ready() {
+                return Err(Error::PeerFailed {
+                    rank: peer,
+                    during: call.during(),
+                    reason: "it left the communicator (dropped it) before this call".into(),
+                });
             }
             let now = Instant::now();
             if now >= deadline.get() {

@@ -1,0 +1,276 @@
+//! The check-in on shared control pages for plain buffers: every collective
+//! with an input of at most 4 KiB runs inline in it (one exchange) on ranks
+//! of one host, larger ones go through slots; results against the f64
+//! reference, how many calls ran inline counted, the switch
+//! (FERROCCL_CHECKIN=0, a forced algorithm) honoured, and calls that differ
+//! between ranks caught as mismatches whichever way each rank sends them.
+
+mod common;
+
+use common::{check, input_value, make, reference, tolerance, SplitMix};
+use ferroccl::testing::run_ranks_with;
+use ferroccl::{Algorithm, Communicator, Config, Element, Error, ReduceOp};
+use std::time::Duration;
+
+const INLINE_BYTES: usize = 4096;
+
+fn quick(c: &mut Config) {
+    c.timeout = Duration::from_secs(20);
+}
+
+/// Every collective once at `count` (all reducing ops), against the
+/// reference; returns how many of the calls should have run inline.
+fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
+    let (rank, n, dt) = (comm.rank(), comm.size(), T::DTYPE);
+    let elem = std::mem::size_of::<T>();
+    let small = |elements: usize| u64::from(elements * elem <= INLINE_BYTES);
+    let mut inline = 0;
+    for op in ReduceOp::ALL {
+        let what = |name: &str| format!("{name} {dt} {op} n={n} count={count} rank={rank}");
+        let tol = |w: f64| tolerance(dt, op, w);
+        let want: Vec<f64> = (0..count).map(|i| reference(dt, op, n, i)).collect();
+        let input: Vec<T> = make(count, |i| input_value(dt, op, rank, n, i));
+
+        let mut out = vec![T::from_f64(-99.0); count];
+        comm.all_reduce(&input, &mut out, op).unwrap();
+        check(&what("all_reduce"), &out, |i| want[i], tol);
+        let mut buf = input.clone();
+        comm.all_reduce_in_place(&mut buf, op).unwrap();
+        check(&what("all_reduce_in_place"), &buf, |i| want[i], tol);
+        inline += 2 * small(count);
+
+        let big: Vec<T> = make(count * n, |i| input_value(dt, op, rank, n, i));
+        let want_block = |i: usize| reference(dt, op, n, rank * count + i);
+        let mut out = vec![T::from_f64(-99.0); count];
+        comm.reduce_scatter(&big, &mut out, op).unwrap();
+        check(&what("reduce_scatter"), &out, want_block, tol);
+        let mut buf = big;
+        comm.reduce_scatter_in_place(&mut buf, op).unwrap();
+        check(
+            &what("reduce_scatter_in_place"),
+            &buf[rank * count..(rank + 1) * count],
+            want_block,
+            tol,
+        );
+        inline += 2 * small(count * n);
+
+        let root = (count + 1) % n;
+        let mut out = vec![T::from_f64(-99.0); if rank == root { count } else { 0 }];
+        comm.reduce(&input, &mut out, op, root).unwrap();
+        let mut buf = input.clone();
+        comm.reduce_in_place(&mut buf, op, root).unwrap();
+        if rank == root {
+            check(&what("reduce"), &out, |i| want[i], tol);
+            check(&what("reduce_in_place"), &buf, |i| want[i], tol);
+        } else {
+            assert!(
+                buf == input,
+                "{}: a non-root buffer changed",
+                what("reduce")
+            );
+        }
+        inline += 2 * small(count);
+    }
+    let what = |name: &str| format!("{name} {dt} n={n} count={count} rank={rank}");
+    let tag = |r: usize, i: usize| ((r * 31 + i * 7) % 100) as f64;
+    let gathered = |j: usize| tag(j / count.max(1), j % count.max(1));
+    let mine: Vec<T> = make(count, |i| tag(rank, i));
+    let mut out = vec![T::from_f64(-1.0); count * n];
+    comm.all_gather(&mine, &mut out).unwrap();
+    check(&what("all_gather"), &out, gathered, |_| 0.0);
+    let mut buf = vec![T::from_f64(-1.0); count * n];
+    buf[rank * count..(rank + 1) * count].copy_from_slice(&mine);
+    comm.all_gather_in_place(&mut buf).unwrap();
+    check(&what("all_gather_in_place"), &buf, gathered, |_| 0.0);
+    inline += 2 * small(count);
+
+    let root = count % n;
+    let mut buf: Vec<T> = make(count, |i| tag(rank, i));
+    comm.broadcast(&mut buf, root).unwrap();
+    check(&what("broadcast"), &buf, |i| tag(root, i), |_| 0.0);
+    inline += small(count);
+
+    let send: Vec<T> = make(count * n, |j| tag(rank, j));
+    let mut recv = vec![T::from_f64(-1.0); count * n];
+    comm.all_to_all(&send, &mut recv).unwrap();
+    check(
+        &what("all_to_all"),
+        &recv,
+        |j| tag(j / count.max(1), rank * count + j % count.max(1)),
+        |_| 0.0,
+    );
+    inline += small(count * n);
+
+    comm.barrier().unwrap();
+    inline + 1
+}
+
+/// Counts around the 4 KiB limit for each collective's input.
+fn counts(n: usize, elem: usize) -> Vec<usize> {
+    let limit = INLINE_BYTES / elem;
+    let mut c = vec![0, 1, 3, limit / n, limit / n + 1, limit, limit + 1];
+    c.sort_unstable();
+    c.dedup();
+    c
+}
+
+fn run_matrix(n: usize, configure: impl Fn(&mut Config) + Sync, expect_inline: bool) {
+    let results = run_ranks_with(
+        n,
+        |c| {
+            quick(c);
+            configure(c);
+        },
+        |comm| {
+            let before = comm.direct_window_calls();
+            let mut want = 0;
+            for count in counts(n, 4) {
+                want += every_collective::<f32>(&comm, count);
+                want += every_collective::<i32>(&comm, count);
+            }
+            for count in counts(n, 8) {
+                want += every_collective::<f64>(&comm, count);
+            }
+            for count in counts(n, 1) {
+                want += every_collective::<u8>(&comm, count);
+            }
+            (comm.direct_window_calls() - before, want)
+        },
+    );
+    for (rank, (got, want)) in results.into_iter().enumerate() {
+        let want = if expect_inline && n > 1 { want } else { 0 };
+        assert_eq!(got, want, "rank {rank} of {n}: calls run inline");
+    }
+}
+
+#[test]
+fn small_calls_run_inline_and_large_ones_through_slots() {
+    for n in 1..=5 {
+        run_matrix(n, |_| {}, true);
+    }
+}
+
+#[test]
+fn checkin_off_or_a_forced_algorithm_sends_everything_through_slots() {
+    for n in [2, 3] {
+        run_matrix(n, |c| c.checkin = false, false);
+        run_matrix(n, |c| c.algorithm = Some(Algorithm::Ring), false);
+    }
+}
+
+#[test]
+fn checkin_is_off_where_memory_cannot_be_shared() {
+    run_matrix(2, |c| c.transport = Some("tcp".into()), false);
+}
+
+/// Rank 0 and rank 1 make different calls; both must fail, rank 0 with a
+/// mismatch naming rank 1 (found at the check-in) where `first_sees` says.
+fn differing_calls(
+    rank0: impl Fn(&Communicator) -> ferroccl::Result<()> + Sync,
+    rank1: impl Fn(&Communicator) -> ferroccl::Result<()> + Sync,
+) -> Vec<ferroccl::Result<()>> {
+    run_ranks_with(2, quick, |comm| {
+        // Some agreed calls first, so the check-in counters are not at 0.
+        let mut x = [comm.rank() as f32; 3];
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+        let mut y = vec![1f32; 10_000];
+        comm.all_reduce_in_place(&mut y, ReduceOp::Sum).unwrap();
+        if comm.rank() == 0 {
+            rank0(&comm)
+        } else {
+            rank1(&comm)
+        }
+    })
+}
+
+fn assert_mismatch(result: &ferroccl::Result<()>, rank: usize, peer: usize) {
+    match result {
+        Err(Error::Mismatch { peer: p, .. }) => assert_eq!(*p, peer, "rank {rank}: {result:?}"),
+        other => panic!("rank {rank}: expected a mismatch with rank {peer}, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_small_call_against_a_large_one_is_a_mismatch() {
+    // Rank 0 checks in (4 elements), rank 1 goes through slots (100000).
+    let results = differing_calls(
+        |comm| comm.all_reduce_in_place(&mut [1f32; 4], ReduceOp::Sum),
+        |comm| comm.all_reduce_in_place(&mut vec![1f32; 100_000], ReduceOp::Sum),
+    );
+    assert_mismatch(&results[0], 0, 1);
+    assert!(results[1].is_err(), "rank 1: {:?}", results[1]);
+}
+
+#[test]
+fn two_small_calls_that_differ_are_a_mismatch_on_both_ranks() {
+    let results = differing_calls(
+        |comm| comm.broadcast(&mut [1f32; 4], 0),
+        |comm| comm.all_reduce_in_place(&mut [1f32; 4], ReduceOp::Sum),
+    );
+    assert_mismatch(&results[0], 0, 1);
+    assert_mismatch(&results[1], 1, 0);
+}
+
+/// A long random sequence of collectives, small (inline) and large (slots)
+/// mixed, on 3 ranks, each result checked: the check-in counters and the
+/// slot sequence numbers stay in step however the two ways interleave.
+#[test]
+fn random_mixtures_of_inline_and_slot_calls_stay_in_step() {
+    let seed = 0x00C0_FFEE_u64;
+    run_ranks_with(3, quick, |comm| {
+        let (rank, n) = (comm.rank(), comm.size());
+        let mut rng = SplitMix(seed);
+        let op = ReduceOp::Sum;
+        let dt = f32::DTYPE;
+        for call in 0..300 {
+            let count = match rng.below(3) {
+                0 => rng.below(8) as usize,
+                1 => rng.below(1100) as usize,
+                _ => 1000 + rng.below(20_000) as usize,
+            };
+            let what = format!("call {call} (seed {seed:#x}) count={count} rank={rank}");
+            let want = |i: usize| reference(dt, op, n, i);
+            let tol = |w: f64| tolerance(dt, op, w);
+            match rng.below(4) {
+                0 => {
+                    let mut buf: Vec<f32> = make(count, |i| input_value(dt, op, rank, n, i));
+                    comm.all_reduce_in_place(&mut buf, op).unwrap();
+                    check(&format!("all_reduce {what}"), &buf, want, tol);
+                }
+                1 => {
+                    let root = call % n;
+                    let mut buf: Vec<f32> = make(count, |i| (rank * 1000 + i % 997) as f64);
+                    comm.broadcast(&mut buf, root).unwrap();
+                    check(
+                        &format!("broadcast {what}"),
+                        &buf,
+                        |i| (root * 1000 + i % 997) as f64,
+                        |_| 0.0,
+                    );
+                }
+                2 => {
+                    let mine: Vec<f32> = make(count, |i| (rank * 1000 + i % 997) as f64);
+                    let mut out = vec![-1f32; count * n];
+                    comm.all_gather(&mine, &mut out).unwrap();
+                    check(
+                        &format!("all_gather {what}"),
+                        &out,
+                        |j| ((j / count.max(1)) * 1000 + (j % count.max(1)) % 997) as f64,
+                        |_| 0.0,
+                    );
+                }
+                _ => {
+                    let big: Vec<f32> = make(count * n, |i| input_value(dt, op, rank, n, i));
+                    let mut out = vec![-99f32; count];
+                    comm.reduce_scatter(&big, &mut out, op).unwrap();
+                    check(
+                        &format!("reduce_scatter {what}"),
+                        &out,
+                        |i| reference(dt, op, n, rank * count + i),
+                        tol,
+                    );
+                }
+            }
+        }
+    });
+}
