@@ -887,10 +887,12 @@ impl Communicator {
             checkins: AtomicU64::new(0),
             windows: AtomicBool::new(false),
         }));
-        tracing::debug!(
+        tracing::info!(
             rank = inner.rank,
-            "control pages shared by {} ranks",
-            inner.size
+            "control pages shared by {} ranks: collectives of at most {} bytes run inline in \
+             the check-in",
+            inner.size,
+            exec::window::INLINE_BYTES
         );
         Ok(true)
     }

@@ -714,8 +714,8 @@ fn main() {
         links.join(" ")
     ));
     say(&format!(
-        "ferroccl-check: rank {rank}: {passed} checks passed ({} collective calls, {} directly \
-         between windows, {:.2} s)",
+        "ferroccl-check: rank {rank}: {passed} checks passed ({} collective calls checked, {} \
+         calls without slots, {:.2} s)",
         checker.calls,
         comm.direct_window_calls(),
         started.elapsed().as_secs_f64()
