@@ -14,7 +14,8 @@
 //! [16], `--lr` [0.01], `--mode` reducer | after-backward | none
 //! [reducer], `--bucket-mb` [25], `--first-bucket-mb` [1],
 //! `--prefix-chunk-mb` [off], `--hook` allreduce | fp16 | bf16
-//! [allreduce], `--no-rebuild`, `--accumulate` K (K-1 `no_sync`
+//! [allreduce], `--no-rebuild`, `--plain-buckets` (buckets in ordinary
+//! memory instead of windows), `--accumulate` K (K-1 `no_sync`
 //! micro-steps before each synchronised one) [1].
 //!
 //! Modes: `reducer` hands each layer's gradients over during backward;
@@ -25,7 +26,8 @@
 //! turns step by step on the same data (`--variants`, e.g.
 //! `none;after:25;red:1;red:25:4` for none, after-backward with 25 MiB
 //! buckets, the reducer with 1 MiB buckets, and with 25 MiB buckets and
-//! 4 MiB prefix chunks), and prints a markdown table: what
+//! 4 MiB prefix chunks; `/plain` after a variant gives it plain buckets
+//! instead of windows), and prints a markdown table: what
 //! `bench/ddp-bench.sh` runs.
 
 use ferroccl::ddp::{
@@ -52,14 +54,28 @@ struct VariantSpec {
     prefix_mb: Option<f64>,
     /// Cap of the first bucket, if not `--first-bucket-mb`.
     first_mb: Option<f64>,
+    /// Buckets as windows (`ReducerConfig::windows`, the default).
+    windows: bool,
 }
 
 /// `none`, `after:CAP`, `one` (the reducer with a single bucket: every
 /// gradient reduced in one collective once backward is done) or
-/// `red:CAP[:PREFIX]` (MiB), separated by `;`.
+/// `red:CAP[:PREFIX]` (MiB), separated by `;`. A `/plain` suffix gives the
+/// variant plain buckets instead of windows (`ReducerConfig::windows`).
 fn parse_variants(text: &str) -> Result<Vec<VariantSpec>, String> {
     text.split(';')
         .map(|v| {
+            let (v, windows) = match v.strip_suffix("/plain") {
+                Some(v) => (v, false),
+                None => (v, true),
+            };
+            let tag = |label: String| {
+                if windows {
+                    label
+                } else {
+                    format!("{label}, plain buckets")
+                }
+            };
             let parts: Vec<&str> = v.split(':').collect();
             let num = |i: usize| -> Result<Option<f64>, String> {
                 parts
@@ -75,15 +91,17 @@ fn parse_variants(text: &str) -> Result<Vec<VariantSpec>, String> {
                         bucket_mb: 25.0,
                         prefix_mb: None,
                         first_mb: None,
+                        windows,
                     })
                 }
                 "one" => {
                     return Ok(VariantSpec {
-                        label: "one bucket".into(),
+                        label: tag("one bucket".into()),
                         mode: Mode::Reducer,
                         bucket_mb: 1e6,
                         prefix_mb: None,
                         first_mb: Some(1e6),
+                        windows,
                     })
                 }
                 "after" => (Mode::AfterBackward, "after-backward".to_string()),
@@ -101,11 +119,12 @@ fn parse_variants(text: &str) -> Result<Vec<VariantSpec>, String> {
                 label
             };
             Ok(VariantSpec {
-                label,
+                label: tag(label),
                 mode,
                 bucket_mb,
                 prefix_mb,
                 first_mb: None,
+                windows,
             })
         })
         .collect()
@@ -129,6 +148,7 @@ struct Args {
     prefix_chunk_mb: Option<f64>,
     hook: String,
     rebuild: bool,
+    windows: bool,
     accumulate: usize,
     variants: Vec<VariantSpec>,
 }
@@ -149,6 +169,7 @@ fn parse_args() -> Result<Args, String> {
         prefix_chunk_mb: None,
         hook: "allreduce".into(),
         rebuild: true,
+        windows: true,
         accumulate: 1,
         variants: parse_variants(DEFAULT_VARIANTS)?,
     };
@@ -171,6 +192,7 @@ fn parse_args() -> Result<Args, String> {
             "--accumulate" => a.accumulate = (num(value()?)? as usize).max(1),
             "--hook" => a.hook = value()?,
             "--no-rebuild" => a.rebuild = false,
+            "--plain-buckets" => a.windows = false,
             "--variants" => a.variants = parse_variants(&value()?)?,
             "--mode" => {
                 a.mode = match value()?.as_str() {
@@ -364,12 +386,13 @@ fn run(args: &Args) -> ferroccl::Result<()> {
         .collect();
     let grad_bytes: usize = specs.iter().map(|s| s.len * 4).sum();
     let mib = |x: f64| (x * (1 << 20) as f64) as usize;
-    let config = |bucket_mb: f64, prefix_mb: Option<f64>, first_mb: Option<f64>| ReducerConfig {
-        bucket_cap_bytes: mib(bucket_mb),
-        first_bucket_cap_bytes: mib(first_mb.unwrap_or(args.first_bucket_mb)),
-        prefix_chunk_bytes: prefix_mb.map(mib),
+    let config = |v: &VariantSpec| ReducerConfig {
+        bucket_cap_bytes: mib(v.bucket_mb),
+        first_bucket_cap_bytes: mib(v.first_mb.unwrap_or(args.first_bucket_mb)),
+        prefix_chunk_bytes: v.prefix_mb.map(mib),
         rebuild_buckets: args.rebuild,
         find_unused_parameters: false,
+        windows: v.windows,
     };
     let hook = || -> ferroccl::Result<Box<dyn CommHook<f32>>> {
         Ok(match args.hook.as_str() {
@@ -394,18 +417,14 @@ fn run(args: &Args) -> ferroccl::Result<()> {
             bucket_mb: args.bucket_mb,
             prefix_mb: args.prefix_chunk_mb,
             first_mb: None,
+            windows: args.windows,
         }],
     };
     let mut variants = Vec::new();
     for v in specs_of_variants {
         let reducer = match v.mode {
             Mode::None => None,
-            _ => Some(Reducer::with_hook(
-                &comm,
-                &specs,
-                config(v.bucket_mb, v.prefix_mb, v.first_mb),
-                hook()?,
-            )?),
+            _ => Some(Reducer::with_hook(&comm, &specs, config(&v), hook()?)?),
         };
         variants.push((v, reducer, Vec::new()));
     }

@@ -5,7 +5,8 @@
 //! get one too instead of hanging.
 
 use ferroccl::ddp::{
-    Bf16CompressHook, CommHook, Fp16CompressHook, ParamSpec, PendingBucket, Reducer, ReducerConfig,
+    Bf16CompressHook, Bucket, CommHook, Fp16CompressHook, ParamSpec, PendingBucket, Reducer,
+    ReducerConfig,
 };
 use ferroccl::testing::{run_ranks, run_ranks_with};
 use ferroccl::{Communicator, Element, Error, ReduceOp};
@@ -486,6 +487,82 @@ fn n_ranks_match_one_process_with_rebuild() {
 }
 
 #[test]
+fn plain_buckets_match_one_process_too() {
+    // The default reducer allocates its buckets as windows; the same
+    // training with ordinary vectors for buckets.
+    for ranks in [2, 3] {
+        let config = ReducerConfig {
+            windows: false,
+            ..small_buckets()
+        };
+        check_equivalence::<f64>(ranks, plain(), config, || None, U_F64);
+    }
+}
+
+/// With buckets in windows, each bucket's allreduce runs directly between
+/// the ranks' buckets (counted by the communicator); with plain buckets
+/// through slots. Both give the average, computed here independently.
+#[test]
+fn buckets_in_windows_reduce_directly() {
+    // Three parameters of 3000 f64 (24 KB, more than a check-in carries
+    // inline), in buckets of at most 2 parameters.
+    let lens = [3000usize, 3000, 3000];
+    let specs: Vec<ParamSpec> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| ParamSpec::new(format!("p{i}"), l))
+        .collect();
+    let value = |rank: usize, p: usize, i: usize| ((rank + 1) * (p + 2) + i % 17) as f64;
+    let results = run_ranks(3, |comm| {
+        let n = comm.size();
+        let mut calls = Vec::new();
+        for windows in [true, false] {
+            let config = ReducerConfig {
+                first_bucket_cap_bytes: 48_000,
+                bucket_cap_bytes: 48_000,
+                rebuild_buckets: false,
+                windows,
+                ..ReducerConfig::default()
+            };
+            let mut reducer = Reducer::<f64>::new(&comm, &specs, config).unwrap();
+            let before = comm.direct_window_calls();
+            for p in (0..lens.len()).rev() {
+                let g: Vec<f64> = (0..lens[p]).map(|i| value(comm.rank(), p, i)).collect();
+                reducer.mark_ready(p, &g).unwrap();
+            }
+            reducer.finish().unwrap();
+            calls.push((
+                comm.direct_window_calls() - before,
+                reducer.bucket_layout().len() as u64,
+            ));
+            for (p, &len) in lens.iter().enumerate() {
+                let got = reducer.grad(p).unwrap();
+                assert_eq!(got.len(), len);
+                for (i, &g) in got.iter().enumerate() {
+                    let want = (0..n).map(|r| value(r, p, i)).sum::<f64>() / n as f64;
+                    assert!(
+                        (g - want).abs() <= 1e-12 * want.abs(),
+                        "windows {windows}: parameter {p} element {i} is {g}, expected {want}"
+                    );
+                }
+            }
+        }
+        calls
+    });
+    for (rank, calls) in results.into_iter().enumerate() {
+        let [(with_windows, buckets), (plain, _)] = calls[..] else {
+            unreachable!()
+        };
+        assert_eq!(buckets, 2, "rank {rank}: two buckets");
+        assert_eq!(
+            with_windows,
+            plain + buckets,
+            "rank {rank}: every bucket in a window is reduced directly"
+        );
+    }
+}
+
+#[test]
 fn f32_gradients_match_within_f32_rounding() {
     for ranks in [2, 3, 4] {
         check_equivalence::<f32>(ranks, plain(), small_buckets(), || None, U_F32);
@@ -560,11 +637,11 @@ impl CommHook<f64> for SumThenDivide {
     fn launch(
         &self,
         comm: &Communicator,
-        bucket: Vec<f64>,
+        bucket: Bucket<f64>,
     ) -> ferroccl::Result<PendingBucket<f64>> {
         let n = comm.size() as f64;
         let work = comm.all_reduce_async(bucket, ReduceOp::Sum)?;
-        Ok(PendingBucket::then(work, move |mut b: Vec<f64>| {
+        Ok(PendingBucket::then(work, move |mut b: Bucket<f64>| {
             b.iter_mut().for_each(|v| *v /= n);
             Ok(b)
         }))
@@ -1036,7 +1113,7 @@ impl CommHook<f32> for FailsOnRank {
     fn launch(
         &self,
         comm: &Communicator,
-        bucket: Vec<f32>,
+        bucket: Bucket<f32>,
     ) -> ferroccl::Result<PendingBucket<f32>> {
         if comm.rank() == self.0 {
             return Err(Error::InvalidArgument("hook refused".into()));

@@ -36,7 +36,9 @@ mod hook;
 mod layout;
 mod reducer;
 
-pub use hook::{AllReduceHook, Bf16CompressHook, CommHook, Fp16CompressHook, PendingBucket};
+pub use hook::{
+    AllReduceHook, Bf16CompressHook, Bucket, CommHook, Fp16CompressHook, PendingBucket,
+};
 pub use reducer::Reducer;
 
 use crate::{Communicator, Element, Result};
@@ -88,6 +90,11 @@ pub struct ReducerConfig {
     /// (zero gradient) instead of failing (PyTorch
     /// `find_unused_parameters`).
     pub find_unused_parameters: bool,
+    /// Allocate the buckets as windows ([`Communicator::alloc_window`]):
+    /// where the ranks share a host, each bucket's allreduce then reads and
+    /// writes the peers' buckets directly, each byte copied once; elsewhere
+    /// the windows are private memory and nothing changes.
+    pub windows: bool,
 }
 
 impl Default for ReducerConfig {
@@ -98,6 +105,7 @@ impl Default for ReducerConfig {
             prefix_chunk_bytes: None,
             rebuild_buckets: true,
             find_unused_parameters: false,
+            windows: true,
         }
     }
 }

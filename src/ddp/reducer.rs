@@ -11,7 +11,7 @@
 //! return an error for the step instead of waiting on a bucket that never
 //! comes.
 
-use super::hook::{AllReduceHook, CommHook, PendingBucket};
+use super::hook::{AllReduceHook, Bucket, CommHook, PendingBucket};
 use super::layout::{is_permutation, Layout};
 use super::{ParamSpec, ReducerConfig};
 use crate::{Communicator, Element, Error, ReduceOp, Result};
@@ -51,8 +51,8 @@ impl Fault {
 
 /// A chunk's buffer: here between steps, or lent to a hook while its
 /// collective runs.
-enum ChunkState<T> {
-    Idle(Vec<T>),
+enum ChunkState<T: Element> {
+    Idle(Bucket<T>),
     InFlight(PendingBucket<T>),
 }
 
@@ -172,7 +172,7 @@ impl<'c, T: Element> Reducer<'c, T> {
             grads_valid: false,
             globally_unused: Vec::new(),
         };
-        reducer.apply_layout(&order, false);
+        reducer.apply_layout(&order, false)?;
         Ok(reducer)
     }
 
@@ -450,7 +450,7 @@ impl<'c, T: Element> Reducer<'c, T> {
         }
         while self.next_launch < self.chunks.len() && self.pending[self.next_launch] == 0 {
             let c = self.next_launch;
-            let placeholder = ChunkState::Idle(Vec::new());
+            let placeholder = ChunkState::Idle(Vec::new().into());
             let buf = match std::mem::replace(&mut self.chunks[c], placeholder) {
                 ChunkState::Idle(buf) => buf,
                 ChunkState::InFlight(_) => unreachable!("chunk {c} launched twice"),
@@ -463,7 +463,7 @@ impl<'c, T: Element> Reducer<'c, T> {
                     // collectives is broken; the others learn it from the
                     // communicator, at worst by its timeout).
                     self.chunks[c] =
-                        ChunkState::Idle(vec![T::from_f64(0.0); self.layout.chunks[c].len]);
+                        ChunkState::Idle(vec![T::from_f64(0.0); self.layout.chunks[c].len].into());
                     self.launch_error = Some(e.clone());
                     return Err(e);
                 }
@@ -479,7 +479,7 @@ impl<'c, T: Element> Reducer<'c, T> {
     fn wait_all(&mut self) -> Result<()> {
         let mut first_err = None;
         for c in 0..self.chunks.len() {
-            let state = std::mem::replace(&mut self.chunks[c], ChunkState::Idle(Vec::new()));
+            let state = std::mem::replace(&mut self.chunks[c], ChunkState::Idle(Vec::new().into()));
             let buf = match state {
                 ChunkState::Idle(buf) => buf,
                 ChunkState::InFlight(pending) => match pending.wait() {
@@ -491,11 +491,11 @@ impl<'c, T: Element> Reducer<'c, T> {
                             buf.len(),
                             self.layout.chunks[c].len
                         )));
-                        vec![T::from_f64(0.0); self.layout.chunks[c].len]
+                        vec![T::from_f64(0.0); self.layout.chunks[c].len].into()
                     }
                     Err(e) => {
                         first_err.get_or_insert(e);
-                        vec![T::from_f64(0.0); self.layout.chunks[c].len]
+                        vec![T::from_f64(0.0); self.layout.chunks[c].len].into()
                     }
                 },
             };
@@ -571,7 +571,7 @@ impl<'c, T: Element> Reducer<'c, T> {
         ))
     }
 
-    fn idle_buf(&mut self, chunk: usize) -> &mut Vec<T> {
+    fn idle_buf(&mut self, chunk: usize) -> &mut Bucket<T> {
         match &mut self.chunks[chunk] {
             ChunkState::Idle(buf) => buf,
             // A chunk launches only once all its parameters are marked, and
@@ -600,14 +600,15 @@ impl<'c, T: Element> Reducer<'c, T> {
                 "ddp: rank 0 sent a bucket order that is not a permutation of {n} parameters"
             )));
         }
-        self.apply_layout(&order, true);
+        self.apply_layout(&order, true)?;
         self.rebuilt = true;
         Ok(())
     }
 
     /// Switch to the layout for `order`, carrying the current gradients over
-    /// when `keep` is set.
-    fn apply_layout(&mut self, order: &[usize], keep: bool) {
+    /// when `keep` is set. With `ReducerConfig::windows` the new buckets
+    /// are windows (a collective, here at the same point on every rank).
+    fn apply_layout(&mut self, order: &[usize], keep: bool) -> Result<()> {
         let lens: Vec<usize> = self.specs.iter().map(|s| s.len).collect();
         let layout = Layout::build(
             &lens,
@@ -617,11 +618,17 @@ impl<'c, T: Element> Reducer<'c, T> {
             self.config.bucket_cap_bytes,
             self.config.prefix_chunk_bytes,
         );
-        let mut chunks: Vec<Vec<T>> = layout
+        let mut chunks: Vec<Bucket<T>> = layout
             .chunks
             .iter()
-            .map(|c| vec![T::from_f64(0.0); c.len])
-            .collect();
+            .map(|c| -> Result<Bucket<T>> {
+                Ok(if self.config.windows {
+                    Bucket::from_window(self.comm.alloc_window(c.len)?)
+                } else {
+                    vec![T::from_f64(0.0); c.len].into()
+                })
+            })
+            .collect::<Result<_>>()?;
         if keep {
             for (p, len) in lens.iter().enumerate() {
                 let (old, new) = (self.layout.slots[p], layout.slots[p]);
@@ -635,6 +642,7 @@ impl<'c, T: Element> Reducer<'c, T> {
         self.layout = layout;
         self.pending = self.layout.chunks.iter().map(|c| c.params.len()).collect();
         self.next_launch = 0;
+        Ok(())
     }
 }
 
@@ -660,6 +668,7 @@ fn agree_on_model(
     h.write_u64(config.prefix_chunk_bytes.map_or(0, |c| c as u64 + 1));
     h.write_u64(u64::from(config.rebuild_buckets));
     h.write_u64(u64::from(config.find_unused_parameters));
+    h.write_u64(u64::from(config.windows));
     let mine = [h.0];
     let mut all = vec![0u64; comm.size()];
     comm.all_gather(&mine, &mut all)?;
