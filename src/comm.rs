@@ -702,70 +702,20 @@ impl Communicator {
         if !self.create_control()? {
             return Ok(Window::private(len));
         }
-        let dir = self.shm_dir();
-        let name =
-            |id: u64, rank: usize| window::region_name(inner.config.token, inner.comm_id, id, rank);
-        // 1. Every rank creates its part; all agree that every rank could.
-        let created = match Region::create(&dir, &name(id, inner.rank), bytes) {
-            Ok(own) => Some(own),
-            Err(e) => {
-                tracing::info!(
-                    rank = inner.rank,
-                    "alloc_window: cannot create a shared part in {}: {e}; the window is private",
-                    dir.display()
-                );
-                None
-            }
-        };
-        // Every rank's files of this window (names are unique to the job,
-        // the communicator and the window): removed by each survivor of a
-        // failed set-up, and by every rank once all have mapped them, since
-        // a rank may die before it unlinks its own.
-        let sweep = || {
-            for r in 0..inner.size {
-                let _ = std::fs::remove_file(dir.join(name(id, r)));
-            }
-        };
-        let all_created = match self.agree_all(created.is_some()) {
-            Ok(all) => all,
-            Err(e) => {
-                sweep();
-                return Err(e);
-            }
-        };
-        let own = match created {
-            Some(own) if all_created => own,
-            Some(own) => {
-                let _ = own.unlink();
-                return Ok(Window::private(len));
-            }
-            None => return Ok(Window::private(len)),
-        };
-        // 2. Every rank maps every peer's part; then the files go.
-        let opened = (0..inner.size)
-            .map(|r| {
+        let shared = self.share_regions(
+            &format!("alloc_window: window {id}"),
+            id,
+            |dir, name| Region::create(dir, name, bytes),
+            // This rank's own part is reached through the window itself.
+            |r, dir, name| {
                 (r != inner.rank)
-                    .then(|| Region::open(&dir, &name(id, r)))
+                    .then(|| Region::open(dir, name))
                     .transpose()
-            })
-            .collect::<std::io::Result<Vec<_>>>();
-        if let Err(e) = &opened {
-            tracing::info!(
-                rank = inner.rank,
-                "alloc_window: cannot map a peer's part: {e}; the window is private"
-            );
-        }
-        let agreed = self.agree_all(opened.is_ok());
-        // Every rank has mapped every part, or given up: the files go. Each
-        // rank removes all of them, not only its own, so that a rank killed
-        // right after this agreement leaves nothing behind either.
-        sweep();
-        match agreed {
-            Err(e) => return Err(e),
-            Ok(false) => return Ok(Window::private(len)),
-            Ok(true) => {}
-        }
-        let parts = opened.map_err(|e| Error::Io(e.to_string()))?;
+            },
+        )?;
+        let Some((own, parts)) = shared else {
+            return Ok(Window::private(len));
+        };
         let maps = Arc::new(WindowMaps {
             id,
             own_addr: own.addr(),
@@ -784,53 +734,52 @@ impl Communicator {
         Ok(Window::shared(own, len, maps))
     }
 
-    /// The directory of shared-memory files (FERROCCL_SHM_DIR).
-    fn shm_dir(&self) -> std::path::PathBuf {
-        self.inner
+    /// Whether the ranks can share memory at all: more than one, on one
+    /// host, TCP not forced (the same answer on every rank).
+    fn can_share(&self) -> bool {
+        let inner = &self.inner;
+        inner.size > 1
+            && inner.config.transport.as_deref() != Some("tcp")
+            && lock(&inner.links).one_host()
+    }
+
+    /// The set-up of memory every rank maps (a collective; control pages
+    /// are region 0, windows count from 1): each rank creates its file of
+    /// region `id` under FERROCCL_SHM_DIR with `create`, all agree that
+    /// every rank could, each maps every rank's file with `open`, all agree
+    /// again, and every rank removes every rank's file (the names are
+    /// unique to the job, the communicator and the region), so that a rank
+    /// killed after the agreement leaves nothing; after a failed set-up the
+    /// survivors remove them too. `Ok(None)` where some rank could not
+    /// (the caller falls back to private memory); an error only when the
+    /// agreement itself fails.
+    fn share_regions<P>(
+        &self,
+        what: &str,
+        id: u64,
+        create: impl FnOnce(&std::path::Path, &str) -> std::io::Result<Region>,
+        open: impl Fn(usize, &std::path::Path, &str) -> std::io::Result<P>,
+    ) -> Result<Option<(Region, Vec<P>)>> {
+        let inner = &self.inner;
+        let dir = inner
             .config
             .shm_dir
             .clone()
-            .unwrap_or_else(|| std::path::PathBuf::from(ferroccl_shm::DEFAULT_DIR))
-    }
-
-    /// Give every rank the control pages of all (a collective), unless it
-    /// has them: each rank creates its page, all agree, each maps every
-    /// page, all agree again, and the files go. `Ok(false)` where the ranks
-    /// cannot share memory (several hosts, FERROCCL_TRANSPORT=tcp, one
-    /// rank, a rank that could not create or map a page): the communicator
-    /// then runs every call through slots.
-    fn create_control(&self) -> Result<bool> {
-        let inner = &self.inner;
-        if inner.control.get().is_some() {
-            return Ok(true);
-        }
-        let can_share = inner.size > 1
-            && inner.config.transport.as_deref() != Some("tcp")
-            && lock(&inner.links).one_host();
-        if !can_share {
-            return Ok(false);
-        }
-        let dir = self.shm_dir();
-        let name = |rank: usize| window::region_name(inner.config.token, inner.comm_id, 0, rank);
-        let created = (|| -> std::io::Result<Region> {
-            let page = Region::create(&dir, &name(inner.rank), window::CONTROL_BYTES)?;
-            let word = |i: usize| page.word(i).map_err(std::io::Error::other);
-            word(exec::window::W_PID)?.store(u64::from(std::process::id()), Ordering::Relaxed);
-            word(exec::window::W_MAGIC)?.store(exec::window::CONTROL_MAGIC, Ordering::Release);
-            Ok(page)
-        })();
-        if let Err(e) = &created {
-            tracing::info!(
-                rank = inner.rank,
-                "cannot create a control page in {}: {e}; every call goes through slots",
-                dir.display()
-            );
-        }
+            .unwrap_or_else(|| std::path::PathBuf::from(ferroccl_shm::DEFAULT_DIR));
+        let name = |rank: usize| window::region_name(inner.config.token, inner.comm_id, id, rank);
         let sweep = || {
             for r in 0..inner.size {
                 let _ = std::fs::remove_file(dir.join(name(r)));
             }
         };
+        let created = create(&dir, &name(inner.rank));
+        if let Err(e) = &created {
+            tracing::info!(
+                rank = inner.rank,
+                "{what}: cannot create this rank's part in {}: {e}; private memory instead",
+                dir.display()
+            );
+        }
         let all_created = match self.agree_all(created.is_ok()) {
             Ok(all) => all,
             Err(e) => {
@@ -842,36 +791,64 @@ impl Communicator {
             Ok(own) if all_created => own,
             Ok(own) => {
                 let _ = own.unlink();
-                return Ok(false);
+                return Ok(None);
             }
-            Err(_) => return Ok(false),
+            Err(_) => return Ok(None),
         };
         let opened = (0..inner.size)
-            .map(|r| {
-                let page = Region::open(&dir, &name(r))?;
-                let magic = page.word(exec::window::W_MAGIC)?.load(Ordering::Acquire);
-                if page.len() < window::CONTROL_BYTES || magic != exec::window::CONTROL_MAGIC {
-                    return Err(std::io::Error::other(format!(
-                        "{} is not a control page of this version",
-                        page.path().display()
-                    )));
-                }
-                Ok(page)
-            })
-            .collect::<std::io::Result<Vec<_>>>();
+            .map(|r| open(r, &dir, &name(r)))
+            .collect::<std::io::Result<Vec<P>>>();
         if let Err(e) = &opened {
             tracing::info!(
                 rank = inner.rank,
-                "cannot map a peer's control page: {e}; every call goes through slots"
+                "{what}: cannot map a peer's part: {e}; private memory instead"
             );
         }
         let agreed = self.agree_all(opened.is_ok());
-        // As for windows: every rank removes every page's file.
+        // Every rank has mapped every part, or given up: the files go.
         sweep();
         if !agreed? {
+            return Ok(None);
+        }
+        let parts = opened.map_err(|e| Error::Io(e.to_string()))?;
+        Ok(Some((own, parts)))
+    }
+
+    /// Give every rank the control pages of all (a collective), unless it
+    /// has them (`share_regions`, with a magic word and the process id on
+    /// each page). `Ok(false)` where the ranks cannot share memory (several
+    /// hosts, FERROCCL_TRANSPORT=tcp, one rank, a rank that could not
+    /// create or map a page): the communicator then runs every call
+    /// through slots.
+    fn create_control(&self) -> Result<bool> {
+        let inner = &self.inner;
+        if inner.control.get().is_some() {
+            return Ok(true);
+        }
+        if !self.can_share() {
             return Ok(false);
         }
-        let pages = opened.map_err(|e| Error::Io(e.to_string()))?;
+        let create = |dir: &std::path::Path, name: &str| {
+            let page = Region::create(dir, name, window::CONTROL_BYTES)?;
+            let word = |i: usize| page.word(i).map_err(std::io::Error::other);
+            word(exec::window::W_PID)?.store(u64::from(std::process::id()), Ordering::Relaxed);
+            word(exec::window::W_MAGIC)?.store(exec::window::CONTROL_MAGIC, Ordering::Release);
+            Ok(page)
+        };
+        let open = |_: usize, dir: &std::path::Path, name: &str| {
+            let page = Region::open(dir, name)?;
+            let magic = page.word(exec::window::W_MAGIC)?.load(Ordering::Acquire);
+            if page.len() < window::CONTROL_BYTES || magic != exec::window::CONTROL_MAGIC {
+                return Err(std::io::Error::other(format!(
+                    "{} is not a control page of this version",
+                    page.path().display()
+                )));
+            }
+            Ok(page)
+        };
+        let Some((own, pages)) = self.share_regions("control pages", 0, create, open)? else {
+            return Ok(false);
+        };
         let pids = pages
             .iter()
             .map(|p| {

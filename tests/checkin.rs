@@ -7,7 +7,10 @@
 
 mod common;
 
-use common::{check, input_value, make, reference, tolerance, SplitMix};
+use common::{
+    check, check_moving_collectives, check_reduce_scatter, input_value, make, reference, tolerance,
+    SplitMix,
+};
 use ferroccl::testing::run_ranks_with;
 use ferroccl::{Algorithm, Communicator, Config, Element, Error, ReduceOp};
 use std::time::Duration;
@@ -39,19 +42,7 @@ fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
         check(&what("all_reduce_in_place"), &buf, |i| want[i], tol);
         inline += 2 * small(count);
 
-        let big: Vec<T> = make(count * n, |i| input_value(dt, op, rank, n, i));
-        let want_block = |i: usize| reference(dt, op, n, rank * count + i);
-        let mut out = vec![T::from_f64(-99.0); count];
-        comm.reduce_scatter(&big, &mut out, op).unwrap();
-        check(&what("reduce_scatter"), &out, want_block, tol);
-        let mut buf = big;
-        comm.reduce_scatter_in_place(&mut buf, op).unwrap();
-        check(
-            &what("reduce_scatter_in_place"),
-            &buf[rank * count..(rank + 1) * count],
-            want_block,
-            tol,
-        );
+        check_reduce_scatter::<T>(comm, count, op, tol, &what);
         inline += 2 * small(count * n);
 
         let root = (count + 1) % n;
@@ -72,34 +63,9 @@ fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
         inline += 2 * small(count);
     }
     let what = |name: &str| format!("{name} {dt} n={n} count={count} rank={rank}");
-    let tag = |r: usize, i: usize| ((r * 31 + i * 7) % 100) as f64;
-    let gathered = |j: usize| tag(j / count.max(1), j % count.max(1));
-    let mine: Vec<T> = make(count, |i| tag(rank, i));
-    let mut out = vec![T::from_f64(-1.0); count * n];
-    comm.all_gather(&mine, &mut out).unwrap();
-    check(&what("all_gather"), &out, gathered, |_| 0.0);
-    let mut buf = vec![T::from_f64(-1.0); count * n];
-    buf[rank * count..(rank + 1) * count].copy_from_slice(&mine);
-    comm.all_gather_in_place(&mut buf).unwrap();
-    check(&what("all_gather_in_place"), &buf, gathered, |_| 0.0);
-    inline += 2 * small(count);
-
-    let root = count % n;
-    let mut buf: Vec<T> = make(count, |i| tag(rank, i));
-    comm.broadcast(&mut buf, root).unwrap();
-    check(&what("broadcast"), &buf, |i| tag(root, i), |_| 0.0);
-    inline += small(count);
-
-    let send: Vec<T> = make(count * n, |j| tag(rank, j));
-    let mut recv = vec![T::from_f64(-1.0); count * n];
-    comm.all_to_all(&send, &mut recv).unwrap();
-    check(
-        &what("all_to_all"),
-        &recv,
-        |j| tag(j / count.max(1), rank * count + j % count.max(1)),
-        |_| 0.0,
-    );
-    inline += small(count * n);
+    check_moving_collectives::<T>(comm, count, &what);
+    // all_gather twice and broadcast at `count`, all_to_all at `count * n`.
+    inline += 3 * small(count) + small(count * n);
 
     comm.barrier().unwrap();
     inline + 1

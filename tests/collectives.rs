@@ -12,7 +12,10 @@
 
 mod common;
 
-use common::{check, check_reduce, input_value, make, reference, tolerance};
+use common::{
+    check, check_moving_collectives, check_reduce, check_reduce_scatter, input_value, make,
+    reference, tag, tolerance,
+};
 use ferroccl::testing::run_ranks_with;
 use ferroccl::{Algorithm, Communicator, Element, ReduceOp};
 use half::{bf16, f16};
@@ -35,11 +38,7 @@ fn reducing<T: Element>(comm: &Communicator, count: usize) {
         // References computed once, independently of the library, and
         // shared by every check of this (type, op, count).
         let want: Vec<f64> = (0..count).map(|i| reference(dt, op, n, i)).collect();
-        let want_block: Vec<f64> = (0..count)
-            .map(|i| reference(dt, op, n, rank * count + i))
-            .collect();
         let want = |i: usize| want[i];
-        let want_block = |i: usize| want_block[i];
         let input: Vec<T> = make(count, |i| input_value(dt, op, rank, n, i));
 
         // all_reduce, out of place and in place.
@@ -50,19 +49,7 @@ fn reducing<T: Element>(comm: &Communicator, count: usize) {
         comm.all_reduce_in_place(&mut buf, op).unwrap();
         check(&what("all_reduce_in_place"), &buf, want, tol);
 
-        // reduce_scatter: block j of the input holds elements j*count..
-        let big: Vec<T> = make(count * n, |i| input_value(dt, op, rank, n, i));
-        let mut out = vec![T::from_f64(-99.0); count];
-        comm.reduce_scatter(&big, &mut out, op).unwrap();
-        check(&what("reduce_scatter"), &out, want_block, tol);
-        let mut buf = big;
-        comm.reduce_scatter_in_place(&mut buf, op).unwrap();
-        check(
-            &what("reduce_scatter_in_place"),
-            &buf[rank * count..(rank + 1) * count],
-            want_block,
-            tol,
-        );
+        check_reduce_scatter::<T>(comm, count, op, tol, &what);
 
         // reduce, to a root that moves with the count.
         check_reduce(comm, &input, op, (count + 1) % n, want, tol, &what);
@@ -73,44 +60,9 @@ fn moving<T: Element>(comm: &Communicator, count: usize) {
     let (rank, n, dt) = (comm.rank(), comm.size(), T::DTYPE);
     let what = |name: &str| format!("{name} {dt} n={n} count={count} rank={rank}");
     let exact = |_: f64| 0.0;
-    // A value that identifies (rank, i) and is exact in every type.
-    let tag = |r: usize, i: usize| ((r * 31 + i * 7) % 100) as f64;
+    check_moving_collectives::<T>(comm, count, &what);
 
     let mine: Vec<T> = make(count, |i| tag(rank, i));
-    let mut out = vec![T::from_f64(-1.0); count * n];
-    comm.all_gather(&mine, &mut out).unwrap();
-    check(
-        &what("all_gather"),
-        &out,
-        |j| tag(j / count.max(1), j % count.max(1)),
-        exact,
-    );
-    let mut buf = vec![T::from_f64(-1.0); count * n];
-    buf[rank * count..(rank + 1) * count].copy_from_slice(&mine);
-    comm.all_gather_in_place(&mut buf).unwrap();
-    check(
-        &what("all_gather_in_place"),
-        &buf,
-        |j| tag(j / count.max(1), j % count.max(1)),
-        exact,
-    );
-
-    let root = count % n;
-    let mut buf: Vec<T> = make(count, |i| tag(rank, i));
-    comm.broadcast(&mut buf, root).unwrap();
-    check(&what("broadcast"), &buf, |i| tag(root, i), exact);
-
-    // all_to_all: block j of rank r's input is tagged (r, j*count + i).
-    let send: Vec<T> = make(count * n, |j| tag(rank, j));
-    let mut recv = vec![T::from_f64(-1.0); count * n];
-    comm.all_to_all(&send, &mut recv).unwrap();
-    check(
-        &what("all_to_all"),
-        &recv,
-        |j| tag(j / count.max(1), rank * count + j % count.max(1)),
-        exact,
-    );
-
     // send/recv between pairs (0,1), (2,3), ...; an odd last rank sits out.
     let partner = rank ^ 1;
     if partner < n {

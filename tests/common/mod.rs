@@ -109,6 +109,74 @@ pub fn check<T: Element>(
     }
 }
 
+/// Reduce-scatter `count` elements per rank of the reference inputs, out of
+/// place and in place: this rank's block must match the reference.
+pub fn check_reduce_scatter<T: Element>(
+    comm: &Communicator,
+    count: usize,
+    op: ReduceOp,
+    tol: impl Fn(f64) -> f64 + Copy,
+    what: &dyn Fn(&str) -> String,
+) {
+    let (rank, n, dt) = (comm.rank(), comm.size(), T::DTYPE);
+    // Block j of the input holds elements j*count..
+    let big: Vec<T> = make(count * n, |i| input_value(dt, op, rank, n, i));
+    let want_block = |i: usize| reference(dt, op, n, rank * count + i);
+    let mut out = vec![T::from_f64(-99.0); count];
+    comm.reduce_scatter(&big, &mut out, op).unwrap();
+    check(&what("reduce_scatter"), &out, want_block, tol);
+    let mut buf = big;
+    comm.reduce_scatter_in_place(&mut buf, op).unwrap();
+    check(
+        &what("reduce_scatter_in_place"),
+        &buf[rank * count..(rank + 1) * count],
+        want_block,
+        tol,
+    );
+}
+
+/// A value that identifies (rank, i) and is exact in every type.
+pub fn tag(r: usize, i: usize) -> f64 {
+    ((r * 31 + i * 7) % 100) as f64
+}
+
+/// The collectives that move data without reducing it, at `count`
+/// elements per rank: all_gather out of place and in place, broadcast from
+/// rank `count % size`, all_to_all; every result exact.
+pub fn check_moving_collectives<T: Element>(
+    comm: &Communicator,
+    count: usize,
+    what: &dyn Fn(&str) -> String,
+) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let exact = |_: f64| 0.0;
+    let gathered = |j: usize| tag(j / count.max(1), j % count.max(1));
+    let mine: Vec<T> = make(count, |i| tag(rank, i));
+    let mut out = vec![T::from_f64(-1.0); count * n];
+    comm.all_gather(&mine, &mut out).unwrap();
+    check(&what("all_gather"), &out, gathered, exact);
+    let mut buf = vec![T::from_f64(-1.0); count * n];
+    buf[rank * count..(rank + 1) * count].copy_from_slice(&mine);
+    comm.all_gather_in_place(&mut buf).unwrap();
+    check(&what("all_gather_in_place"), &buf, gathered, exact);
+
+    let root = count % n;
+    let mut buf: Vec<T> = make(count, |i| tag(rank, i));
+    comm.broadcast(&mut buf, root).unwrap();
+    check(&what("broadcast"), &buf, |i| tag(root, i), exact);
+
+    // all_to_all: block j of rank r's input is tagged (r, j*count + i).
+    let send: Vec<T> = make(count * n, |j| tag(rank, j));
+    let mut recv = vec![T::from_f64(-1.0); count * n];
+    comm.all_to_all(&send, &mut recv).unwrap();
+    check(
+        &what("all_to_all"),
+        &recv,
+        |j| tag(j / count.max(1), rank * count + j % count.max(1)),
+        exact,
+    );
+}
+
 /// Reduce `input` to `root`, out of place and in place: the root's result
 /// must match `want`, and an in-place buffer on any other rank must be left
 /// as it was.
