@@ -8,7 +8,7 @@
 //! started writing its output: in place, the caller runs these schedules on
 //! a copy of the input (`coll::all_reduce` says so in its plan).
 //!
-//! Pipelining follows [`super::Timeline`]: slice `s` is sent at tick `s`
+//! Pipelining follows `Timeline` (algo/mod.rs): slice `s` is sent at tick `s`
 //! and received at tick `s + 1`.
 
 use super::ring::RingParams;
@@ -74,7 +74,7 @@ pub fn one_shot(p: RingParams, count: usize) -> Schedule {
 /// Per tick `t`: receive the allgather frames of slice `t - 2`, reduce the
 /// frames of slice `t - 1`, send its result, send the pieces of slice `t`.
 /// Each link then carries two frames per tick, and each kind's receiver
-/// runs at priority two below its sender (see [`super::Timeline`]).
+/// runs at priority two below its sender (see `Timeline` (algo/mod.rs)).
 pub fn two_shot(p: RingParams, count: usize) -> Schedule {
     let n = p.size;
     let piece = |j: usize| partition(count, n, j);

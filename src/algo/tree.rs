@@ -46,7 +46,7 @@
 //! priority: down steps by falling depth (`-d`), then up steps by rising
 //! depth (`+d`), the root's (0) between. A frame's receiver then always has
 //! priority one less than its sender, which keeps the schedule free of
-//! deadlock over two-slot links (see [`super::Timeline`]) even on links
+//! deadlock over two-slot links (see `Timeline` (algo/mod.rs)) even on links
 //! that both trees use.
 
 use super::ring::RingParams;

@@ -59,8 +59,8 @@ enum ChunkState<T: Element> {
 /// Gradient buckets for data-parallel training (PyTorch's DDP reducer).
 ///
 /// Built from the parameter list in registration order (the order of the
-/// forward pass). Backward hands each gradient to [`mark_ready`]
-/// (`Reducer::mark_ready`) as soon as it exists; a complete bucket starts
+/// forward pass). Backward hands each gradient to
+/// [`mark_ready`](Reducer::mark_ready) as soon as it exists; a complete bucket starts
 /// its allreduce at once, on the communicator's progress thread, while
 /// backward goes on. [`finish`](Reducer::finish) waits for the rest and
 /// leaves the averaged gradients in the buckets, readable through
