@@ -292,6 +292,7 @@ enum Direct {
     ReduceScatter(u64),
 }
 
+#[inline]
 fn word(page: &Region, index: usize) -> Result<&AtomicU64> {
     page.word(index)
         .map_err(|e| Error::Io(format!("window control page: {e}")))
@@ -417,11 +418,13 @@ impl Deadline {
         }
     }
 
-    fn get(&self) -> Instant {
+    /// The deadline, fixed on first use from `now` (the caller's reading
+    /// of the clock).
+    fn at(&self, now: Instant) -> Instant {
         match self.at.get() {
             Some(at) => at,
             None => {
-                let at = Instant::now() + self.timeout;
+                let at = now + self.timeout;
                 self.at.set(Some(at));
                 at
             }
@@ -600,14 +603,16 @@ fn wait(
         SPINS
     };
     let left = word(&ctx.control.pages[peer], W_LEFT)?;
-    let start = Instant::now();
-    let mut last_liveness = start;
+    // The clock is read only every 32 spins: a wait that ends within a
+    // few spins (the common case of a small call) reads none.
+    let mut start: Option<Instant> = None;
+    let mut last_liveness: Option<Instant> = None;
     let mut rounds: u32 = 0;
     loop {
         if ready() {
             return Ok(());
         }
-        if rounds >= spins || rounds % 32 == 0 {
+        if rounds >= spins || rounds % 32 == 31 {
             if ctx.abort.is_fired() {
                 return Err(Error::Aborted(None));
             }
@@ -619,16 +624,19 @@ fn wait(
                 });
             }
             let now = Instant::now();
-            if now >= deadline.get() {
+            let since = *start.get_or_insert(now);
+            let last = *last_liveness.get_or_insert(now);
+            if now >= deadline.at(now) {
                 return Err(Error::Timeout {
                     peer,
                     during: call.during(),
                     what: what.to_string(),
-                    waited_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    waited_ms: u64::try_from(now.duration_since(since).as_millis())
+                        .unwrap_or(u64::MAX),
                 });
             }
-            if now.duration_since(last_liveness) >= LIVENESS_INTERVAL {
-                last_liveness = now;
+            if now.duration_since(last) >= LIVENESS_INTERVAL {
+                last_liveness = Some(now);
                 if ferroccl_shm::process_gone(ctx.control.pids[peer]) && !ready() {
                     return Err(Error::PeerFailed {
                         rank: peer,
