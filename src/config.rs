@@ -62,7 +62,9 @@ pub struct Config {
     /// it with streaming (non-temporal) stores, which skip reading each
     /// output line before writing it and leave the cache to the slots; 0
     /// never does (FERROCCL_NT_STORE_BYTES). In-place calls never do: their
-    /// output lines were just read and are in cache.
+    /// output lines were just read and are in cache. Calls straight
+    /// between windows do once the inputs and outputs of all ranks
+    /// together reach twice this size (`exec::window`).
     pub nt_store_bytes: usize,
     /// Where every rank is on one host and shared memory is allowed, give
     /// the communicator shared control pages at creation, so that every
