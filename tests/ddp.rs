@@ -562,6 +562,28 @@ fn buckets_in_windows_reduce_directly() {
     }
 }
 
+/// A bucket is a window or a vector, used as a slice either way.
+#[test]
+fn a_bucket_is_a_window_or_a_vector() {
+    let results = run_ranks(2, |comm| {
+        let mut w = Bucket::from_window(comm.alloc_window::<f32>(5).unwrap());
+        let shared = w.is_shared();
+        w.iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = (i + comm.rank()) as f32);
+        let mut v = Bucket::from(vec![1f32, 2.0]);
+        v[1] = 7.0;
+        (shared, v.is_shared(), w.into_vec(), v.into_vec())
+    });
+    for (rank, (shared, vec_shared, w, v)) in results.into_iter().enumerate() {
+        assert!(shared, "rank {rank}: a window of 2 thread ranks is shared");
+        assert!(!vec_shared);
+        let want: Vec<f32> = (0..5).map(|i| (i + rank) as f32).collect();
+        assert_eq!(w, want);
+        assert_eq!(v, vec![1.0, 7.0]);
+    }
+}
+
 #[test]
 fn f32_gradients_match_within_f32_rounding() {
     for ranks in [2, 3, 4] {
