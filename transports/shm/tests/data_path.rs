@@ -201,17 +201,7 @@ fn backpressure_holds_the_sender_until_the_receiver_releases() {
     }
     // The ring is full: the fourth send waits and times out, naming rank 1.
     let err = send_bytes(&mut c0, header_for(0, 3), &[3; 10], soon(100));
-    assert!(
-        matches!(
-            err,
-            Err(TransportError::Timeout {
-                peer: 1,
-                what: "a free send slot",
-                ..
-            })
-        ),
-        "{err:?}"
-    );
+    assert_timed_out_for_a_send_slot(&err);
     // One release frees one slot.
     let (h, b) = recv_bytes(&mut c1, soon(5_000)).unwrap();
     assert_eq!((h.step, b), (0, vec![0u8; 10]));

@@ -124,3 +124,18 @@ pub fn recv_bytes(
         })?;
     Ok(out.expect("consume was called"))
 }
+
+/// `err` is the timeout of a sender that waited for a free slot of rank 1.
+pub fn assert_timed_out_for_a_send_slot<T: std::fmt::Debug>(err: &Result<T, TransportError>) {
+    assert!(
+        matches!(
+            err,
+            Err(TransportError::Timeout {
+                peer: 1,
+                what: "a free send slot",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+}
