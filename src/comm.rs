@@ -968,7 +968,7 @@ impl Communicator {
                         .collect();
                     // Small calls skip the schedule where the ranks share
                     // control pages (`exec::window`).
-                    let chosen = if bytes <= exec::window::INLINE_BYTES
+                    let chosen = if exec::window::runs_inline(kind, bytes)
                         && self.inner.control.get().is_some()
                     {
                         "inline in the check-in on the shared control pages, one exchange"

@@ -182,7 +182,7 @@ pub(crate) fn run<T: Element>(ctx: &Ctx<'_>, io: &mut Io<'_, T>, call: &Call) ->
     let kind = CollKind::from_code(fp.coll);
     let elem = std::mem::size_of::<T>();
     let (in_len, out_len) = extents(kind, fp.count as usize, ctx.size);
-    let inline = kind.filter(|&k| call.inline && inlinable(k) && in_len * elem <= INLINE_BYTES);
+    let inline = kind.filter(|&k| call.inline && runs_inline(k, in_len * elem));
     if inline.is_none() && !ctx.control.windows.load(Ordering::Relaxed) {
         // No window anywhere: nothing to agree on, the call goes through
         // slots. Said on the page for a peer that checks in for it instead
@@ -308,10 +308,11 @@ fn entry(turn: u64) -> usize {
     W_ENTRY + (turn % 2) as usize * ENTRY_WORDS
 }
 
-/// Which collectives can run inline in the check-in when their input is
-/// small: all but send/recv.
-fn inlinable(kind: CollKind) -> bool {
-    !matches!(kind, CollKind::SendRecv)
+/// Whether a call of `kind` whose input has `in_bytes` runs inline in the
+/// check-in (where the communicator has control pages and no algorithm is
+/// forced): any collective but send/recv, up to `INLINE_BYTES`.
+pub(crate) fn runs_inline(kind: CollKind, in_bytes: usize) -> bool {
+    !matches!(kind, CollKind::SendRecv) && in_bytes <= INLINE_BYTES
 }
 
 /// Say on this rank's page that call `fp` runs through slots without a
