@@ -761,11 +761,7 @@ impl Communicator {
         open: impl Fn(usize, &std::path::Path, &str) -> std::io::Result<P>,
     ) -> Result<Option<(Region, Vec<P>)>> {
         let inner = &self.inner;
-        let dir = inner
-            .config
-            .shm_dir
-            .clone()
-            .unwrap_or_else(|| std::path::PathBuf::from(ferroccl_shm::DEFAULT_DIR));
+        let dir = inner.config.shm_dir();
         let name = |rank: usize| window::region_name(inner.config.token, inner.comm_id, id, rank);
         let sweep = || {
             for r in 0..inner.size {

@@ -16,12 +16,8 @@ pub const TRANSPORT_NAMES: [&str; 3] = ["shm", "tcp", "mem"];
 /// it cannot reach a peer, connecting to that peer fails with a message
 /// naming it.
 pub(crate) fn select(config: &Config) -> Result<Vec<Arc<dyn Transport>>> {
-    let shm = || {
-        Arc::new(match &config.shm_dir {
-            Some(dir) => ferroccl_shm::ShmTransport::with_dir(dir),
-            None => ferroccl_shm::ShmTransport::new(),
-        }) as Arc<dyn Transport>
-    };
+    let shm =
+        || Arc::new(ferroccl_shm::ShmTransport::with_dir(config.shm_dir())) as Arc<dyn Transport>;
     let tcp = || Arc::new(ferroccl_tcp::TcpTransport::new()) as Arc<dyn Transport>;
     match config.transport.as_deref() {
         None => Ok(vec![shm(), tcp()]),
