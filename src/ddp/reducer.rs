@@ -462,8 +462,7 @@ impl<'c, T: Element> Reducer<'c, T> {
                     // and stop launching in this step (the sequence of
                     // collectives is broken; the others learn it from the
                     // communicator, at worst by its timeout).
-                    self.chunks[c] =
-                        ChunkState::Idle(vec![T::from_f64(0.0); self.layout.chunks[c].len].into());
+                    self.chunks[c] = ChunkState::Idle(self.lost_bucket(c));
                     self.launch_error = Some(e.clone());
                     return Err(e);
                 }
@@ -491,11 +490,11 @@ impl<'c, T: Element> Reducer<'c, T> {
                             buf.len(),
                             self.layout.chunks[c].len
                         )));
-                        vec![T::from_f64(0.0); self.layout.chunks[c].len].into()
+                        self.lost_bucket(c)
                     }
                     Err(e) => {
                         first_err.get_or_insert(e);
-                        vec![T::from_f64(0.0); self.layout.chunks[c].len].into()
+                        self.lost_bucket(c)
                     }
                 },
             };
@@ -569,6 +568,12 @@ impl<'c, T: Element> Reducer<'c, T> {
             self.comm.rank(),
             self.describe(fault)
         ))
+    }
+
+    /// Zeros in place of chunk `chunk`'s buffer, lost with a failed
+    /// collective, so that the reducer keeps its shape.
+    fn lost_bucket(&self, chunk: usize) -> Bucket<T> {
+        vec![T::from_f64(0.0); self.layout.chunks[chunk].len].into()
     }
 
     fn idle_buf(&mut self, chunk: usize) -> &mut Bucket<T> {
