@@ -76,7 +76,8 @@ use crate::element::{reduce_into, reduce_to, store, Element, ReduceOp, Store};
 use crate::error::{Error, Result};
 use crate::fingerprint;
 use crate::window::{Control, WindowMaps, Windows};
-use ferroccl_shm::Region;
+use ferroccl_shm::wait::OVERSUBSCRIBED_SPINS;
+use ferroccl_shm::{Region, Waiter};
 use ferroccl_transport::{AbortSignal, Fingerprint};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -116,13 +117,9 @@ const INLINE_WORDS: usize = INLINE_BYTES / 8;
 /// in L1 while the result is written to every output.
 const BLOCK_BYTES: usize = 8192;
 
-/// Spins of a wait before it yields, when every rank has a core; yields
-/// before it sleeps; the sleep; how often it checks the peer's process.
+/// Spins of a check-in wait before it yields, when every rank has a core
+/// (the rest of the rhythm is the shm transport's `Waiter`).
 const SPINS: u32 = 512;
-const OVERSUBSCRIBED_SPINS: u32 = 8;
-const YIELDS: u32 = 256;
-const SLEEP: Duration = Duration::from_micros(50);
-const LIVENESS_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Where a rank's buffers of a call are: (window, byte offset) for input
 /// and output; window 0 for a buffer in no window.
@@ -609,16 +606,12 @@ fn wait(
         SPINS
     };
     let left = word(&ctx.control.pages[peer], W_LEFT)?;
-    // The clock is read only every 32 spins: a wait that ends within a
-    // few spins (the common case of a small call) reads none.
-    let mut start: Option<Instant> = None;
-    let mut last_liveness: Option<Instant> = None;
-    let mut rounds: u32 = 0;
+    let mut w = Waiter::new(spins);
     loop {
         if ready() {
             return Ok(());
         }
-        if rounds >= spins || rounds % 32 == 31 {
+        if w.clock_round() {
             if ctx.abort.is_fired() {
                 return Err(Error::Aborted(None));
             }
@@ -630,36 +623,25 @@ fn wait(
                 });
             }
             let now = Instant::now();
-            let since = *start.get_or_insert(now);
-            let last = *last_liveness.get_or_insert(now);
+            w.at(now);
             if now >= deadline.at(now) {
                 return Err(Error::Timeout {
                     peer,
                     during: call.during(),
                     what: what.to_string(),
-                    waited_ms: u64::try_from(now.duration_since(since).as_millis())
-                        .unwrap_or(u64::MAX),
+                    waited_ms: w.elapsed_ms(),
                 });
             }
-            if now.duration_since(last) >= LIVENESS_INTERVAL {
-                last_liveness = Some(now);
-                if ferroccl_shm::process_gone(ctx.control.pids[peer]) && !ready() {
-                    return Err(Error::PeerFailed {
-                        rank: peer,
-                        during: call.during(),
-                        reason: "its process exited".into(),
-                    });
-                }
+            if w.liveness_due(now) && ferroccl_shm::process_gone(ctx.control.pids[peer]) && !ready()
+            {
+                return Err(Error::PeerFailed {
+                    rank: peer,
+                    during: call.during(),
+                    reason: "its process exited".into(),
+                });
             }
         }
-        if rounds < spins {
-            std::hint::spin_loop();
-        } else if rounds < spins + YIELDS {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(SLEEP);
-        }
-        rounds = rounds.saturating_add(1);
+        w.pause();
     }
 }
 

@@ -12,6 +12,8 @@
 //!   process liveness checked throughout). There are no threads.
 //! - `region` maps files that every rank of a communicator shares, for
 //!   memory that peers read and write directly (ferroccl's windows).
+//! - `wait` is the waiting policy (spin, yield, sleep; when to look at the
+//!   clock), shared with ferroccl's check-ins.
 //! - `ring` is the segment layout and the single-producer single-consumer
 //!   protocol over it; with `os` (three libc calls) and `region` it holds
 //!   all the `unsafe` of the crate.
@@ -24,6 +26,7 @@ mod listener;
 mod os;
 pub mod region;
 mod ring;
+pub mod wait;
 
 use ferroccl_transport::{
     AbortSignal, HostInfo, ListenConfig, Listener, Transport, TransportError,
@@ -32,6 +35,7 @@ use std::path::{Path, PathBuf};
 
 pub use listener::ShmListener;
 pub use region::{process_gone, Region};
+pub use wait::Waiter;
 
 /// Where segments live unless told otherwise.
 pub const DEFAULT_DIR: &str = "/dev/shm";
