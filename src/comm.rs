@@ -1054,11 +1054,14 @@ impl Communicator {
         self.restart_numbering();
         tracing::info!(
             rank = self.inner.rank,
-            "tuner: calibrated on {} ranks: alpha {:.1} us, beta {:.2} GB/s, reduce {:.1} GB/s",
+            "tuner: calibrated on {} ranks: alpha {:.1} us, beta {:.2} GB/s, reduce {:.1} GB/s \
+             ({} kernels; the CPU has {})",
             self.inner.size,
             model.alpha_us,
             model.beta_gbps,
-            model.reduce_gbps
+            model.reduce_gbps,
+            crate::simd::SimdLevel::current(),
+            crate::simd::SimdLevel::detected()
         );
         Ok(())
     }

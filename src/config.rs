@@ -145,8 +145,8 @@ impl Config {
     /// Apply FERROCCL_TIMEOUT, FERROCCL_HEARTBEAT_MS, FERROCCL_TRANSPORT,
     /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
-    /// FERROCCL_CHECKIN, FERROCCL_NT_STORE_BYTES and
-    /// FERROCCL_ALGO read through `get`; a value that does not parse is an
+    /// FERROCCL_CHECKIN, FERROCCL_NT_STORE_BYTES, FERROCCL_SIMD (checked
+    /// only) and FERROCCL_ALGO read through `get`; a value that does not parse is an
     /// error naming it.
     pub fn from_env_overrides(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
         fn parse<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
@@ -207,6 +207,20 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_CHECKIN") {
             self.checkin = parse_flag("FERROCCL_CHECKIN", &v)?;
+        }
+        // The kernels read FERROCCL_SIMD themselves (once per process, for
+        // every communicator); here a value they would not know is an error.
+        if let Some(v) = get("FERROCCL_SIMD") {
+            if !v.trim().is_empty() && crate::simd::SimdLevel::from_name(&v).is_none() {
+                let names: Vec<_> = crate::simd::SimdLevel::ALL
+                    .iter()
+                    .map(|l| l.name())
+                    .collect();
+                return Err(Error::Env(format!(
+                    "FERROCCL_SIMD='{v}' names no kernel level (one of: {})",
+                    names.join(", ")
+                )));
+            }
         }
         if let Some(v) = get("FERROCCL_ALGO") {
             self.algorithm = if v.trim().is_empty() {
@@ -394,6 +408,18 @@ mod tests {
         for a in Algorithm::ALL {
             assert_eq!(Algorithm::from_name(a.name()), Some(a));
         }
+    }
+
+    #[test]
+    fn simd_levels_are_checked_by_name() {
+        for v in ["baseline", "AVX2", " avx512 ", ""] {
+            assert!(with(&[("FERROCCL_SIMD", v)]).is_ok(), "{v}");
+        }
+        let err = with(&[("FERROCCL_SIMD", "sse4")]).unwrap_err().to_string();
+        assert!(
+            err.contains("FERROCCL_SIMD='sse4'") && err.contains("avx2"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -5,6 +5,8 @@
 
 use half::{bf16, f16};
 
+use crate::simd::SimdLevel;
+
 /// Reduction operators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
@@ -301,6 +303,7 @@ fn zip_to<T: Arith>(out: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
     }
 }
 
+#[inline(always)]
 fn native_reduce_into<T: Arith>(op: ReduceOp, dst: &mut [T], src: &[T]) {
     debug_assert_eq!(dst.len(), src.len());
     match op {
@@ -311,6 +314,7 @@ fn native_reduce_into<T: Arith>(op: ReduceOp, dst: &mut [T], src: &[T]) {
     }
 }
 
+#[inline(always)]
 fn native_reduce_to<T: Arith>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
     debug_assert!(out.len() == a.len() && a.len() == b.len());
     match op {
@@ -319,6 +323,208 @@ fn native_reduce_to<T: Arith>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
         ReduceOp::Min => zip_to(out, a, b, T::min),
         ReduceOp::Max => zip_to(out, a, b, T::max),
     }
+}
+
+/// The kernels compiled for wider vectors than the target's baseline, one
+/// set per `SimdLevel` above it: each is the generic kernel (inlined into a
+/// function built with the level's features), so every level computes the
+/// same elementwise operations and gives the same bits.
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use super::{Arith, HalfSlices, ReduceOp};
+    use core::arch::x86_64::{
+        __m128i, __m256, _mm256_cvtph_ps, _mm256_cvtps_ph, _MM_FROUND_TO_NEAREST_INT,
+    };
+    use half::f16;
+
+    macro_rules! kernels {
+        ($features:literal, $into:ident, $to:ident, $half_into:ident, $half_to:ident) => {
+            #[target_feature(enable = $features)]
+            pub(super) fn $into<T: Arith>(op: ReduceOp, dst: &mut [T], src: &[T]) {
+                super::native_reduce_into(op, dst, src)
+            }
+            #[target_feature(enable = $features)]
+            pub(super) fn $to<T: Arith>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
+                super::native_reduce_to(op, out, a, b)
+            }
+            #[target_feature(enable = $features)]
+            pub(super) fn $half_into<H: HalfSlices + Copy>(op: ReduceOp, dst: &mut [H], src: &[H]) {
+                super::half_reduce_into(op, dst, src)
+            }
+            #[target_feature(enable = $features)]
+            pub(super) fn $half_to<H: HalfSlices + Copy>(
+                op: ReduceOp,
+                out: &mut [H],
+                a: &[H],
+                b: &[H],
+            ) {
+                super::half_reduce_to(op, out, a, b)
+            }
+        };
+    }
+
+    kernels!(
+        "avx2,fma,f16c",
+        avx2_into,
+        avx2_to,
+        avx2_half_into,
+        avx2_half_to
+    );
+    kernels!(
+        "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
+        avx512_into,
+        avx512_to,
+        avx512_half_into,
+        avx512_half_to
+    );
+
+    /// f16 to f32 eight at a time with F16C (`half`'s slice conversion
+    /// checks for F16C on every call and goes four at a time). Exact.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn f16c_widen(src: &[f16], dst: &mut [f32]) {
+        let tail = src.len() / 8 * 8;
+        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+            let v: __m128i = bytemuck::pod_read_unaligned(bytemuck::cast_slice(s));
+            d.copy_from_slice(bytemuck::cast_ref::<__m256, [f32; 8]>(&_mm256_cvtph_ps(v)));
+        }
+        for (s, d) in src[tail..].iter().zip(&mut dst[tail..]) {
+            *d = s.to_f32();
+        }
+    }
+
+    /// f32 to f16 eight at a time with F16C, rounding to nearest even (as
+    /// `f16::from_f32`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn f16c_narrow(src: &[f32], dst: &mut [f16]) {
+        let tail = src.len() / 8 * 8;
+        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+            let v: __m256 = bytemuck::pod_read_unaligned(bytemuck::cast_slice(s));
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+            d.copy_from_slice(bytemuck::cast_ref::<__m128i, [f16; 8]>(&h));
+        }
+        for (s, d) in src[tail..].iter().zip(&mut dst[tail..]) {
+            *d = f16::from_f32(*s);
+        }
+    }
+
+    macro_rules! f16_kernels {
+        ($features:literal, $into:ident, $to:ident) => {
+            #[target_feature(enable = $features)]
+            pub(super) fn $into(op: ReduceOp, dst: &mut [f16], src: &[f16]) {
+                super::half_reduce_into_with(
+                    op,
+                    dst,
+                    src,
+                    |s, d| f16c_widen(s, d),
+                    |s, d| f16c_narrow(s, d),
+                )
+            }
+            #[target_feature(enable = $features)]
+            pub(super) fn $to(op: ReduceOp, out: &mut [f16], a: &[f16], b: &[f16]) {
+                super::half_reduce_to_with(
+                    op,
+                    out,
+                    a,
+                    b,
+                    |s, d| f16c_widen(s, d),
+                    |s, d| f16c_narrow(s, d),
+                )
+            }
+        };
+    }
+
+    f16_kernels!("avx2,fma,f16c", avx2_f16_into, avx2_f16_to);
+    f16_kernels!(
+        "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
+        avx512_f16_into,
+        avx512_f16_to
+    );
+}
+
+/// Run `$base` or its `wide` counterpart for `$level` (capped at what the
+/// CPU has).
+macro_rules! at_level {
+    ($level:expr, $base:ident, $avx2:ident, $avx512:ident, ($($arg:expr),*)) => {{
+        #[cfg(target_arch = "x86_64")]
+        match $level.min(SimdLevel::detected()) {
+            // SAFETY: calling a function compiled for CPU features requires
+            // that the CPU has them: the level is capped at the detected
+            // one, which `is_x86_feature_detected!` found for every feature
+            // the `wide` kernels of that level enable.
+            SimdLevel::Avx512 => return unsafe { wide::$avx512($($arg),*) },
+            // SAFETY: as above, for the AVX2 features.
+            SimdLevel::Avx2 => return unsafe { wide::$avx2($($arg),*) },
+            SimdLevel::Baseline => {}
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = $level;
+        $base($($arg),*)
+    }};
+}
+
+fn reduce_into_at<T: Arith>(level: SimdLevel, op: ReduceOp, dst: &mut [T], src: &[T]) {
+    at_level!(
+        level,
+        native_reduce_into,
+        avx2_into,
+        avx512_into,
+        (op, dst, src)
+    )
+}
+
+fn reduce_to_at<T: Arith>(level: SimdLevel, op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
+    at_level!(level, native_reduce_to, avx2_to, avx512_to, (op, out, a, b))
+}
+
+fn half_reduce_into_at<H: HalfSlices + Copy>(
+    level: SimdLevel,
+    op: ReduceOp,
+    dst: &mut [H],
+    src: &[H],
+) {
+    at_level!(
+        level,
+        half_reduce_into,
+        avx2_half_into,
+        avx512_half_into,
+        (op, dst, src)
+    )
+}
+
+fn half_reduce_to_at<H: HalfSlices + Copy>(
+    level: SimdLevel,
+    op: ReduceOp,
+    out: &mut [H],
+    a: &[H],
+    b: &[H],
+) {
+    at_level!(
+        level,
+        half_reduce_to,
+        avx2_half_to,
+        avx512_half_to,
+        (op, out, a, b)
+    )
+}
+
+fn f16_reduce_into_at(level: SimdLevel, op: ReduceOp, dst: &mut [f16], src: &[f16]) {
+    at_level!(
+        level,
+        half_reduce_into,
+        avx2_f16_into,
+        avx512_f16_into,
+        (op, dst, src)
+    )
+}
+
+fn f16_reduce_to_at(level: SimdLevel, op: ReduceOp, out: &mut [f16], a: &[f16], b: &[f16]) {
+    at_level!(
+        level,
+        half_reduce_to,
+        avx2_f16_to,
+        avx512_f16_to,
+        (op, out, a, b)
+    )
 }
 
 macro_rules! native_element {
@@ -345,10 +551,10 @@ macro_rules! native_element {
         impl Element for $t {
             const DTYPE: DataType = $dt;
             fn reduce_into(op: ReduceOp, dst: &mut [Self], src: &[Self]) {
-                native_reduce_into(op, dst, src)
+                reduce_into_at(SimdLevel::current(), op, dst, src)
             }
             fn reduce_to(op: ReduceOp, out: &mut [Self], a: &[Self], b: &[Self]) {
-                native_reduce_to(op, out, a, b)
+                reduce_to_at(SimdLevel::current(), op, out, a, b)
             }
             fn divide(buf: &mut [Self], n: usize) {
                 let div = $div;
@@ -380,6 +586,12 @@ native_element!(u64, DataType::U64, int);
 /// time), bf16 through the bit manipulations below.
 const HALF_BLOCK: usize = 1024;
 
+/// Floats between the two widened blocks, so that they do not lie a
+/// multiple of 4 KiB apart: the CPU takes a load from one for a load that
+/// must wait on a store to the other (4K aliasing), which halved the speed
+/// of the half-precision kernels.
+const HALF_GAP: usize = 16;
+
 /// Slice conversions between a half type and f32.
 trait HalfSlices: Sized {
     fn widen(src: &[Self], dst: &mut [f32]);
@@ -387,10 +599,12 @@ trait HalfSlices: Sized {
 }
 
 impl HalfSlices for f16 {
+    #[inline(always)]
     fn widen(src: &[Self], dst: &mut [f32]) {
         use half::slice::HalfFloatSliceExt;
         src.convert_to_f32_slice(dst);
     }
+    #[inline(always)]
     fn narrow(src: &[f32], dst: &mut [Self]) {
         use half::slice::HalfFloatSliceExt;
         dst.convert_from_f32_slice(src);
@@ -398,12 +612,14 @@ impl HalfSlices for f16 {
 }
 
 impl HalfSlices for bf16 {
+    #[inline(always)]
     fn widen(src: &[Self], dst: &mut [f32]) {
         // A bf16 is the top half of an f32: widening is exact.
         for (o, v) in dst.iter_mut().zip(src) {
             *o = f32::from_bits(u32::from(v.to_bits()) << 16);
         }
     }
+    #[inline(always)]
     fn narrow(src: &[f32], dst: &mut [Self]) {
         for (o, v) in dst.iter_mut().zip(src) {
             *o = bf16::from_bits(f32_to_bf16_bits(*v));
@@ -416,53 +632,82 @@ impl HalfSlices for bf16 {
 #[inline(always)]
 fn f32_to_bf16_bits(v: f32) -> u16 {
     let x = v.to_bits();
-    let rounded = (x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16) as u16;
-    let quiet_nan = ((x >> 16) as u16) | 0x0040;
-    if (x & 0x7fff_ffff) > 0x7f80_0000 {
+    let rounded = x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16;
+    let quiet_nan = (x >> 16) | 0x0040;
+    // Select on u32 and narrow once (see `f32_to_f16_bits`).
+    (if (x & 0x7fff_ffff) > 0x7f80_0000 {
         quiet_nan
     } else {
         rounded
-    }
+    }) as u16
 }
 
-fn half_reduce_into<H: HalfSlices + Copy>(op: ReduceOp, dst: &mut [H], src: &[H]) {
-    let mut a = [0f32; HALF_BLOCK];
-    let mut b = [0f32; HALF_BLOCK];
+/// `dst = dst op src` for a half type, through f32 blocks converted with
+/// `widen` and `narrow`.
+#[inline(always)]
+fn half_reduce_into_with<H: Copy>(
+    op: ReduceOp,
+    dst: &mut [H],
+    src: &[H],
+    widen: impl Fn(&[H], &mut [f32]),
+    narrow: impl Fn(&[f32], &mut [H]),
+) {
+    let mut both = [0f32; 2 * HALF_BLOCK + HALF_GAP];
+    let (a, b) = both.split_at_mut(HALF_BLOCK + HALF_GAP);
     for (d, s) in dst.chunks_mut(HALF_BLOCK).zip(src.chunks(HALF_BLOCK)) {
         let n = d.len();
-        H::widen(d, &mut a[..n]);
-        H::widen(s, &mut b[..n]);
+        widen(d, &mut a[..n]);
+        widen(s, &mut b[..n]);
         native_reduce_into(op, &mut a[..n], &b[..n]);
-        H::narrow(&a[..n], d);
+        narrow(&a[..n], d);
     }
 }
 
-fn half_reduce_to<H: HalfSlices + Copy>(op: ReduceOp, out: &mut [H], x: &[H], y: &[H]) {
-    let mut a = [0f32; HALF_BLOCK];
-    let mut b = [0f32; HALF_BLOCK];
+/// `out = x op y` for a half type, as `half_reduce_into_with`.
+#[inline(always)]
+fn half_reduce_to_with<H: Copy>(
+    op: ReduceOp,
+    out: &mut [H],
+    x: &[H],
+    y: &[H],
+    widen: impl Fn(&[H], &mut [f32]),
+    narrow: impl Fn(&[f32], &mut [H]),
+) {
+    let mut both = [0f32; 2 * HALF_BLOCK + HALF_GAP];
+    let (a, b) = both.split_at_mut(HALF_BLOCK + HALF_GAP);
     for ((o, x), y) in out
         .chunks_mut(HALF_BLOCK)
         .zip(x.chunks(HALF_BLOCK))
         .zip(y.chunks(HALF_BLOCK))
     {
         let n = o.len();
-        H::widen(x, &mut a[..n]);
-        H::widen(y, &mut b[..n]);
+        widen(x, &mut a[..n]);
+        widen(y, &mut b[..n]);
         native_reduce_into(op, &mut a[..n], &b[..n]);
-        H::narrow(&a[..n], o);
+        narrow(&a[..n], o);
     }
 }
 
+#[inline(always)]
+fn half_reduce_into<H: HalfSlices + Copy>(op: ReduceOp, dst: &mut [H], src: &[H]) {
+    half_reduce_into_with(op, dst, src, H::widen, H::narrow)
+}
+
+#[inline(always)]
+fn half_reduce_to<H: HalfSlices + Copy>(op: ReduceOp, out: &mut [H], x: &[H], y: &[H]) {
+    half_reduce_to_with(op, out, x, y, H::widen, H::narrow)
+}
+
 macro_rules! half_element {
-    ($t:ty, $dt:expr) => {
+    ($t:ty, $dt:expr, $into_at:ident, $to_at:ident) => {
         impl sealed::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DataType = $dt;
             fn reduce_into(op: ReduceOp, dst: &mut [Self], src: &[Self]) {
-                half_reduce_into(op, dst, src)
+                $into_at(SimdLevel::current(), op, dst, src)
             }
             fn reduce_to(op: ReduceOp, out: &mut [Self], x: &[Self], y: &[Self]) {
-                half_reduce_to(op, out, x, y)
+                $to_at(SimdLevel::current(), op, out, x, y)
             }
             fn divide(buf: &mut [Self], n: usize) {
                 let n = n as f32;
@@ -486,8 +731,8 @@ macro_rules! half_element {
     };
 }
 
-half_element!(f16, DataType::F16);
-half_element!(bf16, DataType::Bf16);
+half_element!(f16, DataType::F16, f16_reduce_into_at, f16_reduce_to_at);
+half_element!(bf16, DataType::Bf16, half_reduce_into_at, half_reduce_to_at);
 
 /// Reduce `src` into `dst` elementwise for a runtime-chosen op (Avg acts as
 /// Sum); the single entry point the executor uses.
@@ -712,6 +957,140 @@ mod tests {
         for (w, b) in wide.iter().zip(&b16) {
             assert!(w.to_bits() == b.to_f32().to_bits() || (w.is_nan() && b.is_nan()));
         }
+    }
+
+    #[test]
+    fn f16_kernels_agree_at_every_level_over_every_bit_pattern() {
+        // Every f16 against a permutation of every f16, and against half
+        // its own unit in the last place (sums that are ties), so the
+        // widening and the rounding of each level's conversions meet every
+        // exponent, subnormals, infinities and NaNs.
+        let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        let shuffled: Vec<f16> = (0..=u16::MAX)
+            .map(|i| f16::from_bits(i.wrapping_mul(7919)))
+            .collect();
+        let half_ulp: Vec<f16> = all
+            .iter()
+            .map(|x| f16::from_bits(x.to_bits() & 0xfc00).max(f16::from_bits(0x0400)))
+            .map(|x| f16::from_f64(x.to_f64() / 2048.0))
+            .collect();
+        for b in [&shuffled, &half_ulp, &all] {
+            for op in ReduceOp::ALL {
+                let mut want = vec![f16::ZERO; all.len()];
+                f16_reduce_to_at(SimdLevel::Baseline, op, &mut want, &all, b);
+                // Against the f64 reference where no input is NaN (min and
+                // max of a NaN are the kernels' compare-select, not IEEE's).
+                for (i, w) in want.iter().enumerate() {
+                    if all[i].is_nan() || b[i].is_nan() {
+                        continue;
+                    }
+                    let exact = reference(op, all[i].to_f64(), b[i].to_f64());
+                    assert!(
+                        w.to_bits() == f16::from_f64(exact).to_bits()
+                            || (w.is_nan() && exact.is_nan()),
+                        "baseline {op} {:#06x} {:#06x}",
+                        all[i].to_bits(),
+                        b[i].to_bits()
+                    );
+                }
+                for level in SimdLevel::ALL {
+                    let (mut to, mut into) = (vec![f16::ZERO; all.len()], all.clone());
+                    f16_reduce_to_at(level, op, &mut to, &all, b);
+                    f16_reduce_into_at(level, op, &mut into, b);
+                    assert!(same_bits(&to, &want), "f16 reduce_to {op} at {level}");
+                    assert!(same_bits(&into, &want), "f16 reduce_into {op} at {level}");
+                }
+            }
+        }
+    }
+
+    /// Bit patterns of every class for `T`: zeros, subnormals, ties,
+    /// extremes, infinities and NaNs where the type has them, and a sweep.
+    fn patterns<T: Element>(n: usize, seed: u64) -> Vec<T> {
+        let size = std::mem::size_of::<T>();
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut bytes = vec![0u8; n * size];
+        for b in bytes.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+        }
+        let mut v: Vec<T> = bytemuck::pod_collect_to_vec(&bytes);
+        let specials = [
+            0.0,
+            -0.0,
+            1.0,
+            -1.5,
+            65504.0,
+            65520.0,
+            1e-7,
+            3e38,
+            f64::INFINITY,
+        ];
+        for (slot, s) in v.iter_mut().step_by(17).zip(specials.iter().cycle()) {
+            *slot = T::from_f64(*s);
+        }
+        v
+    }
+
+    /// The same bits, but any NaN for a NaN: Rust leaves which NaN an
+    /// operation on NaNs returns unspecified (the compiler may swap the
+    /// operands of an addition), so only NaN-ness is comparable.
+    fn same_bits<T: Element>(a: &[T], b: &[T]) -> bool {
+        let size = std::mem::size_of::<T>();
+        let (x, y) = (
+            bytemuck::cast_slice::<T, u8>(a),
+            bytemuck::cast_slice::<T, u8>(b),
+        );
+        a.len() == b.len()
+            && a.iter().zip(b).enumerate().all(|(i, (p, q))| {
+                let (p64, q64) = (p.to_f64(), q.to_f64());
+                (p64.is_nan() && q64.is_nan()) || x[i * size..][..size] == y[i * size..][..size]
+            })
+    }
+
+    fn levels_agree<T: Element>(
+        into_at: fn(SimdLevel, ReduceOp, &mut [T], &[T]),
+        to_at: fn(SimdLevel, ReduceOp, &mut [T], &[T], &[T]),
+    ) {
+        for op in ReduceOp::ALL {
+            for len in [0usize, 1, 3, 15, 16, 17, 63, 64, 65, 1023, 1024, 1025, 5000] {
+                let (a, b) = (patterns::<T>(len, 1), patterns::<T>(len, 2));
+                let (mut base_into, mut base_to) = (a.clone(), vec![T::zeroed(); len]);
+                into_at(SimdLevel::Baseline, op, &mut base_into, &b);
+                to_at(SimdLevel::Baseline, op, &mut base_to, &a, &b);
+                assert!(
+                    same_bits(&base_into, &base_to),
+                    "{} {op} into vs to",
+                    T::DTYPE
+                );
+                for level in SimdLevel::ALL {
+                    let (mut into, mut to) = (a.clone(), vec![T::zeroed(); len]);
+                    into_at(level, op, &mut into, &b);
+                    to_at(level, op, &mut to, &a, &b);
+                    let what = format!("{} {op} len {len} at {level}", T::DTYPE);
+                    assert!(same_bits(&into, &base_into), "reduce_into {what}");
+                    assert!(same_bits(&to, &base_into), "reduce_to {what}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_simd_level_gives_the_baselines_bits() {
+        // Levels above what this CPU has run the baseline (capped), so on
+        // any machine this compares every kernel it can run.
+        levels_agree::<f32>(reduce_into_at, reduce_to_at);
+        levels_agree::<f64>(reduce_into_at, reduce_to_at);
+        levels_agree::<i8>(reduce_into_at, reduce_to_at);
+        levels_agree::<u8>(reduce_into_at, reduce_to_at);
+        levels_agree::<i32>(reduce_into_at, reduce_to_at);
+        levels_agree::<u32>(reduce_into_at, reduce_to_at);
+        levels_agree::<i64>(reduce_into_at, reduce_to_at);
+        levels_agree::<u64>(reduce_into_at, reduce_to_at);
+        levels_agree::<f16>(f16_reduce_into_at, f16_reduce_to_at);
+        levels_agree::<bf16>(half_reduce_into_at, half_reduce_to_at);
     }
 
     #[test]

@@ -27,6 +27,7 @@ mod fingerprint;
 pub mod launch;
 mod logging;
 mod nt;
+mod simd;
 pub mod testing;
 mod topo;
 mod transports;
@@ -40,6 +41,7 @@ pub use comm::{Communicator, Work};
 /// that reduce locally, such as gradient accumulation.
 pub mod reduce {
     pub use crate::element::{reduce_into, reduce_to};
+    pub use crate::simd::SimdLevel;
 }
 pub use algo::Algorithm;
 pub use config::{

@@ -7,6 +7,7 @@
 //! ranks print only their errors. See `ferroccl-perf --help`.
 
 use ferroccl::launch::{launch, Bind, LaunchOptions};
+use ferroccl::reduce::SimdLevel;
 use ferroccl::{Communicator, DataType, Element, ReduceOp};
 use ferroccl_bench::coll::{bandwidth, Coll};
 use ferroccl_bench::options::{parse_args, Command, Options, USAGE};
@@ -314,12 +315,13 @@ fn print_header(opts: &Options, comm: &Communicator, infos: &[String]) {
         opts.root
     );
     println!(
-        "# ferroccl: transport {} buffsize {} steps {} slot {} B nsocks/peer {}",
+        "# ferroccl: transport {} buffsize {} steps {} slot {} B nsocks/peer {} kernels {}",
         cfg.transport.as_deref().unwrap_or("auto"),
         cfg.buffsize,
         cfg.steps,
         cfg.chunk_bytes(),
-        cfg.nsocks_per_peer
+        cfg.nsocks_per_peer,
+        SimdLevel::current()
     );
     if opts.windows {
         println!("# buffers: windows (-R 2), shared between the ranks where they can be");

@@ -10,7 +10,10 @@
 //!
 //! usage: reduce-bench [TRIALS]   (default 5)
 
-use ferroccl::{reduce::reduce_into, Element, ReduceOp};
+use ferroccl::{
+    reduce::{reduce_into, SimdLevel},
+    Element, ReduceOp,
+};
 use half::{bf16, f16};
 use std::hint::black_box;
 use std::time::Instant;
@@ -79,6 +82,11 @@ fn main() {
         ("f32 max", |b, t| measure::<f32>(ReduceOp::Max, b, t)),
     ];
     println!("# reduce_into vs copy_from_slice, GB/s of the destination array (best of {trials})");
+    println!(
+        "# kernels: {} (the CPU has {}; FERROCCL_SIMD=baseline|avx2|avx512 lowers it)",
+        SimdLevel::current(),
+        SimdLevel::detected()
+    );
     println!(
         "# {:<9} {:>8} {:>10} {:>10} {:>8}",
         "kernel", "size", "reduce", "copy", "ratio"
