@@ -337,7 +337,7 @@ fn main() {
 fn run(args: &Args) -> ferroccl::Result<()> {
     let comm = Communicator::from_env()?;
     let (rank, size) = (comm.rank(), comm.size());
-    if args.batch % size != 0 {
+    if !args.batch.is_multiple_of(size) {
         return Err(ferroccl::Error::InvalidArgument(format!(
             "--batch {} is not divisible by {size} ranks",
             args.batch

@@ -227,7 +227,7 @@ fn magnitude(dt: DataType, size: usize) -> usize {
 fn input(dt: DataType, op: ReduceOp, rank: usize, size: usize, i: usize) -> f64 {
     if op == ReduceOp::Prod {
         return if i % size == rank {
-            if is_signed(dt) && i % 3 == 0 {
+            if is_signed(dt) && i.is_multiple_of(3) {
                 -1.0
             } else {
                 2.0

@@ -17,7 +17,7 @@ pub(crate) fn all_gather(g: Geometry, send_len: usize, recv_len: usize) -> Resul
 
 /// In place on a buffer of `count * size` whose block `rank` holds the input.
 pub(crate) fn all_gather_in_place(g: Geometry, buf_len: usize) -> Result<Plan> {
-    if buf_len % g.size != 0 {
+    if !buf_len.is_multiple_of(g.size) {
         return Err(Error::InvalidArgument(format!(
             "all_gather_in_place buffer has {buf_len} elements, not a multiple of the {} ranks",
             g.size

@@ -11,7 +11,7 @@ pub(crate) fn all_to_all(g: Geometry, send_len: usize, recv_len: usize) -> Resul
         send_len,
         "recv.len() == send.len()",
     )?;
-    if send_len % g.size != 0 {
+    if !send_len.is_multiple_of(g.size) {
         return Err(Error::InvalidArgument(format!(
             "all_to_all buffers have {send_len} elements, not a multiple of the {} ranks",
             g.size

@@ -17,7 +17,7 @@ pub(crate) fn reduce_scatter(g: Geometry, send_len: usize, recv_len: usize) -> R
 
 /// In place on a buffer of `count * size`: the result lands in block `rank`.
 pub(crate) fn reduce_scatter_in_place(g: Geometry, buf_len: usize) -> Result<Plan> {
-    if buf_len % g.size != 0 {
+    if !buf_len.is_multiple_of(g.size) {
         return Err(Error::InvalidArgument(format!(
             "reduce_scatter_in_place buffer has {buf_len} elements, not a multiple of the {} ranks",
             g.size

@@ -26,7 +26,7 @@ pub fn input_value(dtype: DataType, op: ReduceOp, rank: usize, size: usize, i: u
         ReduceOp::Prod => {
             // One rank (which one depends on i) contributes 2 or -1, the rest 1.
             if rank == i % size {
-                if signed && i % 3 == 0 {
+                if signed && i.is_multiple_of(3) {
                     -1.0
                 } else {
                     2.0

@@ -572,7 +572,7 @@ fn call<T: Element>(
             // whose send to the odd rank 1 completes first).
             let next = (s.rank + 1) % s.ranks;
             let prev = (s.rank + s.ranks - 1) % s.ranks;
-            if s.rank % 2 == 0 {
+            if s.rank.is_multiple_of(2) {
                 comm.send(&b.send, next)?;
                 comm.recv(&mut b.recv, prev)
             } else {
