@@ -61,6 +61,88 @@ mod x86 {
     }
 }
 
+/// A cache line's worth of bytes, aligned as one.
+#[derive(Clone, Copy, Debug, Default, bytemuck::Zeroable, bytemuck::Pod)]
+#[repr(C, align(64))]
+pub(crate) struct Line(pub(crate) [u64; 8]);
+
+/// Bytes of a `Line`.
+pub(crate) const LINE: usize = 64;
+
+/// The streaming stores of whole lines, one function per vector width, for
+/// the fused kernels of `crate::element` (compiled at each `SimdLevel`).
+/// Each takes a destination that must start on a 64-byte boundary (checked:
+/// the hardware faults otherwise) and leaves the fence to the caller, once
+/// per call of the kernel, not per line.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod line {
+    use super::{Line, LINE};
+    use core::arch::x86_64::{
+        __m128i, __m256i, __m512i, _mm256_stream_si256, _mm512_stream_si512, _mm_sfence,
+        _mm_stream_si128,
+    };
+
+    /// The destination as a pointer, after checking what every store below
+    /// needs of it: 64 bytes, starting on a 64-byte boundary.
+    #[inline(always)]
+    fn target(dst: &mut [u8]) -> *mut u8 {
+        assert!(
+            dst.len() == LINE && (dst.as_ptr() as usize).is_multiple_of(LINE),
+            "streaming line store: {} bytes at {:p}",
+            dst.len(),
+            dst.as_ptr()
+        );
+        dst.as_mut_ptr()
+    }
+
+    /// Four 16-byte streaming stores (SSE2: the x86-64 baseline).
+    #[inline(always)]
+    pub(crate) fn sse2(dst: &mut [u8], src: &Line) {
+        let p = target(dst);
+        let v: [__m128i; 4] = bytemuck::cast(*src);
+        for (i, v) in v.into_iter().enumerate() {
+            // SAFETY: the hardware's streaming store has no safe wrapper.
+            // `p` points to 64 writable bytes this function holds
+            // exclusively (`dst`), aligned to 64 (checked in `target`), so
+            // each 16-byte piece is in bounds and 16-byte aligned.
+            unsafe { _mm_stream_si128(p.add(i * 16).cast::<__m128i>(), v) };
+        }
+    }
+
+    /// Two 32-byte streaming stores.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) fn avx2(dst: &mut [u8], src: &Line) {
+        let p = target(dst);
+        let v: [__m256i; 2] = bytemuck::cast(*src);
+        for (i, v) in v.into_iter().enumerate() {
+            // SAFETY: as in `sse2`; each 32-byte piece is in bounds and
+            // 32-byte aligned. AVX2 is enabled on this function, which
+            // only runs where the CPU has it (its callers are the AVX2 and
+            // AVX-512 kernels).
+            unsafe { _mm256_stream_si256(p.add(i * 32).cast::<__m256i>(), v) };
+        }
+    }
+
+    /// One 64-byte streaming store: a whole line per instruction.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(crate) fn avx512(dst: &mut [u8], src: &Line) {
+        let p = target(dst);
+        let v: __m512i = bytemuck::cast(*src);
+        // SAFETY: as in `sse2`; the line is in bounds and 64-byte aligned.
+        unsafe { _mm512_stream_si512(p.cast::<__m512i>(), v) };
+    }
+
+    /// Order the streaming stores before every later store (the release
+    /// that says the call is done).
+    #[inline]
+    pub(crate) fn fence() {
+        // SAFETY: a store fence has no memory-safety preconditions.
+        unsafe { _mm_sfence() };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::copy_nt;

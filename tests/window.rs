@@ -65,6 +65,20 @@ fn windowed<T: Element>(comm: &Communicator, counts: &[usize]) -> (u64, u64) {
             comm.all_reduce(&a[at..at + count], &mut b[..count], op)
                 .unwrap();
             check(&what("all_reduce"), &b[..count], |i| want[i], tol);
+            // Out of place with the output at an offset that differs per
+            // rank: with streaming stores, outputs that lie differently
+            // against cache lines take the block path.
+            let to = 1 + rank % 2;
+            b[to..to + count].fill(T::from_f64(-99.0));
+            comm.all_reduce(&a[at..at + count], &mut b[to..to + count], op)
+                .unwrap();
+            check(
+                &what("all_reduce, offset output"),
+                &b[to..to + count],
+                |i| want[i],
+                tol,
+            );
+            direct += 1;
             // In place.
             a[..count].copy_from_slice(&input);
             comm.all_reduce_in_place(&mut a[..count], op).unwrap();
@@ -112,9 +126,17 @@ fn windowed<T: Element>(comm: &Communicator, counts: &[usize]) -> (u64, u64) {
     (got, if n == 1 { 0 } else { direct })
 }
 
-fn matrix(n: usize, seed: u64) {
+/// `streaming`: every out-of-place call writes with streaming stores
+/// (FERROCCL_NT_STORE_BYTES of 1), so the fused kernels carry them.
+fn matrix(n: usize, seed: u64, streaming: bool) {
     let counts = [0usize, 1, 7, 1000, 100_003];
-    let results = run_ranks_with(n, with_token(seed), |comm| {
+    let config = |c: &mut Config| {
+        with_token(seed)(c);
+        if streaming {
+            c.nt_store_bytes = 1;
+        }
+    };
+    let results = run_ranks_with(n, config, |comm| {
         let (mut got, mut want) = (0, 0);
         for (g, w) in [
             windowed::<f32>(&comm, &counts),
@@ -141,27 +163,37 @@ fn matrix(n: usize, seed: u64) {
 
 #[test]
 fn one_rank_gets_a_private_window() {
-    matrix(1, 1);
+    matrix(1, 1, false);
 }
 
 #[test]
 fn two_ranks() {
-    matrix(2, 2);
+    matrix(2, 2, false);
 }
 
 #[test]
 fn three_ranks() {
-    matrix(3, 3);
+    matrix(3, 3, false);
+}
+
+#[test]
+fn two_ranks_streaming() {
+    matrix(2, 20, true);
+}
+
+#[test]
+fn three_ranks_streaming() {
+    matrix(3, 21, true);
 }
 
 #[test]
 fn four_ranks() {
-    matrix(4, 4);
+    matrix(4, 4, false);
 }
 
 #[test]
 fn five_ranks() {
-    matrix(5, 5);
+    matrix(5, 5, false);
 }
 
 /// Any rank whose buffers are not in the common window sends the call

@@ -1,17 +1,23 @@
 /* The bound of a direct (window) allreduce on 2 processes of this machine:
- * the least a kernel can do, in C, with nothing of ferroccl around it.
+ * what a kernel does in C, with nothing of ferroccl around it.
  *
  * Two processes share four 64 MiB buffers (in0, in1, out0, out1; anonymous
  * shared memory, like ferroccl's windows). Process r reduces piece r (half)
- * of in0 and in1, 8 KiB at a time through an L1 buffer, and writes the
- * result into piece r of out0 and out1 with 32-byte streaming stores (out
- * of place) or with ordinary stores back into the inputs (in place): the
+ * of in0 and in1 and writes the result into piece r of out0 and out1 (the
  * memory traffic of ferroccl's direct allreduce, and the least any 2-rank
- * allreduce has. Prints the busbw (= algbw on 2 ranks) to set against the
- * memcpy figure of ../../../shared/peers/run.sh.
+ * allreduce has), in one of three ways:
+ *   0  out of place, 8 KiB at a time through an L1 buffer, then 32-byte
+ *      streaming stores from it (ferroccl's kernel before the fused one);
+ *   1  in place, through the buffer with ordinary stores;
+ *   2  out of place, fused: each 64-byte line of the result is computed in
+ *      a register and streamed to both outputs at once, so loads and
+ *      streaming stores interleave (ferroccl's kernel now, see
+ *      src/element.rs, stream_kernel; this C version needs AVX-512).
+ * Prints the busbw (= algbw on 2 ranks) to set against the memcpy figure
+ * of ../../../shared/peers/run.sh.
  *
  * build: gcc -O3 -march=native -o /tmp/direct bench/bound/direct.c
- * run:   /tmp/direct 0   (out of place)     /tmp/direct 1   (in place)
+ * run:   /tmp/direct 0     /tmp/direct 1     /tmp/direct 2
  */
 #include <immintrin.h>
 #include <stdatomic.h>
@@ -40,7 +46,8 @@ static void barrier(_Atomic long *flags, int r, long *gen) {
 }
 
 int main(int argc, char **argv) {
-  int in_place = argc > 1 && atoi(argv[1]) == 1;
+  int mode = argc > 1 ? atoi(argv[1]) : 0;
+  int in_place = mode == 1, fused = mode == 2;
   size_t n = (64u << 20) / sizeof(float), piece = n / 2;
   _Atomic long *flags = mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   float *buf[4];
@@ -57,6 +64,13 @@ int main(int argc, char **argv) {
   for (int it = 0; it < ITERS; it++) {
     barrier(flags, r, &gen);
     double t = now();
+    if (fused)
+      for (size_t o = r * piece; o < (r + 1) * piece; o += 16) {
+        __m512 v = _mm512_add_ps(_mm512_load_ps(in0 + o), _mm512_load_ps(in1 + o));
+        _mm512_stream_ps(out0 + o, v);
+        _mm512_stream_ps(out1 + o, v);
+      }
+    else
     for (size_t o = r * piece; o < (r + 1) * piece; o += BLOCK) {
       for (int i = 0; i < BLOCK; i++) tmp[i] = in0[o + i] + in1[o + i];
       if (in_place) {
@@ -83,7 +97,7 @@ int main(int argc, char **argv) {
   if (r == 0) {
     double t = total / (ITERS - 2);
     printf("direct allreduce bound, 2 processes, 64 MiB, %s: %.2f ms, busbw %.2f GB/s\n",
-           in_place ? "in place" : "out of place", t * 1e3, (64u << 20) / t / 1e9);
+           in_place ? "in place" : fused ? "out of place, fused" : "out of place", t * 1e3, (64u << 20) / t / 1e9);
     wait(NULL);
   }
   return 0;

@@ -740,7 +740,7 @@ impl Kernel<'_> {
                 let bytes = elems as u64 * elem;
                 match regions.get(peer).and_then(Option::as_ref).map(Region::len) {
                     Some(len)
-                        if off % elem == 0
+                        if off.is_multiple_of(elem)
                             && off.checked_add(bytes).is_some_and(|end| end <= len as u64) =>
                     {
                         Ok((off, off + bytes))
@@ -868,7 +868,12 @@ impl Kernel<'_> {
         len: usize,
         mut put: impl FnMut(&mut Io<'_, T>, &mut Maps<'_>, usize, &[T]) -> Result<()>,
     ) -> Result<()> {
-        let mut tmp = vec![T::zeroed(); self.block::<T>().min(len)];
+        // The buffer starts on a cache line: the wide kernels' 64-byte
+        // stores into it would otherwise each split across two lines.
+        let want = self.block::<T>().min(len);
+        let mut buf = vec![T::zeroed(); want + 64 / std::mem::size_of::<T>().max(1)];
+        let skip = buf.as_ptr().align_offset(64).min(buf.len() - want);
+        let tmp = &mut buf[skip..skip + want];
         let mut done = 0;
         while done < len {
             let k = tmp.len().min(len - done);
@@ -880,6 +885,79 @@ impl Kernel<'_> {
         Ok(())
     }
 
+    /// With streaming stores, out of place between two windows: elements
+    /// `in_start..in_start + len` of every rank's input (`reduce`), or of
+    /// this rank's alone, combined and written into `out_start..out_start +
+    /// len` of every rank's output in one fused pass (see
+    /// `element::reduce_to_streams`). False where that path does not apply
+    /// (cached stores, input and output in one window, outputs that lie
+    /// differently against cache lines): the block path then does the work.
+    fn spread_streaming<T: Element>(
+        &self,
+        io: &mut Io<'_, T>,
+        maps: &mut Maps<'_>,
+        reduce: bool,
+        in_start: usize,
+        out_start: usize,
+        len: usize,
+    ) -> Result<bool> {
+        if self.mode != Store::Streaming || len == 0 {
+            return Ok(false);
+        }
+        let Io::OutOfPlace { input, output } = io else {
+            return Ok(false);
+        };
+        // An allgather's input need not be in a window; its outputs' parts
+        // are in the one set of maps.
+        let (in_regions, out_regions): (Option<&Vec<Option<Region>>>, &mut Vec<Option<Region>>) =
+            match maps.output.as_mut() {
+                Some(out) => (Some(&maps.input), &mut **out),
+                None if !reduce => (None, &mut maps.input),
+                None => return Ok(false),
+            };
+        let elem = self.elem;
+        let unmapped = |j| self.protocol(j, "its part of the window is not mapped here".into());
+        let ranks = if reduce {
+            0..self.size
+        } else {
+            self.rank..self.rank + 1
+        };
+        let mut ins: Vec<&[T]> = Vec::with_capacity(ranks.len());
+        for j in ranks {
+            if j == self.rank {
+                ins.push(&input[in_start..in_start + len]);
+                continue;
+            }
+            let region = in_regions.and_then(|r| r.get(j)).and_then(Option::as_ref);
+            let off = self.places[j].in_off as usize + in_start * elem;
+            let bytes = region
+                .ok_or_else(|| unmapped(j))?
+                .slice(off, len * elem)
+                .map_err(|e| self.protocol(j, e.to_string()))?;
+            ins.push(
+                bytemuck::try_cast_slice(bytes).map_err(|e| self.protocol(j, format!("{e:?}")))?,
+            );
+        }
+        let mut outs: Vec<&mut [T]> = Vec::with_capacity(self.size);
+        let mut regions = out_regions.iter_mut().enumerate();
+        for j in (0..self.size).filter(|&j| j != self.rank) {
+            let region = regions
+                .find(|(i, _)| *i == j)
+                .and_then(|(_, r)| r.as_mut())
+                .ok_or_else(|| unmapped(j))?;
+            let off = self.places[j].out_off as usize + out_start * elem;
+            let bytes = region
+                .slice_mut(off, len * elem)
+                .map_err(|e| self.protocol(j, e.to_string()))?;
+            outs.push(
+                bytemuck::try_cast_slice_mut(bytes)
+                    .map_err(|e| self.protocol(j, format!("{e:?}")))?,
+            );
+        }
+        outs.push(&mut output[out_start..out_start + len]);
+        Ok(crate::element::reduce_to_streams(self.op, &ins, &mut outs))
+    }
+
     /// Allreduce share: piece `off..off + len` of every input, reduced,
     /// into the same piece of every output.
     fn reduce_and_spread<T: Element>(
@@ -889,6 +967,9 @@ impl Kernel<'_> {
         off: usize,
         len: usize,
     ) -> Result<()> {
+        if self.spread_streaming(io, maps, true, off, off, len)? {
+            return Ok(());
+        }
         self.reduce_blocks(io, maps, off, len, |io, maps, done, t| {
             // Peers first: they wait on this rank, it waits on nobody.
             for step in 1..=self.size {
@@ -908,6 +989,9 @@ impl Kernel<'_> {
         count: usize,
     ) -> Result<()> {
         let base = self.rank * count;
+        if self.spread_streaming(io, maps, false, 0, base, count)? {
+            return Ok(());
+        }
         let block = self.block::<T>();
         let mut done = 0;
         while done < count {
