@@ -346,7 +346,23 @@ mod wide {
     use half::f16;
 
     macro_rules! kernels {
-        ($features:literal, $into:ident, $to:ident, $half_into:ident, $half_to:ident) => {
+        (
+            $features:literal,
+            $into:ident,
+            $to:ident,
+            $half_into:ident,
+            $half_to:ident,
+            $streams:ident,
+            $line:path
+        ) => {
+            #[target_feature(enable = $features)]
+            pub(super) fn $streams<T: Arith + bytemuck::Pod>(
+                op: ReduceOp,
+                ins: &[&[T]],
+                outs: &mut [&mut [T]],
+            ) {
+                super::stream_kernel(op, ins, outs, |d, l| $line(d, l))
+            }
             #[target_feature(enable = $features)]
             pub(super) fn $into<T: Arith>(op: ReduceOp, dst: &mut [T], src: &[T]) {
                 super::native_reduce_into(op, dst, src)
@@ -376,14 +392,18 @@ mod wide {
         avx2_into,
         avx2_to,
         avx2_half_into,
-        avx2_half_to
+        avx2_half_to,
+        avx2_streams,
+        crate::nt::line::avx2
     );
     kernels!(
         "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
         avx512_into,
         avx512_to,
         avx512_half_into,
-        avx512_half_to
+        avx512_half_to,
+        avx512_streams,
+        crate::nt::line::avx512
     );
 
     /// f16 to f32 eight at a time with F16C (`half`'s slice conversion
@@ -439,24 +459,6 @@ mod wide {
                 )
             }
         };
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn avx2_streams<T: Arith + bytemuck::Pod>(
-        op: ReduceOp,
-        ins: &[&[T]],
-        outs: &mut [&mut [T]],
-    ) {
-        super::stream_kernel(op, ins, outs, |d, l| crate::nt::line::avx2(d, l))
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-    pub(super) fn avx512_streams<T: Arith + bytemuck::Pod>(
-        op: ReduceOp,
-        ins: &[&[T]],
-        outs: &mut [&mut [T]],
-    ) {
-        super::stream_kernel(op, ins, outs, |d, l| crate::nt::line::avx512(d, l))
     }
 
     f16_kernels!("avx2,fma,f16c", avx2_f16_into, avx2_f16_to);

@@ -5,7 +5,8 @@
 //! kernels in `crate::element` are therefore compiled three times, for the
 //! baseline, for AVX2 and for AVX-512, and each call takes the widest the
 //! CPU has, found once per process (`is_x86_feature_detected!`). The three
-//! compile the same elementwise source, so they give the same bits.
+//! compile the same elementwise source, so they give the same bits (up to
+//! which NaN an operation on NaNs returns, which Rust leaves open).
 //! FERROCCL_SIMD can lower the level (for comparisons, or a CPU that slows
 //! its clock on wide vectors); it never raises it above what the CPU has.
 //! Elsewhere than x86-64 there is one level, the baseline.
