@@ -339,11 +339,11 @@ fn native_reduce_to<T: Arith>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
 /// same elementwise operations and gives the same bits.
 #[cfg(target_arch = "x86_64")]
 mod wide {
-    use super::{Arith, HalfSlices, ReduceOp};
+    use super::{Arith, ReduceOp};
     use core::arch::x86_64::{
         __m128i, __m256, _mm256_cvtph_ps, _mm256_cvtps_ph, _MM_FROUND_TO_NEAREST_INT,
     };
-    use half::f16;
+    use half::{bf16, f16};
 
     macro_rules! kernels {
         (
@@ -352,6 +352,8 @@ mod wide {
             $to:ident,
             $half_into:ident,
             $half_to:ident,
+            $simd_into:ident,
+            $simd_to:ident,
             $streams:ident,
             $line:path
         ) => {
@@ -371,18 +373,16 @@ mod wide {
             pub(super) fn $to<T: Arith>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
                 super::native_reduce_to(op, out, a, b)
             }
+            // bf16: whole steps in registers, the tail through f32 blocks.
             #[target_feature(enable = $features)]
-            pub(super) fn $half_into<H: HalfSlices + Copy>(op: ReduceOp, dst: &mut [H], src: &[H]) {
-                super::half_reduce_into(op, dst, src)
+            pub(super) fn $half_into(op: ReduceOp, dst: &mut [bf16], src: &[bf16]) {
+                let done = crate::half_simd::$simd_into(op, dst, src);
+                super::half_reduce_into(op, &mut dst[done..], &src[done..])
             }
             #[target_feature(enable = $features)]
-            pub(super) fn $half_to<H: HalfSlices + Copy>(
-                op: ReduceOp,
-                out: &mut [H],
-                a: &[H],
-                b: &[H],
-            ) {
-                super::half_reduce_to(op, out, a, b)
+            pub(super) fn $half_to(op: ReduceOp, out: &mut [bf16], a: &[bf16], b: &[bf16]) {
+                let done = crate::half_simd::$simd_to(op, out, a, b);
+                super::half_reduce_to(op, &mut out[done..], &a[done..], &b[done..])
             }
         };
     }
@@ -393,6 +393,8 @@ mod wide {
         avx2_to,
         avx2_half_into,
         avx2_half_to,
+        avx2_bf16_into,
+        avx2_bf16_to,
         avx2_streams,
         crate::nt::line::avx2
     );
@@ -402,6 +404,8 @@ mod wide {
         avx512_to,
         avx512_half_into,
         avx512_half_to,
+        avx512_bf16_into,
+        avx512_bf16_to,
         avx512_streams,
         crate::nt::line::avx512
     );
@@ -436,24 +440,27 @@ mod wide {
     }
 
     macro_rules! f16_kernels {
-        ($features:literal, $into:ident, $to:ident) => {
+        ($features:literal, $into:ident, $to:ident, $simd_into:ident, $simd_to:ident) => {
+            // Whole steps in registers, the tail through f32 blocks.
             #[target_feature(enable = $features)]
             pub(super) fn $into(op: ReduceOp, dst: &mut [f16], src: &[f16]) {
+                let done = crate::half_simd::$simd_into(op, dst, src);
                 super::half_reduce_into_with(
                     op,
-                    dst,
-                    src,
+                    &mut dst[done..],
+                    &src[done..],
                     |s, d| f16c_widen(s, d),
                     |s, d| f16c_narrow(s, d),
                 )
             }
             #[target_feature(enable = $features)]
             pub(super) fn $to(op: ReduceOp, out: &mut [f16], a: &[f16], b: &[f16]) {
+                let done = crate::half_simd::$simd_to(op, out, a, b);
                 super::half_reduce_to_with(
                     op,
-                    out,
-                    a,
-                    b,
+                    &mut out[done..],
+                    &a[done..],
+                    &b[done..],
                     |s, d| f16c_widen(s, d),
                     |s, d| f16c_narrow(s, d),
                 )
@@ -461,11 +468,22 @@ mod wide {
         };
     }
 
-    f16_kernels!("avx2,fma,f16c", avx2_f16_into, avx2_f16_to);
+    f16_kernels!(
+        "avx2,fma,f16c",
+        avx2_f16_into,
+        avx2_f16_to,
+        avx2_f16_into,
+        avx2_f16_to
+    );
+    // f16 at the AVX-512 level takes the 8-lane F16C steps: the 16-lane
+    // AVX-512 conversions were no faster here (15-19 against 21-25 GB/s
+    // for a 4 KiB f16 sum in two rounds of reduce-bench).
     f16_kernels!(
         "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
         avx512_f16_into,
-        avx512_f16_to
+        avx512_f16_to,
+        avx2_f16_into,
+        avx2_f16_to
     );
 }
 
@@ -504,12 +522,7 @@ fn reduce_to_at<T: Arith>(level: SimdLevel, op: ReduceOp, out: &mut [T], a: &[T]
     at_level!(level, native_reduce_to, avx2_to, avx512_to, (op, out, a, b))
 }
 
-fn half_reduce_into_at<H: HalfSlices + Copy>(
-    level: SimdLevel,
-    op: ReduceOp,
-    dst: &mut [H],
-    src: &[H],
-) {
+fn bf16_reduce_into_at(level: SimdLevel, op: ReduceOp, dst: &mut [bf16], src: &[bf16]) {
     at_level!(
         level,
         half_reduce_into,
@@ -519,13 +532,7 @@ fn half_reduce_into_at<H: HalfSlices + Copy>(
     )
 }
 
-fn half_reduce_to_at<H: HalfSlices + Copy>(
-    level: SimdLevel,
-    op: ReduceOp,
-    out: &mut [H],
-    a: &[H],
-    b: &[H],
-) {
+fn bf16_reduce_to_at(level: SimdLevel, op: ReduceOp, out: &mut [bf16], a: &[bf16], b: &[bf16]) {
     at_level!(
         level,
         half_reduce_to,
@@ -880,7 +887,7 @@ macro_rules! half_element {
 }
 
 half_element!(f16, DataType::F16, f16_reduce_into_at, f16_reduce_to_at);
-half_element!(bf16, DataType::Bf16, half_reduce_into_at, half_reduce_to_at);
+half_element!(bf16, DataType::Bf16, bf16_reduce_into_at, bf16_reduce_to_at);
 
 /// Reduce `src` into `dst` elementwise for a runtime-chosen op (Avg acts as
 /// Sum); the single entry point the executor uses.
@@ -1107,49 +1114,83 @@ mod tests {
         }
     }
 
-    #[test]
-    fn f16_kernels_agree_at_every_level_over_every_bit_pattern() {
-        // Every f16 against a permutation of every f16, and against half
-        // its own unit in the last place (sums that are ties), so the
-        // widening and the rounding of each level's conversions meet every
-        // exponent, subnormals, infinities and NaNs.
-        let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
-        let shuffled: Vec<f16> = (0..=u16::MAX)
-            .map(|i| f16::from_bits(i.wrapping_mul(7919)))
+    /// Every bit pattern of a half type against a permutation of every
+    /// pattern, and against half its own unit in the last place (sums that
+    /// are ties), so the widening and the rounding of each level's
+    /// conversions meet every exponent, subnormals, infinities and NaNs.
+    /// `exp_mask` keeps sign and exponent, `min_normal` is the smallest
+    /// normal's bits, `mantissa` the stored mantissa bits.
+    fn halves_agree<H: Element>(
+        from_bits: fn(u16) -> H,
+        to_bits: fn(H) -> u16,
+        (exp_mask, min_normal, mantissa): (u16, u16, u32),
+        into_at: fn(SimdLevel, ReduceOp, &mut [H], &[H]),
+        to_at: fn(SimdLevel, ReduceOp, &mut [H], &[H], &[H]),
+    ) {
+        let all: Vec<H> = (0..=u16::MAX).map(from_bits).collect();
+        let shuffled: Vec<H> = (0..=u16::MAX)
+            .map(|i| from_bits(i.wrapping_mul(7919)))
             .collect();
-        let half_ulp: Vec<f16> = all
+        let half_ulp: Vec<H> = all
             .iter()
-            .map(|x| f16::from_bits(x.to_bits() & 0xfc00).max(f16::from_bits(0x0400)))
-            .map(|x| f16::from_f64(x.to_f64() / 2048.0))
+            .map(|x| from_bits((to_bits(*x) & exp_mask).max(min_normal)))
+            .map(|x| H::from_f64(x.to_f64() / f64::from(2u32 << mantissa)))
             .collect();
+        let nan = |x: H| x.to_f64().is_nan();
         for b in [&shuffled, &half_ulp, &all] {
             for op in ReduceOp::ALL {
-                let mut want = vec![f16::ZERO; all.len()];
-                f16_reduce_to_at(SimdLevel::Baseline, op, &mut want, &all, b);
+                let mut want = vec![H::zeroed(); all.len()];
+                to_at(SimdLevel::Baseline, op, &mut want, &all, b);
                 // Against the f64 reference where no input is NaN (min and
                 // max of a NaN are the kernels' compare-select, not IEEE's).
                 for (i, w) in want.iter().enumerate() {
-                    if all[i].is_nan() || b[i].is_nan() {
+                    if nan(all[i]) || nan(b[i]) {
                         continue;
                     }
                     let exact = reference(op, all[i].to_f64(), b[i].to_f64());
                     assert!(
-                        w.to_bits() == f16::from_f64(exact).to_bits()
-                            || (w.is_nan() && exact.is_nan()),
-                        "baseline {op} {:#06x} {:#06x}",
-                        all[i].to_bits(),
-                        b[i].to_bits()
+                        to_bits(*w) == to_bits(H::from_f64(exact)) || (nan(*w) && exact.is_nan()),
+                        "{} baseline {op} {:#06x} {:#06x}",
+                        H::DTYPE,
+                        to_bits(all[i]),
+                        to_bits(b[i])
                     );
                 }
                 for level in SimdLevel::ALL {
-                    let (mut to, mut into) = (vec![f16::ZERO; all.len()], all.clone());
-                    f16_reduce_to_at(level, op, &mut to, &all, b);
-                    f16_reduce_into_at(level, op, &mut into, b);
-                    assert!(same_bits(&to, &want), "f16 reduce_to {op} at {level}");
-                    assert!(same_bits(&into, &want), "f16 reduce_into {op} at {level}");
+                    let (mut to, mut into) = (vec![H::zeroed(); all.len()], all.clone());
+                    to_at(level, op, &mut to, &all, b);
+                    into_at(level, op, &mut into, b);
+                    assert!(
+                        same_bits(&to, &want),
+                        "{} reduce_to {op} at {level}",
+                        H::DTYPE
+                    );
+                    assert!(
+                        same_bits(&into, &want),
+                        "{} reduce_into {op} at {level}",
+                        H::DTYPE
+                    );
                 }
             }
         }
+    }
+
+    #[test]
+    fn half_kernels_agree_at_every_level_over_every_bit_pattern() {
+        halves_agree(
+            f16::from_bits,
+            f16::to_bits,
+            (0xfc00, 0x0400, 10),
+            f16_reduce_into_at,
+            f16_reduce_to_at,
+        );
+        halves_agree(
+            bf16::from_bits,
+            bf16::to_bits,
+            (0xff80, 0x0080, 7),
+            bf16_reduce_into_at,
+            bf16_reduce_to_at,
+        );
     }
 
     /// Bit patterns of every class for `T`: zeros, subnormals, ties,
@@ -1238,7 +1279,7 @@ mod tests {
         levels_agree::<i64>(reduce_into_at, reduce_to_at);
         levels_agree::<u64>(reduce_into_at, reduce_to_at);
         levels_agree::<f16>(f16_reduce_into_at, f16_reduce_to_at);
-        levels_agree::<bf16>(half_reduce_into_at, half_reduce_to_at);
+        levels_agree::<bf16>(bf16_reduce_into_at, bf16_reduce_to_at);
     }
 
     fn streams_match_the_block_kernels<T: Element + Arith>() {

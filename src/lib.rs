@@ -24,6 +24,8 @@ mod element;
 mod error;
 mod exec;
 mod fingerprint;
+#[cfg(target_arch = "x86_64")]
+mod half_simd;
 pub mod launch;
 mod logging;
 mod nt;
