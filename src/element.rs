@@ -606,9 +606,30 @@ fn stream_lines<T: Arith + bytemuck::Pod>(
             out[i] = v;
         }
     }
-    let mut buf = Line::default();
-    for s in (head..end).step_by(per_line) {
-        let l: &mut [T] = bytemuck::cast_slice_mut(&mut buf.0);
+    // GROUP lines a step: the loop's bookkeeping (bounds, the walk over the
+    // outputs) is paid once per group.
+    const GROUP: usize = 4;
+    let span = GROUP * per_line;
+    let grouped = head + (end - head) / span * span;
+    let mut buf = [Line::default(); GROUP];
+    for s in (head..grouped).step_by(span) {
+        let l: &mut [T] = bytemuck::cast_slice_mut(&mut buf);
+        l.copy_from_slice(&ins[0][s..s + span]);
+        for x in &ins[1..] {
+            for (o, v) in l.iter_mut().zip(&x[s..s + span]) {
+                *o = f(*o, *v);
+            }
+        }
+        for out in outs.iter_mut() {
+            let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut out[s..s + span]);
+            for (d, b) in dst.chunks_exact_mut(LINE).zip(&buf) {
+                line(d, b);
+            }
+        }
+    }
+    let mut one_line = Line::default();
+    for s in (grouped..end).step_by(per_line) {
+        let l: &mut [T] = bytemuck::cast_slice_mut(&mut one_line.0);
         l.copy_from_slice(&ins[0][s..s + per_line]);
         for x in &ins[1..] {
             for (o, v) in l.iter_mut().zip(&x[s..s + per_line]) {
@@ -616,7 +637,10 @@ fn stream_lines<T: Arith + bytemuck::Pod>(
             }
         }
         for out in outs.iter_mut() {
-            line(bytemuck::cast_slice_mut(&mut out[s..s + per_line]), &buf);
+            line(
+                bytemuck::cast_slice_mut(&mut out[s..s + per_line]),
+                &one_line,
+            );
         }
     }
 }
