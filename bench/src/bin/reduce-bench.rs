@@ -8,7 +8,9 @@
 //! copy. Each figure is the best of several trials, which on a shared
 //! machine is the least disturbed one.
 //!
-//! usage: reduce-bench [TRIALS]   (default 5)
+//! usage: `reduce-bench [TRIALS]` (default 5). The kernels run at the
+//! widest vector level the CPU has; `FERROCCL_SIMD=baseline|avx2|avx512`
+//! lowers it, for comparing levels.
 
 use ferroccl::{
     reduce::{reduce_into, SimdLevel},
