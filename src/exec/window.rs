@@ -288,6 +288,14 @@ pub(crate) fn run<T: Element>(ctx: &Ctx<'_>, io: &mut Io<'_, T>, call: &Call) ->
     Ok(true)
 }
 
+/// Which collective a fused streaming pass does (`Kernel::spread_streaming`).
+#[derive(Clone, Copy)]
+enum Fused {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+}
+
 enum Direct {
     AllReduce(u64, u64),
     AllGather(u64),
@@ -671,11 +679,15 @@ fn online_cpus() -> usize {
     })
 }
 
+/// Each peer's part of one window as mapped here, by rank (`None` for this
+/// rank's own).
+type Parts = Vec<Option<Region>>;
+
 /// The peers' parts of the call's input and output windows (one lock when
 /// both are the same window).
 struct Maps<'a> {
-    input: MutexGuard<'a, Vec<Option<Region>>>,
-    output: Option<MutexGuard<'a, Vec<Option<Region>>>>,
+    input: MutexGuard<'a, Parts>,
+    output: Option<MutexGuard<'a, Parts>>,
 }
 
 impl<'a> Maps<'a> {
@@ -907,18 +919,20 @@ impl Kernel<'_> {
         Ok(())
     }
 
-    /// With streaming stores, out of place between two windows: elements
-    /// `in_start..in_start + len` of every rank's input (`reduce`), or of
-    /// this rank's alone, combined and written into `out_start..out_start +
-    /// len` of every rank's output in one fused pass (see
+    /// With streaming stores, out of place: elements `in_start..in_start +
+    /// len` of every rank's input (allreduce, reduce-scatter) or of this
+    /// rank's alone (allgather), combined and written into `out_start..
+    /// out_start + len` of every rank's output (allreduce, allgather) or of
+    /// this rank's alone (reduce-scatter), in one fused pass (see
     /// `element::reduce_to_streams`). False where that path does not apply
-    /// (cached stores, input and output in one window, outputs that lie
-    /// differently against cache lines): the block path then does the work.
+    /// (cached stores, an allreduce's input and output in one window,
+    /// outputs that lie differently against cache lines): the block path
+    /// then does the work.
     fn spread_streaming<T: Element>(
         &self,
         io: &mut Io<'_, T>,
         maps: &mut Maps<'_>,
-        reduce: bool,
+        kind: Fused,
         in_start: usize,
         out_start: usize,
         len: usize,
@@ -929,15 +943,17 @@ impl Kernel<'_> {
         let Io::OutOfPlace { input, output } = io else {
             return Ok(false);
         };
-        // An allgather's input need not be in a window; its outputs' parts
-        // are in the one set of maps.
-        let (in_regions, out_regions): (Option<&Vec<Option<Region>>>, &mut Vec<Option<Region>>) =
-            match maps.output.as_mut() {
-                Some(out) => (Some(&maps.input), &mut **out),
-                None if !reduce => (None, &mut maps.input),
-                None => return Ok(false),
+        // Which maps hold the peers' inputs and outputs: an allgather's
+        // input and a reduce-scatter's output need not be in a window, and
+        // the window they use is the one set of maps.
+        let (in_regions, out_regions): (Option<&Parts>, Option<&mut Parts>) =
+            match (kind, maps.output.as_mut()) {
+                (Fused::AllReduce, Some(out)) => (Some(&maps.input), Some(&mut **out)),
+                (Fused::AllReduce, None) => return Ok(false),
+                (Fused::AllGather, out) => (None, Some(out.map_or(&mut *maps.input, |o| &mut **o))),
+                (Fused::ReduceScatter, _) => (Some(&maps.input), None),
             };
-        let ranks = if reduce {
+        let ranks = if in_regions.is_some() {
             0..self.size
         } else {
             self.rank..self.rank + 1
@@ -953,10 +969,12 @@ impl Kernel<'_> {
         }
         // Every peer's output part at once (distinct regions of one list).
         let mut outs: Vec<&mut [T]> = Vec::with_capacity(self.size);
-        let mut regions = out_regions.iter_mut().enumerate();
-        for j in (0..self.size).filter(|&j| j != self.rank) {
-            let region = regions.find(|(i, _)| *i == j).and_then(|(_, r)| r.as_mut());
-            outs.push(self.peer_output_in(region, j, out_start, len)?);
+        if let Some(out_regions) = out_regions {
+            let mut regions = out_regions.iter_mut().enumerate();
+            for j in (0..self.size).filter(|&j| j != self.rank) {
+                let region = regions.find(|(i, _)| *i == j).and_then(|(_, r)| r.as_mut());
+                outs.push(self.peer_output_in(region, j, out_start, len)?);
+            }
         }
         outs.push(&mut output[out_start..out_start + len]);
         Ok(crate::element::reduce_to_streams(self.op, &ins, &mut outs))
@@ -971,7 +989,7 @@ impl Kernel<'_> {
         off: usize,
         len: usize,
     ) -> Result<()> {
-        if self.spread_streaming(io, maps, true, off, off, len)? {
+        if self.spread_streaming(io, maps, Fused::AllReduce, off, off, len)? {
             return Ok(());
         }
         self.reduce_blocks(io, maps, off, len, |io, maps, done, t| {
@@ -993,7 +1011,7 @@ impl Kernel<'_> {
         count: usize,
     ) -> Result<()> {
         let base = self.rank * count;
-        if self.spread_streaming(io, maps, false, 0, base, count)? {
+        if self.spread_streaming(io, maps, Fused::AllGather, 0, base, count)? {
             return Ok(());
         }
         let block = self.block::<T>();
@@ -1022,7 +1040,11 @@ impl Kernel<'_> {
         maps: &mut Maps<'_>,
         count: usize,
     ) -> Result<()> {
-        self.reduce_blocks(io, maps, self.rank * count, count, |io, _, done, t| {
+        let from = self.rank * count;
+        if self.spread_streaming(io, maps, Fused::ReduceScatter, from, 0, count)? {
+            return Ok(());
+        }
+        self.reduce_blocks(io, maps, from, count, |io, _, done, t| {
             store(self.mode, io.output(done, t.len()), t);
             Ok(())
         })
