@@ -45,50 +45,69 @@ fn bf16_narrow16(v: __m512) -> __m256i {
     _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet))
 }
 
-/// `out = f(widen(a), widen(b))` narrowed, 16 at a time; elements done.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-#[inline]
-fn steps16_to<H: bytemuck::Pod>(
-    out: &mut [H],
-    a: &[H],
-    b: &[H],
-    widen: impl Fn(__m256i) -> __m512,
-    narrow: impl Fn(__m512) -> __m256i,
-    f: impl Fn(__m512, __m512) -> __m512,
-) -> usize {
-    let n = out.len().min(a.len()).min(b.len()) / 16 * 16;
-    for ((o, x), y) in out[..n]
-        .chunks_exact_mut(16)
-        .zip(a.chunks_exact(16))
-        .zip(b.chunks_exact(16))
-    {
-        let vx: __m256i = bytemuck::pod_read_unaligned(bytemuck::cast_slice(x));
-        let vy: __m256i = bytemuck::pod_read_unaligned(bytemuck::cast_slice(y));
-        let r = narrow(f(widen(vx), widen(vy)));
-        bytemuck::cast_slice_mut::<H, u8>(o).copy_from_slice(bytemuck::bytes_of(&r));
-    }
-    n
+/// The step loops of one vector width: `$to` is `out = f(widen(a),
+/// widen(b))` narrowed, `$into` is `dst = f(widen(dst), widen(src))`,
+/// `$lanes` elements a step (`$half` holds their bits, `$float` the f32
+/// lanes); each returns the elements done.
+macro_rules! steps {
+    ($features:literal, $lanes:literal, $half:ty, $float:ty, $to:ident, $into:ident) => {
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn $to<H: bytemuck::Pod>(
+            out: &mut [H],
+            a: &[H],
+            b: &[H],
+            widen: impl Fn($half) -> $float,
+            narrow: impl Fn($float) -> $half,
+            f: impl Fn($float, $float) -> $float,
+        ) -> usize {
+            let n = out.len().min(a.len()).min(b.len()) / $lanes * $lanes;
+            for ((o, x), y) in out[..n]
+                .chunks_exact_mut($lanes)
+                .zip(a.chunks_exact($lanes))
+                .zip(b.chunks_exact($lanes))
+            {
+                let vx: $half = bytemuck::pod_read_unaligned(bytemuck::cast_slice(x));
+                let vy: $half = bytemuck::pod_read_unaligned(bytemuck::cast_slice(y));
+                let r = narrow(f(widen(vx), widen(vy)));
+                bytemuck::cast_slice_mut::<H, u8>(o).copy_from_slice(bytemuck::bytes_of(&r));
+            }
+            n
+        }
+
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn $into<H: bytemuck::Pod>(
+            dst: &mut [H],
+            src: &[H],
+            widen: impl Fn($half) -> $float,
+            narrow: impl Fn($float) -> $half,
+            f: impl Fn($float, $float) -> $float,
+        ) -> usize {
+            let n = dst.len().min(src.len()) / $lanes * $lanes;
+            for (d, s) in dst[..n]
+                .chunks_exact_mut($lanes)
+                .zip(src.chunks_exact($lanes))
+            {
+                let vd: $half = bytemuck::pod_read_unaligned(bytemuck::cast_slice(d));
+                let vs: $half = bytemuck::pod_read_unaligned(bytemuck::cast_slice(s));
+                let r = narrow(f(widen(vd), widen(vs)));
+                bytemuck::cast_slice_mut::<H, u8>(d).copy_from_slice(bytemuck::bytes_of(&r));
+            }
+            n
+        }
+    };
 }
 
-/// `dst = f(widen(dst), widen(src))` narrowed, 16 at a time; elements done.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-#[inline]
-fn steps16_into<H: bytemuck::Pod>(
-    dst: &mut [H],
-    src: &[H],
-    widen: impl Fn(__m256i) -> __m512,
-    narrow: impl Fn(__m512) -> __m256i,
-    f: impl Fn(__m512, __m512) -> __m512,
-) -> usize {
-    let n = dst.len().min(src.len()) / 16 * 16;
-    for (d, s) in dst[..n].chunks_exact_mut(16).zip(src.chunks_exact(16)) {
-        let vd: __m256i = bytemuck::pod_read_unaligned(bytemuck::cast_slice(d));
-        let vs: __m256i = bytemuck::pod_read_unaligned(bytemuck::cast_slice(s));
-        let r = narrow(f(widen(vd), widen(vs)));
-        bytemuck::cast_slice_mut::<H, u8>(d).copy_from_slice(bytemuck::bytes_of(&r));
-    }
-    n
-}
+steps!(
+    "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
+    16,
+    __m256i,
+    __m512,
+    steps16_to,
+    steps16_into
+);
+steps!("avx2,fma,f16c", 8, __m128i, __m256, steps8_to, steps8_into);
 
 /// The op on f32 lanes, as the scalar kernels do it (`x` is the left
 /// operand, `self` of `Arith`): min and max are `if y < x { y } else { x }`
@@ -177,49 +196,6 @@ fn f16_widen8(x: __m128i) -> __m256 {
 #[inline]
 fn f16_narrow8(v: __m256) -> __m128i {
     _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn steps8_to<H: bytemuck::Pod>(
-    out: &mut [H],
-    a: &[H],
-    b: &[H],
-    widen: impl Fn(__m128i) -> __m256,
-    narrow: impl Fn(__m256) -> __m128i,
-    f: impl Fn(__m256, __m256) -> __m256,
-) -> usize {
-    let n = out.len().min(a.len()).min(b.len()) / 8 * 8;
-    for ((o, x), y) in out[..n]
-        .chunks_exact_mut(8)
-        .zip(a.chunks_exact(8))
-        .zip(b.chunks_exact(8))
-    {
-        let vx: __m128i = bytemuck::pod_read_unaligned(bytemuck::cast_slice(x));
-        let vy: __m128i = bytemuck::pod_read_unaligned(bytemuck::cast_slice(y));
-        let r = narrow(f(widen(vx), widen(vy)));
-        bytemuck::cast_slice_mut::<H, u8>(o).copy_from_slice(bytemuck::bytes_of(&r));
-    }
-    n
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn steps8_into<H: bytemuck::Pod>(
-    dst: &mut [H],
-    src: &[H],
-    widen: impl Fn(__m128i) -> __m256,
-    narrow: impl Fn(__m256) -> __m128i,
-    f: impl Fn(__m256, __m256) -> __m256,
-) -> usize {
-    let n = dst.len().min(src.len()) / 8 * 8;
-    for (d, s) in dst[..n].chunks_exact_mut(8).zip(src.chunks_exact(8)) {
-        let vd: __m128i = bytemuck::pod_read_unaligned(bytemuck::cast_slice(d));
-        let vs: __m128i = bytemuck::pod_read_unaligned(bytemuck::cast_slice(s));
-        let r = narrow(f(widen(vd), widen(vs)));
-        bytemuck::cast_slice_mut::<H, u8>(d).copy_from_slice(bytemuck::bytes_of(&r));
-    }
-    n
 }
 
 macro_rules! avx2_kernels {
