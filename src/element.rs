@@ -340,9 +340,6 @@ fn native_reduce_to<T: Arith>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
 #[cfg(target_arch = "x86_64")]
 mod wide {
     use super::{Arith, ReduceOp};
-    use core::arch::x86_64::{
-        __m128i, __m256, _mm256_cvtph_ps, _mm256_cvtps_ph, _MM_FROUND_TO_NEAREST_INT,
-    };
     use half::{bf16, f16};
 
     macro_rules! kernels {
@@ -350,10 +347,14 @@ mod wide {
             $features:literal,
             $into:ident,
             $to:ident,
-            $half_into:ident,
-            $half_to:ident,
-            $simd_into:ident,
-            $simd_to:ident,
+            $bf16_into:ident,
+            $bf16_to:ident,
+            $bf16_simd_into:ident,
+            $bf16_simd_to:ident,
+            $f16_into:ident,
+            $f16_to:ident,
+            $f16_simd_into:ident,
+            $f16_simd_to:ident,
             $streams:ident,
             $line:path
         ) => {
@@ -373,14 +374,37 @@ mod wide {
             pub(super) fn $to<T: Arith>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
                 super::native_reduce_to(op, out, a, b)
             }
-            // bf16: whole steps in registers, the tail through f32 blocks.
+            half_kernels!(
+                $features,
+                bf16,
+                $bf16_into,
+                $bf16_to,
+                $bf16_simd_into,
+                $bf16_simd_to
+            );
+            half_kernels!(
+                $features,
+                f16,
+                $f16_into,
+                $f16_to,
+                $f16_simd_into,
+                $f16_simd_to
+            );
+        };
+    }
+
+    /// A half type's kernels at one level: whole steps in registers
+    /// (`crate::half_simd`), the tail (less than one step) through f32
+    /// blocks.
+    macro_rules! half_kernels {
+        ($features:literal, $h:ty, $into:ident, $to:ident, $simd_into:ident, $simd_to:ident) => {
             #[target_feature(enable = $features)]
-            pub(super) fn $half_into(op: ReduceOp, dst: &mut [bf16], src: &[bf16]) {
+            pub(super) fn $into(op: ReduceOp, dst: &mut [$h], src: &[$h]) {
                 let done = crate::half_simd::$simd_into(op, dst, src);
                 super::half_reduce_into(op, &mut dst[done..], &src[done..])
             }
             #[target_feature(enable = $features)]
-            pub(super) fn $half_to(op: ReduceOp, out: &mut [bf16], a: &[bf16], b: &[bf16]) {
+            pub(super) fn $to(op: ReduceOp, out: &mut [$h], a: &[$h], b: &[$h]) {
                 let done = crate::half_simd::$simd_to(op, out, a, b);
                 super::half_reduce_to(op, &mut out[done..], &a[done..], &b[done..])
             }
@@ -391,10 +415,14 @@ mod wide {
         "avx2,fma,f16c",
         avx2_into,
         avx2_to,
-        avx2_half_into,
-        avx2_half_to,
         avx2_bf16_into,
         avx2_bf16_to,
+        avx2_bf16_into,
+        avx2_bf16_to,
+        avx2_f16_into,
+        avx2_f16_to,
+        avx2_f16_into,
+        avx2_f16_to,
         avx2_streams,
         crate::nt::line::avx2
     );
@@ -402,88 +430,19 @@ mod wide {
         "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
         avx512_into,
         avx512_to,
-        avx512_half_into,
-        avx512_half_to,
         avx512_bf16_into,
         avx512_bf16_to,
-        avx512_streams,
-        crate::nt::line::avx512
-    );
-
-    /// f16 to f32 eight at a time with F16C (`half`'s slice conversion
-    /// checks for F16C on every call and goes four at a time). Exact.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn f16c_widen(src: &[f16], dst: &mut [f32]) {
-        let tail = src.len() / 8 * 8;
-        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
-            let v: __m128i = bytemuck::pod_read_unaligned(bytemuck::cast_slice(s));
-            d.copy_from_slice(bytemuck::cast_ref::<__m256, [f32; 8]>(&_mm256_cvtph_ps(v)));
-        }
-        for (s, d) in src[tail..].iter().zip(&mut dst[tail..]) {
-            *d = s.to_f32();
-        }
-    }
-
-    /// f32 to f16 eight at a time with F16C, rounding to nearest even (as
-    /// `f16::from_f32`).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn f16c_narrow(src: &[f32], dst: &mut [f16]) {
-        let tail = src.len() / 8 * 8;
-        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
-            let v: __m256 = bytemuck::pod_read_unaligned(bytemuck::cast_slice(s));
-            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
-            d.copy_from_slice(bytemuck::cast_ref::<__m128i, [f16; 8]>(&h));
-        }
-        for (s, d) in src[tail..].iter().zip(&mut dst[tail..]) {
-            *d = f16::from_f32(*s);
-        }
-    }
-
-    macro_rules! f16_kernels {
-        ($features:literal, $into:ident, $to:ident, $simd_into:ident, $simd_to:ident) => {
-            // Whole steps in registers, the tail through f32 blocks.
-            #[target_feature(enable = $features)]
-            pub(super) fn $into(op: ReduceOp, dst: &mut [f16], src: &[f16]) {
-                let done = crate::half_simd::$simd_into(op, dst, src);
-                super::half_reduce_into_with(
-                    op,
-                    &mut dst[done..],
-                    &src[done..],
-                    |s, d| f16c_widen(s, d),
-                    |s, d| f16c_narrow(s, d),
-                )
-            }
-            #[target_feature(enable = $features)]
-            pub(super) fn $to(op: ReduceOp, out: &mut [f16], a: &[f16], b: &[f16]) {
-                let done = crate::half_simd::$simd_to(op, out, a, b);
-                super::half_reduce_to_with(
-                    op,
-                    &mut out[done..],
-                    &a[done..],
-                    &b[done..],
-                    |s, d| f16c_widen(s, d),
-                    |s, d| f16c_narrow(s, d),
-                )
-            }
-        };
-    }
-
-    f16_kernels!(
-        "avx2,fma,f16c",
-        avx2_f16_into,
-        avx2_f16_to,
-        avx2_f16_into,
-        avx2_f16_to
-    );
-    // f16 at the AVX-512 level takes the 8-lane F16C steps: the 16-lane
-    // AVX-512 conversions were no faster here (15-19 against 21-25 GB/s
-    // for a 4 KiB f16 sum in two rounds of reduce-bench).
-    f16_kernels!(
-        "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
+        avx512_bf16_into,
+        avx512_bf16_to,
+        // f16 at the AVX-512 level takes the 8-lane F16C steps: the 16-lane
+        // AVX-512 conversions were no faster here (15-19 against 21-25 GB/s
+        // for a 4 KiB f16 sum in two rounds of reduce-bench).
         avx512_f16_into,
         avx512_f16_to,
         avx2_f16_into,
-        avx2_f16_to
+        avx2_f16_to,
+        avx512_streams,
+        crate::nt::line::avx512
     );
 }
 
@@ -526,8 +485,8 @@ fn bf16_reduce_into_at(level: SimdLevel, op: ReduceOp, dst: &mut [bf16], src: &[
     at_level!(
         level,
         half_reduce_into,
-        avx2_half_into,
-        avx512_half_into,
+        avx2_bf16_into,
+        avx512_bf16_into,
         (op, dst, src)
     )
 }
@@ -536,8 +495,8 @@ fn bf16_reduce_to_at(level: SimdLevel, op: ReduceOp, out: &mut [bf16], a: &[bf16
     at_level!(
         level,
         half_reduce_to,
-        avx2_half_to,
-        avx512_half_to,
+        avx2_bf16_to,
+        avx512_bf16_to,
         (op, out, a, b)
     )
 }
@@ -765,12 +724,6 @@ native_element!(u64, DataType::U64, int);
 /// time), bf16 through the bit manipulations below.
 const HALF_BLOCK: usize = 1024;
 
-/// Floats between the two widened blocks, so that they do not lie a
-/// multiple of 4 KiB apart: the CPU takes a load from one for a load that
-/// must wait on a store to the other (4K aliasing), which halved the speed
-/// of the half-precision kernels.
-const HALF_GAP: usize = 16;
-
 /// Slice conversions between a half type and f32.
 trait HalfSlices: Sized {
     fn widen(src: &[Self], dst: &mut [f32]);
@@ -821,60 +774,36 @@ fn f32_to_bf16_bits(v: f32) -> u16 {
     }) as u16
 }
 
-/// `dst = dst op src` for a half type, through f32 blocks converted with
-/// `widen` and `narrow`.
+/// `dst = dst op src` for a half type, through f32 blocks.
 #[inline(always)]
-fn half_reduce_into_with<H: Copy>(
-    op: ReduceOp,
-    dst: &mut [H],
-    src: &[H],
-    widen: impl Fn(&[H], &mut [f32]),
-    narrow: impl Fn(&[f32], &mut [H]),
-) {
-    let mut both = [0f32; 2 * HALF_BLOCK + HALF_GAP];
-    let (a, b) = both.split_at_mut(HALF_BLOCK + HALF_GAP);
+fn half_reduce_into<H: HalfSlices + Copy>(op: ReduceOp, dst: &mut [H], src: &[H]) {
+    let mut a = [0f32; HALF_BLOCK];
+    let mut b = [0f32; HALF_BLOCK];
     for (d, s) in dst.chunks_mut(HALF_BLOCK).zip(src.chunks(HALF_BLOCK)) {
         let n = d.len();
-        widen(d, &mut a[..n]);
-        widen(s, &mut b[..n]);
+        H::widen(d, &mut a[..n]);
+        H::widen(s, &mut b[..n]);
         native_reduce_into(op, &mut a[..n], &b[..n]);
-        narrow(&a[..n], d);
+        H::narrow(&a[..n], d);
     }
 }
 
-/// `out = x op y` for a half type, as `half_reduce_into_with`.
+/// `out = x op y` for a half type, through f32 blocks.
 #[inline(always)]
-fn half_reduce_to_with<H: Copy>(
-    op: ReduceOp,
-    out: &mut [H],
-    x: &[H],
-    y: &[H],
-    widen: impl Fn(&[H], &mut [f32]),
-    narrow: impl Fn(&[f32], &mut [H]),
-) {
-    let mut both = [0f32; 2 * HALF_BLOCK + HALF_GAP];
-    let (a, b) = both.split_at_mut(HALF_BLOCK + HALF_GAP);
+fn half_reduce_to<H: HalfSlices + Copy>(op: ReduceOp, out: &mut [H], x: &[H], y: &[H]) {
+    let mut a = [0f32; HALF_BLOCK];
+    let mut b = [0f32; HALF_BLOCK];
     for ((o, x), y) in out
         .chunks_mut(HALF_BLOCK)
         .zip(x.chunks(HALF_BLOCK))
         .zip(y.chunks(HALF_BLOCK))
     {
         let n = o.len();
-        widen(x, &mut a[..n]);
-        widen(y, &mut b[..n]);
+        H::widen(x, &mut a[..n]);
+        H::widen(y, &mut b[..n]);
         native_reduce_into(op, &mut a[..n], &b[..n]);
-        narrow(&a[..n], o);
+        H::narrow(&a[..n], o);
     }
-}
-
-#[inline(always)]
-fn half_reduce_into<H: HalfSlices + Copy>(op: ReduceOp, dst: &mut [H], src: &[H]) {
-    half_reduce_into_with(op, dst, src, H::widen, H::narrow)
-}
-
-#[inline(always)]
-fn half_reduce_to<H: HalfSlices + Copy>(op: ReduceOp, out: &mut [H], x: &[H], y: &[H]) {
-    half_reduce_to_with(op, out, x, y, H::widen, H::narrow)
 }
 
 macro_rules! half_element {
