@@ -553,7 +553,7 @@ fn stream_lines<T: Arith + bytemuck::Pod>(
     f: impl Fn(T, T) -> T,
     line: impl Fn(&mut [u8], &crate::nt::Line),
 ) {
-    use crate::nt::{Line, LINE};
+    use crate::nt::LINE;
     let per_line = LINE / std::mem::size_of::<T>();
     let n = outs[0].len();
     let head = outs[0].as_ptr().align_offset(LINE).min(n);
@@ -565,13 +565,27 @@ fn stream_lines<T: Arith + bytemuck::Pod>(
             out[i] = v;
         }
     }
-    // GROUP lines a step: the loop's bookkeeping (bounds, the walk over the
-    // outputs) is paid once per group.
-    const GROUP: usize = 4;
-    let span = GROUP * per_line;
-    let grouped = head + (end - head) / span * span;
-    let mut buf = [Line::default(); GROUP];
-    for s in (head..grouped).step_by(span) {
+    // Four lines a step (the loop's bookkeeping, bounds and the walk over
+    // the outputs, is paid once per group), then the lines left one by one.
+    let grouped = head + (end - head) / (4 * per_line) * (4 * per_line);
+    stream_group::<T, 4>(ins, outs, head..grouped, &f, &line);
+    stream_group::<T, 1>(ins, outs, grouped..end, &f, &line);
+}
+
+/// `stream_lines` over `range` (whole lines, a multiple of `G` of them),
+/// `G` lines a step, computed in a buffer of `G` lines.
+#[inline(always)]
+fn stream_group<T: Arith + bytemuck::Pod, const G: usize>(
+    ins: &[&[T]],
+    outs: &mut [&mut [T]],
+    range: std::ops::Range<usize>,
+    f: &impl Fn(T, T) -> T,
+    line: &impl Fn(&mut [u8], &crate::nt::Line),
+) {
+    use crate::nt::{Line, LINE};
+    let span = G * LINE / std::mem::size_of::<T>();
+    let mut buf = [Line::default(); G];
+    for s in range.step_by(span) {
         let l: &mut [T] = bytemuck::cast_slice_mut(&mut buf);
         l.copy_from_slice(&ins[0][s..s + span]);
         for x in &ins[1..] {
@@ -584,22 +598,6 @@ fn stream_lines<T: Arith + bytemuck::Pod>(
             for (d, b) in dst.chunks_exact_mut(LINE).zip(&buf) {
                 line(d, b);
             }
-        }
-    }
-    let mut one_line = Line::default();
-    for s in (grouped..end).step_by(per_line) {
-        let l: &mut [T] = bytemuck::cast_slice_mut(&mut one_line.0);
-        l.copy_from_slice(&ins[0][s..s + per_line]);
-        for x in &ins[1..] {
-            for (o, v) in l.iter_mut().zip(&x[s..s + per_line]) {
-                *o = f(*o, *v);
-            }
-        }
-        for out in outs.iter_mut() {
-            line(
-                bytemuck::cast_slice_mut(&mut out[s..s + per_line]),
-                &one_line,
-            );
         }
     }
 }
