@@ -23,6 +23,46 @@ use crate::element::ReduceOp;
 use core::arch::x86_64::*;
 use half::{bf16, f16};
 
+/// The kernels of one half type at one width: `$into` and `$to` over the
+/// step loops `$steps_into` and `$steps_to`, with the lane ops of that
+/// width.
+macro_rules! kernels {
+    (
+        $features:literal,
+        ($steps_into:ident, $steps_to:ident),
+        ($add:ident, $mul:ident, $min:ident, $max:ident),
+        $h:ty,
+        $into:ident,
+        $to:ident,
+        $widen:ident,
+        $narrow:ident
+    ) => {
+        #[target_feature(enable = $features)]
+        pub(crate) fn $into(op: ReduceOp, dst: &mut [$h], src: &[$h]) -> usize {
+            by_op!(
+                op,
+                $steps_into(dst, src, |x| $widen(x), |v| $narrow(v)),
+                $add,
+                $mul,
+                $min,
+                $max
+            )
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) fn $to(op: ReduceOp, out: &mut [$h], a: &[$h], b: &[$h]) -> usize {
+            by_op!(
+                op,
+                $steps_to(out, a, b, |x| $widen(x), |v| $narrow(v)),
+                $add,
+                $mul,
+                $min,
+                $max
+            )
+        }
+    };
+}
+
 // ---- AVX-512: 16 lanes ----
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
@@ -124,35 +164,10 @@ macro_rules! by_op {
     };
 }
 
-macro_rules! avx512_kernels {
-    ($h:ty, $into:ident, $to:ident, $widen:ident, $narrow:ident) => {
-        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-        pub(crate) fn $into(op: ReduceOp, dst: &mut [$h], src: &[$h]) -> usize {
-            by_op!(
-                op,
-                steps16_into(dst, src, |x| $widen(x), |v| $narrow(v)),
-                _mm512_add_ps,
-                _mm512_mul_ps,
-                _mm512_min_ps,
-                _mm512_max_ps
-            )
-        }
-
-        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-        pub(crate) fn $to(op: ReduceOp, out: &mut [$h], a: &[$h], b: &[$h]) -> usize {
-            by_op!(
-                op,
-                steps16_to(out, a, b, |x| $widen(x), |v| $narrow(v)),
-                _mm512_add_ps,
-                _mm512_mul_ps,
-                _mm512_min_ps,
-                _mm512_max_ps
-            )
-        }
-    };
-}
-
-avx512_kernels!(
+kernels!(
+    "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
+    (steps16_into, steps16_to),
+    (_mm512_add_ps, _mm512_mul_ps, _mm512_min_ps, _mm512_max_ps),
     bf16,
     avx512_bf16_into,
     avx512_bf16_to,
@@ -198,39 +213,23 @@ fn f16_narrow8(v: __m256) -> __m128i {
     _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)
 }
 
-macro_rules! avx2_kernels {
-    ($h:ty, $into:ident, $to:ident, $widen:ident, $narrow:ident) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(crate) fn $into(op: ReduceOp, dst: &mut [$h], src: &[$h]) -> usize {
-            by_op!(
-                op,
-                steps8_into(dst, src, |x| $widen(x), |v| $narrow(v)),
-                _mm256_add_ps,
-                _mm256_mul_ps,
-                _mm256_min_ps,
-                _mm256_max_ps
-            )
-        }
-
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(crate) fn $to(op: ReduceOp, out: &mut [$h], a: &[$h], b: &[$h]) -> usize {
-            by_op!(
-                op,
-                steps8_to(out, a, b, |x| $widen(x), |v| $narrow(v)),
-                _mm256_add_ps,
-                _mm256_mul_ps,
-                _mm256_min_ps,
-                _mm256_max_ps
-            )
-        }
-    };
-}
-
-avx2_kernels!(
+kernels!(
+    "avx2,fma,f16c",
+    (steps8_into, steps8_to),
+    (_mm256_add_ps, _mm256_mul_ps, _mm256_min_ps, _mm256_max_ps),
     bf16,
     avx2_bf16_into,
     avx2_bf16_to,
     bf16_widen8,
     bf16_narrow8
 );
-avx2_kernels!(f16, avx2_f16_into, avx2_f16_to, f16_widen8, f16_narrow8);
+kernels!(
+    "avx2,fma,f16c",
+    (steps8_into, steps8_to),
+    (_mm256_add_ps, _mm256_mul_ps, _mm256_min_ps, _mm256_max_ps),
+    f16,
+    avx2_f16_into,
+    avx2_f16_to,
+    f16_widen8,
+    f16_narrow8
+);
