@@ -27,7 +27,7 @@ pub(crate) fn copy_nt(dst: &mut [u8], src: &[u8]) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use core::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    use core::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
 
     /// Bytes per streaming store (SSE2, part of the x86-64 baseline, so no
     /// run-time detection is needed; a memory-bound copy gains nothing from
@@ -54,9 +54,7 @@ mod x86 {
                 _mm_stream_si128(d.as_mut_ptr().cast::<__m128i>(), v);
             }
         }
-        // SAFETY: a store fence has no memory-safety preconditions; it
-        // orders the streaming stores above before every later store.
-        unsafe { _mm_sfence() };
+        super::line::fence();
         d_tail.copy_from_slice(s_tail);
     }
 }
