@@ -4,7 +4,8 @@
  * transport uses for large messages): process r reads piece r of the
  * peer's input into an L2-sized buffer with process_vm_readv, reduces it
  * with its own input into its own output, and writes the result into the
- * peer's output with process_vm_writev. Best of ITERS rounds per size.
+ * peer's output with process_vm_writev. Prints the best of ITERS rounds
+ * and their mean (the peers' benchmarks and ferroccl-perf print means).
  *
  * build: gcc -O3 -march=native -o /tmp/cma bench/bound/cma.c
  * run:   /tmp/cma BYTES [CHUNK]        (e.g. /tmp/cma 4194304 131072)
@@ -55,7 +56,7 @@ int main(int argc, char **argv) {
   pid_t peer = s->pid[1 - r];
   float *peer_in = s->in[1 - r], *peer_out = s->out[1 - r];
   size_t from = r * (n / 2), to = r ? n : n / 2;
-  double best = 1e9;
+  double best = 1e9, sum = 0;
   for (int it = 0; it < ITERS; it++) {
     barrier(s, r, &gen);
     double t = now();
@@ -76,6 +77,7 @@ int main(int argc, char **argv) {
     barrier(s, r, &gen);
     t = now() - t;
     if (t < best) best = t;
+    sum += t;
   }
   for (size_t i = 0; i < n; i += 4099)
     if (out[i] != 3.0f) {
@@ -83,8 +85,10 @@ int main(int argc, char **argv) {
       return 1;
     }
   if (r == 0) {
-    printf("CMA allreduce, 2 processes, %zu bytes (chunk %zu): %.1f us, busbw %.2f GB/s\n", bytes,
-           chunk, best * 1e6, bytes / best / 1e9);
+    double mean = sum / ITERS;
+    printf("CMA allreduce, 2 processes, %zu bytes (chunk %zu): best %.1f us, busbw %.2f GB/s; "
+           "mean %.1f us, busbw %.2f GB/s\n",
+           bytes, chunk, best * 1e6, bytes / best / 1e9, mean * 1e6, bytes / mean / 1e9);
     wait(NULL);
   }
   return 0;
