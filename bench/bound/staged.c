@@ -1,26 +1,33 @@
-/* What a 2-process allreduce of *plain* (private, malloc'd) buffers can
- * reach on this machine through shared staging memory, with nothing of
- * ferroccl around it: the bound of a slot transport.
+/* What a 2-process allreduce or allgather of *plain* (private, malloc'd)
+ * buffers can reach on this machine through shared staging memory, with
+ * nothing of ferroccl around it: the bound of a slot transport.
  *
- * Neither process can touch the other's buffers, so each byte of the
- * peer's half crosses through a shared FIFO of SLOTS slots of CHUNK bytes
- * per direction: process r, chunk by chunk, copies its input's chunk of
- * the peer's half into its FIFO; takes the peer's chunk of its own half
- * out of the peer's FIFO, adds its input to it and writes the sum into its
- * output and, in the same pass, into its FIFO; and copies the peer's sums
- * out of the peer's FIFO into its output. That is three passes over each
- * half (copy in, reduce, copy out), the least any exchange through shared
- * staging memory does: the 2-rank ring of ferroccl's slot path. Compare
- * with cma.c (the kernel copies instead of staging) and direct.c (shared
- * buffers, one pass).
+ * Neither process can touch the other's buffers, so each byte for the peer
+ * crosses through a shared FIFO of SLOTS slots of CHUNK bytes per
+ * direction.
  *
- * Prints the busbw (= algbw on 2 ranks) of the mean and the best of ITERS
- * rounds, to set against `mpi_bench allreduce` and `ferroccl-perf
- * allreduce --ranks 2` at the same size.
+ * allreduce: process r, chunk by chunk, copies its input's chunk of the
+ * peer's half into its FIFO; takes the peer's chunk of its own half out of
+ * the peer's FIFO, adds its input to it and writes the sum into its output
+ * and, in the same pass, into its FIFO; and copies the peer's sums out of
+ * the peer's FIFO into its output. Three passes over each half (copy in,
+ * reduce, copy out), the least any exchange through shared staging memory
+ * does: the 2-rank ring of ferroccl's slot path.
+ *
+ * allgather (BYTES per process in, 2 x BYTES out): process r copies its
+ * input's chunk into its block of its output and into its FIFO, and copies
+ * the peer's chunk out of the peer's FIFO into the peer's block.
+ *
+ * Compare with cma.c (kernel copies instead of staging), direct.c and
+ * allgather.c (shared buffers, one pass). Prints the busbw as nccl-tests
+ * defines it (allreduce on 2 ranks: BYTES / time; allgather: gathered size
+ * 2 x BYTES, busbw BYTES / time) of the mean and the best of ITERS rounds,
+ * to set against `mpi_bench` and `ferroccl-perf --ranks 2` at the same
+ * size (allgather: ferroccl-perf's 2 x BYTES row).
  *
  * build: gcc -O3 -march=native -o /tmp/staged bench/bound/staged.c
- * run:   /tmp/staged BYTES [CHUNK] [SLOTS] [ITERS]
- *        (e.g. /tmp/staged 4194304 65536 8 50)
+ * run:   /tmp/staged [allreduce|allgather] BYTES [CHUNK] [SLOTS] [ITERS]
+ *        (e.g. /tmp/staged 4194304 65536 8 50: an allreduce of 4 MiB)
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -79,6 +86,8 @@ static const float *consume(int d) {
 static void consumed(int d) { atomic_fetch_add_explicit(&fifos[d].tail, 1, memory_order_release); }
 
 int main(int argc, char **argv) {
+  int gather = argc > 1 && !strcmp(argv[1], "allgather");
+  if (argc > 1 && (gather || !strcmp(argv[1], "allreduce"))) argc--, argv++;
   size_t bytes = argc > 1 ? strtoul(argv[1], 0, 10) : 4u << 20;
   chunk = argc > 2 ? strtoul(argv[2], 0, 10) : 65536;
   nslots = argc > 3 ? strtoul(argv[3], 0, 10) : 8;
@@ -92,17 +101,30 @@ int main(int argc, char **argv) {
   fifos = mmap(0, 4096, prot, flags, -1, 0);
   slots = mmap(0, 2 * nslots * chunk, prot, flags, -1, 0);
   int r = fork() == 0, p = 1 - r;
-  size_t n = bytes / 4, half = n / 2, k = chunk / 4;
-  float *in = aligned_alloc(64, bytes), *out = aligned_alloc(64, bytes);
-  for (size_t i = 0; i < n; i++) in[i] = (float)(r + 1), out[i] = 0;
-  const float *mine = in + r * half, *theirs = in + p * half;
-  float *out_mine = out + r * half, *out_theirs = out + p * half;
+  size_t n = bytes / 4, k = chunk / 4;
+  /* allreduce: halves of the input and output; allgather: the blocks of
+     the output, each the size of the input. */
+  size_t part = gather ? n : n / 2, out_n = gather ? 2 * n : n;
+  float *in = aligned_alloc(64, bytes), *out = aligned_alloc(64, out_n * 4);
+  for (size_t i = 0; i < n; i++) in[i] = (float)(r + 1);
+  for (size_t i = 0; i < out_n; i++) out[i] = 0;
+  const float *mine = in + (gather ? 0 : r * part), *theirs = in + p * part;
+  float *out_mine = out + r * part, *out_theirs = out + p * part;
   long gen = 0;
   double best = 1e9, sum = 0;
   for (int it = -5; it < iters; it++) {
     barrier(r, &gen);
     double t = now();
-    for (size_t o = 0; o < half; o += k) {
+    for (size_t o = 0; gather && o < part; o += k) {
+      /* My input into my block and my FIFO, in one pass. */
+      float *y = produce(r);
+      for (size_t i = 0; i < k; i++) y[i] = out_mine[o + i] = mine[o + i];
+      produced(r);
+      /* The peer's input into its block. */
+      memcpy(out_theirs + o, consume(p), chunk);
+      consumed(p);
+    }
+    for (size_t o = 0; !gather && o < part; o += k) {
       /* The peer's half of my input, into my FIFO. */
       memcpy(produce(r), theirs + o, chunk);
       produced(r);
@@ -123,17 +145,18 @@ int main(int argc, char **argv) {
       sum += t;
     }
   }
-  for (size_t i = 0; i < n; i += 4099)
-    if (out[i] != 3.0f) {
+  for (size_t i = 0; i < out_n; i += 4099)
+    if (out[i] != (gather ? (float)(i / n + 1) : 3.0f)) {
       fprintf(stderr, "wrong result at %zu\n", i);
       return 1;
     }
   if (r == 0) {
     double mean = sum / iters;
     wait(NULL);
-    printf("staged allreduce, 2 processes, %zu bytes (chunk %zu, %zu slots): mean busbw %.2f GB/s, "
+    printf("staged %s, 2 processes, %zu bytes (chunk %zu, %zu slots): mean busbw %.2f GB/s, "
            "best %.2f GB/s\n",
-           bytes, chunk, nslots, bytes / mean / 1e9, bytes / best / 1e9);
+           gather ? "allgather" : "allreduce", bytes, chunk, nslots, bytes / mean / 1e9,
+           bytes / best / 1e9);
   }
   return 0;
 }
