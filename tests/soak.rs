@@ -1,6 +1,9 @@
 //! The randomised soak (`ferroccl-soak`) in real processes under
-//! `ferroccl-run`: short runs with fixed seeds over the default transports,
-//! over TCP and over the forced tree, and a run whose checker is sabotaged
+//! `ferroccl-run`: short runs with fixed seeds over the default transports
+//! (about a quarter of the calls in windows), with every out-of-place call
+//! between windows streaming (the fused kernels), without windows or
+//! check-ins (every call through slots), over TCP and over the forced tree,
+//! and a run whose checker is sabotaged
 //! to prove that a wrong result fails the run with a replay line. Every run
 //! is bounded: a launcher that outlives its limit is killed and the test
 //! fails. The runs take turns (a lock), so that a 2-core CI machine is not
@@ -36,14 +39,12 @@ fn soak(n: usize, env: &[(&str, &str)], args: &[&str]) -> Finished {
     run_bounded(cmd, LIMIT)
 }
 
-/// Run the soak and require success on every rank.
-fn passes(n: usize, env: &[(&str, &str)], seed: u64) {
+/// Run the soak (with `extra` options) and require success on every rank.
+fn passes_with(n: usize, env: &[(&str, &str)], seed: u64, extra: &[&str]) {
     let seed_s = seed.to_string();
-    let f = soak(
-        n,
-        env,
-        &["--seed", &seed_s, "--ops", "150", "--max-count", "20000"],
-    );
+    let mut args = vec!["--seed", &seed_s, "--ops", "150", "--max-count", "20000"];
+    args.extend_from_slice(extra);
+    let f = soak(n, env, &args);
     assert!(
         f.status.success(),
         "{env:?} -n {n} seed {seed}: exit {:?}\n{}",
@@ -69,6 +70,10 @@ fn passes(n: usize, env: &[(&str, &str)], seed: u64) {
     );
 }
 
+fn passes(n: usize, env: &[(&str, &str)], seed: u64) {
+    passes_with(n, env, seed, &[]);
+}
+
 #[test]
 fn three_ranks_with_fixed_seeds() {
     for seed in [1, 17, 2024] {
@@ -81,6 +86,20 @@ fn four_ranks_with_fixed_seeds() {
     for seed in [2, 31, 4096] {
         passes(4, &[], seed);
     }
+}
+
+/// Every out-of-place call between windows takes the fused streaming
+/// kernels (the threshold at one byte), at the per-rank offsets the soak
+/// draws.
+#[test]
+fn three_ranks_with_every_window_call_streaming() {
+    passes(3, &[("FERROCCL_NT_STORE_BYTES", "1")], 6);
+}
+
+/// No windows and no check-ins: every call of every size through slots.
+#[test]
+fn three_ranks_all_through_slots() {
+    passes_with(3, &[("FERROCCL_CHECKIN", "0")], 8, &["--no-windows"]);
 }
 
 #[test]
@@ -132,6 +151,7 @@ fn help_and_bad_options() {
         "--ops",
         "--max-count",
         "--splits",
+        "--no-windows",
         "FERROCCL_SOAK_SABOTAGE",
     ] {
         assert!(text.contains(opt), "--help names no {opt}: {text}");

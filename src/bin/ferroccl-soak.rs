@@ -11,7 +11,12 @@
 //! (skewed towards 0, 1, the rank count, odd numbers and powers of two give
 //! or take one, sometimes up to `--max-count`), root, and every so often a
 //! split into sub-communicators with random colors (negative: left out) and
-//! keys, a few operations on them, and back to the parent.
+//! keys, a few operations on them, and back to the parent. About one call
+//! in four puts its buffers in windows (`Communicator::alloc_window`, made
+//! for the call on every rank, the buffer at an offset of 0 to 64 elements,
+//! the same on every rank or not), so the direct paths between windows run
+//! in the same sequence as the slot paths; nothing around a buffer in its
+//! window may change.
 //!
 //! Inputs are functions of (seed, operation, rank, element), so every rank
 //! computes every other rank's input and checks its result against an f64
@@ -30,7 +35,7 @@
 
 mod tool;
 
-use ferroccl::{Communicator, DataType, Element, ReduceOp, Work};
+use ferroccl::{Communicator, DataType, Element, ReduceOp, Window, Work};
 use half::{bf16, f16};
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -54,6 +59,9 @@ options:
       --max-count N    largest element count of one buffer (default 100000)
       --splits         split communicators now and then (the default)
       --no-splits      never split
+      --windows        put the buffers of about one call in four in windows
+                       (the default)
+      --no-windows     never use windows
       --verbose        every rank prints each operation before running it
   -h, --help           print this help
 
@@ -69,6 +77,7 @@ struct Options {
     ops: usize,
     max_count: usize,
     splits: bool,
+    windows: bool,
     verbose: bool,
 }
 
@@ -79,6 +88,7 @@ fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
         ops: 200,
         max_count: 100_000,
         splits: true,
+        windows: true,
         verbose: false,
     };
     let mut it = args.iter();
@@ -89,10 +99,14 @@ fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
         };
         match name {
             "-h" | "--help" => return Ok(None),
-            "--splits" | "--no-splits" | "--verbose" if inline.is_none() => {
+            "--splits" | "--no-splits" | "--windows" | "--no-windows" | "--verbose"
+                if inline.is_none() =>
+            {
                 match name {
                     "--splits" => opts.splits = true,
                     "--no-splits" => opts.splits = false,
+                    "--windows" => opts.windows = true,
+                    "--no-windows" => opts.windows = false,
                     _ => opts.verbose = true,
                 }
                 continue;
@@ -257,6 +271,8 @@ struct Call {
     frac: bool,
     /// Non-root ranks of `reduce` pass an empty receive buffer.
     empty_recv: bool,
+    /// The buffers lie in windows made for the call.
+    windows: bool,
     /// Seeds the inputs of this call.
     salt: u64,
 }
@@ -281,6 +297,9 @@ impl Call {
             if self.count == 1 { "" } else { "s" },
             if k.blocked() { " per block" } else { "" }
         );
+        if self.windows {
+            s += " in windows";
+        }
         match k {
             Kind::Broadcast | Kind::Reduce | Kind::ReduceInPlace => {
                 s += &format!(" root {}", self.root);
@@ -373,18 +392,20 @@ struct Generator {
     size: usize,
     max_count: usize,
     splits: bool,
+    windows: bool,
     /// The current split and the sub-steps it has left.
     split: Option<(SplitPlan, usize)>,
     splits_made: usize,
 }
 
 impl Generator {
-    fn new(seed: u64, size: usize, max_count: usize, splits: bool) -> Self {
+    fn new(seed: u64, size: usize, opts: &Options) -> Self {
         Generator {
             rng: Rng(mix(seed ^ 0x50a4_50a4)),
             size,
-            max_count,
-            splits,
+            max_count: opts.max_count,
+            splits: opts.splits,
+            windows: opts.windows,
             split: None,
             splits_made: 0,
         }
@@ -495,6 +516,11 @@ impl Generator {
             peer,
             frac,
             empty_recv: self.rng.chance(50),
+            // Not send/recv, whose ranks hold different buffers (windows
+            // are made by every rank together), nor the async allreduces.
+            windows: self.windows
+                && !matches!(kind, Kind::SendRecv | Kind::AllReduceAsync | Kind::Barrier)
+                && self.rng.chance(25),
             salt: self.rng.next(),
         }
     }
@@ -738,16 +764,70 @@ fn make<T: Element>(n: usize, f: impl Fn(usize) -> f64) -> Vec<T> {
     (0..n).map(|i| T::from_f64(f(i))).collect()
 }
 
+/// A buffer of a call: a vector, or `len` elements at `at` in a window made
+/// for the call (zeroed; the elements around the buffer must stay zero).
+enum Buf<T: Element> {
+    Vec(Vec<T>),
+    Window {
+        win: Window<T>,
+        at: usize,
+        len: usize,
+    },
+}
+
+impl<T: Element> std::ops::Deref for Buf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Buf::Vec(v) => v,
+            Buf::Window { win, at, len } => &win[*at..*at + *len],
+        }
+    }
+}
+
+impl<T: Element> std::ops::DerefMut for Buf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            Buf::Vec(v) => v,
+            Buf::Window { win, at, len } => &mut win[*at..*at + *len],
+        }
+    }
+}
+
+impl<T: Element> Buf<T> {
+    /// In a window: that the call wrote nothing outside the buffer.
+    fn untouched_around(&self) -> Checked {
+        let Buf::Window { win, at, len } = self else {
+            return Ok(());
+        };
+        let outside = (0..*at).chain(at + len..win.len());
+        match outside.into_iter().find(|&i| win[i].to_f64() != 0.0) {
+            None => Ok(()),
+            Some(i) => Err(format!(
+                "wrote outside its buffer: element {i} of the window (buffer at {at}, {len} \
+                 elements) is {}",
+                win[i].to_f64()
+            )),
+        }
+    }
+}
+
 /// Count an action in the summary.
 fn count_action(tally: &mut BTreeMap<String, usize>, a: &Action) {
+    let mut one = |c: &Call| {
+        *tally.entry(c.kind.name().into()).or_default() += 1;
+        if c.windows {
+            *tally.entry("in windows".into()).or_default() += 1;
+        }
+    };
     match a {
-        Action::Call(c) => *tally.entry(c.kind.name().into()).or_default() += 1,
+        Action::Call(c) => one(c),
         Action::Batch { calls, between } => {
+            if let Some(b) = between {
+                one(b);
+            }
             *tally.entry("async batch".into()).or_default() += 1;
             *tally.entry(Kind::AllReduceAsync.name().into()).or_default() += calls.len();
-            if let Some(b) = between {
-                *tally.entry(b.kind.name().into()).or_default() += 1;
-            }
         }
     }
 }
@@ -758,6 +838,9 @@ struct Soak {
     verbose: bool,
     /// One wrong expectation left to plant (FERROCCL_SOAK_SABOTAGE=1).
     sabotage: Cell<bool>,
+    /// Calls that ran without the slots (inline in the check-in, or
+    /// directly between windows), as the communicators count them.
+    direct: Cell<u64>,
 }
 
 impl Soak {
@@ -810,68 +893,99 @@ impl Soak {
         let (rank, n, count) = (comm.rank(), comm.size(), c.count);
         let err = |e: ferroccl::Error| e.to_string();
         let exact = |v: f64| (v, 0.0);
-        let mine = |len: usize| -> Vec<T> { make(len, |i| input(c, n, rank, i)) };
-        let junk = |len: usize| -> Vec<T> { make(len, |i| garbage(c, i)) };
+        let made = Cell::new(0u64);
+        // Every rank makes the same number of buffers, in the same order
+        // (windows are made by all together).
+        let buf = |len: usize, f: &dyn Fn(usize) -> f64| -> Result<Buf<T>, String> {
+            if !c.windows {
+                return Ok(Buf::Vec(make(len, f)));
+            }
+            let k = made.get();
+            made.set(k + 1);
+            // Half the time at the same offset on every rank (buffers that
+            // lie alike against cache lines take the fused kernels), else
+            // at one of its own.
+            let alike = hash(&[c.salt, 7, k]) & 1 == 0;
+            let who = if alike { u64::MAX } else { rank as u64 };
+            let at = (hash(&[c.salt, 6, k, who]) % 65) as usize;
+            let mut win = comm
+                .alloc_window::<T>(at + len + 1)
+                .map_err(|e| format!("alloc_window: {e}"))?;
+            for (i, x) in win[at..at + len].iter_mut().enumerate() {
+                *x = T::from_f64(f(i));
+            }
+            Ok(Buf::Window { win, at, len })
+        };
+        let mine = |len: usize| buf(len, &|i| input(c, n, rank, i));
+        let junk = |len: usize| buf(len, &|i| garbage(c, i));
+        let moving = |len: usize, r: usize| buf(len, &|i| moved(c, r, i));
         match c.kind {
             Kind::AllReduce => {
-                let send = mine(count);
-                let mut recv = junk(count);
+                let send = mine(count)?;
+                let mut recv = junk(count)?;
                 comm.all_reduce(&send, &mut recv, c.op).map_err(err)?;
                 self.check_reduced("result", c, n, &recv, 0)?;
-                self.check("send buffer", &send, |i| exact(input(c, n, rank, i)), None)
+                self.check("send buffer", &send, |i| exact(input(c, n, rank, i)), None)?;
+                send.untouched_around().and(recv.untouched_around())
             }
             Kind::AllReduceInPlace | Kind::AllReduceAsync => {
-                let mut buf = mine(count);
+                let mut buf = mine(count)?;
                 comm.all_reduce_in_place(&mut buf, c.op).map_err(err)?;
-                self.check_reduced("result", c, n, &buf, 0)
+                self.check_reduced("result", c, n, &buf, 0)?;
+                buf.untouched_around()
             }
             Kind::ReduceScatter => {
-                let send = mine(count * n);
-                let mut recv = junk(count);
+                let send = mine(count * n)?;
+                let mut recv = junk(count)?;
                 comm.reduce_scatter(&send, &mut recv, c.op).map_err(err)?;
                 self.check_reduced("result", c, n, &recv, rank * count)?;
-                self.check("send buffer", &send, |i| exact(input(c, n, rank, i)), None)
+                self.check("send buffer", &send, |i| exact(input(c, n, rank, i)), None)?;
+                send.untouched_around().and(recv.untouched_around())
             }
             Kind::ReduceScatterInPlace => {
-                let mut buf = mine(count * n);
+                let mut buf = mine(count * n)?;
                 comm.reduce_scatter_in_place(&mut buf, c.op).map_err(err)?;
                 let block = &buf[rank * count..(rank + 1) * count];
-                self.check_reduced("own block", c, n, block, rank * count)
+                self.check_reduced("own block", c, n, block, rank * count)?;
+                buf.untouched_around()
             }
             Kind::AllGather => {
-                let send: Vec<T> = make(count, |i| moved(c, rank, i));
-                let mut recv = junk(count * n);
+                let send = moving(count, rank)?;
+                let mut recv = junk(count * n)?;
                 comm.all_gather(&send, &mut recv).map_err(err)?;
                 let want = |j: usize| exact(moved(c, j / count, j % count));
-                self.check("result", &recv, want, None)
+                self.check("result", &recv, want, None)?;
+                send.untouched_around().and(recv.untouched_around())
             }
             Kind::AllGatherInPlace => {
-                let mut buf: Vec<T> = make(count * n, |j| {
+                let mut buf = buf(count * n, &|j| {
                     if j / count == rank {
                         moved(c, rank, j % count)
                     } else {
                         garbage(c, j)
                     }
-                });
+                })?;
                 comm.all_gather_in_place(&mut buf).map_err(err)?;
                 let want = |j: usize| exact(moved(c, j / count, j % count));
-                self.check("result", &buf, want, None)
+                self.check("result", &buf, want, None)?;
+                buf.untouched_around()
             }
             Kind::Broadcast => {
-                let mut buf: Vec<T> = if rank == c.root {
-                    make(count, |i| moved(c, rank, i))
+                let mut buf = if rank == c.root {
+                    moving(count, rank)?
                 } else {
-                    junk(count)
+                    junk(count)?
                 };
                 comm.broadcast(&mut buf, c.root).map_err(err)?;
-                self.check("result", &buf, |i| exact(moved(c, c.root, i)), None)
+                self.check("result", &buf, |i| exact(moved(c, c.root, i)), None)?;
+                buf.untouched_around()
             }
             Kind::Reduce => {
-                let send = mine(count);
+                let send = mine(count)?;
                 let mut recv = if rank != c.root && c.empty_recv {
-                    Vec::new()
+                    junk(0)?
                 } else {
-                    junk(count)
+                    junk(count)?
                 };
                 comm.reduce(&send, &mut recv, c.op, c.root).map_err(err)?;
                 if rank == c.root {
@@ -880,17 +994,19 @@ impl Soak {
                     let what = "receive buffer off the root (must stay untouched)";
                     self.check(what, &recv, |i| exact(garbage(c, i)), None)?;
                 }
-                self.check("send buffer", &send, |i| exact(input(c, n, rank, i)), None)
+                self.check("send buffer", &send, |i| exact(input(c, n, rank, i)), None)?;
+                send.untouched_around().and(recv.untouched_around())
             }
             Kind::ReduceInPlace => {
-                let mut buf = mine(count);
+                let mut buf = mine(count)?;
                 comm.reduce_in_place(&mut buf, c.op, c.root).map_err(err)?;
                 if rank == c.root {
-                    self.check_reduced("result on the root", c, n, &buf, 0)
+                    self.check_reduced("result on the root", c, n, &buf, 0)?;
                 } else {
                     let what = "buffer off the root (must stay unchanged)";
-                    self.check(what, &buf, |i| exact(input(c, n, rank, i)), None)
+                    self.check(what, &buf, |i| exact(input(c, n, rank, i)), None)?;
                 }
+                buf.untouched_around()
             }
             Kind::SendRecv => {
                 if rank == c.root {
@@ -898,7 +1014,7 @@ impl Soak {
                     comm.send(&send, c.peer).map_err(err)?;
                     self.check("send buffer", &send, |i| exact(moved(c, rank, i)), None)
                 } else if rank == c.peer {
-                    let mut recv = junk(count);
+                    let mut recv: Vec<T> = make(count, |i| garbage(c, i));
                     comm.recv(&mut recv, c.root).map_err(err)?;
                     self.check("received", &recv, |i| exact(moved(c, c.root, i)), None)
                 } else {
@@ -906,12 +1022,13 @@ impl Soak {
                 }
             }
             Kind::AllToAll => {
-                let send: Vec<T> = make(count * n, |j| moved(c, rank, j));
-                let mut recv = junk(count * n);
+                let send = buf(count * n, &|j| moved(c, rank, j))?;
+                let mut recv = junk(count * n)?;
                 comm.all_to_all(&send, &mut recv).map_err(err)?;
                 // Block r of the result is block `rank` of rank r's input.
                 let want = |j: usize| exact(moved(c, j / count, rank * count + j % count));
-                self.check("result", &recv, want, None)
+                self.check("result", &recv, want, None)?;
+                send.untouched_around().and(recv.untouched_around())
             }
             Kind::Barrier => comm.barrier().map_err(err),
         }
@@ -942,6 +1059,16 @@ impl Soak {
     }
 
     fn action(&self, comm: &Communicator, a: &Action) -> Checked {
+        let before = comm.direct_window_calls();
+        let result = self.action_on(comm, a);
+        let direct = comm.direct_window_calls() - before;
+        if direct > 0 {
+            self.direct.set(self.direct.get() + direct);
+        }
+        result
+    }
+
+    fn action_on(&self, comm: &Communicator, a: &Action) -> Checked {
         match a {
             Action::Call(c) => by_type!(c.dtype, self.call, comm, c),
             Action::Batch { calls, between } => {
@@ -969,16 +1096,14 @@ impl Soak {
     fn run(
         &self,
         world: &Communicator,
-        ops: usize,
-        max_count: usize,
-        splits: bool,
+        opts: &Options,
         tally: &mut BTreeMap<String, usize>,
     ) -> Result<(), (usize, String, String)> {
         let (rank, size) = (world.rank(), world.size());
-        let mut generator = Generator::new(self.seed, size, max_count, splits);
+        let mut generator = Generator::new(self.seed, size, opts);
         // This rank's communicator of the current split, with its color.
         let mut sub: Option<(i32, Communicator)> = None;
-        for i in 0..ops {
+        for i in 0..opts.ops {
             let step = generator.next_step();
             let (desc, result) = match &step {
                 Step::World(a) => {
@@ -1071,16 +1196,19 @@ impl Soak {
 
 // ------------------------------------------------------------ main
 
-/// Print a line on stdout now (the launcher may stop this process soon).
-/// Settings that change what a run does, for the replay line.
-const REPLAY_ENV: [&str; 8] = [
+/// Settings that change what a run does (which path each call takes), for
+/// the replay line.
+const REPLAY_ENV: [&str; 11] = [
     "FERROCCL_TRANSPORT",
     "FERROCCL_ALGO",
-    "FERROCCL_PROTO",
     "FERROCCL_BUFFSIZE",
     "FERROCCL_STEPS",
     "FERROCCL_NSOCKS_PERPEER",
+    "FERROCCL_NT_STORE_BYTES",
+    "FERROCCL_CHECKIN",
+    "FERROCCL_SIMD",
     "FERROCCL_CALIBRATE",
+    "FERROCCL_FAULT",
     "FERROCCL_SOAK_SABOTAGE",
 ];
 
@@ -1098,6 +1226,9 @@ fn replay(size: usize, seed: u64, opts: &Options) -> String {
     );
     if !opts.splits {
         s += " --no-splits";
+    }
+    if !opts.windows {
+        s += " --no-windows";
     }
     s
 }
@@ -1118,14 +1249,17 @@ fn agree(comm: &Communicator, opts: &Options) -> Result<u64, String> {
         opts.ops as u64,
         opts.max_count as u64,
         u64::from(opts.splits),
+        u64::from(opts.windows),
     ];
-    let mut all = vec![0u64; 4 * comm.size()];
+    let k = mine.len();
+    let mut all = vec![0u64; k * comm.size()];
     comm.all_gather(&mine, &mut all)
         .map_err(|e| e.to_string())?;
-    if let Some(r) = (0..comm.size()).find(|&r| all[4 * r..4 * r + 4] != mine) {
+    if let Some(r) = (0..comm.size()).find(|&r| all[k * r..k * (r + 1)] != mine) {
         return Err(format!(
-            "rank {r} runs with other options (seed, ops, max-count, splits): {:?}, here {mine:?}",
-            &all[4 * r..4 * r + 4]
+            "rank {r} runs with other options (seed, ops, max-count, splits, windows): {:?}, \
+             here {mine:?}",
+            &all[k * r..k * (r + 1)]
         ));
     }
     Ok(seed[0])
@@ -1145,7 +1279,8 @@ fn main() {
     };
     if rank == 0 {
         say(&format!(
-            "ferroccl-soak: seed {seed}{}, {} ops on {size} ranks, max-count {}, splits {}",
+            "ferroccl-soak: seed {seed}{}, {} ops on {size} ranks, max-count {}, splits {}, \
+             windows {}",
             if opts.seed.is_some() {
                 ""
             } else {
@@ -1153,7 +1288,8 @@ fn main() {
             },
             opts.ops,
             opts.max_count,
-            if opts.splits { "on" } else { "off" }
+            if opts.splits { "on" } else { "off" },
+            if opts.windows { "on" } else { "off" }
         ));
         say(&format!(
             "ferroccl-soak: replay: {}",
@@ -1164,10 +1300,11 @@ fn main() {
         seed,
         verbose: opts.verbose,
         sabotage: Cell::new(std::env::var("FERROCCL_SOAK_SABOTAGE").is_ok_and(|v| v == "1")),
+        direct: Cell::new(0),
     };
     let mut tally = BTreeMap::new();
     let outcome = soak
-        .run(&comm, opts.ops, opts.max_count, opts.splits, &mut tally)
+        .run(&comm, &opts, &mut tally)
         .map_err(|(i, desc, e)| format!("op #{i} ({desc}): {e}"))
         .and_then(|()| {
             // No rank leaves (rank 0 hosts the rendezvous) before all are done.
@@ -1186,10 +1323,12 @@ fn main() {
     if rank == 0 {
         let kinds: Vec<String> = tally.iter().map(|(k, v)| format!("{k} {v}")).collect();
         say(&format!(
-            "ferroccl-soak: {} ops ok on {size} ranks in {:.1} s (seed {seed}): {}",
+            "ferroccl-soak: {} ops ok on {size} ranks in {:.1} s (seed {seed}): {}; on rank 0 {} \
+             calls ran without slots (inline or between windows)",
             opts.ops,
             started.elapsed().as_secs_f64(),
-            kinds.join(", ")
+            kinds.join(", "),
+            soak.direct.get()
         ));
     }
 }
@@ -1206,9 +1345,11 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(
-            (o.seed, o.ops, o.max_count, o.splits),
-            (Some(7), 3, 100_000, false)
+            (o.seed, o.ops, o.max_count, o.splits, o.windows),
+            (Some(7), 3, 100_000, false, true)
         );
+        let o = parse(&["--no-windows"]).unwrap().unwrap();
+        assert!(!o.windows && o.splits);
         assert!(parse(&["--help"]).unwrap().is_none());
         assert!(parse(&["--ops"]).is_err());
         assert!(parse(&["--seed", "x"]).is_err());
@@ -1218,7 +1359,10 @@ mod tests {
     #[test]
     fn sequences_depend_on_the_seed_only() {
         let steps = |seed| {
-            let mut g = Generator::new(seed, 4, 1000, true);
+            let opts = parse_options(&["--max-count=1000".to_string()])
+                .unwrap()
+                .unwrap();
+            let mut g = Generator::new(seed, 4, &opts);
             (0..300)
                 .map(|_| format!("{:?}", g.next_step()))
                 .collect::<Vec<_>>()
@@ -1229,7 +1373,10 @@ mod tests {
 
     #[test]
     fn integer_references_stay_in_range() {
-        let mut g = Generator::new(1, 5, 50, false);
+        let opts = parse_options(&["--max-count=50".to_string(), "--no-splits".to_string()])
+            .unwrap()
+            .unwrap();
+        let mut g = Generator::new(1, 5, &opts);
         for _ in 0..2000 {
             let n = 1 + g.rng.below(8);
             let c = g.call(Kind::AllReduce, n);
