@@ -517,9 +517,9 @@ impl Generator {
             frac,
             empty_recv: self.rng.chance(50),
             // Not send/recv, whose ranks hold different buffers (windows
-            // are made by every rank together), nor the async allreduces.
+            // are made by every rank together).
             windows: self.windows
-                && !matches!(kind, Kind::SendRecv | Kind::AllReduceAsync | Kind::Barrier)
+                && !matches!(kind, Kind::SendRecv | Kind::Barrier)
                 && self.rng.chance(25),
             salt: self.rng.next(),
         }
@@ -812,6 +812,33 @@ impl<T: Element> Buf<T> {
     }
 }
 
+/// Buffer number `k` of call `c` on this rank: `len` elements `f(i)`, in a
+/// vector or (if the call says so) in a window made for it, every rank
+/// together: half the time at the same offset on every rank (buffers that
+/// lie alike against cache lines take the fused kernels), else at one of
+/// its own.
+fn buffer<T: Element>(
+    comm: &Communicator,
+    c: &Call,
+    k: u64,
+    len: usize,
+    f: &dyn Fn(usize) -> f64,
+) -> Result<Buf<T>, String> {
+    if !c.windows {
+        return Ok(Buf::Vec(make(len, f)));
+    }
+    let alike = hash(&[c.salt, 7, k]) & 1 == 0;
+    let who = if alike { u64::MAX } else { comm.rank() as u64 };
+    let at = (hash(&[c.salt, 6, k, who]) % 65) as usize;
+    let mut win = comm
+        .alloc_window::<T>(at + len + 1)
+        .map_err(|e| format!("alloc_window: {e}"))?;
+    for (i, x) in win[at..at + len].iter_mut().enumerate() {
+        *x = T::from_f64(f(i));
+    }
+    Ok(Buf::Window { win, at, len })
+}
+
 /// Count an action in the summary.
 fn count_action(tally: &mut BTreeMap<String, usize>, a: &Action) {
     let mut one = |c: &Call| {
@@ -896,25 +923,10 @@ impl Soak {
         let made = Cell::new(0u64);
         // Every rank makes the same number of buffers, in the same order
         // (windows are made by all together).
-        let buf = |len: usize, f: &dyn Fn(usize) -> f64| -> Result<Buf<T>, String> {
-            if !c.windows {
-                return Ok(Buf::Vec(make(len, f)));
-            }
+        let buf = |len: usize, f: &dyn Fn(usize) -> f64| {
             let k = made.get();
             made.set(k + 1);
-            // Half the time at the same offset on every rank (buffers that
-            // lie alike against cache lines take the fused kernels), else
-            // at one of its own.
-            let alike = hash(&[c.salt, 7, k]) & 1 == 0;
-            let who = if alike { u64::MAX } else { rank as u64 };
-            let at = (hash(&[c.salt, 6, k, who]) % 65) as usize;
-            let mut win = comm
-                .alloc_window::<T>(at + len + 1)
-                .map_err(|e| format!("alloc_window: {e}"))?;
-            for (i, x) in win[at..at + len].iter_mut().enumerate() {
-                *x = T::from_f64(f(i));
-            }
-            Ok(Buf::Window { win, at, len })
+            buffer::<T>(comm, c, k, len, f)
         };
         let mine = |len: usize| buf(len, &|i| input(c, n, rank, i));
         let junk = |len: usize| buf(len, &|i| garbage(c, i));
@@ -1041,8 +1053,8 @@ impl Soak {
         c: &'a Call,
     ) -> Result<Box<dyn FnOnce() -> Checked + 'a>, String> {
         let (rank, n) = (comm.rank(), comm.size());
-        let buf: Vec<T> = make(c.count, |i| input(c, n, rank, i));
-        let work: Work<Vec<T>> = comm
+        let buf: Buf<T> = buffer(comm, c, 0, c.count, &|i| input(c, n, rank, i))?;
+        let work: Work<Buf<T>> = comm
             .all_reduce_async(buf, c.op)
             .map_err(|e| e.to_string())?;
         Ok(Box::new(move || {
@@ -1054,7 +1066,8 @@ impl Soak {
                     c.count
                 ));
             }
-            self.check_reduced("result", c, n, &out, 0)
+            self.check_reduced("result", c, n, &out, 0)?;
+            out.untouched_around()
         }))
     }
 
