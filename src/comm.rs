@@ -828,6 +828,10 @@ impl Communicator {
             let page = Region::create(dir, name, window::CONTROL_BYTES)?;
             let word = |i: usize| page.word(i).map_err(std::io::Error::other);
             word(exec::window::W_PID)?.store(u64::from(std::process::id()), Ordering::Relaxed);
+            // Where word 0 lies in this process, for the peers' probe of
+            // cross-memory attach (this mapping lives as long as the page).
+            let magic_at = word(exec::window::W_MAGIC)? as *const AtomicU64 as u64;
+            word(exec::window::W_PROBE)?.store(magic_at, Ordering::Relaxed);
             word(exec::window::W_MAGIC)?.store(exec::window::CONTROL_MAGIC, Ordering::Release);
             Ok(page)
         };
@@ -845,7 +849,7 @@ impl Communicator {
         let Some((own, pages)) = self.share_regions("control pages", 0, create, open)? else {
             return Ok(false);
         };
-        let pids = pages
+        let pids: Vec<u32> = pages
             .iter()
             .map(|p| {
                 p.word(exec::window::W_PID)
@@ -853,12 +857,14 @@ impl Communicator {
                     .unwrap_or(0)
             })
             .collect();
+        let cma = self.probe_cma(&pages, &pids)?;
         let _ = inner.control.set(Arc::new(Control {
             pages,
             own: Mutex::new(own),
             pids,
             checkins: AtomicU64::new(0),
             windows: AtomicBool::new(false),
+            cma,
         }));
         tracing::info!(
             rank = inner.rank,
@@ -870,11 +876,63 @@ impl Communicator {
         Ok(true)
     }
 
+    /// Whether this rank can read every peer's memory by cross-memory
+    /// attach (the probe word of each peer's control page, at the address
+    /// the peer wrote there, must read back as the page's magic), agreed by
+    /// all ranks (a collective): any rank that cannot, or has FERROCCL_CMA=0,
+    /// turns it off for all.
+    fn probe_cma(&self, pages: &[Region], pids: &[u32]) -> Result<bool> {
+        let inner = &self.inner;
+        let probe = |peer: usize| -> std::result::Result<(), String> {
+            let at = pages[peer]
+                .word(exec::window::W_PROBE)
+                .map_err(|e| e.to_string())?
+                .load(Ordering::Relaxed) as usize;
+            let mut word = [0u8; 8];
+            ferroccl_shm::read_process_memory(pids[peer], at, &mut word).map_err(|e| {
+                format!("reading rank {peer}'s memory (process {}): {e}", pids[peer])
+            })?;
+            if u64::from_ne_bytes(word) != exec::window::CONTROL_MAGIC {
+                return Err(format!("rank {peer}'s probe word read back wrong"));
+            }
+            Ok(())
+        };
+        let mine = if inner.config.cma {
+            (0..inner.size)
+                .filter(|&p| p != inner.rank)
+                .try_for_each(probe)
+        } else {
+            Err("FERROCCL_CMA=0".into())
+        };
+        let all = self.agree_all(mine.is_ok())?;
+        match (&mine, all) {
+            (_, true) => tracing::info!(
+                rank = inner.rank,
+                "cross-memory attach between the {} ranks: allgathers of ordinary buffers with \
+                 blocks of at least {} bytes copy each peer's input straight out of its process",
+                inner.size,
+                exec::window::CMA_MIN_BYTES
+            ),
+            (Err(why), false) => tracing::info!(
+                rank = inner.rank,
+                "no cross-memory attach ({why}): allgathers of ordinary buffers go through slots"
+            ),
+            (Ok(()), false) => tracing::info!(
+                rank = inner.rank,
+                "no cross-memory attach (another rank cannot, or has FERROCCL_CMA=0): \
+                 allgathers of ordinary buffers go through slots"
+            ),
+        }
+        Ok(all)
+    }
+
     /// How many collectives of this communicator ran without the
     /// transport's slots: inline in the check-in on the shared control
-    /// pages (input of at most 4 KiB, every rank on one host), or directly
-    /// between windows (see [`Communicator::alloc_window`]). To check that
-    /// a program's buffers are where it thinks.
+    /// pages (input of at most 4 KiB, every rank on one host), directly
+    /// between windows (see [`Communicator::alloc_window`]), or, for large
+    /// allgathers of ordinary buffers, straight out of the peers' processes
+    /// by cross-memory attach (FERROCCL_CMA). To check that a program's
+    /// buffers are where it thinks.
     pub fn direct_window_calls(&self) -> u64 {
         self.inner.direct_calls.load(Ordering::Relaxed)
     }

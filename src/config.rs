@@ -73,6 +73,12 @@ pub struct Config {
     /// calls on windows run directly (FERROCCL_CHECKIN=0: only once the
     /// first window is allocated).
     pub checkin: bool,
+    /// Let large allgathers of ordinary (non-window) buffers between ranks
+    /// of one host copy each peer's input once, straight out of the peer
+    /// process by cross-memory attach (`process_vm_readv`), where every
+    /// rank may (FERROCCL_CMA=0 turns it off). Probed when the control
+    /// pages are made; without permission the calls go through slots.
+    pub cma: bool,
 }
 
 /// Default of `Config::nt_store_bytes`. On the 2-core build machine a
@@ -121,6 +127,7 @@ impl Config {
             shm_dir: None,
             nt_store_bytes: DEFAULT_NT_STORE_BYTES,
             checkin: true,
+            cma: true,
         };
         config.from_env_overrides(&|k| std::env::var(k).ok())?;
         Ok(config)
@@ -145,8 +152,8 @@ impl Config {
     /// Apply FERROCCL_TIMEOUT, FERROCCL_HEARTBEAT_MS, FERROCCL_TRANSPORT,
     /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
-    /// FERROCCL_CHECKIN, FERROCCL_NT_STORE_BYTES, FERROCCL_SIMD (checked
-    /// only) and FERROCCL_ALGO read through `get`; a value that does not parse is an
+    /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_NT_STORE_BYTES,
+    /// FERROCCL_SIMD (checked only) and FERROCCL_ALGO read through `get`; a value that does not parse is an
     /// error naming it.
     pub fn from_env_overrides(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
         fn parse<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
@@ -207,6 +214,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_CHECKIN") {
             self.checkin = parse_flag("FERROCCL_CHECKIN", &v)?;
+        }
+        if let Some(v) = get("FERROCCL_CMA") {
+            self.cma = parse_flag("FERROCCL_CMA", &v)?;
         }
         // The kernels read FERROCCL_SIMD themselves (once per process, for
         // every communicator); here a value they would not know is an error.
@@ -358,6 +368,10 @@ mod tests {
         assert!(err.contains("FERROCCL_BUFFSIZE"), "{err}");
         let err = with(&[("FERROCCL_TIMEOUT", "-1")]).unwrap_err().to_string();
         assert!(err.contains("FERROCCL_TIMEOUT"), "{err}");
+        assert!(with(&[]).unwrap().cma);
+        assert!(!with(&[("FERROCCL_CMA", "0")]).unwrap().cma);
+        let err = with(&[("FERROCCL_CMA", "maybe")]).unwrap_err().to_string();
+        assert!(err.contains("FERROCCL_CMA"), "{err}");
     }
 
     #[test]

@@ -151,6 +151,11 @@ pub(crate) struct Control {
     /// alike): from then on every collective checks in, not only small
     /// ones, since any of them may lie in windows.
     pub(crate) windows: std::sync::atomic::AtomicBool,
+    /// Every rank read every other rank's probe word by cross-memory
+    /// attach at creation (and FERROCCL_CMA is on everywhere): large
+    /// allgathers of ordinary buffers copy straight out of the peers'
+    /// processes (`exec::window`).
+    pub(crate) cma: bool,
 }
 
 /// A communicator's windows.

@@ -162,3 +162,67 @@ fn help_and_bad_options() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("usage:"));
     }
 }
+
+/// The number rank 0's summary gives of calls that ran without slots.
+fn without_slots(f: &Finished) -> u64 {
+    let lines = f.prefixed();
+    let summary = lines
+        .iter()
+        .find(|(r, rest)| *r == 0 && rest.contains(" calls ran without slots"))
+        .unwrap_or_else(|| panic!("no summary on rank 0\n{}", f.all()));
+    let before = summary.1.split(" calls ran without slots").next().unwrap();
+    before
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in '{}'", summary.1))
+}
+
+/// Allgathers of ordinary buffers with large blocks copy straight out of
+/// the peers' processes (cross-memory attach) where the ranks may: the same
+/// sequence (no windows, buffers up to 200 000 elements; this seed has three
+/// allgathers with blocks of 64 KiB or more) must pass with it
+/// and with FERROCCL_CMA=0, and with it more calls must run without slots
+/// (the large allgathers). Where the machine forbids cross-memory attach
+/// (Yama, a container profile) both runs take the slots and must agree.
+#[test]
+fn three_ranks_allgather_across_processes_and_without() {
+    let args = [
+        "--seed",
+        "10",
+        "--ops",
+        "150",
+        "--max-count",
+        "200000",
+        "--no-windows",
+    ];
+    let info = [("FERROCCL_DEBUG", "INFO")];
+    let with = soak(3, &info, &args);
+    assert!(with.status.success(), "{}", with.all());
+    let without = soak(
+        3,
+        &[("FERROCCL_DEBUG", "INFO"), ("FERROCCL_CMA", "0")],
+        &args,
+    );
+    assert!(without.status.success(), "{}", without.all());
+    assert!(
+        without
+            .all()
+            .contains("no cross-memory attach (FERROCCL_CMA=0)"),
+        "{}",
+        without.all()
+    );
+    let (a, b) = (without_slots(&without), without_slots(&with));
+    if with
+        .all()
+        .contains("cross-memory attach between the 3 ranks")
+    {
+        assert!(
+            b > a,
+            "{b} calls without slots with cross-memory attach, {a} without"
+        );
+    } else {
+        eprintln!("cross-memory attach not permitted here; both runs used slots");
+        assert_eq!(a, b);
+    }
+}

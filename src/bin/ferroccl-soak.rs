@@ -1211,7 +1211,7 @@ impl Soak {
 
 /// Settings that change what a run does (which path each call takes), for
 /// the replay line.
-const REPLAY_ENV: [&str; 11] = [
+const REPLAY_ENV: [&str; 12] = [
     "FERROCCL_TRANSPORT",
     "FERROCCL_ALGO",
     "FERROCCL_BUFFSIZE",
@@ -1219,6 +1219,7 @@ const REPLAY_ENV: [&str; 11] = [
     "FERROCCL_NSOCKS_PERPEER",
     "FERROCCL_NT_STORE_BYTES",
     "FERROCCL_CHECKIN",
+    "FERROCCL_CMA",
     "FERROCCL_SIMD",
     "FERROCCL_CALIBRATE",
     "FERROCCL_FAULT",

@@ -11,11 +11,12 @@
 //!   (spin, yield, then short sleeps; abort, deadline, peer flags and peer
 //!   process liveness checked throughout). There are no threads.
 //! - `region` maps files that every rank of a communicator shares, for
-//!   memory that peers read and write directly (ferroccl's windows).
+//!   memory that peers read and write directly (ferroccl's windows), and
+//!   reads another process's memory by cross-memory attach.
 //! - `wait` is the waiting policy (spin, yield, sleep; when to look at the
 //!   clock), shared with ferroccl's check-ins.
 //! - `ring` is the segment layout and the single-producer single-consumer
-//!   protocol over it; with `os` (three libc calls) and `region` it holds
+//!   protocol over it; with `os` (four libc calls) and `region` it holds
 //!   all the `unsafe` of the crate.
 #![warn(missing_docs, unreachable_pub)]
 
@@ -34,7 +35,7 @@ use ferroccl_transport::{
 use std::path::{Path, PathBuf};
 
 pub use listener::ShmListener;
-pub use region::{process_gone, Region};
+pub use region::{process_gone, read_process_memory, Region};
 pub use wait::Waiter;
 
 /// Where segments live unless told otherwise.

@@ -1,6 +1,7 @@
-//! The three operating-system calls that std does not offer: whether a
-//! process still lives, reserving a file's blocks, and whether a directory
-//! is writable. With `ring`, the only `unsafe` of the crate.
+//! The operating-system calls that std does not offer: whether a process
+//! still lives, reserving a file's blocks, whether a directory is writable,
+//! and reading another process's memory. With `ring` and `region`, the only
+//! `unsafe` of the crate.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -53,4 +54,63 @@ pub(crate) fn dir_writable(dir: &std::path::Path) -> bool {
     };
     // SAFETY: `c` is a NUL-terminated string that lives across the call.
     unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
+
+/// Copy `local.len()` bytes from address `remote` of process `pid` into
+/// `local` with `process_vm_readv` (cross-memory attach: one copy, by the
+/// kernel, with the caller's permission to ptrace `pid`). Fails rather than
+/// reading this process's own memory (`pid` is this process): the kernel
+/// would write into `local` from memory the caller may also hold.
+pub(crate) fn read_process_memory(
+    pid: u32,
+    remote: usize,
+    local: &mut [u8],
+) -> std::io::Result<()> {
+    if pid == std::process::id() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "cross-memory read of this process's own memory",
+        ));
+    }
+    let raw = libc::pid_t::try_from(pid)
+        .ok()
+        .filter(|&p| p > 0)
+        .ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "no such process id")
+        })?;
+    let mut done = 0;
+    while done < local.len() {
+        let rest = &mut local[done..];
+        let from = remote.checked_add(done).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "address overflow")
+        })?;
+        let here = libc::iovec {
+            iov_base: rest.as_mut_ptr().cast(),
+            iov_len: rest.len(),
+        };
+        let there = libc::iovec {
+            iov_base: from as *mut libc::c_void,
+            iov_len: rest.len(),
+        };
+        // SAFETY: `here` describes `rest`, memory of this process borrowed
+        // mutably for the call, so the kernel writes only bytes this call
+        // owns; `there` names memory of another process (checked above),
+        // which the kernel reads or refuses (EFAULT, EPERM, ESRCH) without
+        // touching this process's memory. One iovec each; no flags.
+        let n = unsafe { libc::process_vm_readv(raw, &here, 1, &there, 1, 0) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "cross-memory read stopped after {done} of {} bytes",
+                    local.len()
+                ),
+            ));
+        }
+        done += n as usize;
+    }
+    Ok(())
 }
