@@ -908,19 +908,21 @@ impl Communicator {
         match (&mine, all) {
             (_, true) => tracing::info!(
                 rank = inner.rank,
-                "cross-memory attach between the {} ranks: allgathers of ordinary buffers with \
-                 blocks of at least {} bytes copy each peer's input straight out of its process",
+                "cross-memory attach between the {} ranks: allgathers and all-to-alls of \
+                 ordinary buffers with blocks of at least {} bytes copy straight out of the \
+                 peers' processes",
                 inner.size,
                 exec::window::CMA_MIN_BYTES
             ),
             (Err(why), false) => tracing::info!(
                 rank = inner.rank,
-                "no cross-memory attach ({why}): allgathers of ordinary buffers go through slots"
+                "no cross-memory attach ({why}): allgathers and all-to-alls of ordinary buffers \
+                 go through slots"
             ),
             (Ok(()), false) => tracing::info!(
                 rank = inner.rank,
                 "no cross-memory attach (another rank cannot, or has FERROCCL_CMA=0): \
-                 allgathers of ordinary buffers go through slots"
+                 allgathers and all-to-alls of ordinary buffers go through slots"
             ),
         }
         Ok(all)
@@ -930,7 +932,8 @@ impl Communicator {
     /// transport's slots: inline in the check-in on the shared control
     /// pages (input of at most 4 KiB, every rank on one host), directly
     /// between windows (see [`Communicator::alloc_window`]), or, for large
-    /// allgathers of ordinary buffers, straight out of the peers' processes
+    /// allgathers and all-to-alls of ordinary buffers, straight out of the
+    /// peers' processes
     /// by cross-memory attach (FERROCCL_CMA). To check that a program's
     /// buffers are where it thinks.
     pub fn direct_window_calls(&self) -> u64 {

@@ -73,9 +73,9 @@ pub struct Config {
     /// calls on windows run directly (FERROCCL_CHECKIN=0: only once the
     /// first window is allocated).
     pub checkin: bool,
-    /// Let large allgathers of ordinary (non-window) buffers between ranks
-    /// of one host copy each peer's input once, straight out of the peer
-    /// process by cross-memory attach (`process_vm_readv`), where every
+    /// Let large allgathers and all-to-alls of ordinary (non-window)
+    /// buffers between ranks of one host copy each peer's data once,
+    /// straight out of the peer process by cross-memory attach (`process_vm_readv`), where every
     /// rank may (FERROCCL_CMA=0 turns it off). Probed when the control
     /// pages are made; without permission the calls go through slots.
     pub cma: bool,

@@ -153,8 +153,8 @@ pub(crate) struct Control {
     pub(crate) windows: std::sync::atomic::AtomicBool,
     /// Every rank read every other rank's probe word by cross-memory
     /// attach at creation (and FERROCCL_CMA is on everywhere): large
-    /// allgathers of ordinary buffers copy straight out of the peers'
-    /// processes (`exec::window`).
+    /// allgathers and all-to-alls of ordinary buffers copy straight out of
+    /// the peers' processes (`exec::window`).
     pub(crate) cma: bool,
 }
 

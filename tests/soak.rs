@@ -178,12 +178,13 @@ fn without_slots(f: &Finished) -> u64 {
         .unwrap_or_else(|| panic!("no count in '{}'", summary.1))
 }
 
-/// Allgathers of ordinary buffers with large blocks copy straight out of
-/// the peers' processes (cross-memory attach) where the ranks may: the same
-/// sequence (no windows, buffers up to 200 000 elements; this seed has three
-/// allgathers with blocks of 64 KiB or more) must pass with it
+/// Allgathers and all-to-alls of ordinary buffers with large blocks copy
+/// straight out of the peers' processes (cross-memory attach) where the
+/// ranks may: the same sequence (no windows, buffers up to 200 000
+/// elements; this seed has three allgathers and two all-to-alls with blocks
+/// of 64 KiB or more) must pass with it
 /// and with FERROCCL_CMA=0, and with it more calls must run without slots
-/// (the large allgathers). Where the machine forbids cross-memory attach
+/// (the large allgathers and all-to-alls). Where the machine forbids cross-memory attach
 /// (Yama, a container profile) both runs take the slots and must agree.
 #[test]
 fn three_ranks_allgather_across_processes_and_without() {

@@ -42,15 +42,17 @@
 //!
 //! **Across processes** (cross-memory attach): where every rank could read
 //! every other rank's memory with `process_vm_readv` (probed when the
-//! control pages are made; `Control::cma`), an allgather whose input has
-//! at least `CMA_MIN_BYTES` checks in too, announcing where its input lies
-//! in its process. If the outputs are not all in one window, each rank
-//! copies its own input into its block and then every peer's input
-//! straight out of the peer's process into the peer's block: one copy per
-//! byte, by the kernel, against two through slots (the peer's into a slot,
-//! this rank's out of it). Only reads: a rank writes nothing but its own
-//! output. Then the same completion wait: no rank returns while a peer may
-//! still be reading its input.
+//! control pages are made; `Control::cma`), an allgather or all-to-all
+//! whose blocks have at least `CMA_MIN_BYTES` checks in too, announcing
+//! where its input lies in its process. Unless the window path applies (an
+//! allgather into one window), each rank copies what it needs straight out
+//! of the peers' processes into its output (allgather: every peer's input
+//! into the peer's block; all-to-all: block `rank` of every peer's input)
+//! and its own part from input to output: one copy per byte, by the kernel, against
+//! two through slots (the peer's into a slot, this rank's out of it). Only
+//! reads: a rank writes nothing but its own output. Then the same
+//! completion wait: no rank returns while a peer may still be reading its
+//! input.
 //!
 //! A call that does not check in (large, and no window yet) goes through
 //! slots after one store of its fingerprint on the page (`W_SLOTS`): a peer
@@ -127,13 +129,13 @@ const E_SMALL: usize = 7;
 /// cross-memory attach).
 const E_IN_ADDR: usize = 8;
 
-/// Allgathers whose input (each rank's block) has at least this many bytes
+/// Allgathers and all-to-alls whose blocks have at least this many bytes
 /// copy from the peers by cross-memory attach where the ranks may. Below
 /// it the slots win or tie (each `process_vm_readv` pins the peer's pages,
 /// and the check-in and completion wait cost a round trip each): measured
-/// on 2 ranks from blocks of 64 KiB (9.4-9.6 against 4.4-6.5 GB/s at 128
-/// KiB gathered) and on 4 ranks from 64 KiB blocks (256 KiB gathered), below
-/// that on 4 ranks slower (docs/performance.md).
+/// on 2 ranks from blocks of 64 KiB (allgather 9.4-9.6 against 4.4-6.5
+/// GB/s at 128 KiB gathered) and on 4 ranks from about 64 KiB blocks
+/// (below that slower; docs/performance.md).
 pub(crate) const CMA_MIN_BYTES: usize = 64 << 10;
 
 /// Where the inline data of the two announcement slots start (in words),
@@ -212,7 +214,9 @@ pub(crate) fn run<T: Element>(ctx: &Ctx<'_>, io: &mut Io<'_, T>, call: &Call) ->
     let elem = std::mem::size_of::<T>();
     let (in_len, out_len) = extents(kind, fp.count as usize, ctx.size);
     let inline = kind.filter(|&k| call.inline && runs_inline(k, in_len * elem));
-    let cma = call.inline && ctx.control.cma && kind.is_some_and(|k| runs_cma(k, in_len * elem));
+    let cma = call.inline
+        && ctx.control.cma
+        && kind.is_some_and(|k| runs_cma(k, in_len * elem, ctx.size));
     if inline.is_none() && !cma && !ctx.control.windows.load(Ordering::Relaxed) {
         // No window anywhere: nothing to agree on, the call goes through
         // slots. Said on the page for a peer that checks in for it instead
@@ -262,7 +266,8 @@ pub(crate) fn run<T: Element>(ctx: &Ctx<'_>, io: &mut Io<'_, T>, call: &Call) ->
     let plan = match (kind, inputs, outputs) {
         (Some(CollKind::AllReduce), Some(i), Some(o)) => Direct::AllReduce(i, o),
         (Some(CollKind::AllGather), _, Some(o)) => Direct::AllGather(o),
-        (Some(CollKind::AllGather), _, None) if cma => Direct::CmaGather,
+        (Some(CollKind::AllGather), _, None) if cma => Direct::Pull,
+        (Some(CollKind::AllToAll), _, _) if cma => Direct::Pull,
         (Some(CollKind::ReduceScatter), Some(i), _) => Direct::ReduceScatter(i),
         _ => return Ok(false),
     };
@@ -318,7 +323,20 @@ pub(crate) fn run<T: Element>(ctx: &Ctx<'_>, io: &mut Io<'_, T>, call: &Call) ->
             let mut maps = Maps::new(&inw, &inw);
             k.scatter(io, &mut maps, out_len)?;
         }
-        Direct::CmaGather => k.gather_from_processes(&ctx.control.pids, io, in_len)?,
+        Direct::Pull => {
+            let (n, rank) = (ctx.size, ctx.rank);
+            let count = in_len;
+            let pids = &ctx.control.pids;
+            match kind {
+                // Every input into its block.
+                Some(CollKind::AllGather) => k.pull(pids, io, |j| Some((0, j * count, count)))?,
+                // Block `rank` of every input into block j.
+                _ => {
+                    let block = count / n;
+                    k.pull(pids, io, |j| Some((rank * block, j * block, block)))?
+                }
+            }
+        }
     }
     finish(ctx, fp.seq, &deadline, call)?;
     Ok(true)
@@ -336,8 +354,9 @@ enum Direct {
     AllReduce(u64, u64),
     AllGather(u64),
     ReduceScatter(u64),
-    /// Allgather out of the peers' processes (cross-memory attach).
-    CmaGather,
+    /// Allgather or all-to-all out of the peers' processes (cross-memory
+    /// attach).
+    Pull,
 }
 
 #[inline]
@@ -359,10 +378,20 @@ pub(crate) fn runs_inline(kind: CollKind, in_bytes: usize) -> bool {
 }
 
 /// Whether a call of `kind` whose input has `in_bytes` checks in to run by
-/// cross-memory attach, where the ranks may (`Control::cma`): an allgather
-/// whose blocks have at least `CMA_MIN_BYTES`.
-pub(crate) fn runs_cma(kind: CollKind, in_bytes: usize) -> bool {
-    kind == CollKind::AllGather && in_bytes >= CMA_MIN_BYTES
+/// cross-memory attach on `size` ranks, where the ranks may
+/// (`Control::cma`): an allgather or all-to-all whose blocks (an
+/// allgather's whole input, one of an all-to-all's `size`) have at least
+/// `CMA_MIN_BYTES`. Not a broadcast: through slots the root's copy into a
+/// slot and the receiver's copy out of it run at once on two cores, and one
+/// kernel copy on the receiver alone was slower from 2 MiB (7-9 against
+/// 13-14 GB/s on 2 ranks).
+pub(crate) fn runs_cma(kind: CollKind, in_bytes: usize, size: usize) -> bool {
+    let block = match kind {
+        CollKind::AllGather => in_bytes,
+        CollKind::AllToAll => in_bytes / size.max(1),
+        _ => return false,
+    };
+    block >= CMA_MIN_BYTES
 }
 
 /// Say on this rank's page that call `fp` runs through slots without a
@@ -1097,32 +1126,45 @@ impl Kernel<'_> {
         })
     }
 
-    /// Allgather out of the peers' processes: this rank's input into its
-    /// block, then each peer's input (`count` elements at the address it
-    /// announced) copied by the kernel from the peer's process into the
-    /// peer's block, nearest peer first. Reads only.
-    fn gather_from_processes<T: Element>(
+    /// Copy out of the peers' processes (cross-memory attach): for each
+    /// rank `j`, this one first and then the nearest peers, `part(j)` says
+    /// which elements (`from`, of `j`'s input at the address it announced)
+    /// go where (`to`, of this rank's output), and how many; `None`: nothing
+    /// from `j`. This rank's own part is copied from input to output. Reads
+    /// only.
+    fn pull<T: Element>(
         &self,
         pids: &[u32],
         io: &mut Io<'_, T>,
-        count: usize,
+        part: impl Fn(usize) -> Option<(usize, usize, usize)>,
     ) -> Result<()> {
-        let own = Step::local(Prim::Copy, Operand::Input, 0, self.rank * count, count);
-        io.copy_input_to_output(Store::Cached, &own);
-        for step in 1..self.size {
+        for step in 0..self.size {
             let j = (self.rank + step) % self.size;
-            let dst: &mut [u8] = bytemuck::cast_slice_mut(io.output(j * count, count));
-            let (from, bytes) = (self.places[j].in_addr as usize, dst.len());
-            ferroccl_shm::read_process_memory(pids[j], from, dst).map_err(|e| {
-                Error::PeerFailed {
-                    rank: j,
-                    during: self.call.during(),
-                    reason: format!(
-                        "copying its input ({bytes} bytes at {from:#x} in process {}) by \
-                         cross-memory attach failed: {e}",
-                        pids[j]
-                    ),
-                }
+            let Some((from, to, len)) = part(j) else {
+                continue;
+            };
+            if j == self.rank {
+                let own = Step::local(Prim::Copy, Operand::Input, from, to, len);
+                io.copy_input_to_output(Store::Cached, &own);
+                continue;
+            }
+            let fail = |reason: String| Error::PeerFailed {
+                rank: j,
+                during: self.call.during(),
+                reason,
+            };
+            let at = (from as u64)
+                .checked_mul(self.elem as u64)
+                .and_then(|b| self.places[j].in_addr.checked_add(b))
+                .ok_or_else(|| fail(format!("its announced input address overflows at {from}")))?;
+            let dst: &mut [u8] = bytemuck::cast_slice_mut(io.output(to, len));
+            let bytes = dst.len();
+            ferroccl_shm::read_process_memory(pids[j], at as usize, dst).map_err(|e| {
+                fail(format!(
+                    "copying {bytes} bytes of its input at {at:#x} in process {} by cross-memory \
+                     attach failed: {e}",
+                    pids[j]
+                ))
             })?;
         }
         Ok(())
