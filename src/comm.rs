@@ -933,9 +933,8 @@ impl Communicator {
     /// pages (input of at most 4 KiB, every rank on one host), directly
     /// between windows (see [`Communicator::alloc_window`]), or, for large
     /// allgathers and all-to-alls of ordinary buffers, straight out of the
-    /// peers' processes
-    /// by cross-memory attach (FERROCCL_CMA). To check that a program's
-    /// buffers are where it thinks.
+    /// peers' processes by cross-memory attach (FERROCCL_CMA). To check
+    /// that a program's buffers are where it thinks.
     pub fn direct_window_calls(&self) -> u64 {
         self.inner.direct_calls.load(Ordering::Relaxed)
     }

@@ -75,9 +75,10 @@ pub struct Config {
     pub checkin: bool,
     /// Let large allgathers and all-to-alls of ordinary (non-window)
     /// buffers between ranks of one host copy each peer's data once,
-    /// straight out of the peer process by cross-memory attach (`process_vm_readv`), where every
-    /// rank may (FERROCCL_CMA=0 turns it off). Probed when the control
-    /// pages are made; without permission the calls go through slots.
+    /// straight out of the peer process by cross-memory attach
+    /// (`process_vm_readv`), where every rank may (FERROCCL_CMA=0 turns it
+    /// off). Probed when the control pages are made; without permission the
+    /// calls go through slots.
     pub cma: bool,
 }
 
@@ -153,8 +154,8 @@ impl Config {
     /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
     /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_NT_STORE_BYTES,
-    /// FERROCCL_SIMD (checked only) and FERROCCL_ALGO read through `get`; a value that does not parse is an
-    /// error naming it.
+    /// FERROCCL_SIMD (checked only) and FERROCCL_ALGO read through `get`; a
+    /// value that does not parse is an error naming it.
     pub fn from_env_overrides(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
         fn parse<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
             value

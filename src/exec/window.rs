@@ -48,11 +48,11 @@
 //! allgather into one window), each rank copies what it needs straight out
 //! of the peers' processes into its output (allgather: every peer's input
 //! into the peer's block; all-to-all: block `rank` of every peer's input)
-//! and its own part from input to output: one copy per byte, by the kernel, against
-//! two through slots (the peer's into a slot, this rank's out of it). Only
-//! reads: a rank writes nothing but its own output. Then the same
-//! completion wait: no rank returns while a peer may still be reading its
-//! input.
+//! and its own part from input to output: one copy per byte, by the
+//! kernel, against two through slots (the peer's into a slot, this rank's
+//! out of it). Only reads: a rank writes nothing but its own output. Then
+//! the same completion wait: no rank returns while a peer may still be
+//! reading its input.
 //!
 //! A call that does not check in (large, and no window yet) goes through
 //! slots after one store of its fingerprint on the page (`W_SLOTS`): a peer
@@ -75,7 +75,8 @@
 //!                 +2 count, +3 input window, +4 input offset,
 //!                 +5 output window, +6 output offset (window 0: not in one),
 //!                 +7 an inline input of at most 8 bytes (same cache line),
-//!                 +8 the input's address in the rank's process
+//!                 +8 the input's address in the rank's process (only
+//!                    for calls peers may copy by cross-memory attach)
 //!  word 512   inline input of an even check-in (4 KiB)
 //!  word 1024  inline input of an odd check-in (4 KiB)
 //! ```
@@ -161,8 +162,6 @@ struct Place {
     in_off: u64,
     out_win: u64,
     out_off: u64,
-    /// The input's address in the rank's own process.
-    in_addr: u64,
 }
 
 fn pack(fp: &Fingerprint) -> u64 {
@@ -230,9 +229,9 @@ pub(crate) fn run<T: Element>(ctx: &Ctx<'_>, io: &mut Io<'_, T>, call: &Call) ->
         run_inline(ctx, io, call, kind, in_len, turn, &deadline)?;
         return Ok(true);
     }
+    let (in_addr, out_addr) = io.addresses();
     let place = {
         let windows = lock(ctx.windows);
-        let (in_addr, out_addr) = io.addresses();
         let locate = |addr: usize, len: usize| {
             windows
                 .find(addr, len * elem)
@@ -246,10 +245,12 @@ pub(crate) fn run<T: Element>(ctx: &Ctx<'_>, io: &mut Io<'_, T>, call: &Call) ->
             in_off,
             out_win,
             out_off,
-            in_addr: in_addr as u64,
         }
     };
-    announce(ctx, turn, &fp, &place)?;
+    // The input's address only where a peer may read from it: it lies in
+    // the announcement's second cache line, which the other check-ins
+    // leave alone.
+    announce(ctx, turn, &fp, &place, cma.then_some(in_addr as u64))?;
     let mut places = vec![place; ctx.size];
     for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
         places[peer] = read_announcement(ctx, turn, peer, &fp, &deadline, call)?;
@@ -324,16 +325,25 @@ pub(crate) fn run<T: Element>(ctx: &Ctx<'_>, io: &mut Io<'_, T>, call: &Call) ->
             k.scatter(io, &mut maps, out_len)?;
         }
         Direct::Pull => {
-            let (n, rank) = (ctx.size, ctx.rank);
-            let count = in_len;
+            // Each peer stored its input's address before the sequence
+            // number this rank acquired in `read_announcement`.
+            let inputs = (0..ctx.size)
+                .map(|j| {
+                    let at = word(&ctx.control.pages[j], entry(turn) + E_IN_ADDR)?;
+                    Ok(at.load(Ordering::Relaxed))
+                })
+                .collect::<Result<Vec<u64>>>()?;
+            let (n, rank, count) = (ctx.size, ctx.rank, in_len);
             let pids = &ctx.control.pids;
             match kind {
                 // Every input into its block.
-                Some(CollKind::AllGather) => k.pull(pids, io, |j| Some((0, j * count, count)))?,
+                Some(CollKind::AllGather) => {
+                    k.pull(pids, &inputs, io, |j| (0, j * count, count))?
+                }
                 // Block `rank` of every input into block j.
                 _ => {
                     let block = count / n;
-                    k.pull(pids, io, |j| Some((rank * block, j * block, block)))?
+                    k.pull(pids, &inputs, io, |j| (rank * block, j * block, block))?
                 }
             }
         }
@@ -404,7 +414,15 @@ fn note_slot_call(ctx: &Ctx<'_>, fp: &Fingerprint) -> Result<()> {
     Ok(())
 }
 
-fn announce(ctx: &Ctx<'_>, turn: u64, fp: &Fingerprint, place: &Place) -> Result<()> {
+/// Announce call `fp` at check-in `turn`, with where its buffers lie and,
+/// for a call peers may copy out of this process, its input's address.
+fn announce(
+    ctx: &Ctx<'_>,
+    turn: u64,
+    fp: &Fingerprint,
+    place: &Place,
+    in_addr: Option<u64>,
+) -> Result<()> {
     let page = &ctx.control.pages[ctx.rank];
     let e = entry(turn);
     for (field, value) in [
@@ -414,9 +432,11 @@ fn announce(ctx: &Ctx<'_>, turn: u64, fp: &Fingerprint, place: &Place) -> Result
         (E_IN_OFF, place.in_off),
         (E_OUT_WIN, place.out_win),
         (E_OUT_OFF, place.out_off),
-        (E_IN_ADDR, place.in_addr),
     ] {
         word(page, e + field)?.store(value, Ordering::Relaxed);
+    }
+    if let Some(addr) = in_addr {
+        word(page, e + E_IN_ADDR)?.store(addr, Ordering::Relaxed);
     }
     // Release: a peer that sees the sequence number sees the fields, and
     // (in place) this rank's input as the caller left it.
@@ -472,7 +492,6 @@ fn read_announcement(
         in_off: read(e + E_IN_OFF)?,
         out_win: read(e + E_OUT_WIN)?,
         out_off: read(e + E_OUT_OFF)?,
-        in_addr: read(e + E_IN_ADDR)?,
     })
 }
 
@@ -631,7 +650,7 @@ fn run_inline<T: Element>(
     if publishes {
         write_inline(ctx, turn, bytemuck::cast_slice(io.input(0, in_len)))?;
     }
-    announce(ctx, turn, &fp, &Place::default())?;
+    announce(ctx, turn, &fp, &Place::default(), None)?;
     for peer in (0..size).filter(|&p| p != rank) {
         read_announcement(ctx, turn, peer, &fp, deadline, call)?;
     }
@@ -1128,21 +1147,20 @@ impl Kernel<'_> {
 
     /// Copy out of the peers' processes (cross-memory attach): for each
     /// rank `j`, this one first and then the nearest peers, `part(j)` says
-    /// which elements (`from`, of `j`'s input at the address it announced)
-    /// go where (`to`, of this rank's output), and how many; `None`: nothing
-    /// from `j`. This rank's own part is copied from input to output. Reads
+    /// which elements (`from`, of `j`'s input, which lies at `inputs[j]` in
+    /// process `pids[j]`) go where (`to`, of this rank's output), and how
+    /// many. This rank's own part is copied from input to output. Reads
     /// only.
     fn pull<T: Element>(
         &self,
         pids: &[u32],
+        inputs: &[u64],
         io: &mut Io<'_, T>,
-        part: impl Fn(usize) -> Option<(usize, usize, usize)>,
+        part: impl Fn(usize) -> (usize, usize, usize),
     ) -> Result<()> {
         for step in 0..self.size {
             let j = (self.rank + step) % self.size;
-            let Some((from, to, len)) = part(j) else {
-                continue;
-            };
+            let (from, to, len) = part(j);
             if j == self.rank {
                 let own = Step::local(Prim::Copy, Operand::Input, from, to, len);
                 io.copy_input_to_output(Store::Cached, &own);
@@ -1155,7 +1173,7 @@ impl Kernel<'_> {
             };
             let at = (from as u64)
                 .checked_mul(self.elem as u64)
-                .and_then(|b| self.places[j].in_addr.checked_add(b))
+                .and_then(|b| inputs[j].checked_add(b))
                 .ok_or_else(|| fail(format!("its announced input address overflows at {from}")))?;
             let dst: &mut [u8] = bytemuck::cast_slice_mut(io.output(to, len));
             let bytes = dst.len();
