@@ -865,8 +865,9 @@ struct Soak {
     verbose: bool,
     /// One wrong expectation left to plant (FERROCCL_SOAK_SABOTAGE=1).
     sabotage: Cell<bool>,
-    /// Calls that ran without the slots (inline in the check-in, or
-    /// directly between windows), as the communicators count them.
+    /// Calls that ran without the slots (inline in the check-in, directly
+    /// between windows, or by cross-memory attach), as the communicators
+    /// count them.
     direct: Cell<u64>,
 }
 
@@ -1338,7 +1339,7 @@ fn main() {
         let kinds: Vec<String> = tally.iter().map(|(k, v)| format!("{k} {v}")).collect();
         say(&format!(
             "ferroccl-soak: {} ops ok on {size} ranks in {:.1} s (seed {seed}): {}; on rank 0 {} \
-             calls ran without slots (inline or between windows)",
+             calls ran without slots (inline, between windows or by cross-memory attach)",
             opts.ops,
             started.elapsed().as_secs_f64(),
             kinds.join(", "),
