@@ -29,6 +29,7 @@ mod half_simd;
 pub mod launch;
 mod logging;
 mod nt;
+mod plan;
 mod simd;
 pub mod testing;
 mod topo;

@@ -140,6 +140,12 @@ fn candidates(coll: CollKind) -> &'static [Algorithm] {
     }
 }
 
+/// Whether the model chooses between algorithms for `coll` (else it runs
+/// its one algorithm, the ring).
+pub(crate) fn has_choice(coll: CollKind) -> bool {
+    candidates(coll).len() > 1
+}
+
 /// The cheapest algorithm for the call, and each candidate's modelled cost.
 pub(crate) fn choose(
     coll: CollKind,

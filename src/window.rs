@@ -13,7 +13,7 @@
 //!
 //! Collectives whose buffers lie in windows on every rank (the same window
 //! on every rank, at any offset) run the direct schedules of
-//! `exec::window`; anything else runs as before. Which way a call goes is
+//! `exec::direct`; anything else runs as before. Which way a call goes is
 //! agreed per call through a small control page per rank (made when the
 //! communicator is, where its ranks share a host), which also compares the
 //! calls' fingerprints before any data moves and carries small calls
@@ -134,7 +134,7 @@ pub(crate) struct WindowMaps {
 }
 
 /// The control pages of the ranks (one per rank, every rank maps all):
-/// where calls are announced and completions signalled (`exec::window`).
+/// where calls are announced and completions signalled (`exec::checkin`).
 pub(crate) struct Control {
     /// Each rank's page, by rank (this rank's own included).
     pub(crate) pages: Vec<Region>,
@@ -154,7 +154,7 @@ pub(crate) struct Control {
     /// Every rank read every other rank's probe word by cross-memory
     /// attach at creation (and FERROCCL_CMA is on everywhere): large
     /// allgathers and all-to-alls of ordinary buffers copy straight out of
-    /// the peers' processes (`exec::window`).
+    /// the peers' processes (`exec::pull`).
     pub(crate) cma: bool,
 }
 
@@ -203,5 +203,5 @@ pub(crate) fn region_name(token: u64, comm_id: u64, id: u64, rank: usize) -> Str
 }
 
 /// Bytes of a control page: announcements, then the inline data of small
-/// calls (`exec::window`).
+/// calls (`exec::checkin`, `exec::inline`).
 pub(crate) const CONTROL_BYTES: usize = 16384;

@@ -176,6 +176,11 @@ pub struct Step {
     pub send_tag: u32,
     /// Tag this step expects on the frame it receives.
     pub recv_tag: u32,
+    /// The channel whose connections the step sends and receives on: a
+    /// schedule may run several rings (or trees) at once, each over its own
+    /// FIFOs to the same peers (NCCL's channels). Today's schedules use
+    /// channel 0 alone.
+    pub channel: usize,
 }
 
 /// A rank's whole schedule for one call.
@@ -251,6 +256,7 @@ impl Step {
             len,
             send_tag: 0,
             recv_tag: 0,
+            channel: 0,
         }
     }
 }

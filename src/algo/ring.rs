@@ -70,6 +70,7 @@ impl Emitter<'_> {
             len,
             send_tag: base.wrapping_add(k),
             recv_tag: base.wrapping_add(k.wrapping_sub(1)),
+            channel: 0,
         });
     }
 }
@@ -87,6 +88,7 @@ fn local_copy(count: usize) -> Schedule {
             len: count,
             send_tag: 0,
             recv_tag: 0,
+            channel: 0,
         });
     }
     out
@@ -216,6 +218,7 @@ fn chain(p: RingParams, count: usize, pos: usize, ends: [Prim; 3]) -> Schedule {
             len,
             send_tag: tag,
             recv_tag: tag,
+            channel: 0,
         });
     }
     out
@@ -264,6 +267,7 @@ pub fn point_to_point(p: RingParams, count: usize, peer: usize, sending: bool) -
             len,
             send_tag: tag,
             recv_tag: tag,
+            channel: 0,
         });
     }
     out
@@ -293,6 +297,7 @@ pub fn all_to_all(p: RingParams, block: usize) -> Schedule {
                 len,
                 send_tag: tag,
                 recv_tag: 0,
+                channel: 0,
             });
             out.push(Step {
                 local: Operand::Input,
@@ -304,6 +309,7 @@ pub fn all_to_all(p: RingParams, block: usize) -> Schedule {
                 len,
                 send_tag: 0,
                 recv_tag: tag,
+                channel: 0,
             });
         }
     }
@@ -336,6 +342,7 @@ pub fn barrier(p: RingParams) -> Schedule {
         len: 0,
         send_tag: lap,
         recv_tag: lap,
+        channel: 0,
     };
     let order: [(Prim, u32); 4] = if p.rank == 0 {
         [

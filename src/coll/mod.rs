@@ -1,5 +1,10 @@
-//! One file per collective: check the arguments (before any byte moves) and
-//! pick the schedule. Nothing here does I/O, holds `unsafe` or reads a clock.
+//! One file per collective: check the arguments (before any byte moves),
+//! build the schedule, and say what the caller does around it (where an
+//! in-place call's input and output start, a temporary output, which part
+//! of the output Avg divides). Every public collective funnels through one
+//! descriptor, [`CollCall`], and [`plan`] (as NCCL funnels every call
+//! through one info struct). Nothing here does I/O, holds `unsafe` or reads
+//! a clock.
 
 mod all_gather;
 mod all_reduce;
@@ -20,8 +25,11 @@ pub(crate) use reduce::reduce;
 pub(crate) use reduce_scatter::{reduce_scatter, reduce_scatter_in_place};
 
 use crate::algo::ring::RingParams;
-use crate::algo::Schedule;
+use crate::algo::{Algorithm, Schedule};
+use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::plan::Memory;
+use std::ops::Range;
 
 /// The kinds of call that carry a fingerprint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +84,126 @@ impl CollKind {
 
     pub(crate) fn from_code(code: u8) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.code() == code)
+    }
+
+    /// Elements of a call's input and output per rank, for the count its
+    /// fingerprint carries (the caller's `count`) on `size` ranks.
+    pub(crate) fn extents(self, count: usize, size: usize) -> (usize, usize) {
+        match self {
+            CollKind::AllGather => (count, count * size),
+            CollKind::ReduceScatter => (count * size, count),
+            _ => (count, count),
+        }
+    }
+}
+
+/// One collective call as the API received it: every public collective
+/// is described by one of these, then planned by [`plan`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CollCall {
+    pub(crate) kind: CollKind,
+    /// The count the caller named (the fingerprint's): an allreduce's
+    /// buffer, a reduce-scatter's output block, an allgather's input block,
+    /// an all-to-all's whole input.
+    pub(crate) count: usize,
+    /// Elements of the send buffer (in place: of the one buffer).
+    pub(crate) send_len: usize,
+    /// Elements of the receive buffer (in place: of the one buffer).
+    pub(crate) recv_len: usize,
+    pub(crate) op: Option<ReduceOp>,
+    /// Broadcast and reduce: the root. Send/recv: the rank the data comes
+    /// from (this rank for a send).
+    pub(crate) root: Option<usize>,
+    /// Send/recv: (peer, sending).
+    pub(crate) p2p: Option<(usize, bool)>,
+    /// One buffer for input and output.
+    pub(crate) in_place: bool,
+    /// Where the buffers live (the planner refuses memory it has no path
+    /// for before anything else happens).
+    pub(crate) memory: Memory,
+}
+
+impl CollCall {
+    /// A call of `kind` on `count` elements; the rest set with struct
+    /// update syntax.
+    pub(crate) fn new(kind: CollKind, count: usize, send_len: usize, recv_len: usize) -> Self {
+        CollCall {
+            kind,
+            count,
+            send_len,
+            recv_len,
+            op: None,
+            root: None,
+            p2p: None,
+            in_place: false,
+            memory: Memory::Host,
+        }
+    }
+
+    /// Elements each slice of the call is cut from (`plan::geometry`'s
+    /// count): an all-to-all moves blocks of `send_len / size`.
+    pub(crate) fn slice_count(&self, size: usize) -> usize {
+        match self.kind {
+            CollKind::AllToAll => self.send_len / size.max(1),
+            _ => self.count,
+        }
+    }
+}
+
+/// Check `call` and build this rank's plan for it, run by `algorithm`
+/// (collectives with a single algorithm ignore it) at slice geometry `g`.
+pub(crate) fn plan(call: &CollCall, g: Geometry, algorithm: Algorithm) -> Result<Plan> {
+    let c = call;
+    let root = || c.root.unwrap_or(usize::MAX);
+    match c.kind {
+        CollKind::AllReduce => all_reduce(g, c.send_len, c.recv_len, algorithm),
+        CollKind::ReduceScatter if c.in_place => reduce_scatter_in_place(g, c.send_len),
+        CollKind::ReduceScatter => reduce_scatter(g, c.send_len, c.recv_len),
+        CollKind::AllGather if c.in_place => all_gather_in_place(g, c.recv_len),
+        CollKind::AllGather => all_gather(g, c.send_len, c.recv_len),
+        CollKind::Broadcast => broadcast(g, c.send_len, root(), algorithm),
+        CollKind::Reduce => reduce(g, c.send_len, c.recv_len, root(), algorithm),
+        CollKind::SendRecv => {
+            let (peer, sending) = c.p2p.unwrap_or((usize::MAX, true));
+            point_to_point(g, c.count, peer, sending)
+        }
+        CollKind::AllToAll => all_to_all(g, c.send_len, c.recv_len),
+        CollKind::Barrier => Ok(barrier(g)),
+    }
+}
+
+/// The elements of the caller's output (in place: of its one buffer) that
+/// hold this rank's result once `call` has run under `plan`; `None` where
+/// this rank holds none (a reduce's non-root ranks) or the call has no
+/// reduced result.
+pub(crate) fn result_range(call: &CollCall, plan: &Plan, rank: usize) -> Option<Range<usize>> {
+    match call.kind {
+        CollKind::AllReduce => Some(0..call.recv_len),
+        CollKind::ReduceScatter => {
+            let at = if call.in_place { plan.output_base } else { 0 };
+            Some(at..at + call.count)
+        }
+        CollKind::Reduce if call.root == Some(rank) => Some(0..call.recv_len),
+        _ => None,
+    }
+}
+
+/// What follows a reducing call on the ranks that hold a result: Avg
+/// travels as Sum and is divided once, here, by the rank count.
+pub(crate) fn finish<T: Element>(
+    call: &CollCall,
+    plan: &Plan,
+    rank: usize,
+    size: usize,
+    out: &mut [T],
+) {
+    if call.op != Some(ReduceOp::Avg) {
+        return;
+    }
+    if let Some(range) = result_range(call, plan, rank) {
+        if let Some(result) = out.get_mut(range) {
+            T::divide(result, size);
+        }
     }
 }
 

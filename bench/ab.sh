@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Two builds of ferroccl-perf side by side in one session, in turns: A, B,
+# A, B for every case, so that load from other work on the machine falls on
+# both alike, and the two A runs give the run-to-run noise. Used to check
+# that a change costs no speed (docs/performance.md, "Restructuring check").
+#
+#   bench/ab.sh A_PERF B_PERF [OUT_DIR]
+# Environment:
+#   OPS="allreduce allgather reducescatter"   collectives
+#   RANKS="2 4"                               rank counts
+#   TRANSPORTS="default tcp"                  FERROCCL_TRANSPORT values
+#   MINB=8 MAXB=268435456 ITERS=10 WARMUP=3   sizes (step 4) and iterations
+#   REGISTER=0                                2: buffers in windows (-R 2)
+# Prints one table per case (bench/ab_summary.py) and keeps the CSVs.
+set -euo pipefail
+a=${1:?usage: bench/ab.sh A_PERF B_PERF [OUT_DIR]}
+b=${2:?usage: bench/ab.sh A_PERF B_PERF [OUT_DIR]}
+out=${3:-$(mktemp -d "${TMPDIR:-/tmp}/ferroccl-ab.XXXXXX")}
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
+OPS=${OPS:-allreduce allgather reducescatter}
+RANKS=${RANKS:-2 4}
+TRANSPORTS=${TRANSPORTS:-default tcp}
+MINB=${MINB:-8} MAXB=${MAXB:-268435456} ITERS=${ITERS:-10} WARMUP=${WARMUP:-3}
+REGISTER=${REGISTER:-0}
+echo "## $(date -u '+%Y-%m-%dT%H:%M:%SZ') nproc=$(nproc) load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "## A=$a"
+echo "## B=$b"
+for t in $TRANSPORTS; do
+  for n in $RANKS; do
+    for op in $OPS; do
+      case_name="$op-$n-$t"
+      for turn in a1 b1 a2 b2; do
+        exe=$a
+        [[ $turn == b* ]] && exe=$b
+        env_t=()
+        [[ $t != default ]] && env_t=(FERROCCL_TRANSPORT="$t")
+        env "${env_t[@]}" "$exe" "$op" --ranks "$n" -b "$MINB" -e "$MAXB" -f 4 \
+          -n "$ITERS" -w "$WARMUP" -c 0 -R "$REGISTER" \
+          --csv "$out/$case_name-$turn.csv" > "$out/$case_name-$turn.txt"
+      done
+      python3 "$here/ab_summary.py" "$out" "$case_name"
+    done
+  done
+done
+echo "## raw output in $out"

@@ -1,0 +1,277 @@
+//! Carrying a call out: its plan (the planner's algorithm and slice
+//! geometry, allreduce plans cached), the facts the planner routes it by,
+//! and the hand-over to `exec`, which runs it. The route itself, and every
+//! threshold behind it, is `crate::plan`'s.
+
+use super::{lock, CallSpec, Communicator, Inner};
+use crate::coll::{self, CollCall, CollKind, Plan};
+use crate::element::Element;
+use crate::error::Result;
+use crate::exec::{self, Call, HostIo, Io};
+use crate::plan::{self, Facts, Memory};
+use crate::tune;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// (collective, count, element size).
+pub(super) type PlanKey = (u8, usize, usize);
+/// Plans kept per communicator; the oldest goes first.
+const PLAN_CACHE_ENTRIES: usize = 32;
+/// A call's plan: from the allreduce cache, or built for this call.
+pub(super) enum Planned {
+    Cached(Arc<Plan>),
+    Built(Plan),
+}
+
+impl std::ops::Deref for Planned {
+    type Target = Plan;
+    fn deref(&self) -> &Plan {
+        match self {
+            Planned::Cached(plan) => plan,
+            Planned::Built(plan) => plan,
+        }
+    }
+}
+
+/// Bytes of a call's input, which the planner routes it by.
+fn in_bytes<T>(call: &Call, size: usize) -> usize {
+    call.kind.extents(call.fingerprint.count as usize, size).0 * std::mem::size_of::<T>()
+}
+
+impl Communicator {
+    /// The plan of `call` for elements of `T` (arguments checked first):
+    /// the algorithm and slice geometry are the planner's, the schedule is
+    /// the collective's. Allreduce plans come from a cache of recent ones
+    /// by (count, element size): training loops and benchmarks repeat their
+    /// sizes, and choosing an algorithm and building its schedule cost more
+    /// than running a small allreduce over shared memory.
+    pub(super) fn plan<T: Element>(&self, call: &CollCall) -> Result<Planned> {
+        let cacheable = call.kind == CollKind::AllReduce && call.send_len == call.recv_len;
+        if !cacheable {
+            return self.build_plan::<T>(call).map(Planned::Built);
+        }
+        let key = (call.kind.code(), call.count, std::mem::size_of::<T>());
+        if let Some((_, plan)) = lock(&self.inner.plans).iter().find(|(k, _)| *k == key) {
+            return Ok(Planned::Cached(plan.clone()));
+        }
+        let plan = Arc::new(self.build_plan::<T>(call)?);
+        let mut plans = lock(&self.inner.plans);
+        if plans.len() >= PLAN_CACHE_ENTRIES {
+            plans.remove(0);
+        }
+        plans.push((key, plan.clone()));
+        Ok(Planned::Cached(plan))
+    }
+
+    fn build_plan<T: Element>(&self, call: &CollCall) -> Result<Plan> {
+        let inner = &self.inner;
+        if let Memory::Device { ordinal } = call.memory {
+            return Err(plan::device_unsupported(call.kind, ordinal));
+        }
+        let elem = std::mem::size_of::<T>();
+        let count = call.slice_count(inner.size);
+        let facts = inner.facts();
+        let bytes = call.count * elem;
+        // Only collectives with a choice ask the model (it allocates the
+        // list of costs): the others run their one algorithm.
+        let (algorithm, costs) = if tune::has_choice(call.kind) || facts.forced.is_some() {
+            let model = *lock(&inner.model);
+            plan::algorithm(call.kind, bytes, &facts, &model)
+        } else {
+            (crate::algo::Algorithm::Ring, Vec::new())
+        };
+        if tracing::enabled!(tracing::Level::INFO)
+            && lock(&inner.tuned).insert((call.kind.code(), tune::size_class(bytes)))
+        {
+            tracing::info!(
+                rank = inner.rank,
+                "plan: {}",
+                plan::explain(call.kind, bytes, &facts, algorithm, &costs)
+            );
+        }
+        let geometry = plan::geometry(
+            call.kind,
+            algorithm,
+            (inner.rank, inner.size),
+            count,
+            elem,
+            inner.config.chunk_bytes(),
+        );
+        coll::plan(call, geometry, algorithm)
+    }
+
+    /// What a call carries besides its buffers, for its fingerprint.
+    pub(super) fn spec<T: Element>(&self, call: &CollCall) -> CallSpec {
+        CallSpec {
+            kind: call.kind,
+            dtype: T::DTYPE,
+            op: call.op,
+            count: call.count,
+            root: call.root,
+            p2p: call.p2p,
+        }
+    }
+}
+
+impl Inner {
+    /// The facts the planner routes this communicator's calls by (the same
+    /// on every rank).
+    #[inline]
+    pub(super) fn facts(&self) -> Facts {
+        let control = self.control.get();
+        Facts {
+            size: self.size,
+            control: control.is_some(),
+            cma: control.is_some_and(|c| c.cma),
+            windows: control.is_some_and(|c| c.windows.load(Ordering::Relaxed)),
+            forced: self.config.algorithm,
+        }
+    }
+
+    /// Run a checked call (the caller holds its turn).
+    pub(super) fn execute<T: Element>(
+        &self,
+        plan: &Plan,
+        io: Io<'_, T>,
+        call: &Call,
+    ) -> Result<()> {
+        if self.has_failed() {
+            if let Some(err) = self.relabelled_failure(&call.fingerprint) {
+                return Err(err);
+            }
+        }
+        if let Some(err) = self.heard_mismatch(&call.fingerprint, false) {
+            return Err(err);
+        }
+        let result = self.execute_checked(plan, io, call);
+        match result {
+            Ok(()) => Ok(()),
+            Err(err) => Err(self.on_error(err, call)),
+        }
+    }
+
+    /// Run a call the way the planner routes it: inline, directly between
+    /// windows or out of the peers' processes where the ranks share
+    /// control pages and the call allows it, else its schedule through
+    /// slots.
+    pub(super) fn execute_checked<T: Element>(
+        &self,
+        plan: &Plan,
+        io: Io<'_, T>,
+        call: &Call,
+    ) -> Result<()> {
+        // The planner refuses device memory here, before anything moves.
+        let route = plan::route(
+            call.kind,
+            in_bytes::<T>(call, self.size),
+            io.memory(),
+            &self.facts(),
+        )?;
+        let mut io = match io {
+            Io::Host(host) => host,
+            Io::Device(device) => return Err(plan::device_unsupported(call.kind, device.ordinal)),
+        };
+        // With control pages the route may skip the slots (inline, between
+        // windows, out of the peers' processes).
+        if let Some(control) = self.control.get() {
+            let ctx = exec::Ctx {
+                rank: self.rank,
+                size: self.size,
+                control,
+                windows: &self.windows,
+                abort: &self.abort_signal,
+            };
+            if exec::run_checked_in(&ctx, &mut io, call, route)? {
+                self.direct_calls.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+        let mut links = lock(&self.links);
+        match io {
+            // The schedule reads its input after writing its output: run
+            // it out of place from a copy.
+            HostIo::InPlace {
+                buf,
+                input_base: 0,
+                output_base: 0,
+            } if plan.copies_input => {
+                // The copy of a small input lives on the stack: an
+                // allocation and its free cost ~70 instructions, a tenth of
+                // an 8-byte allreduce.
+                let mut words = [0u64; SMALL_COPY_WORDS];
+                let heap;
+                let input = match small_copy(&mut words, buf) {
+                    Some(small) => small,
+                    None => {
+                        heap = buf.to_vec();
+                        &heap
+                    }
+                };
+                let io = HostIo::OutOfPlace { input, output: buf };
+                exec::run(&mut links, &plan.schedule, io, call)
+            }
+            io => exec::run(&mut links, &plan.schedule, io, call),
+        }
+    }
+}
+
+/// Bytes of input that an in-place call copies onto the stack rather than
+/// the heap, in 8-byte words (element types are at most 8 bytes).
+const SMALL_COPY_WORDS: usize = 32;
+/// `src` copied into `words`, if it fits.
+fn small_copy<'a, T: Element>(words: &'a mut [u64], src: &[T]) -> Option<&'a [T]> {
+    let n = (std::mem::size_of_val(src)).div_ceil(8);
+    let typed: &mut [T] = bytemuck::try_cast_slice_mut(words.get_mut(..n)?).ok()?;
+    let typed = typed.get_mut(..src.len())?;
+    typed.copy_from_slice(src);
+    Some(typed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::element::ReduceOp;
+    use crate::error::Error;
+    use crate::exec::DeviceIo;
+
+    /// No path moves device memory yet: a call on it is refused with an
+    /// error naming the device, before it is issued (so the communicator
+    /// goes on), and the executor refuses device buffers too.
+    #[test]
+    fn device_buffers_are_refused_before_anything_moves() {
+        let results = crate::testing::run_ranks(2, |comm| -> Result<()> {
+            let call = CollCall {
+                op: Some(ReduceOp::Sum),
+                memory: Memory::Device { ordinal: 1 },
+                ..CollCall::new(CollKind::AllReduce, 4, 4, 4)
+            };
+            let err = comm.plan::<f32>(&call).err().expect("device memory refused");
+            assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+            assert!(err.to_string().contains("device 1"), "{err}");
+            // Refused before it was issued: the communicator works on.
+            let mut buf = [comm.rank() as f32 + 1.0; 4];
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+            assert_eq!(buf, [3.0; 4]);
+            Ok(())
+        });
+        for r in results {
+            r.unwrap();
+        }
+        // The executor's own guard, on a communicator of one.
+        let results = crate::testing::run_ranks(1, |comm| {
+            let call = CollCall {
+                op: Some(ReduceOp::Sum),
+                ..CollCall::new(CollKind::AllReduce, 4, 4, 4)
+            };
+            let plan = comm.plan::<f32>(&call).unwrap();
+            let io = Io::<f32>::Device(DeviceIo {
+                ordinal: 2,
+                input: 0x1000,
+                output: 0x2000,
+            });
+            comm.run_blocking(comm.spec::<f32>(&call), &plan, io)
+        });
+        let err = results.into_iter().next().unwrap().unwrap_err();
+        assert!(err.to_string().contains("device 2"), "{err}");
+    }
+}

@@ -1,0 +1,381 @@
+//! Failure: what a failed call does to its communicator (the first failure
+//! ends it, and every later call returns it, restated for that call), who
+//! is blamed (a rank that never issued the call rather than a neighbour
+//! that only waited), and how the news spreads: failure and mismatch
+//! reports through the rendezvous to every rank, failure frames to the
+//! connected peers, and a watcher thread that hears the reports.
+
+use super::{lock, Inner};
+use crate::bootstrap::{FailureReport, MismatchReport};
+use crate::coll::CollKind;
+use crate::error::{Error, Result};
+use crate::exec::Call;
+use ferroccl_transport::Fingerprint;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+/// How long the rank that hosts the rendezvous waits after it reported a
+/// failure, before it lets its own calls end (see `Inner::fail_with`).
+const HOST_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
+impl Inner {
+    /// Whether the communicator has failed (its error is in `failure`).
+    pub(super) fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+    /// Record a call's error as the communicator's failure (or, if the call
+    /// only saw the abort that an earlier failure caused, return that one).
+    pub(super) fn on_error(&self, err: Error, call: &Call) -> Error {
+        if matches!(err, Error::Aborted(None)) {
+            if let Some(stored) = self.relabelled_failure(&call.fingerprint) {
+                return stored;
+            }
+        }
+        if matches!(err, Error::Timeout { .. } | Error::PeerFailed { .. }) {
+            // A rank that timed out waiting on its neighbour, or heard from
+            // it that it failed, is often only downstream of the real
+            // failure (a rank further away died, stopped or found a
+            // mismatch); give the job's report, if one is coming, a moment
+            // to arrive and name the cause.
+            let grace = (self.config.timeout / 10).min(std::time::Duration::from_secs(1));
+            let until = Instant::now() + grace;
+            while Instant::now() < until
+                && lock(&self.failure).is_none()
+                && lock(&self.mismatch_heard).is_none()
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            if let Some(mismatch) = self.heard_mismatch(&call.fingerprint, true) {
+                return mismatch;
+            }
+            if let Some(stored) = self.relabelled_failure(&call.fingerprint) {
+                return stored;
+            }
+        }
+        if let Error::Mismatch {
+            peer,
+            local,
+            remote,
+        } = &err
+        {
+            let report = self.global_ranks.get(*peer).map(|&peer| MismatchReport {
+                comm_id: self.comm_id,
+                seq: call.fingerprint.seq,
+                peer,
+                local: local.clone(),
+                remote: remote.clone(),
+            });
+            self.fail_with(err.clone(), None, Broadcast::Mismatch(report));
+            return self.relabelled_failure(&call.fingerprint).unwrap_or(err);
+        }
+        let err = match err {
+            Error::Timeout {
+                peer, waited_ms, ..
+            } => self.blame_for_timeout(call, peer, waited_ms).unwrap_or(err),
+            other => other,
+        };
+        let blame = match &err {
+            Error::PeerFailed { rank, .. } | Error::Timeout { peer: rank, .. } => Some(*rank),
+            _ => None,
+        };
+        self.fail(err.clone(), blame, true);
+        self.relabelled_failure(&call.fingerprint).unwrap_or(err)
+    }
+    /// The error for `call` if another rank reported a mismatch that
+    /// concerns it (a collective at or after the mismatched position, or,
+    /// with `any_call`, any call: one that failed on the mismatch's
+    /// fallout); the communicator fails with it.
+    #[inline]
+    pub(super) fn heard_mismatch(&self, call: &Fingerprint, any_call: bool) -> Option<Error> {
+        if !self.mismatch_flag.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.heard_mismatch_now(call, any_call)
+    }
+    #[cold]
+    pub(super) fn heard_mismatch_now(&self, call: &Fingerprint, any_call: bool) -> Option<Error> {
+        let (reporter, peer, m) = lock(&self.mismatch_heard).clone()?;
+        if !any_call && !is_p2p(call) && call.seq < m.seq {
+            return None;
+        }
+        let err = self.mismatch_seen_here(reporter, peer, &m, Some(call));
+        self.fail(err.clone(), Some(reporter), false);
+        Some(self.relabelled_failure(call).unwrap_or(err))
+    }
+    /// After a collective timed out waiting on `waited_for`: ask every
+    /// member how far it has come, and blame the lowest rank that has not
+    /// issued this call at all (it is stuck in its own code, or stopped)
+    /// rather than the neighbour, which may only be waiting too. `None`
+    /// when every member has issued it (then the neighbour is blamed).
+    pub(super) fn blame_for_timeout(
+        &self,
+        call: &Call,
+        waited_for: usize,
+        waited_ms: u64,
+    ) -> Option<Error> {
+        if is_p2p(&call.fingerprint) {
+            return None; // one peer, and its own numbering
+        }
+        let seq = call.fingerprint.seq;
+        let others: Vec<usize> = (0..self.size).filter(|&r| r != self.rank).collect();
+        let globals: Vec<usize> = others
+            .iter()
+            .filter_map(|&r| self.global_ranks.get(r).copied())
+            .collect();
+        let wait = (self.config.timeout / 4).min(std::time::Duration::from_secs(2));
+        let answers =
+            self.rendezvous
+                .store
+                .ask_progress(self.comm_id, &globals, Instant::now() + wait);
+        let (laggard, at) = others
+            .iter()
+            .zip(answers)
+            .find_map(|(&r, a)| a.filter(|&issued| issued < seq).map(|a| (r, a)))?;
+        let last = if at == 0 {
+            "none yet".to_string()
+        } else {
+            format!("#{at}")
+        };
+        tracing::warn!(
+            rank = self.rank,
+            "{}: timed out waiting for rank {waited_for}; rank {laggard} has not issued the call \
+             (its last collective call: {last})",
+            call.during()
+        );
+        Some(Error::PeerFailed {
+            rank: laggard,
+            during: call.during(),
+            reason: format!(
+                "timed out after {waited_ms} ms: it has not called {} #{seq} (its last collective \
+                 call: {last}); it is stuck or busy outside the library",
+                CollKind::from_code(call.fingerprint.coll).map_or("the collective", |k| k.name())
+            ),
+        })
+    }
+    /// The stored failure, restated for the call `call` (a mismatch that
+    /// another rank reported is compared with this call).
+    pub(super) fn relabelled_failure(&self, call: &Fingerprint) -> Option<Error> {
+        let stored = lock(&self.failure).clone()?;
+        Some(match stored {
+            Error::PeerFailed { rank, reason, .. } => Error::PeerFailed {
+                rank,
+                during: crate::fingerprint::describe(call),
+                reason,
+            },
+            Error::Mismatch { .. } => match &*lock(&self.mismatch_heard) {
+                Some((reporter, peer, m)) => {
+                    self.mismatch_seen_here(*reporter, *peer, m, Some(call))
+                }
+                None => stored,
+            },
+            other => other,
+        })
+    }
+    /// Mark the communicator failed (first failure wins), wake every waiter,
+    /// tell the job which rank is to blame (unless the news came from the
+    /// job already), and close connections with a failure frame.
+    pub(super) fn fail(&self, err: Error, blame: Option<usize>, broadcast: bool) {
+        let how = if broadcast {
+            Broadcast::Failed
+        } else {
+            Broadcast::No
+        };
+        self.fail_with(err, blame, how);
+    }
+    pub(super) fn fail_with(&self, err: Error, blame: Option<usize>, broadcast: Broadcast) {
+        {
+            let mut failure = lock(&self.failure);
+            if failure.is_some() {
+                return;
+            }
+            tracing::warn!(rank = self.rank, "communicator failed: {err}");
+            *failure = Some(err.clone());
+            self.failed.store(true, Ordering::Release);
+        }
+        // Without a peer to blame (abort(), a mismatch seen here) this rank
+        // is the one leaving: say so, so that peers learn it at once instead
+        // of at their timeout.
+        let blamed = blame.unwrap_or(self.rank);
+        let reason = match &err {
+            Error::PeerFailed { reason, .. } => reason.clone(),
+            other => other.to_string(),
+        };
+        let told_the_job = !matches!(broadcast, Broadcast::No);
+        if let Some(&global) = self.global_ranks.get(blamed) {
+            match broadcast {
+                Broadcast::No => {}
+                Broadcast::Failed => self.rendezvous.store.report_failure(global, &reason),
+                Broadcast::Mismatch(mismatch) => self.rendezvous.store.report(FailureReport {
+                    rank: global,
+                    reason: reason.clone(),
+                    mismatch,
+                }),
+            }
+            if told_the_job && self.rendezvous._server.is_some() {
+                // This process hosts the rendezvous and may exit on this
+                // error at once: a socket closed with unread bytes (the
+                // clients' heartbeats) is reset, and a reset peer drops what
+                // it had not read yet, this report among it. The watch
+                // threads read at once; give them a moment.
+                std::thread::sleep(HOST_LINGER);
+            }
+        }
+        // Peers first, then local waiters: a program that exits on the error
+        // must not look like the culprit to peers that have not heard yet.
+        for closer in lock(&self.closers).iter() {
+            closer.close_with_failure(blamed, &reason);
+        }
+        self.abort.abort();
+    }
+    /// What this rank says about a mismatch that `reporter` (local rank)
+    /// found with `m.peer`: each side sees the other's call; a third rank
+    /// compares its own call at that position with both.
+    pub(super) fn mismatch_seen_here(
+        &self,
+        reporter: usize,
+        peer: usize,
+        m: &MismatchReport,
+        call: Option<&Fingerprint>,
+    ) -> Error {
+        if self.rank == peer {
+            return Error::Mismatch {
+                peer: reporter,
+                local: m.remote.clone(),
+                remote: m.local.clone(),
+            };
+        }
+        let own = match call {
+            Some(fp) if fp.seq == m.seq && !is_p2p(fp) => Some(crate::fingerprint::describe(fp)),
+            _ => lock(&self.turns.issued)
+                .recent
+                .iter()
+                .find(|fp| fp.seq == m.seq)
+                .map(crate::fingerprint::describe),
+        };
+        let both = || format!("{} (and rank {peer} called {})", m.local, m.remote);
+        match own {
+            Some(own) if own == m.local => Error::Mismatch {
+                peer,
+                local: own,
+                remote: m.remote.clone(),
+            },
+            Some(own) if own == m.remote => Error::Mismatch {
+                peer: reporter,
+                local: own,
+                remote: m.local.clone(),
+            },
+            Some(own) => Error::Mismatch {
+                peer: reporter,
+                local: own,
+                remote: both(),
+            },
+            // This rank has not reached that position: it says where it is
+            // (a call before it can end on the mismatch's fallout, when the
+            // reporter's process exits and its sockets reset).
+            None => Error::Mismatch {
+                peer: reporter,
+                local: match call {
+                    Some(fp) => format!(
+                        "{} and nothing at #{} yet",
+                        crate::fingerprint::describe(fp),
+                        m.seq
+                    ),
+                    None => format!("nothing at #{} yet", m.seq),
+                },
+                remote: both(),
+            },
+        }
+    }
+}
+
+/// Whether a call is point-to-point (numbered per peer and direction).
+pub(super) fn is_p2p(fp: &Fingerprint) -> bool {
+    CollKind::from_code(fp.coll) == Some(CollKind::SendRecv)
+}
+/// What [`Inner::fail_with`] tells the job.
+pub(super) enum Broadcast {
+    /// Nothing (the news came from the job).
+    No,
+    /// That the blamed rank failed.
+    Failed,
+    /// That this rank found a mismatch (with the peer's global rank and
+    /// both calls, when known).
+    Mismatch(Option<MismatchReport>),
+}
+/// Listen for failure reports of the job and fail the communicator when one
+/// names a member.
+pub(super) fn spawn_watcher(
+    inner: &Arc<Inner>,
+    stop: crossbeam_channel::Receiver<()>,
+) -> Result<()> {
+    let reports = inner.rendezvous.store.failures();
+    let weak: Weak<Inner> = Arc::downgrade(inner);
+    let rank = inner.rank;
+    std::thread::Builder::new()
+        .name(format!("ferroccl-watch-{rank}"))
+        .spawn(move || loop {
+            crossbeam_channel::select! {
+                recv(reports) -> report => {
+                    let Ok(report) = report else { return };
+                    if report.is_rendezvous_loss() {
+                        // Rank 0 leaving is often only the echo of another
+                        // failure (it exits on it); give the report naming
+                        // the cause, or this rank's own error, a moment to
+                        // arrive first.
+                        std::thread::sleep(std::time::Duration::from_millis(200));
+                    }
+                    let Some(inner) = weak.upgrade() else { return };
+                    let local_of = |g: usize| inner.global_ranks.iter().position(|&x| x == g);
+                    let Some(local) = local_of(report.rank) else { continue };
+                    if local == inner.rank {
+                        continue;
+                    }
+                    match &report.mismatch {
+                        // A mismatch concerns its own communicator only:
+                        // the reporter is alive and its other communicators
+                        // work.
+                        Some(m) if m.comm_id != inner.comm_id => {}
+                        Some(m) => {
+                            let peer = local_of(m.peer).unwrap_or(local);
+                            {
+                                let mut heard = lock(&inner.mismatch_heard);
+                                if heard.is_none() && lock(&inner.failure).is_none() {
+                                    *heard = Some((local, peer, m.clone()));
+                                }
+                            }
+                            // SeqCst, as the issuer's store of `issued` and
+                            // its load of this flag: either that call sees
+                            // the flag, or the check below sees the call.
+                            inner.mismatch_flag.store(true, Ordering::SeqCst);
+                            // A call before the mismatched one is left to
+                            // finish: its peers completed it, so its data
+                            // is on the way. The mismatched call (or a
+                            // later one) ends now, or when it starts.
+                            if inner.issued.load(Ordering::SeqCst) >= m.seq {
+                                let err = inner.mismatch_seen_here(local, peer, m, None);
+                                inner.fail(err, Some(local), false);
+                            }
+                        }
+                        None => {
+                            // After a mismatch report, ranks leave on the
+                            // mismatch: their going is its echo, not news.
+                            let heard = lock(&inner.mismatch_heard).clone();
+                            let err = match heard {
+                                Some((reporter, peer, m)) => {
+                                    inner.mismatch_seen_here(reporter, peer, &m, None)
+                                }
+                                None => Error::PeerFailed {
+                                    rank: local,
+                                    during: "failure report from the job".into(),
+                                    reason: report.reason.clone(),
+                                },
+                            };
+                            inner.fail(err, Some(local), false);
+                        }
+                    }
+                }
+                recv(stop) -> _ => return,
+            }
+        })?;
+    Ok(())
+}

@@ -1,0 +1,427 @@
+//! The communicator: the public API. Every collective method describes its
+//! call with one `coll::CollCall` and funnels it through
+//! `Communicator::collective` (plan, order, execute, finish); the rest of
+//! the communicator lives beside this file, one concern a file:
+//!
+//! - `setup`: joining a job, building a communicator over the rendezvous,
+//!   split, the tuner's calibration, and tear-down;
+//! - `order`: tickets and sequence numbers (calls run in issue order on
+//!   every rank), blocking and async calls;
+//! - `execute`: a call's plan (the planner's algorithm and route, the plan
+//!   cache) and carrying it out through `exec`;
+//! - `shared`: memory every rank of a host maps (control pages, windows)
+//!   and the probe of cross-memory attach;
+//! - `failure`: what a failed call does to the communicator, blame, the
+//!   spreading of failures and mismatches to every rank.
+//!
+//! It never touches sockets or shared memory itself.
+
+mod execute;
+mod failure;
+mod order;
+mod setup;
+mod shared;
+
+pub(crate) use setup::Rendezvous;
+
+use crate::bootstrap::MismatchReport;
+use crate::coll::{self, CollCall, CollKind, Plan};
+use crate::config::Config;
+use crate::element::{Element, ReduceOp};
+use crate::error::{Error, Result};
+use crate::exec::{Io, Links};
+use crate::tune::LinkModel;
+use crate::window::{Control, Windows};
+use execute::PlanKey;
+use ferroccl_transport::{AbortHandle, ConnectionCloser};
+use order::{Job, Turns};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A group of ranks that run collectives together.
+///
+/// Calls on one communicator run in the order they were issued, on every
+/// rank; blocking calls are async calls followed by `wait`. After any failure
+/// (a dead peer, a timeout, a mismatch, `abort()`), every later call returns
+/// the error that ended it.
+pub struct Communicator {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.inner.rank)
+            .field("size", &self.inner.size)
+            .field("comm_id", &self.inner.comm_id)
+            .finish()
+    }
+}
+
+struct Inner {
+    rank: usize,
+    size: usize,
+    /// Rank in the job of each rank of this communicator.
+    global_ranks: Vec<usize>,
+    comm_id: u64,
+    config: Config,
+    rendezvous: Arc<Rendezvous>,
+    links: Mutex<Links>,
+    turns: Turns,
+    abort: Arc<AbortHandle>,
+    failure: Mutex<Option<Error>>,
+    /// `failure` is set: lets every call check it without the lock.
+    failed: AtomicBool,
+    /// A mismatch another rank reported, as (reporter, peer, report) in
+    /// this communicator's ranks: calls that end on it compare themselves
+    /// with both sides.
+    mismatch_heard: Mutex<Option<(usize, usize, MismatchReport)>>,
+    /// `mismatch_heard` is set (SeqCst, against `issued`: see the watcher).
+    mismatch_flag: AtomicBool,
+    closers: Arc<Mutex<Vec<Arc<dyn ConnectionCloser>>>>,
+    progress: Mutex<Option<crossbeam_channel::Sender<Job>>>,
+    progress_thread: Mutex<Option<JoinHandle<()>>>,
+    watcher_stop: Mutex<Option<crossbeam_channel::Sender<()>>>,
+    splits: AtomicU64,
+    /// Sequence number of the last collective issued here: peers whose call
+    /// timed out ask it (through the store) to find the rank that never
+    /// called.
+    issued: Arc<AtomicU64>,
+    /// The tuner's constants, agreed by every rank at creation.
+    model: Mutex<LinkModel>,
+    /// (collective, size class) pairs whose choice was already logged.
+    tuned: Mutex<std::collections::HashSet<(u8, u32)>>,
+    /// Recent plans by (collective, count, element size); see
+    /// `Communicator::plan`.
+    /// A few entries scanned in order: cheaper than hashing the key.
+    plans: Mutex<Vec<(PlanKey, Arc<Plan>)>>,
+    /// Shared windows and the control pages that go with them.
+    windows: Mutex<Windows>,
+    /// Collectives that ran directly between windows.
+    direct_calls: AtomicU64,
+    /// The control pages (set once, read without a lock), made at creation
+    /// where every rank is on one host (or with the first window under
+    /// FERROCCL_CHECKIN=0): from then on every collective checks in there.
+    control: std::sync::OnceLock<Arc<Control>>,
+    /// `abort`'s signal, for waits that only look at it.
+    abort_signal: ferroccl_transport::AbortSignal,
+}
+
+/// The result of an async call: `wait()` blocks until it is done.
+#[must_use = "an async call's errors are only seen through wait()"]
+pub struct Work<T> {
+    result: crossbeam_channel::Receiver<Result<T>>,
+    during: String,
+}
+
+impl<T> std::fmt::Debug for Work<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Work")
+            .field("during", &self.during)
+            .finish()
+    }
+}
+
+impl<T> Work<T> {
+    /// Wait for the call to finish and return its buffer. Bounded: every wait
+    /// inside the call is bounded by the communicator's timeout.
+    pub fn wait(self) -> Result<T> {
+        self.result.recv().unwrap_or_else(|_| {
+            Err(Error::Aborted(Some(format!(
+                "{}: the progress thread ended before the call finished",
+                self.during
+            ))))
+        })
+    }
+
+    /// Whether the call has finished (its result can be taken without waiting).
+    pub fn is_complete(&self) -> bool {
+        !self.result.is_empty()
+    }
+}
+
+/// What a call needs besides its buffers.
+struct CallSpec {
+    kind: CollKind,
+    dtype: crate::element::DataType,
+    op: Option<ReduceOp>,
+    count: usize,
+    root: Option<usize>,
+    /// `Some((peer, sending))` for point-to-point.
+    p2p: Option<(usize, bool)>,
+}
+
+impl Communicator {
+    /// This rank's index, `0..size()`.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// The settings this communicator runs with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The transport each peer is connected over (`None`: not connected yet,
+    /// or this rank itself).
+    pub fn transports(&self) -> Vec<Option<&'static str>> {
+        lock(&self.inner.links).transports().to_vec()
+    }
+
+    /// The error that ended this communicator, if one did; never blocks.
+    pub fn async_error(&self) -> Option<Error> {
+        if let Some(failure) = lock(&self.inner.failure).clone() {
+            return Some(failure);
+        }
+        // A mismatch reported for a call this rank has not reached yet.
+        let (reporter, peer, m) = lock(&self.inner.mismatch_heard).clone()?;
+        Some(self.inner.mismatch_seen_here(reporter, peer, &m, None))
+    }
+
+    /// Out-of-place allreduce: `recv[i] = op over ranks of send[i]`.
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let call = CollCall {
+            op: Some(op),
+            ..CollCall::new(CollKind::AllReduce, send.len(), send.len(), recv.len())
+        };
+        self.collective(&call, Buffers::OutOfPlace { send, recv })
+    }
+
+    /// In-place allreduce.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let n = buf.len();
+        let call = CollCall {
+            op: Some(op),
+            in_place: true,
+            ..CollCall::new(CollKind::AllReduce, n, n, n)
+        };
+        self.collective(&call, Buffers::InPlace(buf))
+    }
+
+    /// Allreduce on an owned buffer (a `Vec<T>`, a [`Window<T>`], any
+    /// owner of a `[T]`), in place, without blocking: the call is queued in
+    /// order and `wait()` returns the buffer.
+    ///
+    /// [`Window<T>`]: crate::Window
+    pub fn all_reduce_async<T, B>(&self, mut buf: B, op: ReduceOp) -> Result<Work<B>>
+    where
+        T: Element,
+        B: std::ops::DerefMut<Target = [T]> + Send + 'static,
+    {
+        let n = buf.len();
+        let call = CollCall {
+            op: Some(op),
+            in_place: true,
+            ..CollCall::new(CollKind::AllReduce, n, n, n)
+        };
+        let plan = self.plan::<T>(&call)?;
+        let (rank, size) = (self.inner.rank, self.inner.size);
+        self.run_async(self.spec::<T>(&call), move |inner, issued| {
+            inner.execute(&plan, Io::in_place(&mut buf, 0, 0), issued)?;
+            coll::finish(&call, &plan, rank, size, &mut buf);
+            Ok(buf)
+        })
+    }
+
+    /// Reduce-scatter: `send.len() == recv.len() * size`; rank r's `recv`
+    /// gets the reduction of block r of every rank's `send`.
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let call = CollCall {
+            op: Some(op),
+            ..CollCall::new(CollKind::ReduceScatter, recv.len(), send.len(), recv.len())
+        };
+        self.collective(&call, Buffers::OutOfPlace { send, recv })
+    }
+
+    /// In-place reduce-scatter on `count * size` elements: block `rank` of
+    /// `buf` gets the result; the other blocks are left as scratch.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let n = buf.len();
+        let call = CollCall {
+            op: Some(op),
+            in_place: true,
+            ..CollCall::new(CollKind::ReduceScatter, n / self.inner.size, n, n)
+        };
+        self.collective(&call, Buffers::InPlace(buf))
+    }
+
+    /// Allgather: `recv.len() == send.len() * size`; block r of `recv` gets
+    /// rank r's `send`.
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let call = CollCall::new(CollKind::AllGather, send.len(), send.len(), recv.len());
+        self.collective(&call, Buffers::OutOfPlace { send, recv })
+    }
+
+    /// In-place allgather on `count * size` elements whose block `rank`
+    /// holds this rank's input.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let n = buf.len();
+        let call = CollCall {
+            in_place: true,
+            ..CollCall::new(CollKind::AllGather, n / self.inner.size, n, n)
+        };
+        self.collective(&call, Buffers::InPlace(buf))
+    }
+
+    /// Broadcast `buf` from `root` to every rank.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let n = buf.len();
+        let call = CollCall {
+            root: Some(root),
+            in_place: true,
+            ..CollCall::new(CollKind::Broadcast, n, n, n)
+        };
+        self.collective(&call, Buffers::InPlace(buf))
+    }
+
+    /// Reduce to `root`: on the root `recv` (of `send.len()`) gets the
+    /// reduction; elsewhere `recv` is not touched and may be empty.
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let call = CollCall {
+            op: Some(op),
+            root: Some(root),
+            ..CollCall::new(CollKind::Reduce, send.len(), send.len(), recv.len())
+        };
+        self.collective(&call, Buffers::OutOfPlace { send, recv })
+    }
+
+    /// In-place reduce: the root's `buf` gets the reduction; other ranks'
+    /// buffers are inputs only (left unchanged).
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let n = buf.len();
+        let call = CollCall {
+            op: Some(op),
+            root: Some(root),
+            in_place: true,
+            ..CollCall::new(CollKind::Reduce, n, n, n)
+        };
+        self.collective(&call, Buffers::InPlace(buf))
+    }
+
+    /// Send `buf` to `peer` (which must call `recv` with the same length).
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        let call = CollCall {
+            root: Some(self.inner.rank),
+            p2p: Some((peer, true)),
+            ..CollCall::new(CollKind::SendRecv, buf.len(), buf.len(), 0)
+        };
+        self.collective(
+            &call,
+            Buffers::OutOfPlace {
+                send: buf,
+                recv: &mut [],
+            },
+        )
+    }
+
+    /// Receive `buf.len()` elements from `peer`.
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        let call = CollCall {
+            root: Some(peer),
+            p2p: Some((peer, false)),
+            ..CollCall::new(CollKind::SendRecv, buf.len(), 0, buf.len())
+        };
+        self.collective(
+            &call,
+            Buffers::OutOfPlace {
+                send: &[],
+                recv: buf,
+            },
+        )
+    }
+
+    /// All-to-all: `send` and `recv` hold `size` blocks; block j of `send`
+    /// goes to rank j, block r of `recv` comes from rank r.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let call = CollCall::new(CollKind::AllToAll, send.len(), send.len(), recv.len());
+        self.collective(&call, Buffers::OutOfPlace { send, recv })
+    }
+
+    /// Wait until every rank has called `barrier`.
+    pub fn barrier(&self) -> Result<()> {
+        let call = CollCall {
+            in_place: true,
+            ..CollCall::new(CollKind::Barrier, 0, 0, 0)
+        };
+        self.collective::<u8>(&call, Buffers::InPlace(&mut []))
+    }
+
+    /// End every in-flight and queued call of this communicator with
+    /// `Error::Aborted`, from any thread, and close its connections. The
+    /// communicator stays unusable afterwards.
+    pub fn abort(&self) {
+        self.inner.fail(
+            Error::Aborted(Some("abort() was called on this rank".into())),
+            None,
+            true,
+        );
+    }
+    /// Every collective: plan `call` (arguments checked before anything
+    /// else happens), wait for its turn, run it on `bufs`, and finish it
+    /// (Avg's division on the ranks that hold a result).
+    fn collective<T: Element>(&self, call: &CollCall, bufs: Buffers<'_, T>) -> Result<()> {
+        let plan = self.plan::<T>(call)?;
+        let (rank, size) = (self.inner.rank, self.inner.size);
+        let spec = self.spec::<T>(call);
+        match bufs {
+            Buffers::OutOfPlace { send, recv } => {
+                if plan.scratch_output > 0 {
+                    // The schedule keeps partial results in an output the
+                    // caller did not give (a tree reduce's inner ranks).
+                    let mut scratch = vec![T::zeroed(); plan.scratch_output];
+                    self.run_blocking(spec, &plan, Io::out_of_place(send, &mut scratch))?;
+                } else {
+                    self.run_blocking(spec, &plan, Io::out_of_place(send, &mut *recv))?;
+                }
+                coll::finish(call, &plan, rank, size, recv);
+            }
+            Buffers::InPlace(buf) => {
+                if plan.scratch_output > 0 {
+                    // In place the caller's buffer must stay unchanged
+                    // where it is only an input.
+                    let mut scratch = vec![T::zeroed(); plan.scratch_output];
+                    self.run_blocking(spec, &plan, Io::out_of_place(&*buf, &mut scratch))?;
+                } else {
+                    let io = Io::in_place(&mut *buf, plan.input_base, plan.output_base);
+                    self.run_blocking(spec, &plan, io)?;
+                }
+                coll::finish(call, &plan, rank, size, buf);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A blocking call's buffers.
+enum Buffers<'a, T> {
+    /// Separate send and receive buffers.
+    OutOfPlace { send: &'a [T], recv: &'a mut [T] },
+    /// One buffer, input and output.
+    InPlace(&'a mut [T]),
+}

@@ -1,0 +1,181 @@
+//! Call ordering: every call gets a ticket (its place in the
+//! communicator's order) and a sequence number under one lock, and runs
+//! when its ticket comes up, whether blocking on the caller's thread or
+//! async on the progress thread; so calls run in issue order on every rank.
+
+use super::{lock, CallSpec, Communicator, Inner, Work};
+use crate::coll::Plan;
+use crate::element::{Element, ReduceOp};
+use crate::error::{Error, Result};
+use crate::exec::{Call, Io};
+use crate::fingerprint::NO_ROOT;
+use ferroccl_transport::Fingerprint;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+
+pub(super) type Job = Box<dyn FnOnce() + Send>;
+/// Builds an async call's job once its ticket and call are known.
+type MakeJob<'a> = Box<dyn FnOnce(u64, &Call) -> Job + 'a>;
+pub(super) struct Turns {
+    /// Next ticket to hand out (under this lock, so that tickets and the
+    /// progress queue agree on order).
+    pub(super) issued: Mutex<IssueState>,
+    /// Tickets served so far: the caller whose ticket is next goes without
+    /// taking a lock (a blocking call on an idle communicator always is).
+    pub(super) served: AtomicU64,
+    /// Callers asleep on `turn` (so that ending a turn nobody waits for
+    /// takes no lock and makes no wake-up system call).
+    pub(super) waiting: AtomicUsize,
+    /// What `turn` sleeps on; it guards no data.
+    pub(super) sleep: Mutex<()>,
+    pub(super) turn: Condvar,
+}
+#[derive(Default)]
+pub(super) struct IssueState {
+    pub(super) next_ticket: u64,
+    pub(super) coll_seq: u64,
+    /// Per (peer, sending) sequence numbers of point-to-point calls.
+    pub(super) p2p_seq: HashMap<(usize, bool), u64>,
+    /// The last few collective calls issued, newest last: what this rank
+    /// called at a sequence number that another rank reports a mismatch on.
+    pub(super) recent: std::collections::VecDeque<Fingerprint>,
+}
+/// How many issued collective calls [`IssueState::recent`] keeps.
+const RECENT_CALLS: usize = 16;
+impl Inner {
+    /// Hand out the next ticket and sequence number; for async calls, queue
+    /// the job under the same lock so queue order is ticket order.
+    pub(super) fn issue(
+        &self,
+        spec: &CallSpec,
+        enqueue: Option<MakeJob<'_>>,
+    ) -> Result<(u64, Call)> {
+        let mut state = lock(&self.turns.issued);
+        let next_seq = match spec.p2p {
+            Some(key) => state.p2p_seq.get(&key).copied().unwrap_or(0) + 1,
+            None => state.coll_seq + 1,
+        };
+        let fp = Fingerprint {
+            seq: next_seq,
+            coll: spec.kind.code(),
+            dtype: spec.dtype.code(),
+            op: spec.op.map_or(0, ReduceOp::code),
+            count: spec.count as u64,
+            root: spec.root.map_or(NO_ROOT, |r| r as u32),
+        };
+        if self.has_failed() {
+            // Name the call being refused, not the one that failed.
+            if let Some(err) = self.relabelled_failure(&fp) {
+                return Err(err);
+            }
+        }
+        match spec.p2p {
+            Some(key) => {
+                state.p2p_seq.insert(key, next_seq);
+            }
+            None => {
+                state.coll_seq = next_seq;
+                if state.recent.len() == RECENT_CALLS {
+                    state.recent.pop_front();
+                }
+                state.recent.push_back(fp);
+                self.issued.store(next_seq, Ordering::SeqCst);
+            }
+        }
+        let call = Call {
+            kind: spec.kind,
+            fingerprint: fp,
+            op: spec.op.unwrap_or(ReduceOp::Sum),
+            timeout: self.config.timeout,
+            nt_store_bytes: self.config.nt_store_bytes,
+        };
+        let ticket = state.next_ticket;
+        if let Some(make_job) = enqueue {
+            let job = make_job(ticket, &call);
+            let sender = lock(&self.progress);
+            let sender = sender
+                .as_ref()
+                .ok_or_else(|| Error::Aborted(Some("communicator is shutting down".into())))?;
+            sender
+                .send(job)
+                .map_err(|_| Error::Aborted(Some("the progress thread is gone".into())))?;
+        }
+        state.next_ticket += 1;
+        tracing::trace!(
+            rank = self.rank,
+            "issued {} as ticket {ticket}",
+            call.during()
+        );
+        Ok((ticket, call))
+    }
+    pub(super) fn wait_turn(&self, ticket: u64) {
+        let turns = &self.turns;
+        if turns.served.load(Ordering::Acquire) == ticket {
+            return;
+        }
+        let mut guard = lock(&turns.sleep);
+        // SeqCst with `end_turn`: either it sees this waiter, or this
+        // waiter sees its ticket count (no lost wake-up).
+        turns.waiting.fetch_add(1, Ordering::SeqCst);
+        while turns.served.load(Ordering::SeqCst) != ticket {
+            guard = turns.turn.wait(guard).unwrap_or_else(|p| p.into_inner());
+        }
+        turns.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+    pub(super) fn end_turn(&self) {
+        let turns = &self.turns;
+        turns.served.fetch_add(1, Ordering::SeqCst);
+        if turns.waiting.load(Ordering::SeqCst) > 0 {
+            // A waiter that counted itself holds `sleep` until it sleeps:
+            // taking it here means the notification cannot fall between
+            // its check of `served` and its sleep.
+            drop(lock(&turns.sleep));
+            turns.turn.notify_all();
+        }
+    }
+}
+
+impl Communicator {
+    /// Number the user's calls from 1: the set-up's own calls (calibration,
+    /// control pages) are not theirs. Only before any check-in.
+    pub(super) fn restart_numbering(&self) {
+        let mut state = lock(&self.inner.turns.issued);
+        state.coll_seq = 0;
+        state.recent.clear();
+        self.inner.issued.store(0, Ordering::SeqCst);
+    }
+    pub(super) fn run_blocking<T: Element>(
+        &self,
+        spec: CallSpec,
+        plan: &Plan,
+        io: Io<'_, T>,
+    ) -> Result<()> {
+        let (ticket, call) = self.inner.issue(&spec, None)?;
+        self.inner.wait_turn(ticket);
+        let result = self.inner.execute(plan, io, &call);
+        self.inner.end_turn();
+        result
+    }
+    pub(super) fn run_async<R: Send + 'static>(
+        &self,
+        spec: CallSpec,
+        job: impl FnOnce(&Inner, &Call) -> Result<R> + Send + 'static,
+    ) -> Result<Work<R>> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let inner = self.inner.clone();
+        let mut during = String::new();
+        let queued = |ticket: u64, call: &Call| -> Job {
+            during = call.during();
+            let call = call.clone();
+            Box::new(move || {
+                inner.wait_turn(ticket);
+                let result = job(&inner, &call);
+                inner.end_turn();
+                let _ = tx.send(result);
+            })
+        };
+        self.inner.issue(&spec, Some(Box::new(queued)))?;
+        Ok(Work { result: rx, during })
+    }
+}

@@ -1,0 +1,402 @@
+//! Joining a job and building a communicator: the rendezvous, the
+//! transports' listeners and the first connections (a member that dies
+//! during set-up is named, not waited for), the progress and watcher
+//! threads, the tuner's calibration and the control pages; split; and
+//! tear-down.
+
+use super::failure::spawn_watcher;
+use super::order::{IssueState, Job, Turns};
+use super::{lock, Communicator, Inner};
+use crate::algo::Algorithm;
+use crate::bootstrap::{self, Store};
+use crate::coll::{self, CollCall, CollKind};
+use crate::config::Config;
+use crate::element::ReduceOp;
+use crate::error::{Error, Result};
+use crate::exec::{self, Connector, Io, Links, MemberWatch};
+use crate::plan;
+use crate::tune::{self, LinkModel};
+use crate::window::Windows;
+use ferroccl_transport::{AbortHandle, ListenConfig};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+/// Owns the rendezvous of the job: the store client, and on the rank that
+/// hosts it the server. Shared by a communicator and every communicator split
+/// from it; the last one to go says goodbye so the job does not report this
+/// rank as failed.
+pub(crate) struct Rendezvous {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) _server: Option<bootstrap::TcpStoreServer>,
+}
+impl Drop for Rendezvous {
+    fn drop(&mut self) {
+        self.store.goodbye();
+    }
+}
+impl Communicator {
+    /// Join a job with explicit settings: rank 0 hosts the rendezvous at
+    /// `config.master_addr:master_port`, every rank connects to it.
+    pub fn init(config: Config) -> Result<Communicator> {
+        crate::logging::init();
+        config.validate()?;
+        let deadline = Instant::now() + config.timeout;
+        let addr = crate::config::resolve(&config.master_addr, config.master_port)?;
+        let server = if config.rank == 0 {
+            let bind = std::net::SocketAddr::new(
+                if addr.ip().is_loopback() {
+                    addr.ip()
+                } else {
+                    std::net::Ipv4Addr::UNSPECIFIED.into()
+                },
+                addr.port(),
+            );
+            Some(bootstrap::TcpStoreServer::start(
+                bind,
+                config.token,
+                config.size,
+            )?)
+        } else {
+            None
+        };
+        let store = bootstrap::TcpStore::connect_with_heartbeat(
+            addr,
+            config.token,
+            config.rank,
+            deadline,
+            config.heartbeat_interval(),
+        )?;
+        let rendezvous = Arc::new(Rendezvous {
+            store: Arc::new(store),
+            _server: server,
+        });
+        let global: Vec<usize> = (0..config.size).collect();
+        Self::build(config, rendezvous, global, 1)
+    }
+    /// Join the job described by the launcher's environment: torchrun or
+    /// ferroccl-run (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI
+    /// (OMPI_COMM_WORLD_*) or Slurm (SLURM_PROCID, ...). FERROCCL_* variables
+    /// tune it (see [`Config::from_env_overrides`]).
+    pub fn from_env() -> Result<Communicator> {
+        let info = bootstrap::env::detect_process_env()?;
+        let config = Config::from_launch(&info)?;
+        if config.size > 1 && config.transport.as_deref() == Some("mem") {
+            // It would wait out the timeout for peers it cannot reach.
+            return Err(Error::Env(
+                "FERROCCL_TRANSPORT=mem joins only ranks that are threads of one process; \
+                 ranks started by a launcher are processes (use shm or tcp, or leave it unset)"
+                    .into(),
+            ));
+        }
+        Self::init(config)
+    }
+    /// Build a communicator over an existing rendezvous (used by `init`,
+    /// `split` and the in-process test harness).
+    pub(crate) fn build(
+        config: Config,
+        rendezvous: Arc<Rendezvous>,
+        global_ranks: Vec<usize>,
+        comm_id: u64,
+    ) -> Result<Communicator> {
+        crate::logging::init();
+        let (rank, size) = (config.rank, config.size);
+        // Shared with the set-up watch thread below.
+        let abort = Arc::new(AbortHandle::new());
+        let transports = crate::transports::select(&config)?;
+        let listen = ListenConfig {
+            rank,
+            size,
+            token: config.token,
+            comm_id,
+            chunk_bytes: config.chunk_bytes(),
+            steps: config.steps,
+            ifname: config.socket_ifname.clone(),
+            bind_addr: None,
+            nsocks: config.nsocks_per_peer,
+        };
+        // A member that dies during set-up is named, not waited for: the
+        // rendezvous waits consult `watch`, and a thread fires this
+        // communicator's abort (ending transport waits) when it hears.
+        let watch = Arc::new(MemberWatch::new(
+            &*rendezvous.store,
+            rank,
+            global_ranks.clone(),
+        ));
+        let (setup_done, setup_running) = crossbeam_channel::bounded::<()>(0);
+        {
+            let (watch, abort) = (watch.clone(), abort.clone());
+            std::thread::Builder::new()
+                .name(format!("ferroccl-setup-{rank}"))
+                .spawn(move || loop {
+                    match setup_running.recv_timeout(std::time::Duration::from_millis(50)) {
+                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                            if watch.failed().is_some() {
+                                abort.abort();
+                                return;
+                            }
+                        }
+                        _ => return,
+                    }
+                })?;
+        }
+        let closers = Arc::new(Mutex::new(Vec::new()));
+        let set_up = || -> Result<Links> {
+            let connector = Connector::new(
+                &listen,
+                rendezvous.store.clone(),
+                watch.clone(),
+                transports,
+                crate::topo::host_info(),
+                &abort.signal(),
+                config.timeout,
+            )?;
+            let mut links = Links::new(connector, closers.clone());
+            // Ring neighbours now, so that a broken network shows at
+            // start-up; other peers when first needed.
+            if size > 1 {
+                let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+                // The lower rank connects and the higher accepts; order the
+                // two set-ups so no rank accepts while its partner also
+                // accepts.
+                let mut order = [next, prev];
+                order.sort_unstable();
+                for peer in order {
+                    links.ensure(peer)?;
+                }
+            }
+            Ok(links)
+        };
+        let links = set_up();
+        drop(setup_done);
+        let links = links.map_err(|err| {
+            watch
+                .error_within("communicator set-up", exec::WAIT_SLICE)
+                .unwrap_or(err)
+        })?;
+        let (job_tx, job_rx) = crossbeam_channel::unbounded::<Job>();
+        let progress_thread = std::thread::Builder::new()
+            .name(format!("ferroccl-progress-{rank}"))
+            .spawn(move || {
+                for job in job_rx {
+                    job();
+                }
+            })?;
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+        let abort_signal = abort.signal();
+        let inner = Arc::new(Inner {
+            rank,
+            size,
+            global_ranks,
+            comm_id,
+            config,
+            rendezvous,
+            links: Mutex::new(links),
+            turns: Turns {
+                issued: Mutex::new(IssueState::default()),
+                served: AtomicU64::new(0),
+                waiting: AtomicUsize::new(0),
+                sleep: Mutex::new(()),
+                turn: Condvar::new(),
+            },
+            abort,
+            failure: Mutex::new(None),
+            failed: AtomicBool::new(false),
+            mismatch_heard: Mutex::new(None),
+            mismatch_flag: AtomicBool::new(false),
+            closers,
+            progress: Mutex::new(Some(job_tx)),
+            progress_thread: Mutex::new(Some(progress_thread)),
+            watcher_stop: Mutex::new(Some(stop_tx)),
+            splits: AtomicU64::new(0),
+            issued: Arc::new(AtomicU64::new(0)),
+            model: Mutex::new(LinkModel::DEFAULT),
+            tuned: Mutex::new(std::collections::HashSet::new()),
+            plans: Mutex::new(Vec::new()),
+            windows: Mutex::new(Windows::default()),
+            direct_calls: AtomicU64::new(0),
+            control: std::sync::OnceLock::new(),
+            abort_signal,
+        });
+        if let Some(&global) = inner.global_ranks.get(rank) {
+            inner.rendezvous.store.register_progress(
+                comm_id,
+                global,
+                Arc::downgrade(&inner.issued),
+            );
+        }
+        spawn_watcher(&inner, stop_rx)?;
+        let comm = Communicator { inner };
+        if comm.inner.config.calibrate && comm.inner.size > 1 {
+            comm.calibrate()?;
+        }
+        // After calibration: its calls restart the numbering, which a
+        // check-in must never see go backwards.
+        if comm.inner.config.checkin && comm.create_control()? {
+            comm.restart_numbering();
+        }
+        Ok(comm)
+    }
+    /// Split into sub-communicators: ranks passing the same `color` form one,
+    /// ordered by `key` (ties by rank). A negative color takes no part and
+    /// gets `None`. Every rank must call it (it is a collective).
+    pub fn split(&self, color: i32, key: i32) -> Result<Option<Communicator>> {
+        let mine = [i64::from(color), i64::from(key)];
+        let mut all = vec![0i64; 2 * self.inner.size];
+        self.all_gather(&mine, &mut all)?;
+        let split_index = self.inner.splits.fetch_add(1, Ordering::SeqCst);
+        if color < 0 {
+            return Ok(None);
+        }
+        let mut members: Vec<(i64, usize)> = (0..self.inner.size)
+            .filter(|&r| all[2 * r] == i64::from(color))
+            .map(|r| (all[2 * r + 1], r))
+            .collect();
+        members.sort_unstable();
+        let rank = members
+            .iter()
+            .position(|&(_, r)| r == self.inner.rank)
+            .ok_or_else(|| {
+                Error::Aborted(Some(
+                    "split: this rank is missing from its own color".into(),
+                ))
+            })?;
+        let global: Vec<usize> = members
+            .iter()
+            .map(|&(_, r)| self.inner.global_ranks[r])
+            .collect();
+        let comm_id = split_id(self.inner.comm_id, split_index, color);
+        let mut config = self.inner.config.clone();
+        config.rank = rank;
+        config.size = members.len();
+        Self::build(config, self.inner.rendezvous.clone(), global, comm_id).map(Some)
+    }
+    /// Measure this communicator's links and agree on the tuner's constants:
+    /// the latency of a one-element ring allreduce, the bandwidth of a
+    /// 1 MiB one, the local reduction speed; the slowest rank's figures win,
+    /// so every rank's model (and so every choice) is the same. Runs on
+    /// every rank at creation (a collective); turn off with
+    /// FERROCCL_CALIBRATE=0.
+    pub(super) fn calibrate(&self) -> Result<()> {
+        let n = self.inner.size as f64;
+        let hops = 2.0 * (n - 1.0);
+        // Always the ring, whatever the model (not calibrated yet) or the
+        // config would choose: it is what the figures describe.
+        let ring = |buf: &mut [f32], op: ReduceOp| -> Result<()> {
+            let n = buf.len();
+            let call = CollCall {
+                op: Some(op),
+                in_place: true,
+                ..CollCall::new(CollKind::AllReduce, n, n, n)
+            };
+            let inner = &self.inner;
+            let geometry = plan::geometry(
+                CollKind::AllReduce,
+                Algorithm::Ring,
+                (inner.rank, inner.size),
+                n,
+                std::mem::size_of::<f32>(),
+                inner.config.chunk_bytes(),
+            );
+            let plan = coll::plan(&call, geometry, Algorithm::Ring)?;
+            self.run_blocking(self.spec::<f32>(&call), &plan, Io::in_place(buf, 0, 0))
+        };
+        // Each figure is the best of several timed runs after a warm-up:
+        // the minimum is what the links can do; the noise of a shared
+        // machine only ever adds.
+        let best_of = |reps: usize, buf: &mut [f32]| -> Result<f64> {
+            let mut best = f64::INFINITY;
+            for _ in 0..reps {
+                let start = Instant::now();
+                ring(buf, ReduceOp::Sum)?;
+                best = best.min(start.elapsed().as_secs_f64() * 1e6);
+            }
+            Ok(best)
+        };
+        let mut one = [0f32; 1];
+        best_of(4, &mut one)?;
+        let alpha_us = best_of(16, &mut one)? / hops;
+
+        let reduce_gbps = tune::measure_reduce_gbps();
+        let mut big = vec![0f32; (1 << 20) / 4];
+        let bytes = (big.len() * 4) as f64;
+        best_of(2, &mut big)?;
+        let t_us = best_of(4, &mut big)?;
+        let moving_us =
+            (t_us - hops * alpha_us - (n - 1.0) / n * bytes / (reduce_gbps * 1e3)).max(t_us * 0.1);
+        let beta_gbps = 2.0 * (n - 1.0) / n * bytes / moving_us / 1e3;
+
+        // Agree: the largest latency, the smallest speeds.
+        let mut agreed = [
+            alpha_us as f32,
+            (1.0 / beta_gbps) as f32,
+            (1.0 / reduce_gbps) as f32,
+        ];
+        ring(&mut agreed, ReduceOp::Max)?;
+        let model = LinkModel {
+            alpha_us: f64::from(agreed[0]).max(0.1),
+            beta_gbps: (1.0 / f64::from(agreed[1])).clamp(0.01, 1000.0),
+            reduce_gbps: (1.0 / f64::from(agreed[2])).clamp(0.01, 1000.0),
+        };
+        *lock(&self.inner.model) = model;
+        // Plans chosen under the old model (none in practice) are stale.
+        lock(&self.inner.plans).clear();
+        self.restart_numbering();
+        tracing::info!(
+            rank = self.inner.rank,
+            "tuner: calibrated on {} ranks: alpha {:.1} us, beta {:.2} GB/s, reduce {:.1} GB/s \
+             ({} kernels; the CPU has {})",
+            self.inner.size,
+            model.alpha_us,
+            model.beta_gbps,
+            model.reduce_gbps,
+            crate::simd::SimdLevel::current(),
+            crate::simd::SimdLevel::detected()
+        );
+        Ok(())
+    }
+    /// The tuner's constants (measured at creation, agreed by all ranks).
+    pub fn link_model(&self) -> LinkModel {
+        *lock(&self.inner.model)
+    }
+}
+
+/// A communicator id for a split that every member computes alike and that
+/// differs from its parent's and its siblings'.
+fn split_id(parent: u64, index: u64, color: i32) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for v in [parent, index, color as u32 as u64, 0x0053_504c_4954] {
+        for b in v.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h | 2
+}
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // A peer waiting at a check-in learns that this rank is gone (after
+        // a failure it learns that from the job's failure report instead).
+        if let Some(control) = self.control.get() {
+            if !self.has_failed() {
+                exec::leave(control, self.rank);
+            }
+        }
+        lock(&self.watcher_stop).take();
+        lock(&self.progress).take();
+        if let Some(handle) = lock(&self.progress_thread).take() {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
+        // Dropping the halves flushes frames still queued for peers (bounded
+        // by the transport) and says goodbye; `close()` would cut them off.
+        // The closers are for failure and abort only.
+        lock(&self.links).clear();
+        // The closers hold the last references to the connections: let
+        // them go before the abort fires, so a connection still owed to a
+        // peer (shm frames the peer has not mapped yet) can wait for it.
+        lock(&self.closers).clear();
+        self.abort.abort();
+    }
+}

@@ -1,0 +1,291 @@
+//! Memory every rank of a host maps: the control pages the check-in runs
+//! on (made at creation where every rank is on one host), windows
+//! (`alloc_window`), the "create, agree, map, agree, unlink" set-up they
+//! share, and the probe of cross-memory attach. What the pages and windows
+//! are used for is `exec`'s; which calls use them is `plan`'s.
+
+use super::{lock, Communicator};
+use crate::element::{Element, ReduceOp};
+use crate::error::{Error, Result};
+use crate::exec;
+use crate::window::{self, Control, Window, WindowMaps};
+use ferroccl_shm::Region;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+impl Communicator {
+    /// Allocate a window: `len` elements (zeroed) that every rank of this
+    /// communicator maps, used as a slice (`&mut window[..]`). Collectives
+    /// whose buffers lie in windows (the same window on every rank, at any
+    /// offset) read and write the peers' buffers directly, copying each
+    /// byte once instead of twice through slots: allreduce (input and
+    /// output in windows), allgather (output in a window), reduce-scatter
+    /// (input in a window). This is MPI's `MPI_Win_allocate_shared`, or
+    /// NCCL's `ncclMemAlloc` plus a symmetric window registration.
+    ///
+    /// A collective: every rank calls it, in the same order as its other
+    /// collectives; lengths may differ between ranks. Where the ranks
+    /// cannot share memory (several hosts, FERROCCL_TRANSPORT=tcp, no
+    /// writable shared-memory directory, one rank) every rank gets private
+    /// memory instead ([`Window::is_shared`] is false) and collectives on
+    /// it run as on any buffer. Once a communicator has a shared window,
+    /// each of its collectives starts with a check-in on the shared control
+    /// pages (about a cache-line exchange with every peer), not only the
+    /// small ones.
+    pub fn alloc_window<T: Element>(&self, len: usize) -> Result<Window<T>> {
+        let inner = &self.inner;
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "alloc_window: {len} elements of {} do not fit in memory",
+                T::DTYPE.name()
+            ))
+        })?;
+        let id = {
+            let mut windows = lock(&inner.windows);
+            windows.created += 1;
+            windows.created
+        };
+        // The control pages first (made at creation unless
+        // FERROCCL_CHECKIN=0): without them a window is private memory.
+        if !self.create_control()? {
+            return Ok(Window::private(len));
+        }
+        let shared = self.share_regions(
+            &format!("alloc_window: window {id}"),
+            id,
+            |dir, name| Region::create(dir, name, bytes),
+            // This rank's own part is reached through the window itself.
+            |r, dir, name| {
+                (r != inner.rank)
+                    .then(|| Region::open(dir, name))
+                    .transpose()
+            },
+        )?;
+        let Some((own, parts)) = shared else {
+            return Ok(Window::private(len));
+        };
+        let maps = Arc::new(WindowMaps {
+            id,
+            own_addr: own.addr(),
+            own_bytes: bytes,
+            peers: Mutex::new(parts),
+        });
+        lock(&inner.windows).add(&maps);
+        if let Some(control) = inner.control.get() {
+            control.windows.store(true, Ordering::Relaxed);
+        }
+        tracing::debug!(
+            rank = inner.rank,
+            "alloc_window: window {id} of {bytes} bytes shared by {} ranks",
+            inner.size
+        );
+        Ok(Window::shared(own, len, maps))
+    }
+    /// Whether the ranks can share memory at all: more than one, on one
+    /// host, TCP not forced (the same answer on every rank).
+    pub(super) fn can_share(&self) -> bool {
+        let inner = &self.inner;
+        inner.size > 1
+            && inner.config.transport.as_deref() != Some("tcp")
+            && lock(&inner.links).one_host()
+    }
+    /// The set-up of memory every rank maps (a collective; control pages
+    /// are region 0, windows count from 1): each rank creates its file of
+    /// region `id` under FERROCCL_SHM_DIR with `create`, all agree that
+    /// every rank could, each maps every rank's file with `open`, all agree
+    /// again, and every rank removes every rank's file (the names are
+    /// unique to the job, the communicator and the region), so that a rank
+    /// killed after the agreement leaves nothing; after a failed set-up the
+    /// survivors remove them too. `Ok(None)` where some rank could not
+    /// (the caller falls back to private memory); an error only when the
+    /// agreement itself fails.
+    pub(super) fn share_regions<P>(
+        &self,
+        what: &str,
+        id: u64,
+        create: impl FnOnce(&std::path::Path, &str) -> std::io::Result<Region>,
+        open: impl Fn(usize, &std::path::Path, &str) -> std::io::Result<P>,
+    ) -> Result<Option<(Region, Vec<P>)>> {
+        let inner = &self.inner;
+        let dir = inner.config.shm_dir();
+        let name = |rank: usize| window::region_name(inner.config.token, inner.comm_id, id, rank);
+        let sweep = || {
+            for r in 0..inner.size {
+                let _ = std::fs::remove_file(dir.join(name(r)));
+            }
+        };
+        let created = create(&dir, &name(inner.rank));
+        if let Err(e) = &created {
+            tracing::info!(
+                rank = inner.rank,
+                "{what}: cannot create this rank's part in {}: {e}; private memory instead",
+                dir.display()
+            );
+        }
+        let all_created = match self.agree_all(created.is_ok()) {
+            Ok(all) => all,
+            Err(e) => {
+                sweep();
+                return Err(e);
+            }
+        };
+        let own = match created {
+            Ok(own) if all_created => own,
+            Ok(own) => {
+                let _ = own.unlink();
+                return Ok(None);
+            }
+            Err(_) => return Ok(None),
+        };
+        let opened = (0..inner.size)
+            .map(|r| open(r, &dir, &name(r)))
+            .collect::<std::io::Result<Vec<P>>>();
+        if let Err(e) = &opened {
+            tracing::info!(
+                rank = inner.rank,
+                "{what}: cannot map a peer's part: {e}; private memory instead"
+            );
+        }
+        let agreed = self.agree_all(opened.is_ok());
+        // Every rank has mapped every part, or given up: the files go.
+        sweep();
+        if !agreed? {
+            return Ok(None);
+        }
+        let parts = opened.map_err(|e| Error::Io(e.to_string()))?;
+        Ok(Some((own, parts)))
+    }
+    /// Give every rank the control pages of all (a collective), unless it
+    /// has them (`share_regions`, with a magic word and the process id on
+    /// each page). `Ok(false)` where the ranks cannot share memory (several
+    /// hosts, FERROCCL_TRANSPORT=tcp, one rank, a rank that could not
+    /// create or map a page): the communicator then runs every call
+    /// through slots.
+    pub(super) fn create_control(&self) -> Result<bool> {
+        let inner = &self.inner;
+        if inner.control.get().is_some() {
+            return Ok(true);
+        }
+        if !self.can_share() {
+            return Ok(false);
+        }
+        let create = |dir: &std::path::Path, name: &str| {
+            let page = Region::create(dir, name, window::CONTROL_BYTES)?;
+            let word = |i: usize| page.word(i).map_err(std::io::Error::other);
+            word(exec::W_PID)?.store(u64::from(std::process::id()), Ordering::Relaxed);
+            // Where word 0 lies in this process, for the peers' probe of
+            // cross-memory attach (this mapping lives as long as the page).
+            let magic_at = word(exec::W_MAGIC)? as *const AtomicU64 as u64;
+            word(exec::W_PROBE)?.store(magic_at, Ordering::Relaxed);
+            word(exec::W_MAGIC)?.store(exec::CONTROL_MAGIC, Ordering::Release);
+            Ok(page)
+        };
+        let open = |_: usize, dir: &std::path::Path, name: &str| {
+            let page = Region::open(dir, name)?;
+            let magic = page.word(exec::W_MAGIC)?.load(Ordering::Acquire);
+            if page.len() < window::CONTROL_BYTES || magic != exec::CONTROL_MAGIC {
+                return Err(std::io::Error::other(format!(
+                    "{} is not a control page of this version",
+                    page.path().display()
+                )));
+            }
+            Ok(page)
+        };
+        let Some((own, pages)) = self.share_regions("control pages", 0, create, open)? else {
+            return Ok(false);
+        };
+        let pids: Vec<u32> = pages
+            .iter()
+            .map(|p| {
+                p.word(exec::W_PID)
+                    .map(|w| w.load(Ordering::Relaxed) as u32)
+                    .unwrap_or(0)
+            })
+            .collect();
+        let cma = self.probe_cma(&pages, &pids)?;
+        let _ = inner.control.set(Arc::new(Control {
+            pages,
+            own: Mutex::new(own),
+            pids,
+            checkins: AtomicU64::new(0),
+            windows: AtomicBool::new(false),
+            cma,
+        }));
+        tracing::info!(
+            rank = inner.rank,
+            "control pages shared by {} ranks: collectives of at most {} bytes run inline in \
+             the check-in",
+            inner.size,
+            crate::plan::INLINE_BYTES
+        );
+        Ok(true)
+    }
+    /// Whether this rank can read every peer's memory by cross-memory
+    /// attach (the probe word of each peer's control page, at the address
+    /// the peer wrote there, must read back as the page's magic), agreed by
+    /// all ranks (a collective): any rank that cannot, or has FERROCCL_CMA=0,
+    /// turns it off for all.
+    pub(super) fn probe_cma(&self, pages: &[Region], pids: &[u32]) -> Result<bool> {
+        let inner = &self.inner;
+        let probe = |peer: usize| -> std::result::Result<(), String> {
+            let at = pages[peer]
+                .word(exec::W_PROBE)
+                .map_err(|e| e.to_string())?
+                .load(Ordering::Relaxed) as usize;
+            let mut word = [0u8; 8];
+            ferroccl_shm::read_process_memory(pids[peer], at, &mut word).map_err(|e| {
+                format!("reading rank {peer}'s memory (process {}): {e}", pids[peer])
+            })?;
+            if u64::from_ne_bytes(word) != exec::CONTROL_MAGIC {
+                return Err(format!("rank {peer}'s probe word read back wrong"));
+            }
+            Ok(())
+        };
+        let mine = if inner.config.cma {
+            (0..inner.size)
+                .filter(|&p| p != inner.rank)
+                .try_for_each(probe)
+        } else {
+            Err("FERROCCL_CMA=0".into())
+        };
+        let all = self.agree_all(mine.is_ok())?;
+        match (&mine, all) {
+            (_, true) => tracing::info!(
+                rank = inner.rank,
+                "cross-memory attach between the {} ranks: allgathers and all-to-alls of \
+                 ordinary buffers with blocks of at least {} bytes copy straight out of the \
+                 peers' processes",
+                inner.size,
+                crate::plan::CMA_MIN_BYTES
+            ),
+            (Err(why), false) => tracing::info!(
+                rank = inner.rank,
+                "no cross-memory attach ({why}): allgathers and all-to-alls of ordinary buffers \
+                 go through slots"
+            ),
+            (Ok(()), false) => tracing::info!(
+                rank = inner.rank,
+                "no cross-memory attach (another rank cannot, or has FERROCCL_CMA=0): \
+                 allgathers and all-to-alls of ordinary buffers go through slots"
+            ),
+        }
+        Ok(all)
+    }
+    /// How many collectives of this communicator ran without the
+    /// transport's slots: inline in the check-in on the shared control
+    /// pages (input of at most 4 KiB, every rank on one host), directly
+    /// between windows (see [`Communicator::alloc_window`]), or, for large
+    /// allgathers and all-to-alls of ordinary buffers, straight out of the
+    /// peers' processes by cross-memory attach (FERROCCL_CMA). To check
+    /// that a program's buffers are where it thinks.
+    pub fn direct_window_calls(&self) -> u64 {
+        self.inner.direct_calls.load(Ordering::Relaxed)
+    }
+    /// Whether `ok` holds on every rank (a collective).
+    pub(super) fn agree_all(&self, ok: bool) -> Result<bool> {
+        let mine = [u8::from(!ok)];
+        let mut any_failed = [0u8];
+        self.all_reduce(&mine, &mut any_failed, ReduceOp::Max)?;
+        Ok(any_failed[0] == 0)
+    }
+}

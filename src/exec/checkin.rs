@@ -1,0 +1,475 @@
+//! The check-in: how the ranks of one host agree on a call through their
+//! control pages, before any byte moves, and how they say they are done.
+//!
+//! Where every rank of a communicator is on one host, each rank has a
+//! control page that every rank maps (made at creation; under
+//! FERROCCL_CHECKIN=0 with the first window). Which calls check in is the
+//! planner's decision (`plan::route`), taken from the call alone so that
+//! every rank takes it alike. Checking in, a rank announces the call on its
+//! page: its fingerprint and where its input and output lie (window and
+//! offset, or "not in a window"). Each rank then reads every peer's
+//! announcement of the same call, which
+//!
+//! - compares the calls (`verify::same_call`: a mismatch is found here,
+//!   before any byte moves),
+//! - gives the planner, on every rank, the same facts to decide whether the
+//!   call runs inline (`inline`), directly between the windows (`direct`),
+//!   out of the peers' processes (`pull`), or through slots as usual, and
+//! - tells each rank that its peers' buffers are ready to be read/written.
+//!
+//! A direct call ends with `finish`: each rank marks the call done on its
+//! page and waits until every peer has too, so nobody returns while another
+//! rank may still touch its buffers.
+//!
+//! A call that does not check in but goes through slots while the ranks
+//! have pages is noted on the page first (`W_SLOTS`): a peer that checks in
+//! for that call instead was given a different call, and reports the
+//! mismatch rather than waiting for the timeout.
+//!
+//! Control page layout (64-bit words, native endianness: one host):
+//!
+//! ```text
+//!  word  0  magic            1  process id
+//!  word  2  last call through slots without a check-in:
+//!           +0 seq (stored last, Release), +1 fingerprint, +2 count
+//!  word  5  non-zero once the rank has dropped its communicator
+//!  word  6  the address, in this rank's process, of word 0 of this page
+//!           (what a peer reads to probe cross-memory attach)
+//!  word  8  done: the last call this rank finished directly
+//!  word 16  announcement of even check-ins (counted per communicator)
+//!  word 32  announcement of odd check-ins
+//!           each: +0 seq (stored last, Release), +1 coll|dtype<<8|op<<16|root<<32,
+//!                 +2 count, +3 input window, +4 input offset,
+//!                 +5 output window, +6 output offset (window 0: not in one),
+//!                 +7 an inline input of at most 8 bytes (same cache line),
+//!                 +8 the input's address in the rank's process (only
+//!                    for calls peers may copy by cross-memory attach)
+//!  word 512   inline input of an even check-in (4 KiB)
+//!  word 1024  inline input of an odd check-in (4 KiB)
+//! ```
+//!
+//! Two announcement slots suffice: every check-in waits for every peer's
+//! announcement, so when a rank announces check-in t + 2 every rank has
+//! announced t + 1 and so has finished reading everything of t. Calls in
+//! between that do not check in do not touch the slots.
+
+use super::io::HostIo;
+use super::{direct, inline, pull, verify, Call};
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::plan::{self, Direct, Route};
+use crate::window::{Control, Windows};
+use ferroccl_shm::wait::OVERSUBSCRIBED_SPINS;
+use ferroccl_shm::{Region, Waiter};
+use ferroccl_transport::{AbortSignal, Fingerprint};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// "FCCLWIN1".
+pub(crate) const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"FCCLWIN1");
+pub(crate) const W_MAGIC: usize = 0;
+pub(crate) const W_PID: usize = 1;
+/// The last call this rank ran through slots without a check-in: +0 seq
+/// (stored last, Release), +1 packed fingerprint, +2 count.
+pub(super) const W_SLOTS: usize = 2;
+/// Non-zero once this rank has dropped its communicator.
+const W_LEFT: usize = 5;
+/// The address, in the page owner's process, of its page's word 0: a peer
+/// reads 8 bytes there by cross-memory attach and must find the magic.
+pub(crate) const W_PROBE: usize = 6;
+pub(super) const W_DONE: usize = 8;
+const W_ENTRY: usize = 16;
+const ENTRY_WORDS: usize = 16;
+const E_SEQ: usize = 0;
+const E_FP: usize = 1;
+const E_COUNT: usize = 2;
+const E_IN_WIN: usize = 3;
+const E_IN_OFF: usize = 4;
+const E_OUT_WIN: usize = 5;
+const E_OUT_OFF: usize = 6;
+/// An inline input of at most 8 bytes: in the announcement's own cache
+/// line, so that a peer reads one line.
+pub(super) const E_SMALL: usize = 7;
+/// Where the input lies in the announcing rank's process (for
+/// cross-memory attach).
+pub(super) const E_IN_ADDR: usize = 8;
+
+/// Where the inline data of the two announcement slots start (in words),
+/// and how much each holds: the planner's inline limit
+/// (`plan::INLINE_BYTES`) must fit.
+pub(super) const W_INLINE: usize = 512;
+pub(super) const INLINE_CAPACITY: usize = 4096;
+pub(super) const INLINE_WORDS: usize = INLINE_CAPACITY / 8;
+const _: () = assert!(plan::INLINE_BYTES <= INLINE_CAPACITY);
+
+/// Spins of a check-in wait before it yields, when every rank has a core
+/// (the rest of the rhythm is the shm transport's `Waiter`).
+const SPINS: u32 = 512;
+
+/// Where a rank's buffers of a call are: (window, byte offset) for input
+/// and output; window 0 for a buffer in no window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Place {
+    pub(super) in_win: u64,
+    pub(super) in_off: u64,
+    pub(super) out_win: u64,
+    pub(super) out_off: u64,
+}
+
+fn pack(fp: &Fingerprint) -> u64 {
+    u64::from(fp.coll)
+        | u64::from(fp.dtype) << 8
+        | u64::from(fp.op) << 16
+        | u64::from(fp.root) << 32
+}
+
+fn unpack(seq: u64, word: u64, count: u64) -> Fingerprint {
+    Fingerprint {
+        seq,
+        coll: word as u8,
+        dtype: (word >> 8) as u8,
+        op: (word >> 16) as u8,
+        count,
+        root: (word >> 32) as u32,
+    }
+}
+
+/// Everything a windowed call needs from the communicator.
+pub(crate) struct Ctx<'a> {
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) control: &'a Control,
+    pub(crate) windows: &'a Mutex<Windows>,
+    pub(crate) abort: &'a AbortSignal,
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Carry out `route` (the planner's, from the call alone) for a call
+/// while the ranks share control pages: note a call that goes through
+/// slots, or check in and run the call inline, directly between windows
+/// or out of the peers' processes, as the planner decides from every
+/// rank's announcement. `Ok(true)`: done (results in place on every
+/// rank); `Ok(false)`: run the schedule through slots.
+pub(crate) fn run<T: Element>(
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    call: &Call,
+    route: Route,
+) -> Result<bool> {
+    let fp = call.fingerprint;
+    let cma = match route {
+        Route::Slots { note: false } => return Ok(false),
+        Route::Slots { note: true } => {
+            note_slot_call(ctx, &fp)?;
+            return Ok(false);
+        }
+        Route::Inline => false,
+        Route::CheckIn { cma } => cma,
+    };
+    let kind = call.kind;
+    let elem = std::mem::size_of::<T>();
+    let (in_len, out_len) = kind.extents(fp.count as usize, ctx.size);
+    let turn = ctx.control.checkins.fetch_add(1, Ordering::Relaxed);
+    let deadline = Deadline::new(call.timeout);
+    if route == Route::Inline {
+        inline::run(ctx, io, call, in_len, turn, &deadline)?;
+        return Ok(true);
+    }
+    let (in_addr, out_addr) = io.addresses();
+    let place = {
+        let windows = lock(ctx.windows);
+        let locate = |addr: usize, len: usize| {
+            windows
+                .find(addr, len * elem)
+                .filter(|&(_, off)| off % elem == 0)
+                .map_or((0, 0), |(id, off)| (id, off as u64))
+        };
+        let (in_win, in_off) = locate(in_addr, in_len);
+        let (out_win, out_off) = locate(out_addr, out_len);
+        Place {
+            in_win,
+            in_off,
+            out_win,
+            out_off,
+        }
+    };
+    // The input's address only where a peer may read from it: it lies in
+    // the announcement's second cache line, which the other check-ins
+    // leave alone.
+    announce(ctx, turn, &fp, &place, cma.then_some(in_addr as u64))?;
+    let mut places = vec![place; ctx.size];
+    for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
+        places[peer] = read_announcement(ctx, turn, peer, &fp, &deadline, call)?;
+    }
+    let same = |w: fn(&Place) -> u64| {
+        let first = w(&places[0]);
+        (first != 0 && places.iter().all(|p| w(p) == first)).then_some(first)
+    };
+    let direct = plan::after_check_in(kind, same(|p| p.in_win), same(|p| p.out_win), cma);
+    let buffers = (in_len + out_len) * elem * ctx.size;
+    let mode = plan::direct_store(
+        matches!(io, HostIo::OutOfPlace { .. }),
+        buffers,
+        call.nt_store_bytes,
+    );
+    let kernel = direct::Kernel {
+        rank: ctx.rank,
+        size: ctx.size,
+        elem,
+        places: &places,
+        call,
+        op: call.op,
+        mode,
+    };
+    match direct {
+        Direct::Done => return Ok(true),
+        Direct::Slots => return Ok(false),
+        Direct::AllReduce { input, output } => {
+            direct::all_reduce(&kernel, ctx, io, (input, output), (in_len, out_len))?
+        }
+        Direct::AllGather { output } => {
+            direct::all_gather(&kernel, ctx, io, output, (in_len, out_len))?
+        }
+        Direct::ReduceScatter { input } => {
+            direct::reduce_scatter(&kernel, ctx, io, input, (in_len, out_len))?
+        }
+        Direct::Pull => pull::run(&kernel, ctx, io, turn, in_len)?,
+    }
+    finish(ctx, fp.seq, &deadline, call)?;
+    Ok(true)
+}
+
+#[inline]
+pub(super) fn word(page: &Region, index: usize) -> Result<&AtomicU64> {
+    page.word(index)
+        .map_err(|e| Error::Io(format!("window control page: {e}")))
+}
+
+/// The announcement slot of check-in number `turn`.
+pub(super) fn entry(turn: u64) -> usize {
+    W_ENTRY + (turn % 2) as usize * ENTRY_WORDS
+}
+
+/// Say on this rank's page that call `fp` runs through slots without a
+/// check-in (see `read_announcement`).
+fn note_slot_call(ctx: &Ctx<'_>, fp: &Fingerprint) -> Result<()> {
+    let page = &ctx.control.pages[ctx.rank];
+    word(page, W_SLOTS + 1)?.store(pack(fp), Ordering::Relaxed);
+    word(page, W_SLOTS + 2)?.store(fp.count, Ordering::Relaxed);
+    word(page, W_SLOTS)?.store(fp.seq, Ordering::Release);
+    Ok(())
+}
+
+/// Announce call `fp` at check-in `turn`, with where its buffers lie and,
+/// for a call peers may copy out of this process, its input's address.
+pub(super) fn announce(
+    ctx: &Ctx<'_>,
+    turn: u64,
+    fp: &Fingerprint,
+    place: &Place,
+    in_addr: Option<u64>,
+) -> Result<()> {
+    let page = &ctx.control.pages[ctx.rank];
+    let e = entry(turn);
+    for (field, value) in [
+        (E_FP, pack(fp)),
+        (E_COUNT, fp.count),
+        (E_IN_WIN, place.in_win),
+        (E_IN_OFF, place.in_off),
+        (E_OUT_WIN, place.out_win),
+        (E_OUT_OFF, place.out_off),
+    ] {
+        word(page, e + field)?.store(value, Ordering::Relaxed);
+    }
+    if let Some(addr) = in_addr {
+        word(page, e + E_IN_ADDR)?.store(addr, Ordering::Relaxed);
+    }
+    // Release: a peer that sees the sequence number sees the fields, and
+    // (in place) this rank's input as the caller left it.
+    word(page, e + E_SEQ)?.store(fp.seq, Ordering::Release);
+    Ok(())
+}
+
+/// Wait for `peer`'s announcement of check-in `turn`, which must be of
+/// call `fp`; where the peer's buffers are. The ranks decide alike which
+/// calls check in, from the calls alone, so a peer that announces another
+/// call at this turn, or runs this call or a later one through slots
+/// without checking in, was given a different call: a mismatch.
+pub(super) fn read_announcement(
+    ctx: &Ctx<'_>,
+    turn: u64,
+    peer: usize,
+    fp: &Fingerprint,
+    deadline: &Deadline,
+    call: &Call,
+) -> Result<Place> {
+    let page = &ctx.control.pages[peer];
+    let e = entry(turn);
+    let seq_word = word(page, e + E_SEQ)?;
+    let slots_word = word(page, W_SLOTS)?;
+    wait(
+        ctx,
+        peer,
+        deadline,
+        call,
+        "its announcement of the call",
+        || {
+            seq_word.load(Ordering::Acquire) >= fp.seq
+                || slots_word.load(Ordering::Acquire) >= fp.seq
+        },
+    )?;
+    let read = |at: usize| word(page, at).map(|w| w.load(Ordering::Relaxed));
+    let seq = seq_word.load(Ordering::Acquire);
+    let heard = if seq >= fp.seq {
+        unpack(seq, read(e + E_FP)?, read(e + E_COUNT)?)
+    } else {
+        let seq = slots_word.load(Ordering::Acquire);
+        unpack(seq, read(W_SLOTS + 1)?, read(W_SLOTS + 2)?)
+    };
+    verify::same_call(peer, fp, &heard)?;
+    Ok(Place {
+        in_win: read(e + E_IN_WIN)?,
+        in_off: read(e + E_IN_OFF)?,
+        out_win: read(e + E_OUT_WIN)?,
+        out_off: read(e + E_OUT_OFF)?,
+    })
+}
+
+/// Say this rank is done with call `seq`, and wait until every peer is.
+fn finish(ctx: &Ctx<'_>, seq: u64, deadline: &Deadline, call: &Call) -> Result<()> {
+    // Release: a peer that sees it sees every byte this rank wrote into
+    // the peer's buffers.
+    word(&ctx.control.pages[ctx.rank], W_DONE)?.store(seq, Ordering::Release);
+    for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
+        let done = word(&ctx.control.pages[peer], W_DONE)?;
+        wait(ctx, peer, deadline, call, "it to finish the call", || {
+            done.load(Ordering::Acquire) >= seq
+        })?;
+    }
+    Ok(())
+}
+
+/// A call's deadline, read from the clock only when a wait first has to
+/// (a check-in whose peers are already there reads no clock).
+pub(super) struct Deadline {
+    timeout: Duration,
+    at: std::cell::Cell<Option<Instant>>,
+}
+
+impl Deadline {
+    fn new(timeout: Duration) -> Self {
+        Deadline {
+            timeout,
+            at: std::cell::Cell::new(None),
+        }
+    }
+
+    /// The deadline, fixed on first use from `now` (the caller's reading
+    /// of the clock).
+    fn at(&self, now: Instant) -> Instant {
+        match self.at.get() {
+            Some(at) => at,
+            None => {
+                let at = now + self.timeout;
+                self.at.set(Some(at));
+                at
+            }
+        }
+    }
+}
+
+/// Say on this rank's page that it has dropped its communicator: a peer
+/// waiting for it at a check-in ends with `PeerFailed` naming it.
+pub(crate) fn leave(control: &Control, rank: usize) {
+    if let Some(w) = control.pages.get(rank).and_then(|p| p.word(W_LEFT).ok()) {
+        w.store(1, Ordering::Release);
+    }
+}
+
+/// Wait for `ready`: spin, yield, then sleep; end on abort, at the
+/// deadline, or when `peer`'s process is gone.
+fn wait(
+    ctx: &Ctx<'_>,
+    peer: usize,
+    deadline: &Deadline,
+    call: &Call,
+    what: &str,
+    mut ready: impl FnMut() -> bool,
+) -> Result<()> {
+    if ready() {
+        return Ok(());
+    }
+    let spins = if ctx.size > online_cpus() {
+        OVERSUBSCRIBED_SPINS
+    } else {
+        SPINS
+    };
+    let left = word(&ctx.control.pages[peer], W_LEFT)?;
+    let mut w = Waiter::new(spins);
+    loop {
+        if ready() {
+            return Ok(());
+        }
+        if w.clock_round() {
+            if ctx.abort.is_fired() {
+                return Err(Error::Aborted(None));
+            }
+            if left.load(Ordering::Acquire) != 0 && !ready() {
+                return Err(Error::PeerFailed {
+                    rank: peer,
+                    during: call.during(),
+                    reason: "it left the communicator (dropped it) before this call".into(),
+                });
+            }
+            let now = Instant::now();
+            w.at(now);
+            if now >= deadline.at(now) {
+                return Err(Error::Timeout {
+                    peer,
+                    during: call.during(),
+                    what: what.to_string(),
+                    waited_ms: w.elapsed_ms(),
+                });
+            }
+            if w.liveness_due(now) && ferroccl_shm::process_gone(ctx.control.pids[peer]) && !ready()
+            {
+                return Err(Error::PeerFailed {
+                    rank: peer,
+                    during: call.during(),
+                    reason: "its process exited".into(),
+                });
+            }
+        }
+        w.pause();
+    }
+}
+
+/// CPUs of the machine (not of this process's affinity mask: a launcher
+/// that pins each rank to one CPU does not make the ranks share CPUs), read
+/// once.
+fn online_cpus() -> usize {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| {
+        // "0-3,8-11"
+        let count = std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .ok()
+            .map(|list| {
+                list.trim()
+                    .split(',')
+                    .filter_map(|range| match range.split_once('-') {
+                        Some((a, b)) => {
+                            let (a, b) = (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?);
+                            Some(b.checked_sub(a)? + 1)
+                        }
+                        None => range.parse::<usize>().ok().map(|_| 1),
+                    })
+                    .sum::<usize>()
+            })
+            .filter(|&n| n > 0);
+        count.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    })
+}

@@ -1,0 +1,467 @@
+//! Collectives directly between windows: each rank moves one share of the
+//! data, reading and writing the other ranks' buffers itself (they lie in
+//! windows every rank maps), so each byte is copied once:
+//!
+//! - allreduce: rank r reduces piece r of every input, in rank order, and
+//!   writes the result into piece r of every output;
+//! - allgather: rank r writes its input into block r of every output;
+//! - reduce-scatter: rank r reduces block r of every input, in rank order,
+//!   into its own output.
+//!
+//! Only rank r touches piece (block) r of any buffer, so in place needs no
+//! copy. Out of place with streaming stores (the planner's
+//! `plan::direct_store`), allreduce, allgather and reduce-scatter run fused
+//! where they can: each 64-byte line of the result is computed in registers
+//! and streamed to every rank's output at once. The check-in (`checkin`)
+//! decided the path and waits for completion; this module only moves bytes
+//! and checks what the peers announced against their mappings here.
+
+use super::checkin::{lock, Ctx, Place};
+use super::io::HostIo;
+use super::Call;
+use crate::algo::{partition, Operand, Prim, Step};
+use crate::element::{reduce_into, reduce_to, store, Element, ReduceOp, Store};
+use crate::error::{Error, Result};
+use crate::window::WindowMaps;
+use ferroccl_shm::Region;
+use std::sync::{Arc, MutexGuard};
+
+/// Elements reduced per block: a block of each input and the result stay
+/// in L1 while the result is written to every output.
+const BLOCK_BYTES: usize = 8192;
+
+/// Which collective a fused streaming pass does (`Kernel::spread_streaming`).
+#[derive(Clone, Copy)]
+enum Fused {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+}
+
+/// The mapping of window `id`, or the error that says it is not mapped here.
+fn window(ctx: &Ctx<'_>, call: &Call, id: u64) -> Result<Arc<WindowMaps>> {
+    lock(ctx.windows).get(id).ok_or_else(|| {
+        Error::Io(format!(
+            "{}: window {id} is not mapped on this rank",
+            call.during()
+        ))
+    })
+}
+
+/// Allreduce between windows `input` and `output` (`in_len`/`out_len`
+/// elements per rank).
+pub(super) fn all_reduce<T: Element>(
+    k: &Kernel<'_>,
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    (input, output): (u64, u64),
+    (in_len, out_len): (usize, usize),
+) -> Result<()> {
+    let (inw, outw) = (window(ctx, k.call, input)?, window(ctx, k.call, output)?);
+    k.check_peers(&inw, &outw, in_len, out_len)?;
+    let mut maps = Maps::new(&inw, &outw);
+    let (off, len) = partition(k.call.fingerprint.count as usize, ctx.size, ctx.rank);
+    k.reduce_and_spread(io, &mut maps, off, len)
+}
+
+/// Allgather into window `output`.
+pub(super) fn all_gather<T: Element>(
+    k: &Kernel<'_>,
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    output: u64,
+    (in_len, out_len): (usize, usize),
+) -> Result<()> {
+    let outw = window(ctx, k.call, output)?;
+    k.check_peers(&outw, &outw, 0, out_len)?;
+    let mut maps = Maps::new(&outw, &outw);
+    k.gather(io, &mut maps, in_len)
+}
+
+/// Reduce-scatter out of window `input`.
+pub(super) fn reduce_scatter<T: Element>(
+    k: &Kernel<'_>,
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    input: u64,
+    (in_len, out_len): (usize, usize),
+) -> Result<()> {
+    let inw = window(ctx, k.call, input)?;
+    k.check_peers(&inw, &inw, in_len, 0)?;
+    let mut maps = Maps::new(&inw, &inw);
+    k.scatter(io, &mut maps, out_len)
+}
+
+/// Each peer's part of one window as mapped here, by rank (`None` for this
+/// rank's own).
+type Parts = Vec<Option<Region>>;
+
+/// The peers' parts of the call's input and output windows (one lock when
+/// both are the same window).
+struct Maps<'a> {
+    input: MutexGuard<'a, Parts>,
+    output: Option<MutexGuard<'a, Parts>>,
+}
+
+impl<'a> Maps<'a> {
+    fn new(input: &'a Arc<WindowMaps>, output: &'a Arc<WindowMaps>) -> Self {
+        let same = Arc::ptr_eq(input, output);
+        Maps {
+            input: lock(&input.peers),
+            output: (!same).then(|| lock(&output.peers)),
+        }
+    }
+
+    fn input_region(&self, peer: usize) -> Option<&Region> {
+        self.input.get(peer)?.as_ref()
+    }
+
+    fn output_region(&mut self, peer: usize) -> Option<&mut Region> {
+        match &mut self.output {
+            Some(out) => out.get_mut(peer)?.as_mut(),
+            None => self.input.get_mut(peer)?.as_mut(),
+        }
+    }
+}
+
+/// One rank's share of a direct call: who it is, what every rank
+/// announced, and how to write.
+pub(super) struct Kernel<'a> {
+    pub(super) rank: usize,
+    pub(super) size: usize,
+    pub(super) elem: usize,
+    pub(super) places: &'a [Place],
+    pub(super) call: &'a Call,
+    pub(super) op: ReduceOp,
+    pub(super) mode: Store,
+}
+
+impl Kernel<'_> {
+    pub(super) fn protocol(&self, peer: usize, detail: String) -> Error {
+        Error::Protocol {
+            peer,
+            during: self.call.during(),
+            detail,
+        }
+    }
+
+    /// Check what the peers announced against their mappings here: their
+    /// buffers lie inside their parts of the windows, at offsets aligned
+    /// for the type, and an input and an output in one window are the same
+    /// bytes (in place) or apart.
+    fn check_peers(
+        &self,
+        inw: &WindowMaps,
+        outw: &WindowMaps,
+        in_elems: usize,
+        out_elems: usize,
+    ) -> Result<()> {
+        let elem = self.elem as u64;
+        let same = std::ptr::eq(inw, outw);
+        let ins = lock(&inw.peers);
+        let outs = (!same).then(|| lock(&outw.peers));
+        let outs = outs.as_deref().unwrap_or(&ins);
+        for peer in (0..self.size).filter(|&p| p != self.rank) {
+            let p = self.places[peer];
+            let span = |off: u64, elems: usize, regions: &[Option<Region>]| -> Result<(u64, u64)> {
+                let bytes = elems as u64 * elem;
+                match regions.get(peer).and_then(Option::as_ref).map(Region::len) {
+                    Some(len)
+                        if off.is_multiple_of(elem)
+                            && off.checked_add(bytes).is_some_and(|end| end <= len as u64) =>
+                    {
+                        Ok((off, off + bytes))
+                    }
+                    Some(len) => Err(self.protocol(
+                        peer,
+                        format!(
+                            "it announced {bytes} bytes at offset {off} of its {len}-byte part \
+                             of a window"
+                        ),
+                    )),
+                    None => Err(self.unmapped(peer)),
+                }
+            };
+            let input = (in_elems > 0)
+                .then(|| span(p.in_off, in_elems, &ins))
+                .transpose()?;
+            let output = (out_elems > 0)
+                .then(|| span(p.out_off, out_elems, outs))
+                .transpose()?;
+            if let (Some((a, b)), Some((c, d))) = (input, output) {
+                if p.in_win == p.out_win && !(b <= c || d <= a || (a, b) == (c, d)) {
+                    return Err(self.protocol(
+                        peer,
+                        "its input and output overlap without being the same buffer".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Elements `start..start + len` of rank `j`'s input.
+    fn input<'x, T: Element>(
+        &self,
+        io: &'x HostIo<'_, T>,
+        maps: &'x Maps<'_>,
+        j: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<&'x [T]> {
+        if j == self.rank {
+            return Ok(io.input(start, len));
+        }
+        self.peer_input(maps.input_region(j), j, start, len)
+    }
+
+    /// Elements `start..start + len` of peer `j`'s input, in `region` (its
+    /// part of the input window as mapped here).
+    fn peer_input<'x, T: Element>(
+        &self,
+        region: Option<&'x Region>,
+        j: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<&'x [T]> {
+        let off = self.places[j].in_off as usize + start * self.elem;
+        let bytes = region
+            .ok_or_else(|| self.unmapped(j))?
+            .slice(off, len * self.elem)
+            .map_err(|e| self.protocol(j, e.to_string()))?;
+        bytemuck::try_cast_slice(bytes).map_err(|e| self.protocol(j, format!("{e:?}")))
+    }
+
+    fn unmapped(&self, peer: usize) -> Error {
+        self.protocol(peer, "its part of the window is not mapped here".into())
+    }
+
+    /// Elements `start..start + len` of rank `j`'s output.
+    fn output<'x, T: Element>(
+        &self,
+        io: &'x mut HostIo<'_, T>,
+        maps: &'x mut Maps<'_>,
+        j: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<&'x mut [T]> {
+        if j == self.rank {
+            return Ok(io.output(start, len));
+        }
+        self.peer_output(maps, j, start, len)
+    }
+
+    /// Elements `start..start + len` of peer `j`'s output, in its window.
+    fn peer_output<'x, T: Element>(
+        &self,
+        maps: &'x mut Maps<'_>,
+        j: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<&'x mut [T]> {
+        self.peer_output_in(maps.output_region(j), j, start, len)
+    }
+
+    /// Elements `start..start + len` of peer `j`'s output, in `region` (its
+    /// part of the output window as mapped here).
+    fn peer_output_in<'x, T: Element>(
+        &self,
+        region: Option<&'x mut Region>,
+        j: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<&'x mut [T]> {
+        let off = self.places[j].out_off as usize + start * self.elem;
+        let bytes = region
+            .ok_or_else(|| self.unmapped(j))?
+            .slice_mut(off, len * self.elem)
+            .map_err(|e| self.protocol(j, e.to_string()))?;
+        bytemuck::try_cast_slice_mut(bytes).map_err(|e| self.protocol(j, format!("{e:?}")))
+    }
+
+    /// `tmp = input_0 op input_1 op ... ` over `start..start + tmp.len()`
+    /// of the inputs (rank order, so every rank would get the same bits).
+    fn reduce_block<T: Element>(
+        &self,
+        io: &HostIo<'_, T>,
+        maps: &Maps<'_>,
+        start: usize,
+        tmp: &mut [T],
+    ) -> Result<()> {
+        let k = tmp.len();
+        let first = self.input(io, maps, 0, start, k)?;
+        if self.size == 1 {
+            tmp.copy_from_slice(first);
+            return Ok(());
+        }
+        reduce_to(self.op, tmp, first, self.input(io, maps, 1, start, k)?);
+        for j in 2..self.size {
+            reduce_into(self.op, tmp, self.input(io, maps, j, start, k)?);
+        }
+        Ok(())
+    }
+
+    fn block<T>(&self) -> usize {
+        (BLOCK_BYTES / std::mem::size_of::<T>().max(1)).max(1)
+    }
+
+    /// Reduce elements `from..from + len` of every input block by block
+    /// (through an L1-sized buffer) and hand each result to `put` with its
+    /// offset from `from`.
+    fn reduce_blocks<T: Element>(
+        &self,
+        io: &mut HostIo<'_, T>,
+        maps: &mut Maps<'_>,
+        from: usize,
+        len: usize,
+        mut put: impl FnMut(&mut HostIo<'_, T>, &mut Maps<'_>, usize, &[T]) -> Result<()>,
+    ) -> Result<()> {
+        // The buffer starts on a cache line, so that the AVX-512 kernels'
+        // 64-byte stores into it never split across two lines (no
+        // difference measured at 64 MiB: memory is the limit there).
+        let want = self.block::<T>().min(len);
+        let mut buf = vec![T::zeroed(); want + 64 / std::mem::size_of::<T>().max(1)];
+        let skip = buf.as_ptr().align_offset(64).min(buf.len() - want);
+        let tmp = &mut buf[skip..skip + want];
+        let mut done = 0;
+        while done < len {
+            let k = tmp.len().min(len - done);
+            let t = &mut tmp[..k];
+            self.reduce_block(io, maps, from + done, t)?;
+            put(io, maps, done, t)?;
+            done += k;
+        }
+        Ok(())
+    }
+
+    /// With streaming stores, out of place: elements `in_start..in_start +
+    /// len` of every rank's input (allreduce, reduce-scatter) or of this
+    /// rank's alone (allgather), combined and written into `out_start..
+    /// out_start + len` of every rank's output (allreduce, allgather) or of
+    /// this rank's alone (reduce-scatter), in one fused pass (see
+    /// `element::reduce_to_streams`). False where that path does not apply
+    /// (cached stores, an allreduce's input and output in one window,
+    /// outputs that lie differently against cache lines): the block path
+    /// then does the work.
+    fn spread_streaming<T: Element>(
+        &self,
+        io: &mut HostIo<'_, T>,
+        maps: &mut Maps<'_>,
+        kind: Fused,
+        in_start: usize,
+        out_start: usize,
+        len: usize,
+    ) -> Result<bool> {
+        if self.mode != Store::Streaming || len == 0 {
+            return Ok(false);
+        }
+        let HostIo::OutOfPlace { input, output } = io else {
+            return Ok(false);
+        };
+        // Which maps hold the peers' inputs and outputs: an allgather's
+        // input and a reduce-scatter's output need not be in a window, and
+        // the window they use is the one set of maps.
+        let (in_regions, out_regions): (Option<&Parts>, Option<&mut Parts>) =
+            match (kind, maps.output.as_mut()) {
+                (Fused::AllReduce, Some(out)) => (Some(&maps.input), Some(&mut **out)),
+                (Fused::AllReduce, None) => return Ok(false),
+                (Fused::AllGather, out) => (None, Some(out.map_or(&mut *maps.input, |o| &mut **o))),
+                (Fused::ReduceScatter, _) => (Some(&maps.input), None),
+            };
+        let ranks = if in_regions.is_some() {
+            0..self.size
+        } else {
+            self.rank..self.rank + 1
+        };
+        let mut ins: Vec<&[T]> = Vec::with_capacity(ranks.len());
+        for j in ranks {
+            ins.push(if j == self.rank {
+                &input[in_start..in_start + len]
+            } else {
+                let region = in_regions.and_then(|r| r.get(j)).and_then(Option::as_ref);
+                self.peer_input(region, j, in_start, len)?
+            });
+        }
+        // Every peer's output part at once (distinct regions of one list).
+        let mut outs: Vec<&mut [T]> = Vec::with_capacity(self.size);
+        if let Some(out_regions) = out_regions {
+            let mut regions = out_regions.iter_mut().enumerate();
+            for j in (0..self.size).filter(|&j| j != self.rank) {
+                let region = regions.find(|(i, _)| *i == j).and_then(|(_, r)| r.as_mut());
+                outs.push(self.peer_output_in(region, j, out_start, len)?);
+            }
+        }
+        outs.push(&mut output[out_start..out_start + len]);
+        Ok(crate::element::reduce_to_streams(self.op, &ins, &mut outs))
+    }
+
+    /// Allreduce share: piece `off..off + len` of every input, reduced,
+    /// into the same piece of every output.
+    fn reduce_and_spread<T: Element>(
+        &self,
+        io: &mut HostIo<'_, T>,
+        maps: &mut Maps<'_>,
+        off: usize,
+        len: usize,
+    ) -> Result<()> {
+        if self.spread_streaming(io, maps, Fused::AllReduce, off, off, len)? {
+            return Ok(());
+        }
+        self.reduce_blocks(io, maps, off, len, |io, maps, done, t| {
+            // Peers first: they wait on this rank, it waits on nobody.
+            for step in 1..=self.size {
+                let j = (self.rank + step) % self.size;
+                store(self.mode, self.output(io, maps, j, off + done, t.len())?, t);
+            }
+            Ok(())
+        })
+    }
+
+    /// Allgather share: this rank's input (`count` elements) into block
+    /// `rank` of every output.
+    fn gather<T: Element>(
+        &self,
+        io: &mut HostIo<'_, T>,
+        maps: &mut Maps<'_>,
+        count: usize,
+    ) -> Result<()> {
+        let base = self.rank * count;
+        if self.spread_streaming(io, maps, Fused::AllGather, 0, base, count)? {
+            return Ok(());
+        }
+        let block = self.block::<T>();
+        let mut done = 0;
+        while done < count {
+            let k = block.min(count - done);
+            for step in 1..self.size {
+                let j = (self.rank + step) % self.size;
+                let dst = self.peer_output(maps, j, base + done, k)?;
+                store(self.mode, dst, io.input(done, k));
+            }
+            // This rank's own block while the input block is in cache
+            // (nothing to do in place).
+            let own = Step::local(Prim::Copy, Operand::Input, done, base + done, k);
+            io.copy_input_to_output(self.mode, &own);
+            done += k;
+        }
+        Ok(())
+    }
+
+    /// Reduce-scatter share: block `rank` of every input, reduced, into
+    /// this rank's output (`count` elements).
+    fn scatter<T: Element>(
+        &self,
+        io: &mut HostIo<'_, T>,
+        maps: &mut Maps<'_>,
+        count: usize,
+    ) -> Result<()> {
+        let from = self.rank * count;
+        if self.spread_streaming(io, maps, Fused::ReduceScatter, from, 0, count)? {
+            return Ok(());
+        }
+        self.reduce_blocks(io, maps, from, count, |io, _, done, t| {
+            store(self.mode, io.output(done, t.len()), t);
+            Ok(())
+        })
+    }
+}

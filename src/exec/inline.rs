@@ -1,0 +1,165 @@
+//! Small calls all in one check-in: each rank puts its input (at most
+//! `plan::INLINE_BYTES`; a broadcast's root only) on its control page with
+//! its announcement (up to 8 bytes in the announcement's own cache line,
+//! else in the page's inline area), reads every peer's announcement, then
+//! takes what it needs from the peers' pages: allreduce reduces every input
+//! in rank order, reduce-scatter its block of each, reduce does so on the
+//! root, allgather copies every block, broadcast the root's, all-to-all its
+//! block of each. Nobody touches another rank's buffers, so there is no
+//! completion wait: one exchange in all; a barrier is the check-in alone.
+
+use super::checkin::{
+    announce, entry, lock, read_announcement, word, Ctx, Deadline, Place, E_SMALL, INLINE_WORDS,
+    W_INLINE,
+};
+use super::io::HostIo;
+use super::Call;
+use crate::algo::{Operand, Prim, Step};
+use crate::coll::CollKind;
+use crate::element::{reduce_into, Element, ReduceOp, Store};
+use crate::error::{Error, Result};
+use std::sync::atomic::Ordering;
+
+fn inline_at(turn: u64) -> usize {
+    (W_INLINE + (turn % 2) as usize * INLINE_WORDS) * 8
+}
+
+/// Copy a small input into this rank's announcement slot of check-in
+/// `turn`.
+fn write_inline(ctx: &Ctx<'_>, turn: u64, bytes: &[u8]) -> Result<()> {
+    if bytes.len() <= 8 {
+        let mut w = [0u8; 8];
+        w[..bytes.len()].copy_from_slice(bytes);
+        let page = &ctx.control.pages[ctx.rank];
+        word(page, entry(turn) + E_SMALL)?.store(u64::from_ne_bytes(w), Ordering::Relaxed);
+        return Ok(());
+    }
+    let mut own = lock(&ctx.control.own);
+    own.slice_mut(inline_at(turn), bytes.len())
+        .map_err(|e| Error::Io(format!("window control page: {e}")))?
+        .copy_from_slice(bytes);
+    Ok(())
+}
+
+/// Elements `off..off + len` of rank `j`'s inline input of check-in
+/// `turn` (`total` elements in all); an input of at most 8 bytes is read
+/// from the announcement's line into `small`.
+fn peer_inline<'x, T: Element>(
+    ctx: &'x Ctx<'_>,
+    j: usize,
+    turn: u64,
+    total: usize,
+    (off, len): (usize, usize),
+    small: &'x mut [u64; 1],
+) -> Result<&'x [T]> {
+    let elem = std::mem::size_of::<T>();
+    if total * elem <= 8 {
+        small[0] = word(&ctx.control.pages[j], entry(turn) + E_SMALL)?.load(Ordering::Relaxed);
+        let all: &[T] = bytemuck::cast_slice(&small[..]);
+        return all
+            .get(off..off + len)
+            .ok_or_else(|| Error::Io(format!("inline input {off}+{len} of {total}")));
+    }
+    let raw = ctx.control.pages[j]
+        .slice(inline_at(turn) + off * elem, len * elem)
+        .map_err(|e| Error::Io(format!("window control page: {e}")))?;
+    bytemuck::try_cast_slice(raw).map_err(|e| Error::Io(format!("window control page: {e:?}")))
+}
+
+/// `output[..len] = input_0 op input_1 op ...` over elements
+/// `off..off + len` of the inline inputs of check-in `turn` (`total`
+/// elements each; this rank's own from its buffer), in rank order, so
+/// that every rank gets the same bits.
+fn reduce_inline<T: Element>(
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    op: ReduceOp,
+    (turn, total): (u64, usize),
+    off: usize,
+    len: usize,
+) -> Result<()> {
+    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
+    // Zeroing 4 KiB of stack costs more than an 8-byte allreduce.
+    let mut small_acc = [0u64; 8];
+    let mut big;
+    let acc: &mut [u64] = if words <= small_acc.len() {
+        &mut small_acc[..words]
+    } else {
+        big = [0u64; INLINE_WORDS];
+        &mut big[..words]
+    };
+    let sum: &mut [T] = &mut bytemuck::cast_slice_mut(acc)[..len];
+    for j in 0..ctx.size {
+        let mut small = [0u64; 1];
+        let x = if j == ctx.rank {
+            io.input(off, len)
+        } else {
+            peer_inline(ctx, j, turn, total, (off, len), &mut small)?
+        };
+        if j == 0 {
+            sum.copy_from_slice(x);
+        } else {
+            reduce_into(op, sum, x);
+        }
+    }
+    io.output(0, len).copy_from_slice(sum);
+    Ok(())
+}
+
+/// A small call, all in check-in `turn`: each rank puts its input (at most
+/// `INLINE_BYTES`; a broadcast's root only) on its page with its
+/// announcement, reads every peer's announcement, then takes what it needs
+/// from the peers' pages. Nobody touches another rank's buffers, so there
+/// is no completion wait: one exchange in all.
+pub(super) fn run<T: Element>(
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    call: &Call,
+    in_len: usize,
+    turn: u64,
+    deadline: &Deadline,
+) -> Result<()> {
+    let fp = call.fingerprint;
+    let kind = call.kind;
+    let (rank, size) = (ctx.rank, ctx.size);
+    let root = fp.root as usize;
+    let count = fp.count as usize;
+    let publishes = match kind {
+        CollKind::Barrier => false,
+        CollKind::Broadcast => rank == root,
+        _ => true,
+    };
+    if publishes {
+        write_inline(ctx, turn, bytemuck::cast_slice(io.input(0, in_len)))?;
+    }
+    announce(ctx, turn, &fp, &Place::default(), None)?;
+    for peer in (0..size).filter(|&p| p != rank) {
+        read_announcement(ctx, turn, peer, &fp, deadline, call)?;
+    }
+    let inputs = (turn, in_len);
+    // Copy peer `j`'s elements `from` (of its input) into `to` (of the
+    // output); this rank's own straight from input to output.
+    let take = |io: &mut HostIo<'_, T>, j: usize, from: (usize, usize), to: usize| -> Result<()> {
+        if j == rank {
+            let own = Step::local(Prim::Copy, Operand::Input, from.0, to, from.1);
+            io.copy_input_to_output(Store::Cached, &own);
+            return Ok(());
+        }
+        let mut small = [0u64; 1];
+        let x = peer_inline(ctx, j, turn, in_len, from, &mut small)?;
+        io.output(to, from.1).copy_from_slice(x);
+        Ok(())
+    };
+    match kind {
+        CollKind::AllReduce => reduce_inline(ctx, io, call.op, inputs, 0, count),
+        CollKind::Reduce if rank == root => reduce_inline(ctx, io, call.op, inputs, 0, count),
+        CollKind::ReduceScatter => reduce_inline(ctx, io, call.op, inputs, rank * count, count),
+        CollKind::AllGather => (0..size).try_for_each(|j| take(io, j, (0, count), j * count)),
+        CollKind::Broadcast => take(io, root, (0, count), 0),
+        CollKind::AllToAll => {
+            let block = count / size;
+            (0..size).try_for_each(|j| take(io, j, (rank * block, block), j * block))
+        }
+        _ => Ok(()),
+    }
+}

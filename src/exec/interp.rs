@@ -1,0 +1,251 @@
+//! The host interpreter: runs a schedule's primitives over the host data
+//! path of the connections (`SlotSender`/`SlotReceiver`).
+//!
+//! Each primitive works in place on slot memory: a received slot is reduced
+//! straight into the next send slot or into the output, so a step is one pass
+//! over its bytes. Every received frame's header is checked against this
+//! rank's call (`verify`: fingerprint, step tag, length) before its payload
+//! is used. It knows nothing of which collective it runs beyond the
+//! fingerprint it is handed, and decides nothing: the store mode comes from
+//! the planner.
+
+use super::io::HostIo;
+use super::verify;
+use super::{Call, Links};
+use crate::algo::{Prim, Schedule, Step, NO_PEER};
+use crate::element::{copy_to_both, reduce_to, store, Element, Store};
+use crate::error::{Error, Result};
+use crate::plan;
+use ferroccl_transport::{Deadline, FrameHeader, TransportError};
+use std::borrow::Cow;
+
+/// Write `len` elements computed by `make` into a slot. Slots are 8-byte
+/// aligned by every transport; the fallback keeps a misaligned slot correct
+/// rather than panicking.
+fn fill_slot<T: Element>(slot: &mut [u8], len: usize, make: impl FnOnce(&mut [T])) -> usize {
+    let bytes = len * std::mem::size_of::<T>();
+    match bytemuck::try_cast_slice_mut::<u8, T>(&mut slot[..bytes]) {
+        Ok(typed) => make(typed),
+        Err(_) => {
+            let mut tmp = vec![T::zeroed(); len];
+            make(&mut tmp);
+            slot[..bytes].copy_from_slice(bytemuck::cast_slice(&tmp));
+        }
+    }
+    bytes
+}
+
+/// Check a received frame and view its payload as elements.
+fn accept_frame<'b, T: Element>(
+    call: &Call,
+    step: &Step,
+    header: &FrameHeader,
+    bytes: &'b [u8],
+) -> Result<Cow<'b, [T]>> {
+    verify::frame(call, step, std::mem::size_of::<T>(), header)?;
+    if bytes.len() != header.len as usize {
+        return Err(Error::Protocol {
+            peer: step.recv_from,
+            during: call.during(),
+            detail: format!(
+                "frame header says {} bytes but {} arrived",
+                header.len,
+                bytes.len()
+            ),
+        });
+    }
+    Ok(match bytemuck::try_cast_slice::<u8, T>(bytes) {
+        Ok(typed) => Cow::Borrowed(typed),
+        Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec::<u8, T>(bytes)),
+    })
+}
+
+/// Run `schedule` on `io` over `links`.
+pub(crate) fn run<T: Element>(
+    links: &mut Links,
+    schedule: &Schedule,
+    mut io: HostIo<'_, T>,
+    call: &Call,
+) -> Result<()> {
+    let bytes = io.output_len() * std::mem::size_of::<T>();
+    let mode = plan::slot_store(
+        matches!(io, HostIo::OutOfPlace { .. }),
+        bytes,
+        call.nt_store_bytes,
+    );
+    for step in &schedule.steps {
+        run_step(links, step, &mut io, call, mode)?;
+    }
+    Ok(())
+}
+
+fn run_step<T: Element>(
+    links: &mut Links,
+    step: &Step,
+    io: &mut HostIo<'_, T>,
+    call: &Call,
+    mode: Store,
+) -> Result<()> {
+    let header = FrameHeader::data(call.fingerprint, step.send_tag);
+    let len = step.len;
+    match step.prim {
+        Prim::Copy => {
+            io.copy_input_to_output(mode, step);
+            Ok(())
+        }
+        Prim::Reduce => {
+            io.reduce_input_into_output(call.op, step);
+            Ok(())
+        }
+        Prim::Send | Prim::CopySend => {
+            let sender = links.sender(step.send_to, call)?;
+            if step.prim == Prim::CopySend && sender.send_from_copies() {
+                // Output and slot in one pass over the input.
+                let result = match io.output_and_input(step) {
+                    (out, Some(input)) => {
+                        sender.send_with_until(header, deadline(call), &mut |slot| {
+                            fill_slot::<T>(slot, len, |dst| copy_to_both(mode, out, dst, &input))
+                        })
+                    }
+                    (out, None) => {
+                        sender.send_from_until(header, deadline(call), bytemuck::cast_slice(out))
+                    }
+                };
+                return result.map_err(|e| Error::from_transport(e, &call.during()));
+            }
+            if step.prim == Prim::CopySend {
+                io.copy_input_to_output(mode, step);
+            }
+            let input = io.local(step);
+            sender
+                .send_from_until(header, deadline(call), bytemuck::cast_slice(input))
+                .map_err(|e| Error::from_transport(e, &call.during()))
+        }
+        Prim::Recv => {
+            let (receiver, _) = links.receiver_and_sender(step.recv_from, NO_PEER, call)?;
+            let mut found: Option<Error> = None;
+            if mode == Store::Streaming && receiver.recv_into_copies() {
+                // Out of the slot with streaming stores.
+                let out = io.output(step.output, len);
+                let result =
+                    receiver.recv_with_until(
+                        deadline(call),
+                        &mut |h, bytes| match accept_frame::<T>(call, step, h, bytes) {
+                            Ok(data) => {
+                                store(mode, out, &data);
+                                Ok(())
+                            }
+                            Err(e) => {
+                                found = Some(e);
+                                Err(TransportError::Aborted)
+                            }
+                        },
+                    );
+                return finish_recv(result, found, call);
+            }
+            let dst: &mut [u8] = bytemuck::cast_slice_mut(io.output(step.output, len));
+            let result = receiver.recv_into_until(
+                deadline(call),
+                &mut |h| {
+                    verify::frame(call, step, std::mem::size_of::<T>(), h).map_err(|e| {
+                        found = Some(e);
+                        TransportError::Aborted
+                    })
+                },
+                dst,
+            );
+            finish_recv(result, found, call)
+        }
+        prim => {
+            let (receiver, mut sender) =
+                links.receiver_and_sender(step.recv_from, step.send_to, call)?;
+            // An error found while consuming a frame is richer than what the
+            // transport can carry; keep it here and hand the transport a
+            // placeholder.
+            let mut found: Option<Error> = None;
+            let result = receiver.recv_with_until(deadline(call), &mut |h, bytes| {
+                let data = match accept_frame::<T>(call, step, h, bytes) {
+                    Ok(data) => data,
+                    Err(e) => {
+                        found = Some(e);
+                        return Err(TransportError::Aborted);
+                    }
+                };
+                let data: &[T] = &data;
+                match prim {
+                    Prim::RecvReduceCopy => io.reduce_to_output(mode, call.op, step, data),
+                    Prim::RecvReduceSend => {
+                        let input = io.local(step);
+                        let sender = sender.as_mut().expect("schedule step sends");
+                        sender.send_with_until(header, deadline(call), &mut |slot| {
+                            fill_slot::<T>(slot, len, |dst| reduce_to(call.op, dst, data, input))
+                        })?;
+                    }
+                    // Where sending copies into a slot anyway, the output
+                    // and the slot are written in one pass over the data.
+                    Prim::RecvCopySend => {
+                        let sender = sender.as_mut().expect("schedule step sends");
+                        if sender.send_from_copies() {
+                            let out = io.output(step.output, len);
+                            sender.send_with_until(header, deadline(call), &mut |slot| {
+                                fill_slot::<T>(slot, len, |dst| copy_to_both(mode, out, dst, data))
+                            })?;
+                        } else {
+                            io.output(step.output, len).copy_from_slice(data);
+                            // Forward the received bytes themselves, not the copy.
+                            sender.send_from_until(
+                                header,
+                                deadline(call),
+                                bytemuck::cast_slice(data),
+                            )?;
+                        }
+                    }
+                    Prim::RecvReduceCopySend => {
+                        let sender = sender.as_mut().expect("schedule step sends");
+                        if sender.send_from_copies() {
+                            sender.send_with_until(header, deadline(call), &mut |slot| {
+                                fill_slot::<T>(slot, len, |dst| {
+                                    io.reduce_to_output_and_copy(mode, call.op, step, data, dst)
+                                })
+                            })?;
+                        } else {
+                            io.reduce_to_output(Store::Cached, call.op, step, data);
+                            let out = io.output(step.output, len);
+                            sender.send_from_until(
+                                header,
+                                deadline(call),
+                                bytemuck::cast_slice(out),
+                            )?;
+                        }
+                    }
+                    Prim::Send | Prim::CopySend | Prim::Copy | Prim::Reduce | Prim::Recv => {
+                        unreachable!("handled above")
+                    }
+                }
+                Ok(())
+            });
+            finish_recv(result, found, call)
+        }
+    }
+}
+
+/// The outcome of a receive: an error found while checking the frame wins
+/// over the placeholder the transport passed through.
+fn finish_recv(
+    result: std::result::Result<(), TransportError>,
+    found: Option<Error>,
+    call: &Call,
+) -> Result<()> {
+    match (result, found) {
+        (_, Some(err)) => Err(err),
+        (Err(e), None) => Err(Error::from_transport(e, &call.during())),
+        (Ok(()), None) => Ok(()),
+    }
+}
+
+/// Each wait of a step ends `call.timeout` after it begins; transports that
+/// can count from their first look at the clock skip it for waits that end
+/// at once.
+fn deadline(call: &Call) -> Deadline {
+    Deadline::After(call.timeout)
+}

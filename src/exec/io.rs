@@ -1,0 +1,245 @@
+//! The buffers of a call and where they live. `Io` says whether a call's
+//! memory is the host's (slices the CPU reads and writes: `HostIo`, which the
+//! host interpreter and the direct window kernels work on) or a device's
+//! (`DeviceIo`: addresses the CPU must not touch, moved only by a device
+//! executor, which comes with the CUDA support; until then the planner
+//! refuses such calls before anything moves). This module owns the
+//! offset arithmetic over a call's buffers, in place and out of place; it
+//! knows nothing of peers or transports.
+
+use crate::algo::{Operand, Step};
+use crate::element::{
+    reduce_into, reduce_into_both, reduce_to_both, reduce_to_output, store, Element, ReduceOp,
+    Store,
+};
+use crate::plan::Memory;
+use std::borrow::Cow;
+
+/// A call's buffers, by where they live.
+pub(crate) enum Io<'a, T> {
+    /// Host memory.
+    Host(HostIo<'a, T>),
+    /// Device memory (no executor in this build).
+    #[allow(dead_code)]
+    Device(DeviceIo),
+}
+
+impl<'a, T> Io<'a, T> {
+    /// Separate input and output in host memory.
+    pub(crate) fn out_of_place(input: &'a [T], output: &'a mut [T]) -> Self {
+        Io::Host(HostIo::OutOfPlace { input, output })
+    }
+
+    /// One host buffer; the input starts at `input_base`, the output at
+    /// `output_base`.
+    pub(crate) fn in_place(buf: &'a mut [T], input_base: usize, output_base: usize) -> Self {
+        Io::Host(HostIo::InPlace {
+            buf,
+            input_base,
+            output_base,
+        })
+    }
+
+    /// Where the buffers live, for the planner.
+    #[inline]
+    pub(crate) fn memory(&self) -> Memory {
+        match self {
+            Io::Host(_) => Memory::Host,
+            Io::Device(d) => Memory::Device { ordinal: d.ordinal },
+        }
+    }
+}
+
+/// A call's buffers in the memory of one CUDA device: addresses in the
+/// device's address space, which the host never dereferences. Made by the
+/// device entry points (the CUDA support); until they exist only tests
+/// make one, to check that the planner refuses it.
+#[allow(dead_code)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeviceIo {
+    /// The device's ordinal.
+    pub(crate) ordinal: u32,
+    /// Device address of the input's first element.
+    pub(crate) input: u64,
+    /// Device address of the output's first element (the input's, in
+    /// place).
+    pub(crate) output: u64,
+}
+
+/// The buffers of a call. Offsets in a schedule are relative to the input
+/// and the output; in place, both live in one buffer at the given bases.
+pub(crate) enum HostIo<'a, T> {
+    /// Separate input and output.
+    OutOfPlace { input: &'a [T], output: &'a mut [T] },
+    /// One buffer; input starts at `input_base`, output at `output_base`.
+    InPlace {
+        buf: &'a mut [T],
+        input_base: usize,
+        output_base: usize,
+    },
+}
+
+impl<T: Element> HostIo<'_, T> {
+    pub(super) fn input(&self, off: usize, len: usize) -> &[T] {
+        match self {
+            HostIo::OutOfPlace { input, .. } => &input[off..off + len],
+            HostIo::InPlace {
+                buf, input_base, ..
+            } => &buf[input_base + off..input_base + off + len],
+        }
+    }
+
+    pub(super) fn output_ref(&self, off: usize, len: usize) -> &[T] {
+        match self {
+            HostIo::OutOfPlace { output, .. } => &output[off..off + len],
+            HostIo::InPlace {
+                buf, output_base, ..
+            } => &buf[*output_base + off..*output_base + off + len],
+        }
+    }
+
+    /// The step's local operand: its input, or a partial result in the
+    /// output.
+    pub(super) fn local(&self, step: &Step) -> &[T] {
+        match step.local {
+            Operand::Input => self.input(step.input, step.len),
+            Operand::Output => self.output_ref(step.output, step.len),
+        }
+    }
+
+    pub(super) fn output(&mut self, off: usize, len: usize) -> &mut [T] {
+        match self {
+            HostIo::OutOfPlace { output, .. } => &mut output[off..off + len],
+            HostIo::InPlace {
+                buf, output_base, ..
+            } => &mut buf[*output_base + off..*output_base + off + len],
+        }
+    }
+
+    /// The step's output, and its local operand unless that is the output
+    /// itself (a partial result there, or in place at the same place). An
+    /// in-place input elsewhere in the buffer comes as a copy (no schedule
+    /// does that today; it stays correct anyway).
+    pub(super) fn output_and_input(&mut self, step: &Step) -> (&mut [T], Option<Cow<'_, [T]>>) {
+        let len = step.len;
+        if step.local == Operand::Output {
+            return (self.output(step.output, len), None);
+        }
+        match self {
+            HostIo::OutOfPlace { input, output } => (
+                &mut output[step.output..step.output + len],
+                Some(Cow::Borrowed(&input[step.input..step.input + len])),
+            ),
+            HostIo::InPlace {
+                buf,
+                input_base,
+                output_base,
+            } => {
+                let (i, o) = (*input_base + step.input, *output_base + step.output);
+                let input = (i != o).then(|| Cow::Owned(buf[i..i + len].to_vec()));
+                (&mut buf[o..o + len], input)
+            }
+        }
+    }
+
+    /// `output[out..] = data op input[inp..]`, whatever aliasing in place.
+    pub(super) fn reduce_to_output(&mut self, mode: Store, op: ReduceOp, step: &Step, data: &[T]) {
+        match self.output_and_input(step) {
+            (out, None) => reduce_into(op, out, data),
+            (out, Some(input)) => reduce_to_output(mode, op, out, data, &input),
+        }
+    }
+
+    /// `reduce_to_output`, and the result also into `copy` (a send slot) in
+    /// the same pass.
+    pub(super) fn reduce_to_output_and_copy(
+        &mut self,
+        mode: Store,
+        op: ReduceOp,
+        step: &Step,
+        data: &[T],
+        copy: &mut [T],
+    ) {
+        match self.output_and_input(step) {
+            (out, None) => reduce_into_both(mode, op, out, copy, data),
+            (out, Some(input)) => reduce_to_both(mode, op, out, copy, data, &input),
+        }
+    }
+
+    /// `output[out..] = output[out..] op input[inp..]`. In place with both
+    /// at the same memory this is `x op x`, as the primitive says.
+    pub(super) fn reduce_input_into_output(&mut self, op: ReduceOp, step: &Step) {
+        let len = step.len;
+        match self {
+            HostIo::OutOfPlace { input, output } => reduce_into(
+                op,
+                &mut output[step.output..step.output + len],
+                &input[step.input..step.input + len],
+            ),
+            HostIo::InPlace {
+                buf,
+                input_base,
+                output_base,
+            } => {
+                let (i, o) = (*input_base + step.input, *output_base + step.output);
+                let input = buf[i..i + len].to_vec();
+                reduce_into(op, &mut buf[o..o + len], &input);
+            }
+        }
+    }
+
+    /// `output[out..] = input[inp..]` (a no-op when they are the same memory).
+    pub(super) fn copy_input_to_output(&mut self, mode: Store, step: &Step) {
+        let len = step.len;
+        if step.local == Operand::Output {
+            return;
+        }
+        match self {
+            HostIo::OutOfPlace { input, output } => store(
+                mode,
+                &mut output[step.output..step.output + len],
+                &input[step.input..step.input + len],
+            ),
+            HostIo::InPlace {
+                buf,
+                input_base,
+                output_base,
+            } => {
+                let (i, o) = (*input_base + step.input, *output_base + step.output);
+                if i != o {
+                    buf.copy_within(i..i + len, o);
+                }
+            }
+        }
+    }
+
+    /// Addresses of the input's and the output's first elements, to find
+    /// the window they lie in (`window`).
+    pub(super) fn addresses(&self) -> (usize, usize) {
+        let elem = std::mem::size_of::<T>();
+        match self {
+            HostIo::OutOfPlace { input, output } => {
+                (input.as_ptr() as usize, output.as_ptr() as usize)
+            }
+            HostIo::InPlace {
+                buf,
+                input_base,
+                output_base,
+            } => {
+                let base = buf.as_ptr() as usize;
+                (
+                    base.wrapping_add(input_base * elem),
+                    base.wrapping_add(output_base * elem),
+                )
+            }
+        }
+    }
+
+    /// Elements of the output (in place: of the whole buffer).
+    pub(super) fn output_len(&self) -> usize {
+        match self {
+            HostIo::OutOfPlace { output, .. } => output.len(),
+            HostIo::InPlace { buf, .. } => buf.len(),
+        }
+    }
+}

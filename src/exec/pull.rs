@@ -1,0 +1,93 @@
+//! Allgathers and all-to-alls of ordinary buffers straight out of the
+//! peers' processes (cross-memory attach, `process_vm_readv`), where every
+//! rank could read every other's memory (probed when the control pages are
+//! made; `Control::cma`) and the planner chose it (`plan::Direct::Pull`).
+//! Each rank copies its own part from input to output and what it needs out
+//! of each peer's process, nearest peer first (allgather: every peer's input
+//! into the peer's block; all-to-all: block `rank` of every peer's input):
+//! one copy per byte, by the kernel, against two through slots. Only reads:
+//! a rank writes nothing but its own output, so a peer that failed can at
+//! worst make a reader fail, never be corrupted. The check-in's completion
+//! wait follows: no rank returns while a peer may still read its input.
+
+use super::checkin::{entry, word, Ctx, E_IN_ADDR};
+use super::direct::Kernel;
+use super::io::HostIo;
+use crate::algo::{Operand, Prim, Step};
+use crate::coll::CollKind;
+use crate::element::{Element, Store};
+use crate::error::{Error, Result};
+use std::sync::atomic::Ordering;
+
+/// Run check-in `turn`'s call (an allgather or all-to-all of `count`
+/// input elements per rank) by copying out of the peers' processes.
+pub(super) fn run<T: Element>(
+    k: &Kernel<'_>,
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    turn: u64,
+    count: usize,
+) -> Result<()> {
+    // Each peer stored its input's address before the sequence number
+    // this rank acquired when it read the announcement.
+    let inputs = (0..ctx.size)
+        .map(|j| {
+            let at = word(&ctx.control.pages[j], entry(turn) + E_IN_ADDR)?;
+            Ok(at.load(Ordering::Relaxed))
+        })
+        .collect::<Result<Vec<u64>>>()?;
+    let (n, rank) = (ctx.size, ctx.rank);
+    let pids = &ctx.control.pids;
+    match k.call.kind {
+        // Every input into its block.
+        CollKind::AllGather => pull(k, pids, &inputs, io, |j| (0, j * count, count)),
+        // Block `rank` of every input into block j.
+        _ => {
+            let block = count / n;
+            pull(k, pids, &inputs, io, |j| (rank * block, j * block, block))
+        }
+    }
+}
+
+/// Copy out of the peers' processes (cross-memory attach): for each
+/// rank `j`, this one first and then the nearest peers, `part(j)` says
+/// which elements (`from`, of `j`'s input, which lies at `inputs[j]` in
+/// process `pids[j]`) go where (`to`, of this rank's output), and how
+/// many. This rank's own part is copied from input to output. Reads
+/// only.
+fn pull<T: Element>(
+    k: &Kernel<'_>,
+    pids: &[u32],
+    inputs: &[u64],
+    io: &mut HostIo<'_, T>,
+    part: impl Fn(usize) -> (usize, usize, usize),
+) -> Result<()> {
+    for step in 0..k.size {
+        let j = (k.rank + step) % k.size;
+        let (from, to, len) = part(j);
+        if j == k.rank {
+            let own = Step::local(Prim::Copy, Operand::Input, from, to, len);
+            io.copy_input_to_output(Store::Cached, &own);
+            continue;
+        }
+        let fail = |reason: String| Error::PeerFailed {
+            rank: j,
+            during: k.call.during(),
+            reason,
+        };
+        let at = (from as u64)
+            .checked_mul(k.elem as u64)
+            .and_then(|b| inputs[j].checked_add(b))
+            .ok_or_else(|| fail(format!("its announced input address overflows at {from}")))?;
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(io.output(to, len));
+        let bytes = dst.len();
+        ferroccl_shm::read_process_memory(pids[j], at as usize, dst).map_err(|e| {
+            fail(format!(
+                "copying {bytes} bytes of its input at {at:#x} in process {} by cross-memory \
+                 attach failed: {e}",
+                pids[j]
+            ))
+        })?;
+    }
+    Ok(())
+}

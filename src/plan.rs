@@ -1,0 +1,527 @@
+//! The one place that decides the path of a call: which algorithm it runs,
+//! how its slices are cut, and whether its bytes go through the transport's
+//! slots, inline in a check-in on the shared control pages, directly
+//! between windows, or straight out of the peers' processes (cross-memory
+//! attach); and, for each decision, the reason it gives at
+//! FERROCCL_DEBUG=INFO.
+//!
+//! Every decision here is a pure function of the call (kind, bytes, where
+//! its memory lives), of facts every rank of the communicator shares (rank
+//! count, control pages, cross-memory attach, windows, a forced algorithm,
+//! the agreed link model) and, after a check-in, of what every rank
+//! announced. So every rank decides alike, without talking. `exec` carries a
+//! decision out and decides nothing; `tune` holds the cost model this module
+//! asks about algorithms. No I/O, no clock, no `unsafe`.
+
+use crate::algo::Algorithm;
+use crate::coll::{CollKind, Geometry};
+use crate::element::Store;
+use crate::error::{Error, Result};
+use crate::tune::{self, LinkModel};
+
+/// Calls whose input has at most this many bytes travel inline in the
+/// check-in (where the ranks share control pages and no algorithm is
+/// forced). The control page's inline area holds exactly this much
+/// (`exec::checkin::INLINE_CAPACITY`).
+pub(crate) const INLINE_BYTES: usize = 4096;
+
+/// Allgathers and all-to-alls whose blocks have at least this many bytes
+/// copy from the peers by cross-memory attach where the ranks may. Below
+/// it the slots win or tie (each `process_vm_readv` pins the peer's pages,
+/// and the check-in and completion wait cost a round trip each): measured
+/// on 2 ranks from blocks of 64 KiB (allgather 9.4-9.6 against 4.4-6.5
+/// GB/s at 128 KiB gathered) and on 4 ranks from about 64 KiB blocks
+/// (below that slower; docs/performance-history.md).
+pub(crate) const CMA_MIN_BYTES: usize = 64 << 10;
+
+/// Where a call's buffers live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Memory {
+    /// Host memory the CPU reads and writes (slices, windows).
+    Host,
+    /// Memory of CUDA device `ordinal`: only a device path (a kernel over
+    /// the transport's FIFO descriptors) can move it; none is built yet.
+    Device {
+        /// The device's ordinal.
+        ordinal: u32,
+    },
+}
+
+/// What the communicator knows about its ranks that every rank knows
+/// alike: the facts a route depends on besides the call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Facts {
+    /// Ranks in the communicator.
+    pub(crate) size: usize,
+    /// The ranks share control pages (one host, shared memory allowed).
+    pub(crate) control: bool,
+    /// Every rank may read every other's memory (`process_vm_readv`).
+    pub(crate) cma: bool,
+    /// The communicator has a shared window: any call may lie in one.
+    pub(crate) windows: bool,
+    /// FERROCCL_ALGO forces this algorithm (then no call skips its
+    /// schedule: not inline, not by cross-memory attach).
+    pub(crate) forced: Option<Algorithm>,
+}
+
+/// How a call starts, decided from the call alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Through the transport's slots by its schedule; `note`: first say
+    /// so on this rank's control page, so that a peer that checks in for
+    /// this call instead (it was given another call) reports the mismatch
+    /// instead of waiting for the timeout.
+    Slots {
+        /// Store the call's fingerprint on the control page first.
+        note: bool,
+    },
+    /// All in one check-in: the input travels on the control page.
+    Inline,
+    /// Check in, then decide from every rank's announcement
+    /// ([`after_check_in`]); `cma`: announce the input's address, the
+    /// peers may copy out of this process.
+    CheckIn {
+        /// The call may run by cross-memory attach.
+        cma: bool,
+    },
+}
+
+impl Route {
+    /// Why, in words, for the INFO log.
+    pub(crate) fn explain(self) -> &'static str {
+        match self {
+            Route::Slots { note: false } => "through the transport's slots",
+            Route::Slots { note: true } => {
+                "through the transport's slots (noted on the shared control page for mismatch \
+                 checks)"
+            }
+            Route::Inline => "inline in the check-in on the shared control pages, one exchange",
+            Route::CheckIn { cma: true } => {
+                "check-in, then straight out of the peers' processes (cross-memory attach) or \
+                 directly between windows"
+            }
+            Route::CheckIn { cma: false } => {
+                "check-in, then directly between windows where every rank's buffers lie in one"
+            }
+        }
+    }
+}
+
+/// The route of a call of `kind` whose input has `in_bytes` bytes in
+/// `memory`. Device memory has no path in this build: an error before any
+/// byte moves.
+#[inline]
+pub(crate) fn route(
+    kind: CollKind,
+    in_bytes: usize,
+    memory: Memory,
+    facts: &Facts,
+) -> Result<Route> {
+    if let Memory::Device { ordinal } = memory {
+        return Err(device_unsupported(kind, ordinal));
+    }
+    // Send/recv involves two ranks, not the communicator: it never checks
+    // in (the others would wait for it).
+    if kind == CollKind::SendRecv || !facts.control {
+        return Ok(Route::Slots { note: false });
+    }
+    let free = facts.forced.is_none();
+    if free && in_bytes <= INLINE_BYTES {
+        return Ok(Route::Inline);
+    }
+    let cma = free && facts.cma && takes_cma(kind, in_bytes, facts.size);
+    if cma || facts.windows {
+        return Ok(Route::CheckIn { cma });
+    }
+    Ok(Route::Slots { note: true })
+}
+
+pub(crate) fn device_unsupported(kind: CollKind, ordinal: u32) -> Error {
+    Error::InvalidArgument(format!(
+        "{}: buffers in the memory of CUDA device {ordinal}, but this build has no device path \
+         (no CUDA executor yet)",
+        kind.name()
+    ))
+}
+
+/// Whether a call of `kind` whose input has `in_bytes` may run by
+/// cross-memory attach on `size` ranks: an allgather or all-to-all whose
+/// blocks (an allgather's whole input, one of an all-to-all's `size`) have
+/// at least `CMA_MIN_BYTES`. Not a broadcast: through slots the root's copy
+/// into a slot and the receiver's copy out of it run at once on two cores,
+/// and one kernel copy on the receiver alone was slower from 2 MiB (7-9
+/// against 13-14 GB/s on 2 ranks).
+fn takes_cma(kind: CollKind, in_bytes: usize, size: usize) -> bool {
+    let block = match kind {
+        CollKind::AllGather => in_bytes,
+        CollKind::AllToAll => in_bytes / size.max(1),
+        _ => return false,
+    };
+    block >= CMA_MIN_BYTES
+}
+
+/// How a checked-in call runs, decided from every rank's announcement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direct {
+    /// The check-in was the whole call (a barrier).
+    Done,
+    /// Rank r reduces piece r of every input (window `input`) into piece r
+    /// of every output (window `output`).
+    AllReduce {
+        /// The window every rank's input lies in.
+        input: u64,
+        /// The window every rank's output lies in.
+        output: u64,
+    },
+    /// Rank r writes its input into block r of every output.
+    AllGather {
+        /// The window every rank's output lies in.
+        output: u64,
+    },
+    /// Rank r reduces block r of every input into its output.
+    ReduceScatter {
+        /// The window every rank's input lies in.
+        input: u64,
+    },
+    /// Each rank copies what it needs out of the peers' processes.
+    Pull,
+    /// The buffers do not allow a direct path: the schedule, through slots.
+    Slots,
+}
+
+/// The direct path of a checked-in call of `kind`: `inputs` / `outputs`
+/// is the window every rank's input / output lies in (None: some rank's is
+/// in no window, or they differ), `cma` what [`route`] said.
+pub(crate) fn after_check_in(
+    kind: CollKind,
+    inputs: Option<u64>,
+    outputs: Option<u64>,
+    cma: bool,
+) -> Direct {
+    match (kind, inputs, outputs) {
+        (CollKind::Barrier, _, _) => Direct::Done,
+        (CollKind::AllReduce, Some(input), Some(output)) => Direct::AllReduce { input, output },
+        (CollKind::AllGather, _, Some(output)) => Direct::AllGather { output },
+        (CollKind::AllGather, _, None) if cma => Direct::Pull,
+        (CollKind::AllToAll, _, _) if cma => Direct::Pull,
+        (CollKind::ReduceScatter, Some(input), _) => Direct::ReduceScatter { input },
+        _ => Direct::Slots,
+    }
+}
+
+/// How a call through slots writes its output: a large output of its own
+/// (out of place, at least `nt_store_bytes`; 0 turns it off) with
+/// streaming stores: it would not stay in cache anyway, and ordinary stores
+/// would read every line first. In place, the lines written were just read
+/// as input and are in cache: streaming them out measured 30-40% slower
+/// (docs/performance-history.md).
+#[inline]
+pub(crate) fn slot_store(out_of_place: bool, out_bytes: usize, nt_store_bytes: usize) -> Store {
+    if out_of_place && nt_store_bytes > 0 && out_bytes >= nt_store_bytes {
+        Store::Streaming
+    } else {
+        Store::Cached
+    }
+}
+
+/// How a call directly between windows writes its outputs: streaming
+/// stores, out of place, once the buffers of all ranks together (what the
+/// direct kernels stream through: `buffer_bytes`) reach twice the
+/// threshold: a 2-rank allreduce from 16 MiB (64 MiB of buffers; measured
+/// 8.6-10.1 GB/s against 3.6-11.1 with ordinary stores), an allgather from
+/// 32 MiB (48 MiB of buffers at 16 MiB measured better with ordinary
+/// stores).
+pub(crate) fn direct_store(
+    out_of_place: bool,
+    buffer_bytes: usize,
+    nt_store_bytes: usize,
+) -> Store {
+    if out_of_place && nt_store_bytes > 0 && buffer_bytes >= nt_store_bytes.saturating_mul(2) {
+        Store::Streaming
+    } else {
+        Store::Cached
+    }
+}
+
+/// The algorithm a call of `bytes` runs when it goes through slots (the
+/// forced one, else the model's cheapest), with every candidate's modelled
+/// cost for the log.
+pub(crate) fn algorithm(
+    kind: CollKind,
+    bytes: usize,
+    facts: &Facts,
+    model: &LinkModel,
+) -> (Algorithm, Vec<(Algorithm, f64)>) {
+    match facts.forced {
+        Some(forced) => (forced, Vec::new()),
+        None => tune::choose(kind, facts.size, bytes, model),
+    }
+}
+
+/// Slice geometry of a call of `count` elements of `elem` bytes run by
+/// `algorithm`, over slots of `chunk_bytes`: slices are cut from the pieces
+/// the algorithm moves (a ring moves 1/n of the data per hop, each of the
+/// two trees half, one-shot all).
+pub(crate) fn geometry(
+    kind: CollKind,
+    algorithm: Algorithm,
+    (rank, size): (usize, usize),
+    count: usize,
+    elem: usize,
+    chunk_bytes: usize,
+) -> Geometry {
+    let pieces = match (kind, algorithm) {
+        (CollKind::AllReduce, Algorithm::Ring | Algorithm::TwoShot) => size,
+        (CollKind::AllReduce, Algorithm::Tree) => 2,
+        _ => 1,
+    };
+    slices(rank, size, count, pieces, elem, chunk_bytes)
+}
+
+/// Geometry of a call whose `count` elements are cut into `pieces`.
+pub(crate) fn slices(
+    rank: usize,
+    size: usize,
+    count: usize,
+    pieces: usize,
+    elem: usize,
+    chunk_bytes: usize,
+) -> Geometry {
+    let piece_bytes = count / pieces.max(1) * elem;
+    let slice_bytes = tune::slice_bytes(piece_bytes, chunk_bytes);
+    Geometry {
+        rank,
+        size,
+        slice: (slice_bytes / elem.max(1)).max(1),
+    }
+}
+
+/// The INFO line for a call of `kind` and `bytes`: the route, and the
+/// algorithm where the call goes through slots.
+pub(crate) fn explain(
+    kind: CollKind,
+    bytes: usize,
+    facts: &Facts,
+    chosen: Algorithm,
+    costs: &[(Algorithm, f64)],
+) -> String {
+    let route = route(kind, bytes, Memory::Host, facts).unwrap_or(Route::Slots { note: false });
+    let how = match (route, facts.forced) {
+        (Route::Inline, _) => route.explain().to_string(),
+        (_, Some(forced)) => format!("{} (forced by FERROCCL_ALGO), {}", forced, route.explain()),
+        (_, None) => format!("{chosen}, {}", route.explain()),
+    };
+    let model = if costs.is_empty() {
+        String::new()
+    } else {
+        let listed: Vec<String> = costs
+            .iter()
+            .map(|(a, c)| format!("{} {c:.1} us", a.name()))
+            .collect();
+        format!(" (model: {})", listed.join(", "))
+    };
+    format!(
+        "{} of {bytes} bytes on {} ranks -> {how}{model}",
+        kind.name(),
+        facts.size
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> Facts {
+        Facts {
+            size: 4,
+            control: true,
+            cma: true,
+            windows: false,
+            forced: None,
+        }
+    }
+
+    #[test]
+    fn small_calls_go_inline_only_with_control_pages_and_no_forced_algorithm() {
+        let f = facts();
+        for kind in [
+            CollKind::AllReduce,
+            CollKind::AllGather,
+            CollKind::Broadcast,
+            CollKind::Barrier,
+        ] {
+            assert_eq!(route(kind, 8, Memory::Host, &f).unwrap(), Route::Inline);
+            assert_eq!(
+                route(kind, INLINE_BYTES + 1, Memory::Host, &f).unwrap(),
+                Route::Slots { note: true },
+                "{kind:?}"
+            );
+        }
+        let no_pages = Facts {
+            control: false,
+            ..f
+        };
+        assert_eq!(
+            route(CollKind::AllReduce, 8, Memory::Host, &no_pages).unwrap(),
+            Route::Slots { note: false }
+        );
+        let forced = Facts {
+            forced: Some(Algorithm::Ring),
+            ..f
+        };
+        assert_eq!(
+            route(CollKind::AllReduce, 8, Memory::Host, &forced).unwrap(),
+            Route::Slots { note: true }
+        );
+        // Send/recv never checks in.
+        assert_eq!(
+            route(CollKind::SendRecv, 8, Memory::Host, &f).unwrap(),
+            Route::Slots { note: false }
+        );
+    }
+
+    #[test]
+    fn cross_memory_attach_from_its_block_size_for_allgather_and_all_to_all_only() {
+        let f = facts();
+        let big = CMA_MIN_BYTES;
+        assert_eq!(
+            route(CollKind::AllGather, big, Memory::Host, &f).unwrap(),
+            Route::CheckIn { cma: true }
+        );
+        assert_eq!(
+            route(CollKind::AllGather, big - 1, Memory::Host, &f).unwrap(),
+            Route::Slots { note: true }
+        );
+        // An all-to-all's block is a quarter of its input on 4 ranks.
+        assert_eq!(
+            route(CollKind::AllToAll, 4 * big, Memory::Host, &f).unwrap(),
+            Route::CheckIn { cma: true }
+        );
+        assert_eq!(
+            route(CollKind::AllToAll, 4 * big - 4, Memory::Host, &f).unwrap(),
+            Route::Slots { note: true }
+        );
+        for kind in [CollKind::Broadcast, CollKind::AllReduce, CollKind::Reduce] {
+            assert_eq!(
+                route(kind, 1 << 24, Memory::Host, &f).unwrap(),
+                Route::Slots { note: true }
+            );
+        }
+        let no_cma = Facts { cma: false, ..f };
+        assert_eq!(
+            route(CollKind::AllGather, big, Memory::Host, &no_cma).unwrap(),
+            Route::Slots { note: true }
+        );
+    }
+
+    #[test]
+    fn with_a_window_every_large_collective_checks_in() {
+        let f = Facts {
+            windows: true,
+            cma: false,
+            ..facts()
+        };
+        for kind in [
+            CollKind::AllReduce,
+            CollKind::ReduceScatter,
+            CollKind::Broadcast,
+        ] {
+            assert_eq!(
+                route(kind, 1 << 20, Memory::Host, &f).unwrap(),
+                Route::CheckIn { cma: false }
+            );
+        }
+    }
+
+    #[test]
+    fn device_memory_is_refused_before_anything_moves() {
+        let err = route(
+            CollKind::AllReduce,
+            8,
+            Memory::Device { ordinal: 3 },
+            &facts(),
+        )
+        .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        assert!(err.to_string().contains("device 3"), "{err}");
+    }
+
+    #[test]
+    fn direct_paths_need_every_rank_in_one_window() {
+        use CollKind::*;
+        assert_eq!(
+            after_check_in(AllReduce, Some(1), Some(2), false),
+            Direct::AllReduce {
+                input: 1,
+                output: 2
+            }
+        );
+        assert_eq!(
+            after_check_in(AllReduce, None, Some(2), true),
+            Direct::Slots
+        );
+        assert_eq!(
+            after_check_in(AllGather, None, Some(2), true),
+            Direct::AllGather { output: 2 }
+        );
+        assert_eq!(after_check_in(AllGather, None, None, true), Direct::Pull);
+        assert_eq!(after_check_in(AllGather, None, None, false), Direct::Slots);
+        assert_eq!(
+            after_check_in(AllToAll, Some(1), Some(1), true),
+            Direct::Pull
+        );
+        assert_eq!(
+            after_check_in(ReduceScatter, Some(5), None, false),
+            Direct::ReduceScatter { input: 5 }
+        );
+        assert_eq!(after_check_in(Barrier, None, None, false), Direct::Done);
+        assert_eq!(
+            after_check_in(Broadcast, Some(1), Some(1), false),
+            Direct::Slots
+        );
+    }
+
+    #[test]
+    fn streaming_stores_only_out_of_place_from_the_threshold() {
+        let nt = 32 << 20;
+        assert_eq!(slot_store(true, nt, nt), Store::Streaming);
+        assert_eq!(slot_store(true, nt - 1, nt), Store::Cached);
+        assert_eq!(slot_store(false, 4 * nt, nt), Store::Cached);
+        assert_eq!(slot_store(true, 4 * nt, 0), Store::Cached);
+        assert_eq!(direct_store(true, 2 * nt, nt), Store::Streaming);
+        assert_eq!(direct_store(true, 2 * nt - 1, nt), Store::Cached);
+        assert_eq!(direct_store(false, 4 * nt, nt), Store::Cached);
+    }
+
+    #[test]
+    fn slices_follow_the_pieces_each_algorithm_moves() {
+        let chunk = 1 << 20;
+        let ring = geometry(
+            CollKind::AllReduce,
+            Algorithm::Ring,
+            (0, 4),
+            1 << 22,
+            4,
+            chunk,
+        );
+        let one = geometry(
+            CollKind::AllReduce,
+            Algorithm::OneShot,
+            (0, 4),
+            1 << 22,
+            4,
+            chunk,
+        );
+        assert!(ring.slice <= one.slice);
+        assert!(ring.slice * 4 <= chunk && one.slice * 4 <= chunk);
+        let forced = Facts {
+            forced: Some(Algorithm::Tree),
+            ..facts()
+        };
+        let (a, costs) = algorithm(CollKind::AllReduce, 8, &forced, &LinkModel::DEFAULT);
+        assert_eq!(a, Algorithm::Tree);
+        assert!(costs.is_empty());
+        let line = explain(CollKind::AllReduce, 1 << 20, &forced, a, &costs);
+        assert!(line.contains("forced"), "{line}");
+    }
+}
