@@ -3,7 +3,7 @@
 # reducer, against the same step with no communication and against handing
 # every gradient over after backward, for bucket caps of 1, 5, 25 and
 # 100 MiB and with prefix streaming. Prints markdown tables for
-# docs/performance.md ("Data-parallel step time").
+# docs/performance-history.md ("Data-parallel step time").
 #
 #   bench/ddp-bench.sh [ranks...]            default: 2 4
 #   REPEATS=3 STEPS=20 MODEL="--in 1024 ..." VARIANTS="none;after:25;red:5" bench/ddp-bench.sh 2
