@@ -129,7 +129,14 @@ pub fn ferroccl_run() -> &'static str {
         let path = profile_dir.join(format!("ferroccl-run{}", std::env::consts::EXE_SUFFIX));
         if !path.exists() {
             let mut cmd = Command::new(env!("CARGO"));
-            cmd.args(["build", "-p", "ferroccl-run", "--bin", "ferroccl-run"]);
+            // From inside the workspace, wherever the test was started.
+            cmd.current_dir(env!("CARGO_MANIFEST_DIR")).args([
+                "build",
+                "-p",
+                "ferroccl-run",
+                "--bin",
+                "ferroccl-run",
+            ]);
             if profile_dir.ends_with("release") {
                 cmd.arg("--release");
             }
