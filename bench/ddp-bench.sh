@@ -12,14 +12,14 @@
 # turns step by step on the same data, so that load from other work on a
 # shared machine falls on all of them alike; each repeat is a fresh job.
 # Needs target/release/ferroccl-run and target/release/examples/mlp_ddp
-# (cargo build --release --bin ferroccl-run --example mlp_ddp); honours
-# CARGO_TARGET_DIR.
+# (cargo build --release -p ferroccl-run -p ferroccl --bin ferroccl-run
+# --example mlp_ddp); honours CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T="${CARGO_TARGET_DIR:-target}/release"
 RUN="$T/ferroccl-run"
 EX="$T/examples/mlp_ddp"
-[[ -x "$RUN" && -x "$EX" ]] || { echo "build first: cargo build --release --bin ferroccl-run --example mlp_ddp" >&2; exit 1; }
+[[ -x "$RUN" && -x "$EX" ]] || { echo "build first: cargo build --release -p ferroccl-run -p ferroccl --bin ferroccl-run --example mlp_ddp" >&2; exit 1; }
 RANKS=("$@")
 [[ $# -eq 0 ]] && RANKS=(2 4)
 REPEATS="${REPEATS:-3}"

@@ -2,7 +2,7 @@
 //! candle-nn) on the CPU, with ferroccl's reducer averaging the gradients.
 //!
 //! ```sh
-//! cargo build --release --features candle --example candle_ddp --bin ferroccl-run
+//! cargo build --release -p ferroccl-run -p ferroccl --bin ferroccl-run --features candle --example candle_ddp
 //! target/release/ferroccl-run -n 2 -- target/release/examples/candle_ddp --steps 50
 //! ```
 //!

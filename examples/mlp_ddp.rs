@@ -4,7 +4,7 @@
 //! are still being differentiated.
 //!
 //! ```sh
-//! cargo build --release --bin ferroccl-run --example mlp_ddp
+//! cargo build --release -p ferroccl-run -p ferroccl --bin ferroccl-run --example mlp_ddp
 //! target/release/ferroccl-run -n 2 -- target/release/examples/mlp_ddp --steps 20
 //! ```
 //!

@@ -26,7 +26,6 @@ mod exec;
 mod fingerprint;
 #[cfg(target_arch = "x86_64")]
 mod half_simd;
-pub mod launch;
 mod logging;
 mod nt;
 mod plan;

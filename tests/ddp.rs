@@ -4,6 +4,8 @@
 //! a rank whose backward goes wrong must get a clear error while the others
 //! get one too instead of hanging.
 
+mod common;
+
 use ferroccl::ddp::{
     Bf16CompressHook, Bucket, CommHook, Fp16CompressHook, ParamSpec, PendingBucket, Reducer,
     ReducerConfig,
@@ -1033,7 +1035,7 @@ fn run_example(
     exe: &std::path::Path,
     args: &[&str],
 ) -> std::collections::HashMap<String, String> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferroccl-run"))
+    let out = std::process::Command::new(common::process::ferroccl_run())
         .args(["-n", &ranks.to_string(), "--"])
         .arg(exe)
         .args(args)

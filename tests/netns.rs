@@ -6,10 +6,12 @@
 //! Needs root and `ip netns`; where either is missing the test says so and
 //! passes without running (it cannot create the hosts it is about).
 
+mod common;
+
+use common::process::ferroccl_run;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const RUN: &str = env!("CARGO_BIN_EXE_ferroccl-run");
 const CHECK: &str = env!("CARGO_BIN_EXE_ferroccl-check");
 
 /// Namespaces and a veth pair that are removed on drop.
@@ -65,8 +67,9 @@ impl Drop for Hosts {
 
 /// Start one node's launcher inside namespace `ns`.
 fn node(ns: &str, node_rank: usize, port: u16) -> std::process::Child {
+    let run = ferroccl_run();
     Command::new("ip")
-        .args(["netns", "exec", ns, RUN, "-n", "2", "--nnodes", "2"])
+        .args(["netns", "exec", ns, run, "-n", "2", "--nnodes", "2"])
         .args(["--node-rank", &node_rank.to_string()])
         .args([
             "--master-addr",

@@ -5,17 +5,16 @@
 
 mod common;
 
-use common::process::{clean, run_bounded, Finished};
+use common::process::{clean, ferroccl_run, run_bounded, Finished};
 use common::SplitMix;
 use std::process::Command;
 use std::time::Duration;
 
-const RUN: &str = env!("CARGO_BIN_EXE_ferroccl-run");
 const CHECK: &str = env!("CARGO_BIN_EXE_ferroccl-check");
 
 /// `ferroccl-run -n N [env] -- ferroccl-check ARGS`.
 fn launch(n: usize, env: &[(&str, &str)], args: &[&str], limit: Duration) -> Finished {
-    let mut cmd = clean(RUN);
+    let mut cmd = clean(ferroccl_run());
     let n = n.to_string();
     cmd.args(["-n", &n, "--", CHECK]).args(args);
     for (k, v) in env {
@@ -749,7 +748,7 @@ fn garbage_variants() -> Vec<Vec<u8>> {
 fn garbage_sent_to_the_rendezvous_of_a_live_job_does_not_disturb_it() {
     let port = ferroccl::bootstrap::free_port().expect("free port");
     let marker = format!("garbage-{}", std::process::id());
-    let mut cmd = clean(RUN);
+    let mut cmd = clean(ferroccl_run());
     let p = port.to_string();
     cmd.args(["-n", "3", "--master-port", &p, "--", CHECK])
         .args(["--iters", "3", "--delay-ms", "2"])

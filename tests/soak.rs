@@ -11,12 +11,11 @@
 
 mod common;
 
-use common::process::{clean, run_bounded, Finished};
+use common::process::{clean, ferroccl_run, run_bounded, Finished};
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
-const RUN: &str = env!("CARGO_BIN_EXE_ferroccl-run");
 const SOAK: &str = env!("CARGO_BIN_EXE_ferroccl-soak");
 
 /// Longest a soak run may take before it is killed and the test fails.
@@ -29,7 +28,7 @@ static TURN: Mutex<()> = Mutex::new(());
 /// ferroccl settings from the test's own environment; killed after `LIMIT`.
 fn soak(n: usize, env: &[(&str, &str)], args: &[&str]) -> Finished {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let mut cmd = clean(RUN);
+    let mut cmd = clean(ferroccl_run());
     // A hang becomes an error naming the call well within the limit.
     cmd.env("FERROCCL_TIMEOUT", "60");
     for (k, v) in env {

@@ -1,10 +1,11 @@
 //! Running real processes in tests: a command cleared of launcher and
 //! ferroccl settings from the test's own environment, run to its end or
 //! killed past a limit (so a bug fails the test instead of hanging CI), and
-//! what it left.
+//! what it left; and where the `ferroccl-run` launcher is.
 
 use std::io::Read;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// What a finished process left.
@@ -110,4 +111,40 @@ pub fn run_bounded(mut cmd: Command, limit: Duration) -> Finished {
         stderr: err.join().unwrap_or_default(),
         elapsed,
     }
+}
+
+/// The `ferroccl-run` binary. It belongs to another package of the
+/// workspace, so cargo gives these tests no `CARGO_BIN_EXE_` for it: it is
+/// taken from the profile directory this test was built into
+/// (target/<profile>/) and built there with cargo if missing (`cargo test
+/// --workspace` has built it already).
+pub fn ferroccl_run() -> &'static str {
+    static PATH: OnceLock<String> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test path");
+        let profile_dir = exe
+            .parent()
+            .and_then(|d| d.parent())
+            .expect("target/<profile>");
+        let path = profile_dir.join(format!("ferroccl-run{}", std::env::consts::EXE_SUFFIX));
+        if !path.exists() {
+            let mut cmd = Command::new(env!("CARGO"));
+            // From inside the workspace, wherever the test was started.
+            cmd.current_dir(env!("CARGO_MANIFEST_DIR")).args([
+                "build",
+                "-p",
+                "ferroccl-run",
+                "--bin",
+                "ferroccl-run",
+            ]);
+            if profile_dir.ends_with("release") {
+                cmd.arg("--release");
+            }
+            let status = cmd.status().expect("cannot run cargo");
+            assert!(status.success(), "building ferroccl-run failed");
+        }
+        path.into_os_string()
+            .into_string()
+            .expect("the target directory's path is UTF-8")
+    })
 }

@@ -1,16 +1,16 @@
 //! `ferroccl-perf`: nccl-tests style bandwidth table of a ferroccl collective.
 //!
 //! With `--ranks N` it launches N local copies of itself through
-//! [`ferroccl::launch::launch`] and waits for them; the copies (marked by
+//! [`ferroccl_run::launch`] and waits for them; the copies (marked by
 //! [`CHILD_ENV`]) join the job from their environment, as they would under
 //! ferroccl-run, torchrun, mpirun or srun. Rank 0 prints the table; the other
 //! ranks print only their errors. See `ferroccl-perf --help`.
 
-use ferroccl::launch::{launch, Bind, LaunchOptions};
 use ferroccl::reduce::SimdLevel;
 use ferroccl::{Communicator, DataType, Element, ReduceOp};
 use ferroccl_bench::coll::{bandwidth, Coll};
 use ferroccl_bench::options::{parse_args, Command, Options, USAGE};
+use ferroccl_run::{launch, Bind, LaunchOptions};
 use half::{bf16, f16};
 use std::error::Error;
 use std::io::Write;

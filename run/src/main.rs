@@ -1,8 +1,8 @@
 //! `ferroccl-run`: start the ranks of a ferroccl job on this node, in the
-//! way of torchrun. See `ferroccl-run --help` and [`ferroccl::launch`].
+//! way of torchrun. See `ferroccl-run --help` and the [`ferroccl_run`]
+//! library; this file only maps its outcome to an exit code.
 
-use ferroccl::launch::{launch, parse_args, wants_help, USAGE};
-use ferroccl::Error;
+use ferroccl_run::{launch, parse_args, wants_help, Error, USAGE};
 
 fn main() {
     let args: Vec<String> = match std::env::args_os()
