@@ -13,12 +13,13 @@ pub(crate) mod window;
 pub(crate) use links::{Connector, Links, MemberWatch, WAIT_SLICE};
 
 use crate::algo::{Operand, Prim, Schedule, Step, NO_PEER};
-use crate::element::{
-    copy_to_both, reduce_into, reduce_into_both, reduce_to, reduce_to_both, reduce_to_output,
-    store, Element, ReduceOp, Store,
-};
+use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::fingerprint;
+use crate::reduce::{
+    copy_to_both, reduce_into, reduce_into_both, reduce_to, reduce_to_both, reduce_to_output,
+    store, Store,
+};
 use ferroccl_transport::{Deadline, Fingerprint, FrameHeader, TransportError};
 use std::borrow::Cow;
 use std::time::Duration;

@@ -90,9 +90,10 @@ use super::{Call, Io};
 use crate::algo::partition;
 use crate::algo::{Operand, Prim, Step};
 use crate::coll::CollKind;
-use crate::element::{reduce_into, reduce_to, store, Element, ReduceOp, Store};
+use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::fingerprint;
+use crate::reduce::{reduce_into, reduce_to, store, Store};
 use crate::window::{Control, WindowMaps, Windows};
 use ferroccl_shm::wait::OVERSUBSCRIBED_SPINS;
 use ferroccl_shm::{Region, Waiter};
@@ -1019,7 +1020,7 @@ impl Kernel<'_> {
     /// rank's alone (allgather), combined and written into `out_start..
     /// out_start + len` of every rank's output (allreduce, allgather) or of
     /// this rank's alone (reduce-scatter), in one fused pass (see
-    /// `element::reduce_to_streams`). False where that path does not apply
+    /// `reduce::reduce_to_streams`). False where that path does not apply
     /// (cached stores, an allreduce's input and output in one window,
     /// outputs that lie differently against cache lines): the block path
     /// then does the work.
@@ -1072,7 +1073,7 @@ impl Kernel<'_> {
             }
         }
         outs.push(&mut output[out_start..out_start + len]);
-        Ok(crate::element::reduce_to_streams(self.op, &ins, &mut outs))
+        Ok(crate::reduce::reduce_to_streams(self.op, &ins, &mut outs))
     }
 
     /// Allreduce share: piece `off..off + len` of every input, reduced,
