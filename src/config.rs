@@ -222,8 +222,8 @@ impl Config {
         // The kernels read FERROCCL_SIMD themselves (once per process, for
         // every communicator); here a value they would not know is an error.
         if let Some(v) = get("FERROCCL_SIMD") {
-            if !v.trim().is_empty() && crate::simd::SimdLevel::from_name(&v).is_none() {
-                let names: Vec<_> = crate::simd::SimdLevel::ALL
+            if !v.trim().is_empty() && crate::reduce::SimdLevel::from_name(&v).is_none() {
+                let names: Vec<_> = crate::reduce::SimdLevel::ALL
                     .iter()
                     .map(|l| l.name())
                     .collect();

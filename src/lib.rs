@@ -24,12 +24,9 @@ mod element;
 mod error;
 mod exec;
 mod fingerprint;
-#[cfg(target_arch = "x86_64")]
-mod half_simd;
 mod logging;
-mod nt;
 mod plan;
-mod simd;
+pub mod reduce;
 pub mod testing;
 mod topo;
 mod transports;
@@ -38,13 +35,6 @@ mod window;
 
 pub use comm::{Communicator, Work};
 
-/// CPU reduction kernels, one generic definition for every element type and
-/// op (f16 and bf16 combine in f32). Public for benchmarks and for callers
-/// that reduce locally, such as gradient accumulation.
-pub mod reduce {
-    pub use crate::element::{reduce_into, reduce_to};
-    pub use crate::simd::SimdLevel;
-}
 pub use algo::Algorithm;
 pub use config::{
     Config, DEFAULT_BUFFSIZE, DEFAULT_NSOCKS_PERPEER, DEFAULT_NT_STORE_BYTES, DEFAULT_TIMEOUT,

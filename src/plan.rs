@@ -15,8 +15,8 @@
 
 use crate::algo::Algorithm;
 use crate::coll::{CollKind, Geometry};
-use crate::element::Store;
 use crate::error::{Error, Result};
+use crate::reduce::Store;
 use crate::tune::{self, LinkModel};
 
 /// Calls whose input has at most this many bytes travel inline in the

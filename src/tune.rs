@@ -53,11 +53,11 @@ pub(crate) fn measure_reduce_gbps() -> f64 {
     let n = (256 << 10) / 4;
     let src = vec![1.0f32; n];
     let mut dst = vec![0.0f32; n];
-    crate::element::reduce_into(crate::ReduceOp::Sum, &mut dst, &src);
+    crate::reduce::reduce_into(crate::ReduceOp::Sum, &mut dst, &src);
     let start = std::time::Instant::now();
     const REPS: u32 = 8;
     for _ in 0..REPS {
-        crate::element::reduce_into(crate::ReduceOp::Sum, std::hint::black_box(&mut dst), &src);
+        crate::reduce::reduce_into(crate::ReduceOp::Sum, std::hint::black_box(&mut dst), &src);
     }
     let secs = start.elapsed().as_secs_f64().max(1e-9);
     (n * 4) as f64 * f64::from(REPS) / secs / 1e9

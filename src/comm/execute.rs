@@ -245,7 +245,10 @@ mod tests {
                 memory: Memory::Device { ordinal: 1 },
                 ..CollCall::new(CollKind::AllReduce, 4, 4, 4)
             };
-            let err = comm.plan::<f32>(&call).err().expect("device memory refused");
+            let err = comm
+                .plan::<f32>(&call)
+                .err()
+                .expect("device memory refused");
             assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
             assert!(err.to_string().contains("device 1"), "{err}");
             // Refused before it was issued: the communicator works on.

@@ -350,8 +350,8 @@ impl Communicator {
             model.alpha_us,
             model.beta_gbps,
             model.reduce_gbps,
-            crate::simd::SimdLevel::current(),
-            crate::simd::SimdLevel::detected()
+            crate::reduce::SimdLevel::current(),
+            crate::reduce::SimdLevel::detected()
         );
         Ok(())
     }

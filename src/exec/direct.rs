@@ -20,8 +20,9 @@ use super::checkin::{lock, Ctx, Place};
 use super::io::HostIo;
 use super::Call;
 use crate::algo::{partition, Operand, Prim, Step};
-use crate::element::{reduce_into, reduce_to, store, Element, ReduceOp, Store};
+use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::reduce::{reduce_into, reduce_to, store, Store};
 use crate::window::WindowMaps;
 use ferroccl_shm::Region;
 use std::sync::{Arc, MutexGuard};
@@ -392,7 +393,7 @@ impl Kernel<'_> {
             }
         }
         outs.push(&mut output[out_start..out_start + len]);
-        Ok(crate::element::reduce_to_streams(self.op, &ins, &mut outs))
+        Ok(crate::reduce::reduce_to_streams(self.op, &ins, &mut outs))
     }
 
     /// Allreduce share: piece `off..off + len` of every input, reduced,

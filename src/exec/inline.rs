@@ -16,8 +16,9 @@ use super::io::HostIo;
 use super::Call;
 use crate::algo::{Operand, Prim, Step};
 use crate::coll::CollKind;
-use crate::element::{reduce_into, Element, ReduceOp, Store};
+use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::reduce::{reduce_into, Store};
 use std::sync::atomic::Ordering;
 
 fn inline_at(turn: u64) -> usize {

@@ -13,9 +13,10 @@ use super::io::HostIo;
 use super::verify;
 use super::{Call, Links};
 use crate::algo::{Prim, Schedule, Step, NO_PEER};
-use crate::element::{copy_to_both, reduce_to, store, Element, Store};
+use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::plan;
+use crate::reduce::{copy_to_both, reduce_to, store, Store};
 use ferroccl_transport::{Deadline, FrameHeader, TransportError};
 use std::borrow::Cow;
 

@@ -8,11 +8,11 @@
 //! knows nothing of peers or transports.
 
 use crate::algo::{Operand, Step};
-use crate::element::{
-    reduce_into, reduce_into_both, reduce_to_both, reduce_to_output, store, Element, ReduceOp,
-    Store,
-};
+use crate::element::{Element, ReduceOp};
 use crate::plan::Memory;
+use crate::reduce::{
+    reduce_into, reduce_into_both, reduce_to_both, reduce_to_output, store, Store,
+};
 use std::borrow::Cow;
 
 /// A call's buffers, by where they live.

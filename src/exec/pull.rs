@@ -15,8 +15,9 @@ use super::direct::Kernel;
 use super::io::HostIo;
 use crate::algo::{Operand, Prim, Step};
 use crate::coll::CollKind;
-use crate::element::{Element, Store};
+use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::reduce::Store;
 use std::sync::atomic::Ordering;
 
 /// Run check-in `turn`'s call (an allgather or all-to-all of `count`

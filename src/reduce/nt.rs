@@ -68,7 +68,7 @@ pub(crate) struct Line(pub(crate) [u64; 8]);
 pub(crate) const LINE: usize = 64;
 
 /// The streaming stores of whole lines, one function per vector width, for
-/// the fused kernels of `crate::element` (compiled at each `SimdLevel`).
+/// the fused kernel of `reduce::stream` (compiled at each `SimdLevel`).
 /// Each takes a destination that must start on a 64-byte boundary (checked:
 /// the hardware faults otherwise) and leaves the fence to the caller, once
 /// per call of the kernel, not per line.

@@ -2,7 +2,7 @@
 //!
 //! A Rust build for x86-64 may only assume the baseline (SSE2) unless it is
 //! built with `-C target-cpu`, which a library cannot ask of its users. The
-//! kernels in `crate::element` are therefore compiled three times, for the
+//! kernels in `crate::reduce` are therefore compiled three times, for the
 //! baseline, for AVX2 and for AVX-512, and each call takes the widest the
 //! CPU has, found once per process (`is_x86_feature_detected!`). The three
 //! compile the same elementwise source, so they give the same bits (up to

@@ -1,0 +1,153 @@
+//! CPU reduction kernels, one generic definition for every element type and
+//! op (f16 and bf16 combine in f32). Public for benchmarks and for callers
+//! that reduce locally, such as gradient accumulation.
+//!
+//! The files form layers, each importing only those below it: `simd` (which
+//! vector level runs) and `nt` (streaming stores); `arith` (the generic
+//! elementwise loops); `half` (f16 and bf16) and `stream` (the fused
+//! streaming kernel); `kernels` (those compiled per level, and the dispatch
+//! to them); `impls` (`Element` for each type); and this file, the entry
+//! points the executor and callers use. Nothing here knows of
+//! communicators, schedules or transports, and `crate::element` (the
+//! vocabulary) must not import from here.
+
+mod arith;
+mod half;
+mod impls;
+mod kernels;
+mod nt;
+mod simd;
+#[cfg(target_arch = "x86_64")]
+mod stream;
+#[cfg(test)]
+mod tests;
+
+pub use simd::SimdLevel;
+
+use crate::element::{Element, ReduceOp};
+
+/// Reduce `src` into `dst` elementwise for a runtime-chosen op (Avg acts as
+/// Sum); the single entry point the executor uses.
+#[inline]
+pub fn reduce_into<T: Element>(op: ReduceOp, dst: &mut [T], src: &[T]) {
+    T::reduce_into(op.combining(), dst, src)
+}
+
+/// `out = a op b` elementwise (Avg acts as Sum).
+#[inline]
+pub fn reduce_to<T: Element>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
+    T::reduce_to(op.combining(), out, a, b)
+}
+
+/// Elements per block of the two-destination kernels: small enough that a
+/// block just written is still in L1 when it is copied to the second
+/// destination.
+const PAIR_BLOCK: usize = 1024;
+
+/// How a kernel writes the collective's output (see `nt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Store {
+    /// Ordinary stores: the output stays in cache.
+    Cached,
+    /// Streaming stores: for a large output that will not be read soon.
+    Streaming,
+}
+
+/// `dst = src` in the given store mode.
+pub(crate) fn store<T: Element>(mode: Store, dst: &mut [T], src: &[T]) {
+    match mode {
+        Store::Cached => dst.copy_from_slice(src),
+        Store::Streaming => nt::copy_nt(bytemuck::cast_slice_mut(dst), bytemuck::cast_slice(src)),
+    }
+}
+
+/// `out = a op b` (Avg acts as Sum), writing `out` in the given mode.
+pub(crate) fn reduce_to_output<T: Element>(
+    mode: Store,
+    op: ReduceOp,
+    out: &mut [T],
+    a: &[T],
+    b: &[T],
+) {
+    if mode == Store::Cached {
+        return reduce_to(op, out, a, b);
+    }
+    let mut tmp = [<T as bytemuck::Zeroable>::zeroed(); PAIR_BLOCK];
+    let blocks = out
+        .chunks_mut(PAIR_BLOCK)
+        .zip(a.chunks(PAIR_BLOCK).zip(b.chunks(PAIR_BLOCK)));
+    for (out, (a, b)) in blocks {
+        let tmp = &mut tmp[..out.len()];
+        reduce_to(op, tmp, a, b);
+        store(mode, out, tmp);
+    }
+}
+
+/// `out = a op b` and `copy = out`, block by block, so each input byte is
+/// read once (Avg acts as Sum). Used where a reduced chunk goes both to the
+/// output and into a send slot (`copy`, always written through the cache:
+/// the peer reads it next).
+pub(crate) fn reduce_to_both<T: Element>(
+    mode: Store,
+    op: ReduceOp,
+    out: &mut [T],
+    copy: &mut [T],
+    a: &[T],
+    b: &[T],
+) {
+    debug_assert!(out.len() == copy.len() && out.len() == a.len() && out.len() == b.len());
+    let blocks = out
+        .chunks_mut(PAIR_BLOCK)
+        .zip(copy.chunks_mut(PAIR_BLOCK))
+        .zip(a.chunks(PAIR_BLOCK).zip(b.chunks(PAIR_BLOCK)));
+    for ((out, copy), (a, b)) in blocks {
+        reduce_to(op, copy, a, b);
+        store(mode, out, copy);
+    }
+}
+
+/// `dst = dst op src` and `copy = dst`, block by block.
+pub(crate) fn reduce_into_both<T: Element>(
+    mode: Store,
+    op: ReduceOp,
+    dst: &mut [T],
+    copy: &mut [T],
+    src: &[T],
+) {
+    debug_assert!(dst.len() == copy.len() && dst.len() == src.len());
+    let blocks = dst
+        .chunks_mut(PAIR_BLOCK)
+        .zip(copy.chunks_mut(PAIR_BLOCK))
+        .zip(src.chunks(PAIR_BLOCK));
+    for ((dst, copy), src) in blocks {
+        reduce_to(op, copy, dst, src);
+        store(mode, dst, copy);
+    }
+}
+
+/// `out = src` (in the given mode) and `copy = src`, reading `src` once
+/// per block.
+pub(crate) fn copy_to_both<T: Element>(mode: Store, out: &mut [T], copy: &mut [T], src: &[T]) {
+    debug_assert!(out.len() == copy.len() && out.len() == src.len());
+    let blocks = out
+        .chunks_mut(PAIR_BLOCK)
+        .zip(copy.chunks_mut(PAIR_BLOCK))
+        .zip(src.chunks(PAIR_BLOCK));
+    for ((out, copy), src) in blocks {
+        copy.copy_from_slice(src);
+        store(mode, out, copy);
+    }
+}
+
+/// Every output `= ins[0] op ins[1] op ...` (Avg acts as Sum; a copy of
+/// `ins[0]` when it is the only input), in one pass with streaming stores:
+/// for large outputs that are not read soon (see `nt`). False, and
+/// nothing written, where the type or the buffers do not allow it (then use
+/// `reduce_to_output` and `store`).
+pub(crate) fn reduce_to_streams<T: Element>(
+    op: ReduceOp,
+    ins: &[&[T]],
+    outs: &mut [&mut [T]],
+) -> bool {
+    T::reduce_to_streams(op.combining(), ins, outs)
+}

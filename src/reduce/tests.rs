@@ -1,0 +1,401 @@
+//! Unit tests of the kernels: against an f64 reference, across SIMD
+//! levels bit for bit, and the streaming and two-destination kernels.
+
+use super::arith::Arith;
+use super::half::HalfSlices;
+use super::kernels::{
+    bf16_reduce_into_at, bf16_reduce_to_at, f16_reduce_into_at, f16_reduce_to_at, reduce_into_at,
+    reduce_to_at, reduce_to_streams_at,
+};
+use super::{
+    copy_to_both, reduce_into, reduce_into_both, reduce_to, reduce_to_both, reduce_to_output,
+    reduce_to_streams, SimdLevel, Store,
+};
+use crate::element::{Element, ReduceOp};
+use half::{bf16, f16};
+
+fn reference(op: ReduceOp, a: f64, b: f64) -> f64 {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => a + b,
+        ReduceOp::Prod => a * b,
+        ReduceOp::Min => a.min(b),
+        ReduceOp::Max => a.max(b),
+    }
+}
+
+fn check<T: Element>(values: impl Fn(usize) -> (f64, f64)) {
+    for op in ReduceOp::ALL {
+        // Lengths around PAIR_BLOCK too, for the two-destination kernels.
+        for len in [0usize, 1, 7, 255, 256, 257, 1000, 1024, 1025, 3000] {
+            let a: Vec<T> = (0..len).map(|i| T::from_f64(values(i).0)).collect();
+            let b: Vec<T> = (0..len).map(|i| T::from_f64(values(i).1)).collect();
+            let mut into = a.clone();
+            reduce_into(op, &mut into, &b);
+            let mut to = vec![T::from_f64(0.0); len];
+            reduce_to(op, &mut to, &a, &b);
+            for i in 0..len {
+                let want = T::from_f64(reference(op, a[i].to_f64(), b[i].to_f64()));
+                assert_eq!(into[i], want, "{} {op} i={i}", T::DTYPE);
+                assert_eq!(to[i], want, "{} {op} i={i}", T::DTYPE);
+            }
+            for mode in [Store::Cached, Store::Streaming] {
+                let zeros = || vec![T::from_f64(0.0); len];
+                let mut out = zeros();
+                reduce_to_output(mode, op, &mut out, &a, &b);
+                let (mut both, mut both_copy) = (zeros(), zeros());
+                reduce_to_both(mode, op, &mut both, &mut both_copy, &a, &b);
+                let (mut into_both, mut into_copy) = (a.clone(), zeros());
+                reduce_into_both(mode, op, &mut into_both, &mut into_copy, &b);
+                let (mut copy_a, mut copy_b) = (zeros(), zeros());
+                copy_to_both(mode, &mut copy_a, &mut copy_b, &a);
+                for i in 0..len {
+                    let want = T::from_f64(reference(op, a[i].to_f64(), b[i].to_f64()));
+                    let got = [out[i], both[i], both_copy[i], into_both[i], into_copy[i]];
+                    for got in got {
+                        assert_eq!(got, want, "{mode:?} kernels: {} {op} i={i}", T::DTYPE);
+                    }
+                    assert_eq!((copy_a[i], copy_b[i]), (a[i], a[i]), "copy_to_both i={i}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn kernels_match_f64_reference_for_every_type_and_op() {
+    // Small integers keep every product exact in every type, so the
+    // f64 reference rounded to the type is the exact answer.
+    let small = |i: usize| (((i * 7) % 11) as f64 - 3.0, ((i * 5) % 9) as f64 - 2.0);
+    let unsigned = |i: usize| (((i * 7) % 11) as f64, ((i * 5) % 9) as f64);
+    check::<f32>(small);
+    check::<f64>(small);
+    check::<f16>(small);
+    check::<bf16>(small);
+    check::<i8>(small);
+    check::<i32>(small);
+    check::<i64>(small);
+    check::<u8>(unsigned);
+    check::<u32>(unsigned);
+    check::<u64>(unsigned);
+}
+
+#[test]
+fn slice_conversions_match_the_scalar_ones_bit_for_bit() {
+    // Edge cases plus a sweep of bit patterns: zeros, subnormals, ties,
+    // the largest finite values, infinities and NaNs.
+    let mut bits: Vec<u32> = vec![
+        0,
+        0x8000_0000,
+        1,
+        0x0000_8000,
+        0x3f80_8000,
+        0x3f81_8000,
+        0x7f7f_ffff,
+        0xff7f_ffff,
+        0x7f80_0000,
+        0xff80_0000,
+        0x7fc0_0000,
+        0x7f80_0001,
+        0xffff_ffff,
+    ];
+    bits.extend((0..200_000u32).map(|i| i.wrapping_mul(0x9e37_79b9)));
+    let floats: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+    let mut b16 = vec![bf16::ZERO; floats.len()];
+    <bf16 as HalfSlices>::narrow(&floats, &mut b16);
+    let mut h16 = vec![f16::ZERO; floats.len()];
+    <f16 as HalfSlices>::narrow(&floats, &mut h16);
+    for (i, f) in floats.iter().enumerate() {
+        let (want_b, want_h) = (bf16::from_f32(*f), f16::from_f32(*f));
+        if f.is_nan() {
+            assert!(b16[i].is_nan() && h16[i].is_nan(), "NaN {:#x}", bits[i]);
+        } else {
+            assert_eq!(b16[i].to_bits(), want_b.to_bits(), "bf16 of {:#x}", bits[i]);
+            assert_eq!(h16[i].to_bits(), want_h.to_bits(), "f16 of {:#x}", bits[i]);
+        }
+    }
+    let mut wide = vec![0f32; b16.len()];
+    <bf16 as HalfSlices>::widen(&b16, &mut wide);
+    for (w, b) in wide.iter().zip(&b16) {
+        assert!(w.to_bits() == b.to_f32().to_bits() || (w.is_nan() && b.is_nan()));
+    }
+}
+
+/// Every bit pattern of a half type against a permutation of every
+/// pattern, and against half its own unit in the last place (sums that
+/// are ties), so the widening and the rounding of each level's
+/// conversions meet every exponent, subnormals, infinities and NaNs.
+/// `exp_mask` keeps sign and exponent, `min_normal` is the smallest
+/// normal's bits, `mantissa` the stored mantissa bits.
+fn halves_agree<H: Element>(
+    from_bits: fn(u16) -> H,
+    to_bits: fn(H) -> u16,
+    (exp_mask, min_normal, mantissa): (u16, u16, u32),
+    into_at: fn(SimdLevel, ReduceOp, &mut [H], &[H]),
+    to_at: fn(SimdLevel, ReduceOp, &mut [H], &[H], &[H]),
+) {
+    let all: Vec<H> = (0..=u16::MAX).map(from_bits).collect();
+    let shuffled: Vec<H> = (0..=u16::MAX)
+        .map(|i| from_bits(i.wrapping_mul(7919)))
+        .collect();
+    let half_ulp: Vec<H> = all
+        .iter()
+        .map(|x| from_bits((to_bits(*x) & exp_mask).max(min_normal)))
+        .map(|x| H::from_f64(x.to_f64() / f64::from(2u32 << mantissa)))
+        .collect();
+    let nan = |x: H| x.to_f64().is_nan();
+    for b in [&shuffled, &half_ulp, &all] {
+        for op in ReduceOp::ALL {
+            let mut want = vec![H::zeroed(); all.len()];
+            to_at(SimdLevel::Baseline, op, &mut want, &all, b);
+            // Against the f64 reference where no input is NaN (min and
+            // max of a NaN are the kernels' compare-select, not IEEE's).
+            for (i, w) in want.iter().enumerate() {
+                if nan(all[i]) || nan(b[i]) {
+                    continue;
+                }
+                let exact = reference(op, all[i].to_f64(), b[i].to_f64());
+                assert!(
+                    to_bits(*w) == to_bits(H::from_f64(exact)) || (nan(*w) && exact.is_nan()),
+                    "{} baseline {op} {:#06x} {:#06x}",
+                    H::DTYPE,
+                    to_bits(all[i]),
+                    to_bits(b[i])
+                );
+            }
+            for level in SimdLevel::ALL {
+                let (mut to, mut into) = (vec![H::zeroed(); all.len()], all.clone());
+                to_at(level, op, &mut to, &all, b);
+                into_at(level, op, &mut into, b);
+                assert!(
+                    same_bits(&to, &want),
+                    "{} reduce_to {op} at {level}",
+                    H::DTYPE
+                );
+                assert!(
+                    same_bits(&into, &want),
+                    "{} reduce_into {op} at {level}",
+                    H::DTYPE
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn half_kernels_agree_at_every_level_over_every_bit_pattern() {
+    halves_agree(
+        f16::from_bits,
+        f16::to_bits,
+        (0xfc00, 0x0400, 10),
+        f16_reduce_into_at,
+        f16_reduce_to_at,
+    );
+    halves_agree(
+        bf16::from_bits,
+        bf16::to_bits,
+        (0xff80, 0x0080, 7),
+        bf16_reduce_into_at,
+        bf16_reduce_to_at,
+    );
+}
+
+/// Bit patterns of every class for `T`: zeros, subnormals, ties,
+/// extremes, infinities and NaNs where the type has them, and a sweep.
+fn patterns<T: Element>(n: usize, seed: u64) -> Vec<T> {
+    let size = std::mem::size_of::<T>();
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut bytes = vec![0u8; n * size];
+    for b in bytes.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+    }
+    let mut v: Vec<T> = bytemuck::pod_collect_to_vec(&bytes);
+    let specials = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.5,
+        65504.0,
+        65520.0,
+        1e-7,
+        3e38,
+        f64::INFINITY,
+    ];
+    for (slot, s) in v.iter_mut().step_by(17).zip(specials.iter().cycle()) {
+        *slot = T::from_f64(*s);
+    }
+    v
+}
+
+/// The same bits, but any NaN for a NaN: Rust leaves which NaN an
+/// operation on NaNs returns unspecified (the compiler may swap the
+/// operands of an addition), so only NaN-ness is comparable.
+fn same_bits<T: Element>(a: &[T], b: &[T]) -> bool {
+    let size = std::mem::size_of::<T>();
+    let (x, y) = (
+        bytemuck::cast_slice::<T, u8>(a),
+        bytemuck::cast_slice::<T, u8>(b),
+    );
+    a.len() == b.len()
+        && a.iter().zip(b).enumerate().all(|(i, (p, q))| {
+            let (p64, q64) = (p.to_f64(), q.to_f64());
+            (p64.is_nan() && q64.is_nan()) || x[i * size..][..size] == y[i * size..][..size]
+        })
+}
+
+fn levels_agree<T: Element>(
+    into_at: fn(SimdLevel, ReduceOp, &mut [T], &[T]),
+    to_at: fn(SimdLevel, ReduceOp, &mut [T], &[T], &[T]),
+) {
+    for op in ReduceOp::ALL {
+        for len in [0usize, 1, 3, 15, 16, 17, 63, 64, 65, 1023, 1024, 1025, 5000] {
+            let (a, b) = (patterns::<T>(len, 1), patterns::<T>(len, 2));
+            let (mut base_into, mut base_to) = (a.clone(), vec![T::zeroed(); len]);
+            into_at(SimdLevel::Baseline, op, &mut base_into, &b);
+            to_at(SimdLevel::Baseline, op, &mut base_to, &a, &b);
+            assert!(
+                same_bits(&base_into, &base_to),
+                "{} {op} into vs to",
+                T::DTYPE
+            );
+            for level in SimdLevel::ALL {
+                let (mut into, mut to) = (a.clone(), vec![T::zeroed(); len]);
+                into_at(level, op, &mut into, &b);
+                to_at(level, op, &mut to, &a, &b);
+                let what = format!("{} {op} len {len} at {level}", T::DTYPE);
+                assert!(same_bits(&into, &base_into), "reduce_into {what}");
+                assert!(same_bits(&to, &base_into), "reduce_to {what}");
+            }
+        }
+    }
+}
+
+#[test]
+fn every_simd_level_gives_the_baselines_bits() {
+    // Levels above what this CPU has run the baseline (capped), so on
+    // any machine this compares every kernel it can run.
+    levels_agree::<f32>(reduce_into_at, reduce_to_at);
+    levels_agree::<f64>(reduce_into_at, reduce_to_at);
+    levels_agree::<i8>(reduce_into_at, reduce_to_at);
+    levels_agree::<u8>(reduce_into_at, reduce_to_at);
+    levels_agree::<i32>(reduce_into_at, reduce_to_at);
+    levels_agree::<u32>(reduce_into_at, reduce_to_at);
+    levels_agree::<i64>(reduce_into_at, reduce_to_at);
+    levels_agree::<u64>(reduce_into_at, reduce_to_at);
+    levels_agree::<f16>(f16_reduce_into_at, f16_reduce_to_at);
+    levels_agree::<bf16>(bf16_reduce_into_at, bf16_reduce_to_at);
+}
+
+fn streams_match_the_block_kernels<T: Element + Arith>() {
+    for level in SimdLevel::ALL {
+        for op in ReduceOp::ALL {
+            for inputs in 1..=4usize {
+                for len in [0usize, 1, 15, 16, 17, 63, 64, 65, 1000] {
+                    for shift in [0usize, 1, 3] {
+                        let ins: Vec<Vec<T>> = (0..inputs)
+                            .map(|i| patterns::<T>(len, 7 + i as u64))
+                            .collect();
+                        let mut want = ins[0].clone();
+                        for x in &ins[1..] {
+                            reduce_into_at(SimdLevel::Baseline, op.combining(), &mut want, x);
+                        }
+                        // Three outputs, each `shift` elements into a
+                        // buffer with guard elements around it.
+                        let guard = T::from_f64(-7.0);
+                        let mut bufs: Vec<Vec<T>> = (0..3).map(|_| vec![guard; len + 80]).collect();
+                        let ok = {
+                            let refs: Vec<&[T]> = ins.iter().map(|x| &x[..]).collect();
+                            let mut outs: Vec<&mut [T]> = bufs
+                                .iter_mut()
+                                .map(|b| {
+                                    let at = b.as_ptr().align_offset(64) + shift;
+                                    &mut b[at..at + len]
+                                })
+                                .collect();
+                            reduce_to_streams_at(level, op.combining(), &refs, &mut outs)
+                        };
+                        let what =
+                            format!("{} {op} {inputs} inputs len {len} at {level}", T::DTYPE);
+                        assert_eq!(ok, cfg!(target_arch = "x86_64"), "{what}");
+                        if !ok {
+                            continue;
+                        }
+                        for b in &bufs {
+                            let at = b.as_ptr().align_offset(64) + shift;
+                            assert!(same_bits(&b[at..at + len], &want), "{what}");
+                            assert!(
+                                b[..at].iter().chain(&b[at + len..]).all(|v| *v == guard),
+                                "{what}: wrote outside the output"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_streaming_kernels_match_the_block_kernels() {
+    streams_match_the_block_kernels::<f32>();
+    streams_match_the_block_kernels::<f64>();
+    streams_match_the_block_kernels::<i8>();
+    streams_match_the_block_kernels::<u8>();
+    streams_match_the_block_kernels::<i32>();
+    streams_match_the_block_kernels::<u64>();
+}
+
+#[test]
+fn fused_streaming_declines_what_it_cannot_do() {
+    let ins = [vec![1f32; 100], vec![2f32; 100]];
+    let refs: Vec<&[f32]> = ins.iter().map(|x| &x[..]).collect();
+    let mut a = vec![0f32; 200];
+    let mut b = vec![0f32; 200];
+    let (pa, pb) = (a.as_ptr().align_offset(64), b.as_ptr().align_offset(64));
+    // Outputs that lie differently against cache lines.
+    let mut outs: Vec<&mut [f32]> = vec![&mut a[pa..pa + 100], &mut b[pb + 1..pb + 101]];
+    assert!(!reduce_to_streams(ReduceOp::Sum, &refs, &mut outs));
+    // Lengths that differ, and no input at all.
+    let mut outs: Vec<&mut [f32]> = vec![&mut a[pa..pa + 99]];
+    assert!(!reduce_to_streams(ReduceOp::Sum, &refs, &mut outs));
+    let mut outs: Vec<&mut [f32]> = vec![&mut a[pa..pa + 100]];
+    assert!(!reduce_to_streams::<f32>(ReduceOp::Sum, &[], &mut outs));
+    assert!(a.iter().chain(&b).all(|&v| v == 0.0), "nothing written");
+    // Half types have no fused kernel.
+    let h = [vec![bf16::ONE; 4]];
+    let hr: Vec<&[bf16]> = h.iter().map(|x| &x[..]).collect();
+    let mut ho = [bf16::ZERO; 4];
+    assert!(!reduce_to_streams(ReduceOp::Sum, &hr, &mut [&mut ho[..]]));
+}
+
+#[test]
+fn integer_sum_wraps_instead_of_panicking() {
+    let mut a = [u8::MAX, 200];
+    reduce_into(ReduceOp::Sum, &mut a, &[1, 100]);
+    assert_eq!(a, [0, 44]);
+}
+
+#[test]
+fn integer_avg_survives_rank_counts_beyond_the_type() {
+    let mut a = [200u8, 255];
+    u8::divide(&mut a, 256);
+    assert_eq!(a, [0, 0]);
+    let mut b = [-100i8, 127];
+    i8::divide(&mut b, 128);
+    assert_eq!(b, [0, 0]);
+    let mut c = [-128i8];
+    i8::divide(&mut c, 1);
+    assert_eq!(c, [-128]);
+}
+
+#[test]
+fn avg_divides_once() {
+    let mut a = [7i32, -7, 9];
+    i32::divide(&mut a, 2);
+    assert_eq!(a, [3, -3, 4]);
+    let mut h = [f16::from_f32(3.0)];
+    f16::divide(&mut h, 4);
+    assert_eq!(h[0].to_f32(), 0.75);
+}
