@@ -3,8 +3,11 @@
 //! microseconds, then yield, then sleep briefly, so that on a machine with
 //! fewer cores than ranks a waiter does not keep its peer off the core; and
 //! look at the clock (deadline, the peer's liveness) only every 32 spins.
+//! Shared by the transports that wait on memory (shm) and by the layer
+//! above, whose check-ins wait on memory every rank maps. Policy only: it
+//! reads no memory and knows no peer.
 
-use ferroccl_transport::elapsed_ms;
+use crate::elapsed_ms;
 use std::time::{Duration, Instant};
 
 /// How often a waiter asks the OS whether the peer's process still lives.
