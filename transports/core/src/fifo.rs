@@ -12,6 +12,33 @@
 //! frame `k - slot_count`), and publishes it by storing `tail = k + 1`
 //! (and, where slots have one, the slot's published word); the receiver
 //! consumes it once published and releases it by storing `head = k + 1`.
+//!
+//! # shm, for instance
+//!
+//! One direction of a shm connection is one file that both processes map
+//! whole; each end describes it at the addresses of its own mapping `m`:
+//!
+//! ```text
+//! memory       HostShared
+//! mapping      m .. m + 1024 + steps * stride     (the whole segment)
+//! tail         Mapped { m + 128 }   frames published (the sender stores)
+//! head         Mapped { m + 192 }   frames released (the receiver stores)
+//! slots        m + 1024, slot_count = steps
+//! slot_stride  64 + chunk_bytes rounded up to a multiple of 64
+//! slot_bytes   chunk_bytes
+//! layout       published +0   u64, k + 1 once frame k is in the slot;
+//!                             the receiver polls it (not tail)
+//!              header    +8   the 40-byte frame header, len included
+//!              inline    +48  payloads of at most 16 bytes (the cache
+//!                             line of the word and the header)
+//!              payload   +64  larger payloads, chunk_bytes at most
+//! ```
+//!
+//! A sender fills slot `k % steps`, writes the header, stores the slot's
+//! published word (Release) and then `tail`; the receiver loads the
+//! published word (Acquire), reads header and payload, and stores `head`
+//! (Release). Control fields of the segment other than these (identity,
+//! close and failure flags) are the transport's own and not described.
 
 /// Where a FIFO's slots live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,31 +147,37 @@ impl Mapping {
 /// One direction of a connection as this rank sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FifoDescriptor {
-    /// Where the slots live.
+    /// Where the slots live (shm: `HostShared`; tcp, mem: `HostPrivate`).
     pub memory: MemoryKind,
     /// The memory that holds this FIFO's slots and its [`Counter::Mapped`]
-    /// counters, as one range in this process (the whole shared segment
-    /// for shm); None where nothing of it is mapped here.
+    /// counters, as one range in this process (shm: the whole segment,
+    /// control block at its start); None where nothing of it is mapped
+    /// here (tcp, mem).
     pub mapping: Option<Mapping>,
     /// Address of slot 0 in this process, where the slots are memory at a
-    /// fixed place here (slot `i` starts at `slots + i * slot_stride`); None
-    /// where they are not (buffers handed around inside the transport, a
-    /// channel, memory of another process not mapped here).
+    /// fixed place here (slot `i` starts at `slots + i * slot_stride`;
+    /// shm: `mapping.addr + 1024`); None where they are not (tcp's and
+    /// mem's buffers handed around inside the transport, memory of another
+    /// process not mapped here).
     pub slots: Option<usize>,
     /// Slots in the FIFO (the listener's `steps`).
     pub slot_count: usize,
     /// Payload capacity of one slot in bytes (the listener's
     /// `chunk_bytes`): the largest frame.
     pub slot_bytes: usize,
-    /// Bytes from one slot's start to the next; meaningful where `slots`
-    /// is Some (0 otherwise).
+    /// Bytes from one slot's start to the next (shm: 64 + `slot_bytes`
+    /// rounded up to a multiple of 64); meaningful where `slots` is Some
+    /// (0 otherwise).
     pub slot_stride: usize,
-    /// Where a slot's parts are, from its start; meaningful where `slots`
-    /// is Some.
+    /// Where a slot's parts are, from its start (shm: published word at 0,
+    /// header at 8, inline payload of up to 16 bytes at 48, payload at
+    /// 64); meaningful where `slots` is Some.
     pub layout: SlotLayout,
-    /// Frames released by the receiver (written only by the receiver).
+    /// Frames released by the receiver, written only by it (shm: the u64
+    /// at `mapping.addr + 192`; tcp, mem: `Internal`).
     pub head: Counter,
-    /// Frames published by the sender (written only by the sender).
+    /// Frames published by the sender, written only by it (shm: the u64 at
+    /// `mapping.addr + 128`; tcp, mem: `Internal`).
     pub tail: Counter,
 }
 

@@ -40,6 +40,10 @@
 //! frame costs the receiver one line moved between cores instead of three
 //! (counter, header, payload), one after the other. `tail` is still kept
 //! (how many frames went out, for the drop of a link).
+//!
+//! [`Segment::fifo`] states this layout as the transport core's
+//! `FifoDescriptor` (what a device writer of the slots would need); a
+//! change here changes it there.
 
 use ferroccl_transport::{
     Counter, FifoDescriptor, InlinePayload, Mapping, MemoryKind, SlotLayout, HEADER_BYTES,
