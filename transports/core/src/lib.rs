@@ -40,6 +40,7 @@ pub use shared::{SharedMemory, SharedRegion};
 /// Lock `m`, recovering the guard if a holder panicked: what transports
 /// guard (error slots, socket lists, free slots) stays consistent across a
 /// panic, and tearing a connection down must still work then.
+#[inline]
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
