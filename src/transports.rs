@@ -4,7 +4,7 @@
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use ferroccl_transport::Transport;
+use ferroccl_transport::{SharedMemory, Transport};
 use std::sync::Arc;
 
 /// Names accepted by FERROCCL_TRANSPORT.
@@ -28,5 +28,20 @@ pub(crate) fn select(config: &Config) -> Result<Vec<Arc<dyn Transport>>> {
             "unknown transport '{other}' (FERROCCL_TRANSPORT); known: {}",
             TRANSPORT_NAMES.join(", ")
         ))),
+    }
+}
+
+/// Memory every rank of this host can map (windows, check-in control
+/// pages), in FERROCCL_SHM_DIR: None where FERROCCL_TRANSPORT forbids
+/// sharing memory (tcp). The one place that names the shared-memory crate
+/// for this; whether the ranks are on one host is the caller's question.
+#[expect(
+    dead_code,
+    reason = "comm and window switch to it from ferroccl_shm::Region"
+)]
+pub(crate) fn shared_memory(config: &Config) -> Option<Arc<dyn SharedMemory>> {
+    match config.transport.as_deref() {
+        Some("tcp") => None,
+        _ => Some(Arc::new(ferroccl_shm::ShmMemory::new(config.shm_dir()))),
     }
 }

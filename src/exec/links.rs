@@ -6,8 +6,8 @@ use super::Call;
 use crate::bootstrap::{FailureReport, Store};
 use crate::error::{Error, Result};
 use ferroccl_transport::{
-    AbortSignal, ConnectionCloser, HostInfo, ListenConfig, Listener, SlotReceiver, SlotSender,
-    Transport,
+    AbortSignal, ConnectionCloser, FifoDescriptor, HostInfo, HostPath, ListenConfig, Listener,
+    SlotReceiver, SlotSender, Transport,
 };
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -264,6 +264,8 @@ pub(crate) struct Links {
     connector: Connector,
     senders: Vec<Option<Box<dyn SlotSender>>>,
     receivers: Vec<Option<Box<dyn SlotReceiver>>>,
+    /// What set-up said about each peer's FIFOs: (send, receive).
+    fifos: Vec<Option<(FifoDescriptor, FifoDescriptor)>>,
     transport_of: Vec<Option<&'static str>>,
     /// Shared with the communicator so that abort can close connections
     /// while the executor is blocked holding `Links`.
@@ -280,6 +282,7 @@ impl Links {
             connector,
             senders: (0..size).map(|_| None).collect(),
             receivers: (0..size).map(|_| None).collect(),
+            fifos: vec![None; size],
             transport_of: vec![None; size],
             closers,
         }
@@ -307,9 +310,20 @@ impl Links {
             return Ok(());
         }
         let conn = self.connector.connect(peer)?;
+        let Some(HostPath { sender, receiver }) = conn.host else {
+            conn.closer.close();
+            return Err(Error::Connect {
+                peer,
+                detail: format!(
+                    "the {} transport has no host data path for this executor",
+                    conn.transport
+                ),
+            });
+        };
         self.transport_of[peer] = Some(conn.transport);
-        self.senders[peer] = Some(conn.sender);
-        self.receivers[peer] = Some(conn.receiver);
+        self.fifos[peer] = Some((conn.send_fifo, conn.recv_fifo));
+        self.senders[peer] = Some(sender);
+        self.receivers[peer] = Some(receiver);
         self.closers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -326,6 +340,13 @@ impl Links {
     /// The transport each peer is connected over (None: not connected yet).
     pub(crate) fn transports(&self) -> &[Option<&'static str>] {
         &self.transport_of
+    }
+
+    /// The FIFOs of the connection to `peer` as its set-up described them,
+    /// (send, receive); None while not connected.
+    #[expect(dead_code, reason = "the planner reads it to choose device paths")]
+    pub(crate) fn fifos(&self, peer: usize) -> Option<&(FifoDescriptor, FifoDescriptor)> {
+        self.fifos.get(peer)?.as_ref()
     }
 
     #[inline]
@@ -360,6 +381,8 @@ impl Links {
     pub(crate) fn clear(&mut self) {
         self.senders.iter_mut().for_each(|s| *s = None);
         self.receivers.iter_mut().for_each(|r| *r = None);
+        // They described memory the halves held.
+        self.fifos.iter_mut().for_each(|f| *f = None);
     }
 }
 

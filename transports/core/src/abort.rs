@@ -38,11 +38,7 @@ impl AbortHandle {
         self.signal
             .fired
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        let mut guard = match self.sender.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        guard.take();
+        crate::lock(&self.sender).take();
     }
 
     /// The signal to hand to waiters.

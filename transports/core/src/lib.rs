@@ -6,16 +6,44 @@
 //! the receiver consumes a filled slot and releases it. Nothing here knows
 //! about collectives, element types or algorithms: that is the executor's
 //! business, one layer up. This crate holds no `unsafe`.
+//!
+//! - [`Transport`] and [`Listener`] are the set-up half: a connection comes
+//!   back as a [`Connection`] that describes each direction's FIFO
+//!   ([`FifoDescriptor`], `fifo`) and, for transports whose bytes the CPU
+//!   moves, carries the host data path over it ([`HostPath`]: the
+//!   [`SlotSender`] and [`SlotReceiver`] halves).
+//! - `frame` is the 40-byte header every frame carries.
+//! - `shared` is the seam to memory every rank of a host maps
+//!   ([`SharedMemory`], [`SharedRegion`]); `wait` the policy of waiting on
+//!   such memory.
+//! - `mem` is the in-process transport; `conformance` (feature
+//!   `conformance`) the cases every transport must pass.
 #![warn(missing_docs, unreachable_pub)]
 
 mod abort;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+mod fifo;
 mod frame;
 pub mod mem;
+mod shared;
+pub mod wait;
 
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 pub use abort::{AbortHandle, AbortSignal};
+pub use fifo::{Counter, FifoDescriptor, InlinePayload, Mapping, MemoryKind, SlotLayout};
 pub use frame::{Fingerprint, FrameHeader, FrameKind, HEADER_BYTES, MAGIC};
+pub use shared::{SharedMemory, SharedRegion};
+
+/// Lock `m`, recovering the guard if a holder panicked: what transports
+/// guard (error slots, socket lists, free slots) stays consistent across a
+/// panic, and tearing a connection down must still work then.
+#[inline]
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Number of slots per direction of a connection unless configured otherwise
 /// (NCCL uses 8 as well).
@@ -138,18 +166,21 @@ pub trait Listener: Send + Sync {
     fn accept(&self, peer: usize, deadline: Instant) -> Result<Connection, TransportError>;
 }
 
-/// One established connection to a peer: two independent halves, so that an
-/// executor can receive from one peer while it sends to another (or to the
-/// same one) in the same step.
+/// One established connection to a peer: where each direction's FIFO is,
+/// and (for transports whose bytes the CPU moves) the host data path over
+/// it.
 pub struct Connection {
     /// The rank at the other end.
     pub peer: usize,
     /// Name of the transport that made it.
     pub transport: &'static str,
-    /// The sending half.
-    pub sender: Box<dyn SlotSender>,
-    /// The receiving half.
-    pub receiver: Box<dyn SlotReceiver>,
+    /// The FIFO this rank sends on (to `peer`), as this rank sees it.
+    pub send_fifo: FifoDescriptor,
+    /// The FIFO this rank receives on (from `peer`), as this rank sees it.
+    pub recv_fifo: FifoDescriptor,
+    /// The host data path over those FIFOs; None for transports whose
+    /// bytes only a device moves (a kernel, an RDMA engine).
+    pub host: Option<HostPath>,
     /// Tears the connection down from any thread.
     pub closer: std::sync::Arc<dyn ConnectionCloser>,
 }
@@ -159,6 +190,29 @@ impl std::fmt::Debug for Connection {
         f.debug_struct("Connection")
             .field("peer", &self.peer)
             .field("transport", &self.transport)
+            .field("send_fifo", &self.send_fifo)
+            .field("recv_fifo", &self.recv_fifo)
+            .field("host", &self.host.is_some())
+            .finish()
+    }
+}
+
+/// The host data path over a connection's FIFO descriptions, for
+/// transports whose bytes the CPU moves: two independent halves, so that
+/// an executor can receive from one peer while it sends to another (or to
+/// the same one) in the same step.
+pub struct HostPath {
+    /// The sending half.
+    pub sender: Box<dyn SlotSender>,
+    /// The receiving half.
+    pub receiver: Box<dyn SlotReceiver>,
+}
+
+impl std::fmt::Debug for HostPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostPath")
+            .field("chunk_bytes", &self.sender.chunk_bytes())
+            .field("peer", &self.receiver.peer())
             .finish()
     }
 }

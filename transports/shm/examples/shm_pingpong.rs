@@ -78,7 +78,8 @@ fn wait_go(receiver: &mut dyn SlotReceiver) {
 /// Returns rows of (what, size, value).
 fn lead(conn: &mut Connection, plan: Plan) -> Vec<(&'static str, usize, f64)> {
     let mut rows = Vec::new();
-    let (sender, receiver) = (&mut conn.sender, &mut conn.receiver);
+    let host = conn.host.as_mut().expect("shm has a host data path");
+    let (sender, receiver) = (&mut host.sender, &mut host.receiver);
     for size in SIZES {
         let frames = plan.total / size;
         // One direction: the other rank streams to us.
@@ -131,7 +132,8 @@ fn lead(conn: &mut Connection, plan: Plan) -> Vec<(&'static str, usize, f64)> {
 
 /// Rank 0's side of the script.
 fn follow(conn: &mut Connection, plan: Plan) {
-    let (sender, receiver) = (&mut conn.sender, &mut conn.receiver);
+    let host = conn.host.as_mut().expect("shm has a host data path");
+    let (sender, receiver) = (&mut host.sender, &mut host.receiver);
     for size in SIZES {
         let frames = plan.total / size;
         wait_go(receiver.as_mut());

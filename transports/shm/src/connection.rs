@@ -9,10 +9,10 @@
 
 use crate::os;
 use crate::ring::{Consumer, Producer, Segment, MAX_REASON_BYTES};
-use crate::wait::{spins_for, Waiter};
+use ferroccl_transport::wait::{spins_for, Waiter};
 use ferroccl_transport::{
-    AbortSignal, Connection, ConnectionCloser, Consume, Deadline, FrameHeader, FrameKind,
-    SlotReceiver, SlotSender, TransportError,
+    lock, AbortSignal, Connection, ConnectionCloser, Consume, Deadline, FrameHeader, FrameKind,
+    HostPath, SlotReceiver, SlotSender, TransportError,
 };
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,10 +66,6 @@ struct Link {
     abort: AbortSignal,
     /// Spins of a wait before it yields (see `spins_for`).
     spins: u32,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Why the acceptor refused a segment, by code (0: not refused).
@@ -536,14 +532,18 @@ pub(crate) fn establish(parts: Parts) -> Connection {
     Connection {
         peer: parts.peer,
         transport: "shm",
-        sender: Box::new(ShmSender {
-            link: link.clone(),
-            ring: Producer::new(parts.out),
-        }),
-        receiver: Box::new(ShmReceiver {
-            link: link.clone(),
-            ring: Consumer::new(parts.inn),
-            ended: None,
+        send_fifo: parts.out.fifo(),
+        recv_fifo: parts.inn.fifo(),
+        host: Some(HostPath {
+            sender: Box::new(ShmSender {
+                link: link.clone(),
+                ring: Producer::new(parts.out),
+            }),
+            receiver: Box::new(ShmReceiver {
+                link: link.clone(),
+                ring: Consumer::new(parts.inn),
+                ended: None,
+            }),
         }),
         closer: Arc::new(ShmCloser { link }),
     }

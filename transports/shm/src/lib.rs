@@ -13,8 +13,11 @@
 //! - `region` maps files that every rank of a communicator shares, for
 //!   memory that peers read and write directly (ferroccl's windows), and
 //!   reads another process's memory by cross-memory attach.
+//!   [`ShmMemory`] offers them through the transport core's
+//!   `SharedMemory` seam.
 //! - `wait` is the waiting policy (spin, yield, sleep; when to look at the
-//!   clock), shared with ferroccl's check-ins.
+//!   clock), which lives in the transport core (shared with ferroccl's
+//!   check-ins) and is re-exported here.
 //! - `ring` is the segment layout and the single-producer single-consumer
 //!   protocol over it; with `os` (four libc calls) and `region` it holds
 //!   all the `unsafe` of the crate.
@@ -27,7 +30,7 @@ mod listener;
 mod os;
 pub mod region;
 mod ring;
-pub mod wait;
+pub use ferroccl_transport::wait;
 
 use ferroccl_transport::{
     AbortSignal, HostInfo, ListenConfig, Listener, Transport, TransportError,
@@ -35,7 +38,7 @@ use ferroccl_transport::{
 use std::path::{Path, PathBuf};
 
 pub use listener::ShmListener;
-pub use region::{process_gone, read_process_memory, Region};
+pub use region::{process_gone, read_process_memory, Region, ShmMemory};
 pub use wait::Waiter;
 
 /// Where segments live unless told otherwise.

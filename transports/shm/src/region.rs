@@ -7,7 +7,11 @@
 //! business of the protocol one layer up (ferroccl's `window` module); this
 //! module only maps, bounds-checks and hands out views. Its `unsafe` is the
 //! conversion of the mapping into slices and atomics.
+//!
+//! [`ShmMemory`] offers regions through the transport core's
+//! [`SharedMemory`] seam, which is how the layer above reaches them.
 
+use ferroccl_transport::{SharedMemory, SharedRegion};
 use memmap2::{MmapOptions, MmapRaw};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -173,6 +177,106 @@ impl Region {
         // shared reference from this and other processes at once. Regions
         // used with words keep those bytes for atomics only.
         Ok(unsafe { &*(self.map.as_ptr().add(off) as *const AtomicU64) })
+    }
+
+    /// Every whole 64-bit word of the region, as atomics (see `word`).
+    #[inline]
+    pub fn words(&self) -> &[AtomicU64] {
+        // SAFETY: as in `word`, for the `len / 8` words that lie wholly
+        // inside the mapping (page-aligned, so word 0 is 8-aligned): the
+        // slice covers `8 * (len / 8) <= len` bytes, lives no longer than
+        // `self` (the mapping), and any bit pattern is a valid AtomicU64.
+        // Bytes also handed out by `slice` are shared with it, which is
+        // sound for the same reason those views are: `slice_mut` needs
+        // `&mut self`, so no `&mut` alias exists in this process while this
+        // borrow lives.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr() as *const AtomicU64, self.len / 8) }
+    }
+}
+
+impl SharedRegion for Region {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn addr(&self) -> usize {
+        Region::addr(self)
+    }
+
+    fn path(&self) -> &Path {
+        Region::path(self)
+    }
+
+    fn slice(&self, off: usize, len: usize) -> std::io::Result<&[u8]> {
+        Region::slice(self, off, len)
+    }
+
+    fn slice_mut(&mut self, off: usize, len: usize) -> std::io::Result<&mut [u8]> {
+        Region::slice_mut(self, off, len)
+    }
+
+    fn word(&self, index: usize) -> std::io::Result<&AtomicU64> {
+        Region::word(self, index)
+    }
+
+    fn words(&self) -> &[AtomicU64] {
+        Region::words(self)
+    }
+
+    fn unlink(&self) -> std::io::Result<()> {
+        Region::unlink(self)
+    }
+}
+
+/// Shared regions as files of one directory (a tmpfs such as /dev/shm,
+/// FERROCCL_SHM_DIR), through the transport core's [`SharedMemory`] seam.
+#[derive(Debug, Clone)]
+pub struct ShmMemory {
+    dir: PathBuf,
+}
+
+impl ShmMemory {
+    /// Regions in `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        ShmMemory { dir: dir.into() }
+    }
+
+    /// The directory regions are created in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl SharedMemory for ShmMemory {
+    fn location(&self) -> String {
+        self.dir.display().to_string()
+    }
+
+    fn name_prefix(&self) -> &'static str {
+        crate::SEGMENT_PREFIX
+    }
+
+    fn create(&self, name: &str, len: usize) -> std::io::Result<Box<dyn SharedRegion>> {
+        Ok(Box::new(Region::create(&self.dir, name, len)?))
+    }
+
+    fn open(&self, name: &str) -> std::io::Result<Box<dyn SharedRegion>> {
+        Ok(Box::new(Region::open(&self.dir, name)?))
+    }
+
+    fn unlink(&self, name: &str) -> std::io::Result<()> {
+        match std::fs::remove_file(self.dir.join(name)) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+
+    fn read_process(&self, pid: u32, remote_addr: usize, local: &mut [u8]) -> std::io::Result<()> {
+        read_process_memory(pid, remote_addr, local)
+    }
+
+    fn process_gone(&self, pid: u32) -> bool {
+        process_gone(pid)
     }
 }
 

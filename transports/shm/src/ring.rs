@@ -40,8 +40,14 @@
 //! frame costs the receiver one line moved between cores instead of three
 //! (counter, header, payload), one after the other. `tail` is still kept
 //! (how many frames went out, for the drop of a link).
+//!
+//! [`Segment::fifo`] states this layout as the transport core's
+//! `FifoDescriptor` (what a device writer of the slots would need); a
+//! change here changes it there.
 
-use ferroccl_transport::HEADER_BYTES;
+use ferroccl_transport::{
+    Counter, FifoDescriptor, InlinePayload, Mapping, MemoryKind, SlotLayout, HEADER_BYTES,
+};
 use memmap2::{MmapOptions, MmapRaw};
 use std::fs::File;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -346,6 +352,41 @@ impl Segment {
     fn geometry(&self) -> Geometry {
         self.geometry
             .expect("slot access on a segment mapped for its control block only")
+    }
+
+    /// This segment's FIFO as the layout above places it in this process's
+    /// mapping (the same for the sending and the receiving end: both see
+    /// the whole segment). Only for a segment mapped whole.
+    pub(crate) fn fifo(&self) -> FifoDescriptor {
+        let g = self.geometry();
+        let base = self.map.as_ptr() as usize;
+        let c = self.ctl();
+        FifoDescriptor {
+            memory: MemoryKind::HostShared,
+            mapping: Some(Mapping {
+                addr: base,
+                len: self.map.len(),
+            }),
+            slots: Some(base + SLOTS_OFFSET),
+            slot_count: g.steps,
+            slot_bytes: g.chunk_bytes,
+            slot_stride: g.stride().expect("checked when mapped"),
+            layout: SlotLayout {
+                published: Some(0),
+                header: Some(HEADER_OFFSET),
+                payload: PAYLOAD_OFFSET,
+                inline: Some(InlinePayload {
+                    offset: INLINE_OFFSET,
+                    max_bytes: INLINE_BYTES,
+                }),
+            },
+            head: Counter::Mapped {
+                addr: &c.head as *const AtomicU64 as usize,
+            },
+            tail: Counter::Mapped {
+                addr: &c.tail as *const AtomicU64 as usize,
+            },
+        }
     }
 }
 

@@ -56,15 +56,10 @@ fn three_ranks_all_to_all_random_sizes() {
     let mut threads = Vec::new();
     for (me, row) in conns.into_iter().enumerate() {
         for (peer, conn) in row.into_iter().enumerate() {
-            let Some(Connection {
-                mut sender,
-                mut receiver,
-                closer,
-                ..
-            }) = conn
-            else {
+            let Some(conn) = conn else {
                 continue;
             };
+            let (mut sender, mut receiver, closer) = halves(conn);
             threads.push(std::thread::spawn(move || {
                 let mut rng = Rng::new(me, peer);
                 let mut running = 0u64;

@@ -13,7 +13,7 @@
 
 use ferroccl_tcp::TcpTransport;
 use ferroccl_transport::{
-    AbortHandle, Connection, FrameHeader, ListenConfig, Transport, TransportError,
+    AbortHandle, FrameHeader, HostPath, ListenConfig, Transport, TransportError,
 };
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
@@ -37,7 +37,7 @@ fn pair(
     chunk: usize,
     nsocks: usize,
     abort: &AbortHandle,
-) -> (Connection, Connection) {
+) -> (HostPath, HostPath) {
     let l0 = t
         .listen(&config(0, chunk, nsocks), &abort.signal())
         .unwrap();
@@ -48,7 +48,8 @@ fn pair(
     let deadline = Instant::now() + Duration::from_secs(10);
     let acceptor = std::thread::spawn(move || l1.accept(0, deadline));
     let c0 = l0.connect(1, &addr, deadline).unwrap();
-    (c0, acceptor.join().unwrap().unwrap())
+    let c1 = acceptor.join().unwrap().unwrap();
+    (c0.host.unwrap(), c1.host.unwrap())
 }
 
 #[derive(Clone, Copy)]
@@ -157,14 +158,7 @@ fn throughput(
 }
 
 /// Send `size` bytes of `buf` as frame `step`, the way `opts` says.
-fn send_one(
-    c: &mut Connection,
-    step: usize,
-    buf: &[u8],
-    size: usize,
-    opts: Opts,
-    deadline: Instant,
-) {
+fn send_one(c: &mut HostPath, step: usize, buf: &[u8], size: usize, opts: Opts, deadline: Instant) {
     let header = FrameHeader::data(Default::default(), step as u32);
     if opts.direct {
         c.sender.send_from(header, deadline, &buf[..size]).unwrap();
@@ -182,7 +176,7 @@ fn send_one(
 
 /// Receive frame `step` of `size` bytes into `buf`, the way `opts` says.
 fn recv_one(
-    c: &mut Connection,
+    c: &mut HostPath,
     step: usize,
     buf: &mut [u8],
     size: usize,

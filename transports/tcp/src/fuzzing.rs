@@ -2,8 +2,8 @@
 //! one wire decoder of this crate on arbitrary bytes. Hidden from the docs;
 //! not an API.
 
-use crate::connection::Slot;
 use crate::handshake::{Expected, Hello, Status};
+use crate::slot::Slot;
 use crate::wire::{Partial, Progress};
 use std::io::{ErrorKind, Read};
 

@@ -1,17 +1,10 @@
-//! Locking that shrugs off poisoning: the data guarded in this crate (error
-//! slots, socket lists, per-socket I/O state) stays consistent even if a
-//! holder panicked, and a transport must keep tearing down cleanly then.
+//! Waiting on a condition variable that shrugs off poisoning: the data
+//! guarded in this crate (error slots, socket lists, per-socket I/O state)
+//! stays consistent even if a holder panicked, and a transport must keep
+//! tearing down cleanly then. Locking itself is `ferroccl_transport::lock`.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, MutexGuard};
 use std::time::Duration;
-
-/// Lock a mutex, ignoring poisoning.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
-    }
-}
 
 /// Wait on `cv` for at most `timeout`, ignoring poisoning.
 pub(crate) fn wait_timeout<'a, T>(

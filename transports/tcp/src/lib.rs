@@ -6,13 +6,15 @@
 //! - `iface` picks the address to bind and publish (FERROCCL_SOCKET_IFNAME).
 //! - `handshake` is the fixed-size hello a connecting rank sends and the
 //!   status byte it gets back; nothing reaches `accept()` before it passes.
-//! - `connection` owns the slot buffers and the sender/receiver halves. The
+//! - `connection` owns the sender/receiver halves (`sender`, `receiver`,
+//!   the background `reader`, in files of their own) and the closer. The
 //!   calling thread does the socket I/O: sends write header and payload
 //!   from the caller's memory with one gather write, receives read the
 //!   socket themselves (straight into the caller's buffer for
 //!   `recv_into`); one background reader per socket drains into free slots
 //!   only while the consumer is away (see its module docs).
 //! - `fault` is the test-only `FERROCCL_FAULT` hook (inert unless set).
+//! - `slot` is the slot buffer that `connection` and `wire` hand around.
 //! - `wire` owns the bytes of one socket: the resumable frame reader for
 //!   nonblocking sockets, deadline-bounded writes, `poll(2)`.
 //!
@@ -28,6 +30,7 @@ mod handshake;
 mod iface;
 mod latch;
 mod listener;
+mod slot;
 mod wire;
 
 use ferroccl_transport::{

@@ -7,11 +7,10 @@
 use crate::connection;
 use crate::handshake::{Expected, Hello, Status, HELLO_BYTES};
 use crate::iface;
-use crate::latch::lock;
 use crate::MAX_NSOCKS;
 use crossbeam_channel::{select, Receiver, Sender};
 use ferroccl_transport::{
-    elapsed_ms, AbortSignal, Connection, ListenConfig, Listener, TransportError,
+    elapsed_ms, lock, AbortSignal, Connection, ListenConfig, Listener, TransportError,
 };
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::collections::HashMap;

@@ -8,7 +8,7 @@
 //! so that a read that would block can be given up and resumed later by
 //! another thread: the receiving half's caller or the background reader.
 
-use crate::connection::Slot;
+use crate::slot::Slot;
 use ferroccl_transport::{elapsed_ms, FrameHeader, FrameKind, TransportError, HEADER_BYTES};
 use socket2::Socket;
 use std::io::{ErrorKind, IoSlice, Read};

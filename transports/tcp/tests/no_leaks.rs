@@ -55,11 +55,13 @@ fn connections_and_listeners_release_their_threads() {
             2 => c1.closer.close_with_failure(0, "test"),
             _ => {
                 // Halves dropped in the other order, closer kept longest.
-                let closer = c1.closer.clone();
-                drop(c1.receiver);
-                drop(c1.sender);
+                let (sender, receiver, closer) = halves(c1);
+                let kept = closer.clone();
+                drop(receiver);
+                drop(sender);
                 drop(c0);
                 drop(closer);
+                drop(kept);
                 continue;
             }
         }

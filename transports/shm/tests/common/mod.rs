@@ -1,12 +1,16 @@
-//! Helpers shared by the integration tests: listener configs, a connected
-//! pair of ranks (threads of this process), patterned payloads, and a count
-//! of the segments a listener's peers left in /dev/shm.
-#![allow(dead_code)]
+//! Helpers of the shared-memory tests: listener configs, a connected pair
+//! of ranks (threads of this process) with the segment prefix of its
+//! acceptor, and a count of the segments a listener's peers left in
+//! /dev/shm. The helpers every transport's tests share (payload patterns,
+//! sending and receiving one frame...) come from the conformance module.
+#![allow(dead_code, unused_imports)]
 
 use ferroccl_shm::{ShmListener, ShmTransport};
-use ferroccl_transport::{
-    AbortHandle, AbortSignal, Connection, FrameHeader, ListenConfig, Listener, TransportError,
+pub use ferroccl_transport::conformance::{
+    assert_timed_out_for_a_send_slot, data, halves, header_for, host, pair_listeners, pattern,
+    payload, recv_bytes, send_bytes, soon,
 };
+use ferroccl_transport::{AbortHandle, AbortSignal, Connection, ListenConfig};
 use std::time::{Duration, Instant};
 
 pub const TOKEN: u64 = 0x5eed_0000_5a5a_abcd;
@@ -24,10 +28,6 @@ pub fn config(rank: usize, chunk_bytes: usize, steps: usize) -> ListenConfig {
         bind_addr: None,
         nsocks: 1,
     }
-}
-
-pub fn soon(ms: u64) -> Instant {
-    Instant::now() + Duration::from_millis(ms)
 }
 
 pub fn listen(config: &ListenConfig, abort: &AbortSignal) -> ShmListener {
@@ -69,12 +69,7 @@ pub fn pair_with(
     let l0 = listen(&config(0, chunk_bytes, steps), abort);
     let l1 = listen(&config(1, chunk_bytes, steps), abort);
     let prefix = l1.segment_prefix();
-    let addr1 = l1.address();
-    let acceptor = std::thread::spawn(move || l1.accept(0, soon(10_000)));
-    let c0 = l0.connect(1, &addr1, soon(10_000)).expect("connect");
-    let c1 = acceptor.join().unwrap().expect("accept");
-    assert_eq!(c0.peer, 1);
-    assert_eq!(c1.peer, 0);
+    let (c0, c1) = pair_listeners(&l0, Box::new(l1));
     assert_eq!(c0.transport, "shm");
     assert_eq!(c1.transport, "shm");
     (c0, c1, prefix)
@@ -84,58 +79,4 @@ pub fn pair(chunk_bytes: usize, steps: usize) -> (Connection, Connection, AbortH
     let abort = AbortHandle::new();
     let (a, b, _) = pair_with(chunk_bytes, steps, &abort.signal());
     (a, b, abort)
-}
-
-/// The byte at `index` of frame `frame` sent by rank `from`.
-pub fn pattern(from: usize, frame: usize, index: usize) -> u8 {
-    let x = (from as u64 + 1)
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        .wrapping_add((frame as u64) << 32)
-        .wrapping_add(index as u64 * 0x2545_f491);
-    (x ^ (x >> 29) ^ (x >> 47)) as u8
-}
-
-pub fn data(step: u32) -> FrameHeader {
-    FrameHeader::data(Default::default(), step)
-}
-
-pub fn send_bytes(
-    conn: &mut Connection,
-    header: FrameHeader,
-    payload: &[u8],
-    deadline: Instant,
-) -> Result<(), TransportError> {
-    conn.sender
-        .send_with(header, deadline, &mut |buf: &mut [u8]| {
-            buf[..payload.len()].copy_from_slice(payload);
-            payload.len()
-        })
-}
-
-pub fn recv_bytes(
-    conn: &mut Connection,
-    deadline: Instant,
-) -> Result<(FrameHeader, Vec<u8>), TransportError> {
-    let mut out = None;
-    conn.receiver
-        .recv_with(deadline, &mut |h: &FrameHeader, bytes: &[u8]| {
-            out = Some((*h, bytes.to_vec()));
-            Ok(())
-        })?;
-    Ok(out.expect("consume was called"))
-}
-
-/// `err` is the timeout of a sender that waited for a free slot of rank 1.
-pub fn assert_timed_out_for_a_send_slot<T: std::fmt::Debug>(err: &Result<T, TransportError>) {
-    assert!(
-        matches!(
-            err,
-            Err(TransportError::Timeout {
-                peer: 1,
-                what: "a free send slot",
-                ..
-            })
-        ),
-        "{err:?}"
-    );
 }

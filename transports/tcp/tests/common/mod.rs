@@ -1,15 +1,17 @@
-//! Helpers shared by the integration tests: listener configs, a connected
-//! pair of ranks over loopback, a hand-written hello (the documented wire
-//! layout, written out independently of the crate), patterned payloads.
-#![allow(dead_code)]
+//! Helpers of the TCP tests: listener configs, a connected pair of ranks
+//! over loopback, a hand-written hello (the documented wire layout, written
+//! out independently of the crate). The helpers every transport's tests
+//! share (payload patterns, sending and receiving one frame...) come from
+//! the conformance module.
+#![allow(dead_code, unused_imports)]
 
 use ferroccl_tcp::TcpTransport;
-use ferroccl_transport::{
-    AbortHandle, AbortSignal, Connection, FrameHeader, ListenConfig, Listener, Transport,
-    TransportError,
+pub use ferroccl_transport::conformance::{
+    data, exchange, fill_until_blocked, halves, header_for, host, pair_listeners, pattern, payload,
+    recv_bytes, send_bytes, soon, Paths,
 };
+use ferroccl_transport::{AbortHandle, AbortSignal, Connection, ListenConfig, Listener, Transport};
 use std::net::{IpAddr, Ipv4Addr};
-use std::time::{Duration, Instant};
 
 pub const TOKEN: u64 = 0x5eed_0000_1234_abcd;
 pub const COMM: u64 = 77;
@@ -26,10 +28,6 @@ pub fn config(rank: usize, chunk_bytes: usize, steps: usize, nsocks: usize) -> L
         bind_addr: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
         nsocks,
     }
-}
-
-pub fn soon(ms: u64) -> Instant {
-    Instant::now() + Duration::from_millis(ms)
 }
 
 pub fn listen(
@@ -50,12 +48,7 @@ pub fn pair_with(
 ) -> (Connection, Connection) {
     let l0 = listen(transport, &config(0, chunk_bytes, steps, nsocks), abort);
     let l1 = listen(transport, &config(1, chunk_bytes, steps, nsocks), abort);
-    let addr1 = l1.address();
-    let acceptor = std::thread::spawn(move || l1.accept(0, soon(10_000)));
-    let c0 = l0.connect(1, &addr1, soon(10_000)).expect("connect");
-    let c1 = acceptor.join().unwrap().expect("accept");
-    assert_eq!(c0.peer, 1);
-    assert_eq!(c1.peer, 0);
+    let (c0, c1) = pair_listeners(&*l0, l1);
     assert_eq!(c0.transport, "tcp");
     (c0, c1)
 }
@@ -74,41 +67,6 @@ pub fn pair(
         &abort.signal(),
     );
     (a, b, abort)
-}
-
-/// The byte at `index` of frame `frame` sent by rank `from`.
-pub fn pattern(from: usize, frame: usize, index: usize) -> u8 {
-    let x = (from as u64 + 1)
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        .wrapping_add((frame as u64) << 32)
-        .wrapping_add(index as u64 * 0x2545_f491);
-    (x ^ (x >> 29) ^ (x >> 47)) as u8
-}
-
-pub fn send_bytes(
-    conn: &mut Connection,
-    header: FrameHeader,
-    payload: &[u8],
-    deadline: Instant,
-) -> Result<(), TransportError> {
-    conn.sender
-        .send_with(header, deadline, &mut |buf: &mut [u8]| {
-            buf[..payload.len()].copy_from_slice(payload);
-            payload.len()
-        })
-}
-
-pub fn recv_bytes(
-    conn: &mut Connection,
-    deadline: Instant,
-) -> Result<(FrameHeader, Vec<u8>), TransportError> {
-    let mut out = None;
-    conn.receiver
-        .recv_with(deadline, &mut |h: &FrameHeader, bytes: &[u8]| {
-            out = Some((*h, bytes.to_vec()));
-            Ok(())
-        })?;
-    Ok(out.expect("consume was called"))
 }
 
 /// A hello laid out by hand: magic "FCHS", version 1, token, comm id,

@@ -3,8 +3,11 @@
 //! microseconds, then yield, then sleep briefly, so that on a machine with
 //! fewer cores than ranks a waiter does not keep its peer off the core; and
 //! look at the clock (deadline, the peer's liveness) only every 32 spins.
+//! Shared by the transports that wait on memory (shm) and by the layer
+//! above, whose check-ins wait on memory every rank maps. Policy only: it
+//! reads no memory and knows no peer.
 
-use ferroccl_transport::elapsed_ms;
+use crate::elapsed_ms;
 use std::time::{Duration, Instant};
 
 /// How often a waiter asks the OS whether the peer's process still lives.
@@ -41,6 +44,10 @@ const SLEEP: Duration = Duration::from_micros(50);
 /// clock read costs as much as a small frame's whole trip on some virtual
 /// machines (~30 ns). A wait therefore measures from its first clock round,
 /// at most 32 spins after it began.
+///
+/// Its methods are `#[inline]`: they run in every round of a spin loop of
+/// another crate (shm's slots, ferroccl's check-ins), where a call each
+/// would cost as much as the round.
 pub struct Waiter {
     /// When the first clock round was (None before it).
     start: Option<Instant>,
@@ -51,6 +58,7 @@ pub struct Waiter {
 
 impl Waiter {
     /// A wait that spins `spins` rounds before it yields.
+    #[inline]
     pub fn new(spins: u32) -> Self {
         Waiter {
             start: None,
@@ -62,23 +70,27 @@ impl Waiter {
 
     /// Whether this round should look at the clock (every round once
     /// spinning is over; every 32nd while spinning, not the first).
+    #[inline]
     pub fn clock_round(&self) -> bool {
         self.rounds >= self.spins || self.rounds % 32 == 31
     }
 
     /// Note the time of a clock round.
+    #[inline]
     pub fn at(&mut self, now: Instant) {
         self.start.get_or_insert(now);
         self.last_liveness.get_or_insert(now);
     }
 
     /// Milliseconds since the first clock round (0 before it).
+    #[inline]
     pub fn elapsed_ms(&self) -> u64 {
         self.start.map_or(0, elapsed_ms)
     }
 
     /// Whether the peer's liveness is due a look: `LIVENESS_INTERVAL`
     /// after the first clock round, and as often after that.
+    #[inline]
     pub fn liveness_due(&mut self, now: Instant) -> bool {
         match self.last_liveness {
             Some(last) if now.duration_since(last) >= LIVENESS_INTERVAL => {
@@ -90,6 +102,7 @@ impl Waiter {
     }
 
     /// Spin, yield or sleep once, by how long the wait has gone on.
+    #[inline]
     pub fn pause(&mut self) {
         if self.rounds < self.spins {
             std::hint::spin_loop();
