@@ -1,0 +1,130 @@
+//! The examples, as processes under ferroccl-run: they train the same
+//! model on one process and on several.
+
+use crate::common;
+
+/// Path of example `name` built with this test's profile, building it (with
+/// `features`) if it is not there yet.
+fn example(name: &str, features: &[&str]) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>");
+    let path = profile_dir.join("examples").join(name);
+    if !path.exists() {
+        let mut cmd = std::process::Command::new(env!("CARGO"));
+        cmd.args(["build", "--example", name]);
+        if profile_dir.ends_with("release") {
+            cmd.arg("--release");
+        }
+        if !features.is_empty() {
+            cmd.args(["--features", &features.join(",")]);
+        }
+        let status = cmd.status().expect("cannot run cargo");
+        assert!(status.success(), "building example {name} failed");
+    }
+    path
+}
+
+/// Run `ferroccl-run -n ranks -- exe args` and return rank 0's summary line
+/// as key=value pairs.
+fn run_example(
+    ranks: usize,
+    exe: &std::path::Path,
+    args: &[&str],
+) -> std::collections::HashMap<String, String> {
+    let out = std::process::Command::new(common::process::ferroccl_run())
+        .args(["-n", &ranks.to_string(), "--"])
+        .arg(exe)
+        .args(args)
+        .env("FERROCCL_CALIBRATE", "0")
+        .env_remove("FERROCCL_TOKEN")
+        // `mem` (thread ranks only) would leave processes unable to connect;
+        // and a short timeout bounds the run if anything else goes wrong.
+        .env_remove("FERROCCL_TRANSPORT")
+        .env("FERROCCL_TIMEOUT", "30")
+        .output()
+        .expect("cannot run ferroccl-run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("checksum="))
+        .unwrap_or_else(|| panic!("no summary in {stdout}"));
+    line.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The weights of the example's f32 model after training on 2 and 3 ranks
+/// match one process on the whole batch. The checksum weighs every weight
+/// by 1..7; f32 reassociation in the sums over samples and ranks moves it
+/// by far less than 1e-4 relative, while one missing bucket or a missing
+/// division moves it in the first digits.
+#[test]
+fn the_mlp_example_trains_the_same_model_on_1_2_and_3_ranks() {
+    let exe = example("mlp_ddp", &[]);
+    let args = [
+        "--steps",
+        "4",
+        "--warmup",
+        "0",
+        "--batch",
+        "12",
+        "--in",
+        "24",
+        "--hidden",
+        "48",
+        "--layers",
+        "3",
+        "--lr",
+        "0.1",
+        "--bucket-mb",
+        "0.01",
+        "--first-bucket-mb",
+        "0.002",
+    ];
+    let one = run_example(1, &exe, &args);
+    let want: f64 = one["checksum"].parse().unwrap();
+    let init = run_example(
+        1,
+        &exe,
+        &[
+            "--steps", "0", "--warmup", "0", "--in", "24", "--hidden", "48", "--layers", "3",
+        ],
+    );
+    let start: f64 = init["checksum"].parse().unwrap();
+    assert!(
+        (want - start).abs() > 1e-2 * want.abs().max(1.0),
+        "training must move the weights"
+    );
+    for ranks in [2, 3] {
+        let got = run_example(ranks, &exe, &args);
+        let g: f64 = got["checksum"].parse().unwrap();
+        assert!(
+            (g - want).abs() <= 1e-4 * want.abs().max(1.0),
+            "{ranks} ranks: checksum {g}, one process {want}"
+        );
+        assert!(got["buckets"].parse::<usize>().unwrap() > 1, "{got:?}");
+    }
+}
+
+/// The same for the Candle example (feature `candle`).
+#[cfg(feature = "candle")]
+#[test]
+fn the_candle_example_trains_the_same_model_on_1_and_2_ranks() {
+    let exe = example("candle_ddp", &["candle"]);
+    let args = ["--steps", "20"];
+    let want: f64 = run_example(1, &exe, &args)["checksum"].parse().unwrap();
+    let got: f64 = run_example(2, &exe, &args)["checksum"].parse().unwrap();
+    assert!(
+        (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+        "2 ranks: {got}, one process {want}"
+    );
+}
