@@ -93,14 +93,6 @@ pub const DEFAULT_NT_STORE_BYTES: usize = 32 << 20;
 pub const DEFAULT_NSOCKS_PERPEER: usize = 1;
 
 impl Config {
-    /// The directory of shared-memory files: FERROCCL_SHM_DIR, else
-    /// /dev/shm.
-    pub(crate) fn shm_dir(&self) -> std::path::PathBuf {
-        self.shm_dir
-            .clone()
-            .unwrap_or_else(|| std::path::PathBuf::from(ferroccl_shm::DEFAULT_DIR))
-    }
-
     /// A config with defaults, then FERROCCL_* overrides from the process
     /// environment.
     pub fn new(

@@ -17,7 +17,7 @@ pub const TRANSPORT_NAMES: [&str; 3] = ["shm", "tcp", "mem"];
 /// naming it.
 pub(crate) fn select(config: &Config) -> Result<Vec<Arc<dyn Transport>>> {
     let shm =
-        || Arc::new(ferroccl_shm::ShmTransport::with_dir(config.shm_dir())) as Arc<dyn Transport>;
+        || Arc::new(ferroccl_shm::ShmTransport::with_dir(shm_dir(config))) as Arc<dyn Transport>;
     let tcp = || Arc::new(ferroccl_tcp::TcpTransport::new()) as Arc<dyn Transport>;
     match config.transport.as_deref() {
         None => Ok(vec![shm(), tcp()]),
@@ -35,13 +35,18 @@ pub(crate) fn select(config: &Config) -> Result<Vec<Arc<dyn Transport>>> {
 /// pages), in FERROCCL_SHM_DIR: None where FERROCCL_TRANSPORT forbids
 /// sharing memory (tcp). The one place that names the shared-memory crate
 /// for this; whether the ranks are on one host is the caller's question.
-#[expect(
-    dead_code,
-    reason = "comm and window switch to it from ferroccl_shm::Region"
-)]
 pub(crate) fn shared_memory(config: &Config) -> Option<Arc<dyn SharedMemory>> {
     match config.transport.as_deref() {
         Some("tcp") => None,
-        _ => Some(Arc::new(ferroccl_shm::ShmMemory::new(config.shm_dir()))),
+        _ => Some(Arc::new(ferroccl_shm::ShmMemory::new(shm_dir(config)))),
     }
+}
+
+/// The directory of shared-memory files: FERROCCL_SHM_DIR, else the shm
+/// crate's default (/dev/shm).
+fn shm_dir(config: &Config) -> std::path::PathBuf {
+    config
+        .shm_dir
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from(ferroccl_shm::DEFAULT_DIR))
 }

@@ -20,7 +20,7 @@
 //! inline.
 
 use crate::element::Element;
-use ferroccl_shm::Region;
+use ferroccl_transport::{SharedMemory, SharedRegion};
 use std::sync::{Arc, Mutex, Weak};
 
 /// A buffer of elements that the ranks of a communicator share: made by
@@ -45,12 +45,12 @@ pub struct Window<T: Element> {
 }
 
 enum Mem<T> {
-    Shared(Region),
+    Shared(Box<dyn SharedRegion>),
     Private(Vec<T>),
 }
 
 impl<T: Element> Window<T> {
-    pub(crate) fn shared(own: Region, len: usize, maps: Arc<WindowMaps>) -> Self {
+    pub(crate) fn shared(own: Box<dyn SharedRegion>, len: usize, maps: Arc<WindowMaps>) -> Self {
         Window {
             mem: Mem::Shared(own),
             len,
@@ -130,19 +130,22 @@ pub(crate) struct WindowMaps {
     /// Each rank's part as mapped here; `None` at this rank's index (its
     /// part is the window's own region, reached through the caller's
     /// slices).
-    pub(crate) peers: Mutex<Vec<Option<Region>>>,
+    pub(crate) peers: Mutex<Vec<Option<Box<dyn SharedRegion>>>>,
 }
 
 /// The control pages of the ranks (one per rank, every rank maps all):
 /// where calls are announced and completions signalled (`exec::checkin`).
 pub(crate) struct Control {
     /// Each rank's page, by rank (this rank's own included).
-    pub(crate) pages: Vec<Region>,
+    pub(crate) pages: Vec<Box<dyn SharedRegion>>,
     /// This rank's page once more, to write its inline data through (the
     /// same memory as `pages[rank]`).
-    pub(crate) own: Mutex<Region>,
+    pub(crate) own: Mutex<Box<dyn SharedRegion>>,
     /// Each rank's process id, to notice a peer that died.
     pub(crate) pids: Vec<u32>,
+    /// Where the pages were made: asked whether a peer's process is gone,
+    /// and to read a peer's memory by cross-memory attach (`exec::pull`).
+    pub(crate) memory: Arc<dyn SharedMemory>,
     /// Check-ins so far on this rank (the same count on every rank: which
     /// calls check in is decided from the call alone): picks the
     /// announcement slot of the next one.
@@ -193,12 +196,18 @@ impl Windows {
     }
 }
 
-/// The file name of rank `rank`'s part of window `id` (0: the control
-/// page) of communicator `comm_id` in the job of `token`.
-pub(crate) fn region_name(token: u64, comm_id: u64, id: u64, rank: usize) -> String {
+/// The name of rank `rank`'s part of window `id` (0: the control page) of
+/// communicator `comm_id` in the job of `token`, made by `memory`.
+pub(crate) fn region_name(
+    memory: &dyn SharedMemory,
+    token: u64,
+    comm_id: u64,
+    id: u64,
+    rank: usize,
+) -> String {
     format!(
         "{}win-{token:016x}-{comm_id:016x}-{id}-{rank}",
-        ferroccl_shm::SEGMENT_PREFIX
+        memory.name_prefix()
     )
 }
 

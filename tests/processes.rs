@@ -2,6 +2,10 @@
 //! rendezvous, TCP transport), with ranks killed, hung or given the wrong
 //! token. Every run is bounded: a launcher that outlives its limit is killed
 //! and the test fails instead of hanging CI.
+//!
+//! Over 800 lines on purpose: every case shares the launcher harness and
+//! the checker's expectations, and each file of its own in tests/ would be
+//! one more binary to link on CI's two cores.
 
 mod common;
 

@@ -9,7 +9,7 @@ mod tcp_store;
 use crate::error::Result;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Mutex, MutexGuard, Weak};
+use std::sync::Weak;
 use std::time::{Duration, Instant};
 
 pub use env::{detect, detect_process_env, LaunchInfo};
@@ -146,12 +146,10 @@ impl FailureBook {
     }
 }
 
-/// Lock a mutex, going on with the data if another thread panicked while
-/// holding it: every update of the stores' state is a single insert or push,
-/// so the data is consistent even then.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+// Locks go on with the data if another thread panicked while holding them:
+// every update of the stores' state is a single insert or push, so the data
+// is consistent even then.
+pub(crate) use ferroccl_transport::lock;
 
 /// The progress counters of this process's communicators, by (communicator,
 /// global rank), held weakly so that a dropped communicator stops answering.

@@ -36,12 +36,10 @@ use execute::PlanKey;
 use ferroccl_transport::{AbortHandle, ConnectionCloser};
 use order::{Job, Turns};
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use ferroccl_transport::lock;
 
 /// A group of ranks that run collectives together.
 ///
@@ -108,6 +106,10 @@ struct Inner {
     /// where every rank is on one host (or with the first window under
     /// FERROCCL_CHECKIN=0): from then on every collective checks in there.
     control: std::sync::OnceLock<Arc<Control>>,
+    /// Where memory every rank of this host maps is made (windows, control
+    /// pages): `transports::shared_memory`, None where FERROCCL_TRANSPORT
+    /// forbids it.
+    shared: Option<Arc<dyn ferroccl_transport::SharedMemory>>,
     /// `abort`'s signal, for waits that only look at it.
     abort_signal: ferroccl_transport::AbortSignal,
 }

@@ -184,6 +184,7 @@ impl Communicator {
             })?;
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
         let abort_signal = abort.signal();
+        let shared = crate::transports::shared_memory(&config);
         let inner = Arc::new(Inner {
             rank,
             size,
@@ -215,6 +216,7 @@ impl Communicator {
             plans: Mutex::new(Vec::new()),
             windows: Mutex::new(Windows::default()),
             direct_calls: AtomicU64::new(0),
+            shared,
             control: std::sync::OnceLock::new(),
             abort_signal,
         });

@@ -9,9 +9,13 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec;
 use crate::window::{self, Control, Window, WindowMaps};
-use ferroccl_shm::Region;
+use ferroccl_transport::{SharedMemory, SharedRegion};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// What `share_regions` gives: this rank's region, and what `open` made of
+/// every rank's.
+type Shared<P> = (Box<dyn SharedRegion>, Vec<P>);
 
 impl Communicator {
     /// Allocate a window: `len` elements (zeroed) that every rank of this
@@ -50,16 +54,17 @@ impl Communicator {
         if !self.create_control()? {
             return Ok(Window::private(len));
         }
+        let memory = match inner.control.get() {
+            Some(control) => Arc::clone(&control.memory),
+            None => return Ok(Window::private(len)),
+        };
         let shared = self.share_regions(
+            memory.as_ref(),
             &format!("alloc_window: window {id}"),
             id,
-            |dir, name| Region::create(dir, name, bytes),
+            |memory, name| memory.create(name, bytes),
             // This rank's own part is reached through the window itself.
-            |r, dir, name| {
-                (r != inner.rank)
-                    .then(|| Region::open(dir, name))
-                    .transpose()
-            },
+            |r, memory, name| (r != inner.rank).then(|| memory.open(name)).transpose(),
         )?;
         let Some((own, parts)) = shared else {
             return Ok(Window::private(len));
@@ -81,45 +86,47 @@ impl Communicator {
         );
         Ok(Window::shared(own, len, maps))
     }
-    /// Whether the ranks can share memory at all: more than one, on one
-    /// host, TCP not forced (the same answer on every rank).
-    pub(super) fn can_share(&self) -> bool {
+    /// Where the ranks can share memory: more than one rank, on one host,
+    /// with a provider of shared memory (none where FERROCCL_TRANSPORT=tcp);
+    /// the same answer on every rank.
+    pub(super) fn shared_memory(&self) -> Option<&Arc<dyn SharedMemory>> {
         let inner = &self.inner;
-        inner.size > 1
-            && inner.config.transport.as_deref() != Some("tcp")
-            && lock(&inner.links).one_host()
+        (inner.size > 1 && lock(&inner.links).one_host())
+            .then_some(inner.shared.as_ref())
+            .flatten()
     }
     /// The set-up of memory every rank maps (a collective; control pages
-    /// are region 0, windows count from 1): each rank creates its file of
-    /// region `id` under FERROCCL_SHM_DIR with `create`, all agree that
-    /// every rank could, each maps every rank's file with `open`, all agree
-    /// again, and every rank removes every rank's file (the names are
-    /// unique to the job, the communicator and the region), so that a rank
-    /// killed after the agreement leaves nothing; after a failed set-up the
-    /// survivors remove them too. `Ok(None)` where some rank could not
-    /// (the caller falls back to private memory); an error only when the
-    /// agreement itself fails.
+    /// are region 0, windows count from 1), through `memory` (files under
+    /// FERROCCL_SHM_DIR for ferroccl-shm): each rank creates its region
+    /// `id` with `create`, all agree that every rank could, each maps every
+    /// rank's region with `open`, all agree again, and every rank unlinks
+    /// every rank's name (the names are unique to the job, the communicator
+    /// and the region), so that a rank killed after the agreement leaves
+    /// nothing; after a failed set-up the survivors unlink them too.
+    /// `Ok(None)` where some rank could not (the caller falls back to
+    /// private memory); an error only when the agreement itself fails.
     pub(super) fn share_regions<P>(
         &self,
+        memory: &dyn SharedMemory,
         what: &str,
         id: u64,
-        create: impl FnOnce(&std::path::Path, &str) -> std::io::Result<Region>,
-        open: impl Fn(usize, &std::path::Path, &str) -> std::io::Result<P>,
-    ) -> Result<Option<(Region, Vec<P>)>> {
+        create: impl FnOnce(&dyn SharedMemory, &str) -> std::io::Result<Box<dyn SharedRegion>>,
+        open: impl Fn(usize, &dyn SharedMemory, &str) -> std::io::Result<P>,
+    ) -> Result<Option<Shared<P>>> {
         let inner = &self.inner;
-        let dir = inner.config.shm_dir();
-        let name = |rank: usize| window::region_name(inner.config.token, inner.comm_id, id, rank);
+        let name =
+            |rank: usize| window::region_name(memory, inner.config.token, inner.comm_id, id, rank);
         let sweep = || {
             for r in 0..inner.size {
-                let _ = std::fs::remove_file(dir.join(name(r)));
+                let _ = memory.unlink(&name(r));
             }
         };
-        let created = create(&dir, &name(inner.rank));
+        let created = create(memory, &name(inner.rank));
         if let Err(e) = &created {
             tracing::info!(
                 rank = inner.rank,
                 "{what}: cannot create this rank's part in {}: {e}; private memory instead",
-                dir.display()
+                memory.location()
             );
         }
         let all_created = match self.agree_all(created.is_ok()) {
@@ -138,7 +145,7 @@ impl Communicator {
             Err(_) => return Ok(None),
         };
         let opened = (0..inner.size)
-            .map(|r| open(r, &dir, &name(r)))
+            .map(|r| open(r, memory, &name(r)))
             .collect::<std::io::Result<Vec<P>>>();
         if let Err(e) = &opened {
             tracing::info!(
@@ -166,12 +173,12 @@ impl Communicator {
         if inner.control.get().is_some() {
             return Ok(true);
         }
-        if !self.can_share() {
+        let Some(memory) = self.shared_memory().cloned() else {
             return Ok(false);
-        }
-        let create = |dir: &std::path::Path, name: &str| {
-            let page = Region::create(dir, name, window::CONTROL_BYTES)?;
-            let word = |i: usize| page.word(i).map_err(std::io::Error::other);
+        };
+        let create = |memory: &dyn SharedMemory, name: &str| {
+            let page = memory.create(name, window::CONTROL_BYTES)?;
+            let word = |i: usize| page.word(i);
             word(exec::W_PID)?.store(u64::from(std::process::id()), Ordering::Relaxed);
             // Where word 0 lies in this process, for the peers' probe of
             // cross-memory attach (this mapping lives as long as the page).
@@ -180,8 +187,8 @@ impl Communicator {
             word(exec::W_MAGIC)?.store(exec::CONTROL_MAGIC, Ordering::Release);
             Ok(page)
         };
-        let open = |_: usize, dir: &std::path::Path, name: &str| {
-            let page = Region::open(dir, name)?;
+        let open = |_: usize, memory: &dyn SharedMemory, name: &str| {
+            let page = memory.open(name)?;
             let magic = page.word(exec::W_MAGIC)?.load(Ordering::Acquire);
             if page.len() < window::CONTROL_BYTES || magic != exec::CONTROL_MAGIC {
                 return Err(std::io::Error::other(format!(
@@ -191,7 +198,9 @@ impl Communicator {
             }
             Ok(page)
         };
-        let Some((own, pages)) = self.share_regions("control pages", 0, create, open)? else {
+        let Some((own, pages)) =
+            self.share_regions(memory.as_ref(), "control pages", 0, create, open)?
+        else {
             return Ok(false);
         };
         let pids: Vec<u32> = pages
@@ -202,11 +211,12 @@ impl Communicator {
                     .unwrap_or(0)
             })
             .collect();
-        let cma = self.probe_cma(&pages, &pids)?;
+        let cma = self.probe_cma(memory.as_ref(), &pages, &pids)?;
         let _ = inner.control.set(Arc::new(Control {
             pages,
             own: Mutex::new(own),
             pids,
+            memory,
             checkins: AtomicU64::new(0),
             windows: AtomicBool::new(false),
             cma,
@@ -225,7 +235,12 @@ impl Communicator {
     /// the peer wrote there, must read back as the page's magic), agreed by
     /// all ranks (a collective): any rank that cannot, or has FERROCCL_CMA=0,
     /// turns it off for all.
-    pub(super) fn probe_cma(&self, pages: &[Region], pids: &[u32]) -> Result<bool> {
+    pub(super) fn probe_cma(
+        &self,
+        memory: &dyn SharedMemory,
+        pages: &[Box<dyn SharedRegion>],
+        pids: &[u32],
+    ) -> Result<bool> {
         let inner = &self.inner;
         let probe = |peer: usize| -> std::result::Result<(), String> {
             let at = pages[peer]
@@ -233,9 +248,11 @@ impl Communicator {
                 .map_err(|e| e.to_string())?
                 .load(Ordering::Relaxed) as usize;
             let mut word = [0u8; 8];
-            ferroccl_shm::read_process_memory(pids[peer], at, &mut word).map_err(|e| {
-                format!("reading rank {peer}'s memory (process {}): {e}", pids[peer])
-            })?;
+            memory
+                .read_process(pids[peer], at, &mut word)
+                .map_err(|e| {
+                    format!("reading rank {peer}'s memory (process {}): {e}", pids[peer])
+                })?;
             if u64::from_ne_bytes(word) != exec::CONTROL_MAGIC {
                 return Err(format!("rank {peer}'s probe word read back wrong"));
             }

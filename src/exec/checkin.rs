@@ -59,11 +59,10 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::plan::{self, Direct, Route};
 use crate::window::{Control, Windows};
-use ferroccl_shm::wait::OVERSUBSCRIBED_SPINS;
-use ferroccl_shm::{Region, Waiter};
-use ferroccl_transport::{AbortSignal, Fingerprint};
+use ferroccl_transport::wait::{Waiter, OVERSUBSCRIBED_SPINS};
+use ferroccl_transport::{AbortSignal, Fingerprint, SharedRegion};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// "FCCLWIN1".
@@ -104,7 +103,7 @@ pub(super) const INLINE_WORDS: usize = INLINE_CAPACITY / 8;
 const _: () = assert!(plan::INLINE_BYTES <= INLINE_CAPACITY);
 
 /// Spins of a check-in wait before it yields, when every rank has a core
-/// (the rest of the rhythm is the shm transport's `Waiter`).
+/// (the rest of the rhythm is the transport core's `Waiter`).
 const SPINS: u32 = 512;
 
 /// Where a rank's buffers of a call are: (window, byte offset) for input
@@ -144,9 +143,7 @@ pub(crate) struct Ctx<'a> {
     pub(crate) abort: &'a AbortSignal,
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(super) use ferroccl_transport::lock;
 
 /// Carry out `route` (the planner's, from the call alone) for a call
 /// while the ranks share control pages: note a call that goes through
@@ -244,9 +241,14 @@ pub(crate) fn run<T: Element>(
 }
 
 #[inline]
-pub(super) fn word(page: &Region, index: usize) -> Result<&AtomicU64> {
-    page.word(index)
-        .map_err(|e| Error::Io(format!("window control page: {e}")))
+pub(super) fn word(page: &dyn SharedRegion, index: usize) -> Result<&AtomicU64> {
+    page.words().get(index).ok_or_else(|| {
+        Error::Io(format!(
+            "window control page {}: word {index} is outside its {} bytes",
+            page.path().display(),
+            page.len()
+        ))
+    })
 }
 
 /// The announcement slot of check-in number `turn`.
@@ -257,7 +259,7 @@ pub(super) fn entry(turn: u64) -> usize {
 /// Say on this rank's page that call `fp` runs through slots without a
 /// check-in (see `read_announcement`).
 fn note_slot_call(ctx: &Ctx<'_>, fp: &Fingerprint) -> Result<()> {
-    let page = &ctx.control.pages[ctx.rank];
+    let page = &*ctx.control.pages[ctx.rank];
     word(page, W_SLOTS + 1)?.store(pack(fp), Ordering::Relaxed);
     word(page, W_SLOTS + 2)?.store(fp.count, Ordering::Relaxed);
     word(page, W_SLOTS)?.store(fp.seq, Ordering::Release);
@@ -273,7 +275,7 @@ pub(super) fn announce(
     place: &Place,
     in_addr: Option<u64>,
 ) -> Result<()> {
-    let page = &ctx.control.pages[ctx.rank];
+    let page = &*ctx.control.pages[ctx.rank];
     let e = entry(turn);
     for (field, value) in [
         (E_FP, pack(fp)),
@@ -307,7 +309,7 @@ pub(super) fn read_announcement(
     deadline: &Deadline,
     call: &Call,
 ) -> Result<Place> {
-    let page = &ctx.control.pages[peer];
+    let page = &*ctx.control.pages[peer];
     let e = entry(turn);
     let seq_word = word(page, e + E_SEQ)?;
     let slots_word = word(page, W_SLOTS)?;
@@ -343,9 +345,9 @@ pub(super) fn read_announcement(
 fn finish(ctx: &Ctx<'_>, seq: u64, deadline: &Deadline, call: &Call) -> Result<()> {
     // Release: a peer that sees it sees every byte this rank wrote into
     // the peer's buffers.
-    word(&ctx.control.pages[ctx.rank], W_DONE)?.store(seq, Ordering::Release);
+    word(&*ctx.control.pages[ctx.rank], W_DONE)?.store(seq, Ordering::Release);
     for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
-        let done = word(&ctx.control.pages[peer], W_DONE)?;
+        let done = word(&*ctx.control.pages[peer], W_DONE)?;
         wait(ctx, peer, deadline, call, "it to finish the call", || {
             done.load(Ordering::Acquire) >= seq
         })?;
@@ -408,7 +410,7 @@ fn wait(
     } else {
         SPINS
     };
-    let left = word(&ctx.control.pages[peer], W_LEFT)?;
+    let left = word(&*ctx.control.pages[peer], W_LEFT)?;
     let mut w = Waiter::new(spins);
     loop {
         if ready() {
@@ -435,7 +437,9 @@ fn wait(
                     waited_ms: w.elapsed_ms(),
                 });
             }
-            if w.liveness_due(now) && ferroccl_shm::process_gone(ctx.control.pids[peer]) && !ready()
+            if w.liveness_due(now)
+                && ctx.control.memory.process_gone(ctx.control.pids[peer])
+                && !ready()
             {
                 return Err(Error::PeerFailed {
                     rank: peer,

@@ -24,7 +24,7 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::reduce::{reduce_into, reduce_to, store, Store};
 use crate::window::WindowMaps;
-use ferroccl_shm::Region;
+use ferroccl_transport::SharedRegion;
 use std::sync::{Arc, MutexGuard};
 
 /// Elements reduced per block: a block of each input and the result stay
@@ -95,7 +95,7 @@ pub(super) fn reduce_scatter<T: Element>(
 
 /// Each peer's part of one window as mapped here, by rank (`None` for this
 /// rank's own).
-type Parts = Vec<Option<Region>>;
+type Parts = Vec<Option<Box<dyn SharedRegion>>>;
 
 /// The peers' parts of the call's input and output windows (one lock when
 /// both are the same window).
@@ -113,14 +113,14 @@ impl<'a> Maps<'a> {
         }
     }
 
-    fn input_region(&self, peer: usize) -> Option<&Region> {
-        self.input.get(peer)?.as_ref()
+    fn input_region(&self, peer: usize) -> Option<&dyn SharedRegion> {
+        self.input.get(peer)?.as_deref()
     }
 
-    fn output_region(&mut self, peer: usize) -> Option<&mut Region> {
+    fn output_region(&mut self, peer: usize) -> Option<&mut (dyn SharedRegion + 'static)> {
         match &mut self.output {
-            Some(out) => out.get_mut(peer)?.as_mut(),
-            None => self.input.get_mut(peer)?.as_mut(),
+            Some(out) => out.get_mut(peer)?.as_deref_mut(),
+            None => self.input.get_mut(peer)?.as_deref_mut(),
         }
     }
 }
@@ -164,9 +164,12 @@ impl Kernel<'_> {
         let outs = outs.as_deref().unwrap_or(&ins);
         for peer in (0..self.size).filter(|&p| p != self.rank) {
             let p = self.places[peer];
-            let span = |off: u64, elems: usize, regions: &[Option<Region>]| -> Result<(u64, u64)> {
+            let span = |off: u64,
+                        elems: usize,
+                        regions: &[Option<Box<dyn SharedRegion>>]|
+             -> Result<(u64, u64)> {
                 let bytes = elems as u64 * elem;
-                match regions.get(peer).and_then(Option::as_ref).map(Region::len) {
+                match regions.get(peer).and_then(Option::as_ref).map(|r| r.len()) {
                     Some(len)
                         if off.is_multiple_of(elem)
                             && off.checked_add(bytes).is_some_and(|end| end <= len as u64) =>
@@ -220,7 +223,7 @@ impl Kernel<'_> {
     /// part of the input window as mapped here).
     fn peer_input<'x, T: Element>(
         &self,
-        region: Option<&'x Region>,
+        region: Option<&'x dyn SharedRegion>,
         j: usize,
         start: usize,
         len: usize,
@@ -267,7 +270,7 @@ impl Kernel<'_> {
     /// part of the output window as mapped here).
     fn peer_output_in<'x, T: Element>(
         &self,
-        region: Option<&'x mut Region>,
+        region: Option<&'x mut (dyn SharedRegion + 'static)>,
         j: usize,
         start: usize,
         len: usize,
@@ -379,7 +382,7 @@ impl Kernel<'_> {
             ins.push(if j == self.rank {
                 &input[in_start..in_start + len]
             } else {
-                let region = in_regions.and_then(|r| r.get(j)).and_then(Option::as_ref);
+                let region = in_regions.and_then(|r| r.get(j)).and_then(Option::as_deref);
                 self.peer_input(region, j, in_start, len)?
             });
         }
@@ -388,7 +391,9 @@ impl Kernel<'_> {
         if let Some(out_regions) = out_regions {
             let mut regions = out_regions.iter_mut().enumerate();
             for j in (0..self.size).filter(|&j| j != self.rank) {
-                let region = regions.find(|(i, _)| *i == j).and_then(|(_, r)| r.as_mut());
+                let region = regions
+                    .find(|(i, _)| *i == j)
+                    .and_then(|(_, r)| r.as_deref_mut());
                 outs.push(self.peer_output_in(region, j, out_start, len)?);
             }
         }

@@ -6,8 +6,8 @@ use super::Call;
 use crate::bootstrap::{FailureReport, Store};
 use crate::error::{Error, Result};
 use ferroccl_transport::{
-    AbortSignal, ConnectionCloser, FifoDescriptor, HostInfo, HostPath, ListenConfig, Listener,
-    SlotReceiver, SlotSender, Transport,
+    lock, AbortSignal, ConnectionCloser, FifoDescriptor, HostInfo, HostPath, ListenConfig,
+    Listener, SlotReceiver, SlotSender, Transport,
 };
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,7 +45,7 @@ impl MemberWatch {
     /// reason). Mismatch reports concern a call, not a member's life, and
     /// are left to the communicator that made them.
     pub(crate) fn failed(&self) -> Option<(usize, String)> {
-        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut failed = lock(&self.failed);
         if failed.is_none() {
             for report in self.reports.try_iter() {
                 if report.mismatch.is_some() {
@@ -57,7 +57,7 @@ impl MemberWatch {
                     break;
                 }
                 if report.is_rendezvous_loss() {
-                    let mut lost = self.host_lost.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut lost = lock(&self.host_lost);
                     lost.get_or_insert(report.reason);
                 }
             }
@@ -75,7 +75,7 @@ impl MemberWatch {
                 reason,
             });
         }
-        let lost = self.host_lost.lock().unwrap_or_else(|p| p.into_inner());
+        let lost = lock(&self.host_lost);
         lost.as_ref().map(|reason| {
             Error::Bootstrap(format!(
                 "{during}: rank 0 of the job, the rendezvous host, failed: {reason}"
@@ -324,10 +324,7 @@ impl Links {
         self.fifos[peer] = Some((conn.send_fifo, conn.recv_fifo));
         self.senders[peer] = Some(sender);
         self.receivers[peer] = Some(receiver);
-        self.closers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(conn.closer);
+        lock(&self.closers).push(conn.closer);
         Ok(())
     }
 

@@ -18,6 +18,7 @@ use crate::coll::CollKind;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::reduce::Store;
+use ferroccl_transport::SharedMemory;
 use std::sync::atomic::Ordering;
 
 /// Run check-in `turn`'s call (an allgather or all-to-all of `count`
@@ -33,19 +34,21 @@ pub(super) fn run<T: Element>(
     // this rank acquired when it read the announcement.
     let inputs = (0..ctx.size)
         .map(|j| {
-            let at = word(&ctx.control.pages[j], entry(turn) + E_IN_ADDR)?;
+            let at = word(&*ctx.control.pages[j], entry(turn) + E_IN_ADDR)?;
             Ok(at.load(Ordering::Relaxed))
         })
         .collect::<Result<Vec<u64>>>()?;
     let (n, rank) = (ctx.size, ctx.rank);
-    let pids = &ctx.control.pids;
+    let (pids, memory) = (&ctx.control.pids, &*ctx.control.memory);
     match k.call.kind {
         // Every input into its block.
-        CollKind::AllGather => pull(k, pids, &inputs, io, |j| (0, j * count, count)),
+        CollKind::AllGather => pull(k, memory, pids, &inputs, io, |j| (0, j * count, count)),
         // Block `rank` of every input into block j.
         _ => {
             let block = count / n;
-            pull(k, pids, &inputs, io, |j| (rank * block, j * block, block))
+            pull(k, memory, pids, &inputs, io, |j| {
+                (rank * block, j * block, block)
+            })
         }
     }
 }
@@ -58,6 +61,7 @@ pub(super) fn run<T: Element>(
 /// only.
 fn pull<T: Element>(
     k: &Kernel<'_>,
+    memory: &dyn SharedMemory,
     pids: &[u32],
     inputs: &[u64],
     io: &mut HostIo<'_, T>,
@@ -82,13 +86,15 @@ fn pull<T: Element>(
             .ok_or_else(|| fail(format!("its announced input address overflows at {from}")))?;
         let dst: &mut [u8] = bytemuck::cast_slice_mut(io.output(to, len));
         let bytes = dst.len();
-        ferroccl_shm::read_process_memory(pids[j], at as usize, dst).map_err(|e| {
-            fail(format!(
-                "copying {bytes} bytes of its input at {at:#x} in process {} by cross-memory \
+        memory
+            .read_process(pids[j], at as usize, dst)
+            .map_err(|e| {
+                fail(format!(
+                    "copying {bytes} bytes of its input at {at:#x} in process {} by cross-memory \
                  attach failed: {e}",
-                pids[j]
-            ))
-        })?;
+                    pids[j]
+                ))
+            })?;
     }
     Ok(())
 }
