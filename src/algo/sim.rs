@@ -1,5 +1,6 @@
 //! A deterministic simulator for schedules: every rank's schedule runs over
-//! bounded FIFOs of f64 frames, one step at a time, round robin. It checks
+//! bounded FIFOs of f64 frames (one per sender, receiver and channel, as the
+//! executor's connections), one step at a time, round robin. It checks
 //! tags and lengths, detects deadlock (no rank can move) and returns the
 //! output buffers, so a schedule is tested with no threads and no I/O.
 
@@ -38,7 +39,7 @@ pub(crate) fn run_with(
     combine: fn(f64, f64) -> f64,
 ) -> Result<(), String> {
     let n = schedules.len();
-    let mut fifo: HashMap<(usize, usize), VecDeque<Frame>> = HashMap::new();
+    let mut fifo: HashMap<(usize, usize, usize), VecDeque<Frame>> = HashMap::new();
     let mut pc = vec![0usize; n];
     loop {
         let mut moved = false;
@@ -47,13 +48,13 @@ pub(crate) fn run_with(
                 continue;
             };
             if step.prim.sends() {
-                let q = fifo.entry((r, step.send_to)).or_default();
+                let q = fifo.entry((r, step.send_to, step.channel)).or_default();
                 if q.len() >= cap {
                     continue;
                 }
             }
             let received = if step.prim.receives() {
-                let q = fifo.entry((step.recv_from, r)).or_default();
+                let q = fifo.entry((step.recv_from, r, step.channel)).or_default();
                 let Some((tag, data)) = q.pop_front() else {
                     continue;
                 };
@@ -121,7 +122,7 @@ pub(crate) fn run_with(
                 dst.copy_from_slice(&value);
             }
             if step.prim.sends() {
-                fifo.entry((r, step.send_to))
+                fifo.entry((r, step.send_to, step.channel))
                     .or_default()
                     .push_back((step.send_tag, value));
             }
@@ -509,5 +510,54 @@ mod tests {
         run(&sched, &[], &mut bufs, true, 2).unwrap();
         let want: f64 = (0..n).map(|r| value(r, 0)).sum();
         assert!(bufs.iter().any(|b| b[0] != want));
+    }
+
+    /// Each channel is a FIFO of its own: frames sent on channels 0 then 1
+    /// may be received on 1 then 0; on one channel the same order is a tag
+    /// mismatch.
+    #[test]
+    fn channels_are_separate_fifos() {
+        use super::super::{Step, NO_PEER};
+        let step = |prim, peer, channel, off, tag| Step {
+            send_to: if prim == Prim::Send { peer } else { NO_PEER },
+            recv_from: if prim == Prim::Recv { peer } else { NO_PEER },
+            send_tag: tag,
+            recv_tag: tag,
+            channel,
+            ..Step::local(
+                prim,
+                if prim == Prim::Send {
+                    Operand::Input
+                } else {
+                    Operand::Output
+                },
+                off,
+                off,
+                2,
+            )
+        };
+        let schedules = |second: usize| {
+            vec![
+                Schedule {
+                    steps: vec![
+                        step(Prim::Send, 1, 0, 0, 1),
+                        step(Prim::Send, 1, second, 2, 2),
+                    ],
+                },
+                Schedule {
+                    steps: vec![
+                        step(Prim::Recv, 0, second, 2, 2),
+                        step(Prim::Recv, 0, 0, 0, 1),
+                    ],
+                },
+            ]
+        };
+        let inputs = vec![vec![1.0, 2.0, 3.0, 4.0], vec![0.0; 4]];
+        let mut outputs = vec![vec![0.0; 4]; 2];
+        run(&schedules(1), &inputs, &mut outputs, false, 2).unwrap();
+        assert_eq!(outputs[1], inputs[0]);
+        let mut outputs = vec![vec![0.0; 4]; 2];
+        let err = run(&schedules(0), &inputs, &mut outputs, false, 2).unwrap_err();
+        assert!(err.contains("expected tag 2"), "{err}");
     }
 }

@@ -277,4 +277,74 @@ mod tests {
         let err = results.into_iter().next().unwrap().unwrap_err();
         assert!(err.to_string().contains("device 2"), "{err}");
     }
+
+    /// A schedule over two channels, over the mem transport and slots
+    /// (no check-in): rank 0 sends the first half of its input on channel
+    /// 0 and the second on channel 1; rank 1 receives channel 1's first.
+    /// Channels are FIFOs of their own, so the crossed order works and each
+    /// half lands where it belongs; were they one FIFO, rank 1's first
+    /// receive would get channel 0's frame and fail on its tag.
+    #[test]
+    fn two_channels_carry_separate_fifos() {
+        use crate::algo::{Operand, Prim, Schedule, Step};
+        const N: usize = 96;
+        const HALF: usize = N / 2;
+        let input = |r: usize| (0..N).map(|i| (r * 1000 + i) as u32).collect::<Vec<_>>();
+        let send = |channel, off, tag| Step {
+            send_to: 1,
+            send_tag: tag,
+            channel,
+            ..Step::local(Prim::Send, Operand::Input, off, off, HALF)
+        };
+        let recv = |channel, off, tag| Step {
+            recv_from: 0,
+            recv_tag: tag,
+            channel,
+            ..Step::local(Prim::Recv, Operand::Output, off, off, HALF)
+        };
+        let results = crate::testing::run_ranks_with(
+            2,
+            |config| {
+                config.transport = Some("mem".into());
+                config.checkin = false;
+            },
+            |comm| -> Result<Vec<u32>> {
+                let steps = if comm.rank() == 0 {
+                    vec![send(0, 0, 11), send(1, HALF, 12)]
+                } else {
+                    vec![recv(1, HALF, 12), recv(0, 0, 11)]
+                };
+                let plan = Plan {
+                    schedule: Schedule { steps },
+                    input_base: 0,
+                    output_base: 0,
+                    copies_input: false,
+                    scratch_output: 0,
+                };
+                let call = CollCall::new(CollKind::AllGather, N, N, N);
+                let mine = input(comm.rank());
+                let mut out = vec![u32::MAX; N];
+                comm.run_blocking(
+                    comm.spec::<u32>(&call),
+                    &plan,
+                    Io::out_of_place(&mine, &mut out),
+                )?;
+                // A second call over both channels, now connected.
+                comm.run_blocking(
+                    comm.spec::<u32>(&call),
+                    &plan,
+                    Io::out_of_place(&mine, &mut out),
+                )?;
+                Ok(out)
+            },
+        );
+        let outputs: Vec<Vec<u32>> = results.into_iter().map(|r| r.unwrap()).collect();
+        // Rank 0 only sent: its output is untouched.
+        assert_eq!(outputs[0], vec![u32::MAX; N]);
+        assert_eq!(
+            outputs[1],
+            input(0),
+            "rank 1 holds rank 0's input, each half in place"
+        );
+    }
 }

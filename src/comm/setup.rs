@@ -162,7 +162,7 @@ impl Communicator {
                 let mut order = [next, prev];
                 order.sort_unstable();
                 for peer in order {
-                    links.ensure(peer)?;
+                    links.ensure(0, peer)?;
                 }
             }
             Ok(links)

@@ -99,7 +99,7 @@ fn run_step<T: Element>(
             Ok(())
         }
         Prim::Send | Prim::CopySend => {
-            let sender = links.sender(step.send_to, call)?;
+            let sender = links.sender(step.channel, step.send_to, call)?;
             if step.prim == Prim::CopySend && sender.send_from_copies() {
                 // Output and slot in one pass over the input.
                 let result = match io.output_and_input(step) {
@@ -123,7 +123,8 @@ fn run_step<T: Element>(
                 .map_err(|e| Error::from_transport(e, &call.during()))
         }
         Prim::Recv => {
-            let (receiver, _) = links.receiver_and_sender(step.recv_from, NO_PEER, call)?;
+            let (receiver, _) =
+                links.receiver_and_sender(step.channel, step.recv_from, NO_PEER, call)?;
             let mut found: Option<Error> = None;
             if mode == Store::Streaming && receiver.recv_into_copies() {
                 // Out of the slot with streaming stores.
@@ -159,7 +160,7 @@ fn run_step<T: Element>(
         }
         prim => {
             let (receiver, mut sender) =
-                links.receiver_and_sender(step.recv_from, step.send_to, call)?;
+                links.receiver_and_sender(step.channel, step.recv_from, step.send_to, call)?;
             // An error found while consuming a frame is richer than what the
             // transport can carry; keep it here and hand the transport a
             // placeholder.

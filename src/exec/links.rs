@@ -1,6 +1,10 @@
 //! The connections of one communicator: which transport reaches which peer,
 //! connection set-up through the rendezvous (lower rank connects, higher rank
-//! accepts), and the per-peer sending and receiving halves the executor uses.
+//! accepts), and the sending and receiving halves the executor uses, by
+//! channel and peer. A channel is a set of connections of its own (its own
+//! FIFOs) to the same peers, so that a schedule may run several rings or
+//! trees at once (NCCL's channels); today's schedules use channel 0, and
+//! further channels connect when a step first names them.
 
 use super::Call;
 use crate::bootstrap::{FailureReport, Store};
@@ -116,13 +120,45 @@ pub(crate) struct Connector {
     comm_id: u64,
     store: Arc<dyn Store>,
     watch: Arc<MemberWatch>,
+    /// Channel 0's listeners, one per transport in preference order.
     transports: Vec<(Arc<dyn Transport>, Box<dyn Listener>)>,
+    /// The listeners of channels 1.. (index `c - 1`), made when a step
+    /// first names the channel.
+    more: Vec<Vec<Box<dyn Listener>>>,
+    /// What channel 0 listens with; channel `c` listens with its own
+    /// communicator id ([`channel_comm_id`]), so that its connections are
+    /// never taken for another channel's.
+    listen: ListenConfig,
+    abort: AbortSignal,
     hosts: Vec<HostInfo>,
     timeout: Duration,
 }
 
 fn key(comm_id: u64, what: &str, rank: usize) -> String {
     format!("comm/{comm_id:016x}/{what}/{rank}")
+}
+
+/// The rendezvous name of a listener's address: channel 0 keeps the name
+/// it always had.
+fn addr_key(comm_id: u64, transport: &str, channel: usize, rank: usize) -> String {
+    match channel {
+        0 => key(comm_id, &format!("addr-{transport}"), rank),
+        c => key(comm_id, &format!("addr-{transport}-ch{c}"), rank),
+    }
+}
+
+/// The communicator id channel `channel` of communicator `comm_id` shows
+/// its transports (channel 0: `comm_id` itself): every rank derives the
+/// same one, and a handshake meant for one channel fails on another's.
+pub(crate) fn channel_comm_id(comm_id: u64, channel: usize) -> u64 {
+    if channel == 0 {
+        return comm_id;
+    }
+    // splitmix64's finaliser: nearby channels get unrelated ids.
+    let mut z = comm_id ^ (channel as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl Connector {
@@ -144,7 +180,7 @@ impl Connector {
                 .listen(config, abort)
                 .map_err(|e| Error::from_transport(e, "communicator set-up"))?;
             store.set(
-                &key(comm_id, &format!("addr-{}", transport.name()), rank),
+                &addr_key(comm_id, transport.name(), 0, rank),
                 &listener.address(),
             )?;
             listening.push((transport, listener));
@@ -165,8 +201,41 @@ impl Connector {
             store,
             watch,
             transports: listening,
+            more: Vec::new(),
+            listen: config.clone(),
+            abort: abort.clone(),
             hosts,
             timeout,
+        })
+    }
+
+    /// The listener of transport `index` on `channel`, starting (and
+    /// publishing) every transport's listener of the channels up to it
+    /// that this rank has not listened on yet.
+    fn listener(&mut self, index: usize, channel: usize) -> Result<&dyn Listener> {
+        while self.more.len() < channel {
+            let c = self.more.len() + 1;
+            let config = ListenConfig {
+                comm_id: channel_comm_id(self.comm_id, c),
+                ..self.listen.clone()
+            };
+            let mut listeners = Vec::with_capacity(self.transports.len());
+            for (transport, _) in &self.transports {
+                let during = format!("set-up of channel {c}");
+                let listener = transport
+                    .listen(&config, &self.abort)
+                    .map_err(|e| Error::from_transport(e, &during))?;
+                self.store.set(
+                    &addr_key(self.comm_id, transport.name(), c, self.rank),
+                    &listener.address(),
+                )?;
+                listeners.push(listener);
+            }
+            self.more.push(listeners);
+        }
+        Ok(match channel {
+            0 => &*self.transports[index].1,
+            c => &*self.more[c - 1][index],
         })
     }
 
@@ -196,15 +265,18 @@ impl Connector {
         self.transports.iter().map(|(t, _)| t.name()).collect()
     }
 
-    fn connect(&self, peer: usize) -> Result<ferroccl_transport::Connection> {
+    fn connect(&mut self, channel: usize, peer: usize) -> Result<ferroccl_transport::Connection> {
         let index = self.pick(peer)?;
-        let (transport, listener) = &self.transports[index];
+        let name = self.transports[index].0.name();
         let deadline = Instant::now() + self.timeout;
-        let conn = if self.rank < peer {
+        let (rank, comm_id) = (self.rank, self.comm_id);
+        let (store, watch) = (Arc::clone(&self.store), Arc::clone(&self.watch));
+        let listener = self.listener(index, channel)?;
+        let conn = if rank < peer {
             let address = watched_get(
-                &*self.store,
-                &self.watch,
-                &key(self.comm_id, &format!("addr-{}", transport.name()), peer),
+                &*store,
+                &watch,
+                &addr_key(comm_id, name, channel, peer),
                 deadline,
             )?;
             listener.connect(peer, &address, deadline)
@@ -213,13 +285,11 @@ impl Connector {
         }
         .map_err(|e| Error::from_transport(e, "connection set-up"))?;
         tracing::info!(
-            rank = self.rank,
+            rank,
             peer,
-            transport = transport.name(),
-            "connected rank {} to rank {} over {}",
-            self.rank,
-            peer,
-            transport.name()
+            channel,
+            transport = name,
+            "connected rank {rank} to rank {peer} over {name} (channel {channel})"
         );
         Ok(conn)
     }
@@ -259,14 +329,31 @@ pub(super) type RecvSend<'a> = (
     Option<&'a mut Box<dyn SlotSender>>,
 );
 
-/// The halves of every established connection, by peer.
-pub(crate) struct Links {
-    connector: Connector,
+/// The halves of one channel's established connections, by peer.
+struct Channel {
     senders: Vec<Option<Box<dyn SlotSender>>>,
     receivers: Vec<Option<Box<dyn SlotReceiver>>>,
     /// What set-up said about each peer's FIFOs: (send, receive).
     fifos: Vec<Option<(FifoDescriptor, FifoDescriptor)>>,
     transport_of: Vec<Option<&'static str>>,
+}
+
+impl Channel {
+    fn new(size: usize) -> Self {
+        Channel {
+            senders: (0..size).map(|_| None).collect(),
+            receivers: (0..size).map(|_| None).collect(),
+            fifos: vec![None; size],
+            transport_of: vec![None; size],
+        }
+    }
+}
+
+/// The halves of every established connection, by channel and peer.
+pub(crate) struct Links {
+    connector: Connector,
+    /// Channel 0 always; others once a step names them.
+    channels: Vec<Channel>,
     /// Shared with the communicator so that abort can close connections
     /// while the executor is blocked holding `Links`.
     closers: Arc<Mutex<Vec<Arc<dyn ConnectionCloser>>>>,
@@ -280,36 +367,47 @@ impl Links {
         let size = connector.size;
         Links {
             connector,
-            senders: (0..size).map(|_| None).collect(),
-            receivers: (0..size).map(|_| None).collect(),
-            fifos: vec![None; size],
-            transport_of: vec![None; size],
+            channels: vec![Channel::new(size)],
             closers,
         }
     }
 
-    /// Connect to `peer` now if not connected yet. Inlined: every step of
-    /// every call asks, and almost always the answer is "connected".
+    /// Connect to `peer` on `channel` now if not connected yet. Inlined:
+    /// every step of every call asks, and almost always the answer is
+    /// "connected".
     #[inline]
-    pub(crate) fn ensure(&mut self, peer: usize) -> Result<()> {
-        match self.senders.get(peer) {
+    pub(crate) fn ensure(&mut self, channel: usize, peer: usize) -> Result<()> {
+        match self.channels.get(channel).and_then(|c| c.senders.get(peer)) {
             Some(Some(_)) => Ok(()),
-            _ => self.connect(peer),
+            _ => self.connect(channel, peer),
         }
     }
 
+    /// Connect to `peer` on `channel`. Like channel 0's peers other than
+    /// the ring neighbours, a channel's connections are made when a step
+    /// first needs them, the lower rank connecting and the higher
+    /// accepting: both ranks run the same schedule, so both get here.
     #[cold]
-    fn connect(&mut self, peer: usize) -> Result<()> {
-        if peer >= self.connector.size {
+    fn connect(&mut self, channel: usize, peer: usize) -> Result<()> {
+        let size = self.connector.size;
+        if peer >= size {
             return Err(Error::InvalidArgument(format!(
-                "rank {peer} out of range for a communicator of {} ranks",
-                self.connector.size
+                "rank {peer} out of range for a communicator of {size} ranks"
             )));
         }
-        if self.senders[peer].is_some() || peer == self.connector.rank {
+        if channel > MAX_CHANNELS {
+            return Err(Error::InvalidArgument(format!(
+                "channel {channel} out of range: a communicator has at most {} channels",
+                MAX_CHANNELS + 1
+            )));
+        }
+        while self.channels.len() <= channel {
+            self.channels.push(Channel::new(size));
+        }
+        if self.channels[channel].senders[peer].is_some() || peer == self.connector.rank {
             return Ok(());
         }
-        let conn = self.connector.connect(peer)?;
+        let conn = self.connector.connect(channel, peer)?;
         let Some(HostPath { sender, receiver }) = conn.host else {
             conn.closer.close();
             return Err(Error::Connect {
@@ -320,10 +418,11 @@ impl Links {
                 ),
             });
         };
-        self.transport_of[peer] = Some(conn.transport);
-        self.fifos[peer] = Some((conn.send_fifo, conn.recv_fifo));
-        self.senders[peer] = Some(sender);
-        self.receivers[peer] = Some(receiver);
+        let links = &mut self.channels[channel];
+        links.transport_of[peer] = Some(conn.transport);
+        links.fifos[peer] = Some((conn.send_fifo, conn.recv_fifo));
+        links.senders[peer] = Some(sender);
+        links.receivers[peer] = Some(receiver);
         lock(&self.closers).push(conn.closer);
         Ok(())
     }
@@ -334,54 +433,75 @@ impl Links {
         self.connector.one_host()
     }
 
-    /// The transport each peer is connected over (None: not connected yet).
+    /// The transport each peer is connected over on channel 0 (None: not
+    /// connected yet).
     pub(crate) fn transports(&self) -> &[Option<&'static str>] {
-        &self.transport_of
+        &self.channels[0].transport_of
     }
 
-    /// The FIFOs of the connection to `peer` as its set-up described them,
-    /// (send, receive); None while not connected.
+    /// The FIFOs of the connection to `peer` on `channel` as its set-up
+    /// described them, (send, receive); None while not connected.
     #[expect(dead_code, reason = "the planner reads it to choose device paths")]
-    pub(crate) fn fifos(&self, peer: usize) -> Option<&(FifoDescriptor, FifoDescriptor)> {
-        self.fifos.get(peer)?.as_ref()
+    pub(crate) fn fifos(
+        &self,
+        channel: usize,
+        peer: usize,
+    ) -> Option<&(FifoDescriptor, FifoDescriptor)> {
+        self.channels.get(channel)?.fifos.get(peer)?.as_ref()
     }
 
     #[inline]
-    pub(super) fn sender(&mut self, peer: usize, call: &Call) -> Result<&mut Box<dyn SlotSender>> {
-        self.ensure(peer)?;
-        self.senders[peer].as_mut().ok_or_else(|| gone(peer, call))
+    pub(super) fn sender(
+        &mut self,
+        channel: usize,
+        peer: usize,
+        call: &Call,
+    ) -> Result<&mut Box<dyn SlotSender>> {
+        self.ensure(channel, peer)?;
+        self.channels[channel].senders[peer]
+            .as_mut()
+            .ok_or_else(|| gone(peer, call))
     }
 
     #[inline]
     pub(super) fn receiver_and_sender(
         &mut self,
+        channel: usize,
         from: usize,
         to: usize,
         call: &Call,
     ) -> Result<RecvSend<'_>> {
-        self.ensure(from)?;
+        self.ensure(channel, from)?;
         if to != crate::algo::NO_PEER {
-            self.ensure(to)?;
+            self.ensure(channel, to)?;
         }
-        let receiver = self.receivers[from]
+        let links = &mut self.channels[channel];
+        let receiver = links.receivers[from]
             .as_mut()
             .ok_or_else(|| gone(from, call))?;
         let sender = if to == crate::algo::NO_PEER {
             None
         } else {
-            Some(self.senders[to].as_mut().ok_or_else(|| gone(to, call))?)
+            Some(links.senders[to].as_mut().ok_or_else(|| gone(to, call))?)
         };
         Ok((receiver, sender))
     }
 
     /// Drop every connection (their threads exit with them).
     pub(crate) fn clear(&mut self) {
-        self.senders.iter_mut().for_each(|s| *s = None);
-        self.receivers.iter_mut().for_each(|r| *r = None);
-        // They described memory the halves held.
-        self.fifos.iter_mut().for_each(|f| *f = None);
+        for links in &mut self.channels {
+            links.senders.iter_mut().for_each(|s| *s = None);
+            links.receivers.iter_mut().for_each(|r| *r = None);
+            // They described memory the halves held.
+            links.fifos.iter_mut().for_each(|f| *f = None);
+        }
     }
 }
+
+/// The highest channel number a step may name: each channel is a set of
+/// connections (and, over shm, of shared FIFOs) of its own, so a schedule
+/// that named a wild one would make thousands.
+pub(crate) const MAX_CHANNELS: usize = 31;
 
 fn gone(peer: usize, call: &Call) -> Error {
     Error::PeerFailed {
