@@ -84,12 +84,13 @@ pub struct Config {
 
 /// Default of `Config::nt_store_bytes`. On the 2-core build machine a
 /// 2-rank allreduce out of place gained 10-25% from streaming stores at
-/// 64 and 256 MiB and lost about 10% at 16 MiB (docs/performance.md).
+/// 64 and 256 MiB and lost about 10% at 16 MiB (docs/performance-history.md,
+/// "Streaming stores", 2026-11-21).
 pub const DEFAULT_NT_STORE_BYTES: usize = 32 << 20;
 
 /// Default sockets per peer. Measured on loopback with 2 cores
-/// (docs/performance.md): more sockets add threads that compete with the
-/// reduction for the same cores.
+/// (docs/performance-history.md, "Knob experiments"): more sockets add
+/// threads that compete with the reduction for the same cores.
 pub const DEFAULT_NSOCKS_PERPEER: usize = 1;
 
 impl Config {

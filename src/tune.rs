@@ -37,8 +37,10 @@ pub struct LinkModel {
 }
 
 impl LinkModel {
-    /// Constants used before calibration and where it is turned off:
-    /// loopback TCP on a small machine (docs/performance.md).
+    /// Constants used before calibration and where it is turned off: of
+    /// the order of loopback TCP on a small machine (tens of microseconds
+    /// a message, about 2 GB/s; docs/performance-history.md has the
+    /// measurements).
     pub const DEFAULT: LinkModel = LinkModel {
         alpha_us: 15.0,
         beta_gbps: 2.0,

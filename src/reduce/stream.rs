@@ -14,7 +14,8 @@ use crate::element::ReduceOp;
 /// the loads of the inputs and the stores of the outputs interleave in one
 /// pass. Through a buffer instead (reduce a block into L1, then stream it
 /// out), a 2-process 64 MiB allreduce ran at 6.6-7.4 GB/s here; fused, at
-/// 9.3-11.4 (`bench/bound/direct.c`, docs/performance.md). The lines of
+/// 9.3-13.0 (`bench/bound/direct.c` modes 0 and 2, four turns;
+/// docs/performance-history.md, "Fused streaming", 2026-11-22). The lines of
 /// every output start at the same element (the caller checks that the
 /// outputs lie alike against 64-byte boundaries); the elements before the
 /// first boundary and after the last whole line use ordinary stores.
