@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two builds of ferroccl-perf side by side in one session, in turns: A, B,
-# A, B for every case, so that load from other work on the machine falls on
-# both alike, and the two A runs give the run-to-run noise. Used to check
+# A, B, ... for every case, so that load from other work on the machine
+# falls on both alike, and the spread of the A runs gives the run-to-run
+# noise. Used to check
 # that a change costs no speed (docs/performance.md, "Restructuring check").
 #
 #   bench/ab.sh A_PERF B_PERF [OUT_DIR]
@@ -9,7 +10,9 @@
 #   OPS="allreduce allgather reducescatter"   collectives
 #   RANKS="2 4"                               rank counts
 #   TRANSPORTS="default tcp"                  FERROCCL_TRANSPORT values
-#   MINB=8 MAXB=268435456 ITERS=10 WARMUP=3   sizes (step 4) and iterations
+#   MINB=8 MAXB=268435456 FACTOR=2            sizes
+#   ITERS=10 WARMUP=3                         iterations
+#   TURNS=2                                   turns of A and B each
 #   REGISTER=0                                2: buffers in windows (-R 2)
 # Prints one table per case (bench/ab_summary.py) and keeps the CSVs.
 set -euo pipefail
@@ -21,7 +24,10 @@ mkdir -p "$out"
 OPS=${OPS:-allreduce allgather reducescatter}
 RANKS=${RANKS:-2 4}
 TRANSPORTS=${TRANSPORTS:-default tcp}
-MINB=${MINB:-8} MAXB=${MAXB:-268435456} ITERS=${ITERS:-10} WARMUP=${WARMUP:-3}
+MINB=${MINB:-8} MAXB=${MAXB:-268435456} FACTOR=${FACTOR:-2}
+ITERS=${ITERS:-10} WARMUP=${WARMUP:-3} TURNS=${TURNS:-2}
+turns=()
+for ((i = 1; i <= TURNS; i++)); do turns+=("a$i" "b$i"); done
 REGISTER=${REGISTER:-0}
 echo "## $(date -u '+%Y-%m-%dT%H:%M:%SZ') nproc=$(nproc) load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "## A=$a"
@@ -30,16 +36,16 @@ for t in $TRANSPORTS; do
   for n in $RANKS; do
     for op in $OPS; do
       case_name="$op-$n-$t"
-      for turn in a1 b1 a2 b2; do
+      for turn in "${turns[@]}"; do
         exe=$a
         [[ $turn == b* ]] && exe=$b
         env_t=()
         [[ $t != default ]] && env_t=(FERROCCL_TRANSPORT="$t")
-        env "${env_t[@]}" "$exe" "$op" --ranks "$n" -b "$MINB" -e "$MAXB" -f 4 \
+        env "${env_t[@]}" "$exe" "$op" --ranks "$n" -b "$MINB" -e "$MAXB" -f "$FACTOR" \
           -n "$ITERS" -w "$WARMUP" -c 0 -R "$REGISTER" \
           --csv "$out/$case_name-$turn.csv" > "$out/$case_name-$turn.txt"
       done
-      python3 "$here/ab_summary.py" "$out" "$case_name"
+      python3 "$here/ab_summary.py" "$out" "$case_name" "$TURNS"
     done
   done
 done

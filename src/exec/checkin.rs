@@ -60,7 +60,7 @@ use crate::error::{Error, Result};
 use crate::plan::{self, Direct, Route};
 use crate::window::{Control, Windows};
 use ferroccl_transport::wait::{Waiter, OVERSUBSCRIBED_SPINS};
-use ferroccl_transport::{AbortSignal, Fingerprint, SharedRegion};
+use ferroccl_transport::{AbortSignal, Fingerprint};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -240,15 +240,22 @@ pub(crate) fn run<T: Element>(
     Ok(true)
 }
 
+/// Word `index` of a control page's words (`SharedRegion::words`, asked
+/// once per function and page: each ask is a call through the trait
+/// object, and a small call reads some twenty words).
 #[inline]
-pub(super) fn word(page: &dyn SharedRegion, index: usize) -> Result<&AtomicU64> {
-    page.words().get(index).ok_or_else(|| {
-        Error::Io(format!(
-            "window control page {}: word {index} is outside its {} bytes",
-            page.path().display(),
-            page.len()
-        ))
-    })
+pub(super) fn word(words: &[AtomicU64], index: usize) -> Result<&AtomicU64> {
+    match words.get(index) {
+        Some(w) => Ok(w),
+        None => Err(outside(index, words.len())),
+    }
+}
+
+#[cold]
+fn outside(index: usize, words: usize) -> Error {
+    Error::Io(format!(
+        "window control page: word {index} is outside its {words} words"
+    ))
 }
 
 /// The announcement slot of check-in number `turn`.
@@ -259,7 +266,7 @@ pub(super) fn entry(turn: u64) -> usize {
 /// Say on this rank's page that call `fp` runs through slots without a
 /// check-in (see `read_announcement`).
 fn note_slot_call(ctx: &Ctx<'_>, fp: &Fingerprint) -> Result<()> {
-    let page = &*ctx.control.pages[ctx.rank];
+    let page = ctx.control.pages[ctx.rank].words();
     word(page, W_SLOTS + 1)?.store(pack(fp), Ordering::Relaxed);
     word(page, W_SLOTS + 2)?.store(fp.count, Ordering::Relaxed);
     word(page, W_SLOTS)?.store(fp.seq, Ordering::Release);
@@ -275,7 +282,7 @@ pub(super) fn announce(
     place: &Place,
     in_addr: Option<u64>,
 ) -> Result<()> {
-    let page = &*ctx.control.pages[ctx.rank];
+    let page = ctx.control.pages[ctx.rank].words();
     let e = entry(turn);
     for (field, value) in [
         (E_FP, pack(fp)),
@@ -309,7 +316,7 @@ pub(super) fn read_announcement(
     deadline: &Deadline,
     call: &Call,
 ) -> Result<Place> {
-    let page = &*ctx.control.pages[peer];
+    let page = ctx.control.pages[peer].words();
     let e = entry(turn);
     let seq_word = word(page, e + E_SEQ)?;
     let slots_word = word(page, W_SLOTS)?;
@@ -345,9 +352,9 @@ pub(super) fn read_announcement(
 fn finish(ctx: &Ctx<'_>, seq: u64, deadline: &Deadline, call: &Call) -> Result<()> {
     // Release: a peer that sees it sees every byte this rank wrote into
     // the peer's buffers.
-    word(&*ctx.control.pages[ctx.rank], W_DONE)?.store(seq, Ordering::Release);
+    word(ctx.control.pages[ctx.rank].words(), W_DONE)?.store(seq, Ordering::Release);
     for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
-        let done = word(&*ctx.control.pages[peer], W_DONE)?;
+        let done = word(ctx.control.pages[peer].words(), W_DONE)?;
         wait(ctx, peer, deadline, call, "it to finish the call", || {
             done.load(Ordering::Acquire) >= seq
         })?;
@@ -410,7 +417,7 @@ fn wait(
     } else {
         SPINS
     };
-    let left = word(&*ctx.control.pages[peer], W_LEFT)?;
+    let left = word(ctx.control.pages[peer].words(), W_LEFT)?;
     let mut w = Waiter::new(spins);
     loop {
         if ready() {

@@ -31,7 +31,7 @@ fn write_inline(ctx: &Ctx<'_>, turn: u64, bytes: &[u8]) -> Result<()> {
     if bytes.len() <= 8 {
         let mut w = [0u8; 8];
         w[..bytes.len()].copy_from_slice(bytes);
-        let page = &*ctx.control.pages[ctx.rank];
+        let page = ctx.control.pages[ctx.rank].words();
         word(page, entry(turn) + E_SMALL)?.store(u64::from_ne_bytes(w), Ordering::Relaxed);
         return Ok(());
     }
@@ -55,7 +55,8 @@ fn peer_inline<'x, T: Element>(
 ) -> Result<&'x [T]> {
     let elem = std::mem::size_of::<T>();
     if total * elem <= 8 {
-        small[0] = word(&*ctx.control.pages[j], entry(turn) + E_SMALL)?.load(Ordering::Relaxed);
+        small[0] =
+            word(ctx.control.pages[j].words(), entry(turn) + E_SMALL)?.load(Ordering::Relaxed);
         let all: &[T] = bytemuck::cast_slice(&small[..]);
         return all
             .get(off..off + len)
