@@ -21,6 +21,7 @@
 
 use crate::element::Element;
 use ferroccl_transport::{SharedMemory, SharedRegion};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, Weak};
 
 /// A buffer of elements that the ranks of a communicator share: made by
@@ -133,11 +134,43 @@ pub(crate) struct WindowMaps {
     pub(crate) peers: Mutex<Vec<Option<Box<dyn SharedRegion>>>>,
 }
 
+/// The words of each control page, borrowed once from the pages.
+type PageWords<'a> = Vec<&'a [AtomicU64]>;
+
+self_cell::self_cell!(
+    /// The ranks' control pages, by rank, and each page's words
+    /// (`SharedRegion::words`) asked once, when the pages are made: the
+    /// check-in reads some twenty words a call, and each ask would be a
+    /// call through the trait object.
+    pub(crate) struct Pages {
+        owner: Vec<Box<dyn SharedRegion>>,
+        #[covariant]
+        dependent: PageWords,
+    }
+);
+
+impl Pages {
+    pub(crate) fn from_regions(pages: Vec<Box<dyn SharedRegion>>) -> Self {
+        Pages::new(pages, |pages| pages.iter().map(|p| p.words()).collect())
+    }
+
+    /// Rank `rank`'s page.
+    pub(crate) fn page(&self, rank: usize) -> &dyn SharedRegion {
+        &*self.borrow_owner()[rank]
+    }
+
+    /// The 64-bit words of rank `rank`'s page.
+    #[inline]
+    pub(crate) fn words(&self, rank: usize) -> &[AtomicU64] {
+        self.borrow_dependent()[rank]
+    }
+}
+
 /// The control pages of the ranks (one per rank, every rank maps all):
 /// where calls are announced and completions signalled (`exec::checkin`).
 pub(crate) struct Control {
     /// Each rank's page, by rank (this rank's own included).
-    pub(crate) pages: Vec<Box<dyn SharedRegion>>,
+    pub(crate) pages: Pages,
     /// This rank's page once more, to write its inline data through (the
     /// same memory as `pages[rank]`).
     pub(crate) own: Mutex<Box<dyn SharedRegion>>,

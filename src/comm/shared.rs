@@ -213,7 +213,7 @@ impl Communicator {
             .collect();
         let cma = self.probe_cma(memory.as_ref(), &pages, &pids)?;
         let _ = inner.control.set(Arc::new(Control {
-            pages,
+            pages: crate::window::Pages::from_regions(pages),
             own: Mutex::new(own),
             pids,
             memory,

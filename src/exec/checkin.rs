@@ -266,7 +266,7 @@ pub(super) fn entry(turn: u64) -> usize {
 /// Say on this rank's page that call `fp` runs through slots without a
 /// check-in (see `read_announcement`).
 fn note_slot_call(ctx: &Ctx<'_>, fp: &Fingerprint) -> Result<()> {
-    let page = ctx.control.pages[ctx.rank].words();
+    let page = ctx.control.pages.words(ctx.rank);
     word(page, W_SLOTS + 1)?.store(pack(fp), Ordering::Relaxed);
     word(page, W_SLOTS + 2)?.store(fp.count, Ordering::Relaxed);
     word(page, W_SLOTS)?.store(fp.seq, Ordering::Release);
@@ -282,7 +282,7 @@ pub(super) fn announce(
     place: &Place,
     in_addr: Option<u64>,
 ) -> Result<()> {
-    let page = ctx.control.pages[ctx.rank].words();
+    let page = ctx.control.pages.words(ctx.rank);
     let e = entry(turn);
     for (field, value) in [
         (E_FP, pack(fp)),
@@ -316,7 +316,7 @@ pub(super) fn read_announcement(
     deadline: &Deadline,
     call: &Call,
 ) -> Result<Place> {
-    let page = ctx.control.pages[peer].words();
+    let page = ctx.control.pages.words(peer);
     let e = entry(turn);
     let seq_word = word(page, e + E_SEQ)?;
     let slots_word = word(page, W_SLOTS)?;
@@ -352,9 +352,9 @@ pub(super) fn read_announcement(
 fn finish(ctx: &Ctx<'_>, seq: u64, deadline: &Deadline, call: &Call) -> Result<()> {
     // Release: a peer that sees it sees every byte this rank wrote into
     // the peer's buffers.
-    word(ctx.control.pages[ctx.rank].words(), W_DONE)?.store(seq, Ordering::Release);
+    word(ctx.control.pages.words(ctx.rank), W_DONE)?.store(seq, Ordering::Release);
     for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
-        let done = word(ctx.control.pages[peer].words(), W_DONE)?;
+        let done = word(ctx.control.pages.words(peer), W_DONE)?;
         wait(ctx, peer, deadline, call, "it to finish the call", || {
             done.load(Ordering::Acquire) >= seq
         })?;
@@ -394,7 +394,7 @@ impl Deadline {
 /// Say on this rank's page that it has dropped its communicator: a peer
 /// waiting for it at a check-in ends with `PeerFailed` naming it.
 pub(crate) fn leave(control: &Control, rank: usize) {
-    if let Some(w) = control.pages.get(rank).and_then(|p| p.word(W_LEFT).ok()) {
+    if let Some(w) = control.pages.words(rank).get(W_LEFT) {
         w.store(1, Ordering::Release);
     }
 }
@@ -417,7 +417,7 @@ fn wait(
     } else {
         SPINS
     };
-    let left = word(ctx.control.pages[peer].words(), W_LEFT)?;
+    let left = word(ctx.control.pages.words(peer), W_LEFT)?;
     let mut w = Waiter::new(spins);
     loop {
         if ready() {

@@ -31,7 +31,7 @@ fn write_inline(ctx: &Ctx<'_>, turn: u64, bytes: &[u8]) -> Result<()> {
     if bytes.len() <= 8 {
         let mut w = [0u8; 8];
         w[..bytes.len()].copy_from_slice(bytes);
-        let page = ctx.control.pages[ctx.rank].words();
+        let page = ctx.control.pages.words(ctx.rank);
         word(page, entry(turn) + E_SMALL)?.store(u64::from_ne_bytes(w), Ordering::Relaxed);
         return Ok(());
     }
@@ -55,14 +55,16 @@ fn peer_inline<'x, T: Element>(
 ) -> Result<&'x [T]> {
     let elem = std::mem::size_of::<T>();
     if total * elem <= 8 {
-        small[0] =
-            word(ctx.control.pages[j].words(), entry(turn) + E_SMALL)?.load(Ordering::Relaxed);
+        small[0] = word(ctx.control.pages.words(j), entry(turn) + E_SMALL)?.load(Ordering::Relaxed);
         let all: &[T] = bytemuck::cast_slice(&small[..]);
         return all
             .get(off..off + len)
             .ok_or_else(|| Error::Io(format!("inline input {off}+{len} of {total}")));
     }
-    let raw = ctx.control.pages[j]
+    let raw = ctx
+        .control
+        .pages
+        .page(j)
         .slice(inline_at(turn) + off * elem, len * elem)
         .map_err(|e| Error::Io(format!("window control page: {e}")))?;
     bytemuck::try_cast_slice(raw).map_err(|e| Error::Io(format!("window control page: {e:?}")))

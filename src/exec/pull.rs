@@ -34,7 +34,7 @@ pub(super) fn run<T: Element>(
     // this rank acquired when it read the announcement.
     let inputs = (0..ctx.size)
         .map(|j| {
-            let at = word(ctx.control.pages[j].words(), entry(turn) + E_IN_ADDR)?;
+            let at = word(ctx.control.pages.words(j), entry(turn) + E_IN_ADDR)?;
             Ok(at.load(Ordering::Relaxed))
         })
         .collect::<Result<Vec<u64>>>()?;
