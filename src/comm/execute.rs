@@ -46,7 +46,11 @@ impl Communicator {
     /// sizes, and choosing an algorithm and building its schedule cost more
     /// than running a small allreduce over shared memory.
     pub(super) fn plan<T: Element>(&self, call: &CollCall) -> Result<Planned> {
-        let cacheable = call.kind == CollKind::AllReduce && call.send_len == call.recv_len;
+        // Host memory only: a plan cached for host buffers must not let a
+        // call on device memory past the planner's refusal.
+        let cacheable = call.kind == CollKind::AllReduce
+            && call.send_len == call.recv_len
+            && call.memory == Memory::Host;
         if !cacheable {
             return self.build_plan::<T>(call).map(Planned::Built);
         }
@@ -240,6 +244,11 @@ mod tests {
     #[test]
     fn device_buffers_are_refused_before_anything_moves() {
         let results = crate::testing::run_ranks(2, |comm| -> Result<()> {
+            // A host allreduce of the same count first: its plan is cached,
+            // and must not let the device call past the refusal.
+            let mut warm = [1.0f32; 4];
+            comm.all_reduce_in_place(&mut warm, ReduceOp::Sum)?;
+            assert_eq!(warm, [2.0; 4]);
             let call = CollCall {
                 op: Some(ReduceOp::Sum),
                 memory: Memory::Device { ordinal: 1 },
