@@ -45,6 +45,7 @@ impl Communicator {
     /// by (count, element size): training loops and benchmarks repeat their
     /// sizes, and choosing an algorithm and building its schedule cost more
     /// than running a small allreduce over shared memory.
+    #[inline(always)]
     pub(super) fn plan<T: Element>(&self, call: &CollCall) -> Result<Planned> {
         // Host memory only: a plan cached for host buffers must not let a
         // call on device memory past the planner's refusal.
