@@ -234,7 +234,7 @@ impl Communicator {
         }
         // After calibration: its calls restart the numbering, which a
         // check-in must never see go backwards.
-        if comm.inner.config.checkin && comm.create_control()? {
+        if comm.inner.config.checkin && comm.create_control()?.is_some() {
             comm.restart_numbering();
         }
         Ok(comm)

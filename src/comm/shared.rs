@@ -51,15 +51,11 @@ impl Communicator {
         };
         // The control pages first (made at creation unless
         // FERROCCL_CHECKIN=0): without them a window is private memory.
-        if !self.create_control()? {
+        let Some(control) = self.create_control()? else {
             return Ok(Window::private(len));
-        }
-        let memory = match inner.control.get() {
-            Some(control) => Arc::clone(&control.memory),
-            None => return Ok(Window::private(len)),
         };
         let shared = self.share_regions(
-            memory.as_ref(),
+            control.memory.as_ref(),
             &format!("alloc_window: window {id}"),
             id,
             |memory, name| memory.create(name, bytes),
@@ -164,17 +160,17 @@ impl Communicator {
     }
     /// Give every rank the control pages of all (a collective), unless it
     /// has them (`share_regions`, with a magic word and the process id on
-    /// each page). `Ok(false)` where the ranks cannot share memory (several
-    /// hosts, FERROCCL_TRANSPORT=tcp, one rank, a rank that could not
-    /// create or map a page): the communicator then runs every call
-    /// through slots.
-    pub(super) fn create_control(&self) -> Result<bool> {
+    /// each page), and return them. `Ok(None)` where the ranks cannot
+    /// share memory (several hosts, FERROCCL_TRANSPORT=tcp, one rank, a
+    /// rank that could not create or map a page): the communicator then
+    /// runs every call through slots.
+    pub(super) fn create_control(&self) -> Result<Option<Arc<Control>>> {
         let inner = &self.inner;
-        if inner.control.get().is_some() {
-            return Ok(true);
+        if let Some(control) = inner.control.get() {
+            return Ok(Some(Arc::clone(control)));
         }
         let Some(memory) = self.shared_memory().cloned() else {
-            return Ok(false);
+            return Ok(None);
         };
         let create = |memory: &dyn SharedMemory, name: &str| {
             let page = memory.create(name, window::CONTROL_BYTES)?;
@@ -201,7 +197,7 @@ impl Communicator {
         let Some((own, pages)) =
             self.share_regions(memory.as_ref(), "control pages", 0, create, open)?
         else {
-            return Ok(false);
+            return Ok(None);
         };
         let pids: Vec<u32> = pages
             .iter()
@@ -228,7 +224,8 @@ impl Communicator {
             inner.size,
             crate::plan::INLINE_BYTES
         );
-        Ok(true)
+        // The pages just set (or, had another thread set some first, those).
+        Ok(inner.control.get().cloned())
     }
     /// Whether this rank can read every peer's memory by cross-memory
     /// attach (the probe word of each peer's control page, at the address

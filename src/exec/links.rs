@@ -120,11 +120,11 @@ pub(crate) struct Connector {
     comm_id: u64,
     store: Arc<dyn Store>,
     watch: Arc<MemberWatch>,
-    /// Channel 0's listeners, one per transport in preference order.
-    transports: Vec<(Arc<dyn Transport>, Box<dyn Listener>)>,
-    /// The listeners of channels 1.. (index `c - 1`), made when a step
-    /// first names the channel.
-    more: Vec<Vec<Box<dyn Listener>>>,
+    /// The transports, in preference order.
+    transports: Vec<Arc<dyn Transport>>,
+    /// Each channel's listeners, one per transport: channel 0's made at
+    /// creation, the others when a step first names the channel.
+    listeners: Vec<Vec<Box<dyn Listener>>>,
     /// What channel 0 listens with; channel `c` listens with its own
     /// communicator id ([`channel_comm_id`]), so that its connections are
     /// never taken for another channel's.
@@ -174,54 +174,52 @@ impl Connector {
         timeout: Duration,
     ) -> Result<Self> {
         let (rank, size, comm_id) = (config.rank, config.size, config.comm_id);
-        let mut listening = Vec::new();
-        for transport in transports {
-            let listener = transport
-                .listen(config, abort)
-                .map_err(|e| Error::from_transport(e, "communicator set-up"))?;
-            store.set(
-                &addr_key(comm_id, transport.name(), 0, rank),
-                &listener.address(),
-            )?;
-            listening.push((transport, listener));
-        }
-        store.set(&key(comm_id, "host", rank), host.host_id.as_bytes())?;
-        let deadline = Instant::now() + timeout;
-        let mut hosts = Vec::with_capacity(size);
-        for r in 0..size {
-            let id = watched_get(&*store, &watch, &key(comm_id, "host", r), deadline)?;
-            hosts.push(HostInfo {
-                host_id: String::from_utf8_lossy(&id).into_owned(),
-            });
-        }
-        Ok(Connector {
+        let mut connector = Connector {
             rank,
             size,
             comm_id,
             store,
             watch,
-            transports: listening,
-            more: Vec::new(),
+            transports,
+            listeners: Vec::new(),
             listen: config.clone(),
             abort: abort.clone(),
-            hosts,
+            hosts: Vec::with_capacity(size),
             timeout,
-        })
+        };
+        connector.listen_through(0)?;
+        let Connector {
+            store,
+            watch,
+            hosts,
+            ..
+        } = &mut connector;
+        store.set(&key(comm_id, "host", rank), host.host_id.as_bytes())?;
+        let deadline = Instant::now() + timeout;
+        for r in 0..size {
+            let id = watched_get(&**store, watch, &key(comm_id, "host", r), deadline)?;
+            hosts.push(HostInfo {
+                host_id: String::from_utf8_lossy(&id).into_owned(),
+            });
+        }
+        Ok(connector)
     }
 
-    /// The listener of transport `index` on `channel`, starting (and
-    /// publishing) every transport's listener of the channels up to it
-    /// that this rank has not listened on yet.
-    fn listener(&mut self, index: usize, channel: usize) -> Result<&dyn Listener> {
-        while self.more.len() < channel {
-            let c = self.more.len() + 1;
+    /// Start (and publish) every transport's listener of each channel up to
+    /// `channel` that this rank does not listen on yet.
+    fn listen_through(&mut self, channel: usize) -> Result<()> {
+        while self.listeners.len() <= channel {
+            let c = self.listeners.len();
             let config = ListenConfig {
                 comm_id: channel_comm_id(self.comm_id, c),
                 ..self.listen.clone()
             };
+            let during = match c {
+                0 => "communicator set-up".to_string(),
+                c => format!("set-up of channel {c}"),
+            };
             let mut listeners = Vec::with_capacity(self.transports.len());
-            for (transport, _) in &self.transports {
-                let during = format!("set-up of channel {c}");
+            for transport in &self.transports {
                 let listener = transport
                     .listen(&config, &self.abort)
                     .map_err(|e| Error::from_transport(e, &during))?;
@@ -231,12 +229,9 @@ impl Connector {
                 )?;
                 listeners.push(listener);
             }
-            self.more.push(listeners);
+            self.listeners.push(listeners);
         }
-        Ok(match channel {
-            0 => &*self.transports[index].1,
-            c => &*self.more[c - 1][index],
-        })
+        Ok(())
     }
 
     /// Index of the transport that joins this rank and `peer`: the first in
@@ -245,7 +240,7 @@ impl Connector {
         let (me, them) = (&self.hosts[self.rank], &self.hosts[peer]);
         self.transports
             .iter()
-            .position(|(t, _)| t.can_connect(me, them))
+            .position(|t| t.can_connect(me, them))
             .ok_or_else(|| Error::Connect {
                 peer,
                 detail: format!(
@@ -262,20 +257,22 @@ impl Connector {
     }
 
     fn transport_names(&self) -> Vec<&'static str> {
-        self.transports.iter().map(|(t, _)| t.name()).collect()
+        self.transports.iter().map(|t| t.name()).collect()
     }
 
     fn connect(&mut self, channel: usize, peer: usize) -> Result<ferroccl_transport::Connection> {
         let index = self.pick(peer)?;
-        let name = self.transports[index].0.name();
+        let name = self.transports[index].name();
         let deadline = Instant::now() + self.timeout;
         let (rank, comm_id) = (self.rank, self.comm_id);
-        let (store, watch) = (Arc::clone(&self.store), Arc::clone(&self.watch));
-        let listener = self.listener(index, channel)?;
+        // Listen (and publish) first: a peer of this channel may be waiting
+        // for this rank's address.
+        self.listen_through(channel)?;
+        let listener = &*self.listeners[channel][index];
         let conn = if rank < peer {
             let address = watched_get(
-                &*store,
-                &watch,
+                &*self.store,
+                &self.watch,
                 &addr_key(comm_id, name, channel, peer),
                 deadline,
             )?;
