@@ -240,9 +240,8 @@ pub(crate) fn run<T: Element>(
     Ok(true)
 }
 
-/// Word `index` of a control page's words (`SharedRegion::words`, asked
-/// once per function and page: each ask is a call through the trait
-/// object, and a small call reads some twenty words).
+/// Word `index` of a control page's words (`Control::pages`, which keeps
+/// every page's words so that no read goes through the trait object).
 #[inline]
 pub(super) fn word(words: &[AtomicU64], index: usize) -> Result<&AtomicU64> {
     match words.get(index) {

@@ -91,7 +91,7 @@ fn pull<T: Element>(
             .map_err(|e| {
                 fail(format!(
                     "copying {bytes} bytes of its input at {at:#x} in process {} by cross-memory \
-                 attach failed: {e}",
+                     attach failed: {e}",
                     pids[j]
                 ))
             })?;
