@@ -8,6 +8,18 @@ use ferroccl_transport::Fingerprint;
 /// Marker for "no root" in a fingerprint.
 pub(crate) const NO_ROOT: u32 = u32::MAX;
 
+/// Set in the `seq` of the library's own calls (the agreements of
+/// communicator set-up, `split` and `alloc_window`, the tuner's
+/// calibration): they are numbered apart from the user's calls, which count
+/// from 1, so that no error ever gives a user call's number to one of them,
+/// and a frame of one is never taken for the other.
+pub(crate) const INTERNAL: u64 = 1 << 63;
+
+/// Whether a fingerprint is of one of the library's own calls.
+pub(crate) fn is_internal(fp: &Fingerprint) -> bool {
+    fp.seq & INTERNAL != 0
+}
+
 /// Describe a fingerprint for an error message; unknown codes (from a peer
 /// running another version, or garbage) are shown as numbers, never trusted.
 pub(crate) fn describe(fp: &Fingerprint) -> String {
@@ -29,6 +41,13 @@ pub(crate) fn describe(fp: &Fingerprint) -> String {
             "root"
         };
         parts.push(format!("{what} {}", fp.root));
+    }
+    if is_internal(fp) {
+        return format!(
+            "the library's own {kind} #{} inside communicator set-up, split or alloc_window ({})",
+            fp.seq & !INTERNAL,
+            parts.join(", ")
+        );
     }
     format!("{kind} #{} ({})", fp.seq, parts.join(", "))
 }

@@ -209,6 +209,31 @@ pub(crate) fn after_check_in(
     }
 }
 
+/// Whether a call of `kind` on `count` elements (the fingerprint's) on
+/// `size` ranks that runs through slots must end with a confirmation, so
+/// that a mismatch fails the call itself on every rank.
+///
+/// Every rank checks every frame it receives against its own call before
+/// it uses the frame or sends anything derived from it. So a rank knows
+/// that every rank ran its call once its output depends on every rank's
+/// input: every such dependency is a chain of frames, each checked by its
+/// receiver. That holds for an allreduce, reduce-scatter, allgather and
+/// all-to-all of any algorithm, and for the barrier's two laps. It does not
+/// hold for a broadcast (the root only sends; a rank hears only from the
+/// ranks on its path from the root), a reduce (only the root hears from
+/// everyone) or a call of no elements (no frames at all): those confirm.
+/// `algo::sim::knowledge` checks this rule on every schedule. Send/recv
+/// never confirms: a send returns once its data is handed to the
+/// transport, and only the receiver checks it.
+pub(crate) fn confirms(kind: CollKind, count: usize, size: usize) -> bool {
+    size > 1
+        && match kind {
+            CollKind::Broadcast | CollKind::Reduce => true,
+            CollKind::SendRecv | CollKind::Barrier => false,
+            _ => count == 0,
+        }
+}
+
 /// How a call through slots writes its output: a large output of its own
 /// (out of place, at least `nt_store_bytes`; 0 turns it off) with
 /// streaming stores: it would not stay in cache anyway, and ordinary stores

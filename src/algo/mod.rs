@@ -151,6 +151,24 @@ pub enum Operand {
     Output,
 }
 
+/// First tag of a confirmation's empty frames (`ring::confirmation`,
+/// `tree::confirmation`, a call of no elements' barrier): far above any
+/// slice or transfer tag of the data steps they follow.
+pub const CONFIRM_TAG: u32 = 0xC0F1_0000;
+
+/// An empty frame's step: `prim` (`Send` or `Recv`) to or from `peer`,
+/// tagged `tag`.
+pub(crate) fn token(prim: Prim, peer: usize, tag: u32) -> Step {
+    let sends = prim.sends();
+    Step {
+        send_to: if sends { peer } else { NO_PEER },
+        recv_from: if sends { NO_PEER } else { peer },
+        send_tag: tag,
+        recv_tag: tag,
+        ..Step::local(prim, Operand::Input, 0, 0, 0)
+    }
+}
+
 /// No peer (for primitives that do not send or do not receive).
 pub const NO_PEER: usize = usize::MAX;
 

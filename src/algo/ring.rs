@@ -325,6 +325,27 @@ fn local_copy_at(offset: usize, count: usize) -> Schedule {
     out
 }
 
+/// A confirmation after a chain (a broadcast's or reduce's data steps):
+/// `informed`, the one rank whose data came through every other rank, sends
+/// an empty frame on around the ring, informed + 1, ..., informed - 1, each
+/// passing it on once it has checked it. A rank that accepts it knows that
+/// `informed`, and so every rank, ran its call.
+pub fn confirmation(p: RingParams, informed: usize) -> Schedule {
+    let n = p.size;
+    let mut out = Schedule::default();
+    if n == 1 {
+        return out;
+    }
+    let d = (p.rank + n - informed) % n;
+    if d > 0 {
+        out.push(super::token(Prim::Recv, p.prev(), super::CONFIRM_TAG));
+    }
+    if d < n - 1 {
+        out.push(super::token(Prim::Send, p.next(), super::CONFIRM_TAG));
+    }
+    out
+}
+
 /// Barrier: an empty token goes twice around the ring. After the first lap
 /// rank 0 knows every rank arrived; the second lap tells the others.
 pub fn barrier(p: RingParams) -> Schedule {

@@ -143,6 +143,98 @@ pub(crate) fn run_with(
     }
 }
 
+/// What each rank knows at the end of `schedules` (one per rank) about
+/// the others' calls, as the executor's checks give it: a rank that
+/// accepts a frame from `s` knows that `s` runs its call (the frame's
+/// fingerprint is its own), and learns everything `s` knew when it sent
+/// the frame (a rank checks a frame before it sends anything after it).
+/// `Ok(informed)`: `informed[r]` when what rank r knows links every rank
+/// to it, so that a mismatch anywhere would have failed its call. Frames
+/// run over bounded FIFOs of `cap`, as in [`run`]; tags are checked.
+pub(crate) fn knowledge(schedules: &[Schedule], cap: usize) -> Result<Vec<bool>, String> {
+    let n = schedules.len();
+    // Known "same call" pairs, as an n x n adjacency bit set per rank.
+    let words = (n * n).div_ceil(64);
+    type Known = Vec<u64>;
+    let set = |k: &mut Known, a: usize, b: usize| {
+        for (x, y) in [(a, b), (b, a)] {
+            k[(x * n + y) / 64] |= 1 << ((x * n + y) % 64);
+        }
+    };
+    let mut known: Vec<Known> = vec![vec![0; words]; n];
+    let mut fifo: HashMap<(usize, usize, usize), VecDeque<(u32, Known)>> = HashMap::new();
+    let mut pc = vec![0usize; n];
+    loop {
+        let mut moved = false;
+        for r in 0..n {
+            let Some(step) = schedules[r].steps.get(pc[r]).copied() else {
+                continue;
+            };
+            if step.prim.sends()
+                && fifo
+                    .get(&(r, step.send_to, step.channel))
+                    .map_or(0, VecDeque::len)
+                    >= cap
+            {
+                continue;
+            }
+            if step.prim.receives() {
+                let q = fifo.entry((step.recv_from, r, step.channel)).or_default();
+                let Some((tag, theirs)) = q.pop_front() else {
+                    continue;
+                };
+                if tag != step.recv_tag {
+                    return Err(format!(
+                        "rank {r} step {} expected tag {} from {}, got {tag}",
+                        pc[r], step.recv_tag, step.recv_from
+                    ));
+                }
+                for (mine, t) in known[r].iter_mut().zip(&theirs) {
+                    *mine |= t;
+                }
+                set(&mut known[r], step.recv_from, r);
+            }
+            if step.prim.sends() {
+                let frame = (step.send_tag, known[r].clone());
+                fifo.entry((r, step.send_to, step.channel))
+                    .or_default()
+                    .push_back(frame);
+            }
+            pc[r] += 1;
+            moved = true;
+        }
+        if (0..n).all(|r| pc[r] == schedules[r].steps.len()) {
+            let left: usize = fifo.values().map(VecDeque::len).sum();
+            if left > 0 {
+                return Err(format!("{left} frames never received"));
+            }
+            break;
+        }
+        if !moved {
+            return Err(format!("deadlock: program counters {pc:?}"));
+        }
+    }
+    // Rank r is informed when its known pairs connect every rank to r.
+    Ok((0..n)
+        .map(|r| {
+            let k = &known[r];
+            let edge = |a: usize, b: usize| k[(a * n + b) / 64] >> ((a * n + b) % 64) & 1 == 1;
+            let mut seen = vec![false; n];
+            let mut stack = vec![r];
+            seen[r] = true;
+            while let Some(a) = stack.pop() {
+                for b in 0..n {
+                    if !seen[b] && edge(a, b) {
+                        seen[b] = true;
+                        stack.push(b);
+                    }
+                }
+            }
+            seen.into_iter().all(|x| x)
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::ring::{self, RingParams};

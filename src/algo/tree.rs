@@ -50,7 +50,9 @@
 //! that both trees use.
 
 use super::ring::RingParams;
-use super::{partition, slice_of, Operand, Prim, Schedule, Step, Timeline, NO_PEER};
+use super::{
+    partition, slice_of, token, Operand, Prim, Schedule, Step, Timeline, CONFIRM_TAG, NO_PEER,
+};
 
 /// One binary tree over the ranks of a communicator.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -305,6 +307,33 @@ pub fn broadcast(p: RingParams, count: usize, root: usize) -> Schedule {
         }
     }
     line.into_schedule()
+}
+
+/// A confirmation after a broadcast's or reduce's data steps on the binary
+/// tree rooted at `root`: with `up`, empty frames first go up from the
+/// leaves (each rank passes one on once it has its children's, so the root
+/// learns that every rank ran its call; a reduce's data did that already),
+/// then down from the root, so that every rank learns it.
+pub fn confirmation(p: RingParams, root: usize, up: bool) -> Schedule {
+    let tree = BinaryTree::rooted_at(p.size, root);
+    let (parent, kids) = (tree.parent[p.rank], &tree.children[p.rank]);
+    let mut out = Schedule::default();
+    let (up_tag, down_tag) = (CONFIRM_TAG, CONFIRM_TAG + 1);
+    if up {
+        for &k in kids {
+            out.push(token(Prim::Recv, k, up_tag));
+        }
+        if parent != NO_PEER {
+            out.push(token(Prim::Send, parent, up_tag));
+        }
+    }
+    if parent != NO_PEER {
+        out.push(token(Prim::Recv, parent, down_tag));
+    }
+    for &k in kids {
+        out.push(token(Prim::Send, k, down_tag));
+    }
+    out
 }
 
 /// Reduce of `count` elements up one binary tree to `root`, whose output

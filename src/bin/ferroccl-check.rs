@@ -20,6 +20,13 @@
 //! `--kill-rank R --kill-after-ms M` kills it with SIGKILL M ms after it
 //! joined, wherever it is then, and `--mismatch-rank R --mismatch-at K`
 //! makes it issue an extra all_reduce that no other rank issues.
+//! `--wrong CASE` runs one call in which rank 1 passes an argument that
+//! differs from the other ranks' (`root`: a broadcast of `--count` u32 from
+//! root 1 where the others name root 0; `op`: a reduce to root 0 with Max
+//! where rank 0 says Sum; `bad-root`: a broadcast root out of range;
+//! `bad-len`: an allgather output one element short), and every rank prints
+//! how that call ended (`rank R: wrong call (CASE) ended after T ms: ...`)
+//! and exits 0.
 
 mod tool;
 
@@ -50,6 +57,9 @@ options:
       --kill-after-ms M  SIGKILL M ms after joining, wherever it is then
       --mismatch-rank R  with --mismatch-at K: rank R issues an extra
       --mismatch-at K    all_reduce (a mismatch) before its K-th call
+      --wrong CASE     rank 1 makes one call with a wrong argument (root,
+                       op, bad-root, bad-len); every rank prints how its
+                       call ended
       --windows        run allreduce, reduce-scatter and allgather on
                        buffers from Communicator::alloc_window (directly
                        between the ranks' buffers where memory is shared)
@@ -73,12 +83,15 @@ struct Options {
     mismatch: Option<(usize, u64)>,
     /// Run the reducing and gathering checks on windows.
     windows: bool,
+    /// One call with a wrong argument on rank 1, instead of the checks.
+    wrong: Option<String>,
 }
 
 /// Parse the arguments (without the program name); `Ok(None)` asks for help.
 fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
     let mut count = 1000usize;
     let mut windows = false;
+    let mut wrong = None;
     let mut iters = 1usize;
     let mut delay_ms = 0u64;
     let (mut die_rank, mut die_at) = (None, None);
@@ -97,6 +110,19 @@ fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
         }
         if name == "--windows" && inline.is_none() {
             windows = true;
+            continue;
+        }
+        if name == "--wrong" {
+            let case = match inline {
+                Some(v) => v,
+                None => it.next().cloned().ok_or("--wrong needs a case")?,
+            };
+            if !matches!(case.as_str(), "root" | "op" | "bad-root" | "bad-len") {
+                return Err(format!(
+                    "--wrong '{case}': the cases are root, op, bad-root, bad-len"
+                ));
+            }
+            wrong = Some(case);
             continue;
         }
         if !matches!(
@@ -167,6 +193,7 @@ fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
         },
         mismatch: pair("mismatch", mismatch_rank, mismatch_at)?,
         windows,
+        wrong,
     }))
 }
 
@@ -662,6 +689,37 @@ fn signal_self(signal: &str) -> bool {
             .is_ok_and(|s| s.success())
 }
 
+/// The one call of `--wrong CASE`: rank 1's argument differs.
+fn wrong_call(comm: &Communicator, case: &str, count: usize) -> Result<(), Error> {
+    let (rank, size) = (comm.rank(), comm.size());
+    let odd = rank == 1;
+    match case {
+        "root" => {
+            let mut buf = vec![rank as u32; count];
+            comm.broadcast(&mut buf, usize::from(odd))
+        }
+        "op" => {
+            let send = vec![rank as f32; count];
+            let mut recv = vec![0f32; count];
+            let op = if rank == 0 {
+                ReduceOp::Sum
+            } else {
+                ReduceOp::Max
+            };
+            comm.reduce(&send, &mut recv, op, 0)
+        }
+        "bad-root" => {
+            let mut buf = vec![rank as u32; count];
+            comm.broadcast(&mut buf, if odd { size } else { 0 })
+        }
+        _ => {
+            let send = vec![rank as u32; count];
+            let mut recv = vec![0u32; count * size - usize::from(odd)];
+            comm.all_gather(&send, &mut recv)
+        }
+    }
+}
+
 fn main() {
     let opts = tool::options_or_exit("ferroccl-check", USAGE, parse_options);
     let started = Instant::now();
@@ -683,6 +741,18 @@ fn main() {
                 }
             });
         }
+    }
+    if let Some(case) = &opts.wrong {
+        let t = Instant::now();
+        let outcome = match wrong_call(&comm, case, opts.count.max(1)) {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("error: {e}"),
+        };
+        say(&format!(
+            "rank {rank}: wrong call ({case}) ended after {} ms: {outcome}",
+            t.elapsed().as_millis()
+        ));
+        return;
     }
     let mut checker = Checker {
         comm: &comm,

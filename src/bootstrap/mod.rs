@@ -41,15 +41,23 @@ pub struct FailureReport {
 pub struct MismatchReport {
     /// The communicator.
     pub comm_id: u64,
-    /// Sequence number of the reporter's call.
+    /// Position of the reporter's call among every collective call of the
+    /// communicator (the library's own calls included), from 1: the same
+    /// on every rank for the same call.
     pub seq: u64,
     /// Global rank of the peer whose frame disagreed with the reporter.
     pub peer: usize,
     /// The reporter's call, described ("all_reduce #3 (float, sum, 10
     /// elements)").
     pub local: String,
-    /// The peer's call, as its frame described it.
+    /// The peer's call, as its frame described it; for a refusal, why the
+    /// reporter refused its call.
     pub remote: String,
+    /// The reporter refused its own call at that position for a bad
+    /// argument (`peer` is the reporter itself): the ranks that accepted
+    /// the call end it with `PeerFailed` naming the reporter; the ranks
+    /// that refused it too go on.
+    pub refused: bool,
 }
 
 impl FailureReport {

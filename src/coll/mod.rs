@@ -11,6 +11,8 @@ mod all_reduce;
 mod all_to_all;
 mod barrier;
 mod broadcast;
+#[cfg(test)]
+mod knowledge_tests;
 mod point_to_point;
 mod reduce;
 mod reduce_scatter;
@@ -121,6 +123,10 @@ pub(crate) struct CollCall {
     /// Where the buffers live (the planner refuses memory it has no path
     /// for before anything else happens).
     pub(crate) memory: Memory,
+    /// One of the library's own calls (an agreement of set-up, `split` or
+    /// `alloc_window`, the tuner's calibration), numbered apart from the
+    /// user's calls.
+    pub(crate) internal: bool,
 }
 
 impl CollCall {
@@ -137,6 +143,7 @@ impl CollCall {
             p2p: None,
             in_place: false,
             memory: Memory::Host,
+            internal: false,
         }
     }
 
@@ -169,6 +176,36 @@ pub(crate) fn plan(call: &CollCall, g: Geometry, algorithm: Algorithm) -> Result
         }
         CollKind::AllToAll => all_to_all(g, c.send_len, c.recv_len),
         CollKind::Barrier => Ok(barrier(g)),
+    }
+}
+
+/// The steps that end a call through slots where the ranks share no
+/// control pages and `plan::confirms` asks for them: empty frames that
+/// carry the call's fingerprint, so that every rank learns that every
+/// other ran the same call (see `plan::confirms`). A broadcast or reduce
+/// passes a token on from the rank its data told (the chain's last, the
+/// tree's root; on a broadcast's tree, up to the root first); a call of no
+/// elements runs the barrier's two laps.
+pub(crate) fn confirmation(call: &CollCall, g: Geometry, algorithm: Algorithm) -> Schedule {
+    use crate::algo::{ring, tree, CONFIRM_TAG};
+    let (p, n) = (g.ring(), g.size);
+    let root = call.root.unwrap_or(0) % n.max(1);
+    let tree = algorithm == Algorithm::Tree;
+    match call.kind {
+        CollKind::Broadcast if call.count > 0 && tree => tree::confirmation(p, root, true),
+        // The chain ends at root - 1.
+        CollKind::Broadcast if call.count > 0 => ring::confirmation(p, (root + n - 1) % n),
+        CollKind::Reduce if call.count > 0 && tree => tree::confirmation(p, root, false),
+        // The chain ends at the root.
+        CollKind::Reduce if call.count > 0 => ring::confirmation(p, root),
+        _ => {
+            let mut laps = ring::barrier(p);
+            for step in &mut laps.steps {
+                step.send_tag += CONFIRM_TAG + 2;
+                step.recv_tag += CONFIRM_TAG + 2;
+            }
+            laps
+        }
     }
 }
 

@@ -6,8 +6,8 @@
 use super::{lock, CallSpec, Communicator, Inner};
 use crate::coll::{self, CollCall, CollKind, Plan};
 use crate::element::Element;
-use crate::error::Result;
-use crate::exec::{self, Call, HostIo, Io};
+use crate::error::{Error, Result};
+use crate::exec::{self, Call, HostIo, Io, Links};
 use crate::plan::{self, Facts, Memory};
 use crate::tune;
 use std::sync::atomic::Ordering;
@@ -53,19 +53,49 @@ impl Communicator {
             && call.send_len == call.recv_len
             && call.memory == Memory::Host;
         if !cacheable {
-            return self.build_plan::<T>(call).map(Planned::Built);
+            return match self.build_plan::<T>(call) {
+                Ok(plan) => Ok(Planned::Built(plan)),
+                Err(err) => Err(self.refuse::<T>(call, err)),
+            };
         }
         let key = (call.kind.code(), call.count, std::mem::size_of::<T>());
         if let Some((_, plan)) = lock(&self.inner.plans).iter().find(|(k, _)| *k == key) {
             return Ok(Planned::Cached(plan.clone()));
         }
-        let plan = Arc::new(self.build_plan::<T>(call)?);
+        let plan = match self.build_plan::<T>(call) {
+            Ok(plan) => Arc::new(plan),
+            Err(err) => return Err(self.refuse::<T>(call, err)),
+        };
         let mut plans = lock(&self.inner.plans);
         if plans.len() >= PLAN_CACHE_ENTRIES {
             plans.remove(0);
         }
         plans.push((key, plan.clone()));
         Ok(Planned::Cached(plan))
+    }
+
+    /// A collective this rank refuses (`err`, a bad argument found before
+    /// anything moved): it still takes its place in the order, and the
+    /// other ranks hear of it at once, so that those which accepted the
+    /// call end it with an error naming this rank and the reason instead of
+    /// waiting out the timeout (those which refused it too go on).
+    #[cold]
+    fn refuse<T: Element>(&self, call: &CollCall, err: Error) -> Error {
+        let inner = &self.inner;
+        if call.p2p.is_some() || inner.size == 1 || inner.has_failed() {
+            return err;
+        }
+        let spec = CallSpec {
+            refused: true,
+            ..self.spec::<T>(call)
+        };
+        let Ok((ticket, issued)) = inner.issue(&spec, None) else {
+            return err;
+        };
+        inner.wait_turn(ticket);
+        inner.refused_at(&issued, &err);
+        inner.end_turn();
+        err
     }
 
     fn build_plan<T: Element>(&self, call: &CollCall) -> Result<Plan> {
@@ -102,7 +132,15 @@ impl Communicator {
             elem,
             inner.config.chunk_bytes(),
         );
-        coll::plan(call, geometry, algorithm)
+        let mut plan = coll::plan(call, geometry, algorithm)?;
+        // Without control pages a broadcast or reduce (or a call of no
+        // elements) confirms through frames of its own; with them, through
+        // the pages (`Inner::execute_checked`).
+        if !facts.control && plan::confirms(call.kind, call.count, inner.size) {
+            let confirm = coll::confirmation(call, geometry, algorithm);
+            plan.schedule.steps.extend(confirm.steps);
+        }
+        Ok(plan)
     }
 
     /// What a call carries besides its buffers, for its fingerprint.
@@ -114,6 +152,8 @@ impl Communicator {
             count: call.count,
             root: call.root,
             p2p: call.p2p,
+            internal: call.internal,
+            refused: false,
         }
     }
 }
@@ -141,11 +181,11 @@ impl Inner {
         call: &Call,
     ) -> Result<()> {
         if self.has_failed() {
-            if let Some(err) = self.relabelled_failure(&call.fingerprint) {
+            if let Some(err) = self.relabelled_failure(call) {
                 return Err(err);
             }
         }
-        if let Some(err) = self.heard_mismatch(&call.fingerprint, false) {
+        if let Some(err) = self.heard_mismatch(call, false) {
             return Err(err);
         }
         let result = self.execute_checked(plan, io, call);
@@ -192,6 +232,39 @@ impl Inner {
             }
         }
         let mut links = lock(&self.links);
+        let result = self.run_slots(&mut links, plan, io, call);
+        drop(links);
+        result?;
+        // A broadcast or reduce does not tell every rank from its data that
+        // every other ran the same call: with control pages, compare the
+        // peers' notes (without them, the schedule ends with a
+        // confirmation of its own: `coll::plan`).
+        if route == (plan::Route::Slots { note: true })
+            && plan::confirms(call.kind, call.fingerprint.count as usize, self.size)
+        {
+            if let Some(control) = self.control.get() {
+                let ctx = exec::Ctx {
+                    rank: self.rank,
+                    size: self.size,
+                    control,
+                    windows: &self.windows,
+                    abort: &self.abort_signal,
+                };
+                exec::confirm(&ctx, call)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Run a call's schedule through slots (out of place from a copy where
+    /// the schedule needs its input after writing its output).
+    fn run_slots<T: Element>(
+        &self,
+        links: &mut Links,
+        plan: &Plan,
+        io: HostIo<'_, T>,
+        call: &Call,
+    ) -> Result<()> {
         match io {
             // The schedule reads its input after writing its output: run
             // it out of place from a copy.
@@ -213,9 +286,9 @@ impl Inner {
                     }
                 };
                 let io = HostIo::OutOfPlace { input, output: buf };
-                exec::run(&mut links, &plan.schedule, io, call)
+                exec::run(links, &plan.schedule, io, call)
             }
-            io => exec::run(&mut links, &plan.schedule, io, call),
+            io => exec::run(links, &plan.schedule, io, call),
         }
     }
 }

@@ -27,7 +27,7 @@ impl Inner {
     /// only saw the abort that an earlier failure caused, return that one).
     pub(super) fn on_error(&self, err: Error, call: &Call) -> Error {
         if matches!(err, Error::Aborted(None)) {
-            if let Some(stored) = self.relabelled_failure(&call.fingerprint) {
+            if let Some(stored) = self.relabelled_failure(call) {
                 return stored;
             }
         }
@@ -45,10 +45,10 @@ impl Inner {
             {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            if let Some(mismatch) = self.heard_mismatch(&call.fingerprint, true) {
+            if let Some(mismatch) = self.heard_mismatch(call, true) {
                 return mismatch;
             }
-            if let Some(stored) = self.relabelled_failure(&call.fingerprint) {
+            if let Some(stored) = self.relabelled_failure(call) {
                 return stored;
             }
         }
@@ -60,13 +60,14 @@ impl Inner {
         {
             let report = self.global_ranks.get(*peer).map(|&peer| MismatchReport {
                 comm_id: self.comm_id,
-                seq: call.fingerprint.seq,
+                seq: call.order,
                 peer,
                 local: local.clone(),
                 remote: remote.clone(),
+                refused: false,
             });
             self.fail_with(err.clone(), None, Broadcast::Mismatch(report));
-            return self.relabelled_failure(&call.fingerprint).unwrap_or(err);
+            return self.relabelled_failure(call).unwrap_or(err);
         }
         let err = match err {
             Error::Timeout {
@@ -79,29 +80,78 @@ impl Inner {
             _ => None,
         };
         self.fail(err.clone(), blame, true);
-        self.relabelled_failure(&call.fingerprint).unwrap_or(err)
+        self.relabelled_failure(call).unwrap_or(err)
     }
     /// The error for `call` if another rank reported a mismatch that
     /// concerns it (a collective at or after the mismatched position, or,
     /// with `any_call`, any call: one that failed on the mismatch's
     /// fallout); the communicator fails with it.
     #[inline]
-    pub(super) fn heard_mismatch(&self, call: &Fingerprint, any_call: bool) -> Option<Error> {
+    pub(super) fn heard_mismatch(&self, call: &Call, any_call: bool) -> Option<Error> {
         if !self.mismatch_flag.load(Ordering::SeqCst) {
             return None;
         }
         self.heard_mismatch_now(call, any_call)
     }
     #[cold]
-    pub(super) fn heard_mismatch_now(&self, call: &Fingerprint, any_call: bool) -> Option<Error> {
+    pub(super) fn heard_mismatch_now(&self, call: &Call, any_call: bool) -> Option<Error> {
         let (reporter, peer, m) = lock(&self.mismatch_heard).clone()?;
-        if !any_call && !is_p2p(call) && call.seq < m.seq {
+        // Before the mismatched position (the library's own calls of
+        // set-up included) a call is left to finish: its peers completed it.
+        if !any_call && !is_p2p(&call.fingerprint) && call.order < m.seq {
+            return None;
+        }
+        if m.refused && self.refused_too(m.seq) {
             return None;
         }
         let err = self.mismatch_seen_here(reporter, peer, &m, Some(call));
-        self.fail(err.clone(), Some(reporter), false);
+        self.fail_on_heard(err.clone(), reporter, &m);
         Some(self.relabelled_failure(call).unwrap_or(err))
     }
+    /// Tell every rank that this rank refused `call` (`err`): a refusal
+    /// heard from another rank for the same position is not news here.
+    pub(super) fn refused_at(&self, call: &Call, err: &Error) {
+        {
+            let mut heard = lock(&self.mismatch_heard);
+            if matches!(&*heard, Some((_, _, m)) if m.refused && m.seq == call.order) {
+                *heard = None;
+            }
+        }
+        let Some(&me) = self.global_ranks.get(self.rank) else {
+            return;
+        };
+        tracing::warn!(rank = self.rank, "refused {}: {err}", call.during());
+        self.rendezvous.store.report(FailureReport {
+            rank: me,
+            reason: format!("it refused {}: {err}", call.during()),
+            mismatch: Some(MismatchReport {
+                comm_id: self.comm_id,
+                seq: call.order,
+                peer: me,
+                local: call.during(),
+                remote: err.to_string(),
+                refused: true,
+            }),
+        });
+    }
+
+    /// Whether this rank refused its own call at position `order` too.
+    pub(super) fn refused_too(&self, order: u64) -> bool {
+        lock(&self.refused_here).contains(&order)
+    }
+
+    /// End this communicator on the error `err` heard from the job: a
+    /// refusal of the reporter's is this rank's own leaving (it accepted
+    /// the call) and is told to the job, so that the refusing rank learns
+    /// its call was not refused everywhere; a mismatch was told already.
+    pub(super) fn fail_on_heard(&self, err: Error, reporter: usize, m: &MismatchReport) {
+        if m.refused {
+            self.fail_with(err, None, Broadcast::Failed);
+        } else {
+            self.fail(err, Some(reporter), false);
+        }
+    }
+
     /// After a collective timed out waiting on `waited_for`: ask every
     /// member how far it has come, and blame the lowest rank that has not
     /// issued this call at all (it is stuck in its own code, or stopped)
@@ -116,7 +166,7 @@ impl Inner {
         if is_p2p(&call.fingerprint) {
             return None; // one peer, and its own numbering
         }
-        let seq = call.fingerprint.seq;
+        let seq = call.order;
         let others: Vec<usize> = (0..self.size).filter(|&r| r != self.rank).collect();
         let globals: Vec<usize> = others
             .iter()
@@ -131,35 +181,34 @@ impl Inner {
             .iter()
             .zip(answers)
             .find_map(|(&r, a)| a.filter(|&issued| issued < seq).map(|a| (r, a)))?;
-        let last = if at == 0 {
-            "none yet".to_string()
-        } else {
-            format!("#{at}")
-        };
+        // Positions count the library's own calls too: say how far behind
+        // the laggard is, not a number the user would look for.
+        let behind = seq - at;
+        let calls = if behind == 1 { "call" } else { "calls" };
         tracing::warn!(
             rank = self.rank,
             "{}: timed out waiting for rank {waited_for}; rank {laggard} has not issued the call \
-             (its last collective call: {last})",
+             ({behind} collective {calls} behind)",
             call.during()
         );
         Some(Error::PeerFailed {
             rank: laggard,
             during: call.during(),
             reason: format!(
-                "timed out after {waited_ms} ms: it has not called {} #{seq} (its last collective \
-                 call: {last}); it is stuck or busy outside the library",
-                CollKind::from_code(call.fingerprint.coll).map_or("the collective", |k| k.name())
+                "timed out after {waited_ms} ms: it has not called this {} ({behind} collective \
+                 {calls} behind this rank); it is stuck or busy outside the library",
+                CollKind::from_code(call.fingerprint.coll).map_or("collective", |k| k.name())
             ),
         })
     }
     /// The stored failure, restated for the call `call` (a mismatch that
     /// another rank reported is compared with this call).
-    pub(super) fn relabelled_failure(&self, call: &Fingerprint) -> Option<Error> {
+    pub(super) fn relabelled_failure(&self, call: &Call) -> Option<Error> {
         let stored = lock(&self.failure).clone()?;
         Some(match stored {
             Error::PeerFailed { rank, reason, .. } => Error::PeerFailed {
                 rank,
-                during: crate::fingerprint::describe(call),
+                during: call.during(),
                 reason,
             },
             Error::Mismatch { .. } => match &*lock(&self.mismatch_heard) {
@@ -235,8 +284,26 @@ impl Inner {
         reporter: usize,
         peer: usize,
         m: &MismatchReport,
-        call: Option<&Fingerprint>,
+        call: Option<&Call>,
     ) -> Error {
+        let own = |call: Option<&Call>| match call {
+            Some(c) if c.order == m.seq && !is_p2p(&c.fingerprint) => Some(c.during()),
+            _ => lock(&self.turns.issued)
+                .recent
+                .iter()
+                .find(|(order, _)| *order == m.seq)
+                .map(|(_, fp)| crate::fingerprint::describe(fp)),
+        };
+        if m.refused {
+            return Error::PeerFailed {
+                rank: reporter,
+                during: own(call).unwrap_or_else(|| "a later call".to_string()),
+                reason: format!(
+                    "it refused its call at this position, {}: {}",
+                    m.local, m.remote
+                ),
+            };
+        }
         if self.rank == peer {
             return Error::Mismatch {
                 peer: reporter,
@@ -244,14 +311,7 @@ impl Inner {
                 remote: m.local.clone(),
             };
         }
-        let own = match call {
-            Some(fp) if fp.seq == m.seq && !is_p2p(fp) => Some(crate::fingerprint::describe(fp)),
-            _ => lock(&self.turns.issued)
-                .recent
-                .iter()
-                .find(|fp| fp.seq == m.seq)
-                .map(crate::fingerprint::describe),
-        };
+        let own = own(call);
         let both = || format!("{} (and rank {peer} called {})", m.local, m.remote);
         match own {
             Some(own) if own == m.local => Error::Mismatch {
@@ -275,12 +335,13 @@ impl Inner {
             None => Error::Mismatch {
                 peer: reporter,
                 local: match call {
-                    Some(fp) => format!(
-                        "{} and nothing at #{} yet",
-                        crate::fingerprint::describe(fp),
-                        m.seq
-                    ),
-                    None => format!("nothing at #{} yet", m.seq),
+                    Some(c) if crate::fingerprint::is_internal(&c.fingerprint) => {
+                        "nothing at that position yet (it was still inside communicator set-up, \
+                         split or alloc_window)"
+                            .to_string()
+                    }
+                    Some(c) => format!("{}, not that call yet", c.during()),
+                    None => "nothing at that position yet".to_string(),
                 },
                 remote: both(),
             },
@@ -335,6 +396,8 @@ pub(super) fn spawn_watcher(
                         // the reporter is alive and its other communicators
                         // work.
                         Some(m) if m.comm_id != inner.comm_id => {}
+                        // Another rank refused a call this rank refused too.
+                        Some(m) if m.refused && inner.refused_too(m.seq) => {}
                         Some(m) => {
                             let peer = local_of(m.peer).unwrap_or(local);
                             {
@@ -351,9 +414,11 @@ pub(super) fn spawn_watcher(
                             // finish: its peers completed it, so its data
                             // is on the way. The mismatched call (or a
                             // later one) ends now, or when it starts.
-                            if inner.issued.load(Ordering::SeqCst) >= m.seq {
+                            if inner.issued.load(Ordering::SeqCst) >= m.seq
+                                && !(m.refused && inner.refused_too(m.seq))
+                            {
                                 let err = inner.mismatch_seen_here(local, peer, m, None);
-                                inner.fail(err, Some(local), false);
+                                inner.fail_on_heard(err, local, m);
                             }
                         }
                         None => {

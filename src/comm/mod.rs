@@ -81,6 +81,9 @@ struct Inner {
     mismatch_heard: Mutex<Option<(usize, usize, MismatchReport)>>,
     /// `mismatch_heard` is set (SeqCst, against `issued`: see the watcher).
     mismatch_flag: AtomicBool,
+    /// Positions of the last few calls this rank refused for a bad
+    /// argument: another rank's refusal of the same call is no news.
+    refused_here: Mutex<std::collections::VecDeque<u64>>,
     closers: Arc<Mutex<Vec<Arc<dyn ConnectionCloser>>>>,
     progress: Mutex<Option<crossbeam_channel::Sender<Job>>>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
@@ -156,6 +159,10 @@ struct CallSpec {
     root: Option<usize>,
     /// `Some((peer, sending))` for point-to-point.
     p2p: Option<(usize, bool)>,
+    /// One of the library's own calls (numbered apart from the user's).
+    internal: bool,
+    /// This rank refused the call (a bad argument): it only takes its place.
+    refused: bool,
 }
 
 impl Communicator {

@@ -8,7 +8,7 @@ use crate::coll::Plan;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::{Call, Io};
-use crate::fingerprint::NO_ROOT;
+use crate::fingerprint::{INTERNAL, NO_ROOT};
 use ferroccl_transport::Fingerprint;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -34,12 +34,19 @@ pub(super) struct Turns {
 #[derive(Default)]
 pub(super) struct IssueState {
     pub(super) next_ticket: u64,
-    pub(super) coll_seq: u64,
+    /// The user's collective calls so far (their fingerprints' numbers).
+    pub(super) user_seq: u64,
+    /// The library's own collective calls so far (numbered apart, with
+    /// `fingerprint::INTERNAL` set).
+    pub(super) internal_seq: u64,
+    /// Every collective call so far, both kinds: the last call's position.
+    pub(super) order: u64,
     /// Per (peer, sending) sequence numbers of point-to-point calls.
     pub(super) p2p_seq: HashMap<(usize, bool), u64>,
-    /// The last few collective calls issued, newest last: what this rank
-    /// called at a sequence number that another rank reports a mismatch on.
-    pub(super) recent: std::collections::VecDeque<Fingerprint>,
+    /// The last few collective calls issued, newest last, as (position,
+    /// fingerprint): what this rank called at the position that another
+    /// rank reports a mismatch on.
+    pub(super) recent: std::collections::VecDeque<(u64, Fingerprint)>,
 }
 /// How many issued collective calls [`IssueState::recent`] keeps.
 const RECENT_CALLS: usize = 16;
@@ -52,9 +59,10 @@ impl Inner {
         enqueue: Option<MakeJob<'_>>,
     ) -> Result<(u64, Call)> {
         let mut state = lock(&self.turns.issued);
-        let next_seq = match spec.p2p {
-            Some(key) => state.p2p_seq.get(&key).copied().unwrap_or(0) + 1,
-            None => state.coll_seq + 1,
+        let (next_seq, order) = match spec.p2p {
+            Some(key) => (state.p2p_seq.get(&key).copied().unwrap_or(0) + 1, 0),
+            None if spec.internal => ((state.internal_seq + 1) | INTERNAL, state.order + 1),
+            None => (state.user_seq + 1, state.order + 1),
         };
         let fp = Fingerprint {
             seq: next_seq,
@@ -64,9 +72,17 @@ impl Inner {
             count: spec.count as u64,
             root: spec.root.map_or(NO_ROOT, |r| r as u32),
         };
+        let call = Call {
+            kind: spec.kind,
+            fingerprint: fp,
+            order,
+            op: spec.op.unwrap_or(ReduceOp::Sum),
+            timeout: self.config.timeout,
+            nt_store_bytes: self.config.nt_store_bytes,
+        };
         if self.has_failed() {
             // Name the call being refused, not the one that failed.
-            if let Some(err) = self.relabelled_failure(&fp) {
+            if let Some(err) = self.relabelled_failure(&call) {
                 return Err(err);
             }
         }
@@ -75,21 +91,29 @@ impl Inner {
                 state.p2p_seq.insert(key, next_seq);
             }
             None => {
-                state.coll_seq = next_seq;
+                if spec.internal {
+                    state.internal_seq += 1;
+                } else {
+                    state.user_seq = next_seq;
+                }
+                state.order = order;
                 if state.recent.len() == RECENT_CALLS {
                     state.recent.pop_front();
                 }
-                state.recent.push_back(fp);
-                self.issued.store(next_seq, Ordering::SeqCst);
+                state.recent.push_back((order, fp));
+                if spec.refused {
+                    // Before `issued` shows the position: the watcher,
+                    // which reads them the other way round, never takes
+                    // another rank's refusal of this call for news.
+                    let mut refused = lock(&self.refused_here);
+                    if refused.len() == RECENT_CALLS {
+                        refused.pop_front();
+                    }
+                    refused.push_back(order);
+                }
+                self.issued.store(order, Ordering::SeqCst);
             }
         }
-        let call = Call {
-            kind: spec.kind,
-            fingerprint: fp,
-            op: spec.op.unwrap_or(ReduceOp::Sum),
-            timeout: self.config.timeout,
-            nt_store_bytes: self.config.nt_store_bytes,
-        };
         let ticket = state.next_ticket;
         if let Some(make_job) = enqueue {
             let job = make_job(ticket, &call);
@@ -137,14 +161,6 @@ impl Inner {
 }
 
 impl Communicator {
-    /// Number the user's calls from 1: the set-up's own calls (calibration,
-    /// control pages) are not theirs. Only before any check-in.
-    pub(super) fn restart_numbering(&self) {
-        let mut state = lock(&self.inner.turns.issued);
-        state.coll_seq = 0;
-        state.recent.clear();
-        self.inner.issued.store(0, Ordering::SeqCst);
-    }
     pub(super) fn run_blocking<T: Element>(
         &self,
         spec: CallSpec,

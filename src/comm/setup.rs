@@ -6,7 +6,7 @@
 
 use super::failure::spawn_watcher;
 use super::order::{IssueState, Job, Turns};
-use super::{lock, Communicator, Inner};
+use super::{lock, Buffers, Communicator, Inner};
 use crate::algo::Algorithm;
 use crate::bootstrap::{self, Store};
 use crate::coll::{self, CollCall, CollKind};
@@ -205,6 +205,7 @@ impl Communicator {
             failed: AtomicBool::new(false),
             mismatch_heard: Mutex::new(None),
             mismatch_flag: AtomicBool::new(false),
+            refused_here: Mutex::new(std::collections::VecDeque::new()),
             closers,
             progress: Mutex::new(Some(job_tx)),
             progress_thread: Mutex::new(Some(progress_thread)),
@@ -232,10 +233,10 @@ impl Communicator {
         if comm.inner.config.calibrate && comm.inner.size > 1 {
             comm.calibrate()?;
         }
-        // After calibration: its calls restart the numbering, which a
-        // check-in must never see go backwards.
-        if comm.inner.config.checkin && comm.create_control()?.is_some() {
-            comm.restart_numbering();
+        // The set-up's own calls are numbered apart from the user's: the
+        // user's first call is #1 whatever came before.
+        if comm.inner.config.checkin {
+            comm.create_control()?;
         }
         Ok(comm)
     }
@@ -245,7 +246,17 @@ impl Communicator {
     pub fn split(&self, color: i32, key: i32) -> Result<Option<Communicator>> {
         let mine = [i64::from(color), i64::from(key)];
         let mut all = vec![0i64; 2 * self.inner.size];
-        self.all_gather(&mine, &mut all)?;
+        let call = CollCall {
+            internal: true,
+            ..CollCall::new(CollKind::AllGather, 2, 2, all.len())
+        };
+        self.collective(
+            &call,
+            Buffers::OutOfPlace {
+                send: &mine,
+                recv: &mut all,
+            },
+        )?;
         let split_index = self.inner.splits.fetch_add(1, Ordering::SeqCst);
         if color < 0 {
             return Ok(None);
@@ -289,6 +300,7 @@ impl Communicator {
             let call = CollCall {
                 op: Some(op),
                 in_place: true,
+                internal: true,
                 ..CollCall::new(CollKind::AllReduce, n, n, n)
             };
             let inner = &self.inner;
@@ -343,7 +355,6 @@ impl Communicator {
         *lock(&self.inner.model) = model;
         // Plans chosen under the old model (none in practice) are stale.
         lock(&self.inner.plans).clear();
-        self.restart_numbering();
         tracing::info!(
             rank = self.inner.rank,
             "tuner: calibrated on {} ranks: alpha {:.1} us, beta {:.2} GB/s, reduce {:.1} GB/s \

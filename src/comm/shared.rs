@@ -4,7 +4,8 @@
 //! share, and the probe of cross-memory attach. What the pages and windows
 //! are used for is `exec`'s; which calls use them is `plan`'s.
 
-use super::{lock, Communicator};
+use super::{lock, Buffers, Communicator};
+use crate::coll::{CollCall, CollKind};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec;
@@ -299,7 +300,18 @@ impl Communicator {
     pub(super) fn agree_all(&self, ok: bool) -> Result<bool> {
         let mine = [u8::from(!ok)];
         let mut any_failed = [0u8];
-        self.all_reduce(&mine, &mut any_failed, ReduceOp::Max)?;
+        let call = CollCall {
+            op: Some(ReduceOp::Max),
+            internal: true,
+            ..CollCall::new(CollKind::AllReduce, 1, 1, 1)
+        };
+        self.collective(
+            &call,
+            Buffers::OutOfPlace {
+                send: &mine,
+                recv: &mut any_failed,
+            },
+        )?;
         Ok(any_failed[0] == 0)
     }
 }

@@ -30,28 +30,45 @@
 //!
 //! ```text
 //!  word  0  magic            1  process id
-//!  word  2  last call through slots without a check-in:
-//!           +0 seq (stored last, Release), +1 fingerprint, +2 count
 //!  word  5  non-zero once the rank has dropped its communicator
 //!  word  6  the address, in this rank's process, of word 0 of this page
 //!           (what a peer reads to probe cross-memory attach)
-//!  word  8  done: the last call this rank finished directly
+//!  word  8  done: the position of the last call this rank finished directly
 //!  word 16  announcement of even check-ins (counted per communicator)
 //!  word 32  announcement of odd check-ins
-//!           each: +0 seq (stored last, Release), +1 coll|dtype<<8|op<<16|root<<32,
+//!           each: +0 position (stored last, Release), +1 coll|dtype<<8|op<<16|root<<32,
 //!                 +2 count, +3 input window, +4 input offset,
 //!                 +5 output window, +6 output offset (window 0: not in one),
 //!                 +7 an inline input of at most 8 bytes (same cache line),
 //!                 +8 the input's address in the rank's process (only
-//!                    for calls peers may copy by cross-memory attach)
+//!                    for calls peers may copy by cross-memory attach),
+//!                 +9 the call's number (the fingerprint's `seq`)
+//!  word 48  note of a call through slots at an even position
+//!  word 52  note of a call through slots at an odd position
+//!           each: +0 position (stored last, Release), +1 as above,
+//!                 +2 count, +3 number
 //!  word 512   inline input of an even check-in (4 KiB)
 //!  word 1024  inline input of an odd check-in (4 KiB)
 //! ```
 //!
+//! Positions (`Call::order`) count every collective call of the
+//! communicator, the library's own included, and never go back: a word
+//! that holds a position is waited on with `>=`.
+//!
 //! Two announcement slots suffice: every check-in waits for every peer's
 //! announcement, so when a rank announces check-in t + 2 every rank has
 //! announced t + 1 and so has finished reading everything of t. Calls in
-//! between that do not check in do not touch the slots.
+//! between that do not check in do not touch the slots. Two notes suffice
+//! too: a rank leaves a call only once every peer has started it (a
+//! check-in, the confirmation of a broadcast or reduce through slots, or
+//! the data of every other collective, which depends on every rank), so
+//! while a rank is at position p no peer is past p + 1.
+//!
+//! A broadcast or reduce through slots (`Route::Slots { note: true }`)
+//! ends with `confirm`: its data does not reach every rank from every rank,
+//! so a rank that only sent would not know whether its receivers accepted
+//! the call. Each rank compares every peer's note of that position with its
+//! own call instead, so every rank finds a mismatch in the call itself.
 
 use super::io::HostIo;
 use super::{direct, inline, pull, verify, Call};
@@ -69,9 +86,11 @@ use std::time::{Duration, Instant};
 pub(crate) const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"FCCLWIN1");
 pub(crate) const W_MAGIC: usize = 0;
 pub(crate) const W_PID: usize = 1;
-/// The last call this rank ran through slots without a check-in: +0 seq
-/// (stored last, Release), +1 packed fingerprint, +2 count.
-pub(super) const W_SLOTS: usize = 2;
+/// The notes of calls through slots without a check-in, by the parity of
+/// their position: +0 position (stored last, Release), +1 packed
+/// fingerprint, +2 count, +3 number.
+const W_NOTES: usize = 48;
+const NOTE_WORDS: usize = 4;
 /// Non-zero once this rank has dropped its communicator.
 const W_LEFT: usize = 5;
 /// The address, in the page owner's process, of its page's word 0: a peer
@@ -93,6 +112,8 @@ pub(super) const E_SMALL: usize = 7;
 /// Where the input lies in the announcing rank's process (for
 /// cross-memory attach).
 pub(super) const E_IN_ADDR: usize = 8;
+/// The call's number (the fingerprint's `seq`).
+const E_NUM: usize = 9;
 
 /// Where the inline data of the two announcement slots start (in words),
 /// and how much each holds: the planner's inline limit
@@ -161,7 +182,7 @@ pub(crate) fn run<T: Element>(
     let cma = match route {
         Route::Slots { note: false } => return Ok(false),
         Route::Slots { note: true } => {
-            note_slot_call(ctx, &fp)?;
+            note_slot_call(ctx, call)?;
             return Ok(false);
         }
         Route::Inline => false,
@@ -197,10 +218,10 @@ pub(crate) fn run<T: Element>(
     // The input's address only where a peer may read from it: it lies in
     // the announcement's second cache line, which the other check-ins
     // leave alone.
-    announce(ctx, turn, &fp, &place, cma.then_some(in_addr as u64))?;
+    announce(ctx, turn, call, &place, cma.then_some(in_addr as u64))?;
     let mut places = vec![place; ctx.size];
     for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
-        places[peer] = read_announcement(ctx, turn, peer, &fp, &deadline, call)?;
+        places[peer] = read_announcement(ctx, turn, peer, &deadline, call)?;
     }
     let same = |w: fn(&Place) -> u64| {
         let first = w(&places[0]);
@@ -236,7 +257,7 @@ pub(crate) fn run<T: Element>(
         }
         Direct::Pull => pull::run(&kernel, ctx, io, turn, in_len)?,
     }
-    finish(ctx, fp.seq, &deadline, call)?;
+    finish(ctx, call.order, &deadline, call)?;
     Ok(true)
 }
 
@@ -262,30 +283,41 @@ pub(super) fn entry(turn: u64) -> usize {
     W_ENTRY + (turn % 2) as usize * ENTRY_WORDS
 }
 
-/// Say on this rank's page that call `fp` runs through slots without a
-/// check-in (see `read_announcement`).
-fn note_slot_call(ctx: &Ctx<'_>, fp: &Fingerprint) -> Result<()> {
+/// The note of the call at `order` on a page.
+fn note(order: u64) -> usize {
+    W_NOTES + (order % 2) as usize * NOTE_WORDS
+}
+
+/// Say on this rank's page that `call` runs through slots without a
+/// check-in (see `read_announcement` and `confirm`).
+fn note_slot_call(ctx: &Ctx<'_>, call: &Call) -> Result<()> {
     let page = ctx.control.pages.words(ctx.rank);
-    word(page, W_SLOTS + 1)?.store(pack(fp), Ordering::Relaxed);
-    word(page, W_SLOTS + 2)?.store(fp.count, Ordering::Relaxed);
-    word(page, W_SLOTS)?.store(fp.seq, Ordering::Release);
+    let fp = &call.fingerprint;
+    let n = note(call.order);
+    word(page, n + 1)?.store(pack(fp), Ordering::Relaxed);
+    word(page, n + 2)?.store(fp.count, Ordering::Relaxed);
+    word(page, n + 3)?.store(fp.seq, Ordering::Relaxed);
+    // Release: a peer that sees the position sees the fields.
+    word(page, n)?.store(call.order, Ordering::Release);
     Ok(())
 }
 
-/// Announce call `fp` at check-in `turn`, with where its buffers lie and,
+/// Announce `call` at check-in `turn`, with where its buffers lie and,
 /// for a call peers may copy out of this process, its input's address.
 pub(super) fn announce(
     ctx: &Ctx<'_>,
     turn: u64,
-    fp: &Fingerprint,
+    call: &Call,
     place: &Place,
     in_addr: Option<u64>,
 ) -> Result<()> {
     let page = ctx.control.pages.words(ctx.rank);
     let e = entry(turn);
+    let fp = &call.fingerprint;
     for (field, value) in [
         (E_FP, pack(fp)),
         (E_COUNT, fp.count),
+        (E_NUM, fp.seq),
         (E_IN_WIN, place.in_win),
         (E_IN_OFF, place.in_off),
         (E_OUT_WIN, place.out_win),
@@ -296,14 +328,56 @@ pub(super) fn announce(
     if let Some(addr) = in_addr {
         word(page, e + E_IN_ADDR)?.store(addr, Ordering::Relaxed);
     }
-    // Release: a peer that sees the sequence number sees the fields, and
-    // (in place) this rank's input as the caller left it.
-    word(page, e + E_SEQ)?.store(fp.seq, Ordering::Release);
+    // Release: a peer that sees the position sees the fields, and (in
+    // place) this rank's input as the caller left it.
+    word(page, e + E_SEQ)?.store(call.order, Ordering::Release);
     Ok(())
 }
 
+/// What `peer` has said on its page about its call at position `order` or
+/// later: `Some` once it announced a check-in or noted a call through slots
+/// at `order` or after; the call at `order` itself where it is there.
+fn said_at_or_after(
+    page: &[AtomicU64],
+    turn: Option<u64>,
+    order: u64,
+) -> Result<Option<Fingerprint>> {
+    let read = |at: usize| word(page, at).map(|w| w.load(Ordering::Relaxed));
+    let mut later: Option<Fingerprint> = None;
+    let mut consider = |base: usize, num: usize, count: usize| -> Result<Option<Fingerprint>> {
+        let at = word(page, base)?.load(Ordering::Acquire);
+        if at < order {
+            return Ok(None);
+        }
+        let fp = unpack(read(num)?, read(base + 1)?, read(count)?);
+        if at == order {
+            return Ok(Some(fp));
+        }
+        later.get_or_insert(fp);
+        Ok(None)
+    };
+    // This check-in's own announcement first, then the notes, then (when
+    // no turn is known: a call through slots) either announcement.
+    let entries: Vec<usize> = match turn {
+        Some(t) => vec![entry(t)],
+        None => vec![entry(0), entry(1)],
+    };
+    for e in entries {
+        if let Some(fp) = consider(e + E_SEQ, e + E_NUM, e + E_COUNT)? {
+            return Ok(Some(fp));
+        }
+    }
+    for parity in [order, order + 1] {
+        let n = note(parity);
+        if let Some(fp) = consider(n, n + 3, n + 2)? {
+            return Ok(Some(fp));
+        }
+    }
+    Ok(later)
+}
+
 /// Wait for `peer`'s announcement of check-in `turn`, which must be of
-/// call `fp`; where the peer's buffers are. The ranks decide alike which
+/// `call`; where the peer's buffers are. The ranks decide alike which
 /// calls check in, from the calls alone, so a peer that announces another
 /// call at this turn, or runs this call or a later one through slots
 /// without checking in, was given a different call: a mismatch.
@@ -311,40 +385,70 @@ pub(super) fn read_announcement(
     ctx: &Ctx<'_>,
     turn: u64,
     peer: usize,
-    fp: &Fingerprint,
     deadline: &Deadline,
     call: &Call,
 ) -> Result<Place> {
     let page = ctx.control.pages.words(peer);
     let e = entry(turn);
-    let seq_word = word(page, e + E_SEQ)?;
-    let slots_word = word(page, W_SLOTS)?;
+    let mut heard = None;
     wait(
         ctx,
         peer,
         deadline,
         call,
         "its announcement of the call",
-        || {
-            seq_word.load(Ordering::Acquire) >= fp.seq
-                || slots_word.load(Ordering::Acquire) >= fp.seq
+        || match said_at_or_after(page, Some(turn), call.order) {
+            Ok(None) => false,
+            other => {
+                heard = Some(other);
+                true
+            }
         },
     )?;
+    let heard = heard
+        .expect("the wait ended on an answer")?
+        .expect("an answer");
+    verify::same_call(peer, &call.fingerprint, &heard)?;
     let read = |at: usize| word(page, at).map(|w| w.load(Ordering::Relaxed));
-    let seq = seq_word.load(Ordering::Acquire);
-    let heard = if seq >= fp.seq {
-        unpack(seq, read(e + E_FP)?, read(e + E_COUNT)?)
-    } else {
-        let seq = slots_word.load(Ordering::Acquire);
-        unpack(seq, read(W_SLOTS + 1)?, read(W_SLOTS + 2)?)
-    };
-    verify::same_call(peer, fp, &heard)?;
     Ok(Place {
         in_win: read(e + E_IN_WIN)?,
         in_off: read(e + E_IN_OFF)?,
         out_win: read(e + E_OUT_WIN)?,
         out_off: read(e + E_OUT_OFF)?,
     })
+}
+
+/// The end of a call that ran through slots while the ranks share control
+/// pages, where its data does not tell every rank that every other ran the
+/// same call (a broadcast, a reduce): wait until every peer has started
+/// its call at this position and compare it with this rank's, so that a
+/// mismatch fails the call itself on every rank, the ranks that only sent
+/// included.
+pub(crate) fn confirm(ctx: &Ctx<'_>, call: &Call) -> Result<()> {
+    let deadline = Deadline::new(call.timeout);
+    for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
+        let page = ctx.control.pages.words(peer);
+        let mut heard = None;
+        wait(
+            ctx,
+            peer,
+            &deadline,
+            call,
+            "its note of the call",
+            || match said_at_or_after(page, None, call.order) {
+                Ok(None) => false,
+                other => {
+                    heard = Some(other);
+                    true
+                }
+            },
+        )?;
+        let heard = heard
+            .expect("the wait ended on an answer")?
+            .expect("an answer");
+        verify::same_call(peer, &call.fingerprint, &heard)?;
+    }
+    Ok(())
 }
 
 /// Say this rank is done with call `seq`, and wait until every peer is.

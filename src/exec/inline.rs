@@ -136,9 +136,9 @@ pub(super) fn run<T: Element>(
     if publishes {
         write_inline(ctx, turn, bytemuck::cast_slice(io.input(0, in_len)))?;
     }
-    announce(ctx, turn, &fp, &Place::default(), None)?;
+    announce(ctx, turn, call, &Place::default(), None)?;
     for peer in (0..size).filter(|&p| p != rank) {
-        read_announcement(ctx, turn, peer, &fp, deadline, call)?;
+        read_announcement(ctx, turn, peer, deadline, call)?;
     }
     let inputs = (turn, in_len);
     // Copy peer `j`'s elements `from` (of its input) into `to` (of the

@@ -24,7 +24,7 @@ mod pull;
 mod verify;
 
 pub(crate) use checkin::{
-    leave, run as run_checked_in, Ctx, CONTROL_MAGIC, W_MAGIC, W_PID, W_PROBE,
+    confirm, leave, run as run_checked_in, Ctx, CONTROL_MAGIC, W_MAGIC, W_PID, W_PROBE,
 };
 pub(crate) use interp::run;
 #[cfg(test)]
@@ -44,7 +44,14 @@ pub(crate) struct Call {
     /// Which collective.
     pub(crate) kind: CollKind,
     /// Carried by every frame and announcement, and checked on receipt.
+    /// Its `seq` is the user's call number (the library's own calls are
+    /// numbered apart, see `fingerprint::INTERNAL`).
     pub(crate) fingerprint: Fingerprint,
+    /// The call's position among every collective call of the
+    /// communicator, the library's own included, from 1 and never
+    /// restarting (0 for point-to-point): what the control pages order
+    /// check-ins and completions by, and what mismatch reports name.
+    pub(crate) order: u64,
     /// Reduction operator (ignored by non-reducing primitives).
     pub(crate) op: ReduceOp,
     /// Bound of every single wait.

@@ -87,6 +87,7 @@ mod tests {
                 count: 100,
                 root: u32::MAX,
             },
+            order: 7,
             op: ReduceOp::Sum,
             timeout: std::time::Duration::from_secs(1),
             nt_store_bytes: 0,

@@ -95,6 +95,8 @@ pub(super) const KIND_WATCH: u8 = 1;
 
 const REPORT_FAILED: u8 = 0;
 const REPORT_MISMATCH: u8 = 1;
+/// Laid out as a mismatch: the reporter refused its call.
+const REPORT_REFUSED: u8 = 2;
 
 /// Memory read at a time from a payload, so that memory follows the bytes
 /// that arrived rather than the length a frame claims.
@@ -325,7 +327,11 @@ pub(super) fn failure_payload(report: &FailureReport) -> Vec<u8> {
     match &report.mismatch {
         None => p.push(REPORT_FAILED),
         Some(m) => {
-            p.push(REPORT_MISMATCH);
+            p.push(if m.refused {
+                REPORT_REFUSED
+            } else {
+                REPORT_MISMATCH
+            });
             p.extend_from_slice(&m.comm_id.to_le_bytes());
             p.extend_from_slice(&m.seq.to_le_bytes());
             p.extend_from_slice(&(m.peer as u32).to_le_bytes());
@@ -359,7 +365,7 @@ pub(super) fn parse_failure(p: &[u8]) -> Option<FailureReport> {
     let rank = u32_at(p, 0) as usize;
     let (mismatch, reason) = match p[4] {
         REPORT_FAILED => (None, &p[5..]),
-        REPORT_MISMATCH => {
+        kind @ (REPORT_MISMATCH | REPORT_REFUSED) => {
             if p.len() < 5 + 8 + 8 + 4 {
                 return None;
             }
@@ -372,6 +378,7 @@ pub(super) fn parse_failure(p: &[u8]) -> Option<FailureReport> {
                 peer: u32_at(p, 21) as usize,
                 local,
                 remote,
+                refused: kind == REPORT_REFUSED,
             };
             (Some(m), rest)
         }
@@ -645,6 +652,7 @@ mod tests {
                 peer: 2,
                 local: "all_reduce #4 (float, sum, 3 elements)".into(),
                 remote: "x".repeat(MAX_CALL_LEN + 10),
+                refused: false,
             }),
         };
         let back = parse_failure(&failure_payload(&mismatch)).expect("parses");
@@ -745,7 +753,7 @@ mod tests {
 
         /// Reports survive the wire with any rank and reason.
         #[test]
-        fn reports_round_trip(rank in 0u32..u32::MAX, reason in ".{0,40}", comm in proptest::prelude::any::<u64>(), mismatch in proptest::prelude::any::<bool>()) {
+        fn reports_round_trip(rank in 0u32..u32::MAX, reason in ".{0,40}", comm in proptest::prelude::any::<u64>(), mismatch in proptest::prelude::any::<bool>(), refused in proptest::prelude::any::<bool>()) {
             let report = FailureReport {
                 rank: rank as usize,
                 reason,
@@ -755,6 +763,7 @@ mod tests {
                     peer: 1,
                     local: "a".into(),
                     remote: "b".into(),
+                    refused,
                 }),
             };
             proptest::prop_assert_eq!(parse_failure(&failure_payload(&report)), Some(report));
