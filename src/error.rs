@@ -11,6 +11,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
     /// An argument is wrong (lengths, root, peer); found before any byte moved.
+    ///
+    /// The call is not run, but it keeps its place in the communicator's
+    /// order and the other ranks are told at once: a rank that accepted the
+    /// same call ends it with [`Error::PeerFailed`] naming this rank, its
+    /// call and this reason, and its communicator ends (then this rank's
+    /// next call fails too, naming that rank); ranks that refused the same
+    /// call go on. A point-to-point call is refused on this rank only.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// Launch environment variables are missing or contradict each other.
@@ -42,7 +49,21 @@ pub enum Error {
         reason: String,
     },
     /// Two ranks called different collectives (or the same with other
-    /// arguments) at the same position of the sequence.
+    /// arguments: type, count, op, root) at the same position of the
+    /// sequence.
+    ///
+    /// When it surfaces: a collective returns it from the call itself on
+    /// every rank of the communicator, whatever its part (a broadcast root
+    /// or a reduce's leaves, which only send, included: a call does not
+    /// return `Ok` before every rank is known to run the same call). A
+    /// rank still finishing an earlier call lets that call finish and gets
+    /// the mismatch from the mismatched call when it starts it (or from
+    /// [`Communicator::async_error`](crate::Communicator::async_error)
+    /// before then). Send/recv are checked by the receiver only: a send
+    /// returns once its data is handed to the transport, and its rank hears
+    /// of a mismatched receive at its next call. The calls are described
+    /// with the user's call numbers (`all_reduce #3`); the library's own
+    /// agreements (set-up, `split`, `alloc_window`) are numbered apart.
     #[error("collective mismatch with rank {peer}: this rank called {local}, rank {peer} called {remote}")]
     Mismatch {
         /// The rank whose call differs.

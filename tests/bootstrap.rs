@@ -610,6 +610,7 @@ fn a_mismatch_report_reaches_every_client_whole() {
             peer: 1,
             local: "all_reduce #3 (float, sum, 12 elements)".into(),
             remote: "all_reduce #3 (float, sum, 10 elements) — é".into(),
+            refused: false,
         }),
     };
     stores[2].report(report.clone());

@@ -868,3 +868,104 @@ fn windows_pass_every_check_and_a_killed_rank_is_named() {
     survivors_name(&f, 2, &[0, 1, 3]);
     assert_nothing_left("windows-kill", Some(&dir), &f);
 }
+
+/// `ferroccl-check --wrong CASE` on 3 process ranks over `transport`: how
+/// each rank's one call ended, as (rank, milliseconds, outcome); every
+/// rank must report its call (not an error of `from_env`, not nothing).
+fn wrong_call(case: &str, transport: &str, count: usize) -> Vec<(usize, u64, String)> {
+    let count = count.to_string();
+    let env = [
+        ("FERROCCL_TRANSPORT", transport),
+        ("FERROCCL_TIMEOUT", "30"),
+        ("FERROCCL_RUN_GRACE_S", "40"),
+    ];
+    let f = launch(
+        3,
+        &env,
+        &["--wrong", case, "--count", &count],
+        Duration::from_secs(90),
+    );
+    let mut ended = Vec::new();
+    for r in 0..3 {
+        let head = format!("rank {r}: wrong call ({case}) ended after ");
+        let line = f
+            .prefixed()
+            .into_iter()
+            .filter(|(pr, _)| *pr == r)
+            .find_map(|(_, rest)| rest.strip_prefix(&head).map(str::to_string))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{case} over {transport}: rank {r} did not report its call\n{}",
+                    f.all()
+                )
+            });
+        let (ms, outcome) = line.split_once(" ms: ").expect("'T ms: outcome'");
+        ended.push((r, ms.parse().expect("milliseconds"), outcome.to_string()));
+    }
+    ended
+}
+
+/// Issue 14, items 1 and 2: a broadcast whose rank 1 names another root,
+/// and a reduce whose root says Sum where the others say Max, at large
+/// counts (through slots: the ranks that only send used to return Ok) and
+/// small ones (inline), over shared memory and TCP: every rank's call
+/// itself returns the mismatch, and each error names only the user's call
+/// #1, never one of the library's own calls of set-up.
+#[test]
+fn a_mismatched_root_or_op_fails_the_call_on_every_rank() {
+    for transport in ["shm", "tcp"] {
+        for (case, theirs) in [("root", "root 1)"), ("op", "max, ")] {
+            for count in [300_000, 1] {
+                for _ in 0..2 {
+                    for (r, _, outcome) in wrong_call(case, transport, count) {
+                        let what = format!("{case} over {transport}, {count} elements, rank {r}");
+                        assert!(
+                            outcome.starts_with("error: collective mismatch with rank "),
+                            "{what}: {outcome}"
+                        );
+                        assert!(
+                            outcome.contains(&format!("{count} elements"))
+                                && outcome.contains("#1 (")
+                                && outcome.contains(theirs),
+                            "{what} names the wrong calls: {outcome}"
+                        );
+                        assert!(!outcome.contains("library's own"), "{what}: {outcome}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Issue 14, item 3: rank 1 passes a root out of range, or an output one
+/// element short: it gets InvalidArgument at once, and the others end
+/// their call with an error naming rank 1, its call and why, well inside
+/// the 30 s timeout (they used to wait it out).
+#[test]
+fn a_refused_argument_ends_the_call_on_every_rank_at_once() {
+    for transport in ["shm", "tcp"] {
+        for (case, why) in [
+            ("bad-root", "broadcast root 3 is out of range"),
+            ("bad-len", "all_gather recv buffer has 2999 elements"),
+        ] {
+            for (r, ms, outcome) in wrong_call(case, transport, 1000) {
+                let what = format!("{case} over {transport}, rank {r}");
+                if r == 1 {
+                    assert!(
+                        outcome.starts_with("error: invalid argument: ") && outcome.contains(why),
+                        "{what}: {outcome}"
+                    );
+                } else {
+                    assert!(
+                        outcome.contains("rank 1 failed: it refused its call at this position")
+                            && outcome.contains(" #1 (")
+                            && outcome.contains(why),
+                        "{what}: {outcome}"
+                    );
+                }
+                // A bound against waiting for the timeout, not a speed.
+                assert!(ms < 15_000, "{what} ended after {ms} ms: {outcome}");
+            }
+        }
+    }
+}

@@ -223,9 +223,9 @@ pub(crate) fn knowledge(schedules: &[Schedule], cap: usize) -> Result<Vec<bool>,
             let mut stack = vec![r];
             seen[r] = true;
             while let Some(a) = stack.pop() {
-                for b in 0..n {
-                    if !seen[b] && edge(a, b) {
-                        seen[b] = true;
+                for (b, seen_b) in seen.iter_mut().enumerate() {
+                    if !*seen_b && edge(a, b) {
+                        *seen_b = true;
                         stack.push(b);
                     }
                 }
