@@ -358,11 +358,13 @@ fn said_at_or_after(
     };
     // This check-in's own announcement first, then the notes, then (when
     // no turn is known: a call through slots) either announcement.
-    let entries: Vec<usize> = match turn {
-        Some(t) => vec![entry(t)],
-        None => vec![entry(0), entry(1)],
+    let both = [entry(turn.unwrap_or(0)), entry(turn.unwrap_or(0) + 1)];
+    let entries = if turn.is_some() {
+        &both[..1]
+    } else {
+        &both[..]
     };
-    for e in entries {
+    for &e in entries {
         if let Some(fp) = consider(e + E_SEQ, e + E_NUM, e + E_COUNT)? {
             return Ok(Some(fp));
         }
@@ -390,26 +392,31 @@ pub(super) fn read_announcement(
 ) -> Result<Place> {
     let page = ctx.control.pages.words(peer);
     let e = entry(turn);
-    let mut heard = None;
-    wait(
-        ctx,
-        peer,
-        deadline,
-        call,
-        "its announcement of the call",
-        || match said_at_or_after(page, Some(turn), call.order) {
-            Ok(None) => false,
-            other => {
-                heard = Some(other);
-                true
-            }
-        },
-    )?;
-    let heard = heard
-        .expect("the wait ended on an answer")?
-        .expect("an answer");
-    verify::same_call(peer, &call.fingerprint, &heard)?;
     let read = |at: usize| word(page, at).map(|w| w.load(Ordering::Relaxed));
+    // The peer is there already (the common case): its announcement.
+    let heard = if word(page, e + E_SEQ)?.load(Ordering::Acquire) == call.order {
+        unpack(read(e + E_NUM)?, read(e + E_FP)?, read(e + E_COUNT)?)
+    } else {
+        let mut heard = None;
+        wait(
+            ctx,
+            peer,
+            deadline,
+            call,
+            "its announcement of the call",
+            || match said_at_or_after(page, Some(turn), call.order) {
+                Ok(None) => false,
+                other => {
+                    heard = Some(other);
+                    true
+                }
+            },
+        )?;
+        heard
+            .expect("the wait ended on an answer")?
+            .expect("an answer")
+    };
+    verify::same_call(peer, &call.fingerprint, &heard)?;
     Ok(Place {
         in_win: read(e + E_IN_WIN)?,
         in_off: read(e + E_IN_OFF)?,
