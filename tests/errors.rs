@@ -75,10 +75,10 @@ fn bad_arguments_are_refused_before_any_byte_moves() {
         run_ranks_with(3, configure(transport, Duration::from_secs(30)), |comm| {
             let me = comm.rank();
             valid_all_reduce(&comm, "start");
-            // Only even ranks make the bad calls: a bad call must return
-            // at once, without waiting for peers and without using up a
-            // sequence number (else the next valid call would mismatch).
-            if me % 2 == 0 {
+            // Every rank makes the same bad collective calls: each is
+            // refused before anything moves, and as every rank refused it
+            // the communicator goes on.
+            {
                 let (a, mut b) = (vec![1f32; 4], vec![0f32; 5]);
                 invalid(
                     comm.all_reduce(&a, &mut b, ReduceOp::Sum),
@@ -133,6 +133,15 @@ fn bad_arguments_are_refused_before_any_byte_moves() {
                     "reduce root",
                     &["reduce root 7", "out of range"],
                 );
+                assert!(
+                    b.iter().all(|&x| x == 0.0),
+                    "a refused call wrote to its buffer"
+                );
+            }
+            // Point-to-point calls are refused on this rank only: only even
+            // ranks make these, and the others never hear of them.
+            if me % 2 == 0 {
+                let mut b = vec![0f32; 4];
                 invalid(
                     comm.send(&[1f32; 4], 3),
                     "send peer",
@@ -157,15 +166,15 @@ fn bad_arguments_are_refused_before_any_byte_moves() {
                     b.iter().all(|&x| x == 0.0),
                     "a refused call wrote to its buffer"
                 );
-                assert_eq!(
-                    comm.async_error(),
-                    None,
-                    "a bad argument ended the communicator"
-                );
             }
-            // Every rank still agrees on the sequence: this is call #2
-            // everywhere, and any difference would be a Mismatch.
+            // Every rank still agrees on the order, and any difference
+            // would be a Mismatch.
             valid_all_reduce(&comm, "the bad calls");
+            assert_eq!(
+                comm.async_error(),
+                None,
+                "a bad argument ended the communicator"
+            );
             let n = comm.size();
             let mut b = vec![u32::MAX; 2 * n];
             b[2 * me..2 * me + 2].copy_from_slice(&[me as u32; 2]);
@@ -173,6 +182,67 @@ fn bad_arguments_are_refused_before_any_byte_moves() {
                 .expect("valid all_gather_in_place");
             let want: Vec<u32> = (0..2 * n).map(|j| (j / 2) as u32).collect();
             assert_eq!(b, want);
+        });
+    }
+}
+
+/// Rank 0 refuses two calls in a row; rank 1, later, refuses the first too
+/// but makes the second one properly. The second refusal reached rank 1
+/// while the first was still news there: it must not be lost, so that rank
+/// 1 ends its call naming rank 0 (not a timeout), and rank 0 then hears
+/// that rank 1 went ahead.
+#[test]
+fn a_refusal_heard_behind_another_is_not_lost() {
+    for transport in TRANSPORTS {
+        run_ranks_with(2, configure(transport, Duration::from_secs(60)), |comm| {
+            let me = comm.rank();
+            valid_all_reduce(&comm, "start");
+            let mut bad = vec![0f32; 5];
+            let refuse = |bad: &mut Vec<f32>, what| {
+                invalid(
+                    comm.all_reduce(&[1f32; 4], bad, ReduceOp::Sum),
+                    what,
+                    &["recv buffer has 5 elements", "must have 4"],
+                )
+            };
+            if me == 1 {
+                // Let both refusals of rank 0 arrive first.
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            refuse(&mut bad, "first refusal");
+            assert_eq!(comm.async_error(), None, "rank {me}: both refused");
+            if me == 0 {
+                refuse(&mut bad, "second refusal");
+                let mut v = vec![1f32; 4];
+                match comm.all_reduce_in_place(&mut v, ReduceOp::Sum) {
+                    Err(Error::PeerFailed {
+                        rank: 1, reason, ..
+                    }) => assert!(
+                        reason.contains("which rank 0 refused"),
+                        "rank 0: rank 1's reason '{reason}'"
+                    ),
+                    other => panic!("rank 0: expected PeerFailed naming rank 1, got {other:?}"),
+                }
+            } else {
+                let mut v = vec![1f32; 4];
+                match comm.all_reduce_in_place(&mut v, ReduceOp::Sum) {
+                    Err(Error::PeerFailed {
+                        rank: 0,
+                        during,
+                        reason,
+                    }) => {
+                        assert!(
+                            during.starts_with("all_reduce #"),
+                            "rank 1: during '{during}'"
+                        );
+                        assert!(
+                            reason.contains("refused") && reason.contains("must have 4"),
+                            "rank 1: reason '{reason}'"
+                        );
+                    }
+                    other => panic!("rank 1: expected PeerFailed naming rank 0, got {other:?}"),
+                }
+            }
         });
     }
 }

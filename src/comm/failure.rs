@@ -114,7 +114,19 @@ impl Inner {
         {
             let mut heard = lock(&self.mismatch_heard);
             if matches!(&*heard, Some((_, _, m)) if m.refused && m.seq == call.order) {
+                // Not news: what was heard after it comes up now.
                 *heard = None;
+                let mut later = lock(&self.heard_later);
+                while let Some(next) = later.pop_front() {
+                    let m = &next.2;
+                    if !(m.refused && (m.seq <= call.order || self.refused_too(m.seq))) {
+                        *heard = Some(next);
+                        break;
+                    }
+                }
+                if heard.is_none() {
+                    self.mismatch_flag.store(false, Ordering::SeqCst);
+                }
             }
         }
         let Some(&me) = self.global_ranks.get(self.rank) else {
@@ -135,6 +147,33 @@ impl Inner {
         });
     }
 
+    /// Keep a mismatch or refusal report (reporter, peer, report) for the
+    /// calls it concerns. While the one kept is a refusal of a call this
+    /// rank has not reached, later reports wait behind it: this rank may
+    /// refuse that call too, and then they come up in turn.
+    fn hear(&self, report: (usize, usize, MismatchReport)) {
+        let mut heard = lock(&self.mismatch_heard);
+        if lock(&self.failure).is_some() {
+            return;
+        }
+        if matches!(&*heard, Some((_, _, h)) if h.refused && self.refused_too(h.seq)) {
+            *heard = None;
+        }
+        match &*heard {
+            None => *heard = Some(report),
+            Some((_, _, h)) if h.refused && report.2.seq != h.seq => {
+                let mut later = lock(&self.heard_later);
+                if !later.iter().any(|(_, _, m)| m.seq == report.2.seq) {
+                    if later.len() == super::order::RECENT_CALLS {
+                        later.pop_front();
+                    }
+                    later.push_back(report);
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
     /// Whether this rank refused its own call at position `order` too.
     pub(super) fn refused_too(&self, order: u64) -> bool {
         lock(&self.refused_here).contains(&order)
@@ -146,7 +185,16 @@ impl Inner {
     /// its call was not refused everywhere; a mismatch was told already.
     pub(super) fn fail_on_heard(&self, err: Error, reporter: usize, m: &MismatchReport) {
         if m.refused {
-            self.fail_with(err, None, Broadcast::Failed);
+            let during = match &err {
+                Error::PeerFailed { during, .. } => during.clone(),
+                _ => "its call".to_string(),
+            };
+            let text = format!(
+                "it made its call at this position ({during}), which rank {reporter} refused \
+                 ({}: {})",
+                m.local, m.remote
+            );
+            self.fail_with(err, None, Broadcast::Went(text));
         } else {
             self.fail(err, Some(reporter), false);
         }
@@ -245,15 +293,18 @@ impl Inner {
         // is the one leaving: say so, so that peers learn it at once instead
         // of at their timeout.
         let blamed = blame.unwrap_or(self.rank);
-        let reason = match &err {
-            Error::PeerFailed { reason, .. } => reason.clone(),
-            other => other.to_string(),
+        let reason = match (&broadcast, &err) {
+            (Broadcast::Went(text), _) => text.clone(),
+            (_, Error::PeerFailed { reason, .. }) => reason.clone(),
+            (_, other) => other.to_string(),
         };
         let told_the_job = !matches!(broadcast, Broadcast::No);
         if let Some(&global) = self.global_ranks.get(blamed) {
             match broadcast {
                 Broadcast::No => {}
-                Broadcast::Failed => self.rendezvous.store.report_failure(global, &reason),
+                Broadcast::Failed | Broadcast::Went(_) => {
+                    self.rendezvous.store.report_failure(global, &reason)
+                }
                 Broadcast::Mismatch(mismatch) => self.rendezvous.store.report(FailureReport {
                     rank: global,
                     reason: reason.clone(),
@@ -359,6 +410,9 @@ pub(super) enum Broadcast {
     No,
     /// That the blamed rank failed.
     Failed,
+    /// That this rank leaves because its call went ahead where another
+    /// rank refused the same call (with what it says of that).
+    Went(String),
     /// That this rank found a mismatch (with the peer's global rank and
     /// both calls, when known).
     Mismatch(Option<MismatchReport>),
@@ -400,12 +454,7 @@ pub(super) fn spawn_watcher(
                         Some(m) if m.refused && inner.refused_too(m.seq) => {}
                         Some(m) => {
                             let peer = local_of(m.peer).unwrap_or(local);
-                            {
-                                let mut heard = lock(&inner.mismatch_heard);
-                                if heard.is_none() && lock(&inner.failure).is_none() {
-                                    *heard = Some((local, peer, m.clone()));
-                                }
-                            }
+                            inner.hear((local, peer, m.clone()));
                             // SeqCst, as the issuer's store of `issued` and
                             // its load of this flag: either that call sees
                             // the flag, or the check below sees the call.
@@ -426,10 +475,10 @@ pub(super) fn spawn_watcher(
                             // mismatch: their going is its echo, not news.
                             let heard = lock(&inner.mismatch_heard).clone();
                             let err = match heard {
-                                Some((reporter, peer, m)) => {
+                                Some((reporter, peer, m)) if !m.refused => {
                                     inner.mismatch_seen_here(reporter, peer, &m, None)
                                 }
-                                None => Error::PeerFailed {
+                                _ => Error::PeerFailed {
                                     rank: local,
                                     during: "failure report from the job".into(),
                                     reason: report.reason.clone(),

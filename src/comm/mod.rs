@@ -79,6 +79,9 @@ struct Inner {
     /// this communicator's ranks: calls that end on it compare themselves
     /// with both sides.
     mismatch_heard: Mutex<Option<(usize, usize, MismatchReport)>>,
+    /// Reports heard while `mismatch_heard` held a refusal of a call this
+    /// rank had not reached (see `Inner::hear`).
+    heard_later: Mutex<std::collections::VecDeque<(usize, usize, MismatchReport)>>,
     /// `mismatch_heard` is set (SeqCst, against `issued`: see the watcher).
     mismatch_flag: AtomicBool,
     /// Positions of the last few calls this rank refused for a bad
@@ -192,8 +195,12 @@ impl Communicator {
         if let Some(failure) = lock(&self.inner.failure).clone() {
             return Some(failure);
         }
-        // A mismatch reported for a call this rank has not reached yet.
+        // A mismatch reported for a call this rank has not reached yet (a
+        // refusal is not yet: this rank may refuse that call too).
         let (reporter, peer, m) = lock(&self.inner.mismatch_heard).clone()?;
+        if m.refused {
+            return None;
+        }
         Some(self.inner.mismatch_seen_here(reporter, peer, &m, None))
     }
 

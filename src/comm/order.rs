@@ -49,7 +49,7 @@ pub(super) struct IssueState {
     pub(super) recent: std::collections::VecDeque<(u64, Fingerprint)>,
 }
 /// How many issued collective calls [`IssueState::recent`] keeps.
-const RECENT_CALLS: usize = 16;
+pub(super) const RECENT_CALLS: usize = 16;
 impl Inner {
     /// Hand out the next ticket and sequence number; for async calls, queue
     /// the job under the same lock so queue order is ticket order.

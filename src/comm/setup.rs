@@ -204,6 +204,7 @@ impl Communicator {
             failure: Mutex::new(None),
             failed: AtomicBool::new(false),
             mismatch_heard: Mutex::new(None),
+            heard_later: Mutex::new(std::collections::VecDeque::new()),
             mismatch_flag: AtomicBool::new(false),
             refused_here: Mutex::new(std::collections::VecDeque::new()),
             closers,
