@@ -109,9 +109,9 @@ pub(super) mod regs {
     //! them to f32 lanes, combine, round back and store. They compute exactly
     //! what the portable kernels compute (f16 rounds to nearest even in the
     //! F16C/AVX-512 conversion, bf16 with the same bias-and-shift rounding and
-    //! NaN quieting as `f32_to_bf16_bits` above; min and max as the same
-    //! compare-select), so every level gives the same bits (tested in
-    //! `reduce::tests`). Each function handles the whole steps of its inputs and
+    //! NaN quieting as `f32_to_bf16_bits` above; min and max with the
+    //! canonical NaN and signed zeros of `arith`), so every level gives the
+    //! same bits (tested in `reduce::tests`). Each function handles the whole steps of its inputs and
     //! returns how many elements it did; the caller finishes the tail.
     //!
     //! Called only from the AVX2 and AVX-512 kernels of `kernels::wide`, which
@@ -120,6 +120,7 @@ pub(super) mod regs {
     //! features) and memory is read and written through bytemuck.
 
     use crate::element::ReduceOp;
+    use crate::reduce::arith::F32_NAN;
     use core::arch::x86_64::*;
     use half::{bf16, f16};
 
@@ -250,24 +251,61 @@ pub(super) mod regs {
     steps!("avx2,fma,f16c", 8, __m128i, __m256, steps8_to, steps8_into);
 
     /// The op on f32 lanes, as the scalar kernels do it (`x` is the left
-    /// operand, `self` of `Arith`): min and max are `if y < x { y } else { x }`
-    /// and `if y > x { y } else { x }`, which is what `vminps y, x` and
-    /// `vmaxps y, x` compute, NaNs and signed zeros included.
+    /// operand, `self` of `Arith`); min and max are `min16`/`max16` or
+    /// `min8`/`max8` below, `Arith`'s rule for floats in registers.
     macro_rules! by_op {
         ($op:expr, $run:ident($($arg:expr),*), $add:ident, $mul:ident, $min:ident, $max:ident) => {
             match $op {
                 ReduceOp::Sum | ReduceOp::Avg => $run($($arg),*, |x, y| $add(x, y)),
                 ReduceOp::Prod => $run($($arg),*, |x, y| $mul(x, y)),
-                ReduceOp::Min => $run($($arg),*, |x, y| $min(y, x)),
-                ReduceOp::Max => $run($($arg),*, |x, y| $max(y, x)),
+                ReduceOp::Min => $run($($arg),*, |x, y| $min(x, y)),
+                ReduceOp::Max => $run($($arg),*, |x, y| $max(x, y)),
             }
         };
+    }
+
+    /// `Arith::min` of f32 on 16 lanes: `vminps` both ways ORed (-0 below
+    /// +0, in either order), the canonical NaN where either lane is NaN.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    fn min16(x: __m512, y: __m512) -> __m512 {
+        let r = _mm512_or_ps(_mm512_min_ps(x, y), _mm512_min_ps(y, x));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, y);
+        _mm512_mask_blend_ps(nan, r, _mm512_set1_ps(F32_NAN))
+    }
+
+    /// `Arith::max` of f32 on 16 lanes: `vmaxps` both ways ANDed (+0 above
+    /// -0), the canonical NaN where either lane is NaN.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    fn max16(x: __m512, y: __m512) -> __m512 {
+        let r = _mm512_and_ps(_mm512_max_ps(x, y), _mm512_max_ps(y, x));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, y);
+        _mm512_mask_blend_ps(nan, r, _mm512_set1_ps(F32_NAN))
+    }
+
+    /// `min16` on 8 lanes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn min8(x: __m256, y: __m256) -> __m256 {
+        let r = _mm256_or_ps(_mm256_min_ps(x, y), _mm256_min_ps(y, x));
+        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, y);
+        _mm256_blendv_ps(r, _mm256_set1_ps(F32_NAN), nan)
+    }
+
+    /// `max16` on 8 lanes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn max8(x: __m256, y: __m256) -> __m256 {
+        let r = _mm256_and_ps(_mm256_max_ps(x, y), _mm256_max_ps(y, x));
+        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, y);
+        _mm256_blendv_ps(r, _mm256_set1_ps(F32_NAN), nan)
     }
 
     kernels!(
         "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
         (steps16_into, steps16_to),
-        (_mm512_add_ps, _mm512_mul_ps, _mm512_min_ps, _mm512_max_ps),
+        (_mm512_add_ps, _mm512_mul_ps, min16, max16),
         bf16,
         avx512_bf16_into,
         avx512_bf16_to,
@@ -316,7 +354,7 @@ pub(super) mod regs {
     kernels!(
         "avx2,fma,f16c",
         (steps8_into, steps8_to),
-        (_mm256_add_ps, _mm256_mul_ps, _mm256_min_ps, _mm256_max_ps),
+        (_mm256_add_ps, _mm256_mul_ps, min8, max8),
         bf16,
         avx2_bf16_into,
         avx2_bf16_to,
@@ -326,7 +364,7 @@ pub(super) mod regs {
     kernels!(
         "avx2,fma,f16c",
         (steps8_into, steps8_to),
-        (_mm256_add_ps, _mm256_mul_ps, _mm256_min_ps, _mm256_max_ps),
+        (_mm256_add_ps, _mm256_mul_ps, min8, max8),
         f16,
         avx2_f16_into,
         avx2_f16_to,
