@@ -419,7 +419,7 @@ fn avg_divides_once() {
     assert_eq!(h[0].to_f32(), 0.75);
 }
 
-// ---- NaN and signed zeros in Min and Max: the documented semantics ----
+// ---- NaN, signed zeros and integer wrapping: the documented semantics ----
 
 /// `v`'s bytes, for comparing bit patterns of any element type.
 fn bits_of<T: Element>(v: &[T]) -> Vec<u8> {
@@ -759,4 +759,103 @@ fn min_of_signed_zeros_is_minus_zero_and_max_plus_zero_in_either_order() {
     zeros::<f64>(reduce_into_at, reduce_to_at);
     zeros::<f16>(f16_reduce_into_at, f16_reduce_to_at);
     zeros::<bf16>(bf16_reduce_into_at, bf16_reduce_to_at);
+}
+
+/// An integer element type seen through i128, for references computed
+/// without the kernels' wrapping operations.
+trait WideInt: Element + Arith {
+    fn to_i128(self) -> i128;
+    /// `v` modulo 2^bits, as the type (`as` truncates, two's complement).
+    fn wrap(v: i128) -> Self;
+}
+
+macro_rules! wide_int {
+    ($($t:ty),*) => {$(
+        impl WideInt for $t {
+            fn to_i128(self) -> i128 {
+                self as i128
+            }
+            fn wrap(v: i128) -> Self {
+                v as $t
+            }
+        }
+    )*};
+}
+wide_int!(i8, u8, i32, u32, i64, u64);
+
+/// Sum and Prod of full-range integers (`patterns`: random bits, so most
+/// sums and products overflow) at every level and through the fused
+/// streaming kernel: the exact result in i128 reduced modulo 2^bits
+/// (products modulo 2^128 first, which 2^bits divides).
+fn integers_wrap<T: WideInt>() {
+    for op in [ReduceOp::Sum, ReduceOp::Prod] {
+        let exact = |x: i128, y: i128| match op {
+            ReduceOp::Sum => x + y,
+            _ => x.wrapping_mul(y),
+        };
+        for len in [1usize, 17, 64, 65, 1025, 4099] {
+            let ins: Vec<Vec<T>> = (0..3).map(|k| patterns::<T>(len, 40 + k)).collect();
+            let pair: Vec<T> = (0..len)
+                .map(|i| T::wrap(exact(ins[0][i].to_i128(), ins[1][i].to_i128())))
+                .collect();
+            let triple: Vec<T> = (0..len)
+                .map(|i| T::wrap(exact(pair[i].to_i128(), ins[2][i].to_i128())))
+                .collect();
+            for level in SimdLevel::ALL {
+                let what = format!("{} {op} len {len} at {level}", T::DTYPE);
+                let mut into = ins[0].clone();
+                reduce_into_at(level, op, &mut into, &ins[1]);
+                assert_bits(&into, &pair, &format!("reduce_into {what}"));
+                let mut to = vec![T::zeroed(); len];
+                reduce_to_at(level, op, &mut to, &ins[0], &ins[1]);
+                assert_bits(&to, &pair, &format!("reduce_to {what}"));
+                let refs: Vec<&[T]> = ins.iter().map(|x| &x[..]).collect();
+                let mut buf = vec![T::zeroed(); len + 64];
+                let at = buf.as_ptr().align_offset(64);
+                if reduce_to_streams_at(level, op, &refs, &mut [&mut buf[at..at + len]]) {
+                    assert_bits(&buf[at..at + len], &triple, &format!("streams {what}"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn integer_sum_and_prod_wrap_at_every_level() {
+    integers_wrap::<i8>();
+    integers_wrap::<u8>();
+    integers_wrap::<i32>();
+    integers_wrap::<u32>();
+    integers_wrap::<i64>();
+    integers_wrap::<u64>();
+}
+
+/// The end of integer Avg: the (wrapped) sum divided by the rank count,
+/// truncated toward zero (not rounded down: -3 / 2 is -1), for rank
+/// counts that do not fit the type too.
+fn integer_divide_truncates<T: WideInt>() {
+    let v = patterns::<T>(3000, 50);
+    for n in [1usize, 2, 3, 7, 128, 255, 256, 1000] {
+        let mut got = v.clone();
+        T::divide(&mut got, n);
+        let want: Vec<T> = v
+            .iter()
+            .map(|x| {
+                let (x, n) = (x.to_i128(), n as i128);
+                let q = x.abs() / n;
+                T::wrap(if x < 0 { -q } else { q })
+            })
+            .collect();
+        assert_bits(&got, &want, &format!("{} divide by {n}", T::DTYPE));
+    }
+}
+
+#[test]
+fn integer_avg_truncates_toward_zero() {
+    integer_divide_truncates::<i8>();
+    integer_divide_truncates::<u8>();
+    integer_divide_truncates::<i32>();
+    integer_divide_truncates::<u32>();
+    integer_divide_truncates::<i64>();
+    integer_divide_truncates::<u64>();
 }
