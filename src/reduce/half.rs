@@ -136,8 +136,9 @@ pub(super) mod regs {
     //! F16C/AVX-512 conversion, bf16 with the same bias-and-shift rounding and
     //! NaN quieting as `f32_to_bf16_bits` above; min and max with the
     //! canonical NaN and signed zeros of `arith`), so every level gives the
-    //! same bits (tested in `reduce::tests`). Each function handles the whole steps of its inputs and
-    //! returns how many elements it did; the caller finishes the tail.
+    //! same bits (tested in `reduce::tests`). Each function handles the
+    //! whole steps of its inputs and returns how many elements it did; the
+    //! caller finishes the tail.
     //!
     //! Called only from the AVX2 and AVX-512 kernels of `kernels::wide`, which
     //! run only where the CPU has those features; the intrinsics here need no
