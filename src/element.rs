@@ -6,17 +6,39 @@
 //! `crate::reduce`, which this module must not import.
 
 /// Reduction operators.
+///
+/// Min and Max, and every integer result, are exact: the same bits
+/// whatever the algorithm, SIMD level or run. Float Sum, Prod and Avg
+/// round in the order the algorithm combines the ranks, and the bits of a
+/// NaN they give are unspecified. On one rank the result is the input,
+/// unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
-    /// Elementwise sum.
+    /// Elementwise sum. Integers wrap on overflow (two's complement,
+    /// modulo 2^bits, as NCCL does). Floats: a NaN on any rank gives a NaN
+    /// whose bits are unspecified; f16 and bf16 add in f32, rounding back
+    /// after each combination.
     Sum,
-    /// Elementwise product.
+    /// Elementwise product. Integers wrap on overflow, as in `Sum`; floats
+    /// as in `Sum`.
     Prod,
-    /// Elementwise minimum.
+    /// Elementwise minimum. Floats: IEEE 754-2019 `minimum` (as
+    /// `torch.minimum`): if any rank's element is NaN the result is the
+    /// type's canonical NaN, positive, quiet and without payload (f32
+    /// `0x7fc0_0000`, f64 `0x7ff8_0000_0000_0000`, f16 `0x7e00`, bf16
+    /// `0x7fc0`) whatever the sign and payload of the ranks' NaNs, so which
+    /// rank held one and the order of combination cannot show; and -0 is
+    /// below +0.
     Min,
-    /// Elementwise maximum.
+    /// Elementwise maximum. Floats: IEEE 754-2019 `maximum`, with the
+    /// canonical NaN of `Min` wherever any rank's element is NaN; +0 is
+    /// above -0.
     Max,
-    /// Sum divided by the number of ranks, once, at the end.
+    /// Sum divided by the number of ranks, once, at the end. Integers: the
+    /// wrapped sum (as in `Sum`) divided by the rank count, truncated
+    /// toward zero, so on two ranks u8 200 and 100 give (300 mod 256) / 2
+    /// = 22 and i8 -1 and -2 give -1. Floats: the sum as in `Sum`, divided
+    /// once (rounded once).
     Avg,
 }
 

@@ -3,6 +3,34 @@
 //!
 //! The lowest layer of the kernels: it knows only `ReduceOp`, no SIMD
 //! level, no half type and no store mode.
+//!
+//! # Min and Max of floats
+//!
+//! IEEE 754-2019 `minimum` and `maximum` (as torch.minimum and
+//! torch.maximum), with one NaN:
+//!
+//! - if either operand is NaN the result is the type's canonical NaN
+//!   (`F32_NAN`, `F64_NAN`; f16 and bf16 combine in f32 and narrow it to
+//!   0x7e00 and 0x7fc0): positive, quiet, no payload, whatever the sign and
+//!   payload of the NaN operands. Which rank's NaN survives, and in which
+//!   order a collective combined the ranks, therefore cannot show in the
+//!   result: every rank, run, algorithm and SIMD level gives the same bits.
+//! - -0 is below +0: min(-0, +0) = -0 and max(-0, +0) = +0 in either order.
+//!
+//! Both are pure selects and bit operations, no arithmetic, so Rust's
+//! freedom over the NaN an arithmetic operation returns does not enter,
+//! and the order of the operands does not matter: a collective that
+//! combines the ranks in any order gives the same bits. The plain
+//! compare-select `if o < self { o } else { self }` (one `minps`) returns
+//! its second operand when the two are unordered or equal, so a NaN was
+//! kept on one side only (a NaN on the last rank was dropped) and
+//! min(+0, -0) depended on the order. Here each op is the compare-select
+//! both ways, combined (OR for min: equal operands differ only as -0 and
+//! +0, and their OR is -0; AND for max, +0), then the canonical NaN
+//! blended in under an unordered compare: `minps`, `minps`, `orps`,
+//! `cmpunordps`, `blendvps` (and-andnot-or for the blend at SSE2), for
+//! kernels bound by memory (docs/performance-history.md, "NaN in Min and
+//! Max").
 
 use crate::element::ReduceOp;
 
@@ -16,8 +44,14 @@ pub(super) trait Arith: Copy {
     fn max(self, o: Self) -> Self;
 }
 
+/// The canonical f32 NaN Min and Max give (module docs): quiet, positive,
+/// no payload.
+pub(super) const F32_NAN: f32 = f32::from_bits(0x7fc0_0000);
+/// The canonical f64 NaN Min and Max give.
+pub(super) const F64_NAN: f64 = f64::from_bits(0x7ff8_0000_0000_0000);
+
 macro_rules! float_arith {
-    ($t:ty) => {
+    ($t:ty, $nan:expr) => {
         impl Arith for $t {
             #[inline(always)]
             fn add(self, o: Self) -> Self {
@@ -29,20 +63,29 @@ macro_rules! float_arith {
             }
             #[inline(always)]
             fn min(self, o: Self) -> Self {
-                // Not f32::min: that one is NaN-ignoring and branches; the
-                // compare-select form maps to minps/maxps.
-                if o < self {
-                    o
+                // Not f32::min (NaN-ignoring) nor f32::minimum (unstable):
+                // see the module docs. Each compare-select is one minps;
+                // they differ only where the operands are equal (-0, +0:
+                // the OR is -0) or unordered (replaced by the NaN).
+                let x = if o < self { o } else { self };
+                let y = if self < o { self } else { o };
+                let r = <$t>::from_bits(x.to_bits() | y.to_bits());
+                if self.is_nan() || o.is_nan() {
+                    $nan
                 } else {
-                    self
+                    r
                 }
             }
             #[inline(always)]
             fn max(self, o: Self) -> Self {
-                if o > self {
-                    o
+                // As `min`, with maxps; the AND of -0 and +0 is +0.
+                let x = if o > self { o } else { self };
+                let y = if self > o { self } else { o };
+                let r = <$t>::from_bits(x.to_bits() & y.to_bits());
+                if self.is_nan() || o.is_nan() {
+                    $nan
                 } else {
-                    self
+                    r
                 }
             }
         }
@@ -72,8 +115,8 @@ macro_rules! int_arith {
     };
 }
 
-float_arith!(f32);
-float_arith!(f64);
+float_arith!(f32, F32_NAN);
+float_arith!(f64, F64_NAN);
 int_arith!(i8);
 int_arith!(u8);
 int_arith!(i32);

@@ -18,6 +18,13 @@ pub(super) const HALF_BLOCK: usize = 1024;
 pub(super) trait HalfSlices: Sized {
     fn widen(src: &[Self], dst: &mut [f32]);
     fn narrow(src: &[f32], dst: &mut [Self]);
+    /// `narrow` of values that are exactly of the half type, as every
+    /// result of min and max is (an operand, -0 or the canonical NaN):
+    /// where the type allows, without the rounding.
+    #[inline(always)]
+    fn narrow_exact(src: &[f32], dst: &mut [Self]) {
+        Self::narrow(src, dst)
+    }
 }
 
 impl HalfSlices for f16 {
@@ -47,6 +54,14 @@ impl HalfSlices for bf16 {
             *o = bf16::from_bits(f32_to_bf16_bits(*v));
         }
     }
+    #[inline(always)]
+    fn narrow_exact(src: &[f32], dst: &mut [Self]) {
+        // The low halves are zero: the top halves are the rounded values
+        // (0x7fc0 for the canonical NaN, as `f32_to_bf16_bits` gives).
+        for (o, v) in dst.iter_mut().zip(src) {
+            *o = bf16::from_bits((v.to_bits() >> 16) as u16);
+        }
+    }
 }
 
 /// Round an f32 to the nearest bf16 (ties to even), keeping NaNs NaN; the
@@ -64,6 +79,16 @@ fn f32_to_bf16_bits(v: f32) -> u16 {
     }) as u16
 }
 
+/// Narrow the results of `op` (`HalfSlices::narrow_exact` for min and max).
+#[inline(always)]
+fn narrow_results<H: HalfSlices>(op: ReduceOp, src: &[f32], dst: &mut [H]) {
+    if matches!(op, ReduceOp::Min | ReduceOp::Max) {
+        H::narrow_exact(src, dst)
+    } else {
+        H::narrow(src, dst)
+    }
+}
+
 /// `dst = dst op src` for a half type, through f32 blocks.
 #[inline(always)]
 pub(super) fn half_reduce_into<H: HalfSlices + Copy>(op: ReduceOp, dst: &mut [H], src: &[H]) {
@@ -74,7 +99,7 @@ pub(super) fn half_reduce_into<H: HalfSlices + Copy>(op: ReduceOp, dst: &mut [H]
         H::widen(d, &mut a[..n]);
         H::widen(s, &mut b[..n]);
         native_reduce_into(op, &mut a[..n], &b[..n]);
-        H::narrow(&a[..n], d);
+        narrow_results(op, &a[..n], d);
     }
 }
 
@@ -92,7 +117,7 @@ pub(super) fn half_reduce_to<H: HalfSlices + Copy>(op: ReduceOp, out: &mut [H], 
         H::widen(x, &mut a[..n]);
         H::widen(y, &mut b[..n]);
         native_reduce_into(op, &mut a[..n], &b[..n]);
-        H::narrow(&a[..n], o);
+        narrow_results(op, &a[..n], o);
     }
 }
 
@@ -109,10 +134,11 @@ pub(super) mod regs {
     //! them to f32 lanes, combine, round back and store. They compute exactly
     //! what the portable kernels compute (f16 rounds to nearest even in the
     //! F16C/AVX-512 conversion, bf16 with the same bias-and-shift rounding and
-    //! NaN quieting as `f32_to_bf16_bits` above; min and max as the same
-    //! compare-select), so every level gives the same bits (tested in
-    //! `reduce::tests`). Each function handles the whole steps of its inputs and
-    //! returns how many elements it did; the caller finishes the tail.
+    //! NaN quieting as `f32_to_bf16_bits` above; min and max with the
+    //! canonical NaN and signed zeros of `arith`), so every level gives the
+    //! same bits (tested in `reduce::tests`). Each function handles the
+    //! whole steps of its inputs and returns how many elements it did; the
+    //! caller finishes the tail.
     //!
     //! Called only from the AVX2 and AVX-512 kernels of `kernels::wide`, which
     //! run only where the CPU has those features; the intrinsics here need no
@@ -120,12 +146,15 @@ pub(super) mod regs {
     //! features) and memory is read and written through bytemuck.
 
     use crate::element::ReduceOp;
+    use crate::reduce::arith::F32_NAN;
     use core::arch::x86_64::*;
     use half::{bf16, f16};
 
     /// The kernels of one half type at one width: `$into` and `$to` over the
     /// step loops `$steps_into` and `$steps_to`, with the lane ops of that
-    /// width.
+    /// width. `$narrow` rounds f32 lanes to the half type; `$exact` narrows
+    /// the results of min and max, which are always exactly a half value
+    /// (an operand, -0, or the canonical NaN), and may skip the rounding.
     macro_rules! kernels {
         (
             $features:literal,
@@ -135,13 +164,14 @@ pub(super) mod regs {
             $into:ident,
             $to:ident,
             $widen:ident,
-            $narrow:ident
+            ($narrow:ident, $exact:ident)
         ) => {
             #[target_feature(enable = $features)]
             pub(crate) fn $into(op: ReduceOp, dst: &mut [$h], src: &[$h]) -> usize {
                 by_op!(
                     op,
-                    $steps_into(dst, src, |x| $widen(x), |v| $narrow(v)),
+                    $steps_into(dst, src, |x| $widen(x)),
+                    (|v| $narrow(v), |v| $exact(v)),
                     $add,
                     $mul,
                     $min,
@@ -153,7 +183,8 @@ pub(super) mod regs {
             pub(crate) fn $to(op: ReduceOp, out: &mut [$h], a: &[$h], b: &[$h]) -> usize {
                 by_op!(
                     op,
-                    $steps_to(out, a, b, |x| $widen(x), |v| $narrow(v)),
+                    $steps_to(out, a, b, |x| $widen(x)),
+                    (|v| $narrow(v), |v| $exact(v)),
                     $add,
                     $mul,
                     $min,
@@ -183,6 +214,15 @@ pub(super) mod regs {
         let abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7fff_ffff));
         let nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f80_0000));
         _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet))
+    }
+
+    /// bf16 of f32 lanes that are exactly bf16 values (their low 16 bits
+    /// zero, as every result of min and max is): the top halves, which is
+    /// what `bf16_narrow16` gives for them, canonical NaN included.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    fn bf16_exact16(v: __m512) -> __m256i {
+        _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(_mm512_castps_si512(v)))
     }
 
     /// The step loops of one vector width: `$to` is `out = f(widen(a),
@@ -250,29 +290,74 @@ pub(super) mod regs {
     steps!("avx2,fma,f16c", 8, __m128i, __m256, steps8_to, steps8_into);
 
     /// The op on f32 lanes, as the scalar kernels do it (`x` is the left
-    /// operand, `self` of `Arith`): min and max are `if y < x { y } else { x }`
-    /// and `if y > x { y } else { x }`, which is what `vminps y, x` and
-    /// `vmaxps y, x` compute, NaNs and signed zeros included.
+    /// operand, `self` of `Arith`); min and max are `min16`/`max16` or
+    /// `min8`/`max8` below, `Arith`'s rule for floats in registers.
     macro_rules! by_op {
-        ($op:expr, $run:ident($($arg:expr),*), $add:ident, $mul:ident, $min:ident, $max:ident) => {
+        (
+            $op:expr,
+            $run:ident($($arg:expr),*),
+            ($narrow:expr, $exact:expr),
+            $add:ident,
+            $mul:ident,
+            $min:ident,
+            $max:ident
+        ) => {
             match $op {
-                ReduceOp::Sum | ReduceOp::Avg => $run($($arg),*, |x, y| $add(x, y)),
-                ReduceOp::Prod => $run($($arg),*, |x, y| $mul(x, y)),
-                ReduceOp::Min => $run($($arg),*, |x, y| $min(y, x)),
-                ReduceOp::Max => $run($($arg),*, |x, y| $max(y, x)),
+                ReduceOp::Sum | ReduceOp::Avg => $run($($arg),*, $narrow, |x, y| $add(x, y)),
+                ReduceOp::Prod => $run($($arg),*, $narrow, |x, y| $mul(x, y)),
+                ReduceOp::Min => $run($($arg),*, $exact, |x, y| $min(x, y)),
+                ReduceOp::Max => $run($($arg),*, $exact, |x, y| $max(x, y)),
             }
         };
+    }
+
+    /// `Arith::min` of f32 on 16 lanes: `vminps` both ways ORed (-0 below
+    /// +0, in either order), the canonical NaN where either lane is NaN.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    fn min16(x: __m512, y: __m512) -> __m512 {
+        let r = _mm512_or_ps(_mm512_min_ps(x, y), _mm512_min_ps(y, x));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, y);
+        _mm512_mask_blend_ps(nan, r, _mm512_set1_ps(F32_NAN))
+    }
+
+    /// `Arith::max` of f32 on 16 lanes: `vmaxps` both ways ANDed (+0 above
+    /// -0), the canonical NaN where either lane is NaN.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    fn max16(x: __m512, y: __m512) -> __m512 {
+        let r = _mm512_and_ps(_mm512_max_ps(x, y), _mm512_max_ps(y, x));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, y);
+        _mm512_mask_blend_ps(nan, r, _mm512_set1_ps(F32_NAN))
+    }
+
+    /// `min16` on 8 lanes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn min8(x: __m256, y: __m256) -> __m256 {
+        let r = _mm256_or_ps(_mm256_min_ps(x, y), _mm256_min_ps(y, x));
+        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, y);
+        _mm256_blendv_ps(r, _mm256_set1_ps(F32_NAN), nan)
+    }
+
+    /// `max16` on 8 lanes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn max8(x: __m256, y: __m256) -> __m256 {
+        let r = _mm256_and_ps(_mm256_max_ps(x, y), _mm256_max_ps(y, x));
+        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, y);
+        _mm256_blendv_ps(r, _mm256_set1_ps(F32_NAN), nan)
     }
 
     kernels!(
         "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
         (steps16_into, steps16_to),
-        (_mm512_add_ps, _mm512_mul_ps, _mm512_min_ps, _mm512_max_ps),
+        (_mm512_add_ps, _mm512_mul_ps, min16, max16),
         bf16,
         avx512_bf16_into,
         avx512_bf16_to,
         bf16_widen16,
-        bf16_narrow16
+        (bf16_narrow16, bf16_exact16)
     );
 
     // ---- AVX2: 8 lanes ----
@@ -301,6 +386,16 @@ pub(super) mod regs {
         _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b00_00_10_00>(packed))
     }
 
+    /// `bf16_exact16` on 8 lanes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn bf16_exact8(v: __m256) -> __m128i {
+        let bits = _mm256_srli_epi32::<16>(_mm256_castps_si256(v));
+        // As in `bf16_narrow8`: lanes below 2^16, packed within halves.
+        let packed = _mm256_packus_epi32(bits, bits);
+        _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b00_00_10_00>(packed))
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     fn f16_widen8(x: __m128i) -> __m256 {
@@ -316,21 +411,22 @@ pub(super) mod regs {
     kernels!(
         "avx2,fma,f16c",
         (steps8_into, steps8_to),
-        (_mm256_add_ps, _mm256_mul_ps, _mm256_min_ps, _mm256_max_ps),
+        (_mm256_add_ps, _mm256_mul_ps, min8, max8),
         bf16,
         avx2_bf16_into,
         avx2_bf16_to,
         bf16_widen8,
-        bf16_narrow8
+        (bf16_narrow8, bf16_exact8)
     );
     kernels!(
         "avx2,fma,f16c",
         (steps8_into, steps8_to),
-        (_mm256_add_ps, _mm256_mul_ps, _mm256_min_ps, _mm256_max_ps),
+        (_mm256_add_ps, _mm256_mul_ps, min8, max8),
         f16,
         avx2_f16_into,
         avx2_f16_to,
         f16_widen8,
-        f16_narrow8
+        // The conversion is one instruction, exact for exact values.
+        (f16_narrow8, f16_narrow8)
     );
 }

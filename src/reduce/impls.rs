@@ -20,8 +20,10 @@ macro_rules! native_element {
         });
     };
     ($t:ty, $dt:expr, int) => {
-        // Integer Avg truncates toward zero, as NCCL's does. The rank count
-        // may not fit the type (256 ranks of u8): divide in i128.
+        // Integer Avg truncates toward zero, as NCCL's does. It travels as
+        // Sum, so `buf` holds the sum wrapped in the type: this divides
+        // the wrapped sum (`ReduceOp::Avg`). The rank count may not fit
+        // the type (256 ranks of u8): divide in i128.
         native_element!(@impl $t, $dt, |buf: &mut [$t], n: usize| {
             let n = n as i128;
             for v in buf.iter_mut() {

@@ -6,7 +6,8 @@
 //! baseline, for AVX2 and for AVX-512, and each call takes the widest the
 //! CPU has, found once per process (`is_x86_feature_detected!`). The three
 //! compile the same elementwise source, so they give the same bits (up to
-//! which NaN an operation on NaNs returns, which Rust leaves open).
+//! which NaN an addition or multiplication of NaNs returns, which Rust
+//! leaves open; Min and Max return a canonical NaN, see `arith`).
 //! FERROCCL_SIMD can lower the level (for comparisons, or a CPU that slows
 //! its clock on wide vectors); it never raises it above what the CPU has.
 //! Elsewhere than x86-64 there is one level, the baseline.

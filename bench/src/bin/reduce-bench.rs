@@ -8,7 +8,8 @@
 //! copy. Each figure is the best of several trials, which on a shared
 //! machine is the least disturbed one.
 //!
-//! usage: `reduce-bench [TRIALS]` (default 5). The kernels run at the
+//! usage: `reduce-bench [TRIALS] [FILTER]` (default 5 trials; FILTER keeps
+//! the kernels whose name contains it, e.g. `max`). The kernels run at the
 //! widest vector level the CPU has; `FERROCCL_SIMD=baseline|avx2|avx512`
 //! lowers it, for comparing levels.
 
@@ -70,18 +71,21 @@ fn main() {
         None => 5,
         Some(Ok(t)) if t > 0 => t,
         Some(_) => {
-            eprintln!("usage: reduce-bench [TRIALS]   (TRIALS >= 1, default 5)");
+            eprintln!("usage: reduce-bench [TRIALS] [FILTER]   (TRIALS >= 1, default 5)");
             std::process::exit(2);
         }
     };
     type Case = (&'static str, fn(usize, usize) -> (f64, f64));
-    let cases: [Case; 6] = [
+    let cases: [Case; 9] = [
         ("f32 sum", |b, t| measure::<f32>(ReduceOp::Sum, b, t)),
         ("f64 sum", |b, t| measure::<f64>(ReduceOp::Sum, b, t)),
         ("i32 sum", |b, t| measure::<i32>(ReduceOp::Sum, b, t)),
         ("f16 sum", |b, t| measure::<f16>(ReduceOp::Sum, b, t)),
         ("bf16 sum", |b, t| measure::<bf16>(ReduceOp::Sum, b, t)),
         ("f32 max", |b, t| measure::<f32>(ReduceOp::Max, b, t)),
+        ("f32 min", |b, t| measure::<f32>(ReduceOp::Min, b, t)),
+        ("bf16 max", |b, t| measure::<bf16>(ReduceOp::Max, b, t)),
+        ("bf16 min", |b, t| measure::<bf16>(ReduceOp::Min, b, t)),
     ];
     println!("# reduce_into vs copy_from_slice, GB/s of the destination array (best of {trials})");
     println!(
@@ -93,7 +97,8 @@ fn main() {
         "# {:<9} {:>8} {:>10} {:>10} {:>8}",
         "kernel", "size", "reduce", "copy", "ratio"
     );
-    for (name, run) in cases {
+    let filter = std::env::args().nth(2).unwrap_or_default();
+    for (name, run) in cases.into_iter().filter(|(name, _)| name.contains(&filter)) {
         for bytes in SIZES {
             let (reduce, copy) = run(bytes, trials);
             println!(
