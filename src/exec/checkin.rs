@@ -291,14 +291,20 @@ fn note(order: u64) -> usize {
 /// Say on this rank's page that `call` runs through slots without a
 /// check-in (see `read_announcement` and `confirm`).
 fn note_slot_call(ctx: &Ctx<'_>, call: &Call) -> Result<()> {
-    let page = ctx.control.pages.words(ctx.rank);
-    let fp = &call.fingerprint;
-    let n = note(call.order);
+    write_note(
+        ctx.control.pages.words(ctx.rank),
+        call.order,
+        &call.fingerprint,
+    )
+}
+
+fn write_note(page: &[AtomicU64], order: u64, fp: &Fingerprint) -> Result<()> {
+    let n = note(order);
     word(page, n + 1)?.store(pack(fp), Ordering::Relaxed);
     word(page, n + 2)?.store(fp.count, Ordering::Relaxed);
     word(page, n + 3)?.store(fp.seq, Ordering::Relaxed);
     // Release: a peer that sees the position sees the fields.
-    word(page, n)?.store(call.order, Ordering::Release);
+    word(page, n)?.store(order, Ordering::Release);
     Ok(())
 }
 
@@ -342,6 +348,26 @@ fn said_at_or_after(
     turn: Option<u64>,
     order: u64,
 ) -> Result<Option<Fingerprint>> {
+    let (exact, later) = scan(page, turn, order)?;
+    if exact.is_some() || later.is_none() {
+        return Ok(exact);
+    }
+    // A later call was seen, but the words are read one after the other:
+    // the peer may have said `order` and gone on to the next call between
+    // the reads. What it said before the later call is visible now (the
+    // later position was read with Acquire, and a peer says its calls in
+    // order), so a second look finds `order` unless the peer never said it.
+    let (exact, _) = scan(page, turn, order)?;
+    Ok(exact.or(later))
+}
+
+/// One look at `peer`'s page for `said_at_or_after`: the call at `order`,
+/// and the first said after it.
+fn scan(
+    page: &[AtomicU64],
+    turn: Option<u64>,
+    order: u64,
+) -> Result<(Option<Fingerprint>, Option<Fingerprint>)> {
     let read = |at: usize| word(page, at).map(|w| w.load(Ordering::Relaxed));
     let mut later: Option<Fingerprint> = None;
     let mut consider = |base: usize, num: usize, count: usize| -> Result<Option<Fingerprint>> {
@@ -366,16 +392,16 @@ fn said_at_or_after(
     };
     for &e in entries {
         if let Some(fp) = consider(e + E_SEQ, e + E_NUM, e + E_COUNT)? {
-            return Ok(Some(fp));
+            return Ok((Some(fp), None));
         }
     }
     for parity in [order, order + 1] {
         let n = note(parity);
         if let Some(fp) = consider(n, n + 3, n + 2)? {
-            return Ok(Some(fp));
+            return Ok((Some(fp), None));
         }
     }
-    Ok(later)
+    Ok((None, later))
 }
 
 /// Wait for `peer`'s announcement of check-in `turn`, which must be of
@@ -593,4 +619,58 @@ fn online_cpus() -> usize {
             .filter(|&n| n > 0);
         count.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+
+    fn fp(order: u64) -> Fingerprint {
+        Fingerprint {
+            seq: order,
+            coll: 5,
+            dtype: 3,
+            op: 0,
+            count: order * 7,
+            root: 0,
+        }
+    }
+
+    /// A peer that notes call k and at once call k + 1 (as a rank that
+    /// only sends in a reduce does) while this rank looks for call k: the
+    /// look must find k, never only k + 1 (which reads as a mismatch). The
+    /// peer waits for each look before it goes on, as the real one waits
+    /// for this rank's note of k + 1.
+    #[test]
+    fn a_peer_going_on_between_two_reads_is_not_a_mismatch() {
+        let page: Arc<Vec<AtomicU64>> =
+            Arc::new((0..W_INLINE).map(|_| AtomicU64::new(0)).collect());
+        let looked = Arc::new(AtomicU64::new(0));
+        const CALLS: u64 = 200_000;
+        let writer = {
+            let (page, looked) = (page.clone(), looked.clone());
+            std::thread::spawn(move || {
+                for k in (1..CALLS).step_by(2) {
+                    while looked.load(Ordering::Acquire) + 2 < k {
+                        std::hint::spin_loop();
+                    }
+                    write_note(&page, k, &fp(k)).unwrap();
+                    write_note(&page, k + 1, &fp(k + 1)).unwrap();
+                }
+            })
+        };
+        for k in (1..CALLS).step_by(2) {
+            let heard = loop {
+                if let Some(heard) = said_at_or_after(&page, None, k).unwrap() {
+                    break heard;
+                }
+                std::hint::spin_loop();
+            };
+            assert_eq!(heard, fp(k), "looked for call {k}, read a later one");
+            looked.store(k, Ordering::Release);
+        }
+        writer.join().unwrap();
+    }
 }
