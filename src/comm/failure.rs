@@ -145,6 +145,16 @@ impl Inner {
                 refused: true,
             }),
         });
+        // A rank that made this call already said so.
+        let went = {
+            let mut later = lock(&self.went_later);
+            let went = later.iter().find(|(_, m)| m.seq == call.order).cloned();
+            later.retain(|(_, m)| m.seq > call.order);
+            went
+        };
+        if let Some((reporter, m)) = went {
+            self.went_ahead(reporter, &m);
+        }
     }
 
     /// Keep a mismatch or refusal report (reporter, peer, report) for the
@@ -179,25 +189,76 @@ impl Inner {
         lock(&self.refused_here).contains(&order)
     }
 
-    /// End this communicator on the error `err` heard from the job: a
-    /// refusal of the reporter's is this rank's own leaving (it accepted
-    /// the call) and is told to the job, so that the refusing rank learns
-    /// its call was not refused everywhere; a mismatch was told already.
+    /// End this communicator on the error `err` heard from the job. After
+    /// a refusal of the reporter's, this rank accepted the call: it tells
+    /// the job so (a report for that position, which ranks that have not
+    /// reached it keep until they do), so that the ranks which refused the
+    /// call learn that it was not refused everywhere.
     pub(super) fn fail_on_heard(&self, err: Error, reporter: usize, m: &MismatchReport) {
-        if m.refused {
-            let during = match &err {
-                Error::PeerFailed { during, .. } => during.clone(),
-                _ => "its call".to_string(),
-            };
-            let text = format!(
-                "it made its call at this position ({during}), which rank {reporter} refused \
-                 ({}: {})",
-                m.local, m.remote
-            );
-            self.fail_with(err, None, Broadcast::Went(text));
-        } else {
+        if !m.refused {
             self.fail(err, Some(reporter), false);
+            return;
         }
+        let during = match &err {
+            Error::PeerFailed { during, .. } => during.clone(),
+            _ => "its call".to_string(),
+        };
+        let report = MismatchReport {
+            comm_id: self.comm_id,
+            seq: m.seq,
+            // The refuser, and what it refused.
+            peer: m.peer,
+            local: during,
+            remote: format!("{}: {}", m.local, m.remote),
+            refused: true,
+        };
+        self.fail_with(err, None, Broadcast::Went(report));
+    }
+
+    /// A report that rank `reporter` made its call at a position where
+    /// rank `m.peer` (global) refused its own (see `fail_on_heard`): where
+    /// this rank refused that call too, its communicator ends now; where it
+    /// has not reached it, the report waits for `refused_at`.
+    pub(super) fn heard_went(&self, reporter: usize, m: &MismatchReport) {
+        let mut later = lock(&self.went_later);
+        if self.refused_too(m.seq) {
+            drop(later);
+            self.went_ahead(reporter, m);
+        } else if self.issued.load(Ordering::SeqCst) < m.seq {
+            if later.len() == super::order::RECENT_CALLS {
+                later.pop_front();
+            }
+            later.push_back((reporter, m.clone()));
+        }
+        // Else this rank accepted the call too, and ends on the refusal.
+    }
+
+    /// End this communicator, which refused its call at `m.seq`, because
+    /// rank `reporter` made that call.
+    fn went_ahead(&self, reporter: usize, m: &MismatchReport) {
+        let during = lock(&self.turns.issued)
+            .recent
+            .iter()
+            .find(|(order, _)| *order == m.seq)
+            .map_or_else(
+                || "a call this rank refused".to_string(),
+                |(_, fp)| crate::fingerprint::describe(fp),
+            );
+        let err = Error::PeerFailed {
+            rank: reporter,
+            during,
+            reason: went_text(&m.local, self.rank_of(m.peer), &m.remote),
+        };
+        self.fail_with(err, Some(reporter), Broadcast::No);
+    }
+
+    /// This communicator's rank of global rank `global` (itself where it
+    /// is not a member, which does not happen for reports it keeps).
+    fn rank_of(&self, global: usize) -> usize {
+        self.global_ranks
+            .iter()
+            .position(|&g| g == global)
+            .unwrap_or(self.rank)
     }
 
     /// After a collective timed out waiting on `waited_for`: ask every
@@ -294,17 +355,28 @@ impl Inner {
         // of at their timeout.
         let blamed = blame.unwrap_or(self.rank);
         let reason = match (&broadcast, &err) {
-            (Broadcast::Went(text), _) => text.clone(),
+            (Broadcast::Went(m), _) => went_text(&m.local, self.rank_of(m.peer), &m.remote),
             (_, Error::PeerFailed { reason, .. }) => reason.clone(),
             (_, other) => other.to_string(),
         };
+        // A mismatch, or a call that went ahead where another rank refused
+        // it, ends the calls at that position and after; a peer may still
+        // be finishing an earlier call that this rank completed, whose last
+        // frames are on the way, and a failure told on the connections
+        // overtakes them. The job tells it instead: at its next call, or at
+        // once if it has reached that position.
+        let preempt =
+            !matches!(err, Error::Mismatch { .. }) && !matches!(broadcast, Broadcast::Went(_));
         let told_the_job = !matches!(broadcast, Broadcast::No);
         if let Some(&global) = self.global_ranks.get(blamed) {
             match broadcast {
                 Broadcast::No => {}
-                Broadcast::Failed | Broadcast::Went(_) => {
-                    self.rendezvous.store.report_failure(global, &reason)
-                }
+                Broadcast::Failed => self.rendezvous.store.report_failure(global, &reason),
+                Broadcast::Went(m) => self.rendezvous.store.report(FailureReport {
+                    rank: global,
+                    reason: reason.clone(),
+                    mismatch: Some(m),
+                }),
                 Broadcast::Mismatch(mismatch) => self.rendezvous.store.report(FailureReport {
                     rank: global,
                     reason: reason.clone(),
@@ -322,8 +394,10 @@ impl Inner {
         }
         // Peers first, then local waiters: a program that exits on the error
         // must not look like the culprit to peers that have not heard yet.
-        for closer in lock(&self.closers).iter() {
-            closer.close_with_failure(blamed, &reason);
+        if preempt {
+            for closer in lock(&self.closers).iter() {
+                closer.close_with_failure(blamed, &reason);
+            }
         }
         self.abort.abort();
     }
@@ -411,8 +485,9 @@ pub(super) enum Broadcast {
     /// That the blamed rank failed.
     Failed,
     /// That this rank leaves because its call went ahead where another
-    /// rank refused the same call (with what it says of that).
-    Went(String),
+    /// rank refused the same call (the report: this rank's call, the
+    /// refuser and what it refused).
+    Went(MismatchReport),
     /// That this rank found a mismatch (with the peer's global rank and
     /// both calls, when known).
     Mismatch(Option<MismatchReport>),
@@ -450,6 +525,10 @@ pub(super) fn spawn_watcher(
                         // the reporter is alive and its other communicators
                         // work.
                         Some(m) if m.comm_id != inner.comm_id => {}
+                        // A rank made a call that another refused.
+                        Some(m) if m.refused && m.peer != report.rank => {
+                            inner.heard_went(local, m);
+                        }
                         // Another rank refused a call this rank refused too.
                         Some(m) if m.refused && inner.refused_too(m.seq) => {}
                         Some(m) => {
@@ -492,4 +571,10 @@ pub(super) fn spawn_watcher(
             }
         })?;
     Ok(())
+}
+
+/// What a rank that made its call `call` says where rank `refuser` refused
+/// its own (`refused`: that call and why).
+fn went_text(call: &str, refuser: usize, refused: &str) -> String {
+    format!("it made its call at this position ({call}), which rank {refuser} refused ({refused})")
 }

@@ -82,6 +82,9 @@ struct Inner {
     /// Reports heard while `mismatch_heard` held a refusal of a call this
     /// rank had not reached (see `Inner::hear`).
     heard_later: Mutex<std::collections::VecDeque<(usize, usize, MismatchReport)>>,
+    /// Reports that a rank made a call another refused, for positions this
+    /// rank has not reached (see `Inner::heard_went`), as (reporter, report).
+    went_later: Mutex<std::collections::VecDeque<(usize, MismatchReport)>>,
     /// `mismatch_heard` is set (SeqCst, against `issued`: see the watcher).
     mismatch_flag: AtomicBool,
     /// Positions of the last few calls this rank refused for a bad

@@ -205,6 +205,7 @@ impl Communicator {
             failed: AtomicBool::new(false),
             mismatch_heard: Mutex::new(None),
             heard_later: Mutex::new(std::collections::VecDeque::new()),
+            went_later: Mutex::new(std::collections::VecDeque::new()),
             mismatch_flag: AtomicBool::new(false),
             refused_here: Mutex::new(std::collections::VecDeque::new()),
             closers,

@@ -198,12 +198,10 @@ enum Round {
     Wait,
 }
 
-/// Wait until `ready` says so, or an error: what `ready` reports first,
-/// then fatal ones, then (on clock rounds) the set-up, the deadline and the
-/// peer's liveness. What a peer published before it failed, died or left
-/// is still good: a receiver drains it first (so a rank still finishing a
-/// call its peers completed finishes it, whatever they did next), and
-/// before a dead peer is reported `ready` gets one more look.
+/// Wait until `ready` says so, or an error: fatal ones first, then what
+/// `ready` reports, then (on clock rounds) the set-up, the deadline and the
+/// peer's liveness. Before a dead peer is reported, `ready` gets one more
+/// look (a receiver drains what was published before the death).
 fn wait_for(
     link: &Link,
     deadline: Deadline,
@@ -216,11 +214,11 @@ fn wait_for(
         return Err(err);
     }
     loop {
-        if let Round::Ready = ready()? {
-            return Ok(());
-        }
         if let Some(err) = link.fatal() {
             return Err(err);
+        }
+        if let Round::Ready = ready()? {
+            return Ok(());
         }
         if w.clock_round() {
             if let Some(err) = link.check_setup() {
