@@ -15,9 +15,10 @@ pub enum Error {
     /// The call is not run, but it keeps its place in the communicator's
     /// order and the other ranks are told at once: a rank that accepted the
     /// same call ends it with [`Error::PeerFailed`] naming this rank, its
-    /// call and this reason, and its communicator ends (then this rank's
-    /// next call fails too, naming that rank); ranks that refused the same
-    /// call go on. A point-to-point call is refused on this rank only.
+    /// call and this reason, and its communicator ends; it tells this rank,
+    /// whose communicator then ends too, naming it (`async_error`, and every
+    /// later call). Ranks that refused the same call go on. A
+    /// point-to-point call is refused on this rank only.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// Launch environment variables are missing or contradict each other.
