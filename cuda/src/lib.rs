@@ -1,0 +1,113 @@
+//! ferroccl-cuda: the CUDA half of ferroccl's glue.
+//!
+//! - `probe`: is there a driver and a device (every device call starts
+//!   here; without one it returns [`CudaError::NoDevice`] with the reason,
+//!   never a panic: cudarc panics when libcuda is missing, so it is only
+//!   called after the library and the driver version have been checked);
+//! - `kernels`: the reduction kernels, one source (`kernels/*.cu`) from
+//!   which every (op, type) is instantiated, compiled by NVRTC at first use
+//!   for the device's own architecture and cached per device;
+//! - `staging`: the order of copies, transfers and kernels that carries a
+//!   collective on device buffers through pinned host memory, over any
+//!   host transport; its logic runs on a host stand-in of the copy engine
+//!   in the tests.
+//!
+//! The crate does not depend on `ferroccl`: the library maps its element
+//! types and ops to [`Ty`] and [`Op`] and its errors from [`CudaError`].
+
+pub mod error;
+pub mod kernels;
+pub mod nvrtc;
+pub mod probe;
+pub mod staging;
+
+pub use error::{CudaError, Result};
+
+/// An element type the kernels reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Ty {
+    F32,
+    F64,
+    F16,
+    Bf16,
+    I8,
+    U8,
+    I32,
+    U32,
+    I64,
+    U64,
+}
+
+impl Ty {
+    /// Every type, in the order of the kernel table.
+    pub const ALL: [Ty; 10] = [
+        Ty::F32,
+        Ty::F64,
+        Ty::F16,
+        Ty::Bf16,
+        Ty::I8,
+        Ty::U8,
+        Ty::I32,
+        Ty::U32,
+        Ty::I64,
+        Ty::U64,
+    ];
+
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            Ty::I8 | Ty::U8 => 1,
+            Ty::F16 | Ty::Bf16 => 2,
+            Ty::F32 | Ty::I32 | Ty::U32 => 4,
+            Ty::F64 | Ty::I64 | Ty::U64 => 8,
+        }
+    }
+
+    /// The short name used in kernel names and messages (`f32`, `bf16`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Ty::F32 => "f32",
+            Ty::F64 => "f64",
+            Ty::F16 => "f16",
+            Ty::Bf16 => "bf16",
+            Ty::I8 => "i8",
+            Ty::U8 => "u8",
+            Ty::I32 => "i32",
+            Ty::U32 => "u32",
+            Ty::I64 => "i64",
+            Ty::U64 => "u64",
+        }
+    }
+
+    /// Whether the type is a floating-point one (has NaN).
+    pub const fn is_float(self) -> bool {
+        matches!(self, Ty::F32 | Ty::F64 | Ty::F16 | Ty::Bf16)
+    }
+}
+
+/// A reduction the kernels perform. `Avg` reduces as `Sum`; the division
+/// by the rank count is done once, on the GPU, by the finishing kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    Sum,
+    Prod,
+    Min,
+    Max,
+    Avg,
+}
+
+impl Op {
+    /// Every op, in the order of the kernel table.
+    pub const ALL: [Op; 5] = [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::Avg];
+
+    /// The short name used in kernel names and messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Op::Sum => "sum",
+            Op::Prod => "prod",
+            Op::Min => "min",
+            Op::Max => "max",
+            Op::Avg => "avg",
+        }
+    }
+}

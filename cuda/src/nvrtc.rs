@@ -1,0 +1,2 @@
+//! NVRTC: finding the library and compiling the kernels (log, spills).
+//! (Being written.)
