@@ -81,8 +81,14 @@ mod tests {
 
     /// Without a driver (this machine, CI) the answer is `NoDevice` with a
     /// reason, and asking never panics; with one it names its version.
+    /// `FERROCCL_REQUIRE_DEVICE=1` (the GPU run) makes a missing device a
+    /// failure.
     #[test]
     fn probing_never_panics_and_says_why() {
+        if std::env::var("FERROCCL_REQUIRE_DEVICE").is_ok_and(|v| v == "1") {
+            let d = driver().expect("FERROCCL_REQUIRE_DEVICE=1 but no usable device");
+            eprintln!("driver {} with {} device(s)", d.version, d.devices);
+        }
         match driver() {
             Ok(d) => assert!(d.version >= MIN_DRIVER_VERSION && d.devices > 0, "{d:?}"),
             Err(CudaError::NoDevice(why)) => assert!(!why.is_empty()),
