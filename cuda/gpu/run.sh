@@ -16,8 +16,8 @@ echo "commit $(cat commit 2>/dev/null)"
 # NVRTC: PyPI's nvidia-cuda-nvrtc, in the Python that holds PyTorch, or
 # the CUDA toolkit's. The folder must be on the loader's path, or
 # libnvrtc-builtins is not found.
-nvrtc_dir=""
-for root in "$(python3 -c 'import sys; print(sys.prefix)' 2>/dev/null)" /opt/torch/.venv /usr/local/cuda /usr/local/cuda-13.0; do
+nvrtc_dir=${FERROCCL_NVRTC_DIR:-}
+[ -n "$nvrtc_dir" ] || for root in "$(python3 -c 'import sys; print(sys.prefix)' 2>/dev/null)" /opt/torch/.venv /usr/local/cuda /usr/local/cuda-13.0; do
   [ -n "$root" ] && [ -d "$root" ] || continue
   hit=$(find "$root" -name 'libnvrtc.so*' -not -name '*builtins*' 2>/dev/null | head -1)
   if [ -n "$hit" ]; then nvrtc_dir=$(dirname "$hit"); break; fi
