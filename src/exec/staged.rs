@@ -360,3 +360,351 @@ impl Walk<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Algorithm;
+    use crate::coll::{self, CollCall, CollKind, Plan};
+    use crate::comm::Communicator;
+    use ferroccl_cuda::staging::HostEngine;
+    use half::{bf16, f16};
+    use std::time::Duration;
+
+    /// Slots of 64 bytes: a few hundred elements make many chunks and a
+    /// tail, and cycle every bounce buffer several times.
+    const SLOT: usize = 64;
+    const STEPS: usize = 4;
+    const COUNTS: [usize; 4] = [0, 1, 7, 301];
+
+    fn configure(algo: Algorithm) -> impl Fn(&mut crate::config::Config) + Sync {
+        move |config| {
+            config.transport = Some("mem".into());
+            config.checkin = false;
+            config.algorithm = Some(algo);
+            config.steps = STEPS;
+            config.buffsize = SLOT * STEPS;
+            config.timeout = Duration::from_secs(20);
+        }
+    }
+
+    fn signed(dtype: DataType) -> bool {
+        !matches!(dtype, DataType::U8 | DataType::U32 | DataType::U64)
+    }
+
+    /// Input of `rank` at element `i`: small integers, so every result is
+    /// exact in every type (sums of 8 ranks fit i8 and bf16; products stay
+    /// in {-2..2}) up to Avg's one rounding.
+    fn value(dtype: DataType, op: ReduceOp, rank: usize, size: usize, i: usize) -> f64 {
+        let h = (i.wrapping_mul(2654435761) ^ rank.wrapping_mul(40503)) % 9;
+        match op {
+            ReduceOp::Prod if rank == i % size => {
+                if signed(dtype) && i % 3 == 0 {
+                    -1.0
+                } else {
+                    2.0
+                }
+            }
+            ReduceOp::Prod => 1.0,
+            _ if signed(dtype) => h as f64 - 4.0,
+            _ => h as f64,
+        }
+    }
+
+    /// The f64 reference of `op` over the ranks' element `i`.
+    fn reference(dtype: DataType, op: ReduceOp, size: usize, i: usize) -> f64 {
+        let vals = (0..size).map(|r| value(dtype, op, r, size, i));
+        let float = matches!(
+            dtype,
+            DataType::F32 | DataType::F64 | DataType::F16 | DataType::Bf16
+        );
+        match op {
+            ReduceOp::Sum => vals.sum(),
+            ReduceOp::Prod => vals.product(),
+            ReduceOp::Min => vals.fold(f64::INFINITY, f64::min),
+            ReduceOp::Max => vals.fold(f64::NEG_INFINITY, f64::max),
+            ReduceOp::Avg if float => vals.sum::<f64>() / size as f64,
+            ReduceOp::Avg => (vals.sum::<f64>() / size as f64).trunc(),
+        }
+    }
+
+    /// Avg on floats rounds once: half an ulp of the type, relative.
+    fn tolerance(dtype: DataType, op: ReduceOp, want: f64) -> f64 {
+        let rel = match (op, dtype) {
+            (ReduceOp::Avg, DataType::F16) => 2f64.powi(-11),
+            (ReduceOp::Avg, DataType::Bf16) => 2f64.powi(-8),
+            (ReduceOp::Avg, DataType::F32) => 2f64.powi(-24),
+            (ReduceOp::Avg, DataType::F64) => 2f64.powi(-53),
+            _ => 0.0,
+        };
+        want.abs() * rel * 1.01
+    }
+
+    fn to_bytes<T: Element>(v: &[T]) -> Vec<u8> {
+        bytemuck::cast_slice(v).to_vec()
+    }
+
+    /// One collective on device buffers of this rank's engine, staged;
+    /// returns the output (the whole in-place buffer for broadcast).
+    fn staged_call<T: Element>(
+        comm: &Communicator,
+        engine: &HostEngine,
+        call: &CollCall,
+        input: &[T],
+        drop_wait: bool,
+    ) -> Result<Vec<T>> {
+        let (rank, size) = (comm.rank(), comm.size());
+        let elem = std::mem::size_of::<T>();
+        let dev = |e| Error::Io(format!("stand-in: {e}"));
+        let mut out = None;
+        comm.run_on_links_for_test::<T>(call, |plan: &Plan, links, exec_call| {
+            let out_len = call.recv_len.max(plan.scratch_output);
+            let (bufs, out_ptr) = if call.in_place {
+                let buf = DevicePtr::new(engine.alloc_device(call.recv_len * elem).map_err(dev)?);
+                let input_at = buf.add(plan.input_base * elem);
+                engine
+                    .write_device(input_at, &to_bytes(input))
+                    .map_err(dev)?;
+                let bufs = DeviceBuffers {
+                    input: input_at,
+                    output: buf.add(plan.output_base * elem),
+                };
+                (bufs, buf)
+            } else {
+                let i = DevicePtr::new(engine.alloc_device(call.send_len * elem).map_err(dev)?);
+                let o = DevicePtr::new(engine.alloc_device(out_len * elem).map_err(dev)?);
+                engine.write_device(i, &to_bytes(input)).map_err(dev)?;
+                (
+                    DeviceBuffers {
+                        input: i,
+                        output: o,
+                    },
+                    o,
+                )
+            };
+            let avg = (call.op == Some(ReduceOp::Avg))
+                .then(|| coll::result_range(call, plan, rank))
+                .flatten()
+                .filter(|_| plan.scratch_output == 0)
+                .map(|range| AvgFinish { range, ranks: size });
+            if drop_wait {
+                run_without_write_wait::<T>(links, &plan.schedule, engine, bufs, exec_call)?;
+            } else {
+                run::<T>(links, &plan.schedule, engine, bufs, exec_call, avg)?;
+            }
+            let bytes = engine
+                .read_device(out_ptr, call.recv_len * elem)
+                .map_err(dev)?;
+            out = Some(bytemuck::pod_collect_to_vec::<u8, T>(&bytes));
+            engine.free_device(bufs.input.buf);
+            engine.free_device(out_ptr.buf);
+            Ok(())
+        })?;
+        Ok(out.expect("ran"))
+    }
+
+    /// Run `kind` of `count` with `op` and check this rank's result against
+    /// the f64 reference; an error names the case.
+    fn check<T: Element>(
+        comm: &Communicator,
+        engine: &HostEngine,
+        kind: CollKind,
+        count: usize,
+        op: ReduceOp,
+    ) -> std::result::Result<(), String> {
+        let (rank, n) = (comm.rank(), comm.size());
+        let dtype = T::DTYPE;
+        let root = count % n;
+        let what = format!("{kind:?} {dtype} {op} count {count} on rank {rank} of {n}");
+        let v = |r: usize, i: usize| value(dtype, op, r, n, i);
+        let make = |len: usize, f: &dyn Fn(usize) -> f64| -> Vec<T> {
+            (0..len).map(|i| T::from_f64(f(i))).collect()
+        };
+        let (call, input): (CollCall, Vec<T>) = match kind {
+            CollKind::AllReduce => (
+                CollCall::new(kind, count, count, count),
+                make(count, &|i| v(rank, i)),
+            ),
+            CollKind::ReduceScatter => (
+                CollCall::new(kind, count, count * n, count),
+                make(count * n, &|i| v(rank, i)),
+            ),
+            CollKind::AllGather => (
+                CollCall::new(kind, count, count, count * n),
+                make(count, &|i| v(rank, rank * count + i)),
+            ),
+            CollKind::Broadcast => (
+                CollCall {
+                    root: Some(root),
+                    in_place: true,
+                    ..CollCall::new(kind, count, count, count)
+                },
+                // Only the root's buffer is an input.
+                make(count, &|i| if rank == root { v(root, i) } else { 99.0 }),
+            ),
+            CollKind::Reduce => (
+                CollCall {
+                    root: Some(root),
+                    ..CollCall::new(kind, count, count, count)
+                },
+                make(count, &|i| v(rank, i)),
+            ),
+            other => unreachable!("{other:?}"),
+        };
+        let call = CollCall {
+            op: matches!(
+                kind,
+                CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
+            )
+            .then_some(op),
+            ..call
+        };
+        let got = staged_call::<T>(comm, engine, &call, &input, false)
+            .map_err(|e| format!("{what}: {e}"))?;
+        let want: Box<dyn Fn(usize) -> Option<f64>> = match kind {
+            CollKind::AllReduce => Box::new(|i| Some(reference(dtype, op, n, i))),
+            CollKind::ReduceScatter => {
+                Box::new(move |i| Some(reference(dtype, op, n, rank * count + i)))
+            }
+            CollKind::AllGather => Box::new(move |i| Some(v(i / count.max(1), i))),
+            CollKind::Broadcast => Box::new(move |i| Some(v(root, i))),
+            // Non-root ranks' outputs are not results.
+            _ if rank != root => Box::new(|_| None),
+            _ => Box::new(|i| Some(reference(dtype, op, n, i))),
+        };
+        for (i, g) in got.iter().enumerate() {
+            let Some(w) = want(i) else { continue };
+            let g = g.to_f64();
+            if (g - w).abs() > tolerance(dtype, op, w) {
+                return Err(format!("{what}: element {i} is {g}, want {w}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn for_each_type(
+        f: &mut dyn FnMut(&dyn Fn(CollKind, usize, ReduceOp) -> std::result::Result<(), String>),
+        comm: &Communicator,
+        engine: &HostEngine,
+    ) {
+        macro_rules! each {
+            ($($t:ty),*) => {$(
+                f(&|kind, count, op| check::<$t>(comm, engine, kind, count, op));
+            )*};
+        }
+        each!(f32, f64, f16, bf16, i8, u8, i32, u32, i64, u64);
+    }
+
+    /// Every collective staged on `n` ranks with `algo` forced (a
+    /// collective without it runs its ring): allreduce, reduce-scatter and
+    /// reduce for every type, op and count; allgather and broadcast for
+    /// every type and count.
+    fn matrix(n: usize, algo: Algorithm) {
+        let failures = crate::testing::run_ranks_with(n, configure(algo), |comm| {
+            let engine = HostEngine::with_delays(
+                Duration::from_micros(40),
+                17 * n as u64 + comm.rank() as u64,
+            );
+            let mut failures = Vec::new();
+            let mut record = |r: std::result::Result<(), String>| {
+                if let Err(e) = r {
+                    failures.push(e);
+                }
+            };
+            for_each_type(
+                &mut |case| {
+                    for count in COUNTS {
+                        for op in ReduceOp::ALL {
+                            for kind in [
+                                CollKind::AllReduce,
+                                CollKind::ReduceScatter,
+                                CollKind::Reduce,
+                            ] {
+                                record(case(kind, count, op));
+                            }
+                        }
+                        for kind in [CollKind::AllGather, CollKind::Broadcast] {
+                            record(case(kind, count, ReduceOp::Sum));
+                        }
+                    }
+                },
+                &comm,
+                &engine,
+            );
+            failures
+        });
+        let failures: Vec<String> = failures.into_iter().flatten().collect();
+        assert!(
+            failures.is_empty(),
+            "{} failures, first ones: {:#?}",
+            failures.len(),
+            &failures[..failures.len().min(5)]
+        );
+    }
+
+    #[test]
+    fn staged_ring_1_to_4_ranks() {
+        for n in 1..=4 {
+            matrix(n, Algorithm::Ring);
+        }
+    }
+
+    #[test]
+    fn staged_ring_5_to_8_ranks() {
+        for n in 5..=8 {
+            matrix(n, Algorithm::Ring);
+        }
+    }
+
+    #[test]
+    fn staged_tree_1_to_4_ranks() {
+        for n in 1..=4 {
+            matrix(n, Algorithm::Tree);
+        }
+    }
+
+    #[test]
+    fn staged_tree_5_to_8_ranks() {
+        for n in 5..=8 {
+            matrix(n, Algorithm::Tree);
+        }
+    }
+
+    /// The tests can fail: with the wait of copies out on the reduction
+    /// kernels dropped, a ring allreduce sends partial sums before the
+    /// stand-in's kernel wrote them, and some rank ends with a wrong
+    /// result (or the call fails), where the same calls with the wait pass.
+    #[test]
+    fn a_dropped_dependency_is_caught() {
+        let count = 301;
+        for drop_wait in [false, true] {
+            let results = crate::testing::run_ranks_with(3, configure(Algorithm::Ring), |comm| {
+                let engine =
+                    HostEngine::with_delays(Duration::from_micros(200), comm.rank() as u64);
+                let rank = comm.rank();
+                let input: Vec<u32> = (0..count as u32).map(|i| i * 3 + rank as u32).collect();
+                let call = CollCall {
+                    op: Some(ReduceOp::Sum),
+                    ..CollCall::new(CollKind::AllReduce, count, count, count)
+                };
+                let mut bad = 0usize;
+                for _ in 0..3 {
+                    match staged_call::<u32>(&comm, &engine, &call, &input, drop_wait) {
+                        Ok(got) => {
+                            let want = (0..count as u32).map(|i| i * 9 + 3);
+                            bad += got.iter().zip(want).filter(|(g, w)| **g != *w).count();
+                        }
+                        Err(_) => return usize::MAX,
+                    }
+                }
+                bad
+            });
+            let wrong: usize = results.iter().map(|&b| b.min(1 << 20)).sum();
+            if drop_wait {
+                assert!(wrong > 0, "a missing wait went unnoticed: {results:?}");
+            } else {
+                assert_eq!(wrong, 0, "{results:?}");
+            }
+        }
+    }
+}
