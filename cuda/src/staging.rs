@@ -201,6 +201,10 @@ struct State {
     pinned: Mutex<HashMap<u64, Arc<PinnedState>>>,
     events: Mutex<HashMap<u64, Arc<EventState>>>,
     streams: Mutex<HashMap<u64, StreamWorker>>,
+    /// Workers of freed streams, reused by the next `stream` (a call
+    /// makes and frees two; spawning threads each time dominated the
+    /// tests).
+    idle: Mutex<Vec<StreamWorker>>,
     next_id: AtomicU64,
     /// The first failure of a stream's work, reported by `host_wait`.
     fault: Mutex<Option<String>>,
@@ -408,6 +412,10 @@ impl Engine for HostEngine {
 
     fn stream(&self) -> Result<Stream> {
         let id = self.id();
+        if let Some(worker) = lock(&self.state.idle).pop() {
+            lock(&self.state.streams).insert(id, worker);
+            return Ok(Stream(id));
+        }
         let (queue, jobs) = mpsc::channel::<Job>();
         let (max, mut rng) = (self.max_delay, self.seed ^ id.wrapping_mul(0x2545_f491));
         let thread = std::thread::Builder::new()
@@ -436,8 +444,18 @@ impl Engine for HostEngine {
     fn free_stream(&self, stream: Stream) {
         let worker = lock(&self.state.streams).remove(&stream.0);
         if let Some(worker) = worker {
-            drop(worker.queue);
-            let _ = worker.thread.join();
+            // Its queue runs out first (a wait in it is bounded by
+            // STREAM_WAIT_LIMIT), then the worker serves the next stream.
+            let (done, drained) = mpsc::channel::<()>();
+            let sent = worker.queue.send(Box::new(move || {
+                let _ = done.send(());
+            }));
+            if sent.is_ok() && drained.recv().is_ok() {
+                lock(&self.state.idle).push(worker);
+            } else {
+                drop(worker.queue);
+                let _ = worker.thread.join();
+            }
         }
     }
 

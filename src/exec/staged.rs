@@ -376,6 +376,8 @@ mod tests {
     const SLOT: usize = 64;
     const STEPS: usize = 4;
     const COUNTS: [usize; 4] = [0, 1, 7, 301];
+    /// The stand-in's streams sleep up to this before half of their jobs.
+    const DELAY_US: u64 = 20;
 
     fn configure(algo: Algorithm) -> impl Fn(&mut crate::config::Config) + Sync {
         move |config| {
@@ -399,7 +401,7 @@ mod tests {
         let h = (i.wrapping_mul(2654435761) ^ rank.wrapping_mul(40503)) % 9;
         match op {
             ReduceOp::Prod if rank == i % size => {
-                if signed(dtype) && i % 3 == 0 {
+                if signed(dtype) && i.is_multiple_of(3) {
                     -1.0
                 } else {
                     2.0
@@ -582,11 +584,10 @@ mod tests {
         Ok(())
     }
 
-    fn for_each_type(
-        f: &mut dyn FnMut(&dyn Fn(CollKind, usize, ReduceOp) -> std::result::Result<(), String>),
-        comm: &Communicator,
-        engine: &HostEngine,
-    ) {
+    /// One case of one type: (collective, count, op) to a failure.
+    type Case<'a> = &'a dyn Fn(CollKind, usize, ReduceOp) -> std::result::Result<(), String>;
+
+    fn for_each_type(f: &mut dyn FnMut(Case<'_>), comm: &Communicator, engine: &HostEngine) {
         macro_rules! each {
             ($($t:ty),*) => {$(
                 f(&|kind, count, op| check::<$t>(comm, engine, kind, count, op));
@@ -595,14 +596,13 @@ mod tests {
         each!(f32, f64, f16, bf16, i8, u8, i32, u32, i64, u64);
     }
 
-    /// Every collective staged on `n` ranks with `algo` forced (a
-    /// collective without it runs its ring): allreduce, reduce-scatter and
-    /// reduce for every type, op and count; allgather and broadcast for
-    /// every type and count.
+    /// Every collective staged on `n` ranks with `algo` forced, for every
+    /// type and count: allreduce with every op, reduce and reduce-scatter
+    /// with the ops in turn, allgather and broadcast.
     fn matrix(n: usize, algo: Algorithm) {
         let failures = crate::testing::run_ranks_with(n, configure(algo), |comm| {
             let engine = HostEngine::with_delays(
-                Duration::from_micros(40),
+                Duration::from_micros(DELAY_US),
                 17 * n as u64 + comm.rank() as u64,
             );
             let mut failures = Vec::new();
@@ -613,18 +613,23 @@ mod tests {
             };
             for_each_type(
                 &mut |case| {
-                    for count in COUNTS {
-                        for op in ReduceOp::ALL {
-                            for kind in [
-                                CollKind::AllReduce,
-                                CollKind::ReduceScatter,
-                                CollKind::Reduce,
-                            ] {
-                                record(case(kind, count, op));
+                    for (c, count) in COUNTS.into_iter().enumerate() {
+                        // Allreduce: every op. Reduce-scatter and reduce:
+                        // one op per count, in turn (every op over the
+                        // types and counts). Tree runs only where a
+                        // collective has one (the rest would repeat ring).
+                        for (o, op) in ReduceOp::ALL.into_iter().enumerate() {
+                            record(case(CollKind::AllReduce, count, op));
+                            if o == c % ReduceOp::ALL.len() {
+                                record(case(CollKind::Reduce, count, op));
+                                if algo == Algorithm::Ring {
+                                    record(case(CollKind::ReduceScatter, count, op));
+                                }
                             }
                         }
-                        for kind in [CollKind::AllGather, CollKind::Broadcast] {
-                            record(case(kind, count, ReduceOp::Sum));
+                        record(case(CollKind::Broadcast, count, ReduceOp::Sum));
+                        if algo == Algorithm::Ring {
+                            record(case(CollKind::AllGather, count, ReduceOp::Sum));
                         }
                     }
                 },
