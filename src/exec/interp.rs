@@ -233,7 +233,7 @@ fn run_step<T: Element>(
 
 /// The outcome of a receive: an error found while checking the frame wins
 /// over the placeholder the transport passed through.
-fn finish_recv(
+pub(super) fn finish_recv(
     result: std::result::Result<(), TransportError>,
     found: Option<Error>,
     call: &Call,
@@ -248,6 +248,6 @@ fn finish_recv(
 /// Each wait of a step ends `call.timeout` after it begins; transports that
 /// can count from their first look at the clock skip it for waits that end
 /// at once.
-fn deadline(call: &Call) -> Deadline {
+pub(super) fn deadline(call: &Call) -> Deadline {
     Deadline::After(call.timeout)
 }

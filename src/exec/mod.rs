@@ -13,6 +13,9 @@
 //!   the paths below start with; `inline`: small calls carried in it;
 //!   `direct`: collectives directly between windows; `pull`: allgathers and
 //!   all-to-alls out of the peers' processes (cross-memory attach).
+//! - `staged`: a schedule on device buffers over the host transports,
+//!   through pinned bounce buffers (ferroccl-cuda's `Stager`); not yet
+//!   reached by the communicator.
 
 mod checkin;
 mod direct;
@@ -21,6 +24,7 @@ mod interp;
 mod io;
 mod links;
 mod pull;
+mod staged;
 mod verify;
 
 pub(crate) use checkin::{
