@@ -7,6 +7,9 @@
 //! - `kernels`: the reduction kernels, one source (`kernels/*.cu`) from
 //!   which every (op, type) is instantiated, compiled by NVRTC at first use
 //!   for the device's own architecture and cached per device;
+//! - `engine`: [`engine::CudaEngine`], the staging engine on a real GPU
+//!   (driver API; kernels compiled for the device's architecture at its
+//!   first engine in the process);
 //! - `staging`: the order of copies, transfers and kernels that carries a
 //!   collective on device buffers through pinned host memory, over any
 //!   host transport; its logic runs on a host stand-in of the copy engine
@@ -15,6 +18,7 @@
 //! The crate does not depend on `ferroccl`: the library maps its element
 //! types and ops to [`Ty`] and [`Op`] and its errors from [`CudaError`].
 
+pub mod engine;
 pub mod error;
 pub mod kernels;
 pub mod nvrtc;

@@ -1,0 +1,212 @@
+//! The CUDA engine on a real GPU against the host stand-in: every (op,
+//! type) kernel, on random data with NaN, signed zeros and extremes, at
+//! counts with and without a tail and at offsets that break the 16-byte
+//! alignment, must give the same bytes as the stand-in's scalar reduction
+//! (written separately, from the same rules), and must write nothing
+//! outside its output. Copies round-trip through pinned memory.
+//!
+//! Without a device it says why and passes, unless FERROCCL_REQUIRE_DEVICE=1
+//! (the GPU run, `cuda/gpu/run.sh`), where it fails.
+
+use ferroccl_cuda::engine::CudaEngine;
+use ferroccl_cuda::staging::{DevicePtr, Engine, HostEngine};
+use ferroccl_cuda::{CudaError, Op, Ty};
+use std::time::Duration;
+
+fn engine() -> Option<CudaEngine> {
+    match CudaEngine::new(0) {
+        Ok(e) => Some(e),
+        Err(CudaError::NoDevice(why))
+            if std::env::var("FERROCCL_REQUIRE_DEVICE").as_deref() != Ok("1") =>
+        {
+            eprintln!("skipped: {why}");
+            None
+        }
+        Err(other) => panic!("CUDA engine: {other}"),
+    }
+}
+
+/// A small deterministic generator (xorshift).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// `count` elements of `ty` as bytes: random, with special values mixed in
+/// for the floats (NaN of several payloads, both zeros, infinities).
+fn data(ty: Ty, count: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut out = Vec::with_capacity(count * ty.size());
+    for i in 0..count {
+        let r = rng.next();
+        let special = ty.is_float() && r.is_multiple_of(7);
+        let bytes: Vec<u8> = match ty {
+            Ty::F32 => {
+                let v = if special {
+                    [
+                        f32::NAN,
+                        -0.0,
+                        0.0,
+                        f32::INFINITY,
+                        f32::from_bits(0xffc0_0001),
+                    ][i % 5]
+                } else {
+                    ((r >> 11) as f32 / (1u64 << 53) as f32 - 0.5) * 1e3
+                };
+                v.to_le_bytes().to_vec()
+            }
+            Ty::F64 => {
+                let v = if special {
+                    [f64::NAN, -0.0, 0.0, f64::NEG_INFINITY][i % 4]
+                } else {
+                    ((r >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 1e6
+                };
+                v.to_le_bytes().to_vec()
+            }
+            // Raw halves: every bit pattern, NaN and zeros included.
+            Ty::F16 | Ty::Bf16 => (r as u16).to_le_bytes().to_vec(),
+            _ => r.to_le_bytes()[..ty.size()].to_vec(),
+        };
+        out.extend_from_slice(&bytes);
+    }
+    out
+}
+
+/// Run `dst = a op b` (then Avg's finish over `ranks`) through `e` with
+/// every buffer placed `skew` elements into an allocation poisoned with
+/// 0xA5, and return the whole output allocation.
+fn reduce_via<E: Engine>(
+    e: &E,
+    op: Op,
+    ty: Ty,
+    a: &[u8],
+    b: &[u8],
+    skew: usize,
+    ranks: usize,
+) -> Vec<u8> {
+    let (n, size) = (a.len(), ty.size());
+    let count = n / size;
+    let total = n + (skew + 8) * size;
+    let off = skew * size;
+    let s = e.stream().unwrap();
+    let pin = e.alloc_pinned(total).unwrap();
+    let dev: Vec<_> = (0..3).map(|_| e.alloc_device(total).unwrap()).collect();
+    let at = |k: usize| DevicePtr::new(dev[k]).add(off);
+    for (k, src) in [a, b].into_iter().enumerate() {
+        e.with_pinned(pin, &mut |m| {
+            m.fill(0xA5);
+            m[off..off + n].copy_from_slice(src);
+        })
+        .unwrap();
+        e.h2d(s, DevicePtr::new(dev[k]), pin, 0, total).unwrap();
+        let done = e.event().unwrap();
+        e.record(done, s).unwrap();
+        e.host_wait(done, Duration::from_secs(30)).unwrap();
+        e.free_event(done);
+    }
+    e.with_pinned(pin, &mut |m| m.fill(0xA5)).unwrap();
+    e.h2d(s, DevicePtr::new(dev[2]), pin, 0, total).unwrap();
+    e.reduce(s, op, ty, at(2), at(0), at(1), count).unwrap();
+    if op == Op::Avg {
+        e.avg_finish(s, ty, at(2), count, ranks).unwrap();
+    }
+    e.d2h(s, pin, 0, DevicePtr::new(dev[2]), total).unwrap();
+    let done = e.event().unwrap();
+    e.record(done, s).unwrap();
+    e.host_wait(done, Duration::from_secs(30)).unwrap();
+    let mut out = Vec::new();
+    e.with_pinned(pin, &mut |m| out = m.to_vec()).unwrap();
+    e.free_event(done);
+    for d in dev {
+        e.free_device(d);
+    }
+    e.free_pinned(pin);
+    e.free_stream(s);
+    out
+}
+
+#[test]
+fn every_kernel_matches_the_stand_in_bit_for_bit() {
+    let Some(gpu) = engine() else { return };
+    let host = HostEngine::new();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut checked = 0;
+    for ty in Ty::ALL {
+        for op in Op::ALL {
+            for (count, skew) in [(1, 0), (7, 1), (1000, 0), (65_537, 3), (1 << 20, 0)] {
+                let a = data(ty, count, &mut rng);
+                let b = data(ty, count, &mut rng);
+                let want = reduce_via(&host, op, ty, &a, &b, skew, 3);
+                let got = reduce_via(&gpu, op, ty, &a, &b, skew, 3);
+                if let Some(i) = (0..want.len()).find(|&i| want[i] != got[i]) {
+                    let (size, off) = (ty.size(), skew * ty.size());
+                    let inside = i >= off && i < off + a.len();
+                    let el = if inside { (i - off) / size } else { 0 };
+                    let at = if inside { off + el * size } else { i };
+                    let len = if inside { size } else { 1 };
+                    panic!(
+                        "{} {}: {count} elements, skew {skew}: byte {i} ({}) differs: GPU \
+                         {:02x?}, stand-in {:02x?} (inputs {:02x?} and {:02x?})",
+                        op.name(),
+                        ty.name(),
+                        if inside {
+                            format!("element {el}")
+                        } else {
+                            "outside the output".into()
+                        },
+                        &got[at..at + len],
+                        &want[at..at + len],
+                        a.get(el * size..(el + 1) * size),
+                        b.get(el * size..(el + 1) * size),
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} cases on {} matched", gpu.arch());
+}
+
+/// The harness above, run here on the stand-in (with delays, against one
+/// without): the placement, the poison around the output and the waits
+/// are right, so that on a GPU only the kernels are on trial.
+#[test]
+fn the_harness_runs_on_the_stand_in() {
+    let (calm, slow) = (
+        HostEngine::new(),
+        HostEngine::with_delays(Duration::from_micros(300), 7),
+    );
+    let a: Vec<u8> = [1.5f32, -2.0, 3.25]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let b: Vec<u8> = [2.0f32, 0.5, -1.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let out = reduce_via(&slow, Op::Sum, Ty::F32, &a, &b, 1, 3);
+    assert_eq!(out, reduce_via(&calm, Op::Sum, Ty::F32, &a, &b, 1, 3));
+    let sums: Vec<f32> = out[4..16]
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(sums, [3.5, -1.5, 2.25]);
+    assert!(
+        out[..4].iter().chain(&out[16..]).all(|&x| x == 0xA5),
+        "poison overwritten"
+    );
+    let mut rng = Rng(5);
+    for ty in Ty::ALL {
+        let (a, b) = (data(ty, 33, &mut rng), data(ty, 33, &mut rng));
+        assert_eq!(
+            reduce_via(&slow, Op::Avg, ty, &a, &b, 3, 2),
+            reduce_via(&calm, Op::Avg, ty, &a, &b, 3, 2),
+            "{}",
+            ty.name()
+        );
+    }
+}
