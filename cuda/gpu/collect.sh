@@ -31,7 +31,8 @@ cargo test --release --no-run "${crates[@]}" --message-format=json 2>/dev/null |
 
 # Benchmarks (they print nccl-tests tables).
 cargo build --release -p ferroccl-bench --bins
-for b in ferroccl-perf; do
+cargo build --release -p ferroccl-cuda --bins
+for b in ferroccl-perf ferroccl-kernel-bench; do
   objcopy --strip-debug "$tdir/release/$b" "$out/bin/$b"
 done
 

@@ -37,6 +37,10 @@ for t in bin/test-*; do
 done
 
 echo
+echo "== kernel benchmark (reduce vs device-to-device copy, bytes read + written)"
+bin/ferroccl-kernel-bench 64 256 1024 2>&1 | tee "$logs/kernel-bench.txt"
+
+echo
 echo "| test binary | result | time | counts |"
 echo "|---|---|---|---|"
 printf '%s\n' "${results[@]}"
