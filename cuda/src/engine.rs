@@ -47,9 +47,23 @@ unsafe impl Sync for Loaded {}
 pub struct CudaEngine {
     ordinal: usize,
     loaded: Arc<Loaded>,
-    /// Sizes of the pinned allocations, by host address.
-    pinned: Mutex<HashMap<u64, usize>>,
+    /// The pinned allocations, by host address.
+    pinned: Mutex<HashMap<u64, Pinned>>,
 }
+
+/// A pinned allocation: its size, and an event recorded after every copy
+/// that uses it, so that host access can be refused while one is pending.
+struct Pinned {
+    len: usize,
+    last_copy: sys::CUevent,
+    /// Held while the host has the buffer's bytes (`with_pinned`), so
+    /// that two threads never hold them at once.
+    access: Arc<Mutex<()>>,
+}
+
+// SAFETY: a CUevent is a driver handle usable from any thread of the
+// process once its context is current (every method binds it first).
+unsafe impl Send for Pinned {}
 
 fn driver_err(call: &'static str) -> impl Fn(DriverError) -> CudaError {
     move |e| CudaError::Driver {
@@ -162,17 +176,32 @@ impl CudaEngine {
         unsafe { result::ctx::set_current(self.loaded.ctx) }.map_err(driver_err("cuCtxSetCurrent"))
     }
 
-    fn pinned_len(&self, buf: PinnedBuf) -> Result<usize> {
+    /// The size of pinned buffer `buf` and the event of its last copy.
+    fn pinned(&self, buf: PinnedBuf) -> Result<(usize, sys::CUevent)> {
+        self.pinned_entry(buf).map(|(len, e, _)| (len, e))
+    }
+
+    fn pinned_entry(&self, buf: PinnedBuf) -> Result<(usize, sys::CUevent, Arc<Mutex<()>>)> {
         self.pinned
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&buf.0)
-            .copied()
+            .map(|p| (p.len, p.last_copy, p.access.clone()))
             .ok_or_else(|| CudaError::InvalidArgument(format!("no pinned buffer {:#x}", buf.0)))
     }
 
+    /// Mark pinned buffer `buf` as used by the work enqueued on `stream`
+    /// so far (its event is recorded after it).
+    fn used_by(&self, buf: PinnedBuf, stream: Stream) -> Result<()> {
+        let (_, last_copy) = self.pinned(buf)?;
+        // SAFETY: the buffer's event and a stream of this context (bound by
+        // the caller).
+        unsafe { result::event::record(last_copy, stream.0 as sys::CUstream) }
+            .map_err(driver_err("cuEventRecord"))
+    }
+
     fn pinned_range(&self, buf: PinnedBuf, off: usize, bytes: usize) -> Result<*mut u8> {
-        let len = self.pinned_len(buf)?;
+        let (len, _) = self.pinned(buf)?;
         if off.checked_add(bytes).is_none_or(|end| end > len) {
             return Err(CudaError::InvalidArgument(format!(
                 "{bytes} bytes at {off} overrun pinned buffer of {len} bytes"
@@ -256,33 +285,68 @@ impl Engine for CudaEngine {
         // `free_pinned`.
         let p = unsafe { result::malloc_host(bytes.max(1), 0) }
             .map_err(driver_err("cuMemHostAlloc"))?;
+        let last_copy = match result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING) {
+            Ok(e) => e,
+            Err(e) => {
+                // SAFETY: `p` was allocated above and nothing uses it.
+                let _ = unsafe { result::free_host(p) };
+                return Err(driver_err("cuEventCreate")(e));
+            }
+        };
         let key = p as u64;
         self.pinned
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(key, bytes);
+            .insert(
+                key,
+                Pinned {
+                    len: bytes,
+                    last_copy,
+                    access: Arc::new(Mutex::new(())),
+                },
+            );
         Ok(PinnedBuf(key))
     }
 
     fn free_pinned(&self, buf: PinnedBuf) {
-        let known = self
+        let gone = self
             .pinned
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&buf.0)
-            .is_some();
-        if known && self.bind().is_ok() {
-            // SAFETY: `buf` came from `alloc_pinned` and the caller has
-            // waited for the copies that used it.
-            let _ = unsafe { result::free_host(buf.0 as *mut c_void) };
+            .remove(&buf.0);
+        if let Some(p) = gone {
+            if self.bind().is_ok() {
+                // SAFETY: the buffer's last copy is waited for first, so no
+                // enqueued copy uses the memory when it is freed; the event
+                // is not used again.
+                unsafe {
+                    let _ = result::event::synchronize(p.last_copy);
+                    let _ = result::event::destroy(p.last_copy);
+                    let _ = result::free_host(buf.0 as *mut c_void);
+                }
+            }
         }
     }
 
     fn with_pinned(&self, buf: PinnedBuf, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
-        let len = self.pinned_len(buf)?;
-        // SAFETY: `buf` is a live pinned allocation of `len` bytes; the
-        // staging contract is that no enqueued copy uses it now (the
-        // caller waited for their events), so this is the only access.
+        let (len, last_copy, access) = self.pinned_entry(buf)?;
+        let _only = access.lock().unwrap_or_else(|p| p.into_inner());
+        self.bind()?;
+        // SAFETY: the buffer's event, of this context.
+        match unsafe { sys::cuEventQuery(last_copy) } {
+            sys::CUresult::CUDA_SUCCESS => {}
+            sys::CUresult::CUDA_ERROR_NOT_READY => {
+                return Err(CudaError::InvalidArgument(format!(
+                    "pinned buffer {:#x} touched by the host while a copy still uses it",
+                    buf.0
+                )))
+            }
+            other => return other.result().map_err(driver_err("cuEventQuery")),
+        }
+        // SAFETY: `buf` is a live pinned allocation of `len` bytes, and the
+        // event recorded after the last copy that used it has completed,
+        // so no device work touches it; `_only` keeps other threads' host
+        // access out while the closure holds the slice.
         let bytes = unsafe { std::slice::from_raw_parts_mut(buf.0 as *mut u8, len) };
         f(bytes);
         Ok(())
@@ -337,7 +401,8 @@ impl Engine for CudaEngine {
         let rc = unsafe {
             sys::cuMemcpyDtoHAsync_v2(host.cast(), dptr(src), bytes, stream.0 as sys::CUstream)
         };
-        rc.result().map_err(driver_err("cuMemcpyDtoHAsync"))
+        rc.result().map_err(driver_err("cuMemcpyDtoHAsync"))?;
+        self.used_by(dst, stream)
     }
 
     fn h2d(
@@ -362,7 +427,8 @@ impl Engine for CudaEngine {
                 stream.0 as sys::CUstream,
             )
         };
-        rc.result().map_err(driver_err("cuMemcpyHtoDAsync"))
+        rc.result().map_err(driver_err("cuMemcpyHtoDAsync"))?;
+        self.used_by(src, stream)
     }
 
     fn d2d(&self, stream: Stream, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
