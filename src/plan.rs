@@ -39,8 +39,8 @@ pub(crate) const CMA_MIN_BYTES: usize = 64 << 10;
 pub(crate) enum Memory {
     /// Host memory the CPU reads and writes (slices, windows).
     Host,
-    /// Memory of CUDA device `ordinal`: only a device path (a kernel over
-    /// the transport's FIFO descriptors) can move it; none is built yet.
+    /// Memory of CUDA device `ordinal`: moved by the staged executor
+    /// (through pinned host memory), never by a host route.
     Device {
         /// The device's ordinal.
         ordinal: u32,
@@ -117,8 +117,10 @@ pub(crate) fn route(
     memory: Memory,
     facts: &Facts,
 ) -> Result<Route> {
-    if let Memory::Device { ordinal } = memory {
-        return Err(device_unsupported(kind, ordinal));
+    if let Memory::Device { .. } = memory {
+        // The staged executor (`Inner::execute_staged`) takes device
+        // memory before a route is asked for.
+        return Err(device_unsupported(kind, memory));
     }
     // Send/recv involves two ranks, not the communicator: it never checks
     // in (the others would wait for it).
@@ -136,10 +138,9 @@ pub(crate) fn route(
     Ok(Route::Slots { note: true })
 }
 
-pub(crate) fn device_unsupported(kind: CollKind, ordinal: u32) -> Error {
+pub(crate) fn device_unsupported(kind: CollKind, memory: Memory) -> Error {
     Error::InvalidArgument(format!(
-        "{}: buffers in the memory of CUDA device {ordinal}, but this build has no device path \
-         (no CUDA executor yet)",
+        "{}: buffers in {memory:?} reached a path that moves host memory only",
         kind.name()
     ))
 }
@@ -458,8 +459,10 @@ mod tests {
         }
     }
 
+    /// No host route takes device memory (the staged executor takes it
+    /// before a route is asked for).
     #[test]
-    fn device_memory_is_refused_before_anything_moves() {
+    fn no_host_route_takes_device_memory() {
         let err = route(
             CollKind::AllReduce,
             8,
@@ -468,7 +471,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
-        assert!(err.to_string().contains("device 3"), "{err}");
+        assert!(err.to_string().contains("ordinal: 3"), "{err}");
     }
 
     #[test]

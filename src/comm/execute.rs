@@ -100,9 +100,6 @@ impl Communicator {
 
     fn build_plan<T: Element>(&self, call: &CollCall) -> Result<Plan> {
         let inner = &self.inner;
-        if let Memory::Device { ordinal } = call.memory {
-            return Err(plan::device_unsupported(call.kind, ordinal));
-        }
         let elem = std::mem::size_of::<T>();
         let count = call.slice_count(inner.size);
         let facts = inner.facts();
@@ -136,7 +133,10 @@ impl Communicator {
         // Without control pages a broadcast or reduce (or a call of no
         // elements) confirms through frames of its own; with them, through
         // the pages (`Inner::execute_checked`).
-        if !facts.control && plan::confirms(call.kind, call.count, inner.size) {
+        // Device memory goes through slots whatever the pages (the staged
+        // executor), so it confirms through frames too.
+        let frames = !facts.control || call.memory != Memory::Host;
+        if frames && plan::confirms(call.kind, call.count, inner.size) {
             let confirm = coll::confirmation(call, geometry, algorithm);
             plan.schedule.steps.extend(confirm.steps);
         }
@@ -205,16 +205,17 @@ impl Inner {
         io: Io<'_, T>,
         call: &Call,
     ) -> Result<()> {
-        // The planner refuses device memory here, before anything moves.
+        if let Io::Device(device) = io {
+            return self.execute_staged::<T>(plan, device, call);
+        }
         let route = plan::route(
             call.kind,
             in_bytes::<T>(call, self.size),
             io.memory(),
             &self.facts(),
         )?;
-        let mut io = match io {
-            Io::Host(host) => host,
-            Io::Device(device) => return Err(plan::device_unsupported(call.kind, device.ordinal)),
+        let Io::Host(mut io) = io else {
+            return Err(plan::device_unsupported(call.kind, io.memory()));
         };
         // With control pages the route may skip the slots (inline, between
         // windows, out of the peers' processes).
@@ -254,6 +255,37 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// Run a call on device buffers: after the caller's stream's earlier
+    /// work, its schedule through slots by the staged executor, which
+    /// returns once every copy and kernel has finished (so later work on
+    /// the caller's stream sees the result).
+    fn execute_staged<T: Element>(
+        &self,
+        plan: &Plan,
+        device: exec::DeviceIo,
+        call: &Call,
+    ) -> Result<()> {
+        let engine = &*device.engine;
+        let before = (|| {
+            let ready = engine.event()?;
+            let waited = engine
+                .record(ready, device.stream)
+                .and_then(|()| engine.host_wait(ready, call.timeout));
+            engine.free_event(ready);
+            waited
+        })();
+        before.map_err(|e| exec::staged_error(call, e))?;
+        let mut links = lock(&self.links);
+        exec::run_staged::<T>(
+            &mut links,
+            &plan.schedule,
+            engine,
+            device.bufs,
+            call,
+            device.avg,
+        )
     }
 
     /// Run a call's schedule through slots (out of place from a copy where
@@ -327,58 +359,6 @@ impl Communicator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::element::ReduceOp;
-    use crate::error::Error;
-    use crate::exec::DeviceIo;
-
-    /// No path moves device memory yet: a call on it is refused with an
-    /// error naming the device, before it is issued (so the communicator
-    /// goes on), and the executor refuses device buffers too.
-    #[test]
-    fn device_buffers_are_refused_before_anything_moves() {
-        let results = crate::testing::run_ranks(2, |comm| -> Result<()> {
-            // A host allreduce of the same count first: its plan is cached,
-            // and must not let the device call past the refusal.
-            let mut warm = [1.0f32; 4];
-            comm.all_reduce_in_place(&mut warm, ReduceOp::Sum)?;
-            assert_eq!(warm, [2.0; 4]);
-            let call = CollCall {
-                op: Some(ReduceOp::Sum),
-                memory: Memory::Device { ordinal: 1 },
-                ..CollCall::new(CollKind::AllReduce, 4, 4, 4)
-            };
-            let err = comm
-                .plan::<f32>(&call)
-                .err()
-                .expect("device memory refused");
-            assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
-            assert!(err.to_string().contains("device 1"), "{err}");
-            // Refused before it was issued: the communicator works on.
-            let mut buf = [comm.rank() as f32 + 1.0; 4];
-            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
-            assert_eq!(buf, [3.0; 4]);
-            Ok(())
-        });
-        for r in results {
-            r.unwrap();
-        }
-        // The executor's own guard, on a communicator of one.
-        let results = crate::testing::run_ranks(1, |comm| {
-            let call = CollCall {
-                op: Some(ReduceOp::Sum),
-                ..CollCall::new(CollKind::AllReduce, 4, 4, 4)
-            };
-            let plan = comm.plan::<f32>(&call).unwrap();
-            let io = Io::<f32>::Device(DeviceIo {
-                ordinal: 2,
-                input: 0x1000,
-                output: 0x2000,
-            });
-            comm.run_blocking(comm.spec::<f32>(&call), &plan, io)
-        });
-        let err = results.into_iter().next().unwrap().unwrap_err();
-        assert!(err.to_string().contains("device 2"), "{err}");
-    }
 
     /// A schedule over two channels, over the mem transport and slots
     /// (no check-in): rank 0 sends the first half of its input on channel

@@ -16,6 +16,7 @@
 //!
 //! It never touches sockets or shared memory itself.
 
+mod device;
 mod execute;
 mod failure;
 mod order;

@@ -19,8 +19,10 @@ use std::borrow::Cow;
 pub(crate) enum Io<'a, T> {
     /// Host memory.
     Host(HostIo<'a, T>),
-    /// Device memory (no executor in this build).
-    #[allow(dead_code)]
+    /// Device memory (the staged executor; made by
+    /// `Communicator::device_collective`, which only tests reach until the
+    /// public device entry points exist).
+    #[cfg_attr(not(test), allow(dead_code))]
     Device(DeviceIo),
 }
 
@@ -51,19 +53,21 @@ impl<'a, T> Io<'a, T> {
 }
 
 /// A call's buffers in the memory of one CUDA device: addresses in the
-/// device's address space, which the host never dereferences. Made by the
-/// device entry points (the CUDA support); until they exist only tests
-/// make one, to check that the planner refuses it.
-#[allow(dead_code)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// device's address space, which the host never dereferences, with the
+/// engine that moves them (CUDA, or the host stand-in in tests) and the
+/// caller's stream, whose earlier work the call waits for.
+#[derive(Clone)]
 pub(crate) struct DeviceIo {
     /// The device's ordinal.
     pub(crate) ordinal: u32,
-    /// Device address of the input's first element.
-    pub(crate) input: u64,
-    /// Device address of the output's first element (the input's, in
-    /// place).
-    pub(crate) output: u64,
+    /// Where the schedule's input and output start.
+    pub(crate) bufs: super::staged::DeviceBuffers,
+    /// The engine of the device.
+    pub(crate) engine: std::sync::Arc<dyn ferroccl_cuda::staging::Engine>,
+    /// The caller's stream.
+    pub(crate) stream: ferroccl_cuda::staging::Stream,
+    /// Avg's division, where this rank holds a result.
+    pub(crate) avg: Option<super::staged::AvgFinish>,
 }
 
 /// The buffers of a call. Offsets in a schedule are relative to the input

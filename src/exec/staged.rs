@@ -12,9 +12,6 @@
 //! Not wired into the communicator yet: the device entry points are being
 //! designed; the tests run it at this level on the host stand-in.
 
-// Only the tests reach it until the device entry points call it.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use super::interp::{deadline, finish_recv};
 use super::verify;
 use super::{Call, Links};
@@ -76,7 +73,7 @@ pub(crate) fn op(op: ReduceOp) -> Op {
     }
 }
 
-fn device_error(call: &Call, e: CudaError) -> Error {
+pub(crate) fn device_error(call: &Call, e: CudaError) -> Error {
     Error::Io(format!("{}: device staging: {e}", call.during()))
 }
 
