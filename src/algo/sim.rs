@@ -4,10 +4,8 @@
 //! tags and lengths, detects deadlock (no rank can move) and returns the
 //! output buffers, so a schedule is tested with no threads and no I/O.
 
-use super::{Operand, Prim, Schedule};
+use super::{Operand, Prim, Schedule, Step};
 use std::collections::{HashMap, VecDeque};
-
-type Frame = (u32, Vec<f64>);
 
 /// Run `schedules` (one per rank). `inputs[r]` is rank r's input; when
 /// `in_place`, the input is read from the output buffer instead, which must
@@ -38,8 +36,80 @@ pub(crate) fn run_with(
     cap: usize,
     combine: fn(f64, f64) -> f64,
 ) -> Result<(), String> {
+    drive(schedules, cap, |r, pc, step, received: Option<Vec<f64>>| {
+        if let Some(data) = &received {
+            if data.len() != step.len {
+                return Err(format!(
+                    "rank {r} step {pc} expected {} elements, got {}",
+                    step.len,
+                    data.len()
+                ));
+            }
+        }
+        let input: Vec<f64> = {
+            let (src, at) = match step.local {
+                Operand::Input if !in_place => (&inputs[r], step.input),
+                Operand::Input => (&outputs[r], step.input),
+                Operand::Output => (&outputs[r], step.output),
+            };
+            if step.prim == Prim::Recv || step.prim == Prim::RecvCopySend {
+                Vec::new()
+            } else {
+                src.get(at..at + step.len)
+                    .ok_or_else(|| format!("rank {r} step {pc} reads past its operand"))?
+                    .to_vec()
+            }
+        };
+        let value: Vec<f64> = match (received, step.prim.reduces()) {
+            _ if step.prim == Prim::Reduce => {
+                let acc = outputs[r]
+                    .get(step.output..step.output + step.len)
+                    .ok_or_else(|| format!("rank {r} step {pc} reads past output"))?;
+                acc.iter()
+                    .zip(&input)
+                    .map(|(a, b)| combine(*a, *b))
+                    .collect()
+            }
+            // A partial result kept in the output is the left operand,
+            // as the executor's `reduce_into(output, data)` has it.
+            (Some(data), true) if step.local == Operand::Output => input
+                .iter()
+                .zip(&data)
+                .map(|(a, b)| combine(*a, *b))
+                .collect(),
+            (Some(data), true) => data
+                .iter()
+                .zip(&input)
+                .map(|(a, b)| combine(*a, *b))
+                .collect(),
+            (Some(data), false) => data,
+            (None, _) => input,
+        };
+        if step.prim.writes_output() {
+            let dst = outputs[r]
+                .get_mut(step.output..step.output + step.len)
+                .ok_or_else(|| format!("rank {r} step {pc} writes past output"))?;
+            dst.copy_from_slice(&value);
+        }
+        Ok(value)
+    })
+}
+
+/// The rhythm both simulations share: every rank's schedule runs over
+/// bounded FIFOs of `cap` frames (one per sender, receiver and channel, as
+/// the executor's connections), one step at a time, round robin. A step
+/// runs once its FIFO out has room and its frame in (tag checked) has
+/// come; `visit(rank, step index, step, payload received)` does its work
+/// and returns the payload it sends (dropped when it sends nothing). Ends
+/// with an error on a deadlock (no rank can move) or on frames never
+/// received.
+fn drive<P>(
+    schedules: &[Schedule],
+    cap: usize,
+    mut visit: impl FnMut(usize, usize, &Step, Option<P>) -> Result<P, String>,
+) -> Result<(), String> {
     let n = schedules.len();
-    let mut fifo: HashMap<(usize, usize, usize), VecDeque<Frame>> = HashMap::new();
+    let mut fifo: HashMap<(usize, usize, usize), VecDeque<(u32, P)>> = HashMap::new();
     let mut pc = vec![0usize; n];
     loop {
         let mut moved = false;
@@ -47,15 +117,17 @@ pub(crate) fn run_with(
             let Some(step) = schedules[r].steps.get(pc[r]).copied() else {
                 continue;
             };
-            if step.prim.sends() {
-                let q = fifo.entry((r, step.send_to, step.channel)).or_default();
-                if q.len() >= cap {
-                    continue;
-                }
+            if step.prim.sends()
+                && fifo
+                    .get(&(r, step.send_to, step.channel))
+                    .map_or(0, VecDeque::len)
+                    >= cap
+            {
+                continue;
             }
             let received = if step.prim.receives() {
                 let q = fifo.entry((step.recv_from, r, step.channel)).or_default();
-                let Some((tag, data)) = q.pop_front() else {
+                let Some((tag, payload)) = q.pop_front() else {
                     continue;
                 };
                 if tag != step.recv_tag {
@@ -64,67 +136,15 @@ pub(crate) fn run_with(
                         pc[r], step.recv_tag, step.recv_from
                     ));
                 }
-                if data.len() != step.len {
-                    return Err(format!(
-                        "rank {r} step {} expected {} elements, got {}",
-                        pc[r],
-                        step.len,
-                        data.len()
-                    ));
-                }
-                Some(data)
+                Some(payload)
             } else {
                 None
             };
-            let input: Vec<f64> = {
-                let (src, at) = match step.local {
-                    Operand::Input if !in_place => (&inputs[r], step.input),
-                    Operand::Input => (&outputs[r], step.input),
-                    Operand::Output => (&outputs[r], step.output),
-                };
-                if step.prim == Prim::Recv || step.prim == Prim::RecvCopySend {
-                    Vec::new()
-                } else {
-                    src.get(at..at + step.len)
-                        .ok_or_else(|| format!("rank {r} step {} reads past its operand", pc[r]))?
-                        .to_vec()
-                }
-            };
-            let value: Vec<f64> = match (received, step.prim.reduces()) {
-                _ if step.prim == Prim::Reduce => {
-                    let acc = outputs[r]
-                        .get(step.output..step.output + step.len)
-                        .ok_or_else(|| format!("rank {r} step {} reads past output", pc[r]))?;
-                    acc.iter()
-                        .zip(&input)
-                        .map(|(a, b)| combine(*a, *b))
-                        .collect()
-                }
-                // A partial result kept in the output is the left operand,
-                // as the executor's `reduce_into(output, data)` has it.
-                (Some(data), true) if step.local == Operand::Output => input
-                    .iter()
-                    .zip(&data)
-                    .map(|(a, b)| combine(*a, *b))
-                    .collect(),
-                (Some(data), true) => data
-                    .iter()
-                    .zip(&input)
-                    .map(|(a, b)| combine(*a, *b))
-                    .collect(),
-                (Some(data), false) => data,
-                (None, _) => input,
-            };
-            if step.prim.writes_output() {
-                let dst = outputs[r]
-                    .get_mut(step.output..step.output + step.len)
-                    .ok_or_else(|| format!("rank {r} step {} writes past output", pc[r]))?;
-                dst.copy_from_slice(&value);
-            }
+            let sent = visit(r, pc[r], &step, received)?;
             if step.prim.sends() {
                 fifo.entry((r, step.send_to, step.channel))
                     .or_default()
-                    .push_back((step.send_tag, value));
+                    .push_back((step.send_tag, sent));
             }
             pc[r] += 1;
             moved = true;
@@ -162,58 +182,15 @@ pub(crate) fn knowledge(schedules: &[Schedule], cap: usize) -> Result<Vec<bool>,
         }
     };
     let mut known: Vec<Known> = vec![vec![0; words]; n];
-    let mut fifo: HashMap<(usize, usize, usize), VecDeque<(u32, Known)>> = HashMap::new();
-    let mut pc = vec![0usize; n];
-    loop {
-        let mut moved = false;
-        for r in 0..n {
-            let Some(step) = schedules[r].steps.get(pc[r]).copied() else {
-                continue;
-            };
-            if step.prim.sends()
-                && fifo
-                    .get(&(r, step.send_to, step.channel))
-                    .map_or(0, VecDeque::len)
-                    >= cap
-            {
-                continue;
+    drive(schedules, cap, |r, _, step, received: Option<Known>| {
+        if let Some(theirs) = received {
+            for (mine, t) in known[r].iter_mut().zip(&theirs) {
+                *mine |= t;
             }
-            if step.prim.receives() {
-                let q = fifo.entry((step.recv_from, r, step.channel)).or_default();
-                let Some((tag, theirs)) = q.pop_front() else {
-                    continue;
-                };
-                if tag != step.recv_tag {
-                    return Err(format!(
-                        "rank {r} step {} expected tag {} from {}, got {tag}",
-                        pc[r], step.recv_tag, step.recv_from
-                    ));
-                }
-                for (mine, t) in known[r].iter_mut().zip(&theirs) {
-                    *mine |= t;
-                }
-                set(&mut known[r], step.recv_from, r);
-            }
-            if step.prim.sends() {
-                let frame = (step.send_tag, known[r].clone());
-                fifo.entry((r, step.send_to, step.channel))
-                    .or_default()
-                    .push_back(frame);
-            }
-            pc[r] += 1;
-            moved = true;
+            set(&mut known[r], step.recv_from, r);
         }
-        if (0..n).all(|r| pc[r] == schedules[r].steps.len()) {
-            let left: usize = fifo.values().map(VecDeque::len).sum();
-            if left > 0 {
-                return Err(format!("{left} frames never received"));
-            }
-            break;
-        }
-        if !moved {
-            return Err(format!("deadlock: program counters {pc:?}"));
-        }
-    }
+        Ok(known[r].clone())
+    })?;
     // Rank r is informed when its known pairs connect every rank to r.
     Ok((0..n)
         .map(|r| {
