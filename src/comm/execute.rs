@@ -220,13 +220,7 @@ impl Inner {
         // With control pages the route may skip the slots (inline, between
         // windows, out of the peers' processes).
         if let Some(control) = self.control.get() {
-            let ctx = exec::Ctx {
-                rank: self.rank,
-                size: self.size,
-                control,
-                windows: &self.windows,
-                abort: &self.abort_signal,
-            };
+            let ctx = self.ctx(control);
             if exec::run_checked_in(&ctx, &mut io, call, route)? {
                 self.direct_calls.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
@@ -244,17 +238,22 @@ impl Inner {
             && plan::confirms(call.kind, call.fingerprint.count as usize, self.size)
         {
             if let Some(control) = self.control.get() {
-                let ctx = exec::Ctx {
-                    rank: self.rank,
-                    size: self.size,
-                    control,
-                    windows: &self.windows,
-                    abort: &self.abort_signal,
-                };
+                let ctx = self.ctx(control);
                 exec::confirm(&ctx, call)?;
             }
         }
         Ok(())
+    }
+
+    /// What the control-page paths need of this communicator.
+    fn ctx<'a>(&'a self, control: &'a crate::window::Control) -> exec::Ctx<'a> {
+        exec::Ctx {
+            rank: self.rank,
+            size: self.size,
+            control,
+            windows: &self.windows,
+            abort: &self.abort_signal,
+        }
     }
 
     /// Run a call on device buffers: after the caller's stream's earlier
