@@ -112,6 +112,16 @@ pub(crate) fn run<T: Element>(
     call: &Call,
     avg: Option<AvgFinish>,
 ) -> Result<()> {
+    walk::<T>(schedule, engine, bufs, call)?.run(links, schedule, call, avg)
+}
+
+/// The walk of `schedule` over a stager sized for its largest step.
+fn walk<'e, T: Element>(
+    schedule: &Schedule,
+    engine: &'e dyn Engine,
+    bufs: DeviceBuffers,
+    call: &Call,
+) -> Result<Walk<'e>> {
     let elem = std::mem::size_of::<T>();
     let chunk_bytes = schedule.steps.iter().map(|s| s.len).max().unwrap_or(0) * elem;
     let config = StageConfig {
@@ -121,14 +131,13 @@ pub(crate) fn run<T: Element>(
     };
     let stager = Stager::new(engine, ty(T::DTYPE), op(call.op.combining()), config)
         .map_err(|e| device_error(call, e))?;
-    Walk {
+    Ok(Walk {
         stager,
         bufs,
         elem,
         ahead: VecDeque::new(),
         scan: 0,
-    }
-    .run(links, schedule, call, avg)
+    })
 }
 
 /// The test that proves the stand-in catches a missing dependency runs
@@ -141,24 +150,9 @@ fn run_without_write_wait<T: Element>(
     bufs: DeviceBuffers,
     call: &Call,
 ) -> Result<()> {
-    let elem = std::mem::size_of::<T>();
-    let chunk_bytes = schedule.steps.iter().map(|s| s.len).max().unwrap_or(0) * elem;
-    let config = StageConfig {
-        chunk_bytes,
-        depth: DEPTH,
-        timeout: call.timeout,
-    };
-    let mut stager = Stager::new(engine, ty(T::DTYPE), op(call.op.combining()), config)
-        .map_err(|e| device_error(call, e))?;
-    stager.drop_write_wait_for_test();
-    Walk {
-        stager,
-        bufs,
-        elem,
-        ahead: VecDeque::new(),
-        scan: 0,
-    }
-    .run(links, schedule, call, None)
+    let mut walk = walk::<T>(schedule, engine, bufs, call)?;
+    walk.stager.drop_write_wait_for_test();
+    walk.run(links, schedule, call, None)
 }
 
 struct Walk<'e> {
