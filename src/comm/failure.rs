@@ -5,6 +5,7 @@
 //! reports through the rendezvous to every rank, failure frames to the
 //! connected peers, and a watcher thread that hears the reports.
 
+use super::order::keep_recent;
 use super::{lock, Inner};
 use crate::bootstrap::{FailureReport, MismatchReport};
 use crate::coll::CollKind;
@@ -174,10 +175,7 @@ impl Inner {
             Some((_, _, h)) if h.refused && report.2.seq != h.seq => {
                 let mut later = lock(&self.heard_later);
                 if !later.iter().any(|(_, _, m)| m.seq == report.2.seq) {
-                    if later.len() == super::order::RECENT_CALLS {
-                        later.pop_front();
-                    }
-                    later.push_back(report);
+                    keep_recent(&mut later, report);
                 }
             }
             Some(_) => {}
@@ -225,10 +223,7 @@ impl Inner {
             drop(later);
             self.went_ahead(reporter, m);
         } else if self.issued.load(Ordering::SeqCst) < m.seq {
-            if later.len() == super::order::RECENT_CALLS {
-                later.pop_front();
-            }
-            later.push_back((reporter, m.clone()));
+            keep_recent(&mut later, (reporter, m.clone()));
         }
         // Else this rank accepted the call too, and ends on the refusal.
     }
@@ -236,20 +231,25 @@ impl Inner {
     /// End this communicator, which refused its call at `m.seq`, because
     /// rank `reporter` made that call.
     fn went_ahead(&self, reporter: usize, m: &MismatchReport) {
-        let during = lock(&self.turns.issued)
-            .recent
-            .iter()
-            .find(|(order, _)| *order == m.seq)
-            .map_or_else(
-                || "a call this rank refused".to_string(),
-                |(_, fp)| crate::fingerprint::describe(fp),
-            );
+        let during = self
+            .issued_at(m.seq)
+            .unwrap_or_else(|| "a call this rank refused".to_string());
         let err = Error::PeerFailed {
             rank: reporter,
             during,
             reason: went_text(&m.local, self.rank_of(m.peer), &m.remote),
         };
         self.fail_with(err, Some(reporter), Broadcast::No);
+    }
+
+    /// The description of this rank's collective at position `order`, if
+    /// it is among the recent ones it issued.
+    fn issued_at(&self, order: u64) -> Option<String> {
+        lock(&self.turns.issued)
+            .recent
+            .iter()
+            .find(|(at, _)| *at == order)
+            .map(|(_, fp)| crate::fingerprint::describe(fp))
     }
 
     /// This communicator's rank of global rank `global` (itself where it
@@ -413,11 +413,7 @@ impl Inner {
     ) -> Error {
         let own = |call: Option<&Call>| match call {
             Some(c) if c.order == m.seq && !is_p2p(&c.fingerprint) => Some(c.during()),
-            _ => lock(&self.turns.issued)
-                .recent
-                .iter()
-                .find(|(order, _)| *order == m.seq)
-                .map(|(_, fp)| crate::fingerprint::describe(fp)),
+            _ => self.issued_at(m.seq),
         };
         if m.refused {
             return Error::PeerFailed {

@@ -48,8 +48,18 @@ pub(super) struct IssueState {
     /// rank reports a mismatch on.
     pub(super) recent: std::collections::VecDeque<(u64, Fingerprint)>,
 }
-/// How many issued collective calls [`IssueState::recent`] keeps.
-pub(super) const RECENT_CALLS: usize = 16;
+/// How many issued collective calls [`IssueState::recent`] keeps (and
+/// each of the other per-call memories of a communicator).
+const RECENT_CALLS: usize = 16;
+
+/// Append `item` to one of a communicator's memories of recent calls,
+/// forgetting the oldest beyond [`RECENT_CALLS`].
+pub(super) fn keep_recent<T>(q: &mut std::collections::VecDeque<T>, item: T) {
+    if q.len() == RECENT_CALLS {
+        q.pop_front();
+    }
+    q.push_back(item);
+}
 impl Inner {
     /// Hand out the next ticket and sequence number; for async calls, queue
     /// the job under the same lock so queue order is ticket order.
@@ -97,19 +107,12 @@ impl Inner {
                     state.user_seq = next_seq;
                 }
                 state.order = order;
-                if state.recent.len() == RECENT_CALLS {
-                    state.recent.pop_front();
-                }
-                state.recent.push_back((order, fp));
+                keep_recent(&mut state.recent, (order, fp));
                 if spec.refused {
                     // Before `issued` shows the position: the watcher,
                     // which reads them the other way round, never takes
                     // another rank's refusal of this call for news.
-                    let mut refused = lock(&self.refused_here);
-                    if refused.len() == RECENT_CALLS {
-                        refused.pop_front();
-                    }
-                    refused.push_back(order);
+                    keep_recent(&mut lock(&self.refused_here), order);
                 }
                 self.issued.store(order, Ordering::SeqCst);
             }
