@@ -361,6 +361,32 @@ fn said_at_or_after(
     Ok(exact.or(later))
 }
 
+/// Wait until `peer` (with its page) has said something about its call at
+/// `call`'s position or later (`said_at_or_after`), and return it; `what`
+/// names the wait in a timeout.
+fn wait_said(
+    ctx: &Ctx<'_>,
+    (peer, page): (usize, &[AtomicU64]),
+    turn: Option<u64>,
+    deadline: &Deadline,
+    call: &Call,
+    what: &'static str,
+) -> Result<Fingerprint> {
+    let mut heard = None;
+    wait(ctx, peer, deadline, call, what, || {
+        match said_at_or_after(page, turn, call.order) {
+            Ok(None) => false,
+            other => {
+                heard = Some(other);
+                true
+            }
+        }
+    })?;
+    Ok(heard
+        .expect("the wait ended on an answer")?
+        .expect("an answer"))
+}
+
 /// One look at `peer`'s page for `said_at_or_after`: the call at `order`,
 /// and the first said after it.
 fn scan(
@@ -423,24 +449,14 @@ pub(super) fn read_announcement(
     let heard = if word(page, e + E_SEQ)?.load(Ordering::Acquire) == call.order {
         unpack(read(e + E_NUM)?, read(e + E_FP)?, read(e + E_COUNT)?)
     } else {
-        let mut heard = None;
-        wait(
+        wait_said(
             ctx,
-            peer,
+            (peer, page),
+            Some(turn),
             deadline,
             call,
             "its announcement of the call",
-            || match said_at_or_after(page, Some(turn), call.order) {
-                Ok(None) => false,
-                other => {
-                    heard = Some(other);
-                    true
-                }
-            },
-        )?;
-        heard
-            .expect("the wait ended on an answer")?
-            .expect("an answer")
+        )?
     };
     verify::same_call(peer, &call.fingerprint, &heard)?;
     Ok(Place {
@@ -461,24 +477,14 @@ pub(crate) fn confirm(ctx: &Ctx<'_>, call: &Call) -> Result<()> {
     let deadline = Deadline::new(call.timeout);
     for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
         let page = ctx.control.pages.words(peer);
-        let mut heard = None;
-        wait(
+        let heard = wait_said(
             ctx,
-            peer,
+            (peer, page),
+            None,
             &deadline,
             call,
             "its note of the call",
-            || match said_at_or_after(page, None, call.order) {
-                Ok(None) => false,
-                other => {
-                    heard = Some(other);
-                    true
-                }
-            },
         )?;
-        let heard = heard
-            .expect("the wait ended on an answer")?
-            .expect("an answer");
         verify::same_call(peer, &call.fingerprint, &heard)?;
     }
     Ok(())
