@@ -80,6 +80,19 @@ pub struct Stream(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Event(pub u64);
 
+/// A gate: a 32-bit word that streams can wait for and the host raises
+/// (`Engine::gate`). A device call makes the caller's stream wait at its
+/// gate for the call's number, and the thread that carries the call out
+/// raises the gate to that number when the call ends, however it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Gate(pub u64);
+
+/// Whether a gate at `word` has reached `value`: a cyclic comparison (as
+/// CUDA's `CU_STREAM_WAIT_VALUE_GEQ`), so numbers may wrap around.
+pub const fn gate_reached(word: u32, value: u32) -> bool {
+    (word.wrapping_sub(value) as i32) >= 0
+}
+
 /// What host staging needs from a GPU. Every enqueueing method returns at
 /// once; the work runs on the stream in the order enqueued. Offsets and
 /// lengths count bytes except `count`, which counts elements of `ty`.
@@ -161,6 +174,23 @@ pub trait Engine: Send + Sync {
     /// Block the host until `event` completes, or return an error once
     /// `timeout` has passed; never waits longer.
     fn host_wait(&self, event: Event, timeout: Duration) -> Result<()>;
+    /// A new gate at 0. Gates live as long as the engine (a stream may
+    /// still be waiting at one after its owner has gone; a few bytes each).
+    fn gate(&self) -> Result<Gate>;
+    /// Make later work on `stream` wait until `gate` has reached `value`
+    /// (cyclically: [`gate_reached`]); the host does not wait. A wait that
+    /// the device cannot make is still bounded: the engine gives up after
+    /// `limit` and lets the stream go on.
+    fn stream_wait_gate(
+        &self,
+        stream: Stream,
+        gate: Gate,
+        value: u32,
+        limit: Duration,
+    ) -> Result<()>;
+    /// Raise `gate` to `value` from the host, unless it has already
+    /// reached it (it never goes back).
+    fn raise_gate(&self, gate: Gate, value: u32);
 }
 
 // ---------------------------------------------------------------------------
@@ -182,6 +212,11 @@ struct EventState {
     done: Condvar,
 }
 
+struct GateState {
+    word: Mutex<u32>,
+    raised: Condvar,
+}
+
 struct PinnedState {
     bytes: Mutex<Vec<u8>>,
     /// Enqueued copies that use the buffer and have not finished.
@@ -200,6 +235,7 @@ struct State {
     device: Mutex<HashMap<u64, DeviceMem>>,
     pinned: Mutex<HashMap<u64, Arc<PinnedState>>>,
     events: Mutex<HashMap<u64, Arc<EventState>>>,
+    gates: Mutex<HashMap<u64, Arc<GateState>>>,
     streams: Mutex<HashMap<u64, StreamWorker>>,
     /// Workers of freed streams, reused by the next `stream` (a call
     /// makes and frees two; spawning threads each time dominated the
@@ -620,6 +656,68 @@ impl Engine for HostEngine {
             call: "event wait",
             reason: format!("event {} not complete after {timeout:?}", event.0),
         })
+    }
+
+    fn gate(&self) -> Result<Gate> {
+        let id = self.id();
+        let state = GateState {
+            word: Mutex::new(0),
+            raised: Condvar::new(),
+        };
+        lock(&self.state.gates).insert(id, Arc::new(state));
+        Ok(Gate(id))
+    }
+
+    fn stream_wait_gate(
+        &self,
+        stream: Stream,
+        gate: Gate,
+        value: u32,
+        limit: Duration,
+    ) -> Result<()> {
+        let state = self.gate_state(gate)?;
+        // Bounded like a CUDA engine's fallback: past `limit` the stream
+        // goes on (the call's error reaches the host through its result).
+        self.run_on(stream, move || {
+            let deadline = Instant::now() + limit;
+            let mut word = lock(&state.word);
+            while !gate_reached(*word, value) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                word = state
+                    .raised
+                    .wait_timeout(word, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            Ok(())
+        })
+    }
+
+    fn raise_gate(&self, gate: Gate, value: u32) {
+        if let Ok(state) = self.gate_state(gate) {
+            let mut word = lock(&state.word);
+            if !gate_reached(*word, value) {
+                *word = value;
+                state.raised.notify_all();
+            }
+        }
+    }
+}
+
+impl HostEngine {
+    fn gate_state(&self, gate: Gate) -> Result<Arc<GateState>> {
+        lock(&self.state.gates)
+            .get(&gate.0)
+            .cloned()
+            .ok_or_else(|| bad(format!("no gate {}", gate.0)))
+    }
+
+    /// The gate's word now (tests look at it).
+    pub fn gate_value(&self, gate: Gate) -> Result<u32> {
+        Ok(*lock(&self.gate_state(gate)?.word))
     }
 }
 
