@@ -20,7 +20,7 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::{AvgFinish, Call, DeviceBuffers, DeviceIo, Io};
 use crate::plan::Memory;
-use ferroccl_cuda::staging::{DeviceBuf, DevicePtr, Engine, Event, Gate, Stream};
+use ferroccl_cuda::staging::{DeviceBuf, DevicePtr, Engine, Event, Gate, StagePool, Stream};
 use std::sync::Arc;
 
 /// Where a device call's buffers are, and what moves them.
@@ -43,6 +43,8 @@ pub(crate) struct OnDevice {
 pub(super) struct DeviceGate {
     engine: Arc<dyn Engine>,
     gate: Gate,
+    /// Staging resources kept between this communicator's calls there.
+    pool: Arc<StagePool>,
     /// The number of the last call issued on this engine.
     issued: u32,
 }
@@ -110,20 +112,24 @@ impl Drop for Held {
 }
 
 impl Inner {
-    /// Make this communicator's gate on `engine` at its first call there.
-    fn open_gate(&self, engine: &Arc<dyn Engine>) -> Result<()> {
+    /// Make this communicator's gate on `engine` at its first call there;
+    /// its staging pool.
+    fn open_gate(&self, engine: &Arc<dyn Engine>) -> Result<Arc<StagePool>> {
         let mut gates = lock(&self.gates);
-        if !gates.iter().any(|g| Arc::ptr_eq(&g.engine, engine)) {
-            let gate = engine
-                .gate()
-                .map_err(|e| Error::Io(format!("device gate: {e}")))?;
-            gates.push(DeviceGate {
-                engine: engine.clone(),
-                gate,
-                issued: 0,
-            });
+        if let Some(g) = gates.iter().find(|g| Arc::ptr_eq(&g.engine, engine)) {
+            return Ok(g.pool.clone());
         }
-        Ok(())
+        let gate = engine
+            .gate()
+            .map_err(|e| Error::Io(format!("device gate: {e}")))?;
+        let pool = Arc::new(StagePool::new(engine.clone()));
+        gates.push(DeviceGate {
+            engine: engine.clone(),
+            gate,
+            pool: pool.clone(),
+            issued: 0,
+        });
+        Ok(pool)
     }
 
     /// The gate on `engine` and the number of the next call there; called
@@ -227,7 +233,7 @@ impl Communicator {
                 range: range.start.saturating_sub(base)..range.end.saturating_sub(base),
                 ranks: self.size(),
             });
-        self.inner.open_gate(&engine)?;
+        let pool = self.inner.open_gate(&engine)?;
         // The caller's work so far (and the input copy above), which the
         // progress thread waits for before the call's first copy.
         let ready = engine.event().map_err(device_err)?;
@@ -236,7 +242,7 @@ impl Communicator {
         let io = DeviceIo {
             ordinal: on.ordinal,
             bufs,
-            engine: engine.clone(),
+            pool,
             ready,
             avg,
         };
@@ -521,11 +527,21 @@ mod tests {
             let got = elems::<f32>(&read_after(&e, stream, buf, n * 4));
             first.wait().unwrap();
             second.wait().unwrap();
+            let made = e.pinned_allocations();
             // Max over ranks of the same sum is the sum.
             for (i, g) in got.iter().enumerate() {
                 let want: f64 = (0..size).map(|r| value(r, i)).sum();
                 assert_eq!(*g, want, "rank {rank} element {i}");
             }
+            // Later calls of the same size reuse the communicator's
+            // staging resources: no pinned allocation after the first.
+            for _ in 0..8 {
+                comm.device_collective::<f32>(&max, &on)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+            }
+            assert_eq!(e.pinned_allocations(), made, "pinned buffers not reused");
         });
     }
 

@@ -266,14 +266,14 @@ impl Inner {
         device: exec::DeviceIo,
         call: &Call,
     ) -> Result<()> {
-        let engine = &*device.engine;
+        let engine = &**device.pool.engine();
         let before = engine.host_wait(device.ready, call.timeout);
         before.map_err(|e| exec::staged_error(call, e))?;
         let mut links = lock(&self.links);
         exec::run_staged::<T>(
             &mut links,
             &plan.schedule,
-            engine,
+            exec::Resources::Pooled(&device.pool),
             device.bufs,
             call,
             device.avg,
