@@ -30,7 +30,8 @@
 //!   before anything is enqueued.
 //! - Data moves through pinned host memory over any host transport (shm,
 //!   TCP), with the reductions done by ferroccl's CUDA kernels
-//!   (docs/staging.md); every collective but send/recv and all-to-all.
+//!   (docs/staging.md); every verb of the host API but barrier (which
+//!   moves no data: call it on the host).
 //! - Without CUDA (no driver library, an old driver, no device,
 //!   `FERROCCL_CUDA=0`) every device call returns [`Error::NoDevice`] with
 //!   the reason before it is issued; host calls never touch CUDA.
@@ -138,23 +139,36 @@ impl OnStream<'_> {
         CudaEngine::shared(ordinal).map_err(from_cuda)
     }
 
-    /// Run `call` on `send` and `recv` (in place: `recv` only).
+    /// Run `call` on `send` and `recv` (in place: `recv` only; a send:
+    /// `send` only, which then stands for both, read only).
     fn run<T: Element>(
         &self,
         call: CollCall,
         send: Option<&dyn DevicePtrDyn<T>>,
-        recv: &mut dyn DevicePtrMutDyn<T>,
+        recv: Option<&mut dyn DevicePtrMutDyn<T>>,
     ) -> Result<DeviceWork> {
-        let mut streams = vec![recv.slice_stream()];
-        streams.extend(send.map(|s| s.slice_stream()));
+        let streams: Vec<&Arc<CudaStream>> = send
+            .map(|s| s.slice_stream())
+            .into_iter()
+            .chain(recv.as_ref().map(|r| r.slice_stream()))
+            .collect();
         let engine = self.engine(&streams)?;
         let stream = &**self.stream;
         // The stream waits for the buffers' earlier writes (and reads, for
         // the one written); the guards, dropped after the call is
         // enqueued, record the call as their latest use.
-        let (recv_ptr, _recv_use) = recv.ptr_mut(stream);
+        let recv_use = recv.map(|r| r.ptr_mut(stream));
         let send_use = send.map(|s| s.ptr(stream));
-        let send_ptr = send_use.as_ref().map_or(recv_ptr, |(p, _)| *p);
+        let ptr = |u: &Option<(u64, cudarc::driver::SyncOnDrop<'_>)>| u.as_ref().map(|(p, _)| *p);
+        let (send_ptr, recv_ptr) = match (ptr(&send_use), ptr(&recv_use)) {
+            (Some(s), Some(r)) => (s, r),
+            (Some(one), None) | (None, Some(one)) => (one, one),
+            (None, None) => {
+                return Err(Error::InvalidArgument(
+                    "a device call without a buffer".into(),
+                ))
+            }
+        };
         let on = OnDevice {
             ordinal: engine.ordinal() as u32,
             engine,
@@ -174,7 +188,7 @@ impl OnStream<'_> {
     ) -> Result<DeviceWork> {
         let (n, m) = (send.len(), recv.len());
         let call = coll_call(CollKind::AllReduce, n, n, m, Some(op), None, false);
-        self.run(call, Some(send), recv)
+        self.run(call, Some(send), Some(recv))
     }
 
     /// In-place allreduce.
@@ -185,7 +199,7 @@ impl OnStream<'_> {
     ) -> Result<DeviceWork> {
         let n = buf.len();
         let call = coll_call(CollKind::AllReduce, n, n, n, Some(op), None, true);
-        self.run(call, None, buf)
+        self.run(call, None, Some(buf))
     }
 
     /// Reduce-scatter: `send.len() == recv.len() * size`; rank r's `recv`
@@ -198,7 +212,7 @@ impl OnStream<'_> {
     ) -> Result<DeviceWork> {
         let (n, m) = (send.len(), recv.len());
         let call = coll_call(CollKind::ReduceScatter, m, n, m, Some(op), None, false);
-        self.run(call, Some(send), recv)
+        self.run(call, Some(send), Some(recv))
     }
 
     /// In-place reduce-scatter on `count * size` elements: block `rank`
@@ -211,7 +225,7 @@ impl OnStream<'_> {
         let n = buf.len();
         let count = n / self.comm.size();
         let call = coll_call(CollKind::ReduceScatter, count, n, n, Some(op), None, true);
-        self.run(call, None, buf)
+        self.run(call, None, Some(buf))
     }
 
     /// Allgather: `recv.len() == send.len() * size`, block r from rank r.
@@ -222,7 +236,7 @@ impl OnStream<'_> {
     ) -> Result<DeviceWork> {
         let (n, m) = (send.len(), recv.len());
         let call = coll_call(CollKind::AllGather, n, n, m, None, None, false);
-        self.run(call, Some(send), recv)
+        self.run(call, Some(send), Some(recv))
     }
 
     /// In-place allgather on `count * size` elements whose block `rank`
@@ -234,7 +248,7 @@ impl OnStream<'_> {
         let n = buf.len();
         let count = n / self.comm.size();
         let call = coll_call(CollKind::AllGather, count, n, n, None, None, true);
-        self.run(call, None, buf)
+        self.run(call, None, Some(buf))
     }
 
     /// Broadcast `buf` from `root` to every rank.
@@ -245,7 +259,7 @@ impl OnStream<'_> {
     ) -> Result<DeviceWork> {
         let n = buf.len();
         let call = coll_call(CollKind::Broadcast, n, n, n, None, Some(root), true);
-        self.run(call, None, buf)
+        self.run(call, None, Some(buf))
     }
 
     /// Reduce to `root`: its `recv` gets the reduction; other ranks'
@@ -259,7 +273,52 @@ impl OnStream<'_> {
     ) -> Result<DeviceWork> {
         let (n, m) = (send.len(), recv.len());
         let call = coll_call(CollKind::Reduce, n, n, m, Some(op), Some(root), false);
-        self.run(call, Some(send), recv)
+        self.run(call, Some(send), Some(recv))
+    }
+
+    /// All-to-all: `send` and `recv` hold `size` blocks; block j of `send`
+    /// goes to rank j, block r of `recv` comes from rank r.
+    pub fn all_to_all<T: Element>(
+        &self,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+    ) -> Result<DeviceWork> {
+        let (n, m) = (send.len(), recv.len());
+        let call = coll_call(CollKind::AllToAll, n, n, m, None, None, false);
+        self.run(call, Some(send), Some(recv))
+    }
+
+    /// Send `buf` to `peer` (which must call `recv` with the same length,
+    /// on device or host memory).
+    pub fn send<T: Element>(&self, buf: &impl DevicePtr<T>, peer: usize) -> Result<DeviceWork> {
+        let n = buf.len();
+        let call = CollCall {
+            p2p: Some((peer, true)),
+            ..coll_call(
+                CollKind::SendRecv,
+                n,
+                n,
+                0,
+                None,
+                Some(self.comm.rank()),
+                false,
+            )
+        };
+        self.run(call, Some(buf), None)
+    }
+
+    /// Receive `buf.len()` elements from `peer`.
+    pub fn recv<T: Element>(
+        &self,
+        buf: &mut impl DevicePtrMut<T>,
+        peer: usize,
+    ) -> Result<DeviceWork> {
+        let n = buf.len();
+        let call = CollCall {
+            p2p: Some((peer, false)),
+            ..coll_call(CollKind::SendRecv, n, 0, n, None, Some(peer), false)
+        };
+        self.run(call, None, Some(buf))
     }
 
     /// In-place reduce: `root`'s `buf` gets the reduction; other ranks'
@@ -272,7 +331,7 @@ impl OnStream<'_> {
     ) -> Result<DeviceWork> {
         let n = buf.len();
         let call = coll_call(CollKind::Reduce, n, n, n, Some(op), Some(root), true);
-        self.run(call, None, buf)
+        self.run(call, None, Some(buf))
     }
 }
 
@@ -340,10 +399,15 @@ struct Raw {
     dtype: DataType,
     op: Option<ReduceOp>,
     root: Option<usize>,
+    /// Send or receive: (peer, sending); the one buffer is `send`.
+    p2p: Option<(usize, bool)>,
     stream: u64,
 }
 
 fn run_raw<T: Element>(comm: &Communicator, raw: Raw) -> Result<DeviceWork> {
+    if let Some((peer, sending)) = raw.p2p {
+        return run_raw_p2p::<T>(comm, raw, peer, sending);
+    }
     let elem = std::mem::size_of::<T>();
     let size = comm.size();
     let rank = comm.rank();
@@ -392,15 +456,7 @@ fn run_raw<T: Element>(comm: &Communicator, raw: Raw) -> Result<DeviceWork> {
             raw.send, raw.recv
         )));
     }
-    let engine = CudaEngine::shared(send_info.ordinal).map_err(from_cuda)?;
-    if !engine.owns_stream(raw.stream).map_err(from_cuda)? {
-        return Err(Error::InvalidArgument(format!(
-            "stream {:#x} is not of device {}'s primary context, where ferroccl runs device \
-             calls",
-            raw.stream, send_info.ordinal
-        )));
-    }
-    let stream = Stream(raw.stream);
+    let (engine, stream) = raw_engine(raw.stream, send_info.ordinal)?;
     // In place, ferroccl's convention names the whole buffer: the receive
     // buffer of an allgather and the send buffer of a reduce-scatter.
     let whole = if kind == CollKind::AllGather {
@@ -436,6 +492,65 @@ fn run_raw<T: Element>(comm: &Communicator, raw: Raw) -> Result<DeviceWork> {
         recv,
     };
     comm.device_collective::<T>(&call, &on)
+}
+
+/// A raw send or receive: one buffer, checked as the collectives' are.
+fn run_raw_p2p<T: Element>(
+    comm: &Communicator,
+    raw: Raw,
+    peer: usize,
+    sending: bool,
+) -> Result<DeviceWork> {
+    let bytes = raw.count * std::mem::size_of::<T>();
+    let what = if sending { "send" } else { "recv" };
+    let info = engine::pointer_info(raw.send).map_err(|e| named(what, e))?;
+    if !info.holds(raw.send, bytes) {
+        return Err(Error::InvalidArgument(format!(
+            "{what} buffer {:#x}: {} elements of {} run past its allocation ({} bytes from \
+             {:#x})",
+            raw.send, raw.count, raw.dtype, info.size, info.start
+        )));
+    }
+    let (engine, stream) = raw_engine(raw.stream, info.ordinal)?;
+    let at = staging::DevicePtr::new(DeviceBuf(raw.send));
+    let (send_len, recv_len, root) = if sending {
+        (raw.count, 0, comm.rank())
+    } else {
+        (0, raw.count, peer)
+    };
+    let call = CollCall {
+        p2p: Some((peer, sending)),
+        ..coll_call(
+            CollKind::SendRecv,
+            raw.count,
+            send_len,
+            recv_len,
+            None,
+            Some(root),
+            false,
+        )
+    };
+    let on = OnDevice {
+        ordinal: info.ordinal as u32,
+        engine,
+        stream,
+        send: at,
+        recv: at,
+    };
+    comm.device_collective::<T>(&call, &on)
+}
+
+/// The engine of device `ordinal`, once `stream` is known to be of its
+/// primary context.
+fn raw_engine(stream: u64, ordinal: usize) -> Result<(Arc<CudaEngine>, Stream)> {
+    let engine = CudaEngine::shared(ordinal).map_err(from_cuda)?;
+    if !engine.owns_stream(stream).map_err(from_cuda)? {
+        return Err(Error::InvalidArgument(format!(
+            "stream {stream:#x} is not of device {ordinal}'s primary context, where ferroccl \
+             runs device calls"
+        )));
+    }
+    Ok((engine, Stream(stream)))
 }
 
 fn named(what: &str, e: CudaError) -> Error {
@@ -590,6 +705,59 @@ impl Communicator {
         )
     }
 
+    /// `ncclSend`: `count` elements of `dtype` to `peer`.
+    ///
+    /// # Safety
+    /// See [`Communicator::all_reduce_raw`].
+    pub unsafe fn send_raw(
+        &self,
+        send: *const c_void,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: *mut c_void,
+    ) -> Result<DeviceWork> {
+        self.raw_p2p(send as u64, count, dtype, peer, true, stream)
+    }
+
+    /// `ncclRecv`: `count` elements of `dtype` from `peer`.
+    ///
+    /// # Safety
+    /// See [`Communicator::all_reduce_raw`].
+    pub unsafe fn recv_raw(
+        &self,
+        recv: *mut c_void,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: *mut c_void,
+    ) -> Result<DeviceWork> {
+        self.raw_p2p(recv as u64, count, dtype, peer, false, stream)
+    }
+
+    fn raw_p2p(
+        &self,
+        buf: u64,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        sending: bool,
+        stream: *mut c_void,
+    ) -> Result<DeviceWork> {
+        let raw = Raw {
+            kind: CollKind::SendRecv,
+            send: buf,
+            recv: buf,
+            count,
+            dtype,
+            op: None,
+            root: None,
+            p2p: Some((peer, sending)),
+            stream: stream as u64,
+        };
+        with_element!(dtype, run_raw, self, raw)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn raw(
         &self,
@@ -610,6 +778,7 @@ impl Communicator {
             dtype,
             op,
             root,
+            p2p: None,
             stream: stream as u64,
         };
         with_element!(dtype, run_raw, self, raw)
@@ -647,6 +816,8 @@ mod tests {
                         comm.all_gather_raw(s, r, 4, DataType::F32, null),
                         comm.broadcast_raw(s, r, 8, DataType::F32, 0, null),
                         comm.reduce_raw(s, r, 8, DataType::F32, ReduceOp::Max, 1, null),
+                        comm.send_raw(s, 8, DataType::F32, 1 - comm.rank(), null),
+                        comm.recv_raw(r, 8, DataType::F32, 1 - comm.rank(), null),
                     ]
                 };
                 for result in results {

@@ -194,6 +194,45 @@ fn every_collective<T: Element + DeviceRepr>(
             }
         }
     }
+    // All-to-all: block r of recv is block `rank` of rank r's send.
+    let input: Vec<f64> = (0..block * size).map(|i| value(rank, i)).collect();
+    let send = upload::<T>(&stream, &input);
+    let mut recv = upload::<T>(&stream, &vec![POISON; block * size]);
+    let work = on.all_to_all(&send, &mut recv).expect("all_to_all");
+    let got = download(&stream, &recv);
+    work.wait().expect("all_to_all");
+    for (j, g) in got.iter().enumerate() {
+        let w = value(j / block, rank * block + j % block);
+        assert_eq!(
+            *g,
+            w,
+            "all_to_all {} n={size} rank {rank} element {j}",
+            T::DTYPE
+        );
+    }
+    // Send and receive around the ring (rank 0 receives first).
+    if size > 1 {
+        let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+        let mine = upload::<T>(&stream, &input[..block]);
+        let mut theirs = upload::<T>(&stream, &vec![POISON; block]);
+        let works = if rank == 0 {
+            [on.recv(&mut theirs, prev), on.send(&mine, next)]
+        } else {
+            [on.send(&mine, next), on.recv(&mut theirs, prev)]
+        };
+        let got = download(&stream, &theirs);
+        for w in works {
+            w.expect("send/recv").wait().expect("send/recv");
+        }
+        for (i, g) in got.iter().enumerate() {
+            assert_eq!(
+                *g,
+                value(prev, i),
+                "recv {} rank {rank} element {i}",
+                T::DTYPE
+            );
+        }
+    }
 }
 
 /// Every collective x Element x op on device memory, for 1, 2 and 4

@@ -367,6 +367,7 @@ mod tests {
                     (CollKind::Broadcast, ReduceOp::Sum, true),
                     (CollKind::Reduce, ReduceOp::Sum, false),
                     (CollKind::Reduce, ReduceOp::Avg, true),
+                    (CollKind::AllToAll, ReduceOp::Sum, false),
                 ] {
                     let block = 37; // elements per rank: not a multiple of anything
                     let (send_len, recv_len) = match kind {
@@ -374,6 +375,7 @@ mod tests {
                             (block, block)
                         }
                         CollKind::ReduceScatter => (block * size, block),
+                        CollKind::AllToAll => (block * size, block * size),
                         _ => (block, block * size),
                     };
                     let root = (kind == CollKind::Broadcast || kind == CollKind::Reduce)
@@ -390,7 +392,7 @@ mod tests {
                         ..CollCall::new(
                             kind,
                             match kind {
-                                CollKind::ReduceScatter | CollKind::AllGather => block,
+                                CollKind::AllToAll => send_len,
                                 _ => block,
                             },
                             if in_place { buf_len } else { send_len },
@@ -444,6 +446,12 @@ mod tests {
                         CollKind::Broadcast => {
                             Some((0..block).map(|i| value(size - 1, i)).collect())
                         }
+                        // Block r of recv: block `rank` of rank r's send.
+                        CollKind::AllToAll => Some(
+                            (0..block * size)
+                                .map(|j| value(j / block, rank * block + j % block))
+                                .collect(),
+                        ),
                         _ => (rank == size - 1).then(|| (0..block).map(sum).collect()),
                     };
                     let Some(mut want) = want else { continue };
@@ -589,5 +597,60 @@ mod tests {
             Some(Err(err)) => assert_eq!(err.failed_rank(), Some(1), "{err}"),
             other => panic!("rank 0: {other:?}"),
         }
+    }
+
+    /// Send and receive on device memory: each rank sends to the next and
+    /// receives from the previous (odd length, both orders of posting).
+    #[test]
+    fn device_send_and_recv() {
+        run_ranks_with(3, config, |comm| {
+            let (rank, size) = (comm.rank(), comm.size());
+            let e = Arc::new(HostEngine::with_delays(
+                Duration::from_micros(100),
+                rank as u64,
+            ));
+            let stream = e.stream().unwrap();
+            let n = 301;
+            let out = DevicePtr::new(e.alloc_device(n * 4).unwrap());
+            let inp = DevicePtr::new(e.alloc_device(n * 4).unwrap());
+            let data: Vec<f32> = (0..n).map(|i| value(rank, i) as f32).collect();
+            enqueue_write(&e, stream, out, &bytes_of(&data));
+            let engine: Arc<dyn Engine> = e.clone();
+            let on = OnDevice {
+                ordinal: 0,
+                engine,
+                stream,
+                send: out,
+                recv: inp,
+            };
+            let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+            let send = CollCall {
+                root: Some(rank),
+                p2p: Some((next, true)),
+                ..CollCall::new(CollKind::SendRecv, n, n, 0)
+            };
+            let recv = CollCall {
+                root: Some(prev),
+                p2p: Some((prev, false)),
+                ..CollCall::new(CollKind::SendRecv, n, 0, n)
+            };
+            // Rank 0 receives first, the others send first: no cycle of
+            // blocking sends.
+            let order = if rank == 0 {
+                [recv, send]
+            } else {
+                [send, recv]
+            };
+            let works: Vec<DeviceWork> = order
+                .iter()
+                .map(|c| comm.device_collective::<f32>(c, &on).unwrap())
+                .collect();
+            let got = elems::<f32>(&read_after(&e, stream, inp, n * 4));
+            for w in works {
+                w.wait().unwrap();
+            }
+            let want: Vec<f64> = (0..n).map(|i| value(prev, i)).collect();
+            assert_eq!(got, want, "rank {rank}");
+        });
     }
 }
