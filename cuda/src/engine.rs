@@ -648,9 +648,9 @@ impl Engine for CudaEngine {
                 other => return other.result().map_err(driver_err("cuEventQuery")),
             }
             if Instant::now() >= deadline {
-                return Err(CudaError::Driver {
-                    call: "cuEventQuery",
-                    reason: format!("the device's work was not done after {timeout:?}"),
+                return Err(CudaError::Timeout {
+                    what: "the device's work (an event)".into(),
+                    waited_ms: timeout.as_millis() as u64,
                 });
             }
             // Spin briefly (a copy of a chunk takes microseconds), then

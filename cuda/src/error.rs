@@ -19,6 +19,15 @@ pub enum CudaError {
     /// NVRTC is missing, or a kernel did not compile (with NVRTC's log).
     #[error("NVRTC: {0}")]
     Compile(String),
+    /// The device's work did not finish within a wait's bound (a host wait
+    /// on an event: the GPU is stuck, or the work it waits for never came).
+    #[error("timed out after {waited_ms} ms waiting for {what}")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// How long.
+        waited_ms: u64,
+    },
     /// A bad argument, found before anything was enqueued.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

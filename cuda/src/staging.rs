@@ -660,9 +660,9 @@ impl Engine for HostEngine {
                 reason: fault,
             });
         }
-        waited.map_err(|()| CudaError::Driver {
-            call: "event wait",
-            reason: format!("event {} not complete after {timeout:?}", event.0),
+        waited.map_err(|()| CudaError::Timeout {
+            what: format!("event {}", event.0),
+            waited_ms: timeout.as_millis() as u64,
         })
     }
 
