@@ -6,4 +6,5 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod coll;
+pub mod cuda_stand_in;
 pub mod options;
