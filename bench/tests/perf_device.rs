@@ -6,12 +6,25 @@
 //! are asserted.
 
 use ferroccl_bench::cuda_stand_in::{device_available, Error};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
-const PERF: &str = env!("CARGO_BIN_EXE_ferroccl-perf");
+/// The binary under test: the one beside this test's executable where
+/// there is one (the GPU run's folder, `cuda/gpu/collect.sh`, carries both
+/// to a machine where cargo's target folder does not exist), else the one
+/// cargo built for this test.
+fn perf_binary() -> PathBuf {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("ferroccl-perf")));
+    match beside {
+        Some(p) if p.is_file() => p,
+        _ => PathBuf::from(env!("CARGO_BIN_EXE_ferroccl-perf")),
+    }
+}
 
 fn perf(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(PERF);
+    let mut cmd = Command::new(perf_binary());
     cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);
