@@ -98,6 +98,13 @@ pub enum Error {
     /// Local I/O failure.
     #[error("I/O error: {0}")]
     Io(String),
+    /// A call on device memory where no CUDA device can be used: no driver
+    /// library, a driver older than this build needs, no device, or
+    /// `FERROCCL_CUDA=0`; with the reason. Nothing was issued: the call did
+    /// not take a place in the communicator's order. Host calls are
+    /// unaffected.
+    #[error("no CUDA device: {0}")]
+    NoDevice(String),
 }
 
 impl Error {

@@ -19,6 +19,7 @@ pub mod bootstrap;
 mod coll;
 mod comm;
 mod config;
+pub mod cuda;
 pub mod ddp;
 mod element;
 mod error;
@@ -33,7 +34,7 @@ mod transports;
 mod tune;
 mod window;
 
-pub use comm::{Communicator, Work};
+pub use comm::{Communicator, DeviceWork, Work};
 
 pub use algo::Algorithm;
 pub use config::{

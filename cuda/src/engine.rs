@@ -18,11 +18,12 @@
 
 use crate::error::{CudaError, Result};
 use crate::kernels::{self, BLOCK_THREADS};
-use crate::staging::{DeviceBuf, DevicePtr, Engine, Event, PinnedBuf, Stream};
+use crate::staging::{gate_reached, DeviceBuf, DevicePtr, Engine, Event, Gate, PinnedBuf, Stream};
 use crate::{nvrtc, probe, Op, Ty};
 use cudarc::driver::{result, sys, DriverError};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -49,6 +50,47 @@ pub struct CudaEngine {
     loaded: Arc<Loaded>,
     /// The pinned allocations, by host address.
     pinned: Mutex<HashMap<u64, Pinned>>,
+    /// Gates: words of mapped pinned pages, handed out in order and never
+    /// freed (a stream may wait at one after its owner is gone).
+    gates: Mutex<Gates>,
+}
+
+/// Pages of gate words: a [`Gate`] is a word's host address; the device
+/// reads it through the page's device mapping.
+#[derive(Default)]
+struct Gates {
+    /// (host address, device address) of each page, newest last.
+    pages: Vec<(u64, u64)>,
+    /// Words handed out of the newest page.
+    used: usize,
+    /// Device address of each gate handed out.
+    device: HashMap<u64, u64>,
+}
+
+/// Bytes of each page of gates.
+const GATE_PAGE: usize = 4096;
+
+/// What a host function waits for where the device cannot wait at a gate
+/// itself (`gate_wait`).
+struct GateWait {
+    word: u64,
+    value: u32,
+    deadline: Instant,
+}
+
+/// A host function the driver runs in stream order (`cuLaunchHostFunc`)
+/// where stream memory operations are not supported: it holds the stream
+/// until the gate has reached the value, or until the deadline.
+unsafe extern "C" fn gate_wait(data: *mut c_void) {
+    // SAFETY: `data` is the `Box<GateWait>` leaked by `stream_wait_gate`
+    // for exactly this one call.
+    let wait = unsafe { Box::from_raw(data.cast::<GateWait>()) };
+    // SAFETY: the word lies in a gate page, which is never freed.
+    let word = unsafe { &*(wait.word as *const AtomicU32) };
+    while !gate_reached(word.load(Ordering::Acquire), wait.value) && Instant::now() < wait.deadline
+    {
+        std::thread::sleep(Duration::from_micros(20));
+    }
 }
 
 /// A pinned allocation: its size, and an event recorded after every copy
@@ -150,6 +192,65 @@ fn load(ordinal: usize) -> Result<Loaded> {
     })
 }
 
+/// What the driver knows of a device address (`pointer_info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PointerInfo {
+    /// The device whose memory it is.
+    pub ordinal: usize,
+    /// The start of the allocation it lies in.
+    pub start: u64,
+    /// The size of that allocation in bytes.
+    pub size: usize,
+}
+
+impl PointerInfo {
+    /// Whether `bytes` from `ptr` lie inside the allocation.
+    pub fn holds(&self, ptr: u64, bytes: usize) -> bool {
+        ptr >= self.start
+            && (ptr - self.start)
+                .checked_add(bytes as u64)
+                .is_some_and(|end| end <= self.size as u64)
+    }
+}
+
+/// The device and allocation of device address `ptr`, from the driver:
+/// `NoDevice` without a driver, `InvalidArgument` for an address that is
+/// not CUDA device memory (host memory, pinned or not, included).
+pub fn pointer_info(ptr: u64) -> Result<PointerInfo> {
+    probe::driver()?;
+    if ptr == 0 {
+        return Err(CudaError::InvalidArgument("a null device pointer".into()));
+    }
+    use sys::CUpointer_attribute as P;
+    fn attr<V: Default>(ptr: u64, a: sys::CUpointer_attribute) -> Option<V> {
+        let mut v = V::default();
+        // SAFETY: `v` is a writable value of the attribute's type (memory
+        // type and ordinal: 32-bit; range start: CUdeviceptr; range size:
+        // size_t), which the driver fills; it only inspects `ptr`.
+        let rc = unsafe { sys::cuPointerGetAttribute((&mut v as *mut V).cast(), a, ptr) };
+        (rc == sys::CUresult::CUDA_SUCCESS).then_some(v)
+    }
+    let not_device = |what: &str| {
+        CudaError::InvalidArgument(format!("{ptr:#x} is not CUDA device memory ({what})"))
+    };
+    let kind: u32 = attr(ptr, P::CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+        .ok_or_else(|| not_device("the driver does not know the address"))?;
+    if kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+        return Err(not_device("host memory: use the host API"));
+    }
+    let ordinal: i32 = attr(ptr, P::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+        .ok_or_else(|| not_device("no device ordinal"))?;
+    let start: u64 = attr(ptr, P::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+        .ok_or_else(|| not_device("no allocation range"))?;
+    let size: usize = attr(ptr, P::CU_POINTER_ATTRIBUTE_RANGE_SIZE)
+        .ok_or_else(|| not_device("no allocation size"))?;
+    Ok(PointerInfo {
+        ordinal: ordinal.max(0) as usize,
+        start,
+        size,
+    })
+}
+
 impl CudaEngine {
     /// The engine of device `ordinal`: `NoDevice` without a driver or
     /// device; the kernels compile at the first engine of each device.
@@ -158,12 +259,45 @@ impl CudaEngine {
             ordinal,
             loaded: loaded(ordinal)?,
             pinned: Mutex::new(HashMap::new()),
+            gates: Mutex::new(Gates::default()),
         })
+    }
+
+    /// The engine of device `ordinal` that every caller in the process
+    /// shares (made at the first call; `NoDevice` without a driver or
+    /// device).
+    pub fn shared(ordinal: usize) -> Result<Arc<CudaEngine>> {
+        static ENGINES: OnceLock<Mutex<HashMap<usize, Arc<CudaEngine>>>> = OnceLock::new();
+        let engines = ENGINES.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut engines = engines.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = engines.get(&ordinal) {
+            return Ok(e.clone());
+        }
+        let e = Arc::new(CudaEngine::new(ordinal)?);
+        engines.insert(ordinal, e.clone());
+        Ok(e)
     }
 
     /// The device's ordinal.
     pub fn ordinal(&self) -> usize {
         self.ordinal
+    }
+
+    /// Whether `stream` (a `CUstream`; 0, the legacy default stream,
+    /// counts as the current context's) belongs to this engine's context,
+    /// the device's primary context, which every device call runs in.
+    pub fn owns_stream(&self, stream: u64) -> Result<bool> {
+        if stream == 0 {
+            return Ok(true);
+        }
+        self.bind()?;
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: the caller vouches that `stream` is a live stream; the
+        // driver writes its context into `ctx`.
+        unsafe { sys::cuStreamGetCtx(stream as sys::CUstream, &mut ctx) }
+            .result()
+            .map_err(driver_err("cuStreamGetCtx"))?;
+        Ok(ctx == self.loaded.ctx)
     }
 
     /// The architecture the kernels were compiled for (`sm_90`).
@@ -528,6 +662,105 @@ impl Engine for CudaEngine {
                 std::thread::sleep(Duration::from_micros(20));
             }
         }
+    }
+
+    fn gate(&self) -> Result<Gate> {
+        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        let words = GATE_PAGE / 4;
+        if gates.pages.is_empty() || gates.used == words {
+            self.bind()?;
+            // SAFETY: page-locked host memory mapped into the device's
+            // address space, zeroed below before any gate in it is handed
+            // out; never freed (gates live as long as the process).
+            let host = unsafe {
+                result::malloc_host(
+                    GATE_PAGE,
+                    sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+                )
+            }
+            .map_err(driver_err("cuMemHostAlloc(DEVICEMAP)"))?;
+            // SAFETY: `host` is the page just allocated, GATE_PAGE bytes.
+            unsafe { std::ptr::write_bytes(host.cast::<u8>(), 0, GATE_PAGE) };
+            let mut device: sys::CUdeviceptr = 0;
+            // SAFETY: `host` is mapped memory of this context (above).
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) }
+                .result()
+                .map_err(driver_err("cuMemHostGetDevicePointer"))?;
+            gates.pages.push((host as u64, device));
+            gates.used = 0;
+        }
+        let (host, device) = *gates.pages.last().expect("a page was made above");
+        let at = 4 * gates.used as u64;
+        gates.used += 1;
+        gates.device.insert(host + at, device + at);
+        Ok(Gate(host + at))
+    }
+
+    fn stream_wait_gate(
+        &self,
+        stream: Stream,
+        gate: Gate,
+        value: u32,
+        limit: Duration,
+    ) -> Result<()> {
+        let device = self
+            .gates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .device
+            .get(&gate.0)
+            .copied()
+            .ok_or_else(|| CudaError::InvalidArgument(format!("no gate {:#x}", gate.0)))?;
+        self.bind()?;
+        // SAFETY: a stream of this context and the device mapping of a
+        // gate word, which is never freed.
+        let rc = unsafe {
+            sys::cuStreamWaitValue32_v2(
+                stream.0 as sys::CUstream,
+                device,
+                value,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            )
+        };
+        if rc != sys::CUresult::CUDA_ERROR_NOT_SUPPORTED {
+            return rc.result().map_err(driver_err("cuStreamWaitValue32"));
+        }
+        // No stream memory operations on this device: a host function in
+        // the stream's order waits instead (bounded by `limit`).
+        let wait = Box::into_raw(Box::new(GateWait {
+            word: gate.0,
+            value,
+            deadline: Instant::now() + limit,
+        }));
+        // SAFETY: `gate_wait` takes back the box exactly once, when the
+        // driver runs it; if the launch fails it never runs and the box
+        // is taken back here.
+        let rc = unsafe {
+            sys::cuLaunchHostFunc(stream.0 as sys::CUstream, Some(gate_wait), wait.cast())
+        };
+        if rc != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: the launch failed, so `gate_wait` will not run.
+            drop(unsafe { Box::from_raw(wait) });
+        }
+        rc.result().map_err(driver_err("cuLaunchHostFunc"))
+    }
+
+    fn raise_gate(&self, gate: Gate, value: u32) {
+        let known = self
+            .gates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .device
+            .contains_key(&gate.0);
+        if !known {
+            return;
+        }
+        // SAFETY: a gate word of a page that is never freed, 4-byte
+        // aligned; the device only reads it, the host writes it atomically.
+        let word = unsafe { &*(gate.0 as *const AtomicU32) };
+        let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+            (!gate_reached(w, value)).then_some(value)
+        });
     }
 }
 

@@ -25,6 +25,9 @@ pub mod nvrtc;
 pub mod probe;
 pub mod staging;
 
+/// The cudarc this crate is built on (0.19: driver API and NVRTC, loaded at
+/// run time), for callers whose buffers and streams must be its types.
+pub use cudarc;
 pub use error::{CudaError, Result};
 
 /// An element type the kernels reduce.

@@ -80,6 +80,19 @@ pub struct Stream(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Event(pub u64);
 
+/// A gate: a 32-bit word that streams can wait for and the host raises
+/// (`Engine::gate`). A device call makes the caller's stream wait at its
+/// gate for the call's number, and the thread that carries the call out
+/// raises the gate to that number when the call ends, however it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Gate(pub u64);
+
+/// Whether a gate at `word` has reached `value`: a cyclic comparison (as
+/// CUDA's `CU_STREAM_WAIT_VALUE_GEQ`), so numbers may wrap around.
+pub const fn gate_reached(word: u32, value: u32) -> bool {
+    (word.wrapping_sub(value) as i32) >= 0
+}
+
 /// What host staging needs from a GPU. Every enqueueing method returns at
 /// once; the work runs on the stream in the order enqueued. Offsets and
 /// lengths count bytes except `count`, which counts elements of `ty`.
@@ -161,6 +174,23 @@ pub trait Engine: Send + Sync {
     /// Block the host until `event` completes, or return an error once
     /// `timeout` has passed; never waits longer.
     fn host_wait(&self, event: Event, timeout: Duration) -> Result<()>;
+    /// A new gate at 0. Gates live as long as the engine (a stream may
+    /// still be waiting at one after its owner has gone; a few bytes each).
+    fn gate(&self) -> Result<Gate>;
+    /// Make later work on `stream` wait until `gate` has reached `value`
+    /// (cyclically: [`gate_reached`]); the host does not wait. A wait that
+    /// the device cannot make is still bounded: the engine gives up after
+    /// `limit` and lets the stream go on.
+    fn stream_wait_gate(
+        &self,
+        stream: Stream,
+        gate: Gate,
+        value: u32,
+        limit: Duration,
+    ) -> Result<()>;
+    /// Raise `gate` to `value` from the host, unless it has already
+    /// reached it (it never goes back).
+    fn raise_gate(&self, gate: Gate, value: u32);
 }
 
 // ---------------------------------------------------------------------------
@@ -182,6 +212,11 @@ struct EventState {
     done: Condvar,
 }
 
+struct GateState {
+    word: Mutex<u32>,
+    raised: Condvar,
+}
+
 struct PinnedState {
     bytes: Mutex<Vec<u8>>,
     /// Enqueued copies that use the buffer and have not finished.
@@ -200,12 +235,15 @@ struct State {
     device: Mutex<HashMap<u64, DeviceMem>>,
     pinned: Mutex<HashMap<u64, Arc<PinnedState>>>,
     events: Mutex<HashMap<u64, Arc<EventState>>>,
+    gates: Mutex<HashMap<u64, Arc<GateState>>>,
     streams: Mutex<HashMap<u64, StreamWorker>>,
     /// Workers of freed streams, reused by the next `stream` (a call
     /// makes and frees two; spawning threads each time dominated the
     /// tests).
     idle: Mutex<Vec<StreamWorker>>,
     next_id: AtomicU64,
+    /// Pinned allocations made so far (tests check that pools reuse them).
+    pinned_made: AtomicUsize,
     /// The first failure of a stream's work, reported by `host_wait`.
     fault: Mutex<Option<String>>,
 }
@@ -297,6 +335,11 @@ impl HostEngine {
             .map_err(|_| bad(format!("stream {} has stopped", stream.0)))
     }
 
+    /// Pinned buffers allocated so far by this engine.
+    pub fn pinned_allocations(&self) -> usize {
+        self.state.pinned_made.load(Ordering::Relaxed)
+    }
+
     /// Write device memory from the host, synchronously (tests set inputs
     /// with it; a real engine's caller would use a copy).
     pub fn write_device(&self, dst: DevicePtr, data: &[u8]) -> Result<()> {
@@ -386,6 +429,7 @@ impl Engine for HostEngine {
 
     fn alloc_pinned(&self, bytes: usize) -> Result<PinnedBuf> {
         let id = self.id();
+        self.state.pinned_made.fetch_add(1, Ordering::Relaxed);
         let state = PinnedState {
             bytes: Mutex::new(vec![0x5A; bytes]),
             in_use: AtomicUsize::new(0),
@@ -621,6 +665,68 @@ impl Engine for HostEngine {
             reason: format!("event {} not complete after {timeout:?}", event.0),
         })
     }
+
+    fn gate(&self) -> Result<Gate> {
+        let id = self.id();
+        let state = GateState {
+            word: Mutex::new(0),
+            raised: Condvar::new(),
+        };
+        lock(&self.state.gates).insert(id, Arc::new(state));
+        Ok(Gate(id))
+    }
+
+    fn stream_wait_gate(
+        &self,
+        stream: Stream,
+        gate: Gate,
+        value: u32,
+        limit: Duration,
+    ) -> Result<()> {
+        let state = self.gate_state(gate)?;
+        // Bounded like a CUDA engine's fallback: past `limit` the stream
+        // goes on (the call's error reaches the host through its result).
+        self.run_on(stream, move || {
+            let deadline = Instant::now() + limit;
+            let mut word = lock(&state.word);
+            while !gate_reached(*word, value) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                word = state
+                    .raised
+                    .wait_timeout(word, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            Ok(())
+        })
+    }
+
+    fn raise_gate(&self, gate: Gate, value: u32) {
+        if let Ok(state) = self.gate_state(gate) {
+            let mut word = lock(&state.word);
+            if !gate_reached(*word, value) {
+                *word = value;
+                state.raised.notify_all();
+            }
+        }
+    }
+}
+
+impl HostEngine {
+    fn gate_state(&self, gate: Gate) -> Result<Arc<GateState>> {
+        lock(&self.state.gates)
+            .get(&gate.0)
+            .cloned()
+            .ok_or_else(|| bad(format!("no gate {}", gate.0)))
+    }
+
+    /// The gate's word now (tests look at it).
+    pub fn gate_value(&self, gate: Gate) -> Result<u32> {
+        Ok(*lock(&self.gate_state(gate)?.word))
+    }
 }
 
 /// Wait until record `target` of an event has completed, at most `limit`.
@@ -845,6 +951,155 @@ pub struct StageConfig {
     pub timeout: Duration,
 }
 
+/// What a pipeline allocates: two streams, two events, the device
+/// scratch and the bounce buffers with their events. A [`StagePool`]
+/// keeps them between calls: pinned allocation takes milliseconds, a
+/// call's staging microseconds.
+struct Kit {
+    inbound: Stream,
+    outbound: Stream,
+    wrote: Event,
+    read: Event,
+    scratch: DeviceBuf,
+    /// (pinned buffer, its event), `depth` of them.
+    bounce: Vec<(PinnedBuf, Event)>,
+    /// Bytes of each bounce buffer (and scratch slot).
+    chunk: usize,
+}
+
+impl Kit {
+    fn new(engine: &dyn Engine, chunk: usize, depth: usize) -> Result<Kit> {
+        // Built up step by step; what was made is freed if a step fails.
+        let mut kit = Kit {
+            inbound: engine.stream()?,
+            outbound: Stream(0),
+            wrote: Event(0),
+            read: Event(0),
+            scratch: DeviceBuf(0),
+            bounce: Vec::with_capacity(depth),
+            chunk,
+        };
+        let made = (|| {
+            kit.outbound = engine.stream()?;
+            kit.wrote = engine.event()?;
+            kit.read = engine.event()?;
+            kit.scratch = engine.alloc_device(chunk * depth)?;
+            for _ in 0..depth {
+                let host = engine.alloc_pinned(chunk)?;
+                match engine.event() {
+                    Ok(e) => kit.bounce.push((host, e)),
+                    Err(e) => {
+                        engine.free_pinned(host);
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(())
+        })();
+        match made {
+            Ok(()) => Ok(kit),
+            Err(e) => {
+                kit.free(engine);
+                Err(e)
+            }
+        }
+    }
+
+    /// Free everything (the work that used it has finished, or the
+    /// streams' queues run out first: freeing a stream waits for them).
+    fn free(self, engine: &dyn Engine) {
+        for s in [self.inbound, self.outbound] {
+            if s != Stream(0) {
+                engine.free_stream(s);
+            }
+        }
+        for (host, e) in self.bounce {
+            engine.free_pinned(host);
+            engine.free_event(e);
+        }
+        for e in [self.wrote, self.read] {
+            if e != Event(0) {
+                engine.free_event(e);
+            }
+        }
+        if self.scratch != DeviceBuf(0) {
+            engine.free_device(self.scratch);
+        }
+    }
+}
+
+/// Pipelines kept between calls on one engine ([`Stager::new_in`]): a
+/// call takes the smallest kept one whose bounce buffers fit its chunks
+/// and gives it back when it ends cleanly (a failed call frees its own).
+/// Bounce buffers are sized in powers of two from 64 KiB, so calls of
+/// nearby sizes share them; at most [`StagePool::KEEP`] are kept.
+pub struct StagePool {
+    engine: Arc<dyn Engine>,
+    kits: Mutex<Vec<Kit>>,
+}
+
+impl StagePool {
+    /// Pipelines kept at most.
+    pub const KEEP: usize = 4;
+    /// The smallest bounce buffer a pooled pipeline gets.
+    pub const MIN_CHUNK: usize = 64 << 10;
+
+    /// An empty pool of `engine`'s resources.
+    pub fn new(engine: Arc<dyn Engine>) -> Self {
+        StagePool {
+            engine,
+            kits: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The engine whose resources are kept.
+    pub fn engine(&self) -> &Arc<dyn Engine> {
+        &self.engine
+    }
+
+    /// Pipelines kept now.
+    pub fn kept(&self) -> usize {
+        lock(&self.kits).len()
+    }
+
+    fn take(&self, chunk: usize, depth: usize) -> Result<Kit> {
+        {
+            let mut kits = lock(&self.kits);
+            let best = kits
+                .iter()
+                .enumerate()
+                .filter(|(_, k)| k.chunk >= chunk && k.bounce.len() == depth)
+                .min_by_key(|(_, k)| k.chunk)
+                .map(|(i, _)| i);
+            if let Some(i) = best {
+                return Ok(kits.swap_remove(i));
+            }
+        }
+        let size = chunk.max(Self::MIN_CHUNK).next_power_of_two();
+        Kit::new(&*self.engine, size, depth)
+    }
+
+    fn give_back(&self, kit: Kit) {
+        let mut kits = lock(&self.kits);
+        kits.push(kit);
+        if kits.len() > Self::KEEP {
+            // Keep the largest: they serve every smaller call too.
+            kits.sort_by_key(|k| std::cmp::Reverse(k.chunk));
+            let spare = kits.pop().expect("more than KEEP");
+            drop(kits);
+            spare.free(&*self.engine);
+        }
+    }
+}
+
+impl Drop for StagePool {
+    fn drop(&mut self) {
+        for kit in lock(&self.kits).drain(..) {
+            kit.free(&*self.engine);
+        }
+    }
+}
+
 /// The staging pipeline of one call over an [`Engine`] (module docs;
 /// docs/staging.md). Two streams: `inbound` runs everything that writes
 /// device memory (host-to-device copies, kernels, device copies),
@@ -875,45 +1130,88 @@ pub struct Stager<'e> {
     /// Test hook: skip the wait of `outbound` on `inbound`'s writes (the
     /// dependency a test drops to show the stand-in catches it).
     skip_write_wait: bool,
+    /// Where the resources go back to when the call ends cleanly.
+    pool: Option<&'e StagePool>,
+    /// Bytes of each bounce buffer as allocated (at least `chunk_bytes`).
+    slot_bytes: usize,
+    /// `finish` found every copy and kernel done: the resources may be
+    /// reused at once.
+    clean: bool,
 }
 
 impl<'e> Stager<'e> {
     /// Allocate the pipeline's streams, events, pinned buffers and device
-    /// scratch for chunks of `ty`, reduced with `op`.
+    /// scratch for chunks of `ty`, reduced with `op` (freed at the end).
     pub fn new(engine: &'e dyn Engine, ty: Ty, op: Op, config: StageConfig) -> Result<Self> {
+        Self::build(engine, None, ty, op, config)
+    }
+
+    /// As [`Stager::new`], with the resources taken from `pool` (whose
+    /// engine this runs on) and given back when the call ends cleanly.
+    pub fn new_in(pool: &'e StagePool, ty: Ty, op: Op, config: StageConfig) -> Result<Self> {
+        Self::build(&**pool.engine(), Some(pool), ty, op, config)
+    }
+
+    fn build(
+        engine: &'e dyn Engine,
+        pool: Option<&'e StagePool>,
+        ty: Ty,
+        op: Op,
+        config: StageConfig,
+    ) -> Result<Self> {
         if config.depth < 2 {
             return Err(bad(format!("staging depth {} < 2", config.depth)));
         }
         // A chunk of no bytes still gets a (one-byte) buffer.
         let chunk = config.chunk_bytes.max(1);
-        let scratch = engine.alloc_device(chunk * config.depth)?;
-        let mut stager = Stager {
+        let kit = match pool {
+            Some(pool) => pool.take(chunk, config.depth)?,
+            None => Kit::new(engine, chunk, config.depth)?,
+        };
+        let bounce = kit
+            .bounce
+            .iter()
+            .enumerate()
+            .map(|(k, &(host, free))| Bounce {
+                host,
+                scratch: DevicePtr::new(kit.scratch).add(k * kit.chunk),
+                free,
+                held: false,
+            })
+            .collect();
+        Ok(Stager {
             engine,
             ty,
             op,
             timeout: config.timeout,
             chunk_bytes: config.chunk_bytes,
-            inbound: engine.stream()?,
-            outbound: engine.stream()?,
-            wrote: engine.event()?,
-            read: engine.event()?,
+            inbound: kit.inbound,
+            outbound: kit.outbound,
+            wrote: kit.wrote,
+            read: kit.read,
             unseen_writes: false,
             unseen_reads: false,
-            scratch,
-            bounce: Vec::with_capacity(config.depth),
+            scratch: kit.scratch,
+            bounce,
             next: 0,
             skip_write_wait: false,
-        };
-        for k in 0..config.depth {
-            let bounce = Bounce {
-                host: engine.alloc_pinned(chunk)?,
-                scratch: DevicePtr::new(scratch).add(k * chunk),
-                free: engine.event()?,
-                held: false,
-            };
-            stager.bounce.push(bounce);
+            pool,
+            slot_bytes: kit.chunk,
+            clean: false,
+        })
+    }
+
+    /// The resources, as a kit again.
+    fn kit(&self) -> Kit {
+        Kit {
+            inbound: self.inbound,
+            outbound: self.outbound,
+            wrote: self.wrote,
+            read: self.read,
+            scratch: self.scratch,
+            bounce: self.bounce.iter().map(|b| (b.host, b.free)).collect(),
+            chunk: self.slot_bytes,
         }
-        Ok(stager)
     }
 
     /// Bounce buffers not handed out.
@@ -1128,24 +1426,23 @@ impl<'e> Stager<'e> {
         for b in &self.bounce {
             self.engine.host_wait(b.free, self.timeout)?;
         }
+        // Everything enqueued has run: nothing is held by a stream (a
+        // chunk still handed out would be the caller's bug: not reused).
+        self.clean = self.bounce.iter().all(|b| !b.held);
         Ok(())
     }
 }
 
 impl Drop for Stager<'_> {
     fn drop(&mut self) {
-        // Whatever is still queued finishes before anything is freed (a
-        // failed call gets here without `finish`); freeing a stream waits
-        // for its queue.
-        self.engine.free_stream(self.inbound);
-        self.engine.free_stream(self.outbound);
-        for b in &self.bounce {
-            self.engine.free_pinned(b.host);
-            self.engine.free_event(b.free);
+        let kit = self.kit();
+        match self.pool {
+            Some(pool) if self.clean => pool.give_back(kit),
+            // Whatever is still queued finishes before anything is freed
+            // (a failed call gets here without `finish`); freeing a
+            // stream waits for its queue.
+            _ => kit.free(self.engine),
         }
-        self.engine.free_event(self.wrote);
-        self.engine.free_event(self.read);
-        self.engine.free_device(self.scratch);
     }
 }
 

@@ -210,3 +210,42 @@ fn the_harness_runs_on_the_stand_in() {
         );
     }
 }
+
+/// A stream held at a gate runs nothing behind it until the host raises
+/// the gate to the value waited for (a lower value does not release it);
+/// numbers compare cyclically, across the wrap of 32 bits.
+fn gate_holds_a_stream(e: &dyn Engine) {
+    let stream = e.stream().unwrap();
+    let gate = e.gate().unwrap();
+    let pinned = e.alloc_pinned(4).unwrap();
+    let dev = DevicePtr::new(e.alloc_device(4).unwrap());
+    let done = e.event().unwrap();
+    let limit = Duration::from_secs(30);
+    // From 0 in steps below 2^31 (a gate's numbers grow by one a call),
+    // across the wrap of 32 bits.
+    for value in [1u32, 1 << 30, 1 << 31, 3 << 30, u32::MAX, 2] {
+        e.with_pinned(pinned, &mut |m| m.copy_from_slice(&value.to_le_bytes()))
+            .unwrap();
+        e.stream_wait_gate(stream, gate, value, limit).unwrap();
+        e.h2d(stream, dev, pinned, 0, 4).unwrap();
+        e.record(done, stream).unwrap();
+        // Below the value: still held.
+        e.raise_gate(gate, value.wrapping_sub(1));
+        let early = e.host_wait(done, Duration::from_millis(100));
+        assert!(early.is_err(), "the stream passed a gate below {value}");
+        e.raise_gate(gate, value);
+        e.host_wait(done, limit).unwrap();
+    }
+    e.free_event(done);
+    e.free_device(dev.buf);
+    e.free_pinned(pinned);
+    e.free_stream(stream);
+}
+
+#[test]
+fn gates_hold_streams_until_raised() {
+    gate_holds_a_stream(&HostEngine::with_delays(Duration::from_micros(300), 3));
+    if let Some(gpu) = engine() {
+        gate_holds_a_stream(&gpu);
+    }
+}

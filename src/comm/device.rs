@@ -1,24 +1,26 @@
-//! Collectives on device buffers through the communicator: the call takes
-//! its place in the order like any other, waits for the earlier work of
-//! the caller's stream, and runs its schedule through the staged executor
-//! (`exec::staged`), which returns once every copy and kernel has finished.
-//! So later work on the caller's stream sees the result; the call blocks
-//! the calling thread meanwhile (enqueue-and-return is the next step:
-//! docs/staging.md).
+//! Collectives on device buffers through the communicator, with NCCL's
+//! stream semantics: a call takes its place in the order like any other
+//! and returns at once; the caller's stream waits at the communicator's
+//! gate for the call (`Engine::stream_wait_gate`), so later work on it
+//! sees the result, and the progress thread carries the call out: it waits
+//! for the stream's earlier work (an event recorded at the call), runs the
+//! schedule through the staged executor (`exec::staged`), which returns
+//! once every copy and kernel has finished, then raises the gate. The gate
+//! is raised however the call ends (an error, a failed communicator, a job
+//! dropped unrun), so a stream never waits on a call that will not come.
 //!
-//! Crate-internal for now: the public entry points (cudarc slices and a
-//! stream, and a raw-pointer one) are built on this.
+//! The public entry points (`crate::cuda`: cudarc slices and a stream, and
+//! raw pointers) are built on `device_collective`; the tests drive it with
+//! the host stand-in of a GPU.
 
-// Reached from the tests until the public entry points call it.
-#![cfg_attr(not(test), allow(dead_code))]
-
-use super::Communicator;
+use super::order::Job;
+use super::{lock, Communicator, Inner};
 use crate::coll::{self, CollCall};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::{AvgFinish, DeviceBuffers, DeviceIo, Io};
+use crate::exec::{AvgFinish, Call, DeviceBuffers, DeviceIo, Io};
 use crate::plan::Memory;
-use ferroccl_cuda::staging::{DevicePtr, Engine, Stream};
+use ferroccl_cuda::staging::{DeviceBuf, DevicePtr, Engine, Event, Gate, StagePool, Stream};
 use std::sync::Arc;
 
 /// Where a device call's buffers are, and what moves them.
@@ -36,13 +38,128 @@ pub(crate) struct OnDevice {
     pub(crate) recv: DevicePtr,
 }
 
+/// A communicator's gate on one engine: the callers' streams wait there
+/// for the calls' numbers, which count the device calls on that engine.
+pub(super) struct DeviceGate {
+    engine: Arc<dyn Engine>,
+    gate: Gate,
+    /// Staging resources kept between this communicator's calls there.
+    pool: Arc<StagePool>,
+    /// The number of the last call issued on this engine.
+    issued: u32,
+}
+
+/// A host wait for a device call: `wait()` blocks until the progress
+/// thread has carried the call out (the caller's stream needs no host
+/// wait: its later work already waits for the call).
+pub struct DeviceWork {
+    result: crossbeam_channel::Receiver<Result<()>>,
+    during: String,
+}
+
+impl std::fmt::Debug for DeviceWork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceWork")
+            .field("during", &self.during)
+            .finish()
+    }
+}
+
+impl DeviceWork {
+    /// Wait for the call to end and return how it ended. Bounded: every
+    /// wait inside the call is bounded by the communicator's timeout.
+    /// Dropping a `DeviceWork` instead is fine: a failure also reaches
+    /// [`Communicator::async_error`] and every later call.
+    pub fn wait(self) -> Result<()> {
+        self.result.recv().unwrap_or_else(|_| {
+            Err(Error::Aborted(Some(format!(
+                "{}: the progress thread ended before the call finished",
+                self.during
+            ))))
+        })
+    }
+
+    /// Whether the call has ended (`wait` would not block).
+    pub fn is_complete(&self) -> bool {
+        !self.result.is_empty()
+    }
+}
+
+/// What a device call holds until it ends: its scratch, the event of the
+/// caller's earlier work, and its place at the gate, raised when this is
+/// dropped (the call ended, or its job was dropped unrun).
+struct Held {
+    engine: Arc<dyn Engine>,
+    scratch: Vec<DeviceBuf>,
+    ready: Option<Event>,
+    gate: Option<(Gate, u32)>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // Every copy and kernel of the call has finished (the staged run
+        // waits for them, also when it fails) or never started.
+        for s in self.scratch.drain(..) {
+            self.engine.free_device(s);
+        }
+        if let Some(e) = self.ready.take() {
+            self.engine.free_event(e);
+        }
+        if let Some((gate, value)) = self.gate.take() {
+            self.engine.raise_gate(gate, value);
+        }
+    }
+}
+
+impl Inner {
+    /// Make this communicator's gate on `engine` at its first call there;
+    /// its staging pool.
+    fn open_gate(&self, engine: &Arc<dyn Engine>) -> Result<Arc<StagePool>> {
+        let mut gates = lock(&self.gates);
+        if let Some(g) = gates.iter().find(|g| Arc::ptr_eq(&g.engine, engine)) {
+            return Ok(g.pool.clone());
+        }
+        let gate = engine
+            .gate()
+            .map_err(|e| Error::Io(format!("device gate: {e}")))?;
+        let pool = Arc::new(StagePool::new(engine.clone()));
+        gates.push(DeviceGate {
+            engine: engine.clone(),
+            gate,
+            pool: pool.clone(),
+            issued: 0,
+        });
+        Ok(pool)
+    }
+
+    /// The gate on `engine` and the number of the next call there; called
+    /// under the issue lock, so numbers follow the order calls are carried
+    /// out in.
+    fn next_gate(&self, engine: &Arc<dyn Engine>) -> Option<(Gate, u32)> {
+        let mut gates = lock(&self.gates);
+        let g = gates.iter_mut().find(|g| Arc::ptr_eq(&g.engine, engine))?;
+        g.issued = g.issued.wrapping_add(1);
+        Some((g.gate, g.issued))
+    }
+
+    /// Raise every gate to its last call (tear-down: no stream may wait
+    /// for a call that will not run).
+    pub(super) fn raise_gates(&self) {
+        for g in lock(&self.gates).iter() {
+            g.engine.raise_gate(g.gate, g.issued);
+        }
+    }
+}
+
 impl Communicator {
-    /// Run `call` on the device buffers of `on` (see the module docs).
+    /// Enqueue `call` on the device buffers of `on` (see the module docs):
+    /// returns once the call is issued and the caller's stream waits for
+    /// it. A bad argument is refused before anything is enqueued.
     pub(crate) fn device_collective<T: Element>(
         &self,
         call: &CollCall,
         on: &OnDevice,
-    ) -> Result<()> {
+    ) -> Result<DeviceWork> {
         let call = CollCall {
             memory: Memory::Device {
                 ordinal: on.ordinal,
@@ -51,12 +168,23 @@ impl Communicator {
         };
         let plan = self.plan::<T>(&call)?;
         let elem = std::mem::size_of::<T>();
+        let engine = on.engine.clone();
         let device_err = |e| Error::Io(format!("{} on device memory: {e}", call.kind.name()));
+        let mut held = Held {
+            engine: engine.clone(),
+            scratch: Vec::new(),
+            ready: None,
+            gate: None,
+        };
         // A schedule that keeps partial results in an output the caller did
         // not give (a tree reduce's inner ranks) gets device scratch.
         let scratch = match plan.scratch_output {
             0 => None,
-            n => Some(on.engine.alloc_device(n * elem).map_err(device_err)?),
+            n => {
+                let s = engine.alloc_device(n * elem).map_err(device_err)?;
+                held.scratch.push(s);
+                Some(s)
+            }
         };
         // A schedule that reads its input after writing its output at the
         // same place runs in place from a copy of the input (as on the
@@ -68,14 +196,11 @@ impl Communicator {
             && plan.output_base == 0
         {
             let bytes = call.send_len * elem;
-            let made = on.engine.alloc_device(bytes).map_err(device_err)?;
-            if let Err(e) = on
-                .engine
+            let made = engine.alloc_device(bytes).map_err(device_err)?;
+            held.scratch.push(made);
+            engine
                 .d2d(on.stream, DevicePtr::new(made), on.send, bytes)
-            {
-                on.engine.free_device(made);
-                return Err(device_err(e));
-            }
+                .map_err(device_err)?;
             Some(made)
         } else {
             None
@@ -108,19 +233,55 @@ impl Communicator {
                 range: range.start.saturating_sub(base)..range.end.saturating_sub(base),
                 ranks: self.size(),
             });
-        let io = Io::<T>::Device(DeviceIo {
+        let pool = self.inner.open_gate(&engine)?;
+        // The caller's work so far (and the input copy above), which the
+        // progress thread waits for before the call's first copy.
+        let ready = engine.event().map_err(device_err)?;
+        held.ready = Some(ready);
+        engine.record(ready, on.stream).map_err(device_err)?;
+        let io = DeviceIo {
             ordinal: on.ordinal,
             bufs,
-            engine: on.engine.clone(),
-            stream: on.stream,
+            pool,
+            ready,
             avg,
-        });
-        let result = self.run_blocking(self.spec::<T>(&call), &plan, io);
-        // The staged run has waited for all its work: nothing uses these.
-        for s in scratch.into_iter().chain(copy) {
-            on.engine.free_device(s);
-        }
-        result
+        };
+        // Issue: the job is queued under the issue lock, where the call
+        // also gets its number at the gate.
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let inner = self.inner.clone();
+        let mut during = String::new();
+        let mut gated = None;
+        let queued = |ticket: u64, c: &Call| -> Job {
+            during = c.during();
+            gated = inner.next_gate(&engine);
+            held.gate = gated;
+            let c = c.clone();
+            let inner = inner.clone();
+            Box::new(move || {
+                let held = held;
+                inner.wait_turn(ticket);
+                let result = inner.execute(&plan, Io::<T>::Device(io), &c);
+                inner.end_turn();
+                drop(held);
+                let _ = tx.send(result);
+            })
+        };
+        self.inner
+            .issue(&self.spec::<T>(&call), Some(Box::new(queued)))?;
+        let (gate, value) = gated.ok_or_else(|| Error::Io(format!("{during}: no device gate")))?;
+        // After the issue: the job may already have raised the gate past
+        // this number, and then the wait passes at once. Bounded for
+        // engines that wait on the host: every call before this one is.
+        let limit = self.inner.config.timeout.saturating_mul(4);
+        engine
+            .stream_wait_gate(on.stream, gate, value, limit)
+            .map_err(|e| {
+                Error::Io(format!(
+                    "{during}: the call was issued, but the stream could not be made to wait                      for it: {e}"
+                ))
+            })?;
+        Ok(DeviceWork { result: rx, during })
     }
 }
 
@@ -256,7 +417,8 @@ mod tests {
                         send,
                         recv,
                     };
-                    comm.device_collective::<T>(&call, &on)
+                    let work = comm
+                        .device_collective::<T>(&call, &on)
                         .unwrap_or_else(|err| panic!("{kind:?} {op} in place {in_place}: {err}"));
                     // In place, a reduce-scatter leaves this rank's block
                     // where it lay in the input.
@@ -266,6 +428,8 @@ mod tests {
                         (true, _) => send,
                     };
                     let got = elems::<T>(&read_after(&e, stream, out_at, recv_len * elem));
+                    work.wait()
+                        .unwrap_or_else(|err| panic!("{kind:?} {op} in place {in_place}: {err}"));
                     let sum = |i: usize| (0..size).map(|r| value(r, i)).sum::<f64>();
                     let want: Option<Vec<f64>> = match kind {
                         CollKind::AllReduce => Some((0..block).map(sum).collect()),
@@ -309,6 +473,121 @@ mod tests {
             run::<f32>(n);
             run::<half::bf16>(n);
             run::<i32>(n);
+        }
+    }
+
+    /// A device call returns while the caller's stream is still held by
+    /// earlier work, and is carried out only after that work: the stream
+    /// is held at a gate of the test's own until the call has returned on
+    /// every rank, then let go; the result is right and later work on the
+    /// stream sees it. Two calls in a row on the same stream both wait.
+    #[test]
+    fn device_calls_return_before_the_stream_gets_to_them() {
+        run_ranks_with(3, config, |comm| {
+            let (rank, size) = (comm.rank(), comm.size());
+            let e = Arc::new(HostEngine::with_delays(
+                Duration::from_micros(100),
+                7 + rank as u64,
+            ));
+            let stream = e.stream().unwrap();
+            let n = 1000;
+            let buf = DevicePtr::new(e.alloc_device(n * 4).unwrap());
+            let input: Vec<f32> = (0..n).map(|i| value(rank, i) as f32).collect();
+            let hold = e.gate().unwrap();
+            e.stream_wait_gate(stream, hold, 1, Duration::from_secs(30))
+                .unwrap();
+            enqueue_write(&e, stream, buf, &bytes_of(&input));
+            let engine: Arc<dyn Engine> = e.clone();
+            let on = OnDevice {
+                ordinal: 0,
+                engine,
+                stream,
+                send: buf,
+                recv: buf,
+            };
+            let sum = CollCall {
+                op: Some(ReduceOp::Sum),
+                in_place: true,
+                ..CollCall::new(CollKind::AllReduce, n, n, n)
+            };
+            let max = CollCall {
+                op: Some(ReduceOp::Max),
+                ..sum
+            };
+            let first = comm.device_collective::<f32>(&sum, &on).unwrap();
+            let second = comm.device_collective::<f32>(&max, &on).unwrap();
+            // Returned with the stream held: neither call can have run.
+            assert!(!first.is_complete() && !second.is_complete());
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(
+                !first.is_complete(),
+                "the call ran before the stream's earlier work"
+            );
+            e.raise_gate(hold, 1);
+            let got = elems::<f32>(&read_after(&e, stream, buf, n * 4));
+            first.wait().unwrap();
+            second.wait().unwrap();
+            let made = e.pinned_allocations();
+            // Max over ranks of the same sum is the sum.
+            for (i, g) in got.iter().enumerate() {
+                let want: f64 = (0..size).map(|r| value(r, i)).sum();
+                assert_eq!(*g, want, "rank {rank} element {i}");
+            }
+            // Later calls of the same size reuse the communicator's
+            // staging resources: no pinned allocation after the first.
+            for _ in 0..8 {
+                comm.device_collective::<f32>(&max, &on)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+            }
+            assert_eq!(e.pinned_allocations(), made, "pinned buffers not reused");
+        });
+    }
+
+    /// A call that fails still lets the caller's stream go (the gate is
+    /// raised however the call ends), within the timeout, and its
+    /// `DeviceWork` names the rank that never called.
+    #[test]
+    fn a_failed_device_call_lets_the_stream_go() {
+        let results = run_ranks_with(
+            2,
+            |c| {
+                c.transport = Some("mem".into());
+                c.timeout = Duration::from_secs(2);
+            },
+            |comm| {
+                if comm.rank() == 1 {
+                    // Never calls; stays until rank 0 has timed out.
+                    std::thread::sleep(Duration::from_secs(4));
+                    return None;
+                }
+                let e = Arc::new(HostEngine::new());
+                let stream = e.stream().unwrap();
+                let buf = DevicePtr::new(e.alloc_device(64).unwrap());
+                let engine: Arc<dyn Engine> = e.clone();
+                let on = OnDevice {
+                    ordinal: 0,
+                    engine,
+                    stream,
+                    send: buf,
+                    recv: buf,
+                };
+                let call = CollCall {
+                    op: Some(ReduceOp::Sum),
+                    in_place: true,
+                    ..CollCall::new(CollKind::AllReduce, 16, 16, 16)
+                };
+                let work = comm.device_collective::<f32>(&call, &on).unwrap();
+                // The stream's later work runs (read_after waits at most
+                // 30 s; the call gives up after 2).
+                read_after(&e, stream, buf, 64);
+                Some(work.wait())
+            },
+        );
+        match &results[0] {
+            Some(Err(err)) => assert_eq!(err.failed_rank(), Some(1), "{err}"),
+            other => panic!("rank 0: {other:?}"),
         }
     }
 }

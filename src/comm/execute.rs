@@ -257,7 +257,7 @@ impl Inner {
     }
 
     /// Run a call on device buffers: after the caller's stream's earlier
-    /// work, its schedule through slots by the staged executor, which
+    /// work (the event recorded at the call), its schedule through slots by the staged executor, which
     /// returns once every copy and kernel has finished (so later work on
     /// the caller's stream sees the result).
     fn execute_staged<T: Element>(
@@ -266,21 +266,14 @@ impl Inner {
         device: exec::DeviceIo,
         call: &Call,
     ) -> Result<()> {
-        let engine = &*device.engine;
-        let before = (|| {
-            let ready = engine.event()?;
-            let waited = engine
-                .record(ready, device.stream)
-                .and_then(|()| engine.host_wait(ready, call.timeout));
-            engine.free_event(ready);
-            waited
-        })();
+        let engine = &**device.pool.engine();
+        let before = engine.host_wait(device.ready, call.timeout);
         before.map_err(|e| exec::staged_error(call, e))?;
         let mut links = lock(&self.links);
         exec::run_staged::<T>(
             &mut links,
             &plan.schedule,
-            engine,
+            exec::Resources::Pooled(&device.pool),
             device.bufs,
             call,
             device.avg,

@@ -16,13 +16,14 @@
 //!
 //! It never touches sockets or shared memory itself.
 
-mod device;
+pub(crate) mod device;
 mod execute;
 mod failure;
 mod order;
 mod setup;
 mod shared;
 
+pub use device::DeviceWork;
 pub(crate) use setup::Rendezvous;
 
 use crate::bootstrap::MismatchReport;
@@ -108,6 +109,9 @@ struct Inner {
     /// `Communicator::plan`.
     /// A few entries scanned in order: cheaper than hashing the key.
     plans: Mutex<Vec<(PlanKey, Arc<Plan>)>>,
+    /// This communicator's gates, one per device engine it has run calls
+    /// on (`device`).
+    gates: Mutex<Vec<device::DeviceGate>>,
     /// Shared windows and the control pages that go with them.
     windows: Mutex<Windows>,
     /// Collectives that ran directly between windows.

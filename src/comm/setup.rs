@@ -219,6 +219,7 @@ impl Communicator {
             plans: Mutex::new(Vec::new()),
             windows: Mutex::new(Windows::default()),
             direct_calls: AtomicU64::new(0),
+            gates: Mutex::new(Vec::new()),
             shared,
             control: std::sync::OnceLock::new(),
             abort_signal,
@@ -404,6 +405,9 @@ impl Drop for Inner {
                 let _ = handle.join();
             }
         }
+        // Every device call's job has raised its gate; this covers any
+        // that did not run.
+        self.raise_gates();
         // Dropping the halves flushes frames still queued for peers (bounded
         // by the transport) and says goodbye; `close()` would cut them off.
         // The closers are for failure and abort only.

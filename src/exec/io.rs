@@ -62,10 +62,11 @@ pub(crate) struct DeviceIo {
     pub(crate) ordinal: u32,
     /// Where the schedule's input and output start.
     pub(crate) bufs: super::staged::DeviceBuffers,
-    /// The engine of the device.
-    pub(crate) engine: std::sync::Arc<dyn ferroccl_cuda::staging::Engine>,
-    /// The caller's stream.
-    pub(crate) stream: ferroccl_cuda::staging::Stream,
+    /// The device's engine with the communicator's staging resources.
+    pub(crate) pool: std::sync::Arc<ferroccl_cuda::staging::StagePool>,
+    /// Recorded on the caller's stream at the call: its earlier work,
+    /// which the call waits for before its first copy.
+    pub(crate) ready: ferroccl_cuda::staging::Event,
     /// Avg's division, where this rank holds a result.
     pub(crate) avg: Option<super::staged::AvgFinish>,
 }

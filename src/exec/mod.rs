@@ -35,7 +35,7 @@ pub(crate) use io::DeviceIo;
 pub(crate) use io::{HostIo, Io};
 pub(crate) use links::{Connector, Links, MemberWatch, WAIT_SLICE};
 pub(crate) use staged::{
-    device_error as staged_error, run as run_staged, AvgFinish, DeviceBuffers,
+    device_error as staged_error, run as run_staged, AvgFinish, DeviceBuffers, Resources,
 };
 
 use crate::coll::CollKind;

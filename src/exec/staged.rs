@@ -18,7 +18,7 @@ use super::{Call, Links};
 use crate::algo::{Operand, Prim, Schedule, Step, NO_PEER};
 use crate::element::{DataType, Element, ReduceOp};
 use crate::error::{Error, Result};
-use ferroccl_cuda::staging::{DevicePtr, Engine, Outgoing, StageConfig, Stager};
+use ferroccl_cuda::staging::{DevicePtr, Engine, Outgoing, StageConfig, StagePool, Stager};
 use ferroccl_cuda::{CudaError, Op, Ty};
 use ferroccl_transport::{FrameHeader, TransportError};
 use std::collections::VecDeque;
@@ -101,13 +101,24 @@ fn sends_local(step: &Step) -> bool {
     matches!(step.prim, Prim::Send | Prim::CopySend) && step.len > 0
 }
 
+/// Where a call's staging resources come from: made for the call and freed
+/// after it, or kept between calls in a pool (the communicator's).
+#[derive(Clone, Copy)]
+pub(crate) enum Resources<'e> {
+    // The executor's own tests stage without a communicator's pool.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Fresh(&'e dyn Engine),
+    Pooled(&'e StagePool),
+}
+
 /// Run `schedule` on device buffers `bufs` over `links`, staging through
-/// `engine`; with `avg`, finish Avg on the device. Returns once every copy
-/// and kernel has finished (the results are in device memory).
+/// `engine`'s resources; with `avg`, finish Avg on the device. Returns
+/// once every copy and kernel has finished (the results are in device
+/// memory).
 pub(crate) fn run<T: Element>(
     links: &mut Links,
     schedule: &Schedule,
-    engine: &dyn Engine,
+    engine: Resources<'_>,
     bufs: DeviceBuffers,
     call: &Call,
     avg: Option<AvgFinish>,
@@ -118,7 +129,7 @@ pub(crate) fn run<T: Element>(
 /// The walk of `schedule` over a stager sized for its largest step.
 fn walk<'e, T: Element>(
     schedule: &Schedule,
-    engine: &'e dyn Engine,
+    engine: Resources<'e>,
     bufs: DeviceBuffers,
     call: &Call,
 ) -> Result<Walk<'e>> {
@@ -129,8 +140,12 @@ fn walk<'e, T: Element>(
         depth: DEPTH,
         timeout: call.timeout,
     };
-    let stager = Stager::new(engine, ty(T::DTYPE), op(call.op.combining()), config)
-        .map_err(|e| device_error(call, e))?;
+    let (ty, op) = (ty(T::DTYPE), op(call.op.combining()));
+    let stager = match engine {
+        Resources::Fresh(engine) => Stager::new(engine, ty, op, config),
+        Resources::Pooled(pool) => Stager::new_in(pool, ty, op, config),
+    }
+    .map_err(|e| device_error(call, e))?;
     Ok(Walk {
         stager,
         bufs,
@@ -150,7 +165,7 @@ fn run_without_write_wait<T: Element>(
     bufs: DeviceBuffers,
     call: &Call,
 ) -> Result<()> {
-    let mut walk = walk::<T>(schedule, engine, bufs, call)?;
+    let mut walk = walk::<T>(schedule, Resources::Fresh(engine), bufs, call)?;
     walk.stager.drop_write_wait_for_test();
     walk.run(links, schedule, call, None)
 }
@@ -483,7 +498,14 @@ mod tests {
             if drop_wait {
                 run_without_write_wait::<T>(links, &plan.schedule, engine, bufs, exec_call)?;
             } else {
-                run::<T>(links, &plan.schedule, engine, bufs, exec_call, avg)?;
+                run::<T>(
+                    links,
+                    &plan.schedule,
+                    Resources::Fresh(engine),
+                    bufs,
+                    exec_call,
+                    avg,
+                )?;
             }
             let bytes = engine
                 .read_device(out_ptr, call.recv_len * elem)

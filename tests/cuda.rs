@@ -1,0 +1,273 @@
+//! Device collectives through the public API (cudarc slices and streams)
+//! on a real GPU: thread ranks sharing one device, one context, a stream
+//! each. Without a device each test prints why and passes, unless
+//! `FERROCCL_REQUIRE_DEVICE=1` (the GPU run, `cuda/gpu/run.sh`), where a
+//! missing device fails it. Two processes on one GPU are covered by
+//! `ferroccl-perf --device cuda -c 1` in the same run.
+
+use ferroccl::cuda::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
+use ferroccl::testing::run_ranks_with;
+use ferroccl::{DataType, Element, ReduceOp};
+use ferroccl_cuda::engine::CudaEngine;
+use ferroccl_cuda::staging::{self, DeviceBuf, Engine, Stream};
+use half::{bf16, f16};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Device 0's primary context, or `None` (with the reason printed) where
+/// there is no device and none is required.
+fn device() -> Option<Arc<CudaContext>> {
+    let required = std::env::var("FERROCCL_REQUIRE_DEVICE").as_deref() == Ok("1");
+    match ferroccl::cuda::device_count() {
+        Ok(n) if n > 0 => Some(CudaContext::new(0).expect("device 0's primary context")),
+        other => {
+            assert!(!required, "FERROCCL_REQUIRE_DEVICE=1 but: {other:?}");
+            eprintln!("skipped: no CUDA device ({other:?})");
+            None
+        }
+    }
+}
+
+fn config(c: &mut ferroccl::Config) {
+    c.transport = Some("mem".into());
+    c.timeout = Duration::from_secs(60);
+}
+
+/// Inputs: small integers 1..=3, exact in every type; sums, products
+/// (at most 3^4) and averages of up to 4 ranks stay in range of i8.
+fn value(rank: usize, i: usize) -> f64 {
+    (1 + (rank * 7 + i * 3) % 3) as f64
+}
+
+/// What no result is: written into every output before every call.
+const POISON: f64 = 99.0;
+
+fn combine(op: ReduceOp, vals: impl Iterator<Item = f64>, ranks: usize, int: bool) -> f64 {
+    let vals: Vec<f64> = vals.collect();
+    match op {
+        ReduceOp::Sum => vals.iter().sum(),
+        ReduceOp::Prod => vals.iter().product(),
+        ReduceOp::Min => vals.iter().cloned().fold(f64::INFINITY, f64::min),
+        ReduceOp::Max => vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+        ReduceOp::Avg => {
+            let avg = vals.iter().sum::<f64>() / ranks as f64;
+            if int {
+                avg.trunc()
+            } else {
+                avg
+            }
+        }
+    }
+}
+
+fn tolerance(dtype: DataType) -> f64 {
+    match dtype {
+        DataType::F16 | DataType::Bf16 => 1e-2,
+        DataType::F32 => 1e-6,
+        DataType::F64 => 1e-12,
+        _ => 0.0,
+    }
+}
+
+fn upload<T: Element + DeviceRepr>(stream: &Arc<CudaStream>, v: &[f64]) -> CudaSlice<T> {
+    let host: Vec<T> = v.iter().map(|&x| T::from_f64(x)).collect();
+    stream.clone_htod(&host).expect("copy to the device")
+}
+
+fn download<T: Element + DeviceRepr>(stream: &Arc<CudaStream>, d: &CudaSlice<T>) -> Vec<f64> {
+    let host: Vec<T> = stream.clone_dtoh(d).expect("copy to the host");
+    host.into_iter().map(Element::to_f64).collect()
+}
+
+/// The collectives checked, with whether they reduce.
+const KINDS: [(&str, bool); 5] = [
+    ("all_reduce", true),
+    ("reduce_scatter", true),
+    ("all_gather", false),
+    ("broadcast", false),
+    ("reduce", true),
+];
+
+/// Every collective (in place and out of place) x op on `T`, on this
+/// rank's stream, against the f64 reference; outputs poisoned first.
+fn every_collective<T: Element + DeviceRepr>(
+    comm: &ferroccl::Communicator,
+    ctx: &Arc<CudaContext>,
+) {
+    let (rank, size) = (comm.rank(), comm.size());
+    let stream = ctx.new_stream().expect("a stream");
+    let on = comm.on_stream(&stream);
+    let int = !matches!(
+        T::DTYPE,
+        DataType::F32 | DataType::F64 | DataType::F16 | DataType::Bf16
+    );
+    let block = 1000 + 37; // per rank: odd, past a 16-byte vector
+    let root = size - 1;
+    for (name, reduces) in KINDS {
+        let ops: &[ReduceOp] = if reduces {
+            &ReduceOp::ALL
+        } else {
+            &[ReduceOp::Sum]
+        };
+        for &op in ops {
+            for in_place in [false, true] {
+                let what = format!("{name} {op:?} {} in place {in_place} n={size}", T::DTYPE);
+                let (send_len, recv_len) = match name {
+                    "reduce_scatter" => (block * size, block),
+                    "all_gather" => (block, block * size),
+                    _ => (block, block),
+                };
+                let input: Vec<f64> = (0..send_len).map(|i| value(rank, i)).collect();
+                let red = |i: usize| combine(op, (0..size).map(|r| value(r, i)), size, int);
+                // Expected output (None: not specified on this rank).
+                let want: Vec<Option<f64>> = match name {
+                    "all_reduce" => (0..block).map(|i| Some(red(i))).collect(),
+                    "reduce_scatter" => (0..block).map(|i| Some(red(rank * block + i))).collect(),
+                    "all_gather" => (0..block * size)
+                        .map(|j| Some(value(j / block, j % block)))
+                        .collect(),
+                    "broadcast" => (0..block).map(|i| Some(value(root, i))).collect(),
+                    // Out of place, other ranks' recv is left as it was;
+                    // in place it may serve as scratch.
+                    _ if rank == root => (0..block).map(|i| Some(red(i))).collect(),
+                    _ if in_place => vec![None; block],
+                    _ => vec![Some(POISON); block],
+                };
+                let got = if in_place {
+                    // The whole buffer, this rank's input where the
+                    // collective reads it, poison elsewhere.
+                    let n = send_len.max(recv_len);
+                    let mut host = vec![POISON; n];
+                    let at = if name == "all_gather" {
+                        rank * block
+                    } else {
+                        0
+                    };
+                    host[at..at + send_len].copy_from_slice(&input);
+                    let mut buf = upload::<T>(&stream, &host);
+                    let work = match name {
+                        "all_reduce" => on.all_reduce_in_place(&mut buf, op),
+                        "reduce_scatter" => on.reduce_scatter_in_place(&mut buf, op),
+                        "all_gather" => on.all_gather_in_place(&mut buf),
+                        "broadcast" => on.broadcast(&mut buf, root),
+                        _ => on.reduce_in_place(&mut buf, op, root),
+                    }
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let all = download(&stream, &buf);
+                    work.wait().unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let at = if name == "reduce_scatter" {
+                        rank * block
+                    } else {
+                        0
+                    };
+                    all[at..at + recv_len].to_vec()
+                } else {
+                    let send = upload::<T>(&stream, &input);
+                    let mut recv = upload::<T>(&stream, &vec![POISON; recv_len]);
+                    let work = match name {
+                        "all_reduce" => on.all_reduce(&send, &mut recv, op),
+                        "reduce_scatter" => on.reduce_scatter(&send, &mut recv, op),
+                        "all_gather" => on.all_gather(&send, &mut recv),
+                        "broadcast" => {
+                            // In place only; out of place is the raw entry's.
+                            let mut buf = upload::<T>(&stream, &input);
+                            let w = on.broadcast(&mut buf, root);
+                            stream.memcpy_dtod(&buf, &mut recv).expect("copy");
+                            w
+                        }
+                        _ => on.reduce(&send, &mut recv, op, root),
+                    }
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let got = download(&stream, &recv);
+                    work.wait().unwrap_or_else(|e| panic!("{what}: {e}"));
+                    got
+                };
+                let tol = tolerance(T::DTYPE);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    if let Some(w) = w {
+                        assert!(
+                            (g - w).abs() <= w.abs() * tol,
+                            "{what} rank {rank} element {i}: {g} != {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Every collective x Element x op on device memory, for 1, 2 and 4
+/// thread ranks sharing one GPU (one context, a stream each).
+#[test]
+fn every_collective_on_device_memory() {
+    let Some(ctx) = device() else { return };
+    for n in [1, 2, 4] {
+        run_ranks_with(n, config, |comm| {
+            every_collective::<f32>(&comm, &ctx);
+            every_collective::<f64>(&comm, &ctx);
+            every_collective::<f16>(&comm, &ctx);
+            every_collective::<bf16>(&comm, &ctx);
+            every_collective::<i8>(&comm, &ctx);
+            every_collective::<u8>(&comm, &ctx);
+            every_collective::<i32>(&comm, &ctx);
+            every_collective::<u32>(&comm, &ctx);
+            every_collective::<i64>(&comm, &ctx);
+            every_collective::<u64>(&comm, &ctx);
+        });
+    }
+}
+
+/// A call on a stream with pending work sees that work's result (the
+/// input is written by a copy queued behind a large one), and the next
+/// kernel on the stream sees the call's result without a host wait (a
+/// reduction kernel doubling it, enqueued right after the call).
+#[test]
+fn stream_order_on_a_gpu() {
+    let Some(ctx) = device() else { return };
+    run_ranks_with(2, config, |comm| {
+        let (rank, size) = (comm.rank(), comm.size());
+        let stream = ctx.new_stream().expect("a stream");
+        let n = 1 << 20;
+        let input: Vec<f64> = (0..n).map(|i| value(rank, i)).collect();
+        let staged = upload::<f32>(&stream, &input);
+        // Pending work: a large copy, then the input's copy behind it.
+        let big = 256 << 20;
+        let from = stream.alloc_zeros::<u8>(big).expect("memory");
+        let mut to = stream.alloc_zeros::<u8>(big).expect("memory");
+        let mut buf = upload::<f32>(&stream, &vec![POISON; n]);
+        stream.synchronize().expect("sync");
+        stream.memcpy_dtod(&from, &mut to).expect("copy");
+        stream.memcpy_dtod(&staged, &mut buf).expect("copy");
+        let work = comm
+            .on_stream(&stream)
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .expect("all_reduce");
+        // The next kernel on the stream: doubled = buf + buf.
+        let engine = CudaEngine::shared(0).expect("engine");
+        let doubled = stream.alloc_zeros::<f32>(n).expect("memory");
+        {
+            use ferroccl::cuda::cudarc::driver::DevicePtr;
+            let (b, _b) = buf.device_ptr(&stream);
+            let (d, _d) = doubled.device_ptr(&stream);
+            let at = |p: u64| staging::DevicePtr::new(DeviceBuf(p));
+            let s = Stream(stream.cu_stream() as u64);
+            engine
+                .reduce(
+                    s,
+                    ferroccl_cuda::Op::Sum,
+                    ferroccl_cuda::Ty::F32,
+                    at(d),
+                    at(b),
+                    at(b),
+                    n,
+                )
+                .expect("kernel");
+        }
+        let got = download(&stream, &doubled);
+        work.wait().expect("all_reduce");
+        for (i, g) in got.iter().enumerate() {
+            let want = 2.0 * (0..size).map(|r| value(r, i)).sum::<f64>();
+            assert_eq!(*g, want, "rank {rank} element {i}");
+        }
+    });
+}
