@@ -6,5 +6,4 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod coll;
-pub mod cuda_stand_in;
 pub mod options;

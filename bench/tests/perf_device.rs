@@ -5,7 +5,8 @@
 //! `cuda/gpu/run.sh`) its tables must count no wrong element. No timings
 //! are asserted.
 
-use ferroccl_bench::cuda_stand_in::{device_available, Error};
+use ferroccl::cuda::device_count;
+use ferroccl::Error;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -109,19 +110,20 @@ const DEVICE_COLLS: [&str; 5] = [
     "reduce",
 ];
 
-/// Without a device, the reason `device_available` gives; with one, small
+/// Without a device, the reason `device_count` gives; with one, small
 /// checked runs on 1 and 2 ranks count no wrong element.
 /// `FERROCCL_REQUIRE_DEVICE=1` (the GPU run) makes a missing device a
 /// failure instead.
 #[test]
 fn device_runs_are_correct_or_refused_with_the_reason() {
     let require = std::env::var("FERROCCL_REQUIRE_DEVICE").is_ok_and(|v| v == "1");
-    let reason = match device_available() {
+    let reason = match device_count() {
         Ok(devices) => {
             eprintln!("{devices} CUDA device(s): running ferroccl-perf --device cuda");
             None
         }
         Err(Error::NoDevice(reason)) => Some(reason),
+        Err(other) => panic!("device_count: expected a count or NoDevice, got {other}"),
     };
     if let Some(reason) = reason {
         assert!(

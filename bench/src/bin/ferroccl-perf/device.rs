@@ -14,10 +14,9 @@ use cuda::cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cuda::cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
 };
-use cuda::OnStreamExt;
+use ferroccl::cuda::{self, DeviceWork};
 use ferroccl::{Communicator, Element, ReduceOp};
 use ferroccl_bench::coll::Coll;
-use ferroccl_bench::cuda_stand_in as cuda;
 use ferroccl_bench::options::Options;
 use std::sync::Arc;
 
@@ -26,8 +25,9 @@ const PINNED_COPIES: usize = 5;
 
 /// The number of CUDA devices, or why none can be used.
 pub(super) fn available() -> Result<usize, String> {
-    cuda::device_available().map_err(|e| match e {
-        cuda::Error::NoDevice(reason) => reason,
+    cuda::device_count().map_err(|e| match e {
+        ferroccl::Error::NoDevice(reason) => reason,
+        other => other.to_string(),
     })
 }
 
@@ -218,7 +218,7 @@ pub(super) fn bench_type<T: Element + DeviceRepr + ValidAsZeroBits>(
         upload(stream, &host.send, &mut dev.send)?;
         upload(stream, &host.recv, &mut dev.recv)?;
         for _ in 0..opts.warmup_iters {
-            call(&on, shape, &mut dev, false)?;
+            let _ = call(&on, shape, &mut dev, false)?;
         }
         let seconds = time_calls(comm, stream, opts.iters, || {
             call(&on, shape, &mut dev, false)
@@ -228,7 +228,7 @@ pub(super) fn bench_type<T: Element + DeviceRepr + ValidAsZeroBits>(
             // mirror still holds the poison) so that what the checked call
             // leaves unwritten shows.
             upload(stream, &host.recv, &mut dev.recv)?;
-            call(&on, shape, &mut dev, false)?;
+            call(&on, shape, &mut dev, false)?.wait()?;
             download(stream, &dev.recv, &mut host.recv)?;
             Some(count_wrong(comm, shape, &host, false)?)
         } else {
@@ -241,7 +241,7 @@ pub(super) fn bench_type<T: Element + DeviceRepr + ValidAsZeroBits>(
         fill(shape, &mut host, true);
         upload(stream, &host.inplace, &mut dev.inplace)?;
         for _ in 0..opts.warmup_iters {
-            call(&on, shape, &mut dev, true)?;
+            let _ = call(&on, shape, &mut dev, true)?;
         }
         let seconds = time_calls(comm, stream, opts.iters, || {
             call(&on, shape, &mut dev, true)
@@ -250,7 +250,7 @@ pub(super) fn bench_type<T: Element + DeviceRepr + ValidAsZeroBits>(
         // again (the mirror still holds them) and check one more call.
         let wrong = if opts.check {
             upload(stream, &host.inplace, &mut dev.inplace)?;
-            call(&on, shape, &mut dev, true)?;
+            call(&on, shape, &mut dev, true)?.wait()?;
             download(stream, &dev.inplace, &mut host.inplace)?;
             Some(count_wrong(comm, shape, &host, true)?)
         } else {
@@ -275,16 +275,22 @@ fn time_calls(
     comm: &Communicator,
     stream: &Arc<CudaStream>,
     iters: usize,
-    mut one: impl FnMut() -> AnyResult<()>,
+    mut one: impl FnMut() -> AnyResult<DeviceWork>,
 ) -> AnyResult<f64> {
     stream.synchronize()?;
     comm.barrier()?;
     let start = timing_event(stream)?;
+    let mut last = None;
     for _ in 0..iters {
-        one()?;
+        last = Some(one()?);
     }
     let end = timing_event(stream)?;
     let ms = start.elapsed_ms(&end)?;
+    // A failed call also fails every later one; the last call's own
+    // error names the call.
+    if let Some(work) = last {
+        work.wait()?;
+    }
     let mut t = [f64::from(ms) / 1e3 / iters as f64];
     comm.all_reduce_in_place(&mut t, ReduceOp::Max)?;
     Ok(t[0])
@@ -296,7 +302,7 @@ fn call<T: Element>(
     s: Shape,
     b: &mut DeviceBuffers<T>,
     in_place: bool,
-) -> AnyResult<()> {
+) -> AnyResult<DeviceWork> {
     let work = if in_place {
         let buf = &mut b.inplace;
         match s.coll {
@@ -318,9 +324,9 @@ fn call<T: Element>(
             Coll::AllToAll | Coll::SendRecv => return Err(no_device_form(s.coll)),
         }
     };
-    // Later work on the stream sees the result; no host wait per call.
-    let _ = work?;
-    Ok(())
+    // Later work on the stream sees the result: the caller waits on the
+    // host only where it must.
+    Ok(work?)
 }
 
 fn no_device_form(coll: Coll) -> Box<dyn std::error::Error> {
