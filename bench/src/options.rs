@@ -1,5 +1,6 @@
 //! The command line of `ferroccl-perf`: nccl-tests' flags, plus `--ranks`
-//! to launch the job itself and `--csv` to keep the rows.
+//! to launch the job itself, `--csv` to keep the rows and `--device` to put
+//! the buffers in GPU memory.
 
 use crate::coll::Coll;
 use ferroccl::{DataType, ReduceOp};
@@ -38,6 +39,12 @@ options:
                             CPU counterpart.
       --ranks N             launch N local ranks of this program
       --csv FILE            also write one CSV row per size to FILE
+      --device host|cuda    where the buffers live (default host). cuda: in
+                            the memory of GPU LOCAL_RANK % GPU count, calls
+                            enqueued on a stream and timed with CUDA events
+                            (nccl-tests' way); the header adds each rank's
+                            GPU and the pinned host copy bandwidth of the
+                            largest size. Not for alltoall, sendrecv or -R 2.
   -h, --help                print this help
 
 The size is the one nccl-tests prints: for allgather and reducescatter the
@@ -72,6 +79,38 @@ pub struct Options {
     pub csv: Option<PathBuf>,
     /// Allocate the buffers as windows (`-R 2`).
     pub windows: bool,
+    /// Where the buffers live.
+    pub device: Device,
+}
+
+/// Where `ferroccl-perf` puts its buffers (`--device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// Host memory; calls run on the caller's thread, timed by the host
+    /// clock.
+    #[default]
+    Host,
+    /// CUDA device memory; calls enqueued on a stream, timed by CUDA events.
+    Cuda,
+}
+
+impl Device {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Host => "host",
+            Device::Cuda => "cuda",
+        }
+    }
+
+    /// Parse a `--device` value (`cpu` and `gpu` are accepted too).
+    pub fn from_name(name: &str) -> Option<Device> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "host" | "cpu" => Some(Device::Host),
+            "cuda" | "gpu" => Some(Device::Cuda),
+            _ => None,
+        }
+    }
 }
 
 impl Default for Options {
@@ -90,6 +129,7 @@ impl Default for Options {
             ranks: None,
             csv: None,
             windows: false,
+            device: Device::Host,
         }
     }
 }
@@ -148,7 +188,7 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
 }
 
 /// Every option but `-h`/`--help`; all of them take a value.
-const OPTIONS_WITH_VALUE: [&str; 25] = [
+const OPTIONS_WITH_VALUE: [&str; 26] = [
     "-b",
     "--minbytes",
     "-e",
@@ -174,6 +214,7 @@ const OPTIONS_WITH_VALUE: [&str; 25] = [
     "--csv",
     "-R",
     "--register",
+    "--device",
 ];
 
 fn parse_number(name: &str, value: &str) -> Result<usize, String> {
@@ -292,6 +333,10 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
                     _ => return Err(format!("{name} takes 0 or 2, not '{value}'")),
                 }
             }
+            "--device" => {
+                o.device = Device::from_name(&value)
+                    .ok_or_else(|| format!("unknown device '{value}' (host or cuda)"))?
+            }
             _ => unreachable!("{name} is in OPTIONS_WITH_VALUE"),
         }
     }
@@ -303,6 +348,21 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
             "--minbytes {} is larger than --maxbytes {}",
             o.min_bytes, o.max_bytes
         ));
+    }
+    if o.device == Device::Cuda {
+        if !o.coll.has_device_form() {
+            return Err(format!(
+                "--device cuda: {} has no device form yet (ferroccl's device API has \
+                 allreduce, reducescatter, allgather, broadcast and reduce); \
+                 use --device host",
+                o.coll
+            ));
+        }
+        if o.windows {
+            return Err("--device cuda: -R 2 windows are host memory; \
+                        use -R 0 with device buffers"
+                .into());
+        }
     }
     Ok(Command::Run(o))
 }
@@ -335,6 +395,46 @@ mod tests {
     }
 
     #[test]
+    fn device_is_host_unless_cuda_is_asked_for() {
+        assert_eq!(options(&[]).device, Device::Host);
+        assert_eq!(options(&["--device", "cuda"]).device, Device::Cuda);
+        assert_eq!(options(&["--device=CUDA"]).device, Device::Cuda);
+        assert_eq!(options(&["--device", "gpu"]).device, Device::Cuda);
+        assert_eq!(options(&["--device", "host"]).device, Device::Host);
+        assert_eq!(options(&["--device=cpu"]).device, Device::Host);
+        for coll in [
+            "allreduce",
+            "reducescatter",
+            "allgather",
+            "broadcast",
+            "reduce",
+        ] {
+            let o = options(&[coll, "--device", "cuda", "-c", "1"]);
+            assert_eq!((o.device, o.coll.name()), (Device::Cuda, coll));
+        }
+        assert_eq!(
+            parse(&["--device", "tpu"]),
+            Err("unknown device 'tpu' (host or cuda)".to_string())
+        );
+        assert!(parse(&["--device"]).is_err());
+    }
+
+    #[test]
+    fn device_cuda_refuses_what_the_device_api_lacks() {
+        for coll in ["alltoall", "sendrecv"] {
+            let err = parse(&["--device", "cuda", "-t", coll]).unwrap_err();
+            assert!(
+                err.starts_with("--device cuda: ") && err.contains(coll),
+                "{err}"
+            );
+            // The same collective on the host is fine.
+            assert_eq!(options(&["-t", coll]).device, Device::Host);
+        }
+        let err = parse(&["-R", "2", "--device", "cuda"]).unwrap_err();
+        assert!(err.contains("-R 2"), "{err}");
+    }
+
+    #[test]
     fn sizes_take_binary_suffixes() {
         assert_eq!(parse_size("8"), Ok(8));
         assert_eq!(parse_size("1K"), Ok(1024));
@@ -363,6 +463,7 @@ mod tests {
         assert!(o.check);
         assert_eq!(o.ranks, None);
         assert_eq!(o.csv, None);
+        assert_eq!(o.device, Device::Host);
         // 1K, 2K, ..., 64M: 17 rows.
         let sizes = o.sizes();
         assert_eq!(sizes.len(), 17);

@@ -16,9 +16,11 @@ out=gpu-run
 tdir=${CARGO_TARGET_DIR:-target}
 rm -rf "$out" && mkdir -p "$out/bin"
 
-# Test binaries: every test target of the crates that have device tests.
+# Test binaries: every test target of the crates that have device tests
+# (ferroccl-bench: perf_device runs `ferroccl-perf --device cuda`, which it
+# finds beside itself in bin/).
 # `--no-run --message-format=json` names each executable cargo built.
-crates=(-p ferroccl-cuda)
+crates=(-p ferroccl-cuda -p ferroccl-bench)
 cargo test --release --no-run "${crates[@]}" --message-format=json 2>/dev/null |
   jq -r 'select(.reason == "compiler-artifact" and .profile.test == true and .executable != null)
          | "\(.target.name) \(.executable)"' |

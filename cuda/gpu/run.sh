@@ -40,6 +40,34 @@ echo
 echo "== kernel benchmark (reduce vs device-to-device copy, bytes read + written)"
 bin/ferroccl-kernel-bench 64 256 1024 2>&1 | tee "$logs/kernel-bench.txt"
 
+# Staged allreduce on one GPU, 2 and 4 ranks, 1 MiB to 1 GiB, checked,
+# with the pinned host copy bandwidth of 1 GiB measured in the same run
+# (issue 15, "Measure"). Few iterations: a 1 GiB call through host memory
+# takes a good fraction of a second, and the whole run must stay short.
+echo
+echo "== ferroccl-perf --device cuda (staged allreduce, f32)"
+perf_rows=()
+for ranks in 2 4; do
+  log="$logs/perf-cuda-allreduce-$ranks.txt"
+  start=$(date +%s)
+  FERROCCL_TIMEOUT=120 timeout 300 bin/ferroccl-perf allreduce --device cuda --ranks "$ranks" \
+    -d float -b 1M -e 1G -f 4 -n 8 -w 2 -c 1 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 0 ]; then status=ok; else status="FAILED ($rc)"; fi
+  # Row of 1 GiB: busbw out of place (column 8) and in place (12).
+  bus=$(awk '$1 == 1073741824 { print $8 " / " $12 }' "$log")
+  # Each rank's `# pinned copy: d2h X GB/s, h2d Y GB/s (N bytes) device D`.
+  pinned=$(awk '/^# pinned copy:/ { printf "%s%s/%s", sep, $5, $8; sep = ", " }' "$log")
+  wrong=$(sed -n 's/^# Out of bounds values : //p' "$log")
+  perf_rows+=("$(printf '| %s | %s | %s | %s | %s | %d s |' "$ranks" "$status" "${bus:-?}" "${pinned:-?}" "${wrong:-?}" $(($(date +%s) - start)))")
+done
+
+echo
+echo "ferroccl-perf --device cuda allreduce f32 (GB/s; pinned copy: each rank's d2h/h2d of 1 GiB, measured in turn)"
+echo "| ranks | result | busbw 1 GiB out/in place | pinned copy d2h/h2d | #wrong | time |"
+echo "|---|---|---|---|---|---|"
+printf '%s\n' "${perf_rows[@]}"
+
 echo
 echo "| test binary | result | time | counts |"
 echo "|---|---|---|---|"

@@ -5,11 +5,16 @@
 //! [`CHILD_ENV`]) join the job from their environment, as they would under
 //! ferroccl-run, torchrun, mpirun or srun. Rank 0 prints the table; the other
 //! ranks print only their errors. See `ferroccl-perf --help`.
+//!
+//! `--device cuda` (in `device.rs`) keeps the buffers in GPU memory; the
+//! table, the inputs and the check are the host mode's, from this file.
+
+mod device;
 
 use ferroccl::reduce::SimdLevel;
 use ferroccl::{Communicator, DataType, Element, ReduceOp};
 use ferroccl_bench::coll::{bandwidth, Coll};
-use ferroccl_bench::options::{parse_args, Command, Options, USAGE};
+use ferroccl_bench::options::{parse_args, Command, Device, Options, USAGE};
 use ferroccl_run::{launch, Bind, LaunchOptions};
 use half::{bf16, f16};
 use std::error::Error;
@@ -23,7 +28,8 @@ const CHILD_ENV: &str = "FERROCCL_PERF_CHILD";
 /// Variables whose presence says that a launcher started this process.
 const LAUNCHER_VARS: [&str; 4] = ["RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID"];
 
-/// Bytes of each rank's description gathered for the header.
+/// Bytes of each rank's description gathered for the header (a line of
+/// text, cut here).
 const INFO_BYTES: usize = 256;
 
 type AnyResult<T> = Result<T, Box<dyn Error>>;
@@ -41,6 +47,19 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if opts.device == Device::Cuda {
+        // Before launching anything: without a device every rank would
+        // fail the same way. Each launched rank asks again (a launcher
+        // other than ours starts them without this check), and only rank
+        // 0 says why, so the reason is printed once.
+        if let Err(reason) = device::available() {
+            let rank_zero = ferroccl::bootstrap::detect_process_env().map_or(true, |i| i.rank == 0);
+            if rank_zero {
+                eprintln!("ferroccl-perf: --device cuda: {reason}");
+            }
+            std::process::exit(2);
+        }
+    }
     if std::env::var_os(CHILD_ENV).is_none() {
         let under_launcher = LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some());
         let ranks = opts.ranks.or(if under_launcher { None } else { Some(1) });
@@ -105,6 +124,18 @@ struct Measure {
     wrong: Option<u64>,
 }
 
+impl Measure {
+    fn new(coll: Coll, ranks: usize, bytes: usize, seconds: f64, wrong: Option<u64>) -> Measure {
+        let (algbw, busbw) = bandwidth(coll, ranks, bytes, seconds);
+        Measure {
+            seconds,
+            algbw,
+            busbw,
+            wrong,
+        }
+    }
+}
+
 /// One row of the table.
 struct Row {
     bytes: usize,
@@ -114,6 +145,27 @@ struct Row {
     root: Option<usize>,
     out_of_place: Measure,
     in_place: Option<Measure>,
+}
+
+impl Row {
+    /// The row of `count` elements of `T`.
+    fn new<T: Element>(
+        opts: &Options,
+        op: Option<ReduceOp>,
+        count: usize,
+        out_of_place: Measure,
+        in_place: Option<Measure>,
+    ) -> Row {
+        Row {
+            bytes: count * std::mem::size_of::<T>(),
+            count,
+            dtype: T::DTYPE,
+            op: if opts.coll.reduces() { op } else { None },
+            root: opts.coll.rooted().then_some(opts.root),
+            out_of_place,
+            in_place,
+        }
+    }
 }
 
 /// Where rows go: the table on rank 0's stdout and the CSV file; and the
@@ -203,10 +255,18 @@ fn run(opts: &Options) -> AnyResult<u64> {
     }
     // Connect every peer the collective will use before anything is timed.
     comm.barrier()?;
-    let infos = gather_infos(&comm)?;
+    let gpu = match opts.device {
+        Device::Host => None,
+        Device::Cuda => Some(device::Gpu::open(&comm, opts)?),
+    };
+    let infos = gather_text(&comm, &rank_info(&comm, gpu.as_ref()))?;
+    let pinned = match &gpu {
+        Some(gpu) => gather_text(&comm, &gpu.pinned_copy())?,
+        None => Vec::new(),
+    };
     let print = rank == 0;
     if print {
-        print_header(opts, &comm, &infos);
+        print_header(opts, &comm, &infos, &pinned);
     }
     let csv = match (&opts.csv, print) {
         (Some(path), true) => {
@@ -239,8 +299,10 @@ fn run(opts: &Options) -> AnyResult<u64> {
         for &op in &ops {
             macro_rules! typed {
                 ($($dt:ident => $t:ty),*) => {
-                    match dtype {
-                        $(DataType::$dt => bench_type::<$t>(&comm, opts, op, &mut report)?,)*
+                    match (dtype, &gpu) {
+                        $((DataType::$dt, None) => bench_type::<$t>(&comm, opts, op, &mut report)?,
+                          (DataType::$dt, Some(gpu)) =>
+                              device::bench_type::<$t>(&comm, gpu, opts, op, &mut report)?,)*
                     }
                 };
             }
@@ -266,8 +328,8 @@ fn run(opts: &Options) -> AnyResult<u64> {
     Ok(report.wrong)
 }
 
-/// Each rank's pid, host and transports, gathered to every rank.
-fn gather_infos(comm: &Communicator) -> AnyResult<Vec<String>> {
+/// This rank's pid, host, GPU (with `--device cuda`) and transports.
+fn rank_info(comm: &Communicator, gpu: Option<&device::Gpu>) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "?".into());
@@ -277,8 +339,10 @@ fn gather_infos(comm: &Communicator) -> AnyResult<Vec<String>> {
         .enumerate()
         .filter_map(|(peer, t)| t.map(|t| format!("{peer}:{t}")))
         .collect();
-    let text = format!(
-        "Rank {:>3} Pid {:>7} on {host} peers {}",
+    // The device before the peers: a long list of peers is what gets cut.
+    let device = gpu.map_or(String::new(), |g| format!(" {}", g.description()));
+    format!(
+        "Rank {:>3} Pid {:>7} on {host}{device} peers {}",
         comm.rank(),
         std::process::id(),
         if transports.is_empty() {
@@ -286,7 +350,11 @@ fn gather_infos(comm: &Communicator) -> AnyResult<Vec<String>> {
         } else {
             transports.join(" ")
         }
-    );
+    )
+}
+
+/// Every rank's `text` (cut to [`INFO_BYTES`]), gathered to every rank.
+fn gather_text(comm: &Communicator, text: &str) -> AnyResult<Vec<String>> {
     let mut mine = [0u8; INFO_BYTES];
     let len = text.len().min(INFO_BYTES);
     mine[..len].copy_from_slice(&text.as_bytes()[..len]);
@@ -301,7 +369,7 @@ fn gather_infos(comm: &Communicator) -> AnyResult<Vec<String>> {
         .collect())
 }
 
-fn print_header(opts: &Options, comm: &Communicator, infos: &[String]) {
+fn print_header(opts: &Options, comm: &Communicator, infos: &[String], pinned: &[String]) {
     let cfg = comm.config();
     println!("# ferroccl-perf: {} on {} ranks", opts.coll, comm.size());
     println!(
@@ -326,10 +394,19 @@ fn print_header(opts: &Options, comm: &Communicator, infos: &[String]) {
     if opts.windows {
         println!("# buffers: windows (-R 2), shared between the ranks where they can be");
     }
+    if opts.device == Device::Cuda {
+        println!("# buffers: CUDA device memory (--device cuda), times from CUDA events");
+    }
     println!("#");
     println!("# Ranks (peer:transport)");
     for info in infos {
         println!("#  {info}");
+    }
+    // Each rank's own copy bandwidth, measured in turn: the ceiling of
+    // staging a device buffer through host memory, which is what the
+    // staged collectives' busbw is judged against.
+    for p in pinned {
+        println!("# pinned copy: {p}");
     }
     println!("#");
     // Rows: 48 columns of size..root, then two groups of 35.
@@ -423,17 +500,18 @@ struct Shape {
     block: usize,
 }
 
-fn bench_type<T: Element>(
-    comm: &Communicator,
-    opts: &Options,
-    op: Option<ReduceOp>,
-    report: &mut Report,
-) -> AnyResult<()> {
-    let elem = std::mem::size_of::<T>();
-    for bytes in opts.sizes() {
+impl Shape {
+    /// The shape of the row of `bytes` in `elem`-byte elements, and the
+    /// element count of the array its size describes.
+    fn of(
+        comm: &Communicator,
+        opts: &Options,
+        op: Option<ReduceOp>,
+        bytes: usize,
+        elem: usize,
+    ) -> (Shape, usize) {
         let ranks = comm.size();
         let block = opts.coll.block_count(bytes, elem, ranks);
-        let total = opts.coll.total_count(block, ranks);
         let shape = Shape {
             coll: opts.coll,
             op: op.unwrap_or(ReduceOp::Sum),
@@ -442,6 +520,20 @@ fn bench_type<T: Element>(
             ranks,
             block,
         };
+        (shape, opts.coll.total_count(block, ranks))
+    }
+}
+
+fn bench_type<T: Element>(
+    comm: &Communicator,
+    opts: &Options,
+    op: Option<ReduceOp>,
+    report: &mut Report,
+) -> AnyResult<()> {
+    let elem = std::mem::size_of::<T>();
+    let ranks = comm.size();
+    for bytes in opts.sizes() {
+        let (shape, total) = Shape::of(comm, opts, op, bytes, elem);
         let (send_len, recv_len, inplace_len) = lengths(shape);
         let w = opts.windows;
         let mut bufs = Buffers::<T> {
@@ -461,13 +553,7 @@ fn bench_type<T: Element>(
         } else {
             None
         };
-        let (algbw, busbw) = bandwidth(opts.coll, ranks, size_bytes, seconds);
-        let out_of_place = Measure {
-            seconds,
-            algbw,
-            busbw,
-            wrong,
-        };
+        let out_of_place = Measure::new(opts.coll, ranks, size_bytes, seconds, wrong);
 
         let in_place = if opts.coll.has_in_place() {
             fill(shape, &mut bufs, true);
@@ -484,25 +570,11 @@ fn bench_type<T: Element>(
             } else {
                 None
             };
-            let (algbw, busbw) = bandwidth(opts.coll, ranks, size_bytes, seconds);
-            Some(Measure {
-                seconds,
-                algbw,
-                busbw,
-                wrong,
-            })
+            Some(Measure::new(opts.coll, ranks, size_bytes, seconds, wrong))
         } else {
             None
         };
-        report.row(&Row {
-            bytes: size_bytes,
-            count: total,
-            dtype: T::DTYPE,
-            op: if opts.coll.reduces() { op } else { None },
-            root: opts.coll.rooted().then_some(opts.root),
-            out_of_place,
-            in_place,
-        })?;
+        report.row(&Row::new::<T>(opts, op, total, out_of_place, in_place))?;
     }
     Ok(())
 }
