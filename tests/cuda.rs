@@ -310,3 +310,59 @@ fn stream_order_on_a_gpu() {
         }
     });
 }
+
+/// The raw entry points (NCCL's arguments) on real device pointers: an
+/// in-place allreduce and a reduce-scatter in NCCL's in-place layout give
+/// the reference; a count past the allocation and a host pointer are
+/// refused before anything is issued (the next call still matches on
+/// every rank).
+#[test]
+fn raw_entry_points_on_a_gpu() {
+    use ferroccl::cuda::cudarc::driver::DevicePtrMut;
+    let Some(ctx) = device() else { return };
+    run_ranks_with(2, config, |comm| {
+        let (rank, size) = (comm.rank(), comm.size());
+        let stream = ctx.new_stream().expect("a stream");
+        let n = 4099;
+        let input: Vec<f64> = (0..n * size).map(|i| value(rank, i)).collect();
+        let mut buf = upload::<f32>(&stream, &input);
+        let cu = stream.cu_stream().cast::<std::ffi::c_void>();
+        let (p, _use) = buf.device_ptr_mut(&stream);
+        let p = p as *mut std::ffi::c_void;
+        // SAFETY: `p` is `n * size` f32 of device memory on device 0 that
+        // lives until after the stream is synchronized below; `cu` is a
+        // stream of device 0's primary context.
+        unsafe {
+            let too_long =
+                comm.all_reduce_raw(p, p, n * size + 1, DataType::F32, ReduceOp::Sum, cu);
+            match too_long {
+                Err(ferroccl::Error::InvalidArgument(why)) => {
+                    assert!(why.contains("past its allocation"), "{why}")
+                }
+                other => panic!("a count past the allocation: {other:?}"),
+            }
+            let host = [0f32; 4];
+            let on_host =
+                comm.all_reduce_raw(host.as_ptr().cast(), p, 4, DataType::F32, ReduceOp::Sum, cu);
+            assert!(
+                matches!(&on_host, Err(ferroccl::Error::InvalidArgument(w)) if w.contains("not CUDA device memory")),
+                "{on_host:?}"
+            );
+            comm.all_reduce_raw(p, p, n * size, DataType::F32, ReduceOp::Sum, cu)
+                .expect("raw allreduce");
+            // NCCL's in-place reduce-scatter: recv is block `rank` of send.
+            let recv = p.cast::<f32>().add(rank * n).cast();
+            comm.reduce_scatter_raw(p, recv, n, DataType::F32, ReduceOp::Max, cu)
+                .expect("raw reduce-scatter");
+        }
+        drop(_use);
+        let got = download(&stream, &buf);
+        stream.synchronize().expect("sync");
+        // Max over ranks of the same sum is the sum.
+        for i in 0..n {
+            let j = rank * n + i;
+            let want: f64 = (0..size).map(|r| value(r, j)).sum();
+            assert_eq!(got[j], want, "rank {rank} element {j}");
+        }
+    });
+}

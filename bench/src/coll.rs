@@ -83,13 +83,6 @@ impl Coll {
         !matches!(self, Coll::AllToAll | Coll::SendRecv)
     }
 
-    /// Whether ferroccl's device API (`Communicator::on_stream`) has this
-    /// collective: all-to-all and send/recv on device buffers are not in it
-    /// yet.
-    pub fn has_device_form(self) -> bool {
-        !matches!(self, Coll::AllToAll | Coll::SendRecv)
-    }
-
     /// The busbw/algbw factor for `ranks` ranks.
     pub fn bus_factor(self, ranks: usize) -> f64 {
         let n = ranks as f64;

@@ -101,13 +101,15 @@ fn hidden_devices_are_refused_with_the_reason() {
     assert_eq!(text(&out.stderr), "", "rank 1 is quiet");
 }
 
-/// Collectives perf runs on a device: all of the device API's.
-const DEVICE_COLLS: [&str; 5] = [
+/// Collectives perf runs on a device: all of them.
+const DEVICE_COLLS: [&str; 7] = [
     "allreduce",
     "reducescatter",
     "allgather",
     "broadcast",
     "reduce",
+    "alltoall",
+    "sendrecv",
 ];
 
 /// Without a device, the reason `device_count` gives; with one, small

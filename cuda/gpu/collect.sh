@@ -21,7 +21,12 @@ rm -rf "$out" && mkdir -p "$out/bin"
 # finds beside itself in bin/).
 # `--no-run --message-format=json` names each executable cargo built.
 crates=(-p ferroccl-cuda -p ferroccl-bench)
-cargo test --release --no-run "${crates[@]}" --message-format=json 2>/dev/null |
+# ferroccl itself: only its device test (tests/cuda.rs); its host tests
+# run in CI.
+{
+  cargo test --release --no-run "${crates[@]}" --message-format=json 2>/dev/null
+  cargo test --release --no-run -p ferroccl --test cuda --message-format=json 2>/dev/null
+} |
   jq -r 'select(.reason == "compiler-artifact" and .profile.test == true and .executable != null)
          | "\(.target.name) \(.executable)"' |
   while read -r name exe; do

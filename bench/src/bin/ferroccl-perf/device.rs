@@ -311,7 +311,9 @@ fn call<T: Element>(
             Coll::AllGather => on.all_gather_in_place(buf),
             Coll::Broadcast => on.broadcast(buf, s.root),
             Coll::Reduce => on.reduce_in_place(buf, s.op, s.root),
-            Coll::AllToAll | Coll::SendRecv => return Err(no_device_form(s.coll)),
+            Coll::AllToAll | Coll::SendRecv => {
+                return Err(format!("{} has no in-place form", s.coll).into())
+            }
         }
     } else {
         match s.coll {
@@ -321,14 +323,24 @@ fn call<T: Element>(
             // Broadcast works in place: the out-of-place column uses `recv`.
             Coll::Broadcast => on.broadcast(&mut b.recv, s.root),
             Coll::Reduce => on.reduce(&b.send, &mut b.recv, s.op, s.root),
-            Coll::AllToAll | Coll::SendRecv => return Err(no_device_form(s.coll)),
+            Coll::AllToAll => on.all_to_all(&b.send, &mut b.recv),
+            // Even ranks send first, odd ranks receive first (as on the
+            // host: calls run one at a time, and a ring of sends would wait
+            // on each other). The second call ends after the first.
+            Coll::SendRecv => {
+                let next = (s.rank + 1) % s.ranks;
+                let prev = (s.rank + s.ranks - 1) % s.ranks;
+                if s.rank.is_multiple_of(2) {
+                    on.send(&b.send, next)?;
+                    on.recv(&mut b.recv, prev)
+                } else {
+                    on.recv(&mut b.recv, prev)?;
+                    on.send(&b.send, next)
+                }
+            }
         }
     };
     // Later work on the stream sees the result: the caller waits on the
     // host only where it must.
     Ok(work?)
-}
-
-fn no_device_form(coll: Coll) -> Box<dyn std::error::Error> {
-    format!("--device cuda: {coll} has no device form").into()
 }
