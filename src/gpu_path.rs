@@ -423,7 +423,7 @@ pub(crate) fn peer_access(me: &GpuIdentity, peer: &GpuIdentity) -> Result<Option
         return Ok(Some(true));
     }
     let from_cuda = crate::cuda::from_cuda;
-    let Some(theirs) = topo::local_ordinal(&peer.pci_bus_id).map_err(from_cuda)? else {
+    let Some(theirs) = topo::local_ordinal(&peer.uuid).map_err(from_cuda)? else {
         return Ok(None);
     };
     let there = topo::can_access_peer(me.ordinal, theirs).map_err(from_cuda)?;

@@ -116,18 +116,18 @@ pub fn can_access_peer(dev: u32, peer: u32) -> Result<bool> {
     Ok(can != 0)
 }
 
-/// The ordinal under which this process sees the device with PCI bus id
-/// `bus_id` (any form [`normalize_pci_bus_id`] accepts), `None` where it
-/// does not see it (`CUDA_VISIBLE_DEVICES`): a peer's ordinal is its own
-/// process's numbering, so [`can_access_peer`] for a peer's GPU takes the
-/// ordinal found here.
-pub fn local_ordinal(bus_id: &str) -> Result<Option<u32>> {
-    let wanted = normalize_pci_bus_id(bus_id).map_err(|why| {
-        CudaError::InvalidArgument(format!("'{bus_id}' is not a PCI bus id: {why}"))
-    })?;
+/// The ordinal under which this process sees the device with UUID
+/// `uuid`, `None` where it does not see it (`CUDA_VISIBLE_DEVICES`): a
+/// peer's ordinal is its own process's numbering, so [`can_access_peer`]
+/// for a peer's GPU takes the ordinal found here. By UUID, not bus id:
+/// the MIG instances of one GPU share its bus id but each has its own
+/// UUID.
+pub fn local_ordinal(uuid: &[u8; 16]) -> Result<Option<u32>> {
     let driver = probe::driver()?;
     for ordinal in 0..driver.devices as u32 {
-        if identity(ordinal)?.pci_bus_id == wanted {
+        let dev = result::device::get(ordinal as c_int).map_err(driver_err("cuDeviceGet"))?;
+        let found = result::device::get_uuid(dev).map_err(driver_err("cuDeviceGetUuid_v2"))?;
+        if found.bytes.map(|b| b as u8) == *uuid {
             return Ok(Some(ordinal));
         }
     }
@@ -258,7 +258,7 @@ mod tests {
                 assert!(matches!(identity(0), Err(CudaError::NoDevice(_))));
                 assert!(matches!(can_access_peer(0, 0), Err(CudaError::NoDevice(_))));
                 assert!(matches!(
-                    local_ordinal("0000:1b:00.0"),
+                    local_ordinal(&[1; 16]),
                     Err(CudaError::NoDevice(_))
                 ));
             }
@@ -272,10 +272,5 @@ mod tests {
             }
             Err(other) => panic!("expected NoDevice, got {other:?}"),
         }
-        // A malformed bus id is refused before the driver is asked.
-        assert!(matches!(
-            local_ordinal("not a bus id"),
-            Err(CudaError::InvalidArgument(_))
-        ));
     }
 }
