@@ -80,6 +80,12 @@ pub struct Config {
     /// off). Probed when the control pages are made; without permission the
     /// calls go through slots.
     pub cma: bool,
+    /// Let ranks of one host whose GPUs can reach each other move device
+    /// data GPU to GPU (cuda-ipc, or device pointers within a process)
+    /// rather than through host memory (FERROCCL_P2P_DISABLE=1, or NCCL's
+    /// NCCL_P2P_DISABLE=1, turns it off). Read here; the paths it governs
+    /// are not built yet (docs/gpu-topology.md).
+    pub p2p: bool,
 }
 
 /// Default of `Config::nt_store_bytes`. On the 2-core build machine a
@@ -122,6 +128,7 @@ impl Config {
             nt_store_bytes: DEFAULT_NT_STORE_BYTES,
             checkin: true,
             cma: true,
+            p2p: true,
         };
         config.from_env_overrides(&|k| std::env::var(k).ok())?;
         Ok(config)
@@ -147,8 +154,9 @@ impl Config {
     /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
     /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_NT_STORE_BYTES,
-    /// FERROCCL_SIMD (checked only) and FERROCCL_ALGO read through `get`; a
-    /// value that does not parse is an error naming it.
+    /// FERROCCL_P2P_DISABLE (else NCCL_P2P_DISABLE), FERROCCL_SIMD (checked
+    /// only) and FERROCCL_ALGO read through `get`; a value that does not
+    /// parse is an error naming it.
     pub fn from_env_overrides(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
         fn parse<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
             value
@@ -211,6 +219,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_CMA") {
             self.cma = parse_flag("FERROCCL_CMA", &v)?;
+        }
+        if let Some(disabled) = crate::gpu_path::p2p_disabled_from_env(get)? {
+            self.p2p = !disabled;
         }
         // The kernels read FERROCCL_SIMD themselves (once per process, for
         // every communicator); here a value they would not know is an error.

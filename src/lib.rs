@@ -25,6 +25,7 @@ mod element;
 mod error;
 mod exec;
 mod fingerprint;
+mod gpu_path;
 mod logging;
 mod plan;
 pub mod reduce;

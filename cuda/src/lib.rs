@@ -24,6 +24,7 @@ pub mod kernels;
 pub mod nvrtc;
 pub mod probe;
 pub mod staging;
+pub mod topo;
 
 /// The cudarc this crate is built on (0.19: driver API and NVRTC, loaded at
 /// run time), for callers whose buffers and streams must be its types.
