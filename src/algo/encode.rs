@@ -702,13 +702,13 @@ fn check_independent(
             }
         }
     }
-    for c in 0..channels.len() {
-        for d in 0..channels.len() {
+    for (c, writes) in written.iter().enumerate() {
+        for (d, touches) in touched.iter().enumerate() {
             if c == d {
                 continue;
             }
             for space in 0..2 {
-                if let Some(r) = written[c][space].overlap(&touched[d][space]) {
+                if let Some(r) = writes[space].overlap(&touches[space]) {
                     return Err(conflict(rank, layout, channels, (c, d), space, r));
                 }
             }
@@ -1245,22 +1245,22 @@ mod tests {
             },
             "no op",
         );
-        let finish = Some(Finish {
+        let finish = Finish {
             offset: 0,
             len: 1,
             divisor: 2,
-        });
+        };
         fails(
             one(send(1)),
             ProgramMeta {
-                finish,
+                finish: Some(finish),
                 ..meta(0, 2)
             },
             "Avg only",
         );
         let zero = Some(Finish {
             divisor: 0,
-            ..finish.unwrap()
+            ..finish
         });
         fails(
             one(send(1)),
