@@ -6,6 +6,7 @@
 //! tests). The executor (`exec`) interprets schedules over connections.
 
 pub mod direct;
+pub mod encode;
 pub mod ring;
 pub mod tree;
 

@@ -16,6 +16,8 @@
 //! - `staged`: a schedule on device buffers over the host transports,
 //!   through pinned bounce buffers (ferroccl-cuda's `Stager`); not yet
 //!   reached by the communicator.
+//! - `program`: the host interpreter of encoded device programs
+//!   (`algo::encode`), which proves the encoding against `interp` (tests).
 
 mod checkin;
 mod direct;
@@ -23,6 +25,8 @@ mod inline;
 mod interp;
 mod io;
 mod links;
+#[cfg(test)]
+mod program;
 mod pull;
 mod staged;
 mod verify;
