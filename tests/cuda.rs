@@ -333,8 +333,9 @@ fn raw_entry_points_on_a_gpu() {
         // lives until after the stream is synchronized below; `cu` is a
         // stream of device 0's primary context.
         unsafe {
-            let too_long =
-                comm.all_reduce_raw(p, p, n * size + 1, DataType::F32, ReduceOp::Sum, cu);
+            // Far past it: the driver may round an allocation up.
+            let past = n * size + (64 << 20);
+            let too_long = comm.all_reduce_raw(p, p, past, DataType::F32, ReduceOp::Sum, cu);
             match too_long {
                 Err(ferroccl::Error::InvalidArgument(why)) => {
                     assert!(why.contains("past its allocation"), "{why}")

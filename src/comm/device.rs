@@ -297,6 +297,7 @@ mod tests {
     fn config(c: &mut crate::Config) {
         c.transport = Some("mem".into());
         c.timeout = Duration::from_secs(60);
+        c.calibrate = false;
     }
 
     /// Small integers: exact in every type, sums of up to 4 ranks too.
