@@ -4,7 +4,20 @@
 # toolchain. Finds libnvrtc in the Python environment there, runs every
 # gathered test binary with the GPU required, and ends with a short table.
 # Logs go to $OUT (the device tool's folder) when it is set, else ./logs.
+#
+#   ./run.sh          everything (tests, then benchmarks)
+#   ./run.sh tests    the test binaries only
+#   ./run.sh bench    the kernel benchmark and ferroccl-perf only
+#
+# The device tool bounds one command at 10 minutes: where everything may
+# not fit, run `tests` and `bench` as two calls. Each test binary is
+# bounded at 4 minutes, so one that hangs cannot eat the whole call.
 set -uo pipefail
+mode=${1:-all}
+case "$mode" in
+  all | tests | bench) ;;
+  *) echo "usage: $0 [all|tests|bench]" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")"
 logs=${OUT:-$PWD/logs}
 mkdir -p "$logs"
@@ -27,18 +40,26 @@ echo "libnvrtc: ${nvrtc_dir:-not found}"
 export FERROCCL_REQUIRE_NVRTC=1 FERROCCL_REQUIRE_DEVICE=1 RUST_BACKTRACE=1
 
 results=()
-for t in bin/test-*; do
+[ "$mode" = bench ] || for t in bin/test-*; do
   name=$(basename "$t")
   start=$(date +%s%N)
-  if "$t" --test-threads=1 >"$logs/$name.log" 2>&1; then status=ok; else status=FAILED; fi
+  timeout 240 "$t" --test-threads=1 >"$logs/$name.log" 2>&1
+  rc=$?
+  case $rc in
+    0) status=ok ;;
+    124) status="TIMED OUT (240 s)" ;;
+    *) status="FAILED ($rc)" ;;
+  esac
   ms=$((($(date +%s%N) - start) / 1000000))
   summary=$(grep -E '^test result' "$logs/$name.log" | tail -1 | sed 's/test result: //; s/; finished.*//')
   results+=("$(printf '| %s | %s | %d.%03d s | %s |' "$name" "$status" $((ms / 1000)) $((ms % 1000)) "$summary")")
 done
 
+perf_rows=()
+if [ "$mode" != tests ]; then
 echo
 echo "== kernel benchmark (reduce vs device-to-device copy, bytes read + written)"
-bin/ferroccl-kernel-bench 64 256 1024 2>&1 | tee "$logs/kernel-bench.txt"
+timeout 240 bin/ferroccl-kernel-bench 64 256 1024 2>&1 | tee "$logs/kernel-bench.txt"
 
 # Staged allreduce on one GPU, 2 and 4 ranks, 1 MiB to 1 GiB, checked,
 # with the pinned host copy bandwidth of 1 GiB measured in the same run
@@ -46,7 +67,6 @@ bin/ferroccl-kernel-bench 64 256 1024 2>&1 | tee "$logs/kernel-bench.txt"
 # takes a good fraction of a second, and the whole run must stay short.
 echo
 echo "== ferroccl-perf --device cuda (staged allreduce, f32)"
-perf_rows=()
 for ranks in 2 4; do
   log="$logs/perf-cuda-allreduce-$ranks.txt"
   start=$(date +%s)
@@ -61,14 +81,19 @@ for ranks in 2 4; do
   wrong=$(sed -n 's/^# Out of bounds values : //p' "$log")
   perf_rows+=("$(printf '| %s | %s | %s | %s | %s | %d s |' "$ranks" "$status" "${bus:-?}" "${pinned:-?}" "${wrong:-?}" $(($(date +%s) - start)))")
 done
+fi
 
-echo
-echo "ferroccl-perf --device cuda allreduce f32 (GB/s; pinned copy: each rank's d2h/h2d of 1 GiB, measured in turn)"
-echo "| ranks | result | busbw 1 GiB out/in place | pinned copy d2h/h2d | #wrong | time |"
-echo "|---|---|---|---|---|---|"
-printf '%s\n' "${perf_rows[@]}"
+if [ ${#perf_rows[@]} -gt 0 ]; then
+  echo
+  echo "ferroccl-perf --device cuda allreduce f32 (GB/s; pinned copy: each rank's d2h/h2d of 1 GiB, measured in turn)"
+  echo "| ranks | result | busbw 1 GiB out/in place | pinned copy d2h/h2d | #wrong | time |"
+  echo "|---|---|---|---|---|---|"
+  printf '%s\n' "${perf_rows[@]}"
+fi
 
-echo
-echo "| test binary | result | time | counts |"
-echo "|---|---|---|---|"
-printf '%s\n' "${results[@]}"
+if [ ${#results[@]} -gt 0 ]; then
+  echo
+  echo "| test binary | result | time | counts |"
+  echo "|---|---|---|---|"
+  printf '%s\n' "${results[@]}"
+fi
