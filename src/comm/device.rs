@@ -13,12 +13,11 @@
 //! raw pointers) are built on `device_collective`; the tests drive it with
 //! the host stand-in of a GPU.
 
-use super::order::Job;
-use super::{lock, Communicator, Inner};
+use super::{lock, Communicator, Inner, Work};
 use crate::coll::{self, CollCall};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::{AvgFinish, Call, DeviceBuffers, DeviceIo, Io};
+use crate::exec::{AvgFinish, DeviceBuffers, DeviceIo, Io};
 use crate::plan::Memory;
 use ferroccl_cuda::staging::{DeviceBuf, DevicePtr, Engine, Event, Gate, StagePool, Stream};
 use std::sync::Arc;
@@ -51,37 +50,22 @@ pub(super) struct DeviceGate {
 
 /// A host wait for a device call: `wait()` blocks until the progress
 /// thread has carried the call out (the caller's stream needs no host
-/// wait: its later work already waits for the call).
-pub struct DeviceWork {
-    result: crossbeam_channel::Receiver<Result<()>>,
-    during: String,
-}
-
-impl std::fmt::Debug for DeviceWork {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceWork")
-            .field("during", &self.during)
-            .finish()
-    }
-}
+/// wait: its later work already waits for the call). Dropping it is fine:
+/// a failure also reaches [`Communicator::async_error`] and every later
+/// call.
+#[derive(Debug)]
+pub struct DeviceWork(Work<()>);
 
 impl DeviceWork {
     /// Wait for the call to end and return how it ended. Bounded: every
     /// wait inside the call is bounded by the communicator's timeout.
-    /// Dropping a `DeviceWork` instead is fine: a failure also reaches
-    /// [`Communicator::async_error`] and every later call.
     pub fn wait(self) -> Result<()> {
-        self.result.recv().unwrap_or_else(|_| {
-            Err(Error::Aborted(Some(format!(
-                "{}: the progress thread ended before the call finished",
-                self.during
-            ))))
-        })
+        self.0.wait()
     }
 
     /// Whether the call has ended (`wait` would not block).
     pub fn is_complete(&self) -> bool {
-        !self.result.is_empty()
+        self.0.is_complete()
     }
 }
 
@@ -248,27 +232,21 @@ impl Communicator {
         };
         // Issue: the job is queued under the issue lock, where the call
         // also gets its number at the gate.
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let inner = self.inner.clone();
-        let mut during = String::new();
         let mut gated = None;
-        let queued = |ticket: u64, c: &Call| -> Job {
-            during = c.during();
-            gated = inner.next_gate(&engine);
-            held.gate = gated;
-            let c = c.clone();
-            let inner = inner.clone();
-            Box::new(move || {
-                let held = held;
-                inner.wait_turn(ticket);
-                let result = inner.execute(&plan, Io::<T>::Device(io), &c);
-                inner.end_turn();
-                drop(held);
-                let _ = tx.send(result);
-            })
+        let inner = self.inner.clone();
+        let at_issue = || {
+            held.gate = inner.next_gate(&engine);
+            gated = held.gate;
+            held
         };
-        self.inner
-            .issue(&self.spec::<T>(&call), Some(Box::new(queued)))?;
+        // `held` goes with the job: dropped when the call has ended (the
+        // gate raised before the caller hears), or unrun with the job.
+        let work = self.run_async_at(self.spec::<T>(&call), at_issue, move |inner, c, held| {
+            let result = inner.execute(&plan, Io::<T>::Device(io), c);
+            drop(held);
+            result
+        })?;
+        let during = work.during.clone();
         let (gate, value) = gated.ok_or_else(|| Error::Io(format!("{during}: no device gate")))?;
         // After the issue: the job may already have raised the gate past
         // this number, and then the wait passes at once. Bounded for
@@ -278,10 +256,11 @@ impl Communicator {
             .stream_wait_gate(on.stream, gate, value, limit)
             .map_err(|e| {
                 Error::Io(format!(
-                    "{during}: the call was issued, but the stream could not be made to wait                      for it: {e}"
+                    "{during}: the call was issued, but the stream could not be made to wait \
+                     for it: {e}"
                 ))
             })?;
-        Ok(DeviceWork { result: rx, during })
+        Ok(DeviceWork(work))
     }
 }
 

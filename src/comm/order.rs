@@ -181,15 +181,28 @@ impl Communicator {
         spec: CallSpec,
         job: impl FnOnce(&Inner, &Call) -> Result<R> + Send + 'static,
     ) -> Result<Work<R>> {
+        self.run_async_at(spec, || (), move |inner, call, ()| job(inner, call))
+    }
+
+    /// `run_async`, with `at_issue` run under the issue lock, in issue
+    /// order, as the job is queued; what it returns goes to the job (and
+    /// is dropped with it if the job never runs).
+    pub(super) fn run_async_at<R: Send + 'static, S: Send + 'static>(
+        &self,
+        spec: CallSpec,
+        at_issue: impl FnOnce() -> S,
+        job: impl FnOnce(&Inner, &Call, S) -> Result<R> + Send + 'static,
+    ) -> Result<Work<R>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let inner = self.inner.clone();
         let mut during = String::new();
         let queued = |ticket: u64, call: &Call| -> Job {
             during = call.during();
             let call = call.clone();
+            let issued = at_issue();
             Box::new(move || {
                 inner.wait_turn(ticket);
-                let result = job(&inner, &call);
+                let result = job(&inner, &call, issued);
                 inner.end_turn();
                 let _ = tx.send(result);
             })
