@@ -687,19 +687,9 @@ impl Engine for HostEngine {
         // Bounded like a CUDA engine's fallback: past `limit` the stream
         // goes on (the call's error reaches the host through its result).
         self.run_on(stream, move || {
-            let deadline = Instant::now() + limit;
-            let mut word = lock(&state.word);
-            while !gate_reached(*word, value) {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                word = state
-                    .raised
-                    .wait_timeout(word, left)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-            }
+            let _ = wait_until(&state.word, &state.raised, limit, |w| {
+                gate_reached(*w, value)
+            });
             Ok(())
         })
     }
@@ -722,25 +712,30 @@ impl HostEngine {
             .cloned()
             .ok_or_else(|| bad(format!("no gate {}", gate.0)))
     }
-
-    /// The gate's word now (tests look at it).
-    pub fn gate_value(&self, gate: Gate) -> Result<u32> {
-        Ok(*lock(&self.gate_state(gate)?.word))
-    }
 }
 
 /// Wait until record `target` of an event has completed, at most `limit`.
 fn wait_for(state: &EventState, target: u64, limit: Duration) -> std::result::Result<(), ()> {
+    wait_until(&state.counts, &state.done, limit, |c| c.1 >= target)
+}
+
+/// Wait on `cv` until `done` holds for the value behind `m`, at most
+/// `limit`.
+fn wait_until<T>(
+    m: &Mutex<T>,
+    cv: &Condvar,
+    limit: Duration,
+    done: impl Fn(&T) -> bool,
+) -> std::result::Result<(), ()> {
     let deadline = Instant::now() + limit;
-    let mut counts = lock(&state.counts);
-    while counts.1 < target {
+    let mut value = lock(m);
+    while !done(&value) {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(());
         }
-        counts = state
-            .done
-            .wait_timeout(counts, left)
+        value = cv
+            .wait_timeout(value, left)
             .unwrap_or_else(|p| p.into_inner())
             .0;
     }
