@@ -20,7 +20,7 @@ rm -rf "$out" && mkdir -p "$out/bin"
 # (ferroccl-bench: perf_device runs `ferroccl-perf --device cuda`, which it
 # finds beside itself in bin/).
 # `--no-run --message-format=json` names each executable cargo built.
-crates=(-p ferroccl-cuda -p ferroccl-bench)
+crates=(-p ferroccl-cuda -p ferroccl-cuda-ipc -p ferroccl-bench)
 # ferroccl itself: only its device test (tests/cuda.rs); its host tests
 # run in CI.
 {

@@ -20,6 +20,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod executor;
 pub mod kernels;
 pub mod nvrtc;
 pub mod probe;

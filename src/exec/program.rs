@@ -566,6 +566,18 @@ mod tests {
     use half::bf16;
     use std::time::{Duration, Instant};
 
+    macro_rules! by_type {
+        ($dtype:expr, $f:ident, $($arg:expr),*) => {
+            match $dtype {
+                DataType::F32 => $f::<f32>($($arg),*),
+                DataType::F64 => $f::<f64>($($arg),*),
+                DataType::Bf16 => $f::<bf16>($($arg),*),
+                DataType::I32 => $f::<i32>($($arg),*),
+                other => unreachable!("{other} is not in the grid"),
+            }
+        };
+    }
+
     /// Slots of 128 bytes: 1013 elements make several slices on most rank
     /// counts, and tails.
     const SLOT: usize = 128;
@@ -574,7 +586,7 @@ mod tests {
     /// count on (see `Timeline`), stricter than the links' `STEPS`.
     const CAP: usize = 2;
 
-    fn configure(algo: Algorithm) -> impl Fn(&mut crate::config::Config) + Sync {
+    pub(super) fn configure(algo: Algorithm) -> impl Fn(&mut crate::config::Config) + Sync {
         move |config| {
             config.transport = Some("mem".into());
             config.checkin = false;
@@ -588,13 +600,13 @@ mod tests {
 
     /// One call of the grid.
     #[derive(Debug, Clone, Copy)]
-    struct Case {
-        kind: CollKind,
-        count: usize,
-        in_place: bool,
-        dtype: DataType,
-        op: ReduceOp,
-        seed: u64,
+    pub(super) struct Case {
+        pub(super) kind: CollKind,
+        pub(super) count: usize,
+        pub(super) in_place: bool,
+        pub(super) dtype: DataType,
+        pub(super) op: ReduceOp,
+        pub(super) seed: u64,
     }
 
     /// The (type, op) pairs of a reducing collective: every type of the
@@ -618,7 +630,7 @@ mod tests {
     /// The types of a collective that moves data without reducing it.
     const TYPES: [DataType; 4] = [DataType::F32, DataType::Bf16, DataType::I32, DataType::F64];
 
-    fn reduces(kind: CollKind) -> bool {
+    pub(super) fn reduces(kind: CollKind) -> bool {
         matches!(
             kind,
             CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
@@ -628,7 +640,7 @@ mod tests {
     /// The grid of `kinds` on `n` ranks: every count (and 0 once), in and
     /// out of place where the API has both, every (type, op) pair of a
     /// reducing collective, every type of the others.
-    fn grid(n: usize, kinds: &[CollKind]) -> Vec<Case> {
+    pub(super) fn grid(n: usize, kinds: &[CollKind]) -> Vec<Case> {
         let mut cases = Vec::new();
         for &kind in kinds {
             let placements: &[bool] = match kind {
@@ -789,7 +801,7 @@ mod tests {
         Some((call, caller))
     }
 
-    fn bytes<T: Element>(b: &Buffers<T>) -> Buffers<u8> {
+    pub(super) fn bytes<T: Element>(b: &Buffers<T>) -> Buffers<u8> {
         match b {
             Buffers::Separate { input, output } => Buffers::Separate {
                 input: bytemuck::cast_slice(input).to_vec(),
@@ -816,11 +828,11 @@ mod tests {
     /// What one rank brings back from one call: its schedule and program,
     /// and its buffers before and after the host executor ran.
     #[derive(Clone)]
-    struct RankRun {
-        schedule: Schedule,
-        image: Vec<u8>,
-        before: Buffers<u8>,
-        after: Buffers<u8>,
+    pub(super) struct RankRun {
+        pub(super) schedule: Schedule,
+        pub(super) image: Vec<u8>,
+        pub(super) before: Buffers<u8>,
+        pub(super) after: Buffers<u8>,
     }
 
     /// Run the schedule of `schedule_of(plan)` through the host executor
@@ -972,42 +984,10 @@ mod tests {
     /// runs them all through the host executor, then each case's programs
     /// run through the interpreter; returns the failures.
     fn sweep(n: usize, algo: Algorithm, cases: &[Case]) -> Vec<String> {
-        macro_rules! by_type {
-            ($dtype:expr, $f:ident, $($arg:expr),*) => {
-                match $dtype {
-                    DataType::F32 => $f::<f32>($($arg),*),
-                    DataType::F64 => $f::<f64>($($arg),*),
-                    DataType::Bf16 => $f::<bf16>($($arg),*),
-                    DataType::I32 => $f::<i32>($($arg),*),
-                    other => unreachable!("{other} is not in the grid"),
-                }
-            };
-        }
-        let per_rank = crate::testing::run_ranks_with(n, configure(algo), |comm| {
-            cases
-                .iter()
-                .map(|case| by_type!(case.dtype, run_case, &comm, case))
-                .collect::<Vec<_>>()
-        });
-        let mut failures = Vec::new();
-        let mut per_rank: Vec<_> = per_rank.into_iter().map(|v| v.into_iter()).collect();
-        for (i, case) in cases.iter().enumerate() {
-            let mut runs = Vec::with_capacity(n);
-            for rank in &mut per_rank {
-                match rank.next().expect("a result per case") {
-                    Ok(run) => runs.push(run),
-                    Err(e) => failures.push(e),
-                }
-            }
-            if runs.len() < n {
-                continue;
-            }
+        let (mut failures, runs) = sweep_runs(n, algo, cases);
+        for (i, case, runs) in runs {
             let what = format!("{algo} {case:?} on {n} ranks");
-            let op = matches!(
-                case.kind,
-                CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
-            )
-            .then_some(case.op);
+            let op = reduces(case.kind).then_some(case.op);
             // Half the cases in a shuffled order of the streams.
             let turns = if i % 2 == 0 {
                 Turns::RoundRobin
@@ -1021,7 +1001,39 @@ mod tests {
         failures
     }
 
-    fn check(failures: Vec<String>, started: Instant, what: &str) {
+    /// Every case of `cases` on `n` ranks through the host executor:
+    /// the failures, and per case that ran on every rank its index and
+    /// the ranks' runs.
+    pub(super) fn sweep_runs(
+        n: usize,
+        algo: Algorithm,
+        cases: &[Case],
+    ) -> (Vec<String>, Vec<(usize, Case, Vec<Option<RankRun>>)>) {
+        let per_rank = crate::testing::run_ranks_with(n, configure(algo), |comm| {
+            cases
+                .iter()
+                .map(|case| by_type!(case.dtype, run_case, &comm, case))
+                .collect::<Vec<_>>()
+        });
+        let mut failures = Vec::new();
+        let mut out = Vec::new();
+        let mut per_rank: Vec<_> = per_rank.into_iter().map(|v| v.into_iter()).collect();
+        for (i, case) in cases.iter().enumerate() {
+            let mut runs = Vec::with_capacity(n);
+            for rank in &mut per_rank {
+                match rank.next().expect("a result per case") {
+                    Ok(run) => runs.push(run),
+                    Err(e) => failures.push(e),
+                }
+            }
+            if runs.len() == n {
+                out.push((i, *case, runs));
+            }
+        }
+        (failures, out)
+    }
+
+    pub(super) fn check(failures: Vec<String>, started: Instant, what: &str) {
         eprintln!("{what}: {:.1} s", started.elapsed().as_secs_f64());
         assert!(
             failures.is_empty(),
@@ -1476,3 +1488,6 @@ mod tests {
         eprintln!("{programs} programs in {:.1} s", t.elapsed().as_secs_f64());
     }
 }
+
+#[cfg(test)]
+mod kernel_host;

@@ -1,0 +1,389 @@
+//! The device executor's kernels (`kernels/executor.cu`): one kernel per
+//! (protocol, op, type) that runs a rank's encoded program (ferroccl's
+//! `algo::encode`, docs/device-executor.md), one thread block per channel,
+//! over FIFOs in device memory (docs/cuda-ipc.md).
+//!
+//! This module holds the source NVRTC compiles (`kernels/reduce.cu` for the
+//! element types and ops, then `kernels/executor.cu`, then one generated
+//! `extern "C"` line per kernel), the kernels' names, and the structures
+//! the launcher shares with them ([`Conn`], [`Control`]) laid out as the
+//! kernel's C structs are: their sizes and every field's offset are checked
+//! against the C compiler's in the host run of the kernels (ferroccl's
+//! `exec::program` tests) and here against the documented numbers.
+//!
+//! Signature of every kernel (`T` the element):
+//!
+//! ```text
+//! ferroccl_exec_{bulk,ll}_{sum,prod,min,max}_T(const unsigned char *program,
+//!     T *input, T *output, Conn *conns, Control *ctl)
+//! ```
+//!
+//! Grid: the program's channel count; block: [`EXEC_THREADS`] threads.
+//! Avg runs the Sum kernel (the program's finish divides); calls that
+//! reduce nothing run the Sum kernel of their type too.
+
+use crate::{kernels, Op, Ty};
+use std::sync::OnceLock;
+
+/// The executor's part of the source.
+pub const EXECUTOR_CU: &str = include_str!("../kernels/executor.cu");
+
+/// The lines that let the host's C++ compiler build the kernels' source,
+/// for tests that run it on the CPU (`kernels/host_emulation.h`).
+pub const HOST_EMULATION_H: &str = include_str!("../kernels/host_emulation.h");
+
+/// Threads per block of every executor kernel (`__launch_bounds__`).
+pub const EXEC_THREADS: u32 = 512;
+
+/// How frames travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// Slots of several hundred KiB: data, a fence, then the tail counter.
+    Bulk,
+    /// 16-byte lines of 8 data bytes and two flags: no counter, no fence.
+    LowLatency,
+}
+
+impl Protocol {
+    /// Both, bulk first.
+    pub const ALL: [Protocol; 2] = [Protocol::Bulk, Protocol::LowLatency];
+
+    /// The name in kernel names and logs: `bulk`, `ll`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Protocol::Bulk => "bulk",
+            Protocol::LowLatency => "ll",
+        }
+    }
+
+    /// The kernel's template argument (`BULK`, `LL`).
+    const fn code(self) -> u32 {
+        match self {
+            Protocol::Bulk => 0,
+            Protocol::LowLatency => 1,
+        }
+    }
+}
+
+/// One peer on one channel as the kernel sees it (`struct Conn` of
+/// `executor.cu`): the FIFO toward the peer, in the peer's memory and
+/// mapped here, and the FIFO from the peer, ours. Pointers are device
+/// addresses (0 where there is no connection). The counts persist from
+/// call to call; only one block touches an entry while a kernel runs.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Conn {
+    /// Bulk: `slots * slot_bytes` bytes in the peer's memory.
+    pub send_slots: u64,
+    /// Bulk: a word per slot in the peer's memory, `len | tag << 32`.
+    pub send_meta: u64,
+    /// Bulk: frames published, the peer's word.
+    pub send_tail: u64,
+    /// Bulk: frames the peer has freed, our word.
+    pub send_head: u64,
+    /// LL: `ll_slots * ll_lines` lines of 16 bytes, the peer's.
+    pub send_ll: u64,
+    /// LL: frames the peer has freed, our word.
+    pub send_ll_head: u64,
+    /// Bulk: our slots.
+    pub recv_slots: u64,
+    /// Bulk: our meta words.
+    pub recv_meta: u64,
+    /// Bulk: our tail word, which the peer raises.
+    pub recv_tail: u64,
+    /// Bulk: the peer's `send_head` word, which we raise.
+    pub recv_head: u64,
+    /// LL: our lines.
+    pub recv_ll: u64,
+    /// LL: the peer's `send_ll_head`, which we raise.
+    pub recv_ll_head: u64,
+    /// Bulk frames sent so far.
+    pub sent: u64,
+    /// Bulk frames received so far.
+    pub received: u64,
+    /// LL frames sent so far (cleaning frames included).
+    pub ll_sent: u64,
+    /// LL frames received so far (cleaning frames included).
+    pub ll_received: u64,
+    /// LL: the cleaning's period in frames (nonzero): the receiver
+    /// rewrites `ll_slots` slots in every `ll_clean` frames.
+    pub ll_clean: u64,
+    /// Bulk slots.
+    pub slots: u32,
+    /// Bytes of a bulk slot (a multiple of 16).
+    pub slot_bytes: u32,
+    /// LL slots.
+    pub ll_slots: u32,
+    /// Lines of an LL slot, the header line included.
+    pub ll_lines: u32,
+}
+
+/// Bytes of [`Conn`] (and of the C struct).
+pub const CONN_BYTES: usize = 152;
+
+/// Per launch: the abort word and the first error (`struct Control`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Control {
+    /// Device address of the abort word (mapped host memory).
+    pub abort: u64,
+    /// Spins between reads of the abort word.
+    pub spin_check: u32,
+    /// Blocks that have ended; the last resets it to 0.
+    pub done: u32,
+    /// The first error's code ([`ExecFault`]), 0 for none.
+    pub error: u32,
+    /// Where: the channel.
+    pub channel: u32,
+    /// Where: the record's index in its channel.
+    pub record: u32,
+    /// Where: the peer.
+    pub peer: u32,
+    /// What was expected.
+    pub want: u64,
+    /// What came.
+    pub got: u64,
+}
+
+/// Bytes of [`Control`] (and of the C struct).
+pub const CONTROL_BYTES: usize = 48;
+
+/// The LL cleaning's period in production: no line is older than this
+/// plus the slot count, far below the 2^32 frames at which a flag repeats.
+pub const LL_CLEAN_FRAMES: u64 = 1 << 30;
+
+/// What a kernel reports in [`Control::error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecFault {
+    /// The abort word was set (abort(), the timeout, a peer's failure).
+    Aborted,
+    /// A frame carried another tag.
+    Tag,
+    /// A frame carried another length.
+    Length,
+    /// A frame larger than a slot.
+    TooBig,
+    /// No connection to the peer on the channel.
+    NoConnection,
+    /// The image does not fit the kernel (magic, version, element size,
+    /// grid).
+    Program,
+}
+
+impl ExecFault {
+    /// The fault of a nonzero code; `None` for 0 and for codes the kernel
+    /// does not write.
+    pub fn from_code(code: u32) -> Option<ExecFault> {
+        Some(match code {
+            1 => ExecFault::Aborted,
+            2 => ExecFault::Tag,
+            3 => ExecFault::Length,
+            4 => ExecFault::TooBig,
+            5 => ExecFault::NoConnection,
+            6 => ExecFault::Program,
+            _ => return None,
+        })
+    }
+
+    /// Says what went wrong where, from a kernel's [`Control`].
+    pub fn describe(ctl: &Control) -> Option<String> {
+        let fault = ExecFault::from_code(ctl.error)?;
+        let at = format!(
+            "channel {} record {} (peer {})",
+            ctl.channel, ctl.record, ctl.peer
+        );
+        Some(match fault {
+            ExecFault::Aborted => format!("aborted while waiting at {at}"),
+            ExecFault::Tag => format!(
+                "frame tagged {} where {} was due at {at}",
+                ctl.got, ctl.want
+            ),
+            ExecFault::Length => format!(
+                "frame of {} elements where {} were due at {at}",
+                ctl.got, ctl.want
+            ),
+            ExecFault::TooBig => format!(
+                "frame of {} bytes larger than a slot of {} at {at}",
+                ctl.got, ctl.want
+            ),
+            ExecFault::NoConnection => format!("no connection at {at}"),
+            ExecFault::Program => format!(
+                "program does not fit the kernel (want {}, got {})",
+                ctl.want, ctl.got
+            ),
+        })
+    }
+}
+
+/// The element struct of `reduce.cu` for a type.
+fn element(ty: Ty) -> &'static str {
+    match ty {
+        Ty::F32 => "EF32",
+        Ty::F64 => "EF64",
+        Ty::F16 => "EF16",
+        Ty::Bf16 => "EBF16",
+        Ty::I8 => "EI8",
+        Ty::U8 => "EU8",
+        Ty::I32 => "EI32",
+        Ty::U32 => "EU32",
+        Ty::I64 => "EI64",
+        Ty::U64 => "EU64",
+    }
+}
+
+/// The ops that have kernels of their own (Avg runs Sum's).
+pub const KERNEL_OPS: [Op; 4] = [Op::Sum, Op::Prod, Op::Min, Op::Max];
+
+/// Name of the kernel of (protocol, op, type), e.g.
+/// `ferroccl_exec_ll_sum_bf16`; `None` (a call that reduces nothing) and
+/// Avg name the Sum kernel.
+pub fn kernel_name(protocol: Protocol, op: Option<Op>, ty: Ty) -> String {
+    let op = match op {
+        None | Some(Op::Avg) => Op::Sum,
+        Some(other) => other,
+    };
+    format!(
+        "ferroccl_exec_{}_{}_{}",
+        protocol.name(),
+        op.name(),
+        ty.name()
+    )
+}
+
+/// Every kernel of the source, each once.
+pub fn names() -> &'static [String] {
+    static NAMES: OnceLock<Vec<String>> = OnceLock::new();
+    NAMES.get_or_init(|| {
+        let mut v = Vec::new();
+        for p in Protocol::ALL {
+            for op in KERNEL_OPS {
+                for ty in Ty::ALL {
+                    v.push(kernel_name(p, Some(op), ty));
+                }
+            }
+        }
+        v
+    })
+}
+
+/// The element struct of `reduce.cu` that a type's kernels use
+/// (`EF32`, `EBF16`, ...), for code that calls the kernels by type.
+pub fn element_struct(ty: Ty) -> &'static str {
+    element(ty)
+}
+
+/// The `extern "C"` line of one kernel.
+pub fn entry_point(protocol: Protocol, op: Op, ty: Ty) -> String {
+    let e = element(ty);
+    let c = match op {
+        Op::Sum | Op::Avg => "OpSum",
+        Op::Prod => "OpProd",
+        Op::Min => "OpMin",
+        Op::Max => "OpMax",
+    };
+    format!(
+        "extern \"C\" __global__ void __launch_bounds__({EXEC_THREADS}, 1) {name}(\
+         const unsigned char* program, ferroccl::{e}::T* input, ferroccl::{e}::T* output, \
+         ferroccl::Conn* conns, ferroccl::Control* ctl) {{ ferroccl::execute<ferroccl::{e}, \
+         ferroccl::{c}, {proto}>(program, input, output, conns, ctl); }}\n",
+        name = kernel_name(protocol, Some(op), ty),
+        proto = protocol.code(),
+    )
+}
+
+/// The `extern "C"` kernel lines (without the hand-written part).
+pub fn entry_points() -> &'static str {
+    static LINES: OnceLock<String> = OnceLock::new();
+    LINES.get_or_init(|| {
+        let mut s = String::new();
+        for p in Protocol::ALL {
+            for op in KERNEL_OPS {
+                for ty in Ty::ALL {
+                    s.push_str(&entry_point(p, op, ty));
+                }
+            }
+        }
+        s
+    })
+}
+
+/// The source of the executor with only the given kernels: what a
+/// launcher compiles on first use of a (protocol, op, type), and what the
+/// host run of the kernels builds.
+pub fn source_for(kernels: &[(Protocol, Op, Ty)]) -> String {
+    let mut s = format!("{}\n{EXECUTOR_CU}\n", kernels::KERNELS_CU);
+    for &(p, op, ty) in kernels {
+        s.push_str(&entry_point(p, op, ty));
+    }
+    s
+}
+
+/// The full source NVRTC compiles for the executor.
+pub fn source() -> &'static str {
+    static SOURCE: OnceLock<String> = OnceLock::new();
+    SOURCE.get_or_init(|| format!("{}\n{EXECUTOR_CU}\n{}", kernels::KERNELS_CU, entry_points()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn structs_have_the_documented_layout() {
+        assert_eq!(size_of::<Conn>(), CONN_BYTES);
+        assert_eq!(offset_of!(Conn, recv_slots), 48);
+        assert_eq!(offset_of!(Conn, sent), 96);
+        assert_eq!(offset_of!(Conn, ll_clean), 128);
+        assert_eq!(offset_of!(Conn, slots), 136);
+        assert_eq!(offset_of!(Conn, ll_lines), 148);
+        assert_eq!(size_of::<Control>(), CONTROL_BYTES);
+        assert_eq!(offset_of!(Control, error), 16);
+        assert_eq!(offset_of!(Control, want), 32);
+    }
+
+    #[test]
+    fn every_kernel_is_defined_once() {
+        let n = names();
+        assert_eq!(n.len(), 2 * 4 * Ty::ALL.len());
+        assert_eq!(n.iter().collect::<HashSet<_>>().len(), n.len());
+        let src = source();
+        for name in n {
+            assert_eq!(src.matches(&format!(" {name}(")).count(), 1, "{name}");
+        }
+        assert_eq!(
+            kernel_name(Protocol::LowLatency, Some(Op::Avg), Ty::Bf16),
+            "ferroccl_exec_ll_sum_bf16"
+        );
+        assert_eq!(
+            kernel_name(Protocol::Bulk, None, Ty::U8),
+            "ferroccl_exec_bulk_sum_u8"
+        );
+        assert!(!EXECUTOR_CU
+            .lines()
+            .any(|l| l.trim_start().starts_with("#include")));
+    }
+
+    #[test]
+    fn faults_are_described() {
+        for code in 1..=6 {
+            let ctl = Control {
+                error: code,
+                channel: 3,
+                record: 7,
+                peer: 2,
+                want: 5,
+                got: 9,
+                ..Control::default()
+            };
+            let s = ExecFault::describe(&ctl).unwrap();
+            assert!(!s.is_empty());
+            if code != 6 {
+                assert!(s.contains("channel 3 record 7 (peer 2)"), "{s}");
+            }
+        }
+        assert_eq!(ExecFault::from_code(0), None);
+        assert_eq!(ExecFault::from_code(7), None);
+    }
+}
