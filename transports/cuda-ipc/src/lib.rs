@@ -39,5 +39,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod fdpass;
+pub mod handle;
 
 pub use fdpass::{recv_exact_fds, recv_fds, send_fds, FdPassError};
+pub use handle::{round_up, ShareHandle, WireError, LEGACY_GRANULARITY, WIRE_LEN};
