@@ -40,6 +40,11 @@
 
 pub mod fdpass;
 pub mod handle;
+pub mod vmm;
 
 pub use fdpass::{recv_exact_fds, recv_fds, send_fds, FdPassError};
 pub use handle::{round_up, ShareHandle, WireError, LEGACY_GRANULARITY, WIRE_LEN};
+pub use vmm::{
+    can_access_peer, enable_peer_access, make_current, support, Mapped, Mechanism, SharedAlloc,
+    Support,
+};
