@@ -345,7 +345,9 @@ fn an_fd_crosses_to_another_process() {
         "--nocapture",
         "--test-threads=1",
     ])
-    .env(CHILD_ENV, child_fd.to_string());
+    .env(CHILD_ENV, child_fd.to_string())
+    // The child's test report is not ours; its panics go to stderr.
+    .stdout(std::process::Stdio::null());
     // SAFETY: between fork and exec the closure only calls fcntl, which is
     // async-signal-safe: the child's end of the pair survives exec.
     unsafe {
