@@ -338,15 +338,19 @@ struct Received {
 }
 
 /// One `recvmsg(MSG_DONTWAIT | MSG_CMSG_CLOEXEC)` with room for `max_fds`
-/// descriptors (the kernel's rounding may leave room for one more; the
-/// caller checks the count).
+/// descriptors (the rounding and the room for credentials may let a few
+/// more in; the caller checks the count) and for the sender's credentials, which the
+/// kernel attaches where the socket has `SO_PASSCRED` (they are ignored;
+/// without the room they would cut the control message).
 fn recvmsg_once(sock: RawFd, buf: &mut [u8], max_fds: usize) -> io::Result<Received> {
     let fd_bytes = max_fds * size_of::<RawFd>();
+    // SAFETY: CMSG_SPACE only computes a size.
+    let creds = unsafe { libc::CMSG_SPACE(size_of::<libc::ucred>() as libc::c_uint) } as usize;
     let space = if max_fds == 0 {
-        0
+        creds
     } else {
         // SAFETY: CMSG_SPACE only computes a size.
-        unsafe { libc::CMSG_SPACE(fd_bytes as libc::c_uint) as usize }
+        creds + unsafe { libc::CMSG_SPACE(fd_bytes as libc::c_uint) as usize }
     };
     let mut control = vec![0u64; space.div_ceil(size_of::<u64>())];
     let mut iov = libc::iovec {
@@ -357,10 +361,8 @@ fn recvmsg_once(sock: RawFd, buf: &mut [u8], max_fds: usize) -> io::Result<Recei
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    if space > 0 {
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-    }
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
     // SAFETY: the kernel writes at most `buf.len()` bytes into `buf` and
     // at most `msg_controllen` bytes into `control`, both live and
     // exclusively borrowed for the call.
@@ -370,7 +372,7 @@ fn recvmsg_once(sock: RawFd, buf: &mut [u8], max_fds: usize) -> io::Result<Recei
     }
     let truncated = msg.msg_flags & libc::MSG_CTRUNC != 0;
     let mut fds = Vec::new();
-    if space > 0 {
+    {
         let end = control.as_ptr() as usize + (msg.msg_controllen as usize).min(space);
         // SAFETY: the kernel set msg_controllen to the bytes of control
         // data it wrote into `control` (at most `space`); CMSG_FIRSTHDR

@@ -306,6 +306,44 @@ fn more_fds_than_allowed_is_an_error_and_leaks_nothing() {
     }
 }
 
+/// A receiving socket with SO_PASSCRED gets the sender's credentials
+/// with every message: they take control-buffer room, but neither cut
+/// the descriptors nor count as descriptors.
+#[test]
+fn credentials_beside_the_fds_are_ignored() {
+    let _s = serial();
+    let (a, b) = UnixStream::pair().unwrap();
+    let on: libc::c_int = 1;
+    // SAFETY: sets one int option from a live local of that size.
+    let rc = unsafe {
+        libc::setsockopt(
+            b.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    let f = memfd("ferroccl-fdpass-creds", b"with credentials");
+    send_fds(&a, b"c", &[f.as_fd()], soon()).unwrap();
+    let fds = recv_exact_fds(&b, &mut [0; 1], 1, soon()).unwrap();
+    assert_eq!(
+        fds.into_iter().map(contents).collect::<Vec<_>>(),
+        [b"with credentials".to_vec()]
+    );
+    send_fds(&a, b"d", &[], soon()).unwrap();
+    assert!(recv_exact_fds(&b, &mut [0; 1], 0, soon())
+        .unwrap()
+        .is_empty());
+    // Too many is still refused, and closed.
+    send_fds(&a, b"e", &[f.as_fd(), f.as_fd()], soon()).unwrap();
+    drop(f);
+    let e = recv_exact_fds(&b, &mut [0; 1], 1, soon()).unwrap_err();
+    assert!(matches!(e, FdPassError::TooManyFds { .. }), "{e:?}");
+    assert_eq!(open_named("ferroccl-fdpass-creds"), 0);
+}
+
 #[test]
 fn bad_arguments_are_refused_before_any_call() {
     let _s = serial();
