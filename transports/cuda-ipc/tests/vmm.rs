@@ -38,8 +38,8 @@ fn pattern(seed: u32, words: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Copy `data` to device address `dst` (synchronous, in `ordinal`'s
-/// primary context).
+/// Copy `data` to device address `dst` and wait until it has landed (in
+/// `ordinal`'s primary context).
 fn write(ordinal: u32, dst: u64, data: &[u32]) {
     vmm::make_current(ordinal).unwrap();
     // SAFETY: `dst` is mapped for `data`'s bytes on this device (the
@@ -47,6 +47,11 @@ fn write(ordinal: u32, dst: u64, data: &[u32]) {
     let rc =
         unsafe { sys::cuMemcpyHtoD_v2(dst, data.as_ptr().cast(), std::mem::size_of_val(data)) };
     assert_eq!(rc, sys::CUresult::CUDA_SUCCESS, "cuMemcpyHtoD to {dst:#x}");
+    // From pageable memory the copy may return before the DMA is done:
+    // wait, so that another process reading next sees the bytes.
+    // SAFETY: the primary context is current on this thread.
+    let rc = unsafe { sys::cuCtxSynchronize() };
+    assert_eq!(rc, sys::CUresult::CUDA_SUCCESS, "cuCtxSynchronize");
 }
 
 /// Read `words` u32s from device address `src`.
