@@ -36,6 +36,13 @@ crates=(-p ferroccl-cuda -p ferroccl-cuda-ipc -p ferroccl-bench)
     objcopy --strip-debug "$exe" "$dest"
   done
 
+# ferroccl's library tests, of which run.sh runs only the device
+# executor's GPU test (exec::program::kernel_gpu): the rest run in CI.
+lib=$(cargo test --release --no-run -p ferroccl --lib --message-format=json 2>/dev/null |
+  jq -r 'select(.reason == "compiler-artifact" and .profile.test == true and .executable != null) | .executable' |
+  head -1)
+objcopy --strip-debug "$lib" "$out/bin/test-ferroccl-lib"
+
 # Benchmarks (they print nccl-tests tables).
 cargo build --release -p ferroccl-bench --bins
 cargo build --release -p ferroccl-cuda --bins

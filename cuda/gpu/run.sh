@@ -43,7 +43,10 @@ results=()
 [ "$mode" = bench ] || for t in bin/test-*; do
   name=$(basename "$t")
   start=$(date +%s%N)
-  timeout 240 "$t" --test-threads=1 >"$logs/$name.log" 2>&1
+  args=(--test-threads=1)
+  # ferroccl's library tests: only the executor kernels on the GPU.
+  [ "$name" = test-ferroccl-lib ] && args+=(exec::program::kernel_gpu --nocapture)
+  timeout 240 "$t" "${args[@]}" >"$logs/$name.log" 2>&1
   rc=$?
   case $rc in
     0) status=ok ;;

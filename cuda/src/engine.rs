@@ -17,6 +17,7 @@
 //! GPU run (`cuda/gpu/run.sh`) is where it is tested.
 
 use crate::error::{CudaError, Result};
+use crate::executor::{self, Protocol, EXEC_THREADS};
 use crate::kernels::{self, BLOCK_THREADS};
 use crate::staging::{gate_reached, DeviceBuf, DevicePtr, Engine, Event, Gate, PinnedBuf, Stream};
 use crate::{nvrtc, probe, Op, Ty};
@@ -192,6 +193,51 @@ fn load(ordinal: usize) -> Result<Loaded> {
     })
 }
 
+/// The executor kernel `name` of device `ordinal`, compiled and loaded at
+/// its first use in the process (the current context must be the
+/// device's primary one).
+fn executor_function(
+    ordinal: usize,
+    arch: &str,
+    protocol: Protocol,
+    op: Option<Op>,
+    ty: Ty,
+) -> Result<sys::CUfunction> {
+    static FUNCTIONS: OnceLock<Mutex<HashMap<(usize, String), usize>>> = OnceLock::new();
+    let name = executor::kernel_name(protocol, op, ty);
+    let map = FUNCTIONS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&f) = map.get(&(ordinal, name.clone())) {
+        return Ok(f as sys::CUfunction);
+    }
+    let kernel_op = match op {
+        None | Some(Op::Avg) => Op::Sum,
+        Some(other) => other,
+    };
+    let cubin = nvrtc::compile(
+        &executor::source_for(&[(protocol, kernel_op, ty)]),
+        arch,
+        &[],
+    )?;
+    let mut image = cubin.image;
+    image.push(0);
+    // SAFETY: `image` is a complete CUBIN from NVRTC for this device's
+    // architecture; the driver copies it during the call; the module is
+    // never unloaded.
+    let module = unsafe { result::module::load_data(image.as_ptr().cast()) }
+        .map_err(driver_err("cuModuleLoadData(executor)"))?;
+    let cname = CString::new(name.as_str()).expect("kernel names have no NUL");
+    // SAFETY: `module` was loaded above; the name is NUL-terminated.
+    let f = unsafe { result::module::get_function(module, cname) }
+        .map_err(driver_err("cuModuleGetFunction(executor)"))?;
+    tracing::info!(
+        "CUDA device {ordinal}: executor kernel {name} compiled in {:?}",
+        cubin.elapsed
+    );
+    map.insert((ordinal, name), f as usize);
+    Ok(f)
+}
+
 /// What the driver knows of a device address (`pointer_info`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PointerInfo {
@@ -303,6 +349,74 @@ impl CudaEngine {
     /// The architecture the kernels were compiled for (`sm_90`).
     pub fn arch(&self) -> &str {
         &self.loaded.arch
+    }
+
+    /// The device address of gate `gate`'s word (mapped host memory):
+    /// what a kernel reads, e.g. as the device executor's abort word.
+    pub fn gate_device_address(&self, gate: Gate) -> Result<u64> {
+        self.gates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .device
+            .get(&gate.0)
+            .copied()
+            .ok_or_else(|| CudaError::InvalidArgument(format!("no gate {:#x}", gate.0)))
+    }
+
+    /// Enqueues the device executor's kernel of (`protocol`, `op`, `ty`)
+    /// on `stream`: `channels` blocks of [`EXEC_THREADS`] threads running
+    /// the program image at device address `program` over `input` and
+    /// `output` (the same address twice for an in-place layout), the
+    /// `Conn` table at `conns` and the `Control` at `ctl`
+    /// (docs/device-executor.md). The kernel is compiled by NVRTC for this
+    /// device at its first use in the process (only that kernel: all 80
+    /// take a minute) and kept.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_executor(
+        &self,
+        stream: Stream,
+        protocol: Protocol,
+        op: Option<Op>,
+        ty: Ty,
+        channels: u32,
+        program: u64,
+        input: u64,
+        output: u64,
+        conns: u64,
+        ctl: u64,
+    ) -> Result<()> {
+        if channels == 0 {
+            return Err(CudaError::InvalidArgument(
+                "a program has at least one channel".into(),
+            ));
+        }
+        self.bind()?;
+        let f = executor_function(self.ordinal, &self.loaded.arch, protocol, op, ty)?;
+        let (mut program, mut input, mut output, mut conns, mut ctl) =
+            (program, input, output, conns, ctl);
+        let mut params: [*mut c_void; 5] = [
+            (&mut program as *mut u64).cast(),
+            (&mut input as *mut u64).cast(),
+            (&mut output as *mut u64).cast(),
+            (&mut conns as *mut u64).cast(),
+            (&mut ctl as *mut u64).cast(),
+        ];
+        // SAFETY: `f` is an executor kernel of a module loaded in this
+        // context and never unloaded; its five parameters are pointers
+        // (8 bytes each), and `params` holds one pointer to a live u64
+        // local per parameter, in order; the driver copies the values
+        // during the call.
+        unsafe {
+            result::launch_kernel(
+                f,
+                (channels, 1, 1),
+                (EXEC_THREADS, 1, 1),
+                0,
+                stream.0 as sys::CUstream,
+                &mut params,
+            )
+        }
+        .map_err(driver_err("cuLaunchKernel(executor)"))
     }
 
     fn bind(&self) -> Result<()> {

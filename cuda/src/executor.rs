@@ -121,6 +121,47 @@ pub struct Conn {
 /// Bytes of [`Conn`] (and of the C struct).
 pub const CONN_BYTES: usize = 152;
 
+impl Conn {
+    /// The entry as the kernel reads it: 152 little-endian bytes.
+    pub fn to_bytes(&self) -> [u8; CONN_BYTES] {
+        let mut b = [0u8; CONN_BYTES];
+        let words = [
+            self.send_slots,
+            self.send_meta,
+            self.send_tail,
+            self.send_head,
+            self.send_ll,
+            self.send_ll_head,
+            self.recv_slots,
+            self.recv_meta,
+            self.recv_tail,
+            self.recv_head,
+            self.recv_ll,
+            self.recv_ll_head,
+            self.sent,
+            self.received,
+            self.ll_sent,
+            self.ll_received,
+            self.ll_clean,
+        ];
+        for (i, w) in words.iter().enumerate() {
+            b[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        for (i, w) in [self.slots, self.slot_bytes, self.ll_slots, self.ll_lines]
+            .iter()
+            .enumerate()
+        {
+            b[136 + 4 * i..140 + 4 * i].copy_from_slice(&w.to_le_bytes());
+        }
+        b
+    }
+}
+
+/// A table of entries as the kernel reads it.
+pub fn conns_to_bytes(conns: &[Conn]) -> Vec<u8> {
+    conns.iter().flat_map(|c| c.to_bytes()).collect()
+}
+
 /// Per launch: the abort word and the first error (`struct Control`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -147,6 +188,50 @@ pub struct Control {
 
 /// Bytes of [`Control`] (and of the C struct).
 pub const CONTROL_BYTES: usize = 48;
+
+impl Control {
+    /// As the kernel reads it: 48 little-endian bytes.
+    pub fn to_bytes(&self) -> [u8; CONTROL_BYTES] {
+        let mut b = [0u8; CONTROL_BYTES];
+        b[0..8].copy_from_slice(&self.abort.to_le_bytes());
+        for (i, w) in [
+            self.spin_check,
+            self.done,
+            self.error,
+            self.channel,
+            self.record,
+            self.peer,
+        ]
+        .iter()
+        .enumerate()
+        {
+            b[8 + 4 * i..12 + 4 * i].copy_from_slice(&w.to_le_bytes());
+        }
+        b[32..40].copy_from_slice(&self.want.to_le_bytes());
+        b[40..48].copy_from_slice(&self.got.to_le_bytes());
+        b
+    }
+
+    /// What a kernel left, from its bytes; `None` unless 48 bytes.
+    pub fn from_bytes(b: &[u8]) -> Option<Control> {
+        if b.len() != CONTROL_BYTES {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Some(Control {
+            abort: u64_at(0),
+            spin_check: u32_at(8),
+            done: u32_at(12),
+            error: u32_at(16),
+            channel: u32_at(20),
+            record: u32_at(24),
+            peer: u32_at(28),
+            want: u64_at(32),
+            got: u64_at(40),
+        })
+    }
+}
 
 /// The LL cleaning's period in production: no line is older than this
 /// plus the slot count, far below the 2^32 frames at which a flag repeats.
@@ -363,6 +448,43 @@ mod tests {
         assert!(!EXECUTOR_CU
             .lines()
             .any(|l| l.trim_start().starts_with("#include")));
+    }
+
+    #[test]
+    fn bytes_sit_at_the_struct_offsets() {
+        let c = Conn {
+            recv_slots: 0x1122,
+            sent: 7,
+            ll_clean: 9,
+            slots: 3,
+            ll_lines: 17,
+            ..Conn::default()
+        };
+        let b = c.to_bytes();
+        let at = |o: usize, n: usize| {
+            u64::from_le_bytes({
+                let mut w = [0u8; 8];
+                w[..n].copy_from_slice(&b[o..o + n]);
+                w
+            })
+        };
+        assert_eq!(at(offset_of!(Conn, recv_slots), 8), 0x1122);
+        assert_eq!(at(offset_of!(Conn, sent), 8), 7);
+        assert_eq!(at(offset_of!(Conn, ll_clean), 8), 9);
+        assert_eq!(at(offset_of!(Conn, slots), 4), 3);
+        assert_eq!(at(offset_of!(Conn, ll_lines), 4), 17);
+        assert_eq!(conns_to_bytes(&[c, c]).len(), 2 * CONN_BYTES);
+        let k = Control {
+            abort: 0xdead,
+            spin_check: 5,
+            error: 2,
+            peer: 4,
+            want: 6,
+            got: 8,
+            ..Control::default()
+        };
+        assert_eq!(Control::from_bytes(&k.to_bytes()), Some(k));
+        assert_eq!(Control::from_bytes(&[0; 47]), None);
     }
 
     #[test]

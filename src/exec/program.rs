@@ -1001,6 +1001,10 @@ mod tests {
         failures
     }
 
+    /// A case's index in its grid, the case, and each rank's run (`None`
+    /// where the rank takes no part).
+    pub(super) type CaseRuns = (usize, Case, Vec<Option<RankRun>>);
+
     /// Every case of `cases` on `n` ranks through the host executor:
     /// the failures, and per case that ran on every rank its index and
     /// the ranks' runs.
@@ -1008,7 +1012,7 @@ mod tests {
         n: usize,
         algo: Algorithm,
         cases: &[Case],
-    ) -> (Vec<String>, Vec<(usize, Case, Vec<Option<RankRun>>)>) {
+    ) -> (Vec<String>, Vec<CaseRuns>) {
         let per_rank = crate::testing::run_ranks_with(n, configure(algo), |comm| {
             cases
                 .iter()
@@ -1491,3 +1495,6 @@ mod tests {
 
 #[cfg(test)]
 mod kernel_host;
+
+#[cfg(test)]
+mod kernel_gpu;

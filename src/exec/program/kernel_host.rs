@@ -164,7 +164,12 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
-fn idle_image(rank: usize, ranks: usize, dtype: DataType, op: Option<ReduceOp>) -> Vec<u8> {
+pub(super) fn idle_image(
+    rank: usize,
+    ranks: usize,
+    dtype: DataType,
+    op: Option<ReduceOp>,
+) -> Vec<u8> {
     let meta = ProgramMeta {
         rank,
         ranks,
