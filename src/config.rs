@@ -154,8 +154,9 @@ impl Config {
     /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
     /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_NT_STORE_BYTES,
-    /// FERROCCL_P2P_DISABLE (else NCCL_P2P_DISABLE), FERROCCL_SIMD (checked
-    /// only) and FERROCCL_ALGO read through `get`; a value that does not
+    /// FERROCCL_P2P_DISABLE (else NCCL_P2P_DISABLE), FERROCCL_SIMD and
+    /// FERROCCL_PROTO (else NCCL_PROTO) (checked only) and FERROCCL_ALGO
+    /// read through `get`; a value that does not
     /// parse is an error naming it.
     pub fn from_env_overrides(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
         fn parse<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
@@ -223,6 +224,9 @@ impl Config {
         if let Some(disabled) = crate::gpu_path::p2p_disabled_from_env(get)? {
             self.p2p = !disabled;
         }
+        // FERROCCL_PROTO (else NCCL_PROTO) narrows the device executor's
+        // protocols; checked here so that a bad value fails at creation.
+        crate::device_tune::allowed_from_env(get)?;
         // The kernels read FERROCCL_SIMD themselves (once per process, for
         // every communicator); here a value they would not know is an error.
         if let Some(v) = get("FERROCCL_SIMD") {

@@ -21,6 +21,7 @@ mod comm;
 mod config;
 pub mod cuda;
 pub mod ddp;
+mod device_tune;
 mod element;
 mod error;
 mod exec;
