@@ -1149,40 +1149,9 @@ mod tests {
     #[test]
     fn two_channel_programs_match_the_executor() {
         let t = Instant::now();
-        let half = 301;
         let mut failures = Vec::new();
         for n in [2, 3, 5, 8] {
-            let shapes = [(false, false), (false, true), (true, false), (true, true)];
-            let runs = crate::testing::run_ranks_with(n, configure(Algorithm::Ring), |comm| {
-                let rank = comm.rank();
-                shapes
-                    .iter()
-                    .map(|&(tree_on_1, in_place)| {
-                        let count = 2 * half;
-                        let seed = 77 + n as u64;
-                        let call = CollCall {
-                            op: Some(ReduceOp::Avg),
-                            in_place,
-                            ..CollCall::new(CollKind::AllReduce, count, count, count)
-                        };
-                        let caller = if in_place {
-                            Caller::InPlace {
-                                buf: fill::<f32>(count, seed, rank, 0),
-                            }
-                        } else {
-                            Caller::OutOfPlace {
-                                send: fill::<f32>(count, seed, rank, 0),
-                                recv: fill::<f32>(count, seed, rank, 1),
-                            }
-                        };
-                        let shape = |_: &Plan| two_channels(rank, n, half, tree_on_1);
-                        run_executor(&comm, &call, caller, &shape).map_err(|e| e.to_string())
-                    })
-                    .collect::<Vec<_>>()
-            });
-            for (i, shape) in shapes.iter().enumerate() {
-                let runs: std::result::Result<Vec<_>, String> =
-                    runs.iter().map(|r| r[i].clone().map(Some)).collect();
+            for (shape, runs) in two_channel_runs(n) {
                 let runs = match runs {
                     Ok(runs) => runs,
                     Err(e) => {
@@ -1207,6 +1176,56 @@ mod tests {
             }
         }
         check(failures, t, "two channels");
+    }
+
+    /// The two-channel allreduces (Avg of f32, 2 x 301 elements) on `n`
+    /// ranks through the host executor, per shape (tree on channel 1, in
+    /// place): each rank's run.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn two_channel_runs(
+        n: usize,
+    ) -> Vec<(
+        (bool, bool),
+        std::result::Result<Vec<Option<RankRun>>, String>,
+    )> {
+        let half = 301;
+        let shapes = [(false, false), (false, true), (true, false), (true, true)];
+        let runs = crate::testing::run_ranks_with(n, configure(Algorithm::Ring), |comm| {
+            let rank = comm.rank();
+            shapes
+                .iter()
+                .map(|&(tree_on_1, in_place)| {
+                    let count = 2 * half;
+                    let seed = 77 + n as u64;
+                    let call = CollCall {
+                        op: Some(ReduceOp::Avg),
+                        in_place,
+                        ..CollCall::new(CollKind::AllReduce, count, count, count)
+                    };
+                    let caller = if in_place {
+                        Caller::InPlace {
+                            buf: fill::<f32>(count, seed, rank, 0),
+                        }
+                    } else {
+                        Caller::OutOfPlace {
+                            send: fill::<f32>(count, seed, rank, 0),
+                            recv: fill::<f32>(count, seed, rank, 1),
+                        }
+                    };
+                    let shape = |_: &Plan| two_channels(rank, n, half, tree_on_1);
+                    run_executor(&comm, &call, caller, &shape).map_err(|e| e.to_string())
+                })
+                .collect::<Vec<_>>()
+        });
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(i, &shape)| {
+                let runs: std::result::Result<Vec<_>, String> =
+                    runs.iter().map(|r| r[i].clone().map(Some)).collect();
+                (shape, runs)
+            })
+            .collect()
     }
 
     /// The comparison can fail: one record of rank 1's program with its

@@ -15,7 +15,7 @@
 //! Skipped, saying so, where there is no C++20 compiler (`c++`, or
 //! `$CXX`), unless `FERROCCL_REQUIRE_CXX=1`.
 
-use super::tests::{check, grid, reduces, sweep_runs, Case, RankRun};
+use super::tests::{check, grid, reduces, sweep_runs, two_channel_runs, Case, RankRun};
 use super::Buffers;
 use crate::algo::encode::{encode, Layout, ProgramMeta};
 use crate::algo::{Algorithm, Schedule};
@@ -443,6 +443,58 @@ fn both_kernels_match_the_executor_on_16_ranks() {
         }
     }
     check(failures, t, "16 ranks");
+}
+
+/// Programs of two channels (two rings on the halves of the buffer, or a
+/// ring and a tree), Avg of f32, in and out of place, on 2, 3, 5 and 8
+/// ranks: two blocks a rank, each its own FIFOs, and the last block to
+/// end divides the whole result.
+#[test]
+fn two_channel_programs_match_the_executor_in_the_kernel() {
+    let Some(exe) = harness_here("two channels") else {
+        return;
+    };
+    let t = Instant::now();
+    let mut failures = Vec::new();
+    for n in [2, 3, 5, 8] {
+        for (shape, runs) in two_channel_runs(n) {
+            let runs = match runs {
+                Ok(runs) => runs,
+                Err(e) => {
+                    failures.push(e);
+                    continue;
+                }
+            };
+            let jobs: Vec<Job> = Protocol::ALL
+                .into_iter()
+                .map(|p| Job {
+                    op: Some(ReduceOp::Avg),
+                    ..job(p, &runs)
+                })
+                .collect();
+            let out = match run_jobs(exe, &jobs, &format!("two-{n}")) {
+                Ok(o) => o,
+                Err(e) => {
+                    failures.push(e);
+                    continue;
+                }
+            };
+            for (j, ranks) in jobs.iter().zip(out) {
+                for (r, (run, got)) in runs.iter().zip(ranks).enumerate() {
+                    let what = format!(
+                        "{} two channels {shape:?} on {n} ranks: rank {r}",
+                        j.protocol.name()
+                    );
+                    if let Some(why) = ExecFault::describe(&got.ctl) {
+                        failures.push(format!("{what}: {why}"));
+                    } else if got.bufs != run.as_ref().unwrap().after {
+                        failures.push(format!("{what}: buffers differ from the executor's"));
+                    }
+                }
+            }
+        }
+    }
+    check(failures, t, "two channels in the kernel");
 }
 
 #[test]
