@@ -50,13 +50,13 @@ struct Params {
 }
 
 /// Two slots of the planner's 128 bytes, three threads a block (so lanes
-/// and lines split unevenly), each call run three times on the same
+/// and lines split unevenly), each call run twice on the same
 /// connections (the counts go on, the FIFOs wrap many times), an LL
 /// cleaning every 5 frames, and counts that start 5 frames before 2^32
 /// (the LL flags, 32 bits, pass through 0).
 const PARAMS: Params = Params {
     threads: 3,
-    repeats: 3,
+    repeats: 2,
     slots: 2,
     slot_bytes: 128,
     ll_slots: 2,
@@ -433,47 +433,47 @@ fn sweep_all(protocol: Protocol, ranks: &[usize]) {
 }
 
 // Rank counts: the host runs every thread of every rank at once on the
-// build machine's two cores, so the full grid takes a subset of counts
-// (odd and even, a power of two and not); 16 ranks run a smaller grid.
+// build machine's two cores, so the full grid takes a few counts (odd and
+// even, a power of two and not); 8 and 16 ranks run a smaller grid.
 
 #[test]
 fn the_bulk_kernel_matches_the_executor() {
-    sweep_all(Protocol::Bulk, &[1, 2, 3, 5, 8]);
+    sweep_all(Protocol::Bulk, &[1, 2, 3, 5]);
 }
 
 #[test]
 fn the_ll_kernel_matches_the_executor() {
-    sweep_all(Protocol::LowLatency, &[2, 4, 7]);
+    sweep_all(Protocol::LowLatency, &[2, 4]);
 }
 
-/// 16 ranks: allreduce by every algorithm and allgather and
-/// reduce-scatter by the ring, 1013 elements of f32 and bf16, in and out
-/// of place, both protocols.
+/// 8 and 16 ranks: allreduce, allgather and reduce-scatter by the ring,
+/// allreduce by the tree, 1013 elements of f32 and bf16 (Sum, Avg), in
+/// and out of place, both protocols.
 #[test]
-fn both_kernels_match_the_executor_on_16_ranks() {
+fn both_kernels_match_the_executor_on_8_and_16_ranks() {
     use CollKind::*;
-    let Some(exe) = harness_here("16 ranks") else {
+    let Some(exe) = harness_here("8 and 16 ranks") else {
         return;
     };
     let t = Instant::now();
     let keep = |c: &Case| {
         c.count == 1013
             && matches!(c.dtype, DataType::F32 | DataType::Bf16)
-            && c.op != ReduceOp::Max
+            && matches!(c.op, ReduceOp::Sum | ReduceOp::Avg)
     };
     let mut failures = Vec::new();
-    for p in Protocol::ALL {
-        let ring: Vec<Case> = grid(16, &[AllReduce, AllGather, ReduceScatter])
-            .into_iter()
-            .filter(keep)
-            .collect();
-        failures.extend(kernel_sweep(exe, 16, Algorithm::Ring, &ring, p));
-        let ar: Vec<Case> = grid(16, &[AllReduce]).into_iter().filter(keep).collect();
-        for algo in [Algorithm::Tree, Algorithm::OneShot, Algorithm::TwoShot] {
-            failures.extend(kernel_sweep(exe, 16, algo, &ar, p));
+    for n in [8, 16] {
+        for p in Protocol::ALL {
+            let ring: Vec<Case> = grid(n, &[AllReduce, AllGather, ReduceScatter])
+                .into_iter()
+                .filter(keep)
+                .collect();
+            failures.extend(kernel_sweep(exe, n, Algorithm::Ring, &ring, p));
+            let ar: Vec<Case> = grid(n, &[AllReduce]).into_iter().filter(keep).collect();
+            failures.extend(kernel_sweep(exe, n, Algorithm::Tree, &ar, p));
         }
     }
-    check(failures, t, "16 ranks");
+    check(failures, t, "8 and 16 ranks");
 }
 
 /// Programs of two channels (two rings on the halves of the buffer, or a
