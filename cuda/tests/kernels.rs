@@ -1,14 +1,15 @@
-//! Compiles every reduction kernel with NVRTC for sm_80 and sm_90 and fails
-//! on any error, warning or register spill; and checks that the checker
+//! Compiles every reduction kernel and every device-executor kernel with
+//! NVRTC for sm_80 and sm_90 and fails on any error, warning or register
+//! spill; and checks that the checker
 //! itself catches a broken source, a warning and a forced spill.
 //!
 //! Needs libnvrtc on the loader's path (docs/cuda.md). Without it each test
 //! says why it skipped and passes, unless `FERROCCL_REQUIRE_NVRTC=1`, then
 //! it fails (CI sets it).
 
-use ferroccl_cuda::kernels;
 use ferroccl_cuda::nvrtc::{self, Cubin};
 use ferroccl_cuda::CudaError;
+use ferroccl_cuda::{executor, kernels};
 
 /// Whether NVRTC is here; if not, whether that is allowed (skip) or not
 /// (panic).
@@ -80,6 +81,42 @@ fn every_kernel_compiles_for_sm_90_without_warning_or_spill() {
     compiles_every_kernel_for("sm_90");
 }
 
+/// The device executor's 80 kernels (`kernels/executor.cu`): no error,
+/// warning or spill, at most 128 registers (512 threads a block).
+fn compiles_every_executor_kernel_for(arch: &str) {
+    if !nvrtc_here(arch) {
+        return;
+    }
+    let c = nvrtc::compile(executor::source(), arch, &[]).unwrap_or_else(|e| panic!("{e}"));
+    report(&c);
+    assert_eq!(&c.image[..4], b"\x7fELF", "not a CUBIN");
+    let mut reported: Vec<&str> = c
+        .kernels
+        .iter()
+        .map(|k| k.name.as_str())
+        .filter(|n| n.starts_with("ferroccl_exec_"))
+        .collect();
+    let mut want: Vec<&str> = executor::names().iter().map(String::as_str).collect();
+    reported.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(reported, want);
+    for k in &c.kernels {
+        assert_eq!((k.spill_stores, k.spill_loads), (0, 0), "{k:?}");
+        assert!(k.registers <= 128, "{k:?}");
+    }
+    assert_eq!(nvrtc::check_log(&c.log), Ok(()));
+}
+
+#[test]
+fn executor_kernels_compile_for_sm_80_without_warning_or_spill() {
+    compiles_every_executor_kernel_for("sm_80");
+}
+
+#[test]
+fn executor_kernels_compile_for_sm_90_without_warning_or_spill() {
+    compiles_every_executor_kernel_for("sm_90");
+}
+
 fn compile_error(src: &str, extra: &[&str]) -> String {
     match nvrtc::compile(src, "sm_90", extra) {
         Err(CudaError::Compile(log)) => log,
@@ -149,30 +186,9 @@ extern "C" __global__ void hungry(float* p, const float* q) {
 // aligned, equally misaligned, differently misaligned, in place, short and
 // over-sized grids. Needs no GPU and no NVRTC; skipped without `c++`.
 
-const HOST_SHIM: &str = r#"
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __launch_bounds__(n)
-struct Dim3 { unsigned x; };
-static Dim3 threadIdx, blockIdx, blockDim, gridDim;
-static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
-static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
-static inline long long __double_as_longlong(double d) { long long u; memcpy(&u, &d, 8); return u; }
-static inline double __longlong_as_double(long long u) { double d; memcpy(&d, &u, 8); return d; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fdiv_rn(float a, float b) { return a / b; }
-static inline double __dadd_rn(double a, double b) { return a + b; }
-static inline double __dmul_rn(double a, double b) { return a * b; }
-static inline double __ddiv_rn(double a, double b) { return a / b; }
-static inline float __uint2float_rn(unsigned u) { return (float)u; }
-static inline float __ull2float_rn(unsigned long long u) { return (float)u; }
-static inline double __ull2double_rn(unsigned long long u) { return (double)u; }
-"#;
+/// The qualifiers, built-ins and thread indices of the host build: the
+/// same header the device executor's host run uses.
+const HOST_SHIM: &str = ferroccl_cuda::executor::HOST_EMULATION_H;
 
 const HOST_DRIVER: &str = r#"
 typedef unsigned long long u64;
@@ -258,7 +274,13 @@ fn build_host_module(dir: &Path) -> Result<PathBuf, String> {
     let exe = dir.join("host");
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let out = Command::new(&cxx)
-        .args(["-std=c++17", "-O1", "-ffp-contract=off", "-fno-fast-math"])
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-pthread",
+            "-ffp-contract=off",
+            "-fno-fast-math",
+        ])
         .args(["-Wall", "-Wno-unknown-pragmas", "-Werror", "-o"])
         .arg(&exe)
         .arg(dir.join("host.cpp"))

@@ -104,7 +104,7 @@ fn harness() -> &'static Result<PathBuf, String> {
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
         let t = Instant::now();
         let out = Command::new(&cxx)
-            .args(["-std=c++20", "-O1", "-pthread", "-Wall", "-Wno-unused-function", "-Wno-unknown-pragmas", "-o"])
+            .args(["-std=c++20", "-O1", "-pthread", "-ffp-contract=off", "-Wall", "-Wno-unused-function", "-Wno-unknown-pragmas", "-o"])
             .arg(&exe)
             .arg(dir.join("harness.cpp"))
             .output()
