@@ -210,12 +210,8 @@ fn executor_function(
     if let Some(&f) = map.get(&(ordinal, name.clone())) {
         return Ok(f as sys::CUfunction);
     }
-    let kernel_op = match op {
-        None | Some(Op::Avg) => Op::Sum,
-        Some(other) => other,
-    };
     let cubin = nvrtc::compile(
-        &executor::source_for(&[(protocol, kernel_op, ty)]),
+        &executor::source_for(&[(protocol, executor::kernel_op(op), ty)]),
         arch,
         &[],
     )?;

@@ -300,33 +300,20 @@ impl ExecFault {
     }
 }
 
-/// The element struct of `reduce.cu` for a type.
-fn element(ty: Ty) -> &'static str {
-    match ty {
-        Ty::F32 => "EF32",
-        Ty::F64 => "EF64",
-        Ty::F16 => "EF16",
-        Ty::Bf16 => "EBF16",
-        Ty::I8 => "EI8",
-        Ty::U8 => "EU8",
-        Ty::I32 => "EI32",
-        Ty::U32 => "EU32",
-        Ty::I64 => "EI64",
-        Ty::U64 => "EU64",
-    }
-}
-
 /// The ops that have kernels of their own (Avg runs Sum's).
 pub const KERNEL_OPS: [Op; 4] = [Op::Sum, Op::Prod, Op::Min, Op::Max];
+
+/// The op whose kernel a call runs: its combining op (Avg combines as
+/// Sum), and Sum for a call that reduces nothing.
+pub fn kernel_op(op: Option<Op>) -> Op {
+    op.map_or(Op::Sum, kernels::combining)
+}
 
 /// Name of the kernel of (protocol, op, type), e.g.
 /// `ferroccl_exec_ll_sum_bf16`; `None` (a call that reduces nothing) and
 /// Avg name the Sum kernel.
 pub fn kernel_name(protocol: Protocol, op: Option<Op>, ty: Ty) -> String {
-    let op = match op {
-        None | Some(Op::Avg) => Op::Sum,
-        Some(other) => other,
-    };
+    let op = kernel_op(op);
     format!(
         "ferroccl_exec_{}_{}_{}",
         protocol.name(),
@@ -354,18 +341,12 @@ pub fn names() -> &'static [String] {
 /// The element struct of `reduce.cu` that a type's kernels use
 /// (`EF32`, `EBF16`, ...), for code that calls the kernels by type.
 pub fn element_struct(ty: Ty) -> &'static str {
-    element(ty)
+    kernels::element(ty)
 }
 
 /// The `extern "C"` line of one kernel.
 pub fn entry_point(protocol: Protocol, op: Op, ty: Ty) -> String {
-    let e = element(ty);
-    let c = match op {
-        Op::Sum | Op::Avg => "OpSum",
-        Op::Prod => "OpProd",
-        Op::Min => "OpMin",
-        Op::Max => "OpMax",
-    };
+    let (e, c) = (kernels::element(ty), kernels::combiner(op));
     format!(
         "extern \"C\" __global__ void __launch_bounds__({EXEC_THREADS}, 1) {name}(\
          const unsigned char* program, ferroccl::{e}::T* input, ferroccl::{e}::T* output, \

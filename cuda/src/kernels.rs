@@ -42,7 +42,7 @@ pub struct Kernels {
 }
 
 /// The element struct of the `.cu` source for a type.
-const fn element(ty: Ty) -> &'static str {
+pub(crate) const fn element(ty: Ty) -> &'static str {
     match ty {
         Ty::F32 => "EF32",
         Ty::F64 => "EF64",
@@ -58,7 +58,7 @@ const fn element(ty: Ty) -> &'static str {
 }
 
 /// The op struct of the `.cu` source that combines for an op.
-const fn combiner(op: Op) -> &'static str {
+pub(crate) const fn combiner(op: Op) -> &'static str {
     match op {
         Op::Sum | Op::Avg => "OpSum",
         Op::Prod => "OpProd",
@@ -68,7 +68,7 @@ const fn combiner(op: Op) -> &'static str {
 }
 
 /// The op whose kernel combines for `op` (Avg combines as Sum).
-const fn combining(op: Op) -> Op {
+pub(crate) const fn combining(op: Op) -> Op {
     match op {
         Op::Avg => Op::Sum,
         other => other,
