@@ -47,8 +47,10 @@ fn driver_err(call: &'static str) -> impl Fn(DriverError) -> CudaError {
     }
 }
 
-/// The driver's handle of `ordinal`, after the probe and a range check.
-fn device(ordinal: u32) -> Result<sys::CUdevice> {
+/// The driver's handle of `ordinal`, after the probe and a range check:
+/// `NoDevice` without a driver, `InvalidArgument` naming the visible count
+/// for an ordinal beyond it.
+pub fn device(ordinal: u32) -> Result<sys::CUdevice> {
     let driver = probe::driver()?;
     if ordinal as usize >= driver.devices {
         return Err(CudaError::InvalidArgument(format!(

@@ -35,7 +35,8 @@
 
 use crate::handle::{round_up, ShareHandle, LEGACY_GRANULARITY};
 use ferroccl_cuda::cudarc::driver::{result, sys, DriverError};
-use ferroccl_cuda::{probe, CudaError, Result};
+use ferroccl_cuda::topo::device;
+use ferroccl_cuda::{CudaError, Result};
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_void};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -79,18 +80,6 @@ fn driver_err(call: &'static str, at: String) -> impl FnOnce(DriverError) -> Cud
     }
 }
 
-/// The driver's handle of `ordinal`, after the probe and a range check.
-fn device(ordinal: u32) -> Result<sys::CUdevice> {
-    let driver = probe::driver()?;
-    if ordinal as usize >= driver.devices {
-        return Err(CudaError::InvalidArgument(format!(
-            "CUDA device {ordinal} does not exist ({} visible)",
-            driver.devices
-        )));
-    }
-    result::device::get(ordinal as c_int)
-        .map_err(driver_err("cuDeviceGet", format!("device {ordinal}")))
-}
 
 /// The primary context of `ordinal`, retained at the first call and kept
 /// for the process's life (stored as an address: a `CUcontext` is a
@@ -965,7 +954,7 @@ mod tests {
         };
         let file = std::fs::File::open("/dev/null").unwrap();
         let borrowed = std::os::fd::AsFd::as_fd(&file);
-        match probe::driver() {
+        match ferroccl_cuda::probe::driver() {
             Err(CudaError::NoDevice(_)) => {
                 let no = |r: Result<()>, what: &str| match r {
                     Err(CudaError::NoDevice(why)) => assert!(!why.is_empty(), "{what}"),
