@@ -80,7 +80,6 @@ fn driver_err(call: &'static str, at: String) -> impl FnOnce(DriverError) -> Cud
     }
 }
 
-
 /// The primary context of `ordinal`, retained at the first call and kept
 /// for the process's life (stored as an address: a `CUcontext` is a
 /// pointer, valid in every thread).

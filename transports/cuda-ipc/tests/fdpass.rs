@@ -3,6 +3,8 @@
 //! The tests hold one lock each, so that counting this process's open
 //! descriptors (`/proc/self/fd`) before and after is exact.
 
+mod common;
+
 use ferroccl_cuda_ipc::fdpass::{
     recv_exact_fds, recv_fds, send_fds, FdPassError, MAX_FDS_PER_MESSAGE,
 };
@@ -12,7 +14,6 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -375,29 +376,7 @@ const CHILD_ENV: &str = "FERROCCL_FDPASS_CHILD_SOCKET";
 fn an_fd_crosses_to_another_process() {
     let _s = serial();
     let (parent, child) = UnixStream::pair().unwrap();
-    let child_fd = child.as_raw_fd();
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "child_process_side",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD_ENV, child_fd.to_string())
-    // The child's test report is not ours; its panics go to stderr.
-    .stdout(std::process::Stdio::null());
-    // SAFETY: between fork and exec the closure only calls fcntl, which is
-    // async-signal-safe: the child's end of the pair survives exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::fcntl(child_fd, libc::F_SETFD, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut proc = cmd.spawn().unwrap();
-    drop(child);
+    let mut proc = common::spawn_child(CHILD_ENV, child);
     let mut payload = [0u8; 8];
     let got = recv_exact_fds(&parent, &mut payload, 1, soon());
     let status = proc.wait().unwrap();
@@ -416,12 +395,9 @@ fn an_fd_crosses_to_another_process() {
 /// in an ordinary run.
 #[test]
 fn child_process_side() {
-    let Ok(fd) = std::env::var(CHILD_ENV) else {
+    let Some(sock) = common::inherited_socket(CHILD_ENV) else {
         return;
     };
-    let fd: i32 = fd.parse().unwrap();
-    // SAFETY: the parent passed us this descriptor, ours alone now.
-    let sock = unsafe { UnixStream::from_raw_fd(fd) };
     let pid = std::process::id();
     let f = memfd(
         "ferroccl-fdpass-child",

@@ -4,14 +4,15 @@
 //! Without a device each test says why and passes, unless
 //! FERROCCL_REQUIRE_DEVICE=1 (the GPU run), where it fails.
 
+mod common;
+
 use ferroccl_cuda::cudarc::driver::sys;
 use ferroccl_cuda::{probe, CudaError};
 use ferroccl_cuda_ipc::fdpass::{recv_exact_fds, send_fds};
 use ferroccl_cuda_ipc::vmm::{self, Mapped, Mechanism, SharedAlloc};
 use ferroccl_cuda_ipc::{ShareHandle, WIRE_LEN};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
 fn devices() -> Option<usize> {
@@ -216,27 +217,7 @@ fn memory_crosses_to_another_process() {
         write(0, owner.ptr(), &pattern(0xfeed, words));
 
         let (parent, child) = UnixStream::pair().unwrap();
-        let child_fd = child.as_raw_fd();
-        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-        cmd.args([
-            "--exact",
-            "child_process_side",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, child_fd.to_string())
-        .stdout(std::process::Stdio::null());
-        // SAFETY: between fork and exec only fcntl runs (async-signal-safe).
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::fcntl(child_fd, libc::F_SETFD, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut proc = cmd.spawn().unwrap();
-        drop(child);
+        let mut proc = common::spawn_child(CHILD_ENV, child);
         let fd = owner.export_fd().unwrap();
         let fds: Vec<_> = fd.iter().map(|f| f.as_fd()).collect();
         send_fds(&parent, &owner.handle().encode(), &fds, soon()).unwrap();
@@ -259,11 +240,9 @@ fn memory_crosses_to_another_process() {
 /// in an ordinary run.
 #[test]
 fn child_process_side() {
-    let Ok(fd) = std::env::var(CHILD_ENV) else {
+    let Some(sock) = common::inherited_socket(CHILD_ENV) else {
         return;
     };
-    // SAFETY: the parent passed us this descriptor, ours alone now.
-    let sock = unsafe { UnixStream::from_raw_fd(fd.parse().unwrap()) };
     let mut bytes = [0u8; WIRE_LEN];
     let fds = recv_exact_fds(&sock, &mut bytes, 1, soon()).unwrap();
     let handle = ShareHandle::decode(&bytes).unwrap();
