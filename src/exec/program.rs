@@ -910,6 +910,24 @@ mod tests {
             .map_err(|e| format!("{case:?} on rank {}: executor: {e}", comm.rank()))
     }
 
+    /// The program of a rank that takes no part in a call: no steps.
+    pub(super) fn idle_image(
+        rank: usize,
+        ranks: usize,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+    ) -> Vec<u8> {
+        let meta = ProgramMeta {
+            rank,
+            ranks,
+            dtype,
+            op,
+            layout: Layout::Separate,
+            finish: None,
+        };
+        encode(&Schedule::default(), &meta).expect("an empty program encodes")
+    }
+
     /// Decode every rank's program (an empty one for a rank that took no
     /// part), interpret them on the buffers the executor started from,
     /// and compare with what the executor left, bit for bit.
@@ -936,18 +954,8 @@ mod tests {
                     bufs.push(typed::<T>(&run.before));
                 }
                 None => {
-                    let idle = ProgramMeta {
-                        rank: r,
-                        ranks: n,
-                        dtype: T::DTYPE,
-                        op,
-                        layout: Layout::Separate,
-                        finish: None,
-                    };
-                    programs.push(
-                        decode(&encode(&Schedule::default(), &idle).map_err(|e| e.to_string())?)
-                            .map_err(|e| e.to_string())?,
-                    );
+                    programs
+                        .push(decode(&idle_image(r, n, T::DTYPE, op)).map_err(|e| e.to_string())?);
                     bufs.push(Buffers::Separate {
                         input: Vec::new(),
                         output: Vec::new(),

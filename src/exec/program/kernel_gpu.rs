@@ -10,15 +10,15 @@
 //! Skipped, saying so, without a CUDA driver and device (the build
 //! machines); the GPU script (`cuda/gpu/run.sh`) runs it.
 
-use super::kernel_host::idle_image;
-use super::tests::{check, grid, reduces, sweep_runs, Case, RankRun};
+use super::kernel_host::judge;
+use super::tests::{check, grid, idle_image, reduces, sweep_runs, Case, RankRun};
 use super::Buffers;
 use crate::algo::Algorithm;
 use crate::coll::CollKind;
 use crate::element::{DataType, ReduceOp};
 use crate::exec::staged::{op as cuda_op, ty as cuda_ty};
 use ferroccl_cuda::engine::CudaEngine;
-use ferroccl_cuda::executor::{self, Conn, Control, ExecFault, Protocol, CONTROL_BYTES};
+use ferroccl_cuda::executor::{self, Conn, Control, Protocol, CONTROL_BYTES};
 use ferroccl_cuda::staging::{DeviceBuf, DevicePtr, Engine, Stream};
 use std::time::{Duration, Instant};
 
@@ -300,22 +300,7 @@ fn gpu_sweep(
         let op = reduces(case.kind).then_some(case.op);
         match run_on_gpu(e, protocol, case.dtype, op, runs) {
             Err(err) => failures.push(format!("{what}: {err}")),
-            Ok(got) => {
-                for (r, (run, (ctl, bufs))) in runs.iter().zip(got).enumerate() {
-                    if let Some(why) = ExecFault::describe(&ctl) {
-                        failures.push(format!("{what}: rank {r}: {why}"));
-                        break;
-                    }
-                    if let Some(run) = run {
-                        if bufs != run.after {
-                            failures.push(format!(
-                                "{what}: rank {r}: the GPU's buffers differ from the executor's"
-                            ));
-                            break;
-                        }
-                    }
-                }
-            }
+            Ok(got) => failures.extend(judge(&what, runs, got.iter().map(|(c, b)| (c, b)))),
         }
     }
     failures

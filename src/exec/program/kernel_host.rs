@@ -15,10 +15,9 @@
 //! Skipped, saying so, where there is no C++20 compiler (`c++`, or
 //! `$CXX`), unless `FERROCCL_REQUIRE_CXX=1`.
 
-use super::tests::{check, grid, reduces, sweep_runs, two_channel_runs, Case, RankRun};
+use super::tests::{check, grid, idle_image, reduces, sweep_runs, two_channel_runs, Case, RankRun};
 use super::Buffers;
-use crate::algo::encode::{encode, Layout, ProgramMeta};
-use crate::algo::{Algorithm, Schedule};
+use crate::algo::Algorithm;
 use crate::coll::CollKind;
 use crate::element::{DataType, ReduceOp};
 use crate::exec::staged::{op as cuda_op, ty as cuda_ty};
@@ -193,23 +192,6 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
-pub(super) fn idle_image(
-    rank: usize,
-    ranks: usize,
-    dtype: DataType,
-    op: Option<ReduceOp>,
-) -> Vec<u8> {
-    let meta = ProgramMeta {
-        rank,
-        ranks,
-        dtype,
-        op,
-        layout: Layout::Separate,
-        finish: None,
-    };
-    encode(&Schedule::default(), &meta).expect("an empty program encodes")
-}
-
 fn write_job(jobs: &[Job]) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&0x4a4c4346u32.to_le_bytes());
@@ -370,21 +352,30 @@ fn kernel_sweep(
     };
     for ((_, case, runs), ranks) in runs.iter().zip(outcomes) {
         let what = format!("{} {algo} {case:?} on {n} ranks", protocol.name());
-        for (r, (run, got)) in runs.iter().zip(ranks).enumerate() {
-            if let Some(why) = ExecFault::describe(&got.ctl) {
-                failures.push(format!("{what}: rank {r}: {why}"));
-                break;
-            }
-            let Some(run) = run else { continue };
-            if got.bufs != run.after {
-                failures.push(format!(
-                    "{what}: rank {r}: the kernel's buffers differ from the executor's"
-                ));
-                break;
-            }
-        }
+        failures.extend(judge(&what, runs, ranks.iter().map(|o| (&o.ctl, &o.bufs))));
     }
     failures
+}
+
+/// The first rank of a call whose kernel faulted or left other buffers
+/// than the host executor, said with `what`; `None` when every rank
+/// matches (a rank that took no part has no buffers to compare).
+pub(super) fn judge<'a>(
+    what: &str,
+    runs: &[Option<RankRun>],
+    got: impl IntoIterator<Item = (&'a Control, &'a Buffers<u8>)>,
+) -> Option<String> {
+    for (r, (run, (ctl, bufs))) in runs.iter().zip(got).enumerate() {
+        if let Some(why) = ExecFault::describe(ctl) {
+            return Some(format!("{what}: rank {r}: {why}"));
+        }
+        if run.as_ref().is_some_and(|run| *bufs != run.after) {
+            return Some(format!(
+                "{what}: rank {r}: the kernel's buffers differ from the executor's"
+            ));
+        }
+    }
+    None
 }
 
 fn sweep_all(protocol: Protocol, ranks: &[usize]) {
@@ -511,17 +502,8 @@ fn two_channel_programs_match_the_executor_in_the_kernel() {
                 }
             };
             for (j, ranks) in jobs.iter().zip(out) {
-                for (r, (run, got)) in runs.iter().zip(ranks).enumerate() {
-                    let what = format!(
-                        "{} two channels {shape:?} on {n} ranks: rank {r}",
-                        j.protocol.name()
-                    );
-                    if let Some(why) = ExecFault::describe(&got.ctl) {
-                        failures.push(format!("{what}: {why}"));
-                    } else if got.bufs != run.as_ref().unwrap().after {
-                        failures.push(format!("{what}: buffers differ from the executor's"));
-                    }
-                }
+                let what = format!("{} two channels {shape:?} on {n} ranks", j.protocol.name());
+                failures.extend(judge(&what, &runs, ranks.iter().map(|o| (&o.ctl, &o.bufs))));
             }
         }
     }
