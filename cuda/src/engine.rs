@@ -131,13 +131,7 @@ fn loaded(ordinal: usize) -> Result<Arc<Loaded>> {
 
 fn load(ordinal: usize) -> Result<Loaded> {
     let driver = probe::driver()?;
-    if ordinal >= driver.devices {
-        return Err(CudaError::InvalidArgument(format!(
-            "CUDA device {ordinal} does not exist ({} visible)",
-            driver.devices
-        )));
-    }
-    let dev = result::device::get(ordinal as i32).map_err(driver_err("cuDeviceGet"))?;
+    let dev = crate::topo::device(u32::try_from(ordinal).unwrap_or(u32::MAX))?;
     let attr = |a: sys::CUdevice_attribute, call: &'static str| -> Result<i32> {
         // SAFETY: `dev` is a device handle the driver just returned.
         unsafe { result::device::get_attribute(dev, a) }.map_err(driver_err(call))
