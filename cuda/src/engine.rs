@@ -17,7 +17,7 @@
 //! GPU run (`cuda/gpu/run.sh`) is where it is tested.
 
 use crate::error::{CudaError, Result};
-use crate::executor::{self, Protocol, EXEC_THREADS};
+use crate::executor::{self, ExecLaunch, Protocol, EXEC_THREADS};
 use crate::kernels::{self, BLOCK_THREADS};
 use crate::staging::{gate_reached, DeviceBuf, DevicePtr, Engine, Event, Gate, PinnedBuf, Stream};
 use crate::{nvrtc, probe, Op, Ty};
@@ -92,6 +92,20 @@ unsafe extern "C" fn gate_wait(data: *mut c_void) {
     {
         std::thread::sleep(Duration::from_micros(20));
     }
+}
+
+/// A host function the driver runs in stream order where the device
+/// cannot write a gate word itself: it raises the gate (never lowering it).
+unsafe extern "C" fn gate_raise(data: *mut c_void) {
+    // SAFETY: `data` is the `Box<(u64, u32)>` leaked by
+    // `stream_raise_gate` for exactly this one call.
+    let raise = unsafe { Box::from_raw(data.cast::<(u64, u32)>()) };
+    let (word, value) = *raise;
+    // SAFETY: the word lies in a gate page, which is never freed.
+    let word = unsafe { &*(word as *const AtomicU32) };
+    let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+        (!gate_reached(w, value)).then_some(value)
+    });
 }
 
 /// A pinned allocation: its size, and an event recorded after every copy
@@ -339,74 +353,6 @@ impl CudaEngine {
     /// The architecture the kernels were compiled for (`sm_90`).
     pub fn arch(&self) -> &str {
         &self.loaded.arch
-    }
-
-    /// The device address of gate `gate`'s word (mapped host memory):
-    /// what a kernel reads, e.g. as the device executor's abort word.
-    pub fn gate_device_address(&self, gate: Gate) -> Result<u64> {
-        self.gates
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .device
-            .get(&gate.0)
-            .copied()
-            .ok_or_else(|| CudaError::InvalidArgument(format!("no gate {:#x}", gate.0)))
-    }
-
-    /// Enqueues the device executor's kernel of (`protocol`, `op`, `ty`)
-    /// on `stream`: `channels` blocks of [`EXEC_THREADS`] threads running
-    /// the program image at device address `program` over `input` and
-    /// `output` (the same address twice for an in-place layout), the
-    /// `Conn` table at `conns` and the `Control` at `ctl`
-    /// (docs/device-executor.md). The kernel is compiled by NVRTC for this
-    /// device at its first use in the process (only that kernel: all 80
-    /// take a minute) and kept.
-    #[allow(clippy::too_many_arguments)]
-    pub fn launch_executor(
-        &self,
-        stream: Stream,
-        protocol: Protocol,
-        op: Option<Op>,
-        ty: Ty,
-        channels: u32,
-        program: u64,
-        input: u64,
-        output: u64,
-        conns: u64,
-        ctl: u64,
-    ) -> Result<()> {
-        if channels == 0 {
-            return Err(CudaError::InvalidArgument(
-                "a program has at least one channel".into(),
-            ));
-        }
-        self.bind()?;
-        let f = executor_function(self.ordinal, &self.loaded.arch, protocol, op, ty)?;
-        let (mut program, mut input, mut output, mut conns, mut ctl) =
-            (program, input, output, conns, ctl);
-        let mut params: [*mut c_void; 5] = [
-            (&mut program as *mut u64).cast(),
-            (&mut input as *mut u64).cast(),
-            (&mut output as *mut u64).cast(),
-            (&mut conns as *mut u64).cast(),
-            (&mut ctl as *mut u64).cast(),
-        ];
-        // SAFETY: `f` is an executor kernel of a module loaded in this
-        // context and never unloaded; its five parameters are pointers
-        // (8 bytes each), and `params` holds one pointer to a live u64
-        // local per parameter, in order; the driver copies the values
-        // during the call.
-        unsafe {
-            result::launch_kernel(
-                f,
-                (channels, 1, 1),
-                (EXEC_THREADS, 1, 1),
-                0,
-                stream.0 as sys::CUstream,
-                &mut params,
-            )
-        }
-        .map_err(driver_err("cuLaunchKernel(executor)"))
     }
 
     fn bind(&self) -> Result<()> {
@@ -845,6 +791,97 @@ impl Engine for CudaEngine {
         if rc != sys::CUresult::CUDA_SUCCESS {
             // SAFETY: the launch failed, so `gate_wait` will not run.
             drop(unsafe { Box::from_raw(wait) });
+        }
+        rc.result().map_err(driver_err("cuLaunchHostFunc"))
+    }
+
+    fn runs_executor(&self) -> bool {
+        true
+    }
+
+    fn gate_device_address(&self, gate: Gate) -> Result<u64> {
+        self.gates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .device
+            .get(&gate.0)
+            .copied()
+            .ok_or_else(|| CudaError::InvalidArgument(format!("no gate {:#x}", gate.0)))
+    }
+
+    /// The kernel is compiled by NVRTC for this device at its first use in
+    /// the process (only that kernel: all 80 take a minute) and kept; the
+    /// grid is `launch.channels` blocks of [`EXEC_THREADS`] threads.
+    fn launch_executor(&self, stream: Stream, launch: &ExecLaunch) -> Result<()> {
+        if launch.channels == 0 {
+            return Err(CudaError::InvalidArgument(
+                "a program has at least one channel".into(),
+            ));
+        }
+        self.bind()?;
+        let f = executor_function(
+            self.ordinal,
+            &self.loaded.arch,
+            launch.protocol,
+            launch.op,
+            launch.ty,
+        )?;
+        let ExecLaunch {
+            mut program,
+            mut input,
+            mut output,
+            mut conns,
+            mut ctl,
+            ..
+        } = *launch;
+        let mut params: [*mut c_void; 5] = [
+            (&mut program as *mut u64).cast(),
+            (&mut input as *mut u64).cast(),
+            (&mut output as *mut u64).cast(),
+            (&mut conns as *mut u64).cast(),
+            (&mut ctl as *mut u64).cast(),
+        ];
+        // SAFETY: `f` is an executor kernel of a module loaded in this
+        // context and never unloaded; its five parameters are pointers
+        // (8 bytes each), and `params` holds one pointer to a live u64
+        // local per parameter, in order; the driver copies the values
+        // during the call.
+        unsafe {
+            result::launch_kernel(
+                f,
+                (launch.channels, 1, 1),
+                (EXEC_THREADS, 1, 1),
+                0,
+                stream.0 as sys::CUstream,
+                &mut params,
+            )
+        }
+        .map_err(driver_err("cuLaunchKernel(executor)"))
+    }
+
+    fn stream_raise_gate(&self, stream: Stream, gate: Gate, value: u32) -> Result<()> {
+        let device = self.gate_device_address(gate)?;
+        self.bind()?;
+        // SAFETY: a stream of this context and the device mapping of a
+        // gate word, which is never freed. A plain write: calls raise
+        // their gate in order, so the value only grows.
+        let rc =
+            unsafe { sys::cuStreamWriteValue32_v2(stream.0 as sys::CUstream, device, value, 0) };
+        if rc != sys::CUresult::CUDA_ERROR_NOT_SUPPORTED {
+            return rc.result().map_err(driver_err("cuStreamWriteValue32"));
+        }
+        // No stream memory operations: a host function in the stream's
+        // order raises it.
+        let raise = Box::into_raw(Box::new((gate.0, value)));
+        // SAFETY: `gate_raise` takes back the box exactly once, when the
+        // driver runs it; if the launch fails it never runs and the box
+        // is taken back here.
+        let rc = unsafe {
+            sys::cuLaunchHostFunc(stream.0 as sys::CUstream, Some(gate_raise), raise.cast())
+        };
+        if rc != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: the launch failed, so `gate_raise` will not run.
+            drop(unsafe { Box::from_raw(raise) });
         }
         rc.result().map_err(driver_err("cuLaunchHostFunc"))
     }

@@ -233,6 +233,32 @@ impl Control {
     }
 }
 
+/// One launch of the device executor's kernel: what
+/// [`Engine::launch_executor`](crate::staging::Engine::launch_executor)
+/// enqueues. Every address is in the kernels' address space (device
+/// pointers; the stand-in's are host addresses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecLaunch {
+    /// The protocol of the kernel.
+    pub protocol: Protocol,
+    /// The reduction (`None`: a call that reduces nothing runs Sum's).
+    pub op: Option<Op>,
+    /// The element type.
+    pub ty: Ty,
+    /// Blocks: the program's channels (at least 1).
+    pub channels: u32,
+    /// The program image.
+    pub program: u64,
+    /// The input buffer (in place: the one buffer, given twice).
+    pub input: u64,
+    /// The output buffer.
+    pub output: u64,
+    /// The `Conn` table, `channels * ranks` entries.
+    pub conns: u64,
+    /// The call's [`Control`].
+    pub ctl: u64,
+}
+
 /// The LL cleaning's period in production: no line is older than this
 /// plus the slot count, far below the 2^32 frames at which a flag repeats.
 pub const LL_CLEAN_FRAMES: u64 = 1 << 30;

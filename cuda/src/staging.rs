@@ -21,6 +21,7 @@
 //! The design, and the rules for reusing buffers, are in docs/staging.md.
 
 use crate::error::{CudaError, Result};
+use crate::executor::ExecLaunch;
 use crate::{Op, Ty};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -191,6 +192,48 @@ pub trait Engine: Send + Sync {
     /// Raise `gate` to `value` from the host, unless it has already
     /// reached it (it never goes back).
     fn raise_gate(&self, gate: Gate, value: u32);
+
+    // The device executor (docs/device-executor.md): engines that cannot
+    // run its kernel keep these defaults, and device calls there stay
+    // staged.
+
+    /// Whether [`Engine::launch_executor`] runs the executor's kernels.
+    fn runs_executor(&self) -> bool {
+        false
+    }
+    /// The address kernels use for `at`.
+    fn device_address(&self, at: DevicePtr) -> u64 {
+        at.buf.0.wrapping_add(at.offset as u64)
+    }
+    /// The address, in kernels' address space, of `gate`'s word: the
+    /// executor's abort word, which every spin loop reads.
+    fn gate_device_address(&self, gate: Gate) -> Result<u64> {
+        Err(no_executor(&format!("gate {:#x}", gate.0)))
+    }
+    /// Enqueue the executor's kernel described by `launch` on `stream`.
+    fn launch_executor(&self, stream: Stream, launch: &ExecLaunch) -> Result<()> {
+        let _ = (stream, launch);
+        Err(no_executor("launch"))
+    }
+    /// Raise `gate` to `value` in `stream`'s order: once the work enqueued
+    /// on `stream` before has ended, with no host thread involved where
+    /// the device can write the word itself.
+    fn stream_raise_gate(&self, stream: Stream, gate: Gate, value: u32) -> Result<()> {
+        let _ = (stream, gate, value);
+        Err(no_executor("stream_raise_gate"))
+    }
+    /// For a stand-in device, the UUID it stands under (what a GPU's
+    /// `cuDeviceGetUuid` gives); `None` for a real GPU, which is probed.
+    fn stand_in_uuid(&self) -> Option<[u8; 16]> {
+        None
+    }
+}
+
+/// The error of an executor method on an engine without the executor.
+fn no_executor(what: &str) -> CudaError {
+    CudaError::InvalidArgument(format!(
+        "{what}: this engine does not run the device executor"
+    ))
 }
 
 // ---------------------------------------------------------------------------

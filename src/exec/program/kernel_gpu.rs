@@ -18,7 +18,7 @@ use crate::coll::CollKind;
 use crate::element::{DataType, ReduceOp};
 use crate::exec::staged::{op as cuda_op, ty as cuda_ty};
 use ferroccl_cuda::engine::CudaEngine;
-use ferroccl_cuda::executor::{self, Conn, Control, Protocol, CONTROL_BYTES};
+use ferroccl_cuda::executor::{self, Conn, Control, ExecLaunch, Protocol, CONTROL_BYTES};
 use ferroccl_cuda::staging::{DeviceBuf, DevicePtr, Engine, Stream};
 use std::time::{Duration, Instant};
 
@@ -218,19 +218,19 @@ fn run_on_gpu(
     // Launch every rank at once, each on its own stream.
     let streams: Vec<Stream> = (0..n).map(|_| e.stream().unwrap()).collect();
     for (r, &(_, image, da, db, conns, dctl, ..)) in ranks.iter().enumerate() {
-        e.launch_executor(
-            streams[r],
+        let launch = ExecLaunch {
             protocol,
-            op.map(cuda_op),
-            cuda_ty(dtype),
-            channels[r],
-            image,
-            da,
-            db,
+            op: op.map(cuda_op),
+            ty: cuda_ty(dtype),
+            channels: channels[r],
+            program: image,
+            input: da,
+            output: db,
             conns,
-            dctl,
-        )
-        .map_err(|e| format!("launch rank {r}: {e}"))?;
+            ctl: dctl,
+        };
+        e.launch_executor(streams[r], &launch)
+            .map_err(|e| format!("launch rank {r}: {e}"))?;
     }
     let events: Vec<_> = streams
         .iter()
