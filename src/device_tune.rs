@@ -13,13 +13,6 @@
 //! that grows with the link's latency gap and bandwidth) is what the tests
 //! hold. Pure: no device, no clock. Not wired yet: the launcher that runs
 //! the executor in place of staging calls it (docs/device-executor.md).
-#![cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the device launcher calls it once it replaces staging (docs/device-executor.md)"
-    )
-)]
 
 use crate::coll::CollKind;
 use crate::error::{Error, Result};

@@ -1,22 +1,15 @@
 //! Which path device data between this rank's GPU and each peer's would
 //! take, and why: the same-process path (raw device pointers), cuda-ipc
 //! (one host, GPUs that reach each other), or staging through host memory
-//! (`exec::staged`, the only one built today).
+//! (`exec::staged`).
 //!
 //! Owns what each rank publishes about its GPU ([`GpuIdentity`] and its
 //! wire form), the decision from described facts ([`select`]), the
 //! FERROCCL_P2P_DISABLE switch and the INFO line per peer. It moves no
 //! bytes and calls the driver only in [`GpuIdentity::probe`] and
 //! [`peer_access`]; the decision is pure, so every topology can be
-//! described and tested without a GPU. Not wired into set-up yet: see
-//! docs/gpu-topology.md for where it plugs in.
-#![cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "set-up calls it once the cuda-ipc transport exists (docs/gpu-topology.md)"
-    )
-)]
+//! described and tested without a GPU. The device executor's launcher
+//! (`comm::device_exec`) calls it at the first collective device call.
 
 use crate::error::{Error, Result};
 use ferroccl_cuda::topo::normalize_pci_bus_id;
@@ -273,8 +266,10 @@ pub(crate) struct PathFacts {
     /// P2P turned off (`Config::p2p` false: FERROCCL_P2P_DISABLE=1 or
     /// NCCL_P2P_DISABLE=1).
     pub(crate) p2p_disabled: bool,
-    /// The cuda-ipc transport, which also carries the same-process path,
-    /// is built in. False in this build: both fall back to staging.
+    /// Device memory can be shared across processes (the launcher maps
+    /// peers' FIFOs with cuda-ipc). False in this build: the launcher
+    /// does not map them yet, so cross-process pairs are staged. The
+    /// same-process path needs nothing of it.
     pub(crate) cuda_ipc_available: bool,
 }
 
@@ -387,10 +382,10 @@ pub(crate) fn select(
     } else {
         GpuPath::CudaIpc
     };
-    if !facts.cuda_ipc_available {
+    if wanted == GpuPath::CudaIpc && !facts.cuda_ipc_available {
         return staged(format!(
-            "{} would serve ({reach}) but the cuda-ipc transport is not built yet",
-            wanted.name()
+            "cuda-ipc would serve ({reach}) but the device executor does not map FIFOs \
+             across processes yet"
         ));
     }
     PathChoice {
@@ -639,25 +634,21 @@ mod tests {
         let a = gpu(HOST_A, 100, 1, "0000:1b:00.0", 0);
         let same_process = a.clone();
         let same_gpu = gpu(HOST_A, 200, 1, "0000:1b:00.0", 0);
+        // The same-process path needs no mapping across processes.
         let c = choose_with(&a, &same_process, None, false, false);
+        assert_eq!(c.path, GpuPath::SameProcess, "{}", c.reason);
+        let c = choose_with(&a, &same_gpu, None, false, false);
         assert_eq!(c.path, GpuPath::Staged);
         assert_eq!(
             c.reason,
-            "rank 1 (GPU 0000:1b:00.0, same GPU, same process): staged through host memory, \
-             same-process would serve (one GPU needs no peer access) but the cuda-ipc \
-             transport is not built yet"
+            "rank 1 (GPU 0000:1b:00.0, same GPU, other process): staged through host memory, \
+             cuda-ipc would serve (one GPU needs no peer access) but the device executor does \
+             not map FIFOs across processes yet"
         );
-        let c = choose_with(&a, &same_gpu, None, false, false);
-        assert_eq!(c.path, GpuPath::Staged);
-        assert!(
-            c.reason.contains("cuda-ipc would serve") && c.reason.contains("not built yet"),
-            "{}",
-            c.reason
-        );
-        // What is staged anyway says its own reason, not the transport's.
+        // What is staged anyway says its own reason, not the mapping's.
         let far = gpu(HOST_B, 100, 2, "0000:1b:00.0", 0);
         let c = choose_with(&a, &far, None, false, false);
-        assert!(!c.reason.contains("not built"), "{}", c.reason);
+        assert!(!c.reason.contains("does not map"), "{}", c.reason);
     }
 
     /// A job of 5 ranks: on host A, process 100 drives two GPUs (ranks 0
@@ -712,9 +703,16 @@ mod tests {
             for c in &choices {
                 assert_eq!(Some(c.path), row[c.peer], "rank {rank}: {}", c.reason);
             }
-            // Without the transport, every pair is staged.
+            // Without mapping across processes, only the same-process
+            // pairs keep their path.
             let choices = select_all(rank, &gpus, &access, false, false);
-            assert!(choices.iter().all(|c| c.path == Staged), "{choices:?}");
+            for c in &choices {
+                let want = match row[c.peer] {
+                    Some(SameProcess) => SameProcess,
+                    _ => Staged,
+                };
+                assert_eq!(c.path, want, "rank {rank}: {}", c.reason);
+            }
         }
     }
 

@@ -14,10 +14,11 @@
 //! the host stand-in of a GPU.
 
 use super::{lock, Communicator, Inner, Work};
+use crate::algo::encode::Layout;
 use crate::coll::{self, CollCall};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::{AvgFinish, DeviceBuffers, DeviceIo, Io};
+use crate::exec::{AvgFinish, DeviceBuffers, DeviceIo, ExecIo, Io};
 use crate::plan::Memory;
 use ferroccl_cuda::staging::{DeviceBuf, DevicePtr, Engine, Event, Gate, StagePool, Stream};
 use std::sync::Arc;
@@ -189,6 +190,13 @@ impl Communicator {
         } else {
             None
         };
+        let layout = match (scratch, copy) {
+            (None, None) if call.in_place => Layout::Shared {
+                input_base: plan.input_base,
+                output_base: plan.output_base,
+            },
+            _ => Layout::Separate,
+        };
         let bufs = match (scratch, copy) {
             (Some(s), _) => DeviceBuffers {
                 input: on.send,
@@ -229,6 +237,12 @@ impl Communicator {
             pool,
             ready,
             avg,
+            exec: ExecIo {
+                coll: call,
+                layout,
+                base: on.send,
+            },
+            gate: None,
         };
         // Issue: the job is queued under the issue lock, where the call
         // also gets its number at the gate.
@@ -242,6 +256,10 @@ impl Communicator {
         // `held` goes with the job: dropped when the call has ended (the
         // gate raised before the caller hears), or unrun with the job.
         let work = self.run_async_at(self.spec::<T>(&call), at_issue, move |inner, c, held| {
+            let io = DeviceIo {
+                gate: held.gate,
+                ..io
+            };
             let result = inner.execute(&plan, Io::<T>::Device(io), c);
             drop(held);
             result

@@ -100,6 +100,19 @@ impl Communicator {
 
     fn build_plan<T: Element>(&self, call: &CollCall) -> Result<Plan> {
         let inner = &self.inner;
+        inner.build_plan_chunked::<T>(call, inner.config.chunk_bytes())
+    }
+}
+
+impl Inner {
+    /// The plan of `call` with frames of at most `chunk_bytes` (the host
+    /// slots' size, or the device executor's chunk).
+    pub(super) fn build_plan_chunked<T: Element>(
+        &self,
+        call: &CollCall,
+        chunk_bytes: usize,
+    ) -> Result<Plan> {
+        let inner = self;
         let elem = std::mem::size_of::<T>();
         let count = call.slice_count(inner.size);
         let facts = inner.facts();
@@ -127,7 +140,7 @@ impl Communicator {
             (inner.rank, inner.size),
             count,
             elem,
-            inner.config.chunk_bytes(),
+            chunk_bytes,
         );
         let mut plan = coll::plan(call, geometry, algorithm)?;
         // Without control pages a broadcast or reduce (or a call of no
@@ -142,7 +155,9 @@ impl Communicator {
         }
         Ok(plan)
     }
+}
 
+impl Communicator {
     /// What a call carries besides its buffers, for its fingerprint.
     pub(super) fn spec<T: Element>(&self, call: &CollCall) -> CallSpec {
         CallSpec {
@@ -266,7 +281,26 @@ impl Inner {
         device: exec::DeviceIo,
         call: &Call,
     ) -> Result<()> {
-        let engine = &**device.pool.engine();
+        let engine = device.pool.engine().clone();
+        if super::device_exec::is_collective(&device.exec.coll) {
+            let links = lock(&self.links);
+            let mut paths = lock(&self.exec_paths);
+            let at = match paths.iter().position(|(e, _)| Arc::ptr_eq(e, &engine)) {
+                Some(at) => at,
+                None => {
+                    let setup = self.exec_setups.fetch_add(1, Ordering::Relaxed);
+                    let path = self.exec_setup(&links, &*engine, device.ordinal, setup, call)?;
+                    paths.push((engine.clone(), path));
+                    paths.len() - 1
+                }
+            };
+            drop(links);
+            if let super::device_exec::ExecPath::Ready(ready) = &mut paths[at].1 {
+                let coll = device.exec.coll;
+                return self.exec_run::<T>(ready, &device, call, &coll, plan);
+            }
+        }
+        let engine = &*engine;
         let before = engine.host_wait(device.ready, call.timeout);
         before.map_err(|e| exec::staged_error(call, e))?;
         let mut links = lock(&self.links);

@@ -17,6 +17,7 @@
 //! It never touches sockets or shared memory itself.
 
 pub(crate) mod device;
+mod device_exec;
 mod execute;
 mod failure;
 mod order;
@@ -112,6 +113,16 @@ struct Inner {
     /// This communicator's gates, one per device engine it has run calls
     /// on (`device`).
     gates: Mutex<Vec<device::DeviceGate>>,
+    /// The device path of each engine this communicator's collectives
+    /// ran on (`device_exec`): the executor, set up, or staging.
+    exec_paths: Mutex<
+        Vec<(
+            Arc<dyn ferroccl_cuda::staging::Engine>,
+            device_exec::ExecPath,
+        )>,
+    >,
+    /// Device path set-ups so far: numbers their rounds' keys.
+    exec_setups: AtomicU64,
     /// Shared windows and the control pages that go with them.
     windows: Mutex<Windows>,
     /// Collectives that ran directly between windows.

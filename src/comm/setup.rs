@@ -220,6 +220,8 @@ impl Communicator {
             windows: Mutex::new(Windows::default()),
             direct_calls: AtomicU64::new(0),
             gates: Mutex::new(Vec::new()),
+            exec_paths: Mutex::new(Vec::new()),
+            exec_setups: AtomicU64::new(0),
             shared,
             control: std::sync::OnceLock::new(),
             abort_signal,

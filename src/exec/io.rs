@@ -69,6 +69,23 @@ pub(crate) struct DeviceIo {
     pub(crate) ready: ferroccl_cuda::staging::Event,
     /// Avg's division, where this rank holds a result.
     pub(crate) avg: Option<super::staged::AvgFinish>,
+    /// What the device executor needs besides (`comm::device_exec`).
+    pub(crate) exec: ExecIo,
+    /// The caller's gate and the call's number there: the executor raises
+    /// it in stream order after its kernel.
+    pub(crate) gate: Option<(ferroccl_cuda::staging::Gate, u32)>,
+}
+
+/// How a device call's buffers lie for the device executor's program.
+#[derive(Clone, Copy)]
+pub(crate) struct ExecIo {
+    /// The call as described by its method.
+    pub(crate) coll: crate::coll::CollCall,
+    /// Separate (`bufs` as they are) or one buffer at `base` with the
+    /// plan's bases.
+    pub(crate) layout: crate::algo::encode::Layout,
+    /// In place on one buffer: where it starts.
+    pub(crate) base: ferroccl_cuda::staging::DevicePtr,
 }
 
 /// The buffers of a call. Offsets in a schedule are relative to the input

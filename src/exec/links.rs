@@ -302,9 +302,19 @@ fn watched_get(
     key: &str,
     deadline: Instant,
 ) -> Result<Vec<u8>> {
-    const DURING: &str = "communicator set-up";
+    watched_get_during(store, watch, key, deadline, "communicator set-up")
+}
+
+/// [`watched_get`], with what the wait is part of for its errors.
+fn watched_get_during(
+    store: &dyn Store,
+    watch: &MemberWatch,
+    key: &str,
+    deadline: Instant,
+    during: &str,
+) -> Result<Vec<u8>> {
     loop {
-        if let Some(err) = watch.error(DURING) {
+        if let Some(err) = watch.error(during) {
             return Err(err);
         }
         let slice = deadline.min(Instant::now() + WAIT_SLICE);
@@ -315,7 +325,7 @@ fn watched_get(
             // An error of another kind that happens to come this late is
             // met again, at once, by the next request.
             Err(_) if Instant::now() + SLICE_EARLY >= slice && slice < deadline => {}
-            Err(err) => return Err(watch.error_within(DURING, WAIT_SLICE).unwrap_or(err)),
+            Err(err) => return Err(watch.error_within(during, WAIT_SLICE).unwrap_or(err)),
         }
     }
 }
@@ -367,6 +377,44 @@ impl Links {
             channels: vec![Channel::new(size)],
             closers,
         }
+    }
+
+    /// Every rank's bytes for `what`, in rank order, this rank's being
+    /// `mine`: published under `comm/{comm_id}/{what}/{rank}` and read
+    /// with the set-up's watch (a member's failure ends the wait, naming
+    /// it) until `deadline`; a rank whose part has not come by then is
+    /// named in a timeout of `during` (the call). Every rank must call it
+    /// with the same `what` (once: keys are never taken back).
+    pub(crate) fn exchange(
+        &self,
+        what: &str,
+        mine: &[u8],
+        deadline: Instant,
+        during: &str,
+    ) -> Result<Vec<Vec<u8>>> {
+        let c = &self.connector;
+        let started = Instant::now();
+        c.store.set(&key(c.comm_id, what, c.rank), mine)?;
+        (0..c.size)
+            .map(|r| {
+                watched_get_during(
+                    &*c.store,
+                    &c.watch,
+                    &key(c.comm_id, what, r),
+                    deadline,
+                    during,
+                )
+                .map_err(|err| match err {
+                    Error::Bootstrap(_) if Instant::now() >= deadline => Error::Timeout {
+                        peer: r,
+                        during: during.to_string(),
+                        what: format!("its part of the device path set-up ({what})"),
+                        waited_ms: started.elapsed().as_millis() as u64,
+                    },
+                    other => other,
+                })
+            })
+            .collect()
     }
 
     /// Connect to `peer` on `channel` now if not connected yet. Inlined:

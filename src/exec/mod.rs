@@ -35,11 +35,12 @@ pub(crate) use checkin::{
     confirm, leave, run as run_checked_in, Ctx, CONTROL_MAGIC, W_MAGIC, W_PID, W_PROBE,
 };
 pub(crate) use interp::run;
-pub(crate) use io::DeviceIo;
+pub(crate) use io::{DeviceIo, ExecIo};
 pub(crate) use io::{HostIo, Io};
 pub(crate) use links::{Connector, Links, MemberWatch, WAIT_SLICE};
 pub(crate) use staged::{
-    device_error as staged_error, run as run_staged, AvgFinish, DeviceBuffers, Resources,
+    device_error as staged_error, op as cuda_op, run as run_staged, ty as cuda_ty, AvgFinish,
+    DeviceBuffers, Resources,
 };
 
 use crate::coll::CollKind;

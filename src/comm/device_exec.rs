@@ -1,0 +1,1160 @@
+//! The device executor's launcher (issue 16): device calls whose ranks'
+//! GPUs reach each other run as one kernel per rank that moves and
+//! reduces the data in device memory (docs/device-executor.md), in place
+//! of staging through host memory.
+//!
+//! - **Which path.** At the first collective device call on an engine,
+//!   every rank takes part, in the call's turn, in three rounds through the
+//!   rendezvous store: what it can do (the engine runs the executor, P2P
+//!   on, the protocols FERROCCL_PROTO allows) and its GPU's identity
+//!   (`gpu_path`); its peer-access answers; and, where the executor is
+//!   chosen, the device address of its FIFO memory. The choice is made
+//!   from every rank's answers, so every rank makes the same one: the
+//!   executor where every pair of ranks has the same-process path (ranks
+//!   of one process: kernels use each other's pointers); else every call
+//!   stays staged, with the reason at INFO. Cross-process pairs (cuda-ipc:
+//!   the FIFOs mapped with `ferroccl-cuda-ipc`) are not wired yet and stay
+//!   staged, said so in the INFO line. Point-to-point calls always stay
+//!   staged (two ranks cannot hold the all-rank rounds).
+//! - **A call.** The progress thread, in the call's turn: chooses protocol
+//!   and chunk (`device_tune`, INFO), plans the schedule with frames of
+//!   that chunk, encodes this rank's program (`algo::encode`), and enqueues
+//!   on the communicator's own stream: a wait for the caller's earlier
+//!   work, the image and a fresh `Control`, the kernel, the raise of the
+//!   caller's gate (the caller's stream waits there, so its later work sees
+//!   the result with no host thread in between), the `Control` back.
+//! - **The watchdog.** The progress thread then waits for that work, and
+//!   raises the rank's abort word (a word of mapped host memory that every
+//!   spin loop of the kernel reads) on `abort()`, on a failure the
+//!   communicator hears of, and at the call's timeout; the kernel ends
+//!   with `Aborted`, and the call returns the named error the host path
+//!   would: the timeout naming the peer the kernel waited for, the peer's
+//!   failure, the abort. A kernel that reports a fault (a frame with
+//!   another tag or length) names the peer and the record. A kernel still
+//!   running 10 s after its abort word was set is reported as such; the
+//!   communicator is failed after any fault (the FIFO counts are out of
+//!   step).
+
+use super::Inner;
+use crate::algo::encode::{self, Finish, Layout, ProgramMeta};
+use crate::coll::{self, CollCall, CollKind, Plan};
+use crate::device_tune::{self, Allowed, DeviceLink};
+use crate::element::{Element, ReduceOp};
+use crate::error::{Error, Result};
+use crate::exec::{Call, DeviceIo, Links};
+use crate::gpu_path::{self, GpuIdentity, GpuPath, PathChoice};
+use ferroccl_cuda::error::CudaError;
+use ferroccl_cuda::executor::{
+    self, Conn, Control, ExecFault, ExecLaunch, Protocol, CONTROL_BYTES, LL_CLEAN_FRAMES,
+};
+use ferroccl_cuda::staging::{DeviceBuf, DevicePtr, Engine, Event, Gate, PinnedBuf, Stream};
+use std::time::{Duration, Instant};
+
+/// How long a kernel may go on after its abort word was set before the
+/// call gives up on it.
+const ABORT_GRACE: Duration = Duration::from_secs(10);
+/// How often the watchdog looks at the communicator's state.
+const WATCH_SLICE: Duration = Duration::from_millis(1);
+/// Spins of a kernel's wait between reads of the abort word.
+const SPIN_CHECK: u32 = 1 << 10;
+/// The wire version of the rounds.
+const ROUND_VERSION: u8 = 1;
+
+/// The FIFOs of one (sender, receiver, channel): their sizes, and where
+/// each part lies in a region (bytes from its start). Every rank uses the
+/// same geometry, so a rank finds a part in a peer's memory from the
+/// peer's base address alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FifoGeometry {
+    pub(crate) slots: u32,
+    pub(crate) slot_bytes: u32,
+    pub(crate) ll_slots: u32,
+    pub(crate) ll_lines: u32,
+}
+
+/// Counters sit 128 bytes apart: a writer on one GPU and a poller on
+/// another never share a line.
+const WORD_GAP: u64 = 128;
+
+impl FifoGeometry {
+    /// Bulk slots of the tuner's chunk, four deep; LL slots of its chunk
+    /// (a header line and 8 bytes a line), eight deep.
+    pub(crate) fn standard() -> FifoGeometry {
+        FifoGeometry {
+            slots: 4,
+            slot_bytes: device_tune::BULK_CHUNK_BYTES as u32,
+            ll_slots: 8,
+            ll_lines: 1 + (device_tune::LL_CHUNK_BYTES / 8) as u32,
+        }
+    }
+
+    fn meta(&self) -> u64 {
+        self.slots as u64 * self.slot_bytes as u64
+    }
+    fn ll(&self) -> u64 {
+        (self.meta() + 8 * self.slots as u64).next_multiple_of(WORD_GAP)
+    }
+    fn tail(&self) -> u64 {
+        (self.ll() + self.ll_slots as u64 * self.ll_lines as u64 * 16).next_multiple_of(WORD_GAP)
+    }
+    fn head(&self) -> u64 {
+        self.tail() + WORD_GAP
+    }
+    fn ll_head(&self) -> u64 {
+        self.head() + WORD_GAP
+    }
+    /// Bytes of one region.
+    pub(crate) fn region(&self) -> u64 {
+        self.ll_head() + WORD_GAP
+    }
+}
+
+/// The `Conn` table of rank `rank` of `n`, `channels * n` entries (zeros
+/// for itself), when rank `r`'s FIFO memory starts at `bases[r]`: region
+/// `(c * n + p)` of rank `r` holds the frames from `p` to `r` on channel
+/// `c` (slots, meta, LL lines, tail) and the words that `p` raises for
+/// frames from `r` to `p` (head, LL head). So a sender's `send_*` are the
+/// receiver's `recv_*`, each word in the memory of the side that polls
+/// it.
+pub(crate) fn conn_table(
+    rank: usize,
+    n: usize,
+    channels: usize,
+    bases: &[u64],
+    g: &FifoGeometry,
+    ll_clean: u64,
+) -> Vec<Conn> {
+    let region =
+        |owner: usize, c: usize, p: usize| bases[owner] + ((c * n + p) as u64) * g.region();
+    let mut table = vec![Conn::default(); channels * n];
+    for c in 0..channels {
+        for p in (0..n).filter(|&p| p != rank) {
+            let to = region(p, c, rank);
+            let from = region(rank, c, p);
+            table[c * n + p] = Conn {
+                send_slots: to,
+                send_meta: to + g.meta(),
+                send_tail: to + g.tail(),
+                send_head: from + g.head(),
+                send_ll: to + g.ll(),
+                send_ll_head: from + g.ll_head(),
+                recv_slots: from,
+                recv_meta: from + g.meta(),
+                recv_tail: from + g.tail(),
+                recv_head: to + g.head(),
+                recv_ll: from + g.ll(),
+                recv_ll_head: to + g.ll_head(),
+                ll_clean,
+                slots: g.slots,
+                slot_bytes: g.slot_bytes,
+                ll_slots: g.ll_slots,
+                ll_lines: g.ll_lines,
+                ..Conn::default()
+            };
+        }
+    }
+    table
+}
+
+/// What a rank says in the first round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Offer {
+    /// Its engine runs the executor's kernels.
+    pub(crate) runs: bool,
+    /// P2P on (`Config::p2p`).
+    pub(crate) p2p: bool,
+    /// The protocols FERROCCL_PROTO (or NCCL_PROTO) allows.
+    pub(crate) allowed: Allowed,
+    /// Its GPU, where it could be told.
+    pub(crate) gpu: Option<GpuIdentity>,
+}
+
+impl Offer {
+    fn to_bytes(&self) -> Result<Vec<u8>> {
+        let flags = self.runs as u8
+            | (self.p2p as u8) << 1
+            | (self.allowed.bulk as u8) << 2
+            | (self.allowed.ll as u8) << 3
+            | (self.gpu.is_some() as u8) << 4;
+        let mut out = vec![ROUND_VERSION, flags];
+        if let Some(gpu) = &self.gpu {
+            out.extend(gpu.to_bytes()?);
+        }
+        Ok(out)
+    }
+
+    fn from_bytes(rank: usize, b: &[u8]) -> Result<Offer> {
+        let bad = |why: &str| Error::Bootstrap(format!("rank {rank}'s device offer: {why}"));
+        let [version, flags, rest @ ..] = b else {
+            return Err(bad("too short"));
+        };
+        if *version != ROUND_VERSION {
+            return Err(bad(&format!(
+                "version {version}, this build speaks {ROUND_VERSION}"
+            )));
+        }
+        if flags >> 5 != 0 {
+            return Err(bad(&format!("unknown flags {flags:#x}")));
+        }
+        let gpu = if flags & 16 != 0 {
+            Some(GpuIdentity::from_bytes(rest)?)
+        } else if rest.is_empty() {
+            None
+        } else {
+            return Err(bad("bytes after an offer without a GPU"));
+        };
+        Ok(Offer {
+            runs: flags & 1 != 0,
+            p2p: flags & 2 != 0,
+            allowed: Allowed {
+                bulk: flags & 4 != 0,
+                ll: flags & 8 != 0,
+            },
+            gpu,
+        })
+    }
+}
+
+/// The communicator-wide decision from every rank's offer and, where
+/// every rank has a GPU identity, every rank's peer-access row
+/// (`access[i][j]`: rank `i`'s answer for rank `j`): `Ok(protocols)` for
+/// the executor, `Err(reason)` for staging; and this rank's per-peer
+/// choices for the INFO lines. The same on every rank.
+pub(crate) fn decide(
+    rank: usize,
+    offers: &[Offer],
+    access: Option<&[Vec<Option<bool>>]>,
+) -> (std::result::Result<Allowed, String>, Vec<PathChoice>) {
+    let n = offers.len();
+    if let Some(r) = offers.iter().position(|o| !o.p2p) {
+        return (Err(format!("P2P is off on rank {r}")), Vec::new());
+    }
+    if let Some(r) = offers.iter().position(|o| !o.runs) {
+        return (
+            Err(format!(
+                "rank {r}'s device does not run the executor's kernels"
+            )),
+            Vec::new(),
+        );
+    }
+    let allowed = Allowed {
+        bulk: offers.iter().all(|o| o.allowed.bulk),
+        ll: offers.iter().all(|o| o.allowed.ll),
+    };
+    if !allowed.bulk && !allowed.ll {
+        return (
+            Err("the ranks' FERROCCL_PROTO leave no protocol they all allow".into()),
+            Vec::new(),
+        );
+    }
+    let gpus: Option<Vec<GpuIdentity>> = offers.iter().map(|o| o.gpu.clone()).collect();
+    let (Some(gpus), Some(access)) = (gpus, access) else {
+        let r = offers.iter().position(|o| o.gpu.is_none()).unwrap_or(0);
+        return (Err(format!("rank {r} could not tell its GPU")), Vec::new());
+    };
+    let agreed = |i: usize, j: usize| gpu_path::agree(access[i][j], access[j][i]);
+    // Cross-process pairs need the FIFOs mapped by cuda-ipc, which the
+    // launcher does not do yet.
+    let choices_of = |r: usize| gpu_path::select_all(r, &gpus, &agreed, false, false);
+    let mine = choices_of(rank);
+    for i in 0..n {
+        if let Some(c) = choices_of(i)
+            .into_iter()
+            .find(|c| c.path != GpuPath::SameProcess)
+        {
+            let lo = i.min(c.peer);
+            let hi = i.max(c.peer);
+            return (
+                Err(format!(
+                    "ranks {lo} and {hi} have no same-process path ({})",
+                    c.reason
+                )),
+                mine,
+            );
+        }
+    }
+    (Ok(allowed), mine)
+}
+
+/// A rank's peer-access row on the wire: one byte a rank, 0 no, 1 yes,
+/// 2 unknown.
+fn row_to_bytes(row: &[Option<bool>]) -> Vec<u8> {
+    row.iter()
+        .map(|a| match a {
+            Some(false) => 0,
+            Some(true) => 1,
+            None => 2,
+        })
+        .collect()
+}
+
+fn row_from_bytes(rank: usize, n: usize, b: &[u8]) -> Result<Vec<Option<bool>>> {
+    if b.len() != n {
+        return Err(Error::Bootstrap(format!(
+            "rank {rank}'s peer-access row has {} entries, not {n}",
+            b.len()
+        )));
+    }
+    b.iter()
+        .map(|&v| match v {
+            0 => Ok(Some(false)),
+            1 => Ok(Some(true)),
+            2 => Ok(None),
+            _ => Err(Error::Bootstrap(format!(
+                "rank {rank}'s peer-access row holds {v}"
+            ))),
+        })
+        .collect()
+}
+
+/// The identity of the engine's device: a stand-in's own, a GPU's probed.
+fn identity(engine: &dyn Engine, ordinal: u32) -> Result<GpuIdentity> {
+    match engine.stand_in_uuid() {
+        Some(uuid) => Ok(GpuIdentity {
+            uuid,
+            pci_bus_id: "0000:00:00.0".into(),
+            numa_node: None,
+            ordinal,
+            host: crate::topo::host_info(),
+            pid: std::process::id(),
+        }),
+        None => GpuIdentity::probe(ordinal),
+    }
+}
+
+/// Peer access between this rank's device and a peer's: a stand-in
+/// reaches only itself (one stand-in is one GPU).
+fn access(engine: &dyn Engine, me: &GpuIdentity, peer: &GpuIdentity) -> Result<Option<bool>> {
+    if engine.stand_in_uuid().is_some() {
+        return Ok(Some(me.same_host(peer) && me.uuid == peer.uuid));
+    }
+    gpu_path::peer_access(me, peer)
+}
+
+/// A communicator's executor on one engine, once chosen and set up.
+pub(super) struct Ready {
+    stream: Stream,
+    abort: Gate,
+    abort_addr: u64,
+    conns: DeviceBuf,
+    ctl: DeviceBuf,
+    ctl_pinned: PinnedBuf,
+    image: Option<(DeviceBuf, PinnedBuf, usize)>,
+    end: Event,
+    allowed: Allowed,
+    geometry: FifoGeometry,
+    /// Set after a kernel fault: later calls are refused (the
+    /// communicator has failed anyway).
+    faulted: bool,
+}
+
+/// What a communicator's device path on one engine is.
+pub(super) enum ExecPath {
+    /// Staged, for the reason given (at INFO once).
+    Staged,
+    /// The executor.
+    Ready(Box<Ready>),
+}
+
+impl Inner {
+    /// The rounds of the first collective device call on `engine` (every
+    /// rank is in this call's turn): the decision, and the FIFOs where it
+    /// is the executor.
+    pub(super) fn exec_setup(
+        &self,
+        links: &Links,
+        engine: &dyn Engine,
+        ordinal: u32,
+        setup: u64,
+        call: &Call,
+    ) -> Result<ExecPath> {
+        let during = call.during();
+        let n = self.size;
+        let deadline = Instant::now() + self.config.timeout;
+        let name = |round: &str| format!("gpu-exec/{setup}/{round}");
+        let gpu = identity(engine, ordinal);
+        let offer = Offer {
+            runs: engine.runs_executor(),
+            p2p: self.config.p2p,
+            allowed: device_tune::allowed_from_env(&|k| std::env::var(k).ok())?,
+            gpu: gpu.ok(),
+        };
+        let offers: Vec<Offer> = links
+            .exchange(&name("offer"), &offer.to_bytes()?, deadline, &during)?
+            .iter()
+            .enumerate()
+            .map(|(r, b)| Offer::from_bytes(r, b))
+            .collect::<Result<_>>()?;
+        // The access rows only where every rank has a GPU identity: the
+        // same test on every rank, so every rank holds the same rounds.
+        let rows = match offers.iter().all(|o| o.gpu.is_some() && o.runs && o.p2p) {
+            false => None,
+            true => {
+                let me = offers[self.rank].gpu.as_ref().expect("checked above");
+                let mut row = Vec::with_capacity(n);
+                for o in &offers {
+                    row.push(access(engine, me, o.gpu.as_ref().expect("checked above"))?);
+                }
+                let rows =
+                    links.exchange(&name("access"), &row_to_bytes(&row), deadline, &during)?;
+                Some(
+                    rows.iter()
+                        .enumerate()
+                        .map(|(r, b)| row_from_bytes(r, n, b))
+                        .collect::<Result<Vec<_>>>()?,
+                )
+            }
+        };
+        let (decision, mine) = decide(self.rank, &offers, rows.as_deref());
+        gpu_path::log_choices(self.rank, &mine);
+        let allowed = match decision {
+            Ok(allowed) => allowed,
+            Err(why) => {
+                tracing::info!(
+                    rank = self.rank,
+                    "device calls staged through host memory: {why}"
+                );
+                return Ok(ExecPath::Staged);
+            }
+        };
+        // The FIFOs: made here, then every rank's base address. A rank
+        // that could not make them says so, and every rank stays staged.
+        let geometry = FifoGeometry::standard();
+        let made = self.exec_memory(engine, &geometry);
+        let mut mine = vec![made.is_ok() as u8];
+        if let Ok(r) = &made {
+            mine.extend(r.1.to_le_bytes());
+        }
+        let bases = links.exchange(&name("fifo"), &mine, deadline, &during)?;
+        let mut addresses = Vec::with_capacity(n);
+        for (r, b) in bases.iter().enumerate() {
+            match b.as_slice() {
+                [1, a @ ..] if a.len() == 8 => {
+                    addresses.push(u64::from_le_bytes(a.try_into().expect("8 bytes")))
+                }
+                [0] => {
+                    let why = match (&made, r == self.rank) {
+                        (Err(e), true) => format!(": {e}"),
+                        _ => String::new(),
+                    };
+                    tracing::info!(
+                        rank = self.rank,
+                        "device calls staged through host memory: rank {r} could not make its \
+                         executor FIFOs{why}"
+                    );
+                    return Ok(ExecPath::Staged);
+                }
+                _ => {
+                    return Err(Error::Bootstrap(format!(
+                        "rank {r}'s FIFO address: {} bytes",
+                        b.len()
+                    )))
+                }
+            }
+        }
+        let (mut ready, _) = made?;
+        let table = conn_table(self.rank, n, 1, &addresses, &geometry, LL_CLEAN_FRAMES);
+        upload(
+            engine,
+            ready.stream,
+            ready.conns,
+            &executor::conns_to_bytes(&table),
+        )?;
+        ready.allowed = allowed;
+        tracing::info!(
+            rank = self.rank,
+            "device calls run by the device executor ({n} ranks, one channel, bulk slots {} x {} \
+             bytes, LL slots {} x {} lines)",
+            geometry.slots,
+            geometry.slot_bytes,
+            geometry.ll_slots,
+            geometry.ll_lines
+        );
+        Ok(ExecPath::Ready(ready))
+    }
+
+    /// This rank's executor resources, its FIFO memory zeroed; and the
+    /// FIFO memory's device address.
+    fn exec_memory(&self, engine: &dyn Engine, g: &FifoGeometry) -> Result<(Box<Ready>, u64)> {
+        let err = |e: CudaError| Error::Io(format!("device executor set-up: {e}"));
+        let n = self.size;
+        let stream = engine.stream().map_err(err)?;
+        let abort = engine.gate().map_err(err)?;
+        let abort_addr = engine.gate_device_address(abort).map_err(err)?;
+        let fifo_bytes = (n as u64 * g.region()) as usize;
+        let fifo = engine.alloc_device(fifo_bytes.max(16)).map_err(err)?;
+        upload(engine, stream, fifo, &vec![0u8; fifo_bytes])?;
+        let conns = engine
+            .alloc_device((n * executor::CONN_BYTES).max(16))
+            .map_err(err)?;
+        let ctl = engine.alloc_device(CONTROL_BYTES).map_err(err)?;
+        let ctl_pinned = engine.alloc_pinned(CONTROL_BYTES).map_err(err)?;
+        let end = engine.event().map_err(err)?;
+        let base = engine.device_address(DevicePtr::new(fifo));
+        Ok((
+            Box::new(Ready {
+                stream,
+                abort,
+                abort_addr,
+                conns,
+                ctl,
+                ctl_pinned,
+                image: None,
+                end,
+                allowed: Allowed::default(),
+                geometry: *g,
+                faulted: false,
+            }),
+            base,
+        ))
+    }
+
+    /// Run `call` (of `coll`) by the executor set up in `ready`: see the
+    /// module docs.
+    pub(super) fn exec_run<T: Element>(
+        &self,
+        ready: &mut Ready,
+        device: &DeviceIo,
+        call: &Call,
+        coll: &CollCall,
+        host_plan: &Plan,
+    ) -> Result<()> {
+        let engine = &**device.pool.engine();
+        let during = call.during();
+        let err = |e: CudaError| Error::Io(format!("{during}: device executor: {e}"));
+        if ready.faulted {
+            return Err(Error::Io(format!(
+                "{during}: the device executor faulted in an earlier call"
+            )));
+        }
+        let elem = std::mem::size_of::<T>();
+        let n = self.size;
+        let choice = device_tune::choose(
+            coll.kind,
+            n,
+            coll.count * elem,
+            ready.allowed,
+            &DeviceLink::default(),
+        );
+        let class = crate::tune::size_class(coll.count * elem);
+        if tracing::enabled!(tracing::Level::INFO)
+            && super::lock(&self.tuned).insert((coll.kind.code() | 0x80, class))
+        {
+            device_tune::log_choice(&choice);
+        }
+        let g = ready.geometry;
+        let room = match choice.protocol {
+            Protocol::Bulk => g.slot_bytes as usize,
+            Protocol::LowLatency => (g.ll_lines as usize - 1) * 8,
+        };
+        if choice.chunk_bytes > room {
+            return Err(Error::Io(format!(
+                "{during}: chunks of {} bytes do not fit the executor's {} slots of {room} bytes",
+                choice.chunk_bytes,
+                choice.protocol.name()
+            )));
+        }
+        let plan = self.build_plan_chunked::<T>(coll, choice.chunk_bytes)?;
+        if (
+            plan.scratch_output,
+            plan.copies_input,
+            plan.input_base,
+            plan.output_base,
+        ) != (
+            host_plan.scratch_output,
+            host_plan.copies_input,
+            host_plan.input_base,
+            host_plan.output_base,
+        ) {
+            return Err(Error::Io(format!(
+                "{during}: the device plan lays the buffers out unlike the call's plan"
+            )));
+        }
+        let meta = ProgramMeta {
+            rank: self.rank,
+            ranks: n,
+            dtype: T::DTYPE,
+            op: coll.op,
+            layout: device.exec.layout,
+            finish: finish(coll, &plan, self.rank, n, device.exec.layout)
+                .map_err(|why| Error::Io(format!("{during}: {why}")))?,
+        };
+        let image = encode::encode(&plan.schedule, &meta)
+            .map_err(|e| Error::Io(format!("{during}: the schedule does not encode: {e}")))?;
+        let channels = u16::from_le_bytes([image[20], image[21]]) as u32;
+        if channels != 1 {
+            return Err(Error::Io(format!(
+                "{during}: a program of {channels} channels; the executor is set up for one"
+            )));
+        }
+        let (input, output) = match device.exec.layout {
+            Layout::Shared { .. } => {
+                let at = engine.device_address(device.exec.base);
+                (at, at)
+            }
+            Layout::Separate => (
+                engine.device_address(device.bufs.input),
+                engine.device_address(device.bufs.output),
+            ),
+        };
+        let program = ready.image_for(engine, &image).map_err(err)?;
+        let s = ready.stream;
+        let ctl = Control {
+            abort: ready.abort_addr,
+            spin_check: SPIN_CHECK,
+            ..Control::default()
+        };
+        engine
+            .with_pinned(ready.ctl_pinned, &mut |p| {
+                p.copy_from_slice(&ctl.to_bytes())
+            })
+            .map_err(err)?;
+        let op = coll.op.map(crate::exec::cuda_op);
+        let launch = ExecLaunch {
+            protocol: choice.protocol,
+            op,
+            ty: crate::exec::cuda_ty(T::DTYPE),
+            channels,
+            program,
+            input,
+            output,
+            conns: engine.device_address(DevicePtr::new(ready.conns)),
+            ctl: engine.device_address(DevicePtr::new(ready.ctl)),
+        };
+        (|| {
+            engine.stream_wait(s, device.ready)?;
+            engine.h2d(
+                s,
+                DevicePtr::new(ready.ctl),
+                ready.ctl_pinned,
+                0,
+                CONTROL_BYTES,
+            )?;
+            engine.launch_executor(s, &launch)?;
+            if let Some((gate, value)) = device.gate {
+                engine.stream_raise_gate(s, gate, value)?;
+            }
+            engine.d2h(
+                s,
+                ready.ctl_pinned,
+                0,
+                DevicePtr::new(ready.ctl),
+                CONTROL_BYTES,
+            )?;
+            engine.record(ready.end, s)
+        })()
+        .map_err(err)?;
+        let watched = self.watch_kernel(engine, ready, call);
+        let mut got = [0u8; CONTROL_BYTES];
+        let read = engine.with_pinned(ready.ctl_pinned, &mut |p| got.copy_from_slice(p));
+        let why = match watched {
+            Err(e) => {
+                ready.faulted = true;
+                return Err(e);
+            }
+            Ok(why) => why,
+        };
+        read.map_err(err)?;
+        let ctl =
+            Control::from_bytes(&got).ok_or_else(|| Error::Io(format!("{during}: control")))?;
+        match ExecFault::from_code(ctl.error) {
+            None if ctl.error == 0 => Ok(()),
+            fault => {
+                ready.faulted = true;
+                Err(fault_error(fault, &ctl, why, &during, call.timeout))
+            }
+        }
+    }
+
+    /// Wait for the kernel's work to end, raising the abort word on
+    /// `abort()`, on a failure the communicator hears of, and at the
+    /// timeout: why it was raised, if it was. `Err` where the work did not
+    /// end (or the engine failed).
+    fn watch_kernel(
+        &self,
+        engine: &dyn Engine,
+        ready: &Ready,
+        call: &Call,
+    ) -> Result<Option<Raised>> {
+        let started = Instant::now();
+        let mut raised: Option<(Raised, Instant)> = None;
+        loop {
+            let slice = match raised {
+                Some(_) => WATCH_SLICE * 10,
+                None => WATCH_SLICE,
+            };
+            match engine.host_wait(ready.end, slice) {
+                Ok(()) => return Ok(raised.map(|(why, _)| why)),
+                Err(CudaError::Timeout { .. }) => {}
+                Err(e) => {
+                    return Err(Error::Io(format!(
+                        "{}: device executor: {e}",
+                        call.during()
+                    )))
+                }
+            }
+            match raised {
+                Some((_, at)) if at.elapsed() > ABORT_GRACE => {
+                    return Err(Error::Io(format!(
+                        "{}: the device executor's kernel still runs {} s after its abort word \
+                         was set",
+                        call.during(),
+                        ABORT_GRACE.as_secs()
+                    )))
+                }
+                Some(_) => {}
+                None => {
+                    let why = if self.abort_signal.is_fired() || self.has_failed() {
+                        Some(Raised::Failure)
+                    } else if started.elapsed() >= call.timeout {
+                        Some(Raised::Timeout(started.elapsed()))
+                    } else {
+                        None
+                    };
+                    if let Some(why) = why {
+                        engine.raise_gate(ready.abort, 1);
+                        raised = Some((why, Instant::now()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Why the watchdog set the abort word.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Raised {
+    /// `abort()`, or a failure the communicator heard of.
+    Failure,
+    /// The call's timeout, after this long.
+    Timeout(Duration),
+}
+
+/// The call's error for a kernel's report: the named errors of the host
+/// path.
+pub(crate) fn fault_error(
+    fault: Option<ExecFault>,
+    ctl: &Control,
+    raised: Option<Raised>,
+    during: &str,
+    timeout: Duration,
+) -> Error {
+    let what = ExecFault::describe(ctl).unwrap_or_else(|| format!("fault code {}", ctl.error));
+    let peer = ctl.peer as usize;
+    match (fault, raised) {
+        (Some(ExecFault::Aborted), Some(Raised::Timeout(after))) => Error::Timeout {
+            peer,
+            during: during.to_string(),
+            what: format!(
+                "a device frame on channel {} (program record {})",
+                ctl.channel, ctl.record
+            ),
+            waited_ms: after.max(timeout).as_millis() as u64,
+        },
+        // The communicator's own failure (on_error puts the stored one in
+        // its place) or abort().
+        (Some(ExecFault::Aborted), _) => Error::Aborted(None),
+        (Some(ExecFault::Tag | ExecFault::Length | ExecFault::TooBig), _) => Error::Protocol {
+            peer,
+            during: during.to_string(),
+            detail: format!("device executor: {what}"),
+        },
+        _ => Error::Io(format!("{during}: device executor: {what}")),
+    }
+}
+
+/// Avg's division in the program, where this rank holds a result: as the
+/// host executor's launch decides it (`exec::program::launch`).
+fn finish(
+    coll: &CollCall,
+    plan: &Plan,
+    rank: usize,
+    n: usize,
+    layout: Layout,
+) -> std::result::Result<Option<Finish>, String> {
+    let result = coll::result_range(coll, plan, rank);
+    match (coll.op, result) {
+        (Some(ReduceOp::Avg), Some(range)) => {
+            if plan.scratch_output > 0 {
+                return Err(
+                    "a result in the caller's buffer while the schedule runs on a temporary one"
+                        .into(),
+                );
+            }
+            let base = match layout {
+                Layout::Shared { output_base, .. } => output_base,
+                Layout::Separate => 0,
+            };
+            let offset = range
+                .start
+                .checked_sub(base)
+                .ok_or_else(|| format!("result {range:?} before the output's start {base}"))?;
+            Ok(Some(Finish {
+                offset,
+                len: range.len(),
+                divisor: n,
+            }))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Copy `bytes` to the start of `dst` through a pinned buffer, and wait.
+fn upload(engine: &dyn Engine, stream: Stream, dst: DeviceBuf, bytes: &[u8]) -> Result<()> {
+    let err = |e: CudaError| Error::Io(format!("device executor set-up: {e}"));
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    let pinned = engine.alloc_pinned(bytes.len()).map_err(err)?;
+    let done = (|| {
+        engine.with_pinned(pinned, &mut |p| p.copy_from_slice(bytes))?;
+        engine.h2d(stream, DevicePtr::new(dst), pinned, 0, bytes.len())?;
+        let ev = engine.event()?;
+        engine.record(ev, stream)?;
+        let waited = engine.host_wait(ev, Duration::from_secs(60));
+        engine.free_event(ev);
+        waited
+    })();
+    engine.free_pinned(pinned);
+    done.map_err(err)
+}
+
+impl Ready {
+    /// The program image in device memory, copied there on the stream
+    /// (the buffers grow to the next power of two; the previous call's
+    /// copy has ended: the call waited for its work).
+    fn image_for(
+        &mut self,
+        engine: &dyn Engine,
+        image: &[u8],
+    ) -> ferroccl_cuda::error::Result<u64> {
+        let want = image.len().next_power_of_two().max(4096);
+        match self.image {
+            Some((_, _, cap)) if cap >= image.len() => {}
+            _ => {
+                if let Some((d, p, _)) = self.image.take() {
+                    engine.free_device(d);
+                    engine.free_pinned(p);
+                }
+                let d = engine.alloc_device(want)?;
+                let p = match engine.alloc_pinned(want) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        engine.free_device(d);
+                        return Err(e);
+                    }
+                };
+                self.image = Some((d, p, want));
+            }
+        }
+        let (d, p, _) = self.image.expect("made above");
+        engine.with_pinned(p, &mut |m| m[..image.len()].copy_from_slice(image))?;
+        engine.h2d(self.stream, DevicePtr::new(d), p, 0, image.len())?;
+        Ok(engine.device_address(DevicePtr::new(d)))
+    }
+}
+
+/// Whether a call may take the executor: collectives only (the rounds
+/// need every rank; point-to-point calls stay staged).
+pub(super) fn is_collective(coll: &CollCall) -> bool {
+    coll.p2p.is_none() && coll.kind != CollKind::SendRecv
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferroccl_transport::HostInfo;
+    use std::collections::HashSet;
+
+    /// Every sender's words are its receiver's, each word of each pair
+    /// lies in one place, and in the memory of the rank the geometry says.
+    #[test]
+    fn conn_tables_pair_every_sender_with_its_receiver() {
+        let g = FifoGeometry {
+            slots: 3,
+            slot_bytes: 256,
+            ll_slots: 2,
+            ll_lines: 33,
+        };
+        for n in 1..=6 {
+            for channels in 1..=2 {
+                let span = channels as u64 * n as u64 * g.region();
+                let bases: Vec<u64> = (0..n as u64)
+                    .map(|r| (1 << 40) + r * (span + 4096))
+                    .collect();
+                let tables: Vec<Vec<Conn>> = (0..n)
+                    .map(|r| conn_table(r, n, channels, &bases, &g, 7))
+                    .collect();
+                let mut words = HashSet::new();
+                for c in 0..channels {
+                    for s in 0..n {
+                        for r in 0..n {
+                            let a = tables[s][c * n + r];
+                            if s == r {
+                                assert_eq!(a, Conn::default());
+                                continue;
+                            }
+                            let b = tables[r][c * n + s];
+                            assert_eq!(
+                                (
+                                    a.send_slots,
+                                    a.send_meta,
+                                    a.send_tail,
+                                    a.send_head,
+                                    a.send_ll,
+                                    a.send_ll_head
+                                ),
+                                (
+                                    b.recv_slots,
+                                    b.recv_meta,
+                                    b.recv_tail,
+                                    b.recv_head,
+                                    b.recv_ll,
+                                    b.recv_ll_head
+                                ),
+                                "{s} -> {r} on channel {c} of {n}"
+                            );
+                            let inside = |owner: usize, at: u64| {
+                                at >= bases[owner] && at < bases[owner] + span
+                            };
+                            // The receiver polls tail and LL lines and
+                            // holds the slots; the sender polls head.
+                            assert!(
+                                inside(r, a.send_slots)
+                                    && inside(r, a.send_tail)
+                                    && inside(r, a.send_ll)
+                            );
+                            assert!(inside(s, a.send_head) && inside(s, a.send_ll_head));
+                            for w in [
+                                a.send_slots,
+                                a.send_meta,
+                                a.send_tail,
+                                a.send_head,
+                                a.send_ll,
+                                a.send_ll_head,
+                            ] {
+                                assert!(words.insert(w), "{w:#x} twice");
+                            }
+                            assert_eq!(
+                                (a.slots, a.slot_bytes, a.ll_slots, a.ll_lines, a.ll_clean),
+                                (3, 256, 2, 33, 7)
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_geometry_keeps_parts_apart() {
+        let g = FifoGeometry::standard();
+        assert!(g.meta() >= g.slots as u64 * g.slot_bytes as u64);
+        assert!(g.ll() >= g.meta() + 8 * g.slots as u64);
+        assert!(g.tail() >= g.ll() + g.ll_slots as u64 * g.ll_lines as u64 * 16);
+        for w in [g.ll(), g.tail(), g.head(), g.ll_head(), g.region()] {
+            assert_eq!(w % WORD_GAP, 0);
+        }
+        // An LL slot holds the tuner's LL chunk after its header line.
+        assert!((g.ll_lines as usize - 1) * 8 >= device_tune::LL_CHUNK_BYTES);
+        assert!(g.slot_bytes as usize >= device_tune::BULK_CHUNK_BYTES);
+    }
+
+    fn gpu(uuid: u8, pid: u32) -> GpuIdentity {
+        GpuIdentity {
+            uuid: [uuid; 16],
+            pci_bus_id: format!("0000:{uuid:02x}:00.0"),
+            numa_node: None,
+            ordinal: uuid as u32,
+            host: HostInfo {
+                host_id: "host-a".into(),
+            },
+            pid,
+        }
+    }
+
+    fn offer(uuid: u8, pid: u32) -> Offer {
+        Offer {
+            runs: true,
+            p2p: true,
+            allowed: Allowed::default(),
+            gpu: Some(gpu(uuid, pid)),
+        }
+    }
+
+    fn all_yes(n: usize) -> Vec<Vec<Option<bool>>> {
+        vec![vec![Some(true); n]; n]
+    }
+
+    #[test]
+    fn offers_cross_the_wire_and_bad_ones_are_refused() {
+        for o in [
+            offer(3, 9),
+            Offer {
+                runs: false,
+                p2p: true,
+                allowed: Allowed {
+                    bulk: false,
+                    ll: true,
+                },
+                gpu: None,
+            },
+        ] {
+            let b = o.to_bytes().unwrap();
+            assert_eq!(Offer::from_bytes(0, &b).unwrap(), o);
+            for cut in 0..b.len() {
+                // Never a panic; a cut offer is refused or (cut after the
+                // flags of one without a GPU) equal.
+                let _ = Offer::from_bytes(0, &b[..cut]);
+            }
+        }
+        let e = Offer::from_bytes(4, &[2, 0]).unwrap_err().to_string();
+        assert!(e.contains("rank 4") && e.contains("version 2"), "{e}");
+        let e = Offer::from_bytes(4, &[1, 0x20]).unwrap_err().to_string();
+        assert!(e.contains("flags"), "{e}");
+        assert!(row_from_bytes(1, 3, &[0, 1, 3]).is_err());
+        assert_eq!(
+            row_from_bytes(1, 3, &row_to_bytes(&[Some(false), Some(true), None])).unwrap(),
+            vec![Some(false), Some(true), None]
+        );
+    }
+
+    /// Ranks of one process on one GPU take the executor; every rank
+    /// decides the same; anything short of a same-process path everywhere
+    /// stages every call, with the reason.
+    #[test]
+    fn the_decision_is_the_communicators_and_says_why() {
+        let same: Vec<Offer> = (0..4).map(|_| offer(1, 7)).collect();
+        for r in 0..4 {
+            let (d, mine) = decide(r, &same, Some(&all_yes(4)));
+            assert_eq!(d, Ok(Allowed::default()));
+            assert_eq!(mine.len(), 3);
+            assert!(mine.iter().all(|c| c.path == GpuPath::SameProcess));
+        }
+        // Two GPUs of one process with peer access: executor.
+        let two = vec![offer(1, 7), offer(2, 7)];
+        assert!(decide(0, &two, Some(&all_yes(2))).0.is_ok());
+        // Without peer access (rank 1 says no): staged on both ranks.
+        let mut rows = all_yes(2);
+        rows[1][0] = Some(false);
+        for r in 0..2 {
+            let why = decide(r, &two, Some(&rows)).0.unwrap_err();
+            assert!(
+                why.contains("ranks 0 and 1") && why.contains("cannot access"),
+                "{why}"
+            );
+        }
+        // Another process: cuda-ipc would serve, not wired: staged.
+        let procs = vec![offer(1, 7), offer(1, 8), offer(1, 7)];
+        for r in 0..3 {
+            let why = decide(r, &procs, Some(&all_yes(3))).0.unwrap_err();
+            assert!(
+                why.contains("ranks 0 and 1") && why.contains("cuda-ipc"),
+                "{why}"
+            );
+        }
+        // P2P off on one rank, an engine without the executor, a rank
+        // without a GPU identity, protocols that leave nothing.
+        let mut off = same.clone();
+        off[2].p2p = false;
+        assert!(decide(0, &off, None)
+            .0
+            .unwrap_err()
+            .contains("P2P is off on rank 2"));
+        let mut runs = same.clone();
+        runs[3].runs = false;
+        assert!(decide(1, &runs, None).0.unwrap_err().contains("rank 3"));
+        let mut blind = same.clone();
+        blind[1].gpu = None;
+        assert!(decide(0, &blind, None)
+            .0
+            .unwrap_err()
+            .contains("rank 1 could not tell"));
+        let mut proto = same.clone();
+        proto[0].allowed = Allowed {
+            bulk: false,
+            ll: true,
+        };
+        proto[1].allowed = Allowed {
+            bulk: true,
+            ll: false,
+        };
+        assert!(decide(0, &proto, Some(&all_yes(4)))
+            .0
+            .unwrap_err()
+            .contains("FERROCCL_PROTO"));
+        proto[1].allowed = Allowed::default();
+        assert_eq!(
+            decide(0, &proto, Some(&all_yes(4))).0,
+            Ok(Allowed {
+                bulk: false,
+                ll: true
+            })
+        );
+        // One rank alone: the executor, no peers.
+        assert!(decide(0, &same[..1], Some(&all_yes(1))).0.is_ok());
+    }
+
+    #[test]
+    fn kernel_reports_become_the_host_paths_errors() {
+        let ctl = Control {
+            error: 1,
+            channel: 0,
+            record: 5,
+            peer: 3,
+            ..Control::default()
+        };
+        let t = Duration::from_secs(2);
+        match fault_error(
+            Some(ExecFault::Aborted),
+            &ctl,
+            Some(Raised::Timeout(t)),
+            "all_reduce #4",
+            t,
+        ) {
+            Error::Timeout {
+                peer,
+                during,
+                what,
+                waited_ms,
+            } => {
+                assert_eq!(
+                    (peer, during.as_str(), waited_ms),
+                    (3, "all_reduce #4", 2000)
+                );
+                assert!(what.contains("record 5"), "{what}");
+            }
+            other => panic!("{other}"),
+        }
+        assert!(matches!(
+            fault_error(
+                Some(ExecFault::Aborted),
+                &ctl,
+                Some(Raised::Failure),
+                "x",
+                t
+            ),
+            Error::Aborted(None)
+        ));
+        let tag = Control {
+            error: 2,
+            peer: 1,
+            want: 9,
+            got: 10,
+            ..Control::default()
+        };
+        match fault_error(Some(ExecFault::Tag), &tag, None, "x", t) {
+            Error::Protocol {
+                peer: 1, detail, ..
+            } => assert!(detail.contains("tagged 10"), "{detail}"),
+            other => panic!("{other}"),
+        }
+        let odd = Control {
+            error: 99,
+            ..Control::default()
+        };
+        assert!(fault_error(None, &odd, None, "x", t)
+            .to_string()
+            .contains("fault code 99"));
+    }
+}
