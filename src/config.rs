@@ -83,8 +83,8 @@ pub struct Config {
     /// Let ranks of one host whose GPUs can reach each other move device
     /// data GPU to GPU (cuda-ipc, or device pointers within a process)
     /// rather than through host memory (FERROCCL_P2P_DISABLE=1, or NCCL's
-    /// NCCL_P2P_DISABLE=1, turns it off). Read here; the paths it governs
-    /// are not built yet (docs/gpu-topology.md).
+    /// NCCL_P2P_DISABLE=1, turns it off): device collectives are then
+    /// staged through host memory (docs/gpu-topology.md).
     pub p2p: bool,
 }
 
