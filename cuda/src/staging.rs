@@ -6,11 +6,14 @@
 //!
 //! - [`Engine`]: what staging needs from a GPU: device buffers, pinned host
 //!   buffers, streams, asynchronous copies and reduction kernels, events.
-//! - [`HostEngine`]: the stand-in. "Device" memory is host memory; each
-//!   stream runs its queue in order on a worker thread of its own, with
-//!   optional random delays, so that a missing dependency gives wrong data
-//!   (or an error, for pinned memory the host touches while a stream still
-//!   uses it) instead of passing by luck.
+//! - [`HostEngine`]: the stand-in. "Device" memory is host memory, each
+//!   allocation at a real, 64-byte aligned host address that is its
+//!   [`DeviceBuf`], so that the device executor's kernel source, built for
+//!   the host, can run on it ([`HostEngine::with_executor`]); each stream
+//!   runs its queue in order on a worker thread of its own, with optional
+//!   random delays, so that a missing dependency gives wrong data (or an
+//!   error, for pinned memory the host touches while a stream still uses
+//!   it) instead of passing by luck.
 //! - [`Stager`]: the pipeline of one call: a ring of pinned bounce buffers,
 //!   each with a slot of device scratch; outgoing chunks copied
 //!   device-to-host into a bounce buffer and handed to the transport from
@@ -24,7 +27,7 @@ use crate::error::{CudaError, Result};
 use crate::executor::ExecLaunch;
 use crate::{Op, Ty};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -255,10 +258,94 @@ struct EventState {
     done: Condvar,
 }
 
+/// A gate: its word at a stable address (inside the `Arc`), which a
+/// kernel reads as its abort word and may write itself; the lock and the
+/// condition variable only wake the stand-in's waiters early, who also
+/// read the word every [`GATE_POLL`] to see writes made outside them.
 struct GateState {
-    word: Mutex<u32>,
+    word: AtomicU32,
+    lock: Mutex<()>,
     raised: Condvar,
 }
+
+/// How often a stand-in stream waiting at a gate reads its word again.
+const GATE_POLL: Duration = Duration::from_millis(1);
+
+impl GateState {
+    /// Raise the word to `value` unless it has reached it.
+    fn raise(&self, value: u32) {
+        let _held = lock(&self.lock);
+        let _ = self
+            .word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                (!gate_reached(w, value)).then_some(value)
+            });
+        self.raised.notify_all();
+    }
+
+    /// Wait until the word has reached `value`, at most `limit`.
+    fn wait(&self, value: u32, limit: Duration) -> std::result::Result<(), ()> {
+        let deadline = Instant::now() + limit;
+        let mut held = lock(&self.lock);
+        while !gate_reached(self.word.load(Ordering::Acquire), value) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(());
+            }
+            held = self
+                .raised
+                .wait_timeout(held, left.min(GATE_POLL))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+}
+
+/// 64 bytes of stand-in device memory: allocations are made of these so
+/// that they start 64-byte aligned, as a GPU's do (kernels rely on it).
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Block([u8; 64]);
+
+/// A stand-in device allocation. Its blocks never move (a boxed slice),
+/// so their address, the [`DeviceBuf`], stays valid for kernels built for
+/// the host until the allocation is freed. The stand-in's own copies take
+/// the lock; a kernel reads and writes through the address without it,
+/// ordered against the copies by streams and events, as on a GPU.
+struct DeviceAlloc {
+    blocks: Mutex<Box<[Block]>>,
+    /// Bytes asked for: what bounds checks use (the blocks round it up).
+    len: usize,
+}
+
+impl DeviceAlloc {
+    /// `len` bytes (at least one block), each `fill`, and their address.
+    fn new(len: usize, fill: u8) -> (u64, DeviceAlloc) {
+        let mut blocks = vec![Block([fill; 64]); len.div_ceil(64).max(1)].into_boxed_slice();
+        let address = blocks.as_mut_ptr().expose_provenance() as u64;
+        let alloc = DeviceAlloc {
+            blocks: Mutex::new(blocks),
+            len,
+        };
+        (address, alloc)
+    }
+
+    /// `f` on bytes `[offset, offset + bytes)`, or why they are out of
+    /// bounds.
+    fn with<R>(&self, offset: usize, bytes: usize, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
+        let end = checked_end(offset, bytes, self.len)?;
+        let mut blocks = lock(&self.blocks);
+        let mem: &mut [u8] = bytemuck::cast_slice_mut(&mut blocks[..]);
+        Ok(f(&mut mem[offset..end]))
+    }
+}
+
+/// What the stand-in runs for [`Engine::launch_executor`]: in ferroccl's
+/// tests, the executor's kernel source built for the host and run with a
+/// host thread per GPU thread. An `Err` becomes the engine's fault, which
+/// the next `host_wait` reports.
+pub type ExecutorHook = Arc<dyn Fn(&ExecLaunch) -> std::result::Result<(), String> + Send + Sync>;
 
 struct PinnedState {
     bytes: Mutex<Vec<u8>>,
@@ -271,10 +358,10 @@ struct StreamWorker {
     thread: JoinHandle<()>,
 }
 
-type DeviceMem = Arc<Mutex<Vec<u8>>>;
+type DeviceMem = Arc<DeviceAlloc>;
 
-#[derive(Default)]
 struct State {
+    /// By address.
     device: Mutex<HashMap<u64, DeviceMem>>,
     pinned: Mutex<HashMap<u64, Arc<PinnedState>>>,
     events: Mutex<HashMap<u64, Arc<EventState>>>,
@@ -289,6 +376,31 @@ struct State {
     pinned_made: AtomicUsize,
     /// The first failure of a stream's work, reported by `host_wait`.
     fault: Mutex<Option<String>>,
+    /// The UUID this stand-in stands under ([`Engine::stand_in_uuid`]).
+    uuid: [u8; 16],
+}
+
+impl State {
+    fn new() -> State {
+        // Distinct per engine of the process, and per process.
+        static ENGINES: AtomicU64 = AtomicU64::new(0);
+        let mut uuid = [0u8; 16];
+        uuid[..4].copy_from_slice(b"FCSI");
+        uuid[4..8].copy_from_slice(&std::process::id().to_le_bytes());
+        uuid[8..].copy_from_slice(&ENGINES.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+        State {
+            device: Mutex::default(),
+            pinned: Mutex::default(),
+            events: Mutex::default(),
+            gates: Mutex::default(),
+            streams: Mutex::default(),
+            idle: Mutex::default(),
+            next_id: AtomicU64::new(0),
+            pinned_made: AtomicUsize::new(0),
+            fault: Mutex::default(),
+            uuid,
+        }
+    }
 }
 
 /// The host stand-in of a GPU (module docs). Without delays its streams
@@ -299,6 +411,8 @@ pub struct HostEngine {
     /// when zero), seeded per stream.
     max_delay: Duration,
     seed: u64,
+    /// What `launch_executor` runs; `None`: the stand-in has no executor.
+    executor: Option<ExecutorHook>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -336,10 +450,19 @@ impl HostEngine {
     /// dependency on another stream or on the host runs too early.
     pub fn with_delays(max_delay: Duration, seed: u64) -> Self {
         HostEngine {
-            state: Arc::new(State::default()),
+            state: Arc::new(State::new()),
             max_delay,
             seed,
+            executor: None,
         }
+    }
+
+    /// The stand-in with the device executor: `launch_executor` enqueues a
+    /// job that calls `hook` with the launch (whose addresses are this
+    /// process's: the stand-in's device memory and gate words).
+    pub fn with_executor(mut self, hook: ExecutorHook) -> Self {
+        self.executor = Some(hook);
+        self
     }
 
     fn id(&self) -> u64 {
@@ -386,19 +509,14 @@ impl HostEngine {
     /// Write device memory from the host, synchronously (tests set inputs
     /// with it; a real engine's caller would use a copy).
     pub fn write_device(&self, dst: DevicePtr, data: &[u8]) -> Result<()> {
-        let mem = self.device(dst.buf)?;
-        let mut mem = lock(&mem);
-        let end = checked_end(dst.offset, data.len(), mem.len())?;
-        mem[dst.offset..end].copy_from_slice(data);
-        Ok(())
+        self.device(dst.buf)?
+            .with(dst.offset, data.len(), |m| m.copy_from_slice(data))
     }
 
     /// Read device memory from the host, synchronously.
     pub fn read_device(&self, src: DevicePtr, bytes: usize) -> Result<Vec<u8>> {
-        let mem = self.device(src.buf)?;
-        let mem = lock(&mem);
-        let end = checked_end(src.offset, bytes, mem.len())?;
-        Ok(mem[src.offset..end].to_vec())
+        self.device(src.buf)?
+            .with(src.offset, bytes, |m| m.to_vec())
     }
 }
 
@@ -423,16 +541,13 @@ impl Drop for HostEngine {
 /// Read `bytes` at `src` (a copy: the lock is not held while the caller
 /// writes elsewhere, so `dst` may be the same allocation).
 fn read_at(mem: &DeviceMem, src: usize, bytes: usize) -> std::result::Result<Vec<u8>, String> {
-    let mem = lock(mem);
-    let end = checked_end(src, bytes, mem.len()).map_err(|e| e.to_string())?;
-    Ok(mem[src..end].to_vec())
+    mem.with(src, bytes, |m| m.to_vec())
+        .map_err(|e| e.to_string())
 }
 
 fn write_at(mem: &DeviceMem, dst: usize, data: &[u8]) -> std::result::Result<(), String> {
-    let mut mem = lock(mem);
-    let end = checked_end(dst, data.len(), mem.len()).map_err(|e| e.to_string())?;
-    mem[dst..end].copy_from_slice(data);
-    Ok(())
+    mem.with(dst, data.len(), |m| m.copy_from_slice(data))
+        .map_err(|e| e.to_string())
 }
 
 impl HostEngine {
@@ -459,11 +574,11 @@ impl HostEngine {
 
 impl Engine for HostEngine {
     fn alloc_device(&self, bytes: usize) -> Result<DeviceBuf> {
-        let id = self.id();
         // Not zeroed on a GPU: fill with a pattern so that reading what
         // was never written shows.
-        lock(&self.state.device).insert(id, Arc::new(Mutex::new(vec![0xA5; bytes])));
-        Ok(DeviceBuf(id))
+        let (address, alloc) = DeviceAlloc::new(bytes, 0xA5);
+        lock(&self.state.device).insert(address, Arc::new(alloc));
+        Ok(DeviceBuf(address))
     }
 
     fn free_device(&self, buf: DeviceBuf) {
@@ -712,7 +827,8 @@ impl Engine for HostEngine {
     fn gate(&self) -> Result<Gate> {
         let id = self.id();
         let state = GateState {
-            word: Mutex::new(0),
+            word: AtomicU32::new(0),
+            lock: Mutex::new(()),
             raised: Condvar::new(),
         };
         lock(&self.state.gates).insert(id, Arc::new(state));
@@ -730,21 +846,48 @@ impl Engine for HostEngine {
         // Bounded like a CUDA engine's fallback: past `limit` the stream
         // goes on (the call's error reaches the host through its result).
         self.run_on(stream, move || {
-            let _ = wait_until(&state.word, &state.raised, limit, |w| {
-                gate_reached(*w, value)
-            });
+            let _ = state.wait(value, limit);
             Ok(())
         })
     }
 
     fn raise_gate(&self, gate: Gate, value: u32) {
         if let Ok(state) = self.gate_state(gate) {
-            let mut word = lock(&state.word);
-            if !gate_reached(*word, value) {
-                *word = value;
-                state.raised.notify_all();
-            }
+            state.raise(value);
         }
+    }
+
+    fn runs_executor(&self) -> bool {
+        self.executor.is_some()
+    }
+
+    fn gate_device_address(&self, gate: Gate) -> Result<u64> {
+        let state = self.gate_state(gate)?;
+        // The word lives as long as the engine (gates are never freed).
+        Ok(state.word.as_ptr().expose_provenance() as u64)
+    }
+
+    fn launch_executor(&self, stream: Stream, launch: &ExecLaunch) -> Result<()> {
+        let Some(hook) = self.executor.clone() else {
+            return Err(no_executor("launch"));
+        };
+        if launch.channels == 0 {
+            return Err(bad("a program has at least one channel".into()));
+        }
+        let launch = *launch;
+        self.run_on(stream, move || hook(&launch))
+    }
+
+    fn stream_raise_gate(&self, stream: Stream, gate: Gate, value: u32) -> Result<()> {
+        let state = self.gate_state(gate)?;
+        self.run_on(stream, move || {
+            state.raise(value);
+            Ok(())
+        })
+    }
+
+    fn stand_in_uuid(&self) -> Option<[u8; 16]> {
+        Some(self.state.uuid)
     }
 }
 
@@ -1581,6 +1724,203 @@ mod tests {
         engine
             .with_pinned(pin, &mut |h| assert_eq!(h, &[0xA5; 16][..]))
             .unwrap();
+    }
+
+    /// Device allocations sit at distinct, 64-byte aligned host addresses
+    /// (in every engine of the process, zero bytes included) that are
+    /// their `DeviceBuf`: what a kernel writes there, the engine reads.
+    #[test]
+    fn device_addresses_are_real_aligned_and_distinct() {
+        let (a, b) = (HostEngine::new(), HostEngine::new());
+        let mut bufs = Vec::new();
+        for (e, bytes) in [(&a, 0), (&a, 0), (&a, 1), (&a, 100), (&b, 0), (&b, 64)] {
+            let buf = e.alloc_device(bytes).unwrap();
+            assert_eq!(buf.0 % 64, 0, "{bytes} bytes at {:#x}", buf.0);
+            bufs.push((e, buf, bytes));
+        }
+        let mut addresses: Vec<u64> = bufs.iter().map(|(_, b, _)| b.0).collect();
+        addresses.sort_unstable();
+        addresses.dedup();
+        assert_eq!(addresses.len(), bufs.len(), "an address given twice");
+        let (e, buf, _) = bufs[3];
+        let at = DevicePtr::new(buf).add(5);
+        assert_eq!(e.device_address(at), buf.0 + 5);
+        let data: Vec<u8> = (1..=40).collect();
+        // SAFETY: bytes 5..45 of a live 100-byte allocation of `e`, which
+        // nothing else touches meanwhile.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                std::ptr::with_exposed_provenance_mut::<u8>(e.device_address(at) as usize),
+                data.len(),
+            );
+        }
+        assert_eq!(e.read_device(at, 40).unwrap(), data);
+        assert_eq!(e.read_device(DevicePtr::new(buf), 5).unwrap(), [0xA5; 5]);
+        assert_eq!(e.read_device(at.add(40), 55).unwrap(), [0xA5; 55]);
+        // The bounds are the bytes asked for, not the blocks behind them.
+        assert!(e.read_device(at, 96).is_err());
+        assert!(e.read_device(DevicePtr::new(bufs[0].1), 1).is_err());
+        for (e, buf, _) in bufs {
+            e.free_device(buf);
+        }
+    }
+
+    /// Reads the word at a gate's device address, as a kernel would.
+    fn gate_word(e: &HostEngine, gate: Gate) -> u32 {
+        let at = e.gate_device_address(gate).unwrap();
+        // SAFETY: the address of a live gate's AtomicU32 (gates live as
+        // long as the engine); read atomically.
+        unsafe { AtomicU32::from_ptr(std::ptr::with_exposed_provenance_mut(at as usize)) }
+            .load(Ordering::Acquire)
+    }
+
+    /// A gate's address holds its word: raises show there (never going
+    /// back), and a write there (a kernel's abort) releases a stream
+    /// waiting at the gate.
+    #[test]
+    fn the_gate_address_holds_the_word() {
+        let e = HostEngine::new();
+        let (g, h) = (e.gate().unwrap(), e.gate().unwrap());
+        let (ag, ah) = (
+            e.gate_device_address(g).unwrap(),
+            e.gate_device_address(h).unwrap(),
+        );
+        assert_ne!(ag, ah);
+        assert_eq!(ag % 4, 0);
+        assert_eq!(gate_word(&e, g), 0);
+        e.raise_gate(g, 5);
+        assert_eq!(gate_word(&e, g), 5);
+        e.raise_gate(g, 3);
+        assert_eq!(gate_word(&e, g), 5, "a gate went back");
+        assert_eq!(gate_word(&e, h), 0);
+        let s = e.stream().unwrap();
+        let done = e.event().unwrap();
+        e.stream_wait_gate(s, h, 2, T).unwrap();
+        e.record(done, s).unwrap();
+        assert!(e.host_wait(done, Duration::from_millis(30)).is_err());
+        // SAFETY: as in `gate_word`: a live gate's word, written
+        // atomically, as the kernel raises its abort word.
+        unsafe { AtomicU32::from_ptr(std::ptr::with_exposed_provenance_mut(ah as usize)) }
+            .store(2, Ordering::Release);
+        e.host_wait(done, T).unwrap();
+        assert!(e.gate_device_address(Gate(u64::MAX)).is_err());
+        e.free_event(done);
+        e.free_stream(s);
+    }
+
+    /// A stream that waits for the host's go: `go` releases it.
+    fn held_stream(e: &HostEngine) -> (Stream, mpsc::Sender<()>) {
+        let s = e.stream().unwrap();
+        let (go, wait) = mpsc::channel::<()>();
+        let wait = Mutex::new(wait);
+        e.run_on(s, move || {
+            let _ = lock(&wait).recv();
+            Ok(())
+        })
+        .unwrap();
+        (s, go)
+    }
+
+    /// `stream_raise_gate` raises the gate once the work before it on the
+    /// stream has run, not before.
+    #[test]
+    fn stream_raise_gate_waits_for_the_work_before_it() {
+        let e = HostEngine::with_delays(Duration::from_micros(300), 1);
+        let g = e.gate().unwrap();
+        let (s, go) = held_stream(&e);
+        e.stream_raise_gate(s, g, 7).unwrap();
+        let done = e.event().unwrap();
+        e.record(done, s).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(gate_word(&e, g), 0, "raised before the work before it");
+        go.send(()).unwrap();
+        e.host_wait(done, T).unwrap();
+        assert_eq!(gate_word(&e, g), 7);
+        // Never back, in a stream either.
+        e.stream_raise_gate(s, g, 6).unwrap();
+        e.record(done, s).unwrap();
+        e.host_wait(done, T).unwrap();
+        assert_eq!(gate_word(&e, g), 7);
+        e.free_event(done);
+        e.free_stream(s);
+    }
+
+    fn launch(channels: u32) -> ExecLaunch {
+        ExecLaunch {
+            protocol: crate::executor::Protocol::Bulk,
+            op: Some(Op::Sum),
+            ty: Ty::F32,
+            channels,
+            program: 0,
+            input: 0,
+            output: 0,
+            conns: 0,
+            ctl: 0,
+        }
+    }
+
+    /// The executor hook runs on the stream, in its order, once per
+    /// launch; its error becomes the engine's fault. Without a hook the
+    /// stand-in has no executor.
+    #[test]
+    fn the_executor_hook_runs_in_stream_order() {
+        let plain = HostEngine::new();
+        assert!(!plain.runs_executor());
+        let s = plain.stream().unwrap();
+        assert!(plain.launch_executor(s, &launch(1)).is_err());
+        plain.free_stream(s);
+
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let hook: ExecutorHook = Arc::new(move |l: &ExecLaunch| {
+            lock(&log).push(l.channels);
+            if l.channels == 3 {
+                return Err("kernel 3 failed".into());
+            }
+            Ok(())
+        });
+        let e = HostEngine::with_delays(Duration::from_micros(300), 2).with_executor(hook);
+        assert!(e.runs_executor());
+        let (s, go) = held_stream(&e);
+        let dev = e.alloc_device(4).unwrap();
+        let pin = e.alloc_pinned(4).unwrap();
+        e.with_pinned(pin, &mut |p| p.copy_from_slice(&[1, 2, 3, 4]))
+            .unwrap();
+        e.launch_executor(s, &launch(1)).unwrap();
+        e.h2d(s, DevicePtr::new(dev), pin, 0, 4).unwrap();
+        e.launch_executor(s, &launch(2)).unwrap();
+        assert!(e.launch_executor(s, &launch(0)).is_err());
+        let done = e.event().unwrap();
+        e.record(done, s).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            lock(&seen).is_empty(),
+            "the hook ran before the work before it"
+        );
+        go.send(()).unwrap();
+        e.host_wait(done, T).unwrap();
+        assert_eq!(*lock(&seen), [1, 2]);
+        assert_eq!(e.read_device(DevicePtr::new(dev), 4).unwrap(), [1, 2, 3, 4]);
+        e.launch_executor(s, &launch(3)).unwrap();
+        e.record(done, s).unwrap();
+        let err = e.host_wait(done, T).unwrap_err();
+        assert!(err.to_string().contains("kernel 3 failed"), "{err}");
+        e.free_event(done);
+        e.free_pinned(pin);
+        e.free_device(dev);
+        e.free_stream(s);
+    }
+
+    /// Every stand-in has a UUID of its own; one engine shared keeps its.
+    #[test]
+    fn stand_in_uuids_are_distinct() {
+        let a = Arc::new(HostEngine::new());
+        let b = HostEngine::new();
+        let shared: Arc<dyn Engine> = a.clone();
+        let (ua, ub) = (a.stand_in_uuid().unwrap(), b.stand_in_uuid().unwrap());
+        assert_ne!(ua, ub);
+        assert_eq!(shared.stand_in_uuid(), Some(ua));
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! one still running 10 s later fails the test as a hang.
 //!
 //! Skipped, saying so, without a CUDA driver and device (the build
-//! machines); the GPU script (`cuda/gpu/run.sh`) runs it.
+//! machines); the GPU script (`cuda/gpu/run.sh`) runs it. The machinery
+//! takes any [`Engine`]: `host_launch` runs it on the host stand-in with
+//! the kernels built for the host.
 
 use super::kernel_host::judge;
 use super::tests::{check, grid, idle_image, reduces, sweep_runs, Case, RankRun};
@@ -45,7 +47,7 @@ fn engine() -> Option<std::sync::Arc<CudaEngine>> {
 
 /// Device memory the test frees at the end.
 struct Mem<'a> {
-    e: &'a CudaEngine,
+    e: &'a dyn Engine,
     bufs: Vec<DeviceBuf>,
 }
 
@@ -111,17 +113,17 @@ impl Drop for Mem<'_> {
     }
 }
 
-fn sync(e: &CudaEngine, stream: Stream) {
+fn sync(e: &dyn Engine, stream: Stream) {
     let ev = e.event().unwrap();
     e.record(ev, stream).unwrap();
     e.host_wait(ev, Duration::from_secs(60)).unwrap();
     e.free_event(ev);
 }
 
-/// Runs one call's programs on the GPU: per rank, its Control and its
-/// buffers afterwards.
+/// Runs one call's programs on the GPU (or `e`'s stand-in of one): per
+/// rank, its Control and its buffers afterwards.
 fn run_on_gpu(
-    e: &CudaEngine,
+    e: &dyn Engine,
     protocol: Protocol,
     dtype: DataType,
     op: Option<ReduceOp>,
@@ -287,16 +289,23 @@ struct FifoAt {
     ll_head: u64,
 }
 
-fn gpu_sweep(
-    e: &CudaEngine,
+/// Runs `cases` of `algo` on `n` ranks through the host executor, then
+/// the same programs through `e`'s kernels with `protocol`: the failures.
+pub(super) fn gpu_sweep(
+    e: &dyn Engine,
     n: usize,
     algo: Algorithm,
     cases: &[Case],
     protocol: Protocol,
 ) -> Vec<String> {
     let (mut failures, runs) = sweep_runs(n, algo, cases);
+    let device = if e.stand_in_uuid().is_some() {
+        "stand-in"
+    } else {
+        "GPU"
+    };
     for (_, case, runs) in &runs {
-        let what = format!("GPU {} {algo} {case:?} on {n} ranks", protocol.name());
+        let what = format!("{device} {} {algo} {case:?} on {n} ranks", protocol.name());
         let op = reduces(case.kind).then_some(case.op);
         match run_on_gpu(e, protocol, case.dtype, op, runs) {
             Err(err) => failures.push(format!("{what}: {err}")),
@@ -326,8 +335,14 @@ fn the_kernels_match_the_executor_on_the_gpu() {
                 AllToAll,
                 SendRecv,
             ];
-            failures.extend(gpu_sweep(&e, n, Algorithm::Ring, &grid(n, &all), p));
-            failures.extend(gpu_sweep(&e, n, Algorithm::Tree, &grid(n, &[AllReduce]), p));
+            failures.extend(gpu_sweep(&*e, n, Algorithm::Ring, &grid(n, &all), p));
+            failures.extend(gpu_sweep(
+                &*e,
+                n,
+                Algorithm::Tree,
+                &grid(n, &[AllReduce]),
+                p,
+            ));
         }
     }
     check(failures, t, "GPU executor kernels");

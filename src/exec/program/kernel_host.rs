@@ -22,7 +22,7 @@ use crate::coll::CollKind;
 use crate::element::{DataType, ReduceOp};
 use crate::exec::staged::{op as cuda_op, ty as cuda_ty};
 use ferroccl_cuda::executor::{self, Control, ExecFault, Protocol};
-use ferroccl_cuda::Ty;
+use ferroccl_cuda::{Op, Ty};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -64,6 +64,43 @@ const PARAMS: Params = Params {
     start: (1 << 32) - 5,
 };
 
+/// The C++ compiler of the host builds of the kernels: `$CXX`, else `c++`.
+pub(super) fn cxx() -> String {
+    std::env::var("CXX").unwrap_or_else(|_| "c++".into())
+}
+
+/// The flags of every host build of the kernel source (sanitizers aside).
+pub(super) const CXX_FLAGS: [&str; 7] = [
+    "-std=c++20",
+    "-O1",
+    "-pthread",
+    "-ffp-contract=off",
+    "-Wall",
+    "-Wno-unused-function",
+    "-Wno-unknown-pragmas",
+];
+
+/// `dispatch.inc` for `kernels`: a function per kernel that calls it with
+/// untyped buffers, and `table`, every `Entry` (name, function); the file
+/// that includes it defines `Entry`.
+pub(super) fn dispatch_inc(kernels: &[(Protocol, Op, Ty)]) -> String {
+    let mut dispatch = String::new();
+    let mut table = String::from("static Entry table[] = {\n");
+    for &(p, op, ty) in kernels {
+        let name = executor::kernel_name(p, Some(op), ty);
+        let e = executor::element_struct(ty);
+        let _ = writeln!(
+            dispatch,
+            "static void call_{name}(const unsigned char* p, void* i, void* o, \
+             ferroccl::Conn* c, ferroccl::Control* t) {{ {name}(p, (ferroccl::{e}::T*)i, \
+             (ferroccl::{e}::T*)o, c, t); }}"
+        );
+        let _ = writeln!(table, "    {{\"{name}\", call_{name}}},");
+    }
+    table.push_str("};\n");
+    format!("{dispatch}{table}")
+}
+
 /// The harness, built once per test process: `Err` says why not.
 fn harness() -> &'static Result<PathBuf, String> {
     static EXE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -71,26 +108,14 @@ fn harness() -> &'static Result<PathBuf, String> {
         let dir = std::env::temp_dir().join(format!("ferroccl-exec-host-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let mut kernels = Vec::new();
-        let mut dispatch = String::new();
-        let mut table = String::from("static Entry table[] = {\n");
         for p in Protocol::ALL {
             for op in executor::KERNEL_OPS {
                 for ty in TYPES {
                     kernels.push((p, op, ty));
-                    let name = executor::kernel_name(p, Some(op), ty);
-                    let e = executor::element_struct(ty);
-                    let _ = writeln!(
-                        dispatch,
-                        "static void call_{name}(const unsigned char* p, void* i, void* o, \
-                         ferroccl::Conn* c, ferroccl::Control* t) {{ {name}(p, (ferroccl::{e}::T*)i, \
-                         (ferroccl::{e}::T*)o, c, t); }}"
-                    );
-                    let _ = writeln!(table, "    {{\"{name}\", call_{name}}},");
                 }
             }
         }
-        table.push_str("};\n");
-        std::fs::write(dir.join("dispatch.inc"), format!("{dispatch}{table}"))
+        std::fs::write(dir.join("dispatch.inc"), dispatch_inc(&kernels))
             .map_err(|e| e.to_string())?;
         let src = format!(
             "{}\n{}\n{}",
@@ -100,10 +125,11 @@ fn harness() -> &'static Result<PathBuf, String> {
         );
         std::fs::write(dir.join("harness.cpp"), src).map_err(|e| e.to_string())?;
         let exe = dir.join("harness");
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let cxx = cxx();
         let t = Instant::now();
         let out = Command::new(&cxx)
-            .args(["-std=c++20", "-O1", "-pthread", "-ffp-contract=off", "-Wall", "-Wno-unused-function", "-Wno-unknown-pragmas", "-o"])
+            .args(CXX_FLAGS)
+            .arg("-o")
             .arg(&exe)
             .arg(dir.join("harness.cpp"))
             .output()
@@ -128,7 +154,7 @@ fn tsan_harness() -> &'static Result<PathBuf, String> {
         let plain = harness().as_ref().map_err(|e| e.clone())?;
         let dir = plain.parent().expect("the harness is in a folder");
         let exe = dir.join("harness-tsan");
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let cxx = cxx();
         let out = Command::new(&cxx)
             .args(["-std=c++20", "-O1", "-g", "-pthread", "-fsanitize=thread"])
             .args(["-Wno-tsan", "-Wno-unknown-pragmas", "-o"])
@@ -152,7 +178,16 @@ fn tsan_harness() -> &'static Result<PathBuf, String> {
 /// The harness, or `None` (skip) where no compiler is here and that is
 /// allowed. A compile error of the kernel source always fails.
 fn harness_here(test: &str) -> Option<&'static Path> {
-    match harness() {
+    built_here(harness(), test).map(PathBuf::as_path)
+}
+
+/// What a host build of the kernel source made, or `None` (skip, saying
+/// so) where no compiler is here and that is allowed
+/// (`FERROCCL_REQUIRE_CXX=1` makes it a failure). A compile error of the
+/// kernel source (an `Err` that says "failed on the kernel source")
+/// always fails.
+pub(super) fn built_here<'a, T>(built: &'a Result<T, String>, test: &str) -> Option<&'a T> {
+    match built {
         Ok(p) => Some(p),
         Err(e) if e.contains("failed on the kernel source") => panic!("{e}"),
         Err(e) => {
