@@ -345,13 +345,166 @@ mod tests {
     /// against an f64 reference.
     #[test]
     fn device_calls_order_with_the_callers_stream() {
-        fn run<T: Element>(n: usize) {
-            run_ranks_with(n, config, |comm| {
-                let (rank, size) = (comm.rank(), comm.size());
-                let e = Arc::new(HostEngine::with_delays(
+        for n in [1, 2, 3, 4] {
+            let own = |rank: usize| {
+                Arc::new(HostEngine::with_delays(
                     Duration::from_micros(200),
                     rank as u64 + 1,
-                ));
+                ))
+            };
+            every_collective::<f32>(n, &own, 37, &config);
+            every_collective::<half::bf16>(n, &own, 37, &config);
+            every_collective::<i32>(n, &own, 37, &config);
+        }
+    }
+
+    /// The same calls where the ranks share one stand-in device that runs
+    /// the device executor's kernel (its CUDA source built for the host,
+    /// `exec::program::host_launch`): every rank of the communicator is a
+    /// thread of this process on one "GPU", so the launcher takes the
+    /// executor for every collective (the launches are counted) instead of
+    /// staging, and the results must be the same.
+    #[test]
+    fn device_calls_run_by_the_executor_on_a_shared_device() {
+        let Some(hook) = crate::exec::program::host_launch::host_executor() else {
+            return;
+        };
+        for n in [1, 2, 3, 4] {
+            let launches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counted = launches.clone();
+            let hook = hook.clone();
+            let e = Arc::new(
+                HostEngine::with_delays(Duration::from_micros(100), n as u64).with_executor(
+                    Arc::new(move |l: &ferroccl_cuda::executor::ExecLaunch| {
+                        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        hook(l)
+                    }),
+                ),
+            );
+            let shared = |_rank: usize| e.clone();
+            every_collective::<f32>(n, &shared, 37, &config);
+            every_collective::<i32>(n, &shared, 37, &config);
+            // Slots of 128 bytes, two a FIFO, and 1013 elements a rank:
+            // frames wrap every FIFO many times, and LL slots are cut to
+            // the bulk slot (the tuner picks LL for these sizes).
+            let small = |c: &mut crate::Config| {
+                config(c);
+                c.buffsize = 256;
+                c.steps = 2;
+            };
+            every_collective::<f32>(n, &shared, 1013, &small);
+            // 256 KiB a rank: the tuner takes the bulk protocol.
+            every_collective::<f32>(n, &shared, 1 << 16, &small);
+            // 11 calls on every rank for each of the four grids, all by
+            // the executor.
+            assert_eq!(
+                launches.load(std::sync::atomic::Ordering::Relaxed),
+                4 * 11 * n,
+                "{n} ranks: the executor did not run every call"
+            );
+        }
+    }
+
+    /// Two thread ranks on one executor device: one call sets the
+    /// executor up; in the next, rank 1 never calls (`silent`) or rank 0
+    /// is aborted while its kernel waits (`abort`). Rank 0's result and
+    /// how long the call took.
+    fn executor_failure(abort: bool) -> Option<(Result<()>, Duration)> {
+        let hook = crate::exec::program::host_launch::host_executor()?;
+        let e = Arc::new(HostEngine::new().with_executor(hook));
+        let results = run_ranks_with(
+            2,
+            |c| {
+                c.transport = Some("mem".into());
+                c.timeout = Duration::from_secs(if abort { 60 } else { 2 });
+            },
+            |comm| {
+                let stream = e.stream().unwrap();
+                let buf = DevicePtr::new(e.alloc_device(4096).unwrap());
+                e.write_device(buf, &[0u8; 4096]).unwrap();
+                let engine: Arc<dyn Engine> = e.clone();
+                let on = OnDevice {
+                    ordinal: 0,
+                    engine,
+                    stream,
+                    send: buf,
+                    recv: buf,
+                };
+                let call = CollCall {
+                    op: Some(ReduceOp::Sum),
+                    in_place: true,
+                    ..CollCall::new(CollKind::AllReduce, 1024, 1024, 1024)
+                };
+                comm.device_collective::<f32>(&call, &on)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                if comm.rank() == 1 {
+                    // Never makes the second call; stays until rank 0 is
+                    // done with it.
+                    std::thread::sleep(Duration::from_secs(5));
+                    return None;
+                }
+                let t = std::time::Instant::now();
+                std::thread::scope(|s| {
+                    if abort {
+                        s.spawn(|| {
+                            std::thread::sleep(Duration::from_millis(300));
+                            comm.abort();
+                        });
+                    }
+                    let work = comm.device_collective::<f32>(&call, &on).unwrap();
+                    Some((work.wait(), t.elapsed()))
+                })
+            },
+        );
+        results.into_iter().next().flatten()
+    }
+
+    /// A kernel that waits for a peer that never makes the call ends at
+    /// the timeout (its abort word raised by the watchdog), and the call
+    /// names the peer, as on the host path.
+    #[test]
+    fn an_executor_kernel_waiting_for_a_silent_peer_ends_at_the_timeout() {
+        let Some((result, took)) = executor_failure(false) else {
+            return;
+        };
+        match result {
+            Err(err) => assert_eq!(err.failed_rank(), Some(1), "{err}"),
+            Ok(()) => panic!("rank 0's call succeeded without rank 1"),
+        }
+        assert!(took < Duration::from_secs(30), "took {took:?}");
+    }
+
+    /// `abort()` on a rank whose kernel waits ends the kernel and the call
+    /// with the abort.
+    #[test]
+    fn abort_ends_a_waiting_executor_kernel() {
+        let Some((result, took)) = executor_failure(true) else {
+            return;
+        };
+        match result {
+            Err(Error::Aborted(why)) => {
+                assert!(why.is_some_and(|w| w.contains("abort()")), "no reason")
+            }
+            other => panic!("rank 0: {other:?}"),
+        }
+        assert!(took < Duration::from_secs(30), "took {took:?}");
+    }
+
+    /// Every collective through `device_collective` on `n` thread ranks,
+    /// rank r on the device `engine(r)`, `block` elements a rank (37: not
+    /// a multiple of anything), checked against an f64 reference.
+    fn every_collective<T: Element>(
+        n: usize,
+        engine: &(dyn Fn(usize) -> Arc<HostEngine> + Sync),
+        block: usize,
+        config: &(dyn Fn(&mut crate::Config) + Sync),
+    ) {
+        {
+            run_ranks_with(n, config, |comm| {
+                let (rank, size) = (comm.rank(), comm.size());
+                let e = engine(rank);
                 let stream = e.stream().unwrap();
                 let elem = std::mem::size_of::<T>();
                 for (kind, op, in_place) in [
@@ -367,7 +520,6 @@ mod tests {
                     (CollKind::Reduce, ReduceOp::Avg, true),
                     (CollKind::AllToAll, ReduceOp::Sum, false),
                 ] {
-                    let block = 37; // elements per rank: not a multiple of anything
                     let (send_len, recv_len) = match kind {
                         CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => {
                             (block, block)
@@ -474,11 +626,6 @@ mod tests {
                     e.free_device(recv.buf);
                 }
             });
-        }
-        for n in [1, 2, 3, 4] {
-            run::<f32>(n);
-            run::<half::bf16>(n);
-            run::<i32>(n);
         }
     }
 

@@ -77,14 +77,27 @@ pub(crate) struct FifoGeometry {
 const WORD_GAP: u64 = 128;
 
 impl FifoGeometry {
-    /// Bulk slots of the tuner's chunk, four deep; LL slots of its chunk
-    /// (a header line and 8 bytes a line), eight deep.
-    pub(crate) fn standard() -> FifoGeometry {
+    /// As NCCL_BUFFSIZE and NCCL_STEPS size NCCL's buffers: `steps` bulk
+    /// slots (at least two: a schedule may count on two frames of room)
+    /// of `slot_bytes` (`Config::chunk_bytes`, FERROCCL_BUFFSIZE /
+    /// FERROCCL_STEPS: 8 of 512 KiB by default); eight LL slots of the
+    /// tuner's LL chunk, or of a bulk slot where that is smaller (a header
+    /// line, then 8 bytes a line).
+    pub(crate) fn new(slot_bytes: usize, steps: usize) -> FifoGeometry {
+        let slot_bytes = slot_bytes.min(u32::MAX as usize) & !7;
         FifoGeometry {
-            slots: 4,
-            slot_bytes: device_tune::BULK_CHUNK_BYTES as u32,
+            slots: steps.clamp(2, 1 << 16) as u32,
+            slot_bytes: slot_bytes as u32,
             ll_slots: 8,
-            ll_lines: 1 + (device_tune::LL_CHUNK_BYTES / 8) as u32,
+            ll_lines: 1 + (device_tune::LL_CHUNK_BYTES.min(slot_bytes) / 8) as u32,
+        }
+    }
+
+    /// The largest frame `protocol` carries.
+    pub(crate) fn room(&self, protocol: Protocol) -> usize {
+        match protocol {
+            Protocol::Bulk => self.slot_bytes as usize,
+            Protocol::LowLatency => (self.ll_lines as usize - 1) * 8,
         }
     }
 
@@ -165,6 +178,8 @@ pub(crate) struct Offer {
     pub(crate) p2p: bool,
     /// The protocols FERROCCL_PROTO (or NCCL_PROTO) allows.
     pub(crate) allowed: Allowed,
+    /// Its FIFO geometry (from its `Config`): every rank's must be equal.
+    pub(crate) geometry: FifoGeometry,
     /// Its GPU, where it could be told.
     pub(crate) gpu: Option<GpuIdentity>,
 }
@@ -177,6 +192,10 @@ impl Offer {
             | (self.allowed.ll as u8) << 3
             | (self.gpu.is_some() as u8) << 4;
         let mut out = vec![ROUND_VERSION, flags];
+        let g = &self.geometry;
+        for v in [g.slots, g.slot_bytes, g.ll_slots, g.ll_lines] {
+            out.extend(v.to_le_bytes());
+        }
         if let Some(gpu) = &self.gpu {
             out.extend(gpu.to_bytes()?);
         }
@@ -196,6 +215,16 @@ impl Offer {
         if flags >> 5 != 0 {
             return Err(bad(&format!("unknown flags {flags:#x}")));
         }
+        let Some((g, rest)) = rest.split_first_chunk::<16>() else {
+            return Err(bad("too short"));
+        };
+        let word = |i: usize| u32::from_le_bytes(g[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+        let geometry = FifoGeometry {
+            slots: word(0),
+            slot_bytes: word(1),
+            ll_slots: word(2),
+            ll_lines: word(3),
+        };
         let gpu = if flags & 16 != 0 {
             Some(GpuIdentity::from_bytes(rest)?)
         } else if rest.is_empty() {
@@ -206,6 +235,7 @@ impl Offer {
         Ok(Offer {
             runs: flags & 1 != 0,
             p2p: flags & 2 != 0,
+            geometry,
             allowed: Allowed {
                 bulk: flags & 4 != 0,
                 ll: flags & 8 != 0,
@@ -233,6 +263,17 @@ pub(crate) fn decide(
         return (
             Err(format!(
                 "rank {r}'s device does not run the executor's kernels"
+            )),
+            Vec::new(),
+        );
+    }
+    if let Some(r) = offers.iter().position(|o| o.geometry != offers[0].geometry) {
+        let (a, b) = (offers[0].geometry, offers[r].geometry);
+        return (
+            Err(format!(
+                "ranks 0 and {r} size their FIFOs differently ({} x {} bytes against {} x {}: \
+                 FERROCCL_BUFFSIZE and FERROCCL_STEPS must be the same on every rank)",
+                a.slots, a.slot_bytes, b.slots, b.slot_bytes
             )),
             Vec::new(),
         );
@@ -377,6 +418,7 @@ impl Inner {
             runs: engine.runs_executor(),
             p2p: self.config.p2p,
             allowed: device_tune::allowed_from_env(&|k| std::env::var(k).ok())?,
+            geometry: FifoGeometry::new(self.config.chunk_bytes(), self.config.steps),
             gpu: gpu.ok(),
         };
         let offers: Vec<Offer> = links
@@ -419,7 +461,7 @@ impl Inner {
         };
         // The FIFOs: made here, then every rank's base address. A rank
         // that could not make them says so, and every rank stays staged.
-        let geometry = FifoGeometry::standard();
+        let geometry = offers[self.rank].geometry;
         let made = self.exec_memory(engine, &geometry);
         let mut mine = vec![made.is_ok() as u8];
         if let Ok(r) = &made {
@@ -542,19 +584,10 @@ impl Inner {
         {
             device_tune::log_choice(&choice);
         }
-        let g = ready.geometry;
-        let room = match choice.protocol {
-            Protocol::Bulk => g.slot_bytes as usize,
-            Protocol::LowLatency => (g.ll_lines as usize - 1) * 8,
-        };
-        if choice.chunk_bytes > room {
-            return Err(Error::Io(format!(
-                "{during}: chunks of {} bytes do not fit the executor's {} slots of {room} bytes",
-                choice.chunk_bytes,
-                choice.protocol.name()
-            )));
-        }
-        let plan = self.build_plan_chunked::<T>(coll, choice.chunk_bytes)?;
+        // Frames of the tuner's chunk, or of a slot where that is smaller
+        // (FERROCCL_BUFFSIZE / FERROCCL_STEPS).
+        let chunk = choice.chunk_bytes.min(ready.geometry.room(choice.protocol));
+        let plan = self.build_plan_chunked::<T>(coll, chunk)?;
         if (
             plan.scratch_output,
             plan.copies_input,
@@ -948,7 +981,13 @@ mod tests {
 
     #[test]
     fn the_geometry_keeps_parts_apart() {
-        let g = FifoGeometry::standard();
+        let g = FifoGeometry::new(
+            crate::config::DEFAULT_BUFFSIZE / ferroccl_transport::DEFAULT_STEPS,
+            ferroccl_transport::DEFAULT_STEPS,
+        );
+        assert_eq!((g.slots, g.slot_bytes), (8, 512 << 10));
+        assert_eq!(FifoGeometry::new(256, 1).slots, 2);
+        assert_eq!(FifoGeometry::new(256, 4).room(Protocol::LowLatency), 256);
         assert!(g.meta() >= g.slots as u64 * g.slot_bytes as u64);
         assert!(g.ll() >= g.meta() + 8 * g.slots as u64);
         assert!(g.tail() >= g.ll() + g.ll_slots as u64 * g.ll_lines as u64 * 16);
@@ -978,6 +1017,7 @@ mod tests {
             runs: true,
             p2p: true,
             allowed: Allowed::default(),
+            geometry: FifoGeometry::new(4096, 4),
             gpu: Some(gpu(uuid, pid)),
         }
     }
@@ -997,6 +1037,7 @@ mod tests {
                     bulk: false,
                     ll: true,
                 },
+                geometry: FifoGeometry::new(1 << 20, 8),
                 gpu: None,
             },
         ] {
@@ -1010,7 +1051,9 @@ mod tests {
         }
         let e = Offer::from_bytes(4, &[2, 0]).unwrap_err().to_string();
         assert!(e.contains("rank 4") && e.contains("version 2"), "{e}");
-        let e = Offer::from_bytes(4, &[1, 0x20]).unwrap_err().to_string();
+        let mut flags = vec![1, 0x20];
+        flags.extend([0; 16]);
+        let e = Offer::from_bytes(4, &flags).unwrap_err().to_string();
         assert!(e.contains("flags"), "{e}");
         assert!(row_from_bytes(1, 3, &[0, 1, 3]).is_err());
         assert_eq!(
@@ -1090,6 +1133,14 @@ mod tests {
                 bulk: false,
                 ll: true
             })
+        );
+        // FIFOs sized differently: staged, saying how.
+        let mut sizes = same.clone();
+        sizes[3].geometry = FifoGeometry::new(8192, 4);
+        let why = decide(2, &sizes, Some(&all_yes(4))).0.unwrap_err();
+        assert!(
+            why.contains("ranks 0 and 3") && why.contains("FERROCCL_BUFFSIZE"),
+            "{why}"
         );
         // One rank alone: the executor, no peers.
         assert!(decide(0, &same[..1], Some(&all_yes(1))).0.is_ok());

@@ -26,7 +26,7 @@ mod interp;
 mod io;
 mod links;
 #[cfg(test)]
-mod program;
+pub(crate) mod program;
 mod pull;
 mod staged;
 mod verify;

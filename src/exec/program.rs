@@ -1524,7 +1524,7 @@ mod tests {
 mod kernel_host;
 
 #[cfg(test)]
-mod host_launch;
+pub(crate) mod host_launch;
 
 #[cfg(test)]
 mod kernel_gpu;
