@@ -1,6 +1,6 @@
-//! The command line of `ferroccl-perf`: nccl-tests' flags, plus `--ranks`
-//! to launch the job itself, `--csv` to keep the rows and `--device` to put
-//! the buffers in GPU memory.
+//! The command line of `ferroccl-perf`: nccl-tests' flags (`-t` threads
+//! per process among them), plus `--ranks` to launch the job itself,
+//! `--csv` to keep the rows and `--device` to put the buffers in GPU memory.
 
 use crate::coll::Coll;
 use ferroccl::{DataType, ReduceOp};
@@ -12,11 +12,13 @@ usage: ferroccl-perf [COLLECTIVE] [options]
 
 Times a ferroccl collective over a range of sizes and prints nccl-tests style
 rows (time, algbw, busbw, #wrong; out-of-place and in-place). Either launches
-its own ranks (--ranks N) or joins the job of ferroccl-run, torchrun, mpirun
-or srun. Without either it runs one rank.
+its own processes (--ranks N) or joins the job of ferroccl-run, torchrun,
+mpirun or srun. Without either it runs one process. Each process runs -t
+threads, each thread a rank of its own (nccl-tests' -t): ranks = processes x
+threads.
 
 COLLECTIVE: allreduce (default), reducescatter, allgather, broadcast, reduce,
-            alltoall, sendrecv (also accepted as -t/--coll NAME)
+            alltoall, sendrecv (also accepted as --coll NAME, or -t NAME)
 
 options:
   -b, --minbytes SIZE       smallest size (default 1K); suffixes K, M, G
@@ -30,21 +32,29 @@ options:
   -o, --op OP               sum, prod, min, max, avg or all (default sum)
   -c, --check 0|1           verify results and count wrong elements (default 1)
   -r, --root R              root of broadcast and reduce (default 0)
-  -t, --coll NAME           the collective
+  -t, --nthreads N          threads per process, each one rank (default 1):
+                            global rank = process rank x N + thread, ranks =
+                            processes x N. Only global rank 0 prints.
+                            (-t NAME, not a number, names the collective as
+                            --coll does.)
+      --coll NAME           the collective
   -R, --register 0|2        2: allocate every buffer as a window that all
                             ranks map (Communicator::alloc_window; nccl-tests'
                             symmetric registration), so collectives copy
                             straight between ranks' buffers; 0: plain
                             buffers (default). 1 (local registration) has no
                             CPU counterpart.
-      --ranks N             launch N local ranks of this program
+      --ranks N             launch N local processes of this program (each
+                            running -t threads: N x threads ranks)
       --csv FILE            also write one CSV row per size to FILE
       --device host|cuda    where the buffers live (default host). cuda: in
-                            the memory of GPU LOCAL_RANK % GPU count, calls
-                            enqueued on a stream and timed with CUDA events
-                            (nccl-tests' way); the header adds each rank's
-                            GPU and the pinned host copy bandwidth of the
-                            largest size. Not with -R 2.
+                            the memory of GPU LOCAL_RANK % GPU count (the
+                            threads of a process share its GPU, each with its
+                            own stream), calls enqueued on the stream and
+                            timed with CUDA events (nccl-tests' way); the
+                            header adds each rank's GPU and the pinned host
+                            copy bandwidth of the largest size. Not with
+                            -R 2.
   -h, --help                print this help
 
 The size is the one nccl-tests prints: for allgather and reducescatter the
@@ -73,8 +83,11 @@ pub struct Options {
     pub check: bool,
     /// Root of broadcast and reduce.
     pub root: usize,
-    /// Launch this many local ranks instead of joining a job.
+    /// Launch this many local processes instead of joining a job.
     pub ranks: Option<usize>,
+    /// Threads per process, each a rank of its own (`-t`, nccl-tests'
+    /// `--nthreads`; at least 1).
+    pub threads: usize,
     /// Where to write CSV rows.
     pub csv: Option<PathBuf>,
     /// Allocate the buffers as windows (`-R 2`).
@@ -127,6 +140,7 @@ impl Default for Options {
             check: true,
             root: 0,
             ranks: None,
+            threads: 1,
             csv: None,
             windows: false,
             device: Device::Host,
@@ -188,7 +202,7 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
 }
 
 /// Every option but `-h`/`--help`; all of them take a value.
-const OPTIONS_WITH_VALUE: [&str; 26] = [
+const OPTIONS_WITH_VALUE: [&str; 27] = [
     "-b",
     "--minbytes",
     "-e",
@@ -209,6 +223,7 @@ const OPTIONS_WITH_VALUE: [&str; 26] = [
     "-r",
     "--root",
     "-t",
+    "--nthreads",
     "--coll",
     "--ranks",
     "--csv",
@@ -216,6 +231,12 @@ const OPTIONS_WITH_VALUE: [&str; 26] = [
     "--register",
     "--device",
 ];
+
+/// Whether `value` reads as a whole number (a sign allowed, so that `-t -1`
+/// is refused as a thread count, not looked up as a collective).
+fn is_integer(value: &str) -> bool {
+    value.trim().parse::<i128>().is_ok()
+}
 
 fn parse_number(name: &str, value: &str) -> Result<usize, String> {
     value
@@ -304,6 +325,16 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
                 }
             }
             "-r" | "--root" => o.root = parse_number(name, &value)?,
+            // nccl-tests' -t is threads per process; a name after -t is
+            // still read as the collective (as --coll), which this program
+            // took -t for before it had threads. No collective's name is a
+            // number, so the value says which is meant.
+            "-t" | "--nthreads" if name == "--nthreads" || is_integer(&value) => {
+                o.threads = parse_number(name, &value)?;
+                if o.threads == 0 {
+                    return Err(format!("{name} must be at least 1 (threads per process)"));
+                }
+            }
             "-t" | "--coll" => {
                 if coll_given {
                     return Err("the collective is given twice".into());
@@ -449,6 +480,7 @@ mod tests {
         assert_eq!(o.ops, vec![ReduceOp::Sum]);
         assert!(o.check);
         assert_eq!(o.ranks, None);
+        assert_eq!(o.threads, 1);
         assert_eq!(o.csv, None);
         assert_eq!(o.device, Device::Host);
         // 1K, 2K, ..., 64M: 17 rows.
@@ -497,6 +529,37 @@ mod tests {
         assert_eq!(options(&["-d", "all"]).dtypes.len(), 10);
         assert_eq!(options(&["-o", "all"]).ops.len(), 5);
         assert_eq!(options(&["-d", "half"]).dtypes, vec![DataType::F16]);
+    }
+
+    #[test]
+    fn t_is_threads_per_process_or_a_collective_name() {
+        assert_eq!(options(&["-t", "2"]).threads, 2);
+        assert_eq!(options(&["--nthreads", "4"]).threads, 4);
+        assert_eq!(options(&["--nthreads=3", "--ranks", "2"]).threads, 3);
+        let o = options(&["allgather", "-t", "2", "--ranks", "2"]);
+        assert_eq!((o.coll, o.threads, o.ranks), (Coll::AllGather, 2, Some(2)));
+        // A name after -t is the collective, as --coll NAME; threads stay 1.
+        let o = options(&["-t", "reducescatter"]);
+        assert_eq!((o.coll, o.threads), (Coll::ReduceScatter, 1));
+        let o = options(&["-t", "reduce", "-t", "4"]);
+        assert_eq!((o.coll, o.threads), (Coll::Reduce, 4));
+        assert_eq!(
+            parse(&["-t", "0"]),
+            Err("-t must be at least 1 (threads per process)".to_string())
+        );
+        assert_eq!(
+            parse(&["--nthreads", "0"]),
+            Err("--nthreads must be at least 1 (threads per process)".to_string())
+        );
+        for bad in [
+            &["-t", "-1"][..],
+            &["--nthreads", "two"],
+            &["--nthreads"],
+            &["-t"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} was accepted");
+        }
+        assert!(parse(&["-t", "-1"]).unwrap_err().contains("-t '-1'"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `--device cuda`: the buffers in GPU memory, every call enqueued on one
 //! stream through `Communicator::on_stream`, times from CUDA events around
-//! back-to-back calls (nccl-tests' way on GPUs).
+//! back-to-back calls (nccl-tests' way on GPUs). With `-t` the threads of a
+//! process are ranks on the process's GPU, each with a stream of its own.
 //!
 //! Inputs, outputs' poison and the check are the host mode's (`fill`,
 //! `count_wrong`): the pattern is made in host memory and copied in, the
@@ -52,7 +53,9 @@ struct PinnedCopy {
 
 impl Gpu {
     /// Open GPU `LOCAL_RANK % count` (as nccl-tests places one rank per
-    /// GPU, and ranks beyond the GPU count share them) and measure its
+    /// GPU, and ranks beyond the GPU count share them; the `-t` threads of
+    /// one process all open their process's GPU) on a new stream of this
+    /// rank's own, and measure its
     /// pinned copy bandwidth at the largest size. The ranks measure in
     /// turn, so that each number is one copy's alone, not a share of
     /// copies that ranks on one GPU or one PCIe link run at once.

@@ -3,22 +3,28 @@
 //! With `--ranks N` it launches N local copies of itself through
 //! [`ferroccl_run::launch`] and waits for them; the copies (marked by
 //! [`CHILD_ENV`]) join the job from their environment, as they would under
-//! ferroccl-run, torchrun, mpirun or srun. Rank 0 prints the table; the other
-//! ranks print only their errors. See `ferroccl-perf --help`.
+//! ferroccl-run, torchrun, mpirun or srun. With `-t T` (nccl-tests'
+//! threads per process) each process runs T threads, each a rank with its
+//! own communicator: rank = process rank x T + thread, of processes x T.
+//! Rank 0 prints the table; the other ranks print only their errors. See
+//! `ferroccl-perf --help`.
 //!
 //! `--device cuda` (in `device.rs`) keeps the buffers in GPU memory; the
 //! table, the inputs and the check are the host mode's, from this file.
 
 mod device;
 
+use ferroccl::bootstrap::LaunchInfo;
 use ferroccl::reduce::SimdLevel;
-use ferroccl::{Communicator, DataType, Element, ReduceOp};
+use ferroccl::{Communicator, Config, DataType, Element, ReduceOp};
 use ferroccl_bench::coll::{bandwidth, Coll};
 use ferroccl_bench::options::{parse_args, Command, Device, Options, USAGE};
 use ferroccl_run::{launch, Bind, LaunchOptions};
 use half::{bf16, f16};
 use std::error::Error;
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 /// Set in the environment of the ranks that `--ranks` launches, so that
@@ -67,13 +73,184 @@ fn main() {
             std::process::exit(launch_self(n, &args));
         }
     }
-    match run(&opts) {
-        Ok(0) => {}
-        Ok(_) => std::process::exit(1),
+    match run_process(&opts) {
+        0 => {}
+        code => std::process::exit(code),
+    }
+}
+
+/// Run this process's ranks and return its exit status: 0, or 1 when a
+/// rank failed (its error printed, naming it) or counted wrong elements.
+/// With `-t 1` the process is one rank, on this thread; with `-t T`, T
+/// threads each join the job as rank `process rank x T + thread` of
+/// `processes x T`, and the status comes once every thread has ended.
+fn run_process(opts: &Options) -> i32 {
+    let siblings = Siblings::default();
+    let threads = opts.threads;
+    let ok = if threads == 1 {
+        let rank = std::env::var("RANK").unwrap_or_else(|_| "?".into());
+        run_rank(opts, &rank, 0, &siblings, Communicator::from_env)
+    } else {
+        let launch = match ferroccl::bootstrap::detect_process_env() {
+            Ok(info) => info,
+            Err(e) => {
+                eprintln!("ferroccl-perf: -t {threads}: {e}");
+                return 1;
+            }
+        };
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|thread| {
+                    let rank = launch.rank * threads + thread;
+                    let (launch, siblings) = (&launch, &siblings);
+                    std::thread::Builder::new()
+                        .name(format!("rank-{rank}"))
+                        .spawn_scoped(scope, move || {
+                            run_rank(opts, &rank.to_string(), thread, siblings, || {
+                                thread_communicator(launch, threads, thread)
+                            })
+                        })
+                        .map_err(|e| {
+                            // The threads started before it would wait for
+                            // this rank until the timeout.
+                            eprintln!("ferroccl-perf: cannot start rank {rank}'s thread: {e}");
+                            siblings.fail(&rank.to_string());
+                        })
+                })
+                .collect();
+            // Join every thread, even after a failure: the process ends
+            // only when all of its ranks have (a panicked one counts as
+            // failed; the panic message names its thread, `rank-N`).
+            let oks: Vec<bool> = handles
+                .into_iter()
+                .map(|h| h.is_ok_and(|h| h.join().unwrap_or(false)))
+                .collect();
+            oks.into_iter().all(|ok| ok)
+        })
+    };
+    if ok {
+        0
+    } else {
+        1
+    }
+}
+
+/// Join the job as one rank through `join` and run the benchmark; whether
+/// it ran and counted no wrong element. Prints its own error. A failure or
+/// a panic aborts the process's other ranks (their calls end with
+/// `Aborted` instead of waiting out the timeout for this one).
+fn run_rank(
+    opts: &Options,
+    rank: &str,
+    thread: usize,
+    siblings: &Siblings,
+    join: impl FnOnce() -> ferroccl::Result<Communicator>,
+) -> bool {
+    let _on_panic = PanicGuard(siblings, rank);
+    let result = join().map_err(Into::into).and_then(|comm| {
+        let comm = Arc::new(comm);
+        siblings.add(&comm);
+        run(opts, &comm, thread)
+    });
+    match result {
+        Ok(wrong) => wrong == 0,
         Err(e) => {
-            let rank = std::env::var("RANK").unwrap_or_else(|_| "?".into());
-            eprintln!("ferroccl-perf: rank {rank}: {e}");
-            std::process::exit(1);
+            // A rank aborted because another failed says which one did.
+            let first = siblings.first_failure(rank);
+            let cause = if first == rank {
+                String::new()
+            } else {
+                format!(" (after rank {first} failed)")
+            };
+            eprintln!("ferroccl-perf: rank {rank}: {e}{cause}");
+            siblings.abort_all();
+            false
+        }
+    }
+}
+
+/// The communicator of thread `thread` of `threads` in the process that
+/// `launch` describes: rank `launch.rank x threads + thread` of
+/// `launch.size x threads`, over the launch's rendezvous (hosted by rank
+/// 0, thread 0 of process 0).
+fn thread_communicator(
+    launch: &LaunchInfo,
+    threads: usize,
+    thread: usize,
+) -> ferroccl::Result<Communicator> {
+    let info = LaunchInfo {
+        rank: launch.rank * threads + thread,
+        size: launch.size * threads,
+        ..launch.clone()
+    };
+    let config = Config::from_launch(&info)?;
+    if launch.size > 1 && config.transport.as_deref() == Some("mem") {
+        // As `Communicator::from_env` refuses it: the other processes'
+        // ranks could not be reached, and set-up would wait out the timeout.
+        return Err(ferroccl::Error::Env(
+            "FERROCCL_TRANSPORT=mem joins only ranks that are threads of one process; \
+             with --ranks or a launcher the ranks span processes (use shm or tcp, or leave it unset)"
+                .into(),
+        ));
+    }
+    Communicator::init(config)
+}
+
+/// The communicators of this process's ranks, so that the first to fail
+/// aborts the others. Weak: each rank's own thread drops its communicator.
+#[derive(Default)]
+struct Siblings {
+    comms: Mutex<Vec<Weak<Communicator>>>,
+    failed: AtomicBool,
+    /// The rank that failed first.
+    first: Mutex<Option<String>>,
+}
+
+impl Siblings {
+    /// Count `comm` in; aborted at once if a rank has failed already.
+    fn add(&self, comm: &Arc<Communicator>) {
+        lock(&self.comms).push(Arc::downgrade(comm));
+        // After the push: a failure either saw it in the list or is seen
+        // here.
+        if self.failed.load(Ordering::SeqCst) {
+            comm.abort();
+        }
+    }
+
+    /// `rank` failed: the rank that failed first (`rank` if none had).
+    fn first_failure(&self, rank: &str) -> String {
+        lock(&self.first)
+            .get_or_insert_with(|| rank.to_string())
+            .clone()
+    }
+
+    /// Abort every rank of the process (once).
+    fn abort_all(&self) {
+        if !self.failed.swap(true, Ordering::SeqCst) {
+            for comm in lock(&self.comms).iter().filter_map(Weak::upgrade) {
+                comm.abort();
+            }
+        }
+    }
+
+    /// `rank` failed: abort every rank of the process.
+    fn fail(&self, rank: &str) {
+        self.first_failure(rank);
+        self.abort_all();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Aborts the process's other ranks when a rank's thread panics.
+struct PanicGuard<'a>(&'a Siblings, &'a str);
+
+impl Drop for PanicGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.fail(self.1);
         }
     }
 }
@@ -242,10 +419,9 @@ impl Report {
     }
 }
 
-/// Run the benchmark as one rank of the job; returns the number of wrong
-/// elements found (0 without `-c 1`).
-fn run(opts: &Options) -> AnyResult<u64> {
-    let comm = Communicator::from_env()?;
+/// Run the benchmark as one rank of the job, thread `thread` of its
+/// process; returns the number of wrong elements found (0 without `-c 1`).
+fn run(opts: &Options, comm: &Communicator, thread: usize) -> AnyResult<u64> {
     let (rank, ranks) = (comm.rank(), comm.size());
     if opts.coll.rooted() && opts.root >= ranks {
         return Err(format!("--root {} is not a rank of {ranks}", opts.root).into());
@@ -257,16 +433,19 @@ fn run(opts: &Options) -> AnyResult<u64> {
     comm.barrier()?;
     let gpu = match opts.device {
         Device::Host => None,
-        Device::Cuda => Some(device::Gpu::open(&comm, opts)?),
+        Device::Cuda => Some(device::Gpu::open(comm, opts)?),
     };
-    let infos = gather_text(&comm, &rank_info(&comm, gpu.as_ref()))?;
+    let infos = gather_text(comm, &rank_info(comm, thread, gpu.as_ref()))?;
     let pinned = match &gpu {
-        Some(gpu) => gather_text(&comm, &gpu.pinned_copy())?,
+        Some(gpu) => gather_text(
+            comm,
+            &format!("{} rank {rank} thread {thread}", gpu.pinned_copy()),
+        )?,
         None => Vec::new(),
     };
     let print = rank == 0;
     if print {
-        print_header(opts, &comm, &infos, &pinned);
+        print_header(opts, comm, &infos, &pinned);
     }
     let csv = match (&opts.csv, print) {
         (Some(path), true) => {
@@ -300,9 +479,9 @@ fn run(opts: &Options) -> AnyResult<u64> {
             macro_rules! typed {
                 ($($dt:ident => $t:ty),*) => {
                     match (dtype, &gpu) {
-                        $((DataType::$dt, None) => bench_type::<$t>(&comm, opts, op, &mut report)?,
+                        $((DataType::$dt, None) => bench_type::<$t>(comm, opts, op, &mut report)?,
                           (DataType::$dt, Some(gpu)) =>
-                              device::bench_type::<$t>(&comm, gpu, opts, op, &mut report)?,)*
+                              device::bench_type::<$t>(comm, gpu, opts, op, &mut report)?,)*
                     }
                 };
             }
@@ -328,8 +507,9 @@ fn run(opts: &Options) -> AnyResult<u64> {
     Ok(report.wrong)
 }
 
-/// This rank's pid, host, GPU (with `--device cuda`) and transports.
-fn rank_info(comm: &Communicator, gpu: Option<&device::Gpu>) -> String {
+/// This rank's pid, thread (its index among the process's `-t` threads),
+/// host, GPU (with `--device cuda`) and transports.
+fn rank_info(comm: &Communicator, thread: usize, gpu: Option<&device::Gpu>) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "?".into());
@@ -342,9 +522,10 @@ fn rank_info(comm: &Communicator, gpu: Option<&device::Gpu>) -> String {
     // The device before the peers: a long list of peers is what gets cut.
     let device = gpu.map_or(String::new(), |g| format!(" {}", g.description()));
     format!(
-        "Rank {:>3} Pid {:>7} on {host}{device} peers {}",
+        "Rank {:>3} Pid {:>7} Thread {:>2} on {host}{device} peers {}",
         comm.rank(),
         std::process::id(),
+        thread,
         if transports.is_empty() {
             "none".to_string()
         } else {
@@ -371,7 +552,18 @@ fn gather_text(comm: &Communicator, text: &str) -> AnyResult<Vec<String>> {
 
 fn print_header(opts: &Options, comm: &Communicator, infos: &[String], pinned: &[String]) {
     let cfg = comm.config();
-    println!("# ferroccl-perf: {} on {} ranks", opts.coll, comm.size());
+    if opts.threads > 1 {
+        let processes = comm.size() / opts.threads;
+        println!(
+            "# ferroccl-perf: {} on {} ranks ({processes} process{} x {} threads)",
+            opts.coll,
+            comm.size(),
+            if processes == 1 { "" } else { "es" },
+            opts.threads
+        );
+    } else {
+        println!("# ferroccl-perf: {} on {} ranks", opts.coll, comm.size());
+    }
     println!(
         "# minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {} root: {}",
         opts.min_bytes,
