@@ -26,6 +26,7 @@ pub(crate) use point_to_point::point_to_point;
 pub(crate) use reduce::reduce;
 pub(crate) use reduce_scatter::{reduce_scatter, reduce_scatter_in_place};
 
+use crate::algo::encode::{Finish, Layout};
 use crate::algo::ring::RingParams;
 use crate::algo::{Algorithm, Schedule};
 use crate::element::{Element, ReduceOp};
@@ -223,6 +224,47 @@ pub(crate) fn result_range(call: &CollCall, plan: &Plan, rank: usize) -> Option<
         CollKind::Reduce if call.root == Some(rank) => Some(0..call.recv_len),
         _ => None,
     }
+}
+
+/// Avg's division as a device program carries it (`encode::Finish`), for
+/// `rank` of `n` ranks running `call` under `plan` with its buffers laid
+/// out as `layout` says: `Some` on the ranks that hold an Avg result
+/// (`result_range`), its offset relative to the program's output, else
+/// `None`. `Err` says why a program cannot carry it: the result lies in
+/// the caller's buffer while the schedule runs on a temporary output
+/// (`plan.scratch_output`), or it starts before the output.
+// Used by tests only until the device launcher (`comm::device_exec`)
+// switches to it.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn avg_finish(
+    call: &CollCall,
+    plan: &Plan,
+    rank: usize,
+    n: usize,
+    layout: Layout,
+) -> std::result::Result<Option<Finish>, String> {
+    let range = match (call.op, result_range(call, plan, rank)) {
+        (Some(ReduceOp::Avg), Some(range)) => range,
+        _ => return Ok(None),
+    };
+    if plan.scratch_output > 0 {
+        return Err(
+            "a result in the caller's buffer while the schedule runs on a temporary one".into(),
+        );
+    }
+    let base = match layout {
+        Layout::Shared { output_base, .. } => output_base,
+        Layout::Separate => 0,
+    };
+    let offset = range
+        .start
+        .checked_sub(base)
+        .ok_or_else(|| format!("result {range:?} before the output's start {base}"))?;
+    Ok(Some(Finish {
+        offset,
+        len: range.len(),
+        divisor: n,
+    }))
 }
 
 /// What follows a reducing call on the ranks that hold a result: Avg

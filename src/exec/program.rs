@@ -12,7 +12,7 @@
 //! communicator decides it for the host executor. Compiled for tests only
 //! until the device launcher uses it. No transport, no clock, no `unsafe`.
 
-use crate::algo::encode::{Finish, Layout, Program, ProgramMeta};
+use crate::algo::encode::{Layout, Program, ProgramMeta};
 use crate::algo::{Operand, Prim, Step};
 use crate::coll::{self, CollCall, Plan};
 use crate::element::{Element, ReduceOp};
@@ -57,7 +57,6 @@ pub(crate) fn launch<T: Element>(
     (rank, size): (usize, usize),
     caller: Caller<T>,
 ) -> Result<(ProgramMeta, Buffers<T>), String> {
-    let result = coll::result_range(call, plan, rank);
     let (layout, bufs) = match caller {
         Caller::OutOfPlace { send, recv: _ } if plan.scratch_output > 0 => (
             Layout::Separate,
@@ -99,30 +98,7 @@ pub(crate) fn launch<T: Element>(
             Buffers::Shared { buf },
         ),
     };
-    let finish = match (call.op, result) {
-        (Some(ReduceOp::Avg), Some(range)) => {
-            if plan.scratch_output > 0 {
-                return Err(
-                    "a result in the caller's buffer while the schedule runs on a temporary one"
-                        .into(),
-                );
-            }
-            let base = match layout {
-                Layout::Shared { output_base, .. } => output_base,
-                Layout::Separate => 0,
-            };
-            let offset = range
-                .start
-                .checked_sub(base)
-                .ok_or_else(|| format!("result {range:?} before the output's start {base}"))?;
-            Some(Finish {
-                offset,
-                len: range.len(),
-                divisor: size,
-            })
-        }
-        _ => None,
-    };
+    let finish = coll::avg_finish(call, plan, rank, size, layout)?;
     let meta = ProgramMeta {
         rank,
         ranks: size,
