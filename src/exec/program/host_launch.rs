@@ -13,7 +13,7 @@
 //! `$CXX`), unless `FERROCCL_REQUIRE_CXX=1`.
 
 use super::kernel_gpu::gpu_sweep;
-use super::kernel_host::{built_here, cxx, dispatch_inc, CXX_FLAGS};
+use super::kernel_host::{built_here, compile, dispatch_inc};
 use super::tests::{check, grid};
 use crate::algo::Algorithm;
 use crate::coll::CollKind;
@@ -24,7 +24,6 @@ use ferroccl_cuda::Ty;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -74,29 +73,12 @@ fn library() -> &'static Result<LaunchFn, String> {
             executor::source_for(&kernels),
             LAUNCH_CPP
         );
-        std::fs::write(&src, text).map_err(|e| e.to_string())?;
         let lib = dir.join("libferroccl_host_launch.so");
-        let cxx = cxx();
-        let t = Instant::now();
-        let out = Command::new(&cxx)
-            .args(CXX_FLAGS)
-            .args(["-shared", "-fPIC", "-o"])
-            .arg(&lib)
-            .arg(&src)
-            .output()
-            .map_err(|e| format!("{cxx}: {e}"))?;
-        if !out.status.success() {
-            let log = String::from_utf8_lossy(&out.stderr);
-            let cut = log.char_indices().nth(8000).map_or(log.len(), |(i, _)| i);
-            return Err(format!(
-                "{cxx} failed on the kernel source:\n{}",
-                &log[..cut]
-            ));
-        }
+        let took = compile(&src, &text, &lib, &["-shared", "-fPIC"])?;
         eprintln!(
             "host executor library ({} kernels) built in {:.1?}",
             kernels.len(),
-            t.elapsed()
+            took
         );
         // Built but not loadable is a failure, never a skip.
         Ok(load(&lib).unwrap_or_else(|e| panic!("{}: {e}", lib.display())))

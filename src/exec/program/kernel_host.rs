@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 const HARNESS_CPP: &str = include_str!("harness.cpp");
 
@@ -80,6 +80,39 @@ pub(super) const CXX_FLAGS: [&str; 7] = [
     "-Wno-unknown-pragmas",
 ];
 
+/// Writes `text` to `src` and builds it with [`cxx`], [`CXX_FLAGS`] and
+/// `extra` into `out`; returns how long the compiler ran. `Err` says why
+/// not: the compiler could not start (`"{cxx}: ..."`: none here), or it
+/// failed on the source (`"{cxx} failed on the kernel source:"` and the
+/// first 8000 characters of its log), which `built_here` never skips.
+pub(super) fn compile(
+    src: &Path,
+    text: &str,
+    out: &Path,
+    extra: &[&str],
+) -> Result<Duration, String> {
+    std::fs::write(src, text).map_err(|e| e.to_string())?;
+    let cxx = cxx();
+    let t = Instant::now();
+    let run = Command::new(&cxx)
+        .args(CXX_FLAGS)
+        .args(extra)
+        .arg("-o")
+        .arg(out)
+        .arg(src)
+        .output()
+        .map_err(|e| format!("{cxx}: {e}"))?;
+    if !run.status.success() {
+        let log = String::from_utf8_lossy(&run.stderr);
+        let cut = log.char_indices().nth(8000).map_or(log.len(), |(i, _)| i);
+        return Err(format!(
+            "{cxx} failed on the kernel source:\n{}",
+            &log[..cut]
+        ));
+    }
+    Ok(t.elapsed())
+}
+
 /// `dispatch.inc` for `kernels`: a function per kernel that calls it with
 /// untyped buffers, and `table`, every `Entry` (name, function); the file
 /// that includes it defines `Entry`.
@@ -123,25 +156,9 @@ fn harness() -> &'static Result<PathBuf, String> {
             executor::source_for(&kernels),
             HARNESS_CPP
         );
-        std::fs::write(dir.join("harness.cpp"), src).map_err(|e| e.to_string())?;
         let exe = dir.join("harness");
-        let cxx = cxx();
-        let t = Instant::now();
-        let out = Command::new(&cxx)
-            .args(CXX_FLAGS)
-            .arg("-o")
-            .arg(&exe)
-            .arg(dir.join("harness.cpp"))
-            .output()
-            .map_err(|e| format!("{cxx}: {e}"))?;
-        if !out.status.success() {
-            let log = String::from_utf8_lossy(&out.stderr);
-            return Err(format!(
-                "{cxx} failed on the kernel source:\n{}",
-                &log[..log.len().min(8000)]
-            ));
-        }
-        eprintln!("harness built in {:.1?}", t.elapsed());
+        let took = compile(&dir.join("harness.cpp"), &src, &exe, &[])?;
+        eprintln!("harness built in {took:.1?}");
         Ok(exe)
     })
 }
