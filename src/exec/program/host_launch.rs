@@ -11,6 +11,13 @@
 //!
 //! Skipped, saying so, where there is no C++20 compiler (`c++`, or
 //! `$CXX`), unless `FERROCCL_REQUIRE_CXX=1`.
+//!
+//! `FERROCCL_HOST_LAUNCH_LIB`, test-only (not a user setting): where it
+//! names an existing file, the process loads that library instead of
+//! building one, so that a test's child processes (the test binary run
+//! again) reuse their parent's build ([`library_path`]) rather than spend
+//! some 20 s compiling it again. A library it names that does not load is
+//! a failure.
 
 use super::kernel_gpu::gpu_sweep;
 use super::kernel_host::{built_here, compile, dispatch_inc};
@@ -23,7 +30,8 @@ use ferroccl_cuda::staging::{Engine, ExecutorHook, HostEngine};
 use ferroccl_cuda::Ty;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -49,11 +57,29 @@ type LaunchFn = unsafe extern "C" fn(
     ctl: *mut c_void,
 ) -> c_int;
 
-/// The library, built and loaded once per test process: `Err` says why
-/// not (no compiler; a compile error says "failed on the kernel source").
-fn library() -> &'static Result<LaunchFn, String> {
-    static LIB: OnceLock<Result<LaunchFn, String>> = OnceLock::new();
+/// The environment variable that hands a process an already built
+/// library (module doc).
+const LIB_VAR: &str = "FERROCCL_HOST_LAUNCH_LIB";
+
+/// The library's entry point and path, loaded once per test process from
+/// `$FERROCCL_HOST_LAUNCH_LIB` where that names a file, else built: `Err`
+/// says why not (no compiler; a compile error says "failed on the kernel
+/// source").
+fn library() -> &'static Result<(LaunchFn, PathBuf), String> {
+    static LIB: OnceLock<Result<(LaunchFn, PathBuf), String>> = OnceLock::new();
     LIB.get_or_init(|| {
+        if let Some(lib) = std::env::var_os(LIB_VAR)
+            .map(PathBuf::from)
+            .filter(|p| p.is_file())
+        {
+            let launch =
+                load(&lib).unwrap_or_else(|e| panic!("{} (from {LIB_VAR}): {e}", lib.display()));
+            eprintln!(
+                "host executor library loaded from {} ({LIB_VAR})",
+                lib.display()
+            );
+            return Ok((launch, lib));
+        }
         let dir = std::env::temp_dir().join(format!("ferroccl-exec-launch-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let mut kernels = Vec::new();
@@ -81,8 +107,16 @@ fn library() -> &'static Result<LaunchFn, String> {
             took
         );
         // Built but not loadable is a failure, never a skip.
-        Ok(load(&lib).unwrap_or_else(|e| panic!("{}: {e}", lib.display())))
+        let launch = load(&lib).unwrap_or_else(|e| panic!("{}: {e}", lib.display()));
+        Ok((launch, lib))
     })
+}
+
+/// The path of the library this process loaded, built first if need be:
+/// what a test hands the processes it starts in `FERROCCL_HOST_LAUNCH_LIB`.
+/// `None` where it could not be built (no compiler, or a compile error).
+pub(crate) fn library_path() -> Option<PathBuf> {
+    library().as_ref().ok().map(|(_, p)| p.clone())
 }
 
 /// Loads the library for good and finds its entry point.
@@ -126,7 +160,7 @@ fn dl_error() -> String {
 /// no C++20 compiler, which `FERROCCL_REQUIRE_CXX=1` makes a failure. A
 /// compile error of the kernel source always fails.
 pub(crate) fn host_executor() -> Option<ExecutorHook> {
-    let launch = *built_here(library(), "host executor")?;
+    let launch = built_here(library(), "host executor")?.0;
     Some(Arc::new(move |l: &ExecLaunch| run(launch, l)))
 }
 
@@ -227,4 +261,33 @@ fn a_kernel_not_built_is_named() {
     assert!(err.to_string().contains("ferroccl_exec_ll_sum_u8"), "{err}");
     e.free_event(done);
     e.free_stream(s);
+}
+
+/// A process started with `FERROCCL_HOST_LAUNCH_LIB` naming this
+/// process's library loads it instead of building one, and runs kernels
+/// through it.
+#[test]
+fn a_child_process_loads_the_parents_library() {
+    if host_executor().is_none() {
+        return;
+    }
+    let lib = library_path().expect("the library this process loaded");
+    let test = concat!(module_path!(), "::a_kernel_not_built_is_named");
+    let test = test.split_once("::").map_or(test, |(_, t)| t);
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(LIB_VAR, &lib)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let said = format!("{stdout}\n{stderr}");
+    assert!(out.status.success(), "{said}");
+    assert!(stdout.contains("1 passed"), "{said}");
+    assert!(
+        stderr.contains(&format!("loaded from {}", lib.display())),
+        "{said}"
+    );
+    assert!(!stderr.contains("built in"), "{said}");
 }
