@@ -267,9 +267,10 @@ pub(crate) struct PathFacts {
     /// NCCL_P2P_DISABLE=1).
     pub(crate) p2p_disabled: bool,
     /// Device memory can be shared across processes (the launcher maps
-    /// peers' FIFOs with cuda-ipc). False in this build: the launcher
-    /// does not map them yet, so cross-process pairs are staged. The
-    /// same-process path needs nothing of it.
+    /// peers' FIFOs with cuda-ipc, `comm::device_share`): the launcher
+    /// says true; false describes a build or caller without it, whose
+    /// cross-process pairs are staged. The same-process path needs
+    /// nothing of it.
     pub(crate) cuda_ipc_available: bool,
 }
 

@@ -413,6 +413,8 @@ pub struct HostEngine {
     seed: u64,
     /// What `launch_executor` runs; `None`: the stand-in has no executor.
     executor: Option<ExecutorHook>,
+    /// The UUID given by [`HostEngine::with_stand_in_uuid`].
+    uuid: Option<[u8; 16]>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -454,6 +456,7 @@ impl HostEngine {
             max_delay,
             seed,
             executor: None,
+            uuid: None,
         }
     }
 
@@ -462,6 +465,15 @@ impl HostEngine {
     /// process's: the stand-in's device memory and gate words).
     pub fn with_executor(mut self, hook: ExecutorHook) -> Self {
         self.executor = Some(hook);
+        self
+    }
+
+    /// The stand-in under `uuid` in place of its own: processes that
+    /// build their stand-ins with one UUID stand for processes sharing one
+    /// GPU (the device executor then maps their FIFOs across processes, as
+    /// cuda-ipc does). Call it before the engine is shared.
+    pub fn with_stand_in_uuid(mut self, uuid: [u8; 16]) -> Self {
+        self.uuid = Some(uuid);
         self
     }
 
@@ -887,7 +899,7 @@ impl Engine for HostEngine {
     }
 
     fn stand_in_uuid(&self) -> Option<[u8; 16]> {
-        Some(self.state.uuid)
+        Some(self.uuid.unwrap_or(self.state.uuid))
     }
 }
 

@@ -235,7 +235,6 @@ pub(crate) fn result_range(call: &CollCall, plan: &Plan, rank: usize) -> Option<
 /// (`plan.scratch_output`), or it starts before the output.
 // Used by tests only until the device launcher (`comm::device_exec`)
 // switches to it.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn avg_finish(
     call: &CollCall,
     plan: &Plan,

@@ -492,6 +492,261 @@ mod tests {
         assert!(took < Duration::from_secs(30), "took {took:?}");
     }
 
+    /// What a child process left.
+    struct Finished {
+        status: std::process::ExitStatus,
+        stdout: String,
+        stderr: String,
+    }
+
+    impl Finished {
+        fn all(&self) -> String {
+            format!("--- stdout\n{}--- stderr\n{}", self.stdout, self.stderr)
+        }
+    }
+
+    /// A child with its output read on threads of its own (so that a full
+    /// pipe never stops it).
+    type Captured = (
+        std::process::Child,
+        std::thread::JoinHandle<String>,
+        std::thread::JoinHandle<String>,
+    );
+
+    fn spawn_captured(mut cmd: std::process::Command) -> Captured {
+        use std::io::Read;
+        use std::process::Stdio;
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the child starts");
+        let read = |mut r: Box<dyn Read + Send>| {
+            std::thread::spawn(move || {
+                let mut s = Vec::new();
+                let _ = r.read_to_end(&mut s);
+                String::from_utf8_lossy(&s).into_owned()
+            })
+        };
+        let out = read(Box::new(child.stdout.take().expect("piped")));
+        let err = read(Box::new(child.stderr.take().expect("piped")));
+        (child, out, err)
+    }
+
+    /// Wait for a child, killing it (and failing) past `limit`.
+    fn finish_within((mut child, out, err): Captured, limit: Duration) -> Finished {
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("waitpid") {
+                break status;
+            }
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "a child rank ran past {limit:?}:\n--- stdout\n{}--- stderr\n{}",
+                    out.join().unwrap_or_default(),
+                    err.join().unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Finished {
+            status,
+            stdout: out.join().unwrap_or_default(),
+            stderr: err.join().unwrap_or_default(),
+        }
+    }
+
+    /// The variable that makes this test binary a child rank of
+    /// `across_processes`: `MODE,RANK,SIZE,PORT,TOKEN`.
+    const XPROC: &str = "FERROCCL_TEST_XPROC";
+
+    /// Run `size` ranks as child processes of this test binary (the test
+    /// `xproc_child`, told its part by `XPROC`), all on one stand-in
+    /// "GPU" (one stand-in UUID), the host executor library built once
+    /// here and loaded by each; what each child left, by rank. `None`
+    /// (skip) without a C++ compiler.
+    fn across_processes(mode: &str, size: usize) -> Option<Vec<Finished>> {
+        let lib = crate::exec::program::host_launch::library_path()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let token = std::process::id() as u64 ^ (u64::from(port) << 32) ^ 0x5eed;
+        let exe = std::env::current_exe().expect("the test binary");
+        let children: Vec<_> = (0..size)
+            .map(|rank| {
+                let mut cmd = std::process::Command::new(&exe);
+                cmd.args([
+                    "--exact",
+                    "comm::device::tests::xproc_child",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(XPROC, format!("{mode},{rank},{size},{port},{token}"))
+                .env("FERROCCL_HOST_LAUNCH_LIB", &lib);
+                spawn_captured(cmd)
+            })
+            .collect();
+        Some(
+            children
+                .into_iter()
+                .map(|c| finish_within(c, Duration::from_secs(240)))
+                .collect(),
+        )
+    }
+
+    /// A child rank of `across_processes` (does nothing unless `XPROC`
+    /// is set). Mode `all`: every collective on three grids, each call by
+    /// the executor over FIFOs mapped across processes (the launches are
+    /// counted). Mode `kill`: one call, then the last rank exits without a
+    /// word while the others' kernels wait in the second call; they must
+    /// end with an error naming it.
+    #[test]
+    fn xproc_child() {
+        let Ok(spec) = std::env::var(XPROC) else {
+            return;
+        };
+        let f: Vec<&str> = spec.split(',').collect();
+        let [mode, rank, size, port, token] = f[..] else {
+            panic!("{XPROC}={spec}");
+        };
+        let (rank, size): (usize, usize) = (rank.parse().unwrap(), size.parse().unwrap());
+        let token: u64 = token.parse().unwrap();
+        let hook = crate::exec::program::host_launch::host_executor().expect("the library");
+        let launches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = launches.clone();
+        let mut uuid = *b"FCSX\0\0\0\0\0\0\0\0\0\0\0\0";
+        uuid[8..].copy_from_slice(&token.to_le_bytes());
+        let e = Arc::new(
+            HostEngine::with_delays(Duration::from_micros(50), rank as u64)
+                .with_executor(Arc::new(move |l: &ferroccl_cuda::executor::ExecLaunch| {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    hook(l)
+                }))
+                .with_stand_in_uuid(uuid),
+        );
+        let mut config =
+            crate::Config::new(rank, size, "127.0.0.1", port.parse().unwrap(), token).unwrap();
+        config.calibrate = false;
+        config.timeout = Duration::from_secs(if mode == "kill" { 20 } else { 60 });
+        // Slots of 128 bytes, two a FIFO: frames wrap the FIFOs often.
+        config.buffsize = 256;
+        config.steps = 2;
+        let comm = Communicator::init(config).unwrap();
+        match mode {
+            "all" => {
+                every_collective_on::<f32>(&comm, &e, 37);
+                every_collective_on::<i32>(&comm, &e, 1013);
+                every_collective_on::<f32>(&comm, &e, 1 << 14);
+                let n = launches.load(std::sync::atomic::Ordering::Relaxed);
+                println!("XPROC rank {rank}: {n} launches");
+            }
+            "kill" => {
+                let stream = e.stream().unwrap();
+                let buf = DevicePtr::new(e.alloc_device(4096).unwrap());
+                e.write_device(buf, &[0u8; 4096]).unwrap();
+                let on = OnDevice {
+                    ordinal: 0,
+                    engine: e.clone(),
+                    stream,
+                    send: buf,
+                    recv: buf,
+                };
+                let call = CollCall {
+                    op: Some(ReduceOp::Sum),
+                    in_place: true,
+                    ..CollCall::new(CollKind::AllReduce, 1024, 1024, 1024)
+                };
+                comm.device_collective::<f32>(&call, &on)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                if rank == size - 1 {
+                    // Gone without a goodbye, as a killed process is, once
+                    // the others' kernels wait in the next call.
+                    std::thread::sleep(Duration::from_millis(500));
+                    std::process::exit(9);
+                }
+                let t = std::time::Instant::now();
+                let got = comm
+                    .device_collective::<f32>(&call, &on)
+                    .and_then(|w| w.wait());
+                println!(
+                    "XPROC rank {rank}: {} launches, after {:?}: {}",
+                    launches.load(std::sync::atomic::Ordering::Relaxed),
+                    t.elapsed(),
+                    match got {
+                        Ok(()) => "ok".to_string(),
+                        Err(e) => format!("failed rank {:?}: {e}", e.failed_rank()),
+                    }
+                );
+            }
+            _ => panic!("{XPROC}: mode {mode}"),
+        }
+    }
+
+    /// Ranks in separate processes on one (stand-in) GPU: the launcher
+    /// maps each other's FIFO memory (shared files, their descriptors
+    /// passed over Unix sockets, as VMM handles are) and every collective
+    /// runs by the executor, checked against the f64 reference.
+    #[test]
+    fn device_calls_run_by_the_executor_across_processes() {
+        for size in [2, 3] {
+            let Some(done) = across_processes("all", size) else {
+                return;
+            };
+            for (rank, f) in done.iter().enumerate() {
+                assert!(
+                    f.status.success(),
+                    "{size} ranks, rank {rank}:\n{}",
+                    f.all()
+                );
+                // Three grids of 11 calls, every one by the executor.
+                let want = format!("XPROC rank {rank}: 33 launches");
+                assert!(
+                    f.stdout.contains(&want),
+                    "{size} ranks, rank {rank}:\n{}",
+                    f.all()
+                );
+            }
+        }
+    }
+
+    /// A process killed while its peers' kernels wait for it: every
+    /// survivor's call ends with an error naming it, well within the
+    /// timeout.
+    #[test]
+    fn a_killed_process_is_named_by_the_kernels_waiting_for_it() {
+        let size = 3;
+        let Some(done) = across_processes("kill", size) else {
+            return;
+        };
+        assert_eq!(
+            done[size - 1].status.code(),
+            Some(9),
+            "{}",
+            done[size - 1].all()
+        );
+        for (rank, f) in done[..size - 1].iter().enumerate() {
+            assert!(f.status.success(), "rank {rank}:\n{}", f.all());
+            let line = f
+                .stdout
+                .lines()
+                .find(|l| l.contains(&format!("XPROC rank {rank}: ")))
+                .unwrap_or_else(|| panic!("rank {rank}:\n{}", f.all()));
+            // The second call's kernel was launched, and ended by the
+            // failure.
+            assert!(line.contains(": 2 launches, after"), "rank {rank}: {line}");
+            assert!(
+                line.contains(&format!("failed rank Some({})", size - 1)),
+                "rank {rank}: {line}"
+            );
+        }
+    }
+
     /// Every collective through `device_collective` on `n` thread ranks,
     /// rank r on the device `engine(r)`, `block` elements a rank (37: not
     /// a multiple of anything), checked against an f64 reference.
@@ -501,131 +756,128 @@ mod tests {
         block: usize,
         config: &(dyn Fn(&mut crate::Config) + Sync),
     ) {
-        {
-            run_ranks_with(n, config, |comm| {
-                let (rank, size) = (comm.rank(), comm.size());
-                let e = engine(rank);
-                let stream = e.stream().unwrap();
-                let elem = std::mem::size_of::<T>();
-                for (kind, op, in_place) in [
-                    (CollKind::AllReduce, ReduceOp::Sum, false),
-                    (CollKind::AllReduce, ReduceOp::Sum, true),
-                    (CollKind::AllReduce, ReduceOp::Avg, true),
-                    (CollKind::ReduceScatter, ReduceOp::Sum, false),
-                    (CollKind::ReduceScatter, ReduceOp::Avg, true),
-                    (CollKind::AllGather, ReduceOp::Sum, false),
-                    (CollKind::AllGather, ReduceOp::Sum, true),
-                    (CollKind::Broadcast, ReduceOp::Sum, true),
-                    (CollKind::Reduce, ReduceOp::Sum, false),
-                    (CollKind::Reduce, ReduceOp::Avg, true),
-                    (CollKind::AllToAll, ReduceOp::Sum, false),
-                ] {
-                    let (send_len, recv_len) = match kind {
-                        CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => {
-                            (block, block)
-                        }
-                        CollKind::ReduceScatter => (block * size, block),
-                        CollKind::AllToAll => (block * size, block * size),
-                        _ => (block, block * size),
-                    };
-                    let root = (kind == CollKind::Broadcast || kind == CollKind::Reduce)
-                        .then_some(size - 1);
-                    let buf_len = send_len.max(recv_len);
-                    let call = CollCall {
-                        op: matches!(
-                            kind,
-                            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
-                        )
-                        .then_some(op),
-                        root,
-                        in_place,
-                        ..CollCall::new(
-                            kind,
-                            match kind {
-                                CollKind::AllToAll => send_len,
-                                _ => block,
-                            },
-                            if in_place { buf_len } else { send_len },
-                            if in_place { buf_len } else { recv_len },
-                        )
-                    };
-                    // This rank's input: in place, where the collective
-                    // reads it (an allgather's own block).
-                    let input: Vec<T> =
-                        (0..send_len).map(|i| T::from_f64(value(rank, i))).collect();
-                    let send = DevicePtr::new(e.alloc_device(buf_len * elem).unwrap());
-                    let recv = DevicePtr::new(e.alloc_device(buf_len * elem).unwrap());
-                    let at = if in_place && kind == CollKind::AllGather {
-                        send.add(rank * block * elem)
-                    } else {
-                        send
-                    };
-                    enqueue_write(&e, stream, at, &bytes_of(&input));
-                    let engine: Arc<dyn Engine> = e.clone();
-                    let on = OnDevice {
-                        ordinal: 0,
-                        engine,
-                        stream,
-                        send,
-                        recv,
-                    };
-                    let work = comm
-                        .device_collective::<T>(&call, &on)
-                        .unwrap_or_else(|err| panic!("{kind:?} {op} in place {in_place}: {err}"));
-                    // In place, a reduce-scatter leaves this rank's block
-                    // where it lay in the input.
-                    let out_at = match (in_place, kind) {
-                        (false, _) => recv,
-                        (true, CollKind::ReduceScatter) => send.add(rank * block * elem),
-                        (true, _) => send,
-                    };
-                    let got = elems::<T>(&read_after(&e, stream, out_at, recv_len * elem));
-                    work.wait()
-                        .unwrap_or_else(|err| panic!("{kind:?} {op} in place {in_place}: {err}"));
-                    let sum = |i: usize| (0..size).map(|r| value(r, i)).sum::<f64>();
-                    let want: Option<Vec<f64>> = match kind {
-                        CollKind::AllReduce => Some((0..block).map(sum).collect()),
-                        CollKind::ReduceScatter => {
-                            Some((0..block).map(|i| sum(rank * block + i)).collect())
-                        }
-                        CollKind::AllGather => Some(
-                            (0..block * size)
-                                .map(|j| value(j / block, j % block))
-                                .collect(),
-                        ),
-                        CollKind::Broadcast => {
-                            Some((0..block).map(|i| value(size - 1, i)).collect())
-                        }
-                        // Block r of recv: block `rank` of rank r's send.
-                        CollKind::AllToAll => Some(
-                            (0..block * size)
-                                .map(|j| value(j / block, rank * block + j % block))
-                                .collect(),
-                        ),
-                        _ => (rank == size - 1).then(|| (0..block).map(sum).collect()),
-                    };
-                    let Some(mut want) = want else { continue };
-                    if op == ReduceOp::Avg && kind != CollKind::AllGather {
-                        let int = T::DTYPE == DataType::I32;
-                        for w in &mut want {
-                            *w /= size as f64;
-                            if int {
-                                *w = w.trunc();
-                            }
-                        }
-                    }
-                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                        assert!(
-                            (g - w).abs() <= w.abs() * 1e-2,
-                            "{} {kind:?} {op} in place {in_place} n={size} rank {rank} \
-                             element {i}: {g} != {w}",
-                            T::DTYPE
-                        );
-                    }
-                    e.free_device(send.buf);
-                    e.free_device(recv.buf);
+        run_ranks_with(n, config, |comm| {
+            every_collective_on::<T>(&comm, &engine(comm.rank()), block)
+        });
+    }
+
+    /// `every_collective`'s calls on one rank: `comm`'s, on engine `e`.
+    fn every_collective_on<T: Element>(comm: &Communicator, e: &Arc<HostEngine>, block: usize) {
+        let (rank, size) = (comm.rank(), comm.size());
+        let stream = e.stream().unwrap();
+        let elem = std::mem::size_of::<T>();
+        for (kind, op, in_place) in [
+            (CollKind::AllReduce, ReduceOp::Sum, false),
+            (CollKind::AllReduce, ReduceOp::Sum, true),
+            (CollKind::AllReduce, ReduceOp::Avg, true),
+            (CollKind::ReduceScatter, ReduceOp::Sum, false),
+            (CollKind::ReduceScatter, ReduceOp::Avg, true),
+            (CollKind::AllGather, ReduceOp::Sum, false),
+            (CollKind::AllGather, ReduceOp::Sum, true),
+            (CollKind::Broadcast, ReduceOp::Sum, true),
+            (CollKind::Reduce, ReduceOp::Sum, false),
+            (CollKind::Reduce, ReduceOp::Avg, true),
+            (CollKind::AllToAll, ReduceOp::Sum, false),
+        ] {
+            let (send_len, recv_len) = match kind {
+                CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => (block, block),
+                CollKind::ReduceScatter => (block * size, block),
+                CollKind::AllToAll => (block * size, block * size),
+                _ => (block, block * size),
+            };
+            let root =
+                (kind == CollKind::Broadcast || kind == CollKind::Reduce).then_some(size - 1);
+            let buf_len = send_len.max(recv_len);
+            let call = CollCall {
+                op: matches!(
+                    kind,
+                    CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
+                )
+                .then_some(op),
+                root,
+                in_place,
+                ..CollCall::new(
+                    kind,
+                    match kind {
+                        CollKind::AllToAll => send_len,
+                        _ => block,
+                    },
+                    if in_place { buf_len } else { send_len },
+                    if in_place { buf_len } else { recv_len },
+                )
+            };
+            // This rank's input: in place, where the collective
+            // reads it (an allgather's own block).
+            let input: Vec<T> = (0..send_len).map(|i| T::from_f64(value(rank, i))).collect();
+            let send = DevicePtr::new(e.alloc_device(buf_len * elem).unwrap());
+            let recv = DevicePtr::new(e.alloc_device(buf_len * elem).unwrap());
+            let at = if in_place && kind == CollKind::AllGather {
+                send.add(rank * block * elem)
+            } else {
+                send
+            };
+            enqueue_write(e, stream, at, &bytes_of(&input));
+            let engine: Arc<dyn Engine> = e.clone();
+            let on = OnDevice {
+                ordinal: 0,
+                engine,
+                stream,
+                send,
+                recv,
+            };
+            let work = comm
+                .device_collective::<T>(&call, &on)
+                .unwrap_or_else(|err| panic!("{kind:?} {op} in place {in_place}: {err}"));
+            // In place, a reduce-scatter leaves this rank's block
+            // where it lay in the input.
+            let out_at = match (in_place, kind) {
+                (false, _) => recv,
+                (true, CollKind::ReduceScatter) => send.add(rank * block * elem),
+                (true, _) => send,
+            };
+            let got = elems::<T>(&read_after(e, stream, out_at, recv_len * elem));
+            work.wait()
+                .unwrap_or_else(|err| panic!("{kind:?} {op} in place {in_place}: {err}"));
+            let sum = |i: usize| (0..size).map(|r| value(r, i)).sum::<f64>();
+            let want: Option<Vec<f64>> = match kind {
+                CollKind::AllReduce => Some((0..block).map(sum).collect()),
+                CollKind::ReduceScatter => {
+                    Some((0..block).map(|i| sum(rank * block + i)).collect())
                 }
-            });
+                CollKind::AllGather => Some(
+                    (0..block * size)
+                        .map(|j| value(j / block, j % block))
+                        .collect(),
+                ),
+                CollKind::Broadcast => Some((0..block).map(|i| value(size - 1, i)).collect()),
+                // Block r of recv: block `rank` of rank r's send.
+                CollKind::AllToAll => Some(
+                    (0..block * size)
+                        .map(|j| value(j / block, rank * block + j % block))
+                        .collect(),
+                ),
+                _ => (rank == size - 1).then(|| (0..block).map(sum).collect()),
+            };
+            let Some(mut want) = want else { continue };
+            if op == ReduceOp::Avg && kind != CollKind::AllGather {
+                let int = T::DTYPE == DataType::I32;
+                for w in &mut want {
+                    *w /= size as f64;
+                    if int {
+                        *w = w.trunc();
+                    }
+                }
+            }
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= w.abs() * 1e-2,
+                    "{} {kind:?} {op} in place {in_place} n={size} rank {rank} \
+                     element {i}: {g} != {w}",
+                    T::DTYPE
+                );
+            }
+            e.free_device(send.buf);
+            e.free_device(recv.buf);
         }
     }
 

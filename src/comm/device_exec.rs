@@ -4,18 +4,20 @@
 //! of staging through host memory.
 //!
 //! - **Which path.** At the first collective device call on an engine,
-//!   every rank takes part, in the call's turn, in three rounds through the
+//!   every rank takes part, in the call's turn, in rounds through the
 //!   rendezvous store: what it can do (the engine runs the executor, P2P
 //!   on, the protocols FERROCCL_PROTO allows) and its GPU's identity
 //!   (`gpu_path`); its peer-access answers; and, where the executor is
-//!   chosen, the device address of its FIFO memory. The choice is made
-//!   from every rank's answers, so every rank makes the same one: the
-//!   executor where every pair of ranks has the same-process path (ranks
-//!   of one process: kernels use each other's pointers); else every call
-//!   stays staged, with the reason at INFO. Cross-process pairs (cuda-ipc:
-//!   the FIFOs mapped with `ferroccl-cuda-ipc`) are not wired yet and stay
-//!   staged, said so in the INFO line. Point-to-point calls always stay
-//!   staged (two ranks cannot hold the all-rank rounds).
+//!   chosen, its FIFO memory: the device address, and for ranks with peers
+//!   in other processes the handle to map it by (`device_share`). The
+//!   choice is made from every rank's answers, so every rank makes the
+//!   same one: the executor where every pair of ranks has a GPU path
+//!   (ranks of one process use each other's pointers; ranks of other
+//!   processes whose GPUs reach each other, or share one, map each other's
+//!   FIFOs with cuda-ipc, the descriptors passed over Unix sockets, and
+//!   say in a last round that they could); else every call stays staged,
+//!   with the reason at INFO. Point-to-point calls always stay staged (two
+//!   ranks cannot hold the all-rank rounds).
 //! - **A call.** The progress thread, in the call's turn: chooses protocol
 //!   and chunk (`device_tune`, INFO), plans the schedule with frames of
 //!   that chunk, encodes this rank's program (`algo::encode`), and enqueues
@@ -35,11 +37,12 @@
 //!   communicator is failed after any fault (the FIFO counts are out of
 //!   step).
 
+use super::device_share::{self, FdServer, PeerRegion, Share};
 use super::Inner;
-use crate::algo::encode::{self, Finish, Layout, ProgramMeta};
+use crate::algo::encode::{self, Layout, ProgramMeta};
 use crate::coll::{self, CollCall, CollKind, Plan};
 use crate::device_tune::{self, Allowed, DeviceLink};
-use crate::element::{Element, ReduceOp};
+use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::exec::{Call, DeviceIo, Links};
 use crate::gpu_path::{self, GpuIdentity, GpuPath, PathChoice};
@@ -294,20 +297,20 @@ pub(crate) fn decide(
         return (Err(format!("rank {r} could not tell its GPU")), Vec::new());
     };
     let agreed = |i: usize, j: usize| gpu_path::agree(access[i][j], access[j][i]);
-    // Cross-process pairs need the FIFOs mapped by cuda-ipc, which the
-    // launcher does not do yet.
-    let choices_of = |r: usize| gpu_path::select_all(r, &gpus, &agreed, false, false);
+    // Ranks of one process use each other's pointers; ranks of other
+    // processes map each other's FIFOs (cuda-ipc, `device_share`).
+    let choices_of = |r: usize| gpu_path::select_all(r, &gpus, &agreed, false, true);
     let mine = choices_of(rank);
     for i in 0..n {
         if let Some(c) = choices_of(i)
             .into_iter()
-            .find(|c| c.path != GpuPath::SameProcess)
+            .find(|c| c.path == GpuPath::Staged)
         {
             let lo = i.min(c.peer);
             let hi = i.max(c.peer);
             return (
                 Err(format!(
-                    "ranks {lo} and {hi} have no same-process path ({})",
+                    "ranks {lo} and {hi} have no GPU path ({})",
                     c.reason
                 )),
                 mine,
@@ -387,6 +390,59 @@ pub(super) struct Ready {
     /// Set after a kernel fault: later calls are refused (the
     /// communicator has failed anyway).
     faulted: bool,
+    /// This rank's FIFO memory where peers in other processes map it.
+    share: Option<Share>,
+    /// Those peers' FIFO memory, mapped here.
+    peers: Vec<PeerRegion>,
+}
+
+/// What a rank publishes of its FIFO memory: its address (for ranks of
+/// its process), and, for peers in other processes, the handle to map
+/// it by and the socket its descriptor is handed out on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FifoEntry {
+    pub(crate) address: u64,
+    pub(crate) wire: Option<Vec<u8>>,
+    pub(crate) socket: Option<Vec<u8>>,
+}
+
+/// A rank's FIFO entry on the wire: `[1]`, the address, the handle and
+/// the socket name each with its length (0: none); `[0]` where the rank
+/// could not make its FIFOs.
+fn fifo_entry(address: u64, wire: Option<Vec<u8>>, socket: Option<&[u8]>) -> Vec<u8> {
+    let mut out = vec![1];
+    out.extend(address.to_le_bytes());
+    let wire = wire.unwrap_or_default();
+    out.extend((wire.len() as u16).to_le_bytes());
+    out.extend(&wire);
+    let socket = socket.unwrap_or_default();
+    out.push(socket.len() as u8);
+    out.extend(socket);
+    out
+}
+
+/// Rank `rank`'s FIFO entry: `None` where it could not make its FIFOs.
+fn parse_fifo_entry(rank: usize, b: &[u8]) -> Result<Option<FifoEntry>> {
+    let bad = || Error::Bootstrap(format!("rank {rank}'s FIFO entry: {} bytes", b.len()));
+    let rest = match b {
+        [0] => return Ok(None),
+        [1, rest @ ..] => rest,
+        _ => return Err(bad()),
+    };
+    let (address, rest) = rest.split_first_chunk::<8>().ok_or_else(bad)?;
+    let (len, rest) = rest.split_first_chunk::<2>().ok_or_else(bad)?;
+    let len = u16::from_le_bytes(*len) as usize;
+    let (wire, rest) = (rest.get(..len).ok_or_else(bad)?, &rest[len..]);
+    let (&slen, rest) = rest.split_first().ok_or_else(bad)?;
+    if rest.len() != slen as usize {
+        return Err(bad());
+    }
+    let some = |v: &[u8]| (!v.is_empty()).then(|| v.to_vec());
+    Ok(Some(FifoEntry {
+        address: u64::from_le_bytes(*address),
+        wire: some(wire),
+        socket: some(rest),
+    }))
 }
 
 /// What a communicator's device path on one engine is.
@@ -459,22 +515,44 @@ impl Inner {
                 return Ok(ExecPath::Staged);
             }
         };
-        // The FIFOs: made here, then every rank's base address. A rank
-        // that could not make them says so, and every rank stays staged.
+        // The FIFOs: made here, then every rank's base address (and, for
+        // ranks with peers in other processes, the handle to map them by).
+        // A rank that could not make them says so, and every rank stays
+        // staged.
         let geometry = offers[self.rank].geometry;
-        let made = self.exec_memory(engine, &geometry);
-        let mut mine = vec![made.is_ok() as u8];
-        if let Ok(r) = &made {
-            mine.extend(r.1.to_le_bytes());
-        }
-        let bases = links.exchange(&name("fifo"), &mine, deadline, &during)?;
-        let mut addresses = Vec::with_capacity(n);
-        for (r, b) in bases.iter().enumerate() {
-            match b.as_slice() {
-                [1, a @ ..] if a.len() == 8 => {
-                    addresses.push(u64::from_le_bytes(a.try_into().expect("8 bytes")))
-                }
-                [0] => {
+        let gpus: Vec<&GpuIdentity> = offers
+            .iter()
+            .map(|o| o.gpu.as_ref().expect("decided with every identity"))
+            .collect();
+        let other_process =
+            |i: usize, j: usize| !(gpus[i].same_host(gpus[j]) && gpus[i].pid == gpus[j].pid);
+        let cross: Vec<usize> = (0..n)
+            .filter(|&r| r != self.rank && other_process(self.rank, r))
+            .collect();
+        let any_cross = (0..n).any(|i| (0..i).any(|j| other_process(i, j)));
+        let made = self
+            .exec_memory(engine, ordinal, &geometry, !cross.is_empty())
+            .and_then(|(ready, base)| {
+                let server = match &ready.share {
+                    Some(share) if share.carries_fd() => Some(FdServer::bind()?),
+                    _ => None,
+                };
+                Ok((ready, base, server))
+            });
+        let mine = match &made {
+            Ok((ready, base, server)) => fifo_entry(
+                *base,
+                ready.share.as_ref().map(|s| s.wire()),
+                server.as_ref().map(|s| s.name()),
+            ),
+            Err(_) => vec![0],
+        };
+        let published = links.exchange(&name("fifo"), &mine, deadline, &during)?;
+        let mut entries = Vec::with_capacity(n);
+        for (r, b) in published.iter().enumerate() {
+            match parse_fifo_entry(r, b)? {
+                Some(e) => entries.push(e),
+                None => {
                     let why = match (&made, r == self.rank) {
                         (Err(e), true) => format!(": {e}"),
                         _ => String::new(),
@@ -486,15 +564,50 @@ impl Inner {
                     );
                     return Ok(ExecPath::Staged);
                 }
-                _ => {
-                    return Err(Error::Bootstrap(format!(
-                        "rank {r}'s FIFO address: {} bytes",
-                        b.len()
-                    )))
-                }
             }
         }
-        let (mut ready, _) = made?;
+        let (mut ready, _, server) = made?;
+        let mut addresses: Vec<u64> = entries.iter().map(|e| e.address).collect();
+        if any_cross {
+            let mapped = self.map_peers(
+                engine,
+                ordinal,
+                &ready,
+                server.as_ref(),
+                &entries,
+                &cross,
+                &gpus,
+                deadline,
+                &during,
+            )?;
+            // Whether every rank mapped its peers: where one could not,
+            // every rank stays staged, saying which and why.
+            let said = match &mapped {
+                Ok(_) => vec![1],
+                Err(why) => [vec![0], why.as_bytes().to_vec()].concat(),
+            };
+            let all = links.exchange(&name("mapped"), &said, deadline, &during)?;
+            if let Some((r, why)) =
+                all.iter()
+                    .enumerate()
+                    .find_map(|(r, b)| match b.split_first() {
+                        Some((1, [])) => None,
+                        Some((0, why)) => Some((r, String::from_utf8_lossy(why).into_owned())),
+                        _ => Some((r, format!("an answer of {} bytes", b.len()))),
+                    })
+            {
+                tracing::info!(
+                    rank = self.rank,
+                    "device calls staged through host memory: rank {r} could not map its peers' \
+                     executor FIFOs: {why}"
+                );
+                return Ok(ExecPath::Staged);
+            }
+            for (r, region) in mapped.expect("every rank said yes") {
+                addresses[r] = region.address();
+                ready.peers.push(region);
+            }
+        }
         let table = conn_table(self.rank, n, 1, &addresses, &geometry, LL_CLEAN_FRAMES);
         upload(
             engine,
@@ -505,8 +618,10 @@ impl Inner {
         ready.allowed = allowed;
         tracing::info!(
             rank = self.rank,
-            "device calls run by the device executor ({n} ranks, one channel, bulk slots {} x {} \
-             bytes, LL slots {} x {} lines)",
+            "device calls run by the device executor ({n} ranks, {} of them in other processes \
+             (FIFOs mapped with cuda-ipc), one channel, bulk slots {} x {} bytes, LL slots {} x \
+             {} lines)",
+            cross.len(),
             geometry.slots,
             geometry.slot_bytes,
             geometry.ll_slots,
@@ -515,24 +630,37 @@ impl Inner {
         Ok(ExecPath::Ready(ready))
     }
 
-    /// This rank's executor resources, its FIFO memory zeroed; and the
-    /// FIFO memory's device address.
-    fn exec_memory(&self, engine: &dyn Engine, g: &FifoGeometry) -> Result<(Box<Ready>, u64)> {
+    /// This rank's executor resources, its FIFO memory zeroed (made
+    /// shareable with other processes where `shared`); and the FIFO
+    /// memory's device address.
+    fn exec_memory(
+        &self,
+        engine: &dyn Engine,
+        ordinal: u32,
+        g: &FifoGeometry,
+        shared: bool,
+    ) -> Result<(Box<Ready>, u64)> {
         let err = |e: CudaError| Error::Io(format!("device executor set-up: {e}"));
         let n = self.size;
+        let fifo_bytes = (n as u64 * g.region()) as usize;
         let stream = engine.stream().map_err(err)?;
+        let (share, base) = if shared {
+            let share = Share::new(engine, ordinal, fifo_bytes)?;
+            let base = share.address();
+            (Some(share), base)
+        } else {
+            let fifo = engine.alloc_device(fifo_bytes.max(16)).map_err(err)?;
+            upload(engine, stream, fifo, &vec![0u8; fifo_bytes])?;
+            (None, engine.device_address(DevicePtr::new(fifo)))
+        };
         let abort = engine.gate().map_err(err)?;
         let abort_addr = engine.gate_device_address(abort).map_err(err)?;
-        let fifo_bytes = (n as u64 * g.region()) as usize;
-        let fifo = engine.alloc_device(fifo_bytes.max(16)).map_err(err)?;
-        upload(engine, stream, fifo, &vec![0u8; fifo_bytes])?;
         let conns = engine
             .alloc_device((n * executor::CONN_BYTES).max(16))
             .map_err(err)?;
         let ctl = engine.alloc_device(CONTROL_BYTES).map_err(err)?;
         let ctl_pinned = engine.alloc_pinned(CONTROL_BYTES).map_err(err)?;
         let end = engine.event().map_err(err)?;
-        let base = engine.device_address(DevicePtr::new(fifo));
         Ok((
             Box::new(Ready {
                 stream,
@@ -546,9 +674,75 @@ impl Inner {
                 allowed: Allowed::default(),
                 geometry: *g,
                 faulted: false,
+                share,
+                peers: Vec::new(),
             }),
             base,
         ))
+    }
+
+    /// Map the FIFO memory of this rank's peers in other processes
+    /// (`cross`), fetching the descriptors their handles need and handing
+    /// out this rank's (`device_share`). The outer `Err`: a peer did not
+    /// take its part in time, or broke the exchange (named); the inner:
+    /// a mapping this rank could not make, and why.
+    #[allow(clippy::too_many_arguments)]
+    fn map_peers(
+        &self,
+        engine: &dyn Engine,
+        ordinal: u32,
+        ready: &Ready,
+        server: Option<&FdServer>,
+        entries: &[FifoEntry],
+        cross: &[usize],
+        gpus: &[&GpuIdentity],
+        deadline: Instant,
+        during: &str,
+    ) -> Result<std::result::Result<Vec<(usize, PeerRegion)>, String>> {
+        let mut wants = Vec::with_capacity(cross.len());
+        for &p in cross {
+            let Some(wire) = &entries[p].wire else {
+                return Err(Error::Bootstrap(format!(
+                    "rank {p} published no FIFO handle for its peers in other processes"
+                )));
+            };
+            let (needs_fd, _) = device_share::parse_wire(p, wire)?;
+            let socket = match (&entries[p].socket, needs_fd) {
+                (Some(name), true) => Some(name.as_slice()),
+                (None, true) => {
+                    return Err(Error::Bootstrap(format!(
+                        "rank {p}'s FIFO handle needs a descriptor, and it published no socket"
+                    )))
+                }
+                (_, false) => None,
+            };
+            wants.push((p, wire.as_slice(), socket));
+        }
+        // Ask every owner first (their sockets listen already), then hand
+        // out this rank's descriptor, then read the answers.
+        let mut asked = Vec::new();
+        for &(p, _, socket) in &wants {
+            if let Some(name) = socket {
+                asked.push((p, device_share::ask(p, name, self.rank, during)?));
+            }
+        }
+        if let (Some(server), Some(share)) = (server, &ready.share) {
+            let askers: Vec<(usize, u32)> = cross.iter().map(|&r| (r, gpus[r].pid)).collect();
+            server.serve(self.rank, share, &askers, deadline, during)?;
+        }
+        let mut fds = Vec::with_capacity(asked.len());
+        for (p, sock) in &asked {
+            fds.push((*p, device_share::answer(*p, sock, deadline, during)?));
+        }
+        let mut mapped = Vec::with_capacity(wants.len());
+        for &(p, wire, _) in &wants {
+            let fd = fds.iter().find(|(q, _)| *q == p).map(|(_, fd)| fd);
+            match device_share::map_peer(engine, ordinal, p, wire, fd) {
+                Ok(region) => mapped.push((p, region)),
+                Err(why) => return Ok(Err(why)),
+            }
+        }
+        Ok(Ok(mapped))
     }
 
     /// Run `call` (of `coll`) by the executor set up in `ready`: see the
@@ -609,7 +803,7 @@ impl Inner {
             dtype: T::DTYPE,
             op: coll.op,
             layout: device.exec.layout,
-            finish: finish(coll, &plan, self.rank, n, device.exec.layout)
+            finish: coll::avg_finish(coll, &plan, self.rank, n, device.exec.layout)
                 .map_err(|why| Error::Io(format!("{during}: {why}")))?,
         };
         let image = encode::encode(&plan.schedule, &meta)
@@ -796,42 +990,6 @@ pub(crate) fn fault_error(
     }
 }
 
-/// Avg's division in the program, where this rank holds a result: as the
-/// host executor's launch decides it (`exec::program::launch`).
-fn finish(
-    coll: &CollCall,
-    plan: &Plan,
-    rank: usize,
-    n: usize,
-    layout: Layout,
-) -> std::result::Result<Option<Finish>, String> {
-    let result = coll::result_range(coll, plan, rank);
-    match (coll.op, result) {
-        (Some(ReduceOp::Avg), Some(range)) => {
-            if plan.scratch_output > 0 {
-                return Err(
-                    "a result in the caller's buffer while the schedule runs on a temporary one"
-                        .into(),
-                );
-            }
-            let base = match layout {
-                Layout::Shared { output_base, .. } => output_base,
-                Layout::Separate => 0,
-            };
-            let offset = range
-                .start
-                .checked_sub(base)
-                .ok_or_else(|| format!("result {range:?} before the output's start {base}"))?;
-            Ok(Some(Finish {
-                offset,
-                len: range.len(),
-                divisor: n,
-            }))
-        }
-        _ => Ok(None),
-    }
-}
-
 /// Copy `bytes` to the start of `dst` through a pinned buffer, and wait.
 fn upload(engine: &dyn Engine, stream: Stream, dst: DeviceBuf, bytes: &[u8]) -> Result<()> {
     let err = |e: CudaError| Error::Io(format!("device executor set-up: {e}"));
@@ -979,6 +1137,35 @@ mod tests {
         }
     }
 
+    /// FIFO entries cross the wire whole, with and without a handle; a
+    /// rank without FIFOs says so; cut or padded entries are refused.
+    #[test]
+    fn fifo_entries_cross_the_wire() {
+        let full = FifoEntry {
+            address: 0xdead_beef_0040,
+            wire: Some(vec![1, 2, 3]),
+            socket: Some(b"ferroccl-fifo-1-2".to_vec()),
+        };
+        let bytes = fifo_entry(full.address, full.wire.clone(), full.socket.as_deref());
+        assert_eq!(parse_fifo_entry(0, &bytes).unwrap(), Some(full));
+        let bare = fifo_entry(64, None, None);
+        assert_eq!(
+            parse_fifo_entry(0, &bare).unwrap(),
+            Some(FifoEntry {
+                address: 64,
+                wire: None,
+                socket: None
+            })
+        );
+        assert_eq!(parse_fifo_entry(0, &[0]).unwrap(), None);
+        for cut in 0..bytes.len() {
+            assert!(parse_fifo_entry(2, &bytes[..cut]).is_err(), "{cut} bytes");
+        }
+        let long = [bytes.clone(), vec![0]].concat();
+        let err = parse_fifo_entry(2, &long).unwrap_err();
+        assert!(err.to_string().contains("rank 2"), "{err}");
+    }
+
     #[test]
     fn the_geometry_keeps_parts_apart() {
         let g = FifoGeometry::new(
@@ -1062,9 +1249,9 @@ mod tests {
         );
     }
 
-    /// Ranks of one process on one GPU take the executor; every rank
-    /// decides the same; anything short of a same-process path everywhere
-    /// stages every call, with the reason.
+    /// Ranks of one process on one GPU, or of processes on GPUs that reach
+    /// each other, take the executor; every rank decides the same; a pair
+    /// without a GPU path stages every call, with the reason.
     #[test]
     fn the_decision_is_the_communicators_and_says_why() {
         let same: Vec<Offer> = (0..4).map(|_| offer(1, 7)).collect();
@@ -1087,14 +1274,30 @@ mod tests {
                 "{why}"
             );
         }
-        // Another process: cuda-ipc would serve, not wired: staged.
+        // Another process on the same GPU: cuda-ipc to it, the
+        // same-process path between ranks 0 and 2, and the executor.
         let procs = vec![offer(1, 7), offer(1, 8), offer(1, 7)];
         for r in 0..3 {
-            let why = decide(r, &procs, Some(&all_yes(3))).0.unwrap_err();
-            assert!(
-                why.contains("ranks 0 and 1") && why.contains("cuda-ipc"),
-                "{why}"
-            );
+            let (d, mine) = decide(r, &procs, Some(&all_yes(3)));
+            assert!(d.is_ok(), "{d:?}");
+            for c in mine {
+                let want = match procs[c.peer].gpu.as_ref().unwrap().pid
+                    == procs[r].gpu.as_ref().unwrap().pid
+                {
+                    true => GpuPath::SameProcess,
+                    false => GpuPath::CudaIpc,
+                };
+                assert_eq!(c.path, want, "rank {r} to {}", c.peer);
+            }
+        }
+        // Other processes on two GPUs without peer access: staged, for
+        // every rank.
+        let far = vec![offer(1, 7), offer(2, 8)];
+        let mut rows = all_yes(2);
+        rows[0][1] = Some(false);
+        for r in 0..2 {
+            let why = decide(r, &far, Some(&rows)).0.unwrap_err();
+            assert!(why.contains("ranks 0 and 1 have no GPU path"), "{why}");
         }
         // P2P off on one rank, an engine without the executor, a rank
         // without a GPU identity, protocols that leave nothing.

@@ -18,6 +18,7 @@
 
 pub(crate) mod device;
 mod device_exec;
+mod device_share;
 mod execute;
 mod failure;
 mod order;

@@ -407,6 +407,38 @@ fn recvmsg_once(sock: RawFd, buf: &mut [u8], max_fds: usize) -> io::Result<Recei
     })
 }
 
+/// The process id of the peer of a connected Unix socket, as the kernel
+/// recorded it when the connection was made (`SO_PEERCRED`): who is
+/// really at the other end, whatever it says in its bytes.
+pub fn peer_pid(sock: &UnixStream) -> io::Result<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: room for one ucred, a live local, and its length, for the
+    // duration of the call on a descriptor the socket keeps open.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    u32::try_from(cred.pid).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("SO_PEERCRED gave pid {}", cred.pid),
+        )
+    })
+}
+
 /// Wait until `sock` is ready for `events` or `deadline` passes
 /// ([`FdPassError::Timeout`], the wait counted from `start`). Returns on
 /// readiness, hang-up or error alike: the next call on the socket says

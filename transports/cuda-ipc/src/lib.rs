@@ -31,19 +31,23 @@
 //!   [`can_access_peer`] says the pair can.
 //!
 //! What is here: [`fdpass`] (descriptors over a Unix socket, bounded by a
-//! deadline), `handle` ([`ShareHandle`] and its versioned wire form) and
+//! deadline, and who the peer process is), `handle` ([`ShareHandle`] and its versioned wire form) and
 //! [`vmm`] (the allocations and mappings over the driver API of
-//! `cudarc::driver::sys`, loaded at run time). Without a driver every
+//! `cudarc::driver::sys`, loaded at run time), and [`host`], the same
+//! sharing for the host stand-in of a GPU (a shared file in place of
+//! device memory), with which CI runs the cross-process executor. Without a driver every
 //! device call is [`CudaError::NoDevice`](ferroccl_cuda::CudaError), never
 //! a panic. docs/cuda-ipc.md describes it in full.
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod fdpass;
 pub mod handle;
+pub mod host;
 pub mod vmm;
 
-pub use fdpass::{recv_exact_fds, recv_fds, send_fds, FdPassError};
+pub use fdpass::{peer_pid, recv_exact_fds, recv_fds, send_fds, FdPassError};
 pub use handle::{round_up, ShareHandle, WireError, LEGACY_GRANULARITY, WIRE_LEN};
+pub use host::{HostMapped, HostShared};
 pub use vmm::{
     can_access_peer, enable_peer_access, make_current, support, Mapped, Mechanism, SharedAlloc,
     Support,

@@ -634,6 +634,22 @@ impl SharedAlloc {
         self.size
     }
 
+    /// Set every byte to zero, and wait until it is done (a FIFO's
+    /// counters must read 0 before any peer maps it).
+    pub fn zero(&self) -> Result<()> {
+        make_current(self.ordinal)?;
+        let at = || format!("device {}, {} bytes", self.ordinal, self.size);
+        // SAFETY: the allocation is live (self) and `size` bytes long from
+        // `ptr()`, in the current (primary) context.
+        unsafe { sys::cuMemsetD8_v2(self.ptr() as sys::CUdeviceptr, 0, self.size) }
+            .result()
+            .map_err(driver_err("cuMemsetD8", at()))?;
+        // SAFETY: no arguments; the context is current on this thread.
+        unsafe { sys::cuCtxSynchronize() }
+            .result()
+            .map_err(driver_err("cuCtxSynchronize", at()))
+    }
+
     /// The device it lives on.
     pub fn ordinal(&self) -> u32 {
         self.ordinal

@@ -407,3 +407,13 @@ fn child_process_side() {
     payload[..4].copy_from_slice(&pid.to_le_bytes());
     send_fds(&sock, &payload, &[f.as_fd()], soon()).unwrap();
 }
+
+/// The peer's pid is what the kernel recorded: this process's own for a
+/// socket pair (another process's is shown by ferroccl's cross-process
+/// executor test, whose owners check it before they hand out a region).
+#[test]
+fn peer_pid_is_the_connecting_process() {
+    let (a, b) = UnixStream::pair().unwrap();
+    assert_eq!(ferroccl_cuda_ipc::peer_pid(&a).unwrap(), std::process::id());
+    assert_eq!(ferroccl_cuda_ipc::peer_pid(&b).unwrap(), std::process::id());
+}
