@@ -10,6 +10,9 @@
 #   ./run.sh bench    the kernel benchmark and every ferroccl-perf run
 #   ./run.sh staged   the kernel benchmark and the staged runs (--ranks)
 #   ./run.sh threads  the kernel benchmark and the thread-rank runs (-t)
+#   ./run.sh processes  process ranks on the one GPU by the device executor
+#                     (cuda-ipc): without MPS, then under MPS, and a rank
+#                     killed while the others' kernels wait
 #
 # What runs:
 # - tests: every bin/test-* (test-ferroccl-lib: only the executor kernels'
@@ -20,8 +23,18 @@
 # - kernel benchmark: reduce kernels against a device-to-device copy,
 #   64 MiB to 1 GiB (the copy is the reference of the -t busbw below).
 # - staged: ferroccl-perf allreduce --device cuda --ranks 2 and 4 (ranks
-#   in separate processes: calls staged through host memory), 1 MiB to
-#   1 GiB, with each rank's pinned copy bandwidth.
+#   in separate processes) with FERROCCL_P2P_DISABLE=1, so that every call
+#   is staged through host memory, 1 MiB to 1 GiB, with each rank's pinned
+#   copy bandwidth.
+# - processes: ferroccl-perf --device cuda --ranks 2 (allreduce, 1 to
+#   16 MiB, bounded at 2 minutes) without MPS: kernels of two processes do
+#   not run at once on one GPU without it, so this says what happens. Then
+#   the MPS daemon is started (as root; its pipe and log folders under
+#   /tmp/ferroccl-mps*), allreduce, allgather and reducescatter --ranks 2
+#   and 4, 1 MiB to 1 GiB, checked, the path from the INFO lines; then
+#   allreduce --ranks 3 of 256 MiB, 1000 calls, with one rank killed
+#   (SIGKILL) after 8 s: the survivors must end with an error naming it,
+#   well before the run's bound. MPS is stopped at the end.
 # - threads: ferroccl-perf allreduce|allgather|reducescatter --device cuda
 #   -t 2 and -t 4 (ranks as threads of one process on one GPU: the device
 #   executor), allreduce 1 MiB to 4 GiB, the others to 1 GiB; which path
@@ -36,17 +49,18 @@
 set -uo pipefail
 mode=${1:-all}
 case "$mode" in
-  all | tests | bench | staged | threads) ;;
-  *) echo "usage: $0 [all|tests|bench|staged|threads]" >&2; exit 2 ;;
+  all | tests | bench | staged | threads | processes) ;;
+  *) echo "usage: $0 [all|tests|bench|staged|threads|processes]" >&2; exit 2 ;;
 esac
 # Which parts run.
-run_tests=0 run_staged=0 run_threads=0
+run_tests=0 run_staged=0 run_threads=0 run_processes=0
 case "$mode" in
-  all) run_tests=1 run_staged=1 run_threads=1 ;;
+  all) run_tests=1 run_staged=1 run_threads=1 run_processes=1 ;;
   tests) run_tests=1 ;;
-  bench) run_staged=1 run_threads=1 ;;
+  bench) run_staged=1 run_threads=1 run_processes=1 ;;
   staged) run_staged=1 ;;
   threads) run_threads=1 ;;
+  processes) run_processes=1 ;;
 esac
 cd "$(dirname "$0")"
 logs=${OUT:-$PWD/logs}
@@ -134,7 +148,7 @@ echo "== ferroccl-perf --device cuda (staged allreduce, f32)"
 for ranks in 2 4; do
   log="$logs/perf-cuda-allreduce-$ranks.txt"
   start=$(date +%s)
-  FERROCCL_TIMEOUT=120 timeout 300 bin/ferroccl-perf allreduce --device cuda --ranks "$ranks" \
+  FERROCCL_P2P_DISABLE=1 FERROCCL_TIMEOUT=120 timeout 300 bin/ferroccl-perf allreduce --device cuda --ranks "$ranks" \
     -d float -b 1M -e 1G -f 4 -n 8 -w 2 -c 1 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   if [ "$rc" -eq 0 ]; then status=ok; else status="FAILED ($rc)"; fi
@@ -202,6 +216,92 @@ for threads in 2 4; do
   wrong=$(sed -n 's/^# Out of bounds values : //p' "$log")
   latency_rows+=("$(printf '| %s | %s | %s | %s |' "$threads" "$status" "${us:-?}" "${wrong:-?}")")
 done
+fi
+
+# Process ranks on the one GPU: the device executor over FIFOs mapped
+# with cuda-ipc (see the header).
+process_rows=()
+# path_of INFO: which path the calls took, from the INFO lines.
+path_of() {
+  if grep -q 'device calls run by the device executor' "$1"; then echo executor
+  elif grep -q 'device calls staged through host memory' "$1"; then echo staged
+  else echo '?'; fi
+}
+# perf_row LABEL LOG INFO RC SECONDS: a row of the processes table.
+perf_row() {
+  local status
+  if [ "$4" -eq 0 ]; then status=ok; elif [ "$4" -eq 124 ]; then status="TIMED OUT"; else status="FAILED ($4)"; fi
+  local b16 b64 b256 b1g wrong
+  b16=$(awk '$1 == 16777216 { print $8 " / " $12 }' "$2") b64=$(awk '$1 == 67108864 { print $8 " / " $12 }' "$2")
+  b256=$(awk '$1 == 268435456 { print $8 " / " $12 }' "$2") b1g=$(awk '$1 == 1073741824 { print $8 " / " $12 }' "$2")
+  wrong=$(sed -n 's/^# Out of bounds values : //p' "$2")
+  process_rows+=("$(printf '| %s | %s | %s | %s | %s | %s | %s | %s | %d s |' "$1" "$status" \
+    "${b16:--}" "${b64:--}" "${b256:--}" "${b1g:--}" "$(path_of "$3")" "${wrong:-?}" "$5")")
+}
+if [ "$run_processes" = 1 ]; then
+  echo
+  echo "== ferroccl-perf --device cuda --ranks 2, no MPS (device executor over cuda-ipc)"
+  log="$logs/perf-cuda-processes-nomps.txt" info="$logs/perf-cuda-processes-nomps-info.txt"
+  start=$(date +%s)
+  FERROCCL_DEBUG=INFO FERROCCL_TIMEOUT=60 timeout 120 bin/ferroccl-perf allreduce --device cuda --ranks 2 \
+    -d float -b 1M -e 16M -f 4 -n 4 -w 1 -c 1 2>"$info" | tee "$log"
+  rc=${PIPESTATUS[0]}
+  grep -v ' INFO ' "$info" >&2
+  perf_row "allreduce --ranks 2, no MPS" "$log" "$info" "$rc" $(($(date +%s) - start))
+
+  echo
+  echo "== MPS"
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/ferroccl-mps CUDA_MPS_LOG_DIRECTORY=/tmp/ferroccl-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d; then
+    mps=on
+    sleep 1
+  else
+    mps="could not start"
+  fi
+  echo "MPS daemon: $mps"
+  for coll in allreduce allgather reducescatter; do
+    for ranks in 2 4; do
+      log="$logs/perf-cuda-$coll-processes-$ranks.txt" info="$logs/perf-cuda-$coll-processes-$ranks-info.txt"
+      start=$(date +%s)
+      FERROCCL_DEBUG=INFO FERROCCL_TIMEOUT=120 timeout 300 bin/ferroccl-perf "$coll" --device cuda \
+        --ranks "$ranks" -d float -b 1M -e 1G -f 4 -n 8 -w 2 -c 1 2>"$info" | tee "$log"
+      rc=${PIPESTATUS[0]}
+      grep -v ' INFO ' "$info" >&2
+      perf_row "$coll --ranks $ranks, MPS $mps" "$log" "$info" "$rc" $(($(date +%s) - start))
+    done
+  done
+
+  echo
+  echo "== a rank killed while the others' kernels wait (--ranks 3, MPS $mps)"
+  log="$logs/perf-cuda-killed.txt"
+  start=$(date +%s)
+  FERROCCL_TIMEOUT=60 timeout 120 bin/ferroccl-perf allreduce --device cuda --ranks 3 \
+    -d float -b 256M -e 256M -n 1000 -w 1 -c 0 >"$log" 2>&1 &
+  perf=$!
+  sleep 8
+  victim=$(pgrep -P "$perf" | sed -n 2p)
+  [ -n "$victim" ] && kill -9 "$victim"
+  wait "$perf"
+  rc=$?
+  took=$(($(date +%s) - start))
+  cat "$log"
+  named=$(grep -c "rank" "$log")
+  killed_row="$(printf '| --ranks 3, pid %s killed at 8 s | exit %s after %d s | %s lines naming a rank |' "${victim:-none}" "$rc" "$took" "$named")"
+
+  [ "$mps" = on ] && echo quit | nvidia-cuda-mps-control
+fi
+
+if [ ${#process_rows[@]} -gt 0 ]; then
+  echo
+  echo "ferroccl-perf --device cuda --ranks (processes on one GPU) f32, busbw GB/s out / in place"
+  echo "| run | result | 16 MiB | 64 MiB | 256 MiB | 1 GiB | path | #wrong | time |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${process_rows[@]}"
+  echo
+  echo "| killed rank | survivors | errors |"
+  echo "|---|---|---|"
+  echo "$killed_row"
 fi
 
 if [ ${#perf_rows[@]} -gt 0 ]; then
