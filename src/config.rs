@@ -86,6 +86,11 @@ pub struct Config {
     /// NCCL_P2P_DISABLE=1, turns it off): device collectives are then
     /// staged through host memory (docs/gpu-topology.md).
     pub p2p: bool,
+    /// The most channels (thread blocks, each over FIFOs of its own) the
+    /// device executor cuts a call into (FERROCCL_MAX_NCHANNELS, or NCCL's
+    /// NCCL_MAX_NCHANNELS; 1 to 64, default 8). Every rank's bound is
+    /// exchanged and the smallest holds (docs/device-executor.md).
+    pub max_channels: usize,
 }
 
 /// Default of `Config::nt_store_bytes`. On the 2-core build machine a
@@ -129,6 +134,7 @@ impl Config {
             checkin: true,
             cma: true,
             p2p: true,
+            max_channels: crate::device_tune::DEFAULT_CHANNELS,
         };
         config.from_env_overrides(&|k| std::env::var(k).ok())?;
         Ok(config)
@@ -154,7 +160,8 @@ impl Config {
     /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
     /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_NT_STORE_BYTES,
-    /// FERROCCL_P2P_DISABLE (else NCCL_P2P_DISABLE), FERROCCL_SIMD and
+    /// FERROCCL_P2P_DISABLE (else NCCL_P2P_DISABLE), FERROCCL_MAX_NCHANNELS
+    /// (else NCCL_MAX_NCHANNELS), FERROCCL_SIMD and
     /// FERROCCL_PROTO (else NCCL_PROTO) (checked only) and FERROCCL_ALGO
     /// read through `get`; a value that does not
     /// parse is an error naming it.
@@ -223,6 +230,9 @@ impl Config {
         }
         if let Some(disabled) = crate::gpu_path::p2p_disabled_from_env(get)? {
             self.p2p = !disabled;
+        }
+        if let Some(c) = crate::device_tune::max_channels_from_env(get)? {
+            self.max_channels = c;
         }
         // FERROCCL_PROTO (else NCCL_PROTO) narrows the device executor's
         // protocols; checked here so that a bad value fails at creation.

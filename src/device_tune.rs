@@ -24,6 +24,41 @@ pub(crate) const PROTO: &str = "FERROCCL_PROTO";
 /// NCCL's name for it, read when [`PROTO`] is not set.
 pub(crate) const NCCL_PROTO: &str = "NCCL_PROTO";
 
+/// The variable that bounds the channels (thread blocks a rank runs a
+/// call's bytes on, each over FIFOs of its own).
+pub(crate) const MAX_NCHANNELS: &str = "FERROCCL_MAX_NCHANNELS";
+/// NCCL's name for it, read when [`MAX_NCHANNELS`] is not set.
+pub(crate) const NCCL_MAX_NCHANNELS: &str = "NCCL_MAX_NCHANNELS";
+/// Channels when neither is set: a placeholder until the GPU run
+/// measures what one GPU and NVLink want (NCCL takes 16 to 32 on H100
+/// NVLink).
+pub(crate) const DEFAULT_CHANNELS: usize = 8;
+/// The most channels one may ask for.
+pub(crate) const CHANNEL_LIMIT: usize = 64;
+/// Bytes a channel should have of each step before a call takes one
+/// more: below this, a block's share is too small to pay for itself.
+pub(crate) const MIN_CHANNEL_BYTES: usize = 128 << 10;
+
+/// FERROCCL_MAX_NCHANNELS, else NCCL_MAX_NCHANNELS, through `get`: 1 to
+/// [`CHANNEL_LIMIT`]; `None` where neither is set (an empty value counts
+/// as unset); anything else is an error naming the variable.
+pub(crate) fn max_channels_from_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<usize>> {
+    for name in [MAX_NCHANNELS, NCCL_MAX_NCHANNELS] {
+        let Some(value) = get(name) else { continue };
+        let v = value.trim();
+        if v.is_empty() {
+            continue;
+        }
+        return match v.parse::<usize>() {
+            Ok(c) if (1..=CHANNEL_LIMIT).contains(&c) => Ok(Some(c)),
+            _ => Err(Error::Env(format!(
+                "{name}='{value}': a channel count from 1 to {CHANNEL_LIMIT}"
+            ))),
+        };
+    }
+    Ok(None)
+}
+
 /// Bytes of payload in one LL slot (511 lines of 8 bytes after the
 /// header line would be 4088; a power of two keeps slices aligned).
 pub(crate) const LL_CHUNK_BYTES: usize = 4 << 10;
@@ -124,6 +159,8 @@ pub(crate) struct DeviceChoice {
     pub(crate) protocol: Protocol,
     /// The frame size the planner slices by.
     pub(crate) chunk_bytes: usize,
+    /// Channels the call's steps are cut into (`algo::channels`).
+    pub(crate) channels: usize,
     /// Why, for the INFO line.
     pub(crate) reason: String,
 }
@@ -194,16 +231,40 @@ pub(crate) fn choose(
     DeviceChoice {
         protocol,
         chunk_bytes,
+        channels: 1,
         reason: format!("{kind:?} of {bytes} bytes on {n} ranks: {why}"),
+    }
+}
+
+impl DeviceChoice {
+    /// The choice with its channels, at most `max`: the bulk protocol
+    /// takes one per [`MIN_CHANNEL_BYTES`] of a step's bytes; LL, whose
+    /// calls are small, one. The same on every rank (it reads the call's
+    /// shape only).
+    pub(crate) fn with_channels(
+        mut self,
+        kind: CollKind,
+        n: usize,
+        bytes: usize,
+        max: usize,
+    ) -> Self {
+        let (_, per_step) = shape(kind, n, bytes);
+        self.channels = match self.protocol {
+            Protocol::LowLatency => 1,
+            Protocol::Bulk => (per_step / MIN_CHANNEL_BYTES).clamp(1, max.max(1)),
+        };
+        self
     }
 }
 
 /// Logs a choice at INFO, the way the host tuner logs its algorithm.
 pub(crate) fn log_choice(c: &DeviceChoice) {
     tracing::info!(
-        "device protocol {}, chunks of {} bytes: {}",
+        "device protocol {}, chunks of {} bytes, {} channel{}: {}",
         c.protocol.name(),
         c.chunk_bytes,
+        c.channels,
+        if c.channels == 1 { "" } else { "s" },
         c.reason
     );
 }
@@ -212,6 +273,67 @@ pub(crate) fn log_choice(c: &DeviceChoice) {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn max_channels_reads_either_name_ferroccl_first() {
+        let get = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(max_channels_from_env(&get(&[])).unwrap(), None);
+        assert_eq!(
+            max_channels_from_env(&get(&[(NCCL_MAX_NCHANNELS, "4")])).unwrap(),
+            Some(4)
+        );
+        assert_eq!(
+            max_channels_from_env(&get(&[(MAX_NCHANNELS, "2"), (NCCL_MAX_NCHANNELS, "4")]))
+                .unwrap(),
+            Some(2)
+        );
+        assert_eq!(
+            max_channels_from_env(&get(&[(MAX_NCHANNELS, " ")])).unwrap(),
+            None
+        );
+        for bad in ["0", "65", "x", "-1"] {
+            let pairs: &'static [(&'static str, &'static str)] =
+                Box::leak(vec![(MAX_NCHANNELS, bad)].into_boxed_slice());
+            let e = max_channels_from_env(&get(pairs)).unwrap_err().to_string();
+            assert!(e.contains(MAX_NCHANNELS) && e.contains(bad), "{e}");
+        }
+    }
+
+    /// Bulk calls take a channel per MIN_CHANNEL_BYTES of a step, up to
+    /// the bound; LL calls one; never none.
+    #[test]
+    fn channels_follow_the_step_size_up_to_the_bound() {
+        let m = DeviceLink::default();
+        let all = |bytes: usize, max: usize| {
+            choose(CollKind::AllReduce, 2, bytes, Allowed::default(), &m).with_channels(
+                CollKind::AllReduce,
+                2,
+                bytes,
+                max,
+            )
+        };
+        assert_eq!(all(8, 8).channels, 1);
+        assert_eq!(all(8, 8).protocol, Protocol::LowLatency);
+        // 2 ranks: a step is half the bytes.
+        assert_eq!(all(4 * MIN_CHANNEL_BYTES, 8).channels, 2);
+        assert_eq!(all(1 << 30, 8).channels, 8);
+        assert_eq!(all(1 << 30, 3).channels, 3);
+        assert_eq!(all(1 << 30, 0).channels, 1);
+        let ag = choose(CollKind::AllGather, 4, 1 << 20, Allowed::default(), &m).with_channels(
+            CollKind::AllGather,
+            4,
+            1 << 20,
+            64,
+        );
+        assert_eq!(ag.channels, (1 << 20) / MIN_CHANNEL_BYTES);
+    }
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let m: HashMap<String, String> = pairs

@@ -5,6 +5,7 @@
 //! any rank count can be built and checked on a laptop (see `sim` in the
 //! tests). The executor (`exec`) interprets schedules over connections.
 
+pub mod channels;
 pub mod direct;
 pub mod encode;
 pub mod ring;

@@ -371,12 +371,14 @@ mod tests {
         };
         for n in [1, 2, 3, 4] {
             let launches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let counted = launches.clone();
+            let widest = Arc::new(std::sync::atomic::AtomicU32::new(0));
+            let (counted, wide) = (launches.clone(), widest.clone());
             let hook = hook.clone();
             let e = Arc::new(
                 HostEngine::with_delays(Duration::from_micros(100), n as u64).with_executor(
                     Arc::new(move |l: &ferroccl_cuda::executor::ExecLaunch| {
                         counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        wide.fetch_max(l.channels, std::sync::atomic::Ordering::Relaxed);
                         hook(l)
                     }),
                 ),
@@ -395,13 +397,25 @@ mod tests {
             every_collective::<f32>(n, &shared, 1013, &small);
             // 256 KiB a rank: the tuner takes the bulk protocol.
             every_collective::<f32>(n, &shared, 1 << 16, &small);
-            // 11 calls on every rank for each of the four grids, all by
+            // 1 MiB a rank: steps cut into channels (up to 4: each is a
+            // block of host threads, and the machine may have two cores),
+            // each a block of the kernel over FIFOs of its own.
+            let wide = |c: &mut crate::Config| {
+                small(c);
+                c.max_channels = 4;
+            };
+            every_collective::<f32>(n, &shared, 1 << 18, &wide);
+            // 11 calls on every rank for each of the five grids, all by
             // the executor.
             assert_eq!(
                 launches.load(std::sync::atomic::Ordering::Relaxed),
-                4 * 11 * n,
+                5 * 11 * n,
                 "{n} ranks: the executor did not run every call"
             );
+            if n > 1 {
+                let widest = widest.load(std::sync::atomic::Ordering::Relaxed);
+                assert!(widest >= 4, "{n} ranks: at most {widest} channels a call");
+            }
         }
     }
 

@@ -61,7 +61,7 @@ const WATCH_SLICE: Duration = Duration::from_millis(1);
 /// Spins of a kernel's wait between reads of the abort word.
 const SPIN_CHECK: u32 = 1 << 10;
 /// The wire version of the rounds.
-const ROUND_VERSION: u8 = 1;
+const ROUND_VERSION: u8 = 2;
 
 /// The FIFOs of one (sender, receiver, channel): their sizes, and where
 /// each part lies in a region (bytes from its start). Every rank uses the
@@ -183,6 +183,9 @@ pub(crate) struct Offer {
     pub(crate) allowed: Allowed,
     /// Its FIFO geometry (from its `Config`): every rank's must be equal.
     pub(crate) geometry: FifoGeometry,
+    /// The most channels it allows (FERROCCL_MAX_NCHANNELS): the
+    /// communicator takes the fewest of every rank's.
+    pub(crate) channels: u8,
     /// Its GPU, where it could be told.
     pub(crate) gpu: Option<GpuIdentity>,
 }
@@ -199,6 +202,7 @@ impl Offer {
         for v in [g.slots, g.slot_bytes, g.ll_slots, g.ll_lines] {
             out.extend(v.to_le_bytes());
         }
+        out.push(self.channels);
         if let Some(gpu) = &self.gpu {
             out.extend(gpu.to_bytes()?);
         }
@@ -228,6 +232,12 @@ impl Offer {
             ll_slots: word(2),
             ll_lines: word(3),
         };
+        let Some((&channels, rest)) = rest.split_first() else {
+            return Err(bad("too short"));
+        };
+        if channels == 0 || channels as usize > device_tune::CHANNEL_LIMIT {
+            return Err(bad(&format!("{channels} channels")));
+        }
         let gpu = if flags & 16 != 0 {
             Some(GpuIdentity::from_bytes(rest)?)
         } else if rest.is_empty() {
@@ -239,6 +249,7 @@ impl Offer {
             runs: flags & 1 != 0,
             p2p: flags & 2 != 0,
             geometry,
+            channels,
             allowed: Allowed {
                 bulk: flags & 4 != 0,
                 ll: flags & 8 != 0,
@@ -387,6 +398,8 @@ pub(super) struct Ready {
     end: Event,
     allowed: Allowed,
     geometry: FifoGeometry,
+    /// Channels set up (FIFOs and `Conn` entries for each).
+    channels: usize,
     /// Set after a kernel fault: later calls are refused (the
     /// communicator has failed anyway).
     faulted: bool,
@@ -475,6 +488,10 @@ impl Inner {
             p2p: self.config.p2p,
             allowed: device_tune::allowed_from_env(&|k| std::env::var(k).ok())?,
             geometry: FifoGeometry::new(self.config.chunk_bytes(), self.config.steps),
+            channels: self
+                .config
+                .max_channels
+                .clamp(1, device_tune::CHANNEL_LIMIT) as u8,
             gpu: gpu.ok(),
         };
         let offers: Vec<Offer> = links
@@ -520,6 +537,11 @@ impl Inner {
         // A rank that could not make them says so, and every rank stays
         // staged.
         let geometry = offers[self.rank].geometry;
+        let channels = offers
+            .iter()
+            .map(|o| o.channels as usize)
+            .min()
+            .unwrap_or(1);
         let gpus: Vec<&GpuIdentity> = offers
             .iter()
             .map(|o| o.gpu.as_ref().expect("decided with every identity"))
@@ -531,7 +553,7 @@ impl Inner {
             .collect();
         let any_cross = (0..n).any(|i| (0..i).any(|j| other_process(i, j)));
         let made = self
-            .exec_memory(engine, ordinal, &geometry, !cross.is_empty())
+            .exec_memory(engine, ordinal, &geometry, channels, !cross.is_empty())
             .and_then(|(ready, base)| {
                 let server = match &ready.share {
                     Some(share) if share.carries_fd() => Some(FdServer::bind()?),
@@ -608,7 +630,14 @@ impl Inner {
                 ready.peers.push(region);
             }
         }
-        let table = conn_table(self.rank, n, 1, &addresses, &geometry, LL_CLEAN_FRAMES);
+        let table = conn_table(
+            self.rank,
+            n,
+            channels,
+            &addresses,
+            &geometry,
+            LL_CLEAN_FRAMES,
+        );
         upload(
             engine,
             ready.stream,
@@ -619,8 +648,8 @@ impl Inner {
         tracing::info!(
             rank = self.rank,
             "device calls run by the device executor ({n} ranks, {} of them in other processes \
-             (FIFOs mapped with cuda-ipc), one channel, bulk slots {} x {} bytes, LL slots {} x \
-             {} lines)",
+             (FIFOs mapped with cuda-ipc), up to {channels} channels, bulk slots {} x {} bytes, LL \
+             slots {} x {} lines)",
             cross.len(),
             geometry.slots,
             geometry.slot_bytes,
@@ -638,11 +667,12 @@ impl Inner {
         engine: &dyn Engine,
         ordinal: u32,
         g: &FifoGeometry,
+        channels: usize,
         shared: bool,
     ) -> Result<(Box<Ready>, u64)> {
         let err = |e: CudaError| Error::Io(format!("device executor set-up: {e}"));
         let n = self.size;
-        let fifo_bytes = (n as u64 * g.region()) as usize;
+        let fifo_bytes = ((channels * n) as u64 * g.region()) as usize;
         let stream = engine.stream().map_err(err)?;
         let (share, base) = if shared {
             let share = Share::new(engine, ordinal, fifo_bytes)?;
@@ -656,7 +686,7 @@ impl Inner {
         let abort = engine.gate().map_err(err)?;
         let abort_addr = engine.gate_device_address(abort).map_err(err)?;
         let conns = engine
-            .alloc_device((n * executor::CONN_BYTES).max(16))
+            .alloc_device((channels * n * executor::CONN_BYTES).max(16))
             .map_err(err)?;
         let ctl = engine.alloc_device(CONTROL_BYTES).map_err(err)?;
         let ctl_pinned = engine.alloc_pinned(CONTROL_BYTES).map_err(err)?;
@@ -673,6 +703,7 @@ impl Inner {
                 end,
                 allowed: Allowed::default(),
                 geometry: *g,
+                channels,
                 faulted: false,
                 share,
                 peers: Vec::new(),
@@ -771,7 +802,8 @@ impl Inner {
             coll.count * elem,
             ready.allowed,
             &DeviceLink::default(),
-        );
+        )
+        .with_channels(coll.kind, n, coll.count * elem, ready.channels);
         let class = crate::tune::size_class(coll.count * elem);
         if tracing::enabled!(tracing::Level::INFO)
             && super::lock(&self.tuned).insert((coll.kind.code() | 0x80, class))
@@ -780,8 +812,10 @@ impl Inner {
         }
         // Frames of the tuner's chunk, or of a slot where that is smaller
         // (FERROCCL_BUFFSIZE / FERROCCL_STEPS).
+        // The plan's frames hold `channels` pieces of a chunk each
+        // (`algo::channels::split` cuts every step alike).
         let chunk = choice.chunk_bytes.min(ready.geometry.room(choice.protocol));
-        let plan = self.build_plan_chunked::<T>(coll, chunk)?;
+        let plan = self.build_plan_chunked::<T>(coll, chunk * choice.channels)?;
         if (
             plan.scratch_output,
             plan.copies_input,
@@ -806,12 +840,14 @@ impl Inner {
             finish: coll::avg_finish(coll, &plan, self.rank, n, device.exec.layout)
                 .map_err(|why| Error::Io(format!("{during}: {why}")))?,
         };
-        let image = encode::encode(&plan.schedule, &meta)
+        let schedule = crate::algo::channels::split(&plan.schedule, choice.channels);
+        let image = encode::encode(&schedule, &meta)
             .map_err(|e| Error::Io(format!("{during}: the schedule does not encode: {e}")))?;
         let channels = u16::from_le_bytes([image[20], image[21]]) as u32;
-        if channels != 1 {
+        if channels as usize > ready.channels {
             return Err(Error::Io(format!(
-                "{during}: a program of {channels} channels; the executor is set up for one"
+                "{during}: a program of {channels} channels; the executor is set up for {}",
+                ready.channels
             )));
         }
         let (input, output) = match device.exec.layout {
@@ -1205,6 +1241,7 @@ mod tests {
             p2p: true,
             allowed: Allowed::default(),
             geometry: FifoGeometry::new(4096, 4),
+            channels: 8,
             gpu: Some(gpu(uuid, pid)),
         }
     }
@@ -1225,6 +1262,7 @@ mod tests {
                     ll: true,
                 },
                 geometry: FifoGeometry::new(1 << 20, 8),
+                channels: 1,
                 gpu: None,
             },
         ] {
@@ -1236,9 +1274,18 @@ mod tests {
                 let _ = Offer::from_bytes(0, &b[..cut]);
             }
         }
-        let e = Offer::from_bytes(4, &[2, 0]).unwrap_err().to_string();
-        assert!(e.contains("rank 4") && e.contains("version 2"), "{e}");
-        let mut flags = vec![1, 0x20];
+        let e = Offer::from_bytes(4, &[ROUND_VERSION + 1, 0])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rank 4") && e.contains(&format!("version {}", ROUND_VERSION + 1)),
+            "{e}"
+        );
+        let mut zero = offer(1, 2).to_bytes().unwrap();
+        zero[18] = 0;
+        let e = Offer::from_bytes(4, &zero).unwrap_err().to_string();
+        assert!(e.contains("0 channels"), "{e}");
+        let mut flags = vec![ROUND_VERSION, 0x20];
         flags.extend([0; 16]);
         let e = Offer::from_bytes(4, &flags).unwrap_err().to_string();
         assert!(e.contains("flags"), "{e}");

@@ -1063,6 +1063,80 @@ mod tests {
         check(failures, t, "one-shot and two-shot allreduce");
     }
 
+    /// The planner's schedules cut into 2, 3 and 4 channels
+    /// (`algo::channels::split`, as the device launcher cuts them): every
+    /// collective on every algorithm that serves it, on 1 to 5 and 8
+    /// ranks, encodes (no channel writes what another touches) and, run
+    /// by the interpreter with the channels as separate streams, leaves
+    /// what the host executor left running the uncut schedule, bit for
+    /// bit.
+    #[test]
+    fn schedules_cut_into_channels_match_the_uncut_executor() {
+        use crate::algo::channels::split;
+        use CollKind::*;
+        let t = Instant::now();
+        let mut failures = Vec::new();
+        for n in [1, 2, 3, 4, 5, 8] {
+            let per_algo: [(Algorithm, &[CollKind]); 4] = [
+                (
+                    Algorithm::Ring,
+                    &[
+                        AllReduce,
+                        ReduceScatter,
+                        AllGather,
+                        Broadcast,
+                        Reduce,
+                        AllToAll,
+                    ],
+                ),
+                (Algorithm::Tree, &[AllReduce, Broadcast, Reduce]),
+                (Algorithm::OneShot, &[AllReduce]),
+                (Algorithm::TwoShot, &[AllReduce]),
+            ];
+            for (algo, kinds) in per_algo {
+                let (f, runs) = sweep_runs(n, algo, &grid(n, kinds));
+                failures.extend(f);
+                for (i, case, runs) in runs {
+                    let op = reduces(case.kind).then_some(case.op);
+                    for c in [2, 3, 4] {
+                        let what = format!("{algo} {case:?} on {n} ranks, {c} channels");
+                        let cut: std::result::Result<Vec<Option<RankRun>>, String> = runs
+                            .iter()
+                            .map(|run| {
+                                let Some(run) = run else { return Ok(None) };
+                                let meta = decode(&run.image).map_err(|e| e.to_string())?.meta;
+                                let schedule = split(&run.schedule, c);
+                                let image = encode(&schedule, &meta)
+                                    .map_err(|e| format!("{what}: encode: {e}"))?;
+                                Ok(Some(RankRun {
+                                    schedule,
+                                    image,
+                                    ..run.clone()
+                                }))
+                            })
+                            .collect();
+                        let turns = if i % 2 == 0 {
+                            Turns::RoundRobin
+                        } else {
+                            Turns::Shuffled(case.seed ^ c as u64)
+                        };
+                        match cut {
+                            Err(e) => failures.push(e),
+                            Ok(cut) => {
+                                if let Err(e) =
+                                    by_type!(case.dtype, compare, &what, &cut, op, turns)
+                                {
+                                    failures.push(e);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        check(failures, t, "schedules cut into channels");
+    }
+
     /// Every other collective on the ring (the algorithm of all of them),
     /// and broadcast and reduce on the tree.
     #[test]
