@@ -10,6 +10,9 @@
 #   ./run.sh bench    the kernel benchmark and every ferroccl-perf run
 #   ./run.sh staged   the kernel benchmark and the staged runs (--ranks)
 #   ./run.sh threads  the kernel benchmark and the thread-rank runs (-t)
+#   ./run.sh channels allreduce -t 2, 64 MiB to 1 GiB, with
+#                     FERROCCL_MAX_NCHANNELS 1, 4, 16 and 32 (the default
+#                     of 8 is unmeasured)
 #   ./run.sh processes  process ranks on the one GPU by the device executor
 #                     (cuda-ipc): without MPS, then under MPS, and a rank
 #                     killed while the others' kernels wait
@@ -39,7 +42,8 @@
 #   -t 2 and -t 4 (ranks as threads of one process on one GPU: the device
 #   executor), allreduce 1 MiB to 4 GiB, the others to 1 GiB; which path
 #   the calls took comes from their INFO lines (perf-cuda-*-t*-info.txt);
-#   then the 8-byte allreduce latency of -t 2 and -t 4 with the LL protocol
+#   then the 8-byte
+#   allreduce latency of -t 2 and -t 4 with the LL protocol
 #   (FERROCCL_PROTO=LL, 1000 calls after 100).
 #
 # The device tool bounds one command at 10 minutes: where everything may
@@ -49,15 +53,16 @@
 set -uo pipefail
 mode=${1:-all}
 case "$mode" in
-  all | tests | bench | staged | threads | processes) ;;
-  *) echo "usage: $0 [all|tests|bench|staged|threads|processes]" >&2; exit 2 ;;
+  all | tests | bench | staged | threads | processes | channels) ;;
+  *) echo "usage: $0 [all|tests|bench|staged|threads|processes|channels]" >&2; exit 2 ;;
 esac
 # Which parts run.
-run_tests=0 run_staged=0 run_threads=0 run_processes=0
+run_tests=0 run_staged=0 run_threads=0 run_processes=0 run_channels=0
 case "$mode" in
-  all) run_tests=1 run_staged=1 run_threads=1 run_processes=1 ;;
+  all) run_tests=1 run_staged=1 run_threads=1 run_processes=1 run_channels=1 ;;
   tests) run_tests=1 ;;
-  bench) run_staged=1 run_threads=1 run_processes=1 ;;
+  bench) run_staged=1 run_threads=1 run_processes=1 run_channels=1 ;;
+  channels) run_channels=1 ;;
   staged) run_staged=1 ;;
   threads) run_threads=1 ;;
   processes) run_processes=1 ;;
@@ -121,9 +126,10 @@ fi
 
 perf_rows=()
 thread_rows=()
+channel_rows=()
 latency_rows=()
 copy_row=
-if [ "$run_staged" = 1 ] || [ "$run_threads" = 1 ]; then
+if [ "$run_staged" = 1 ] || [ "$run_threads" = 1 ] || [ "$run_channels" = 1 ]; then
 echo
 echo "== kernel benchmark (reduce vs device-to-device copy, bytes read + written)"
 timeout 240 bin/ferroccl-kernel-bench 64 256 1024 2>&1 | tee "$logs/kernel-bench.txt"
@@ -168,9 +174,9 @@ fi
 # mirrors), allgather and reducescatter to 1 GiB to keep the time; checked. INFO lines go to a file of their own: the path the calls
 # took (the choice is logged once per communicator, the protocol once per
 # size class, so the calls are not slowed).
-if [ "$run_threads" = 1 ]; then
 # bus_at BYTES LOG: busbw out of place (column 8) / in place (12) of a row.
 bus_at() { awk -v b="$1" '$1 == b { print $8 " / " $12 }' "$2"; }
+if [ "$run_threads" = 1 ]; then
 echo
 echo "== ferroccl-perf --device cuda -t (thread ranks of one process, f32)"
 for coll in allreduce allgather reducescatter; do
@@ -215,6 +221,23 @@ for threads in 2 4; do
   us=$(awk '$1 == 8 { print $6 " / " $10 }' "$log")
   wrong=$(sed -n 's/^# Out of bounds values : //p' "$log")
   latency_rows+=("$(printf '| %s | %s | %s | %s |' "$threads" "$status" "${us:-?}" "${wrong:-?}")")
+done
+fi
+
+# The channel count (FERROCCL_MAX_NCHANNELS: blocks a rank cuts a call
+# into; the default of 8 is unmeasured): allreduce -t 2, 64 MiB to 1 GiB,
+# for 1, 4, 16 and 32 channels.
+if [ "$run_channels" = 1 ]; then
+echo
+echo "== ferroccl-perf --device cuda -t 2: allreduce by the channel bound"
+for ch in 1 4 16 32; do
+  log="$logs/perf-cuda-allreduce-t2-ch$ch.txt"
+  FERROCCL_MAX_NCHANNELS=$ch FERROCCL_TIMEOUT=120 timeout 240 bin/ferroccl-perf allreduce --device cuda \
+    -t 2 -d float -b 64M -e 1G -f 4 -n 8 -w 2 -c 1 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 0 ]; then status=ok; else status="FAILED ($rc)"; fi
+  channel_rows+=("$(printf '| %s | %s | %s | %s | %s |' "$ch" "$status" \
+    "$(bus_at 67108864 "$log")" "$(bus_at 268435456 "$log")" "$(bus_at 1073741824 "$log")")")
 done
 fi
 
@@ -319,6 +342,14 @@ if [ ${#thread_rows[@]} -gt 0 ]; then
   echo "|---|---|---|---|---|---|---|---|---|"
   [ -n "$copy_row" ] && printf '%s\n' "$copy_row"
   printf '%s\n' "${thread_rows[@]}"
+fi
+
+if [ ${#channel_rows[@]} -gt 0 ]; then
+  echo
+  echo "ferroccl-perf --device cuda -t 2 allreduce f32 by FERROCCL_MAX_NCHANNELS, busbw GB/s out / in place"
+  echo "| channels | result | 64 MiB | 256 MiB | 1 GiB |"
+  echo "|---|---|---|---|---|"
+  printf '%s\n' "${channel_rows[@]}"
 fi
 
 if [ ${#latency_rows[@]} -gt 0 ]; then
