@@ -2,8 +2,10 @@
 //! on a real GPU: thread ranks sharing one device, one context, a stream
 //! each. Without a device each test prints why and passes, unless
 //! `FERROCCL_REQUIRE_DEVICE=1` (the GPU run, `cuda/gpu/run.sh`), where a
-//! missing device fails it. Two processes on one GPU are covered by
-//! `ferroccl-perf --device cuda -c 1` in the same run.
+//! missing device fails it. Processes on one GPU (the device executor
+//! over cuda-ipc) run at the end, as children of this binary, where
+//! `FERROCCL_GPU_PROCESS_TESTS=1` says MPS is on (`cuda/gpu/run.sh
+//! processes`).
 
 use ferroccl::cuda::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
 use ferroccl::testing::run_ranks_with;
@@ -366,4 +368,191 @@ fn raw_entry_points_on_a_gpu() {
             assert_eq!(got[j], want, "rank {rank} element {j}");
         }
     });
+}
+
+/// The variable that makes this test binary a child rank of
+/// `in_processes`: `MODE,RANK,SIZE,PORT,TOKEN`.
+const CHILD: &str = "FERROCCL_TEST_CUDA_CHILD";
+/// Set (to 1) where processes sharing the GPU can run kernels at once:
+/// under MPS, which `cuda/gpu/run.sh processes` starts. Without it the
+/// process tests say why and pass.
+const PROCESS_TESTS: &str = "FERROCCL_GPU_PROCESS_TESTS";
+
+/// Run `size` ranks as child processes of this test binary (the test
+/// `cuda_process_child`) on device 0, with INFO logging (the path the
+/// calls took); (status, stdout, stderr) of each, by rank.
+fn in_processes(mode: &str, size: usize) -> Vec<(std::process::ExitStatus, String, String)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let token = u64::from(std::process::id()) << 16 | u64::from(port);
+    let exe = std::env::current_exe().expect("the test binary");
+    let children: Vec<_> = (0..size)
+        .map(|rank| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "cuda_process_child",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD, format!("{mode},{rank},{size},{port},{token}"))
+                .env("FERROCCL_DEBUG", "INFO")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("a child rank starts")
+        })
+        .collect();
+    // Each child is bounded by its communicator's timeout; each is waited
+    // for on a thread of its own that reads both its pipes to the end, so
+    // that no child stops on a full pipe while another is waited for.
+    let waits: Vec<_> = children
+        .into_iter()
+        .map(|c| std::thread::spawn(move || c.wait_with_output()))
+        .collect();
+    waits
+        .into_iter()
+        .map(|w| {
+            let out = w
+                .join()
+                .expect("the waiting thread")
+                .expect("the child's output");
+            (
+                out.status,
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A child rank of `in_processes` (nothing unless `CHILD` is set). Mode
+/// `all`: every collective x Element x op (`every_collective`). Mode
+/// `kill`: one allreduce, then the last rank exits without a word while
+/// the others' kernels wait in the next; they print their error.
+#[test]
+fn cuda_process_child() {
+    let Ok(spec) = std::env::var(CHILD) else {
+        return;
+    };
+    let f: Vec<&str> = spec.split(',').collect();
+    let [mode, rank, size, port, token] = f[..] else {
+        panic!("{CHILD}={spec}");
+    };
+    let (rank, size): (usize, usize) = (rank.parse().unwrap(), size.parse().unwrap());
+    let ctx = CudaContext::new(0).expect("device 0");
+    let mut c = ferroccl::Config::new(
+        rank,
+        size,
+        "127.0.0.1",
+        port.parse().unwrap(),
+        token.parse().unwrap(),
+    )
+    .expect("config");
+    c.timeout = Duration::from_secs(if mode == "kill" { 20 } else { 120 });
+    let comm = ferroccl::Communicator::init(c).expect("communicator");
+    match mode {
+        "all" => {
+            every_collective::<f32>(&comm, &ctx);
+            every_collective::<f64>(&comm, &ctx);
+            every_collective::<f16>(&comm, &ctx);
+            every_collective::<bf16>(&comm, &ctx);
+            every_collective::<i8>(&comm, &ctx);
+            every_collective::<u8>(&comm, &ctx);
+            every_collective::<i32>(&comm, &ctx);
+            every_collective::<u32>(&comm, &ctx);
+            every_collective::<i64>(&comm, &ctx);
+            every_collective::<u64>(&comm, &ctx);
+            println!("CHILD rank {rank}: done");
+        }
+        "kill" => {
+            let stream = ctx.new_stream().expect("a stream");
+            let on = comm.on_stream(&stream);
+            let mut buf = upload::<f32>(&stream, &vec![1.0; 1 << 20]);
+            on.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                .and_then(|w| w.wait())
+                .expect("the first allreduce");
+            if rank == size - 1 {
+                std::thread::sleep(Duration::from_millis(500));
+                std::process::exit(9);
+            }
+            let t = std::time::Instant::now();
+            let got = on
+                .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                .and_then(|w| w.wait());
+            match got {
+                Ok(()) => println!("CHILD rank {rank}: ok after {:?}", t.elapsed()),
+                Err(e) => println!(
+                    "CHILD rank {rank}: failed rank {:?} after {:?}: {e}",
+                    e.failed_rank(),
+                    t.elapsed()
+                ),
+            }
+        }
+        _ => panic!("{CHILD}: mode {mode}"),
+    }
+}
+
+/// Whether the process tests run here: a device, and `PROCESS_TESTS`.
+fn processes_can_run() -> bool {
+    if device().is_none() {
+        return false;
+    }
+    if std::env::var(PROCESS_TESTS).as_deref() != Ok("1") {
+        eprintln!(
+            "skipped: kernels of processes sharing one GPU run at once only under MPS; \
+             cuda/gpu/run.sh processes starts it and sets {PROCESS_TESTS}=1"
+        );
+        return false;
+    }
+    true
+}
+
+/// Every collective x Element x op for 2 and 4 processes on one GPU: the
+/// device executor over FIFOs mapped with cuda-ipc (the INFO line says
+/// so on every rank), against the f64 reference.
+#[test]
+fn every_collective_in_processes_on_one_gpu() {
+    if !processes_can_run() {
+        return;
+    }
+    for size in [2, 4] {
+        for (rank, (status, out, err)) in in_processes("all", size).iter().enumerate() {
+            let all = format!("{size} processes, rank {rank}:\n--- stdout\n{out}--- stderr\n{err}");
+            assert!(status.success(), "{all}");
+            assert!(out.contains(&format!("CHILD rank {rank}: done")), "{all}");
+            assert!(
+                err.contains("device calls run by the device executor")
+                    && err.contains("in other processes (FIFOs mapped with cuda-ipc)"),
+                "not the executor: {all}"
+            );
+        }
+    }
+}
+
+/// Of three processes on one GPU, the last exits while the others'
+/// kernels wait for it: both survivors' calls end with the error naming
+/// it, well within the timeout.
+#[test]
+fn a_killed_process_is_named_on_a_gpu() {
+    if !processes_can_run() {
+        return;
+    }
+    let size = 3;
+    let done = in_processes("kill", size);
+    assert_eq!(done[size - 1].0.code(), Some(9), "{:?}", done[size - 1]);
+    for (rank, (status, out, err)) in done[..size - 1].iter().enumerate() {
+        let all = format!("rank {rank}:\n--- stdout\n{out}--- stderr\n{err}");
+        assert!(status.success(), "{all}");
+        assert!(
+            out.contains(&format!(
+                "CHILD rank {rank}: failed rank Some({})",
+                size - 1
+            )),
+            "{all}"
+        );
+    }
 }

@@ -33,7 +33,9 @@
 #   16 MiB, bounded at 2 minutes) without MPS: kernels of two processes do
 #   not run at once on one GPU without it, so this says what happens. Then
 #   the MPS daemon is started (as root; its pipe and log folders under
-#   /tmp/ferroccl-mps*), allreduce, allgather and reducescatter --ranks 2
+#   /tmp/ferroccl-mps*), test-cuda's process tests run (every collective x
+#   Element x op on 2 and 4 processes, a killed process; they skip without
+#   FERROCCL_GPU_PROCESS_TESTS=1), allreduce, allgather and reducescatter --ranks 2
 #   and 4, 1 MiB to 1 GiB, checked, the path from the INFO lines; then
 #   allreduce --ranks 3 of 256 MiB, 1000 calls, with one rank killed
 #   (SIGKILL) after 8 s: the survivors must end with an error naming it,
@@ -283,6 +285,18 @@ if [ "$run_processes" = 1 ]; then
     mps="could not start"
   fi
   echo "MPS daemon: $mps"
+  # tests/cuda.rs's process tests: every collective x Element x op on 2
+  # and 4 processes, and a killed process (children of test-cuda).
+  if [ -x bin/test-cuda ]; then
+    start=$(date +%s%N)
+    FERROCCL_GPU_PROCESS_TESTS=1 timeout 300 bin/test-cuda --test-threads=1 process \
+      >"$logs/test-cuda-processes.log" 2>&1
+    rc=$?
+    case $rc in 0) status=ok ;; 124) status="TIMED OUT (300 s)" ;; *) status="FAILED ($rc)" ;; esac
+    ms=$((($(date +%s%N) - start) / 1000000))
+    summary=$(grep -E '^test result' "$logs/test-cuda-processes.log" | tail -1 | sed 's/test result: //; s/; finished.*//')
+    results+=("$(printf '| test-cuda process tests (MPS %s) | %s | %d.%03d s | %s |' "$mps" "$status" $((ms / 1000)) $((ms % 1000)) "$summary")")
+  fi
   for coll in allreduce allgather reducescatter; do
     for ranks in 2 4; do
       log="$logs/perf-cuda-$coll-processes-$ranks.txt" info="$logs/perf-cuda-$coll-processes-$ranks-info.txt"
