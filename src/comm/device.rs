@@ -613,7 +613,7 @@ mod tests {
     }
 
     /// A child rank of `across_processes` (does nothing unless `XPROC`
-    /// is set). Mode `all`: every collective on three grids, each call by
+    /// is set). Mode `all`: every collective on four grids, each call by
     /// the executor over FIFOs mapped across processes (the launches are
     /// counted). Mode `kill`: one call, then the last rank exits without a
     /// word while the others' kernels wait in the second call; they must
@@ -631,13 +631,15 @@ mod tests {
         let token: u64 = token.parse().unwrap();
         let hook = crate::exec::program::host_launch::host_executor().expect("the library");
         let launches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = launches.clone();
+        let widest = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (counted, wide) = (launches.clone(), widest.clone());
         let mut uuid = *b"FCSX\0\0\0\0\0\0\0\0\0\0\0\0";
         uuid[8..].copy_from_slice(&token.to_le_bytes());
         let e = Arc::new(
             HostEngine::with_delays(Duration::from_micros(50), rank as u64)
                 .with_executor(Arc::new(move |l: &ferroccl_cuda::executor::ExecLaunch| {
                     counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    wide.fetch_max(l.channels, std::sync::atomic::Ordering::Relaxed);
                     hook(l)
                 }))
                 .with_stand_in_uuid(uuid),
@@ -646,17 +648,22 @@ mod tests {
             crate::Config::new(rank, size, "127.0.0.1", port.parse().unwrap(), token).unwrap();
         config.calibrate = false;
         config.timeout = Duration::from_secs(if mode == "kill" { 20 } else { 60 });
-        // Slots of 128 bytes, two a FIFO: frames wrap the FIFOs often.
+        // Slots of 128 bytes, two a FIFO: frames wrap the FIFOs often; up
+        // to 3 channels (1 MiB calls take them), each over FIFOs of its own
+        // in every peer's mapped memory.
         config.buffsize = 256;
         config.steps = 2;
+        config.max_channels = 3;
         let comm = Communicator::init(config).unwrap();
         match mode {
             "all" => {
                 every_collective_on::<f32>(&comm, &e, 37);
                 every_collective_on::<i32>(&comm, &e, 1013);
                 every_collective_on::<f32>(&comm, &e, 1 << 14);
+                every_collective_on::<f32>(&comm, &e, 1 << 18);
                 let n = launches.load(std::sync::atomic::Ordering::Relaxed);
-                println!("XPROC rank {rank}: {n} launches");
+                let w = widest.load(std::sync::atomic::Ordering::Relaxed);
+                println!("XPROC rank {rank}: {n} launches, at most {w} channels");
             }
             "kill" => {
                 let stream = e.stream().unwrap();
@@ -718,8 +725,8 @@ mod tests {
                     "{size} ranks, rank {rank}:\n{}",
                     f.all()
                 );
-                // Three grids of 11 calls, every one by the executor.
-                let want = format!("XPROC rank {rank}: 33 launches");
+                // Four grids of 11 calls, every one by the executor.
+                let want = format!("XPROC rank {rank}: 44 launches, at most 3 channels");
                 assert!(
                     f.stdout.contains(&want),
                     "{size} ranks, rank {rank}:\n{}",
