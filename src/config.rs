@@ -104,6 +104,21 @@ pub const DEFAULT_NT_STORE_BYTES: usize = 32 << 20;
 /// threads that compete with the reduction for the same cores.
 pub const DEFAULT_NSOCKS_PERPEER: usize = 1;
 
+/// A random number from the process's hash seed and the clock: tokens of
+/// test jobs and names of sockets, which need to be unlikely to collide,
+/// not secret.
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}
+
 impl Config {
     /// A config with defaults, then FERROCCL_* overrides from the process
     /// environment.
@@ -422,6 +437,8 @@ mod tests {
             ("one_shot", Algorithm::OneShot),
             ("OneShot", Algorithm::OneShot),
             ("two-shot", Algorithm::TwoShot),
+            ("recursive_doubling", Algorithm::RecursiveDoubling),
+            ("RecursiveDoubling", Algorithm::RecursiveDoubling),
             (" tree ", Algorithm::Tree),
         ] {
             assert_eq!(

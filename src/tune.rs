@@ -98,6 +98,13 @@ pub(crate) fn cost_us(
         (CollKind::AllReduce, Algorithm::Tree) => 2.0 * d * a + 2.0 * mv(b) + red(b),
         // Every rank sends its whole buffer to every peer and combines all.
         (CollKind::AllReduce, Algorithm::OneShot) => (nf - 1.0) * (a + mv(b)) + (nf - 1.0) * red(b),
+        // log2 p rounds of one exchange of the whole buffer, plus the fold
+        // in and the result back where the rank count is no power of two.
+        (CollKind::AllReduce, Algorithm::RecursiveDoubling) => {
+            let pow = 1usize << (usize::BITS - 1 - n.leading_zeros());
+            let rounds = pow.trailing_zeros() as f64 + if pow < n { 2.0 } else { 0.0 };
+            rounds * (a + mv(b)) + rounds * red(b)
+        }
         (CollKind::AllReduce, Algorithm::TwoShot) => {
             2.0 * (nf - 1.0) * (a + mv(b / nf)) + (nf - 1.0) / nf * red(b)
         }
@@ -136,6 +143,7 @@ fn candidates(coll: CollKind) -> &'static [Algorithm] {
             Algorithm::Tree,
             Algorithm::OneShot,
             Algorithm::TwoShot,
+            Algorithm::RecursiveDoubling,
         ],
         CollKind::Broadcast | CollKind::Reduce => &[Algorithm::Ring, Algorithm::Tree],
         _ => &[Algorithm::Ring],

@@ -113,6 +113,11 @@ fn two_shot_forced() {
 }
 
 #[test]
+fn recursive_doubling_forced() {
+    matrix(Algorithm::RecursiveDoubling);
+}
+
+#[test]
 fn every_algorithm_over_tcp() {
     for algorithm in Algorithm::ALL {
         run_ranks_with(3, forced(algorithm, None), |comm| {
@@ -262,7 +267,12 @@ fn forced_algorithms_match_the_ring_exactly() {
         })
     };
     let ring = run(Algorithm::Ring);
-    for algorithm in [Algorithm::Tree, Algorithm::OneShot, Algorithm::TwoShot] {
+    for algorithm in [
+        Algorithm::Tree,
+        Algorithm::OneShot,
+        Algorithm::TwoShot,
+        Algorithm::RecursiveDoubling,
+    ] {
         assert!(
             run(algorithm) == ring,
             "{algorithm:?} differs from the ring"

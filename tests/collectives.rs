@@ -120,10 +120,11 @@ fn matrix_over_the_tree() {
     }
 }
 #[test]
-fn small_counts_over_one_shot_and_two_shot() {
+fn small_counts_over_the_direct_algorithms() {
     for n in [2, 3, 5, 8] {
         matrix_with(n, None, Some(Algorithm::OneShot), false);
         matrix_with(n, None, Some(Algorithm::TwoShot), false);
+        matrix_with(n, None, Some(Algorithm::RecursiveDoubling), false);
     }
 }
 

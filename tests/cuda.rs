@@ -237,6 +237,20 @@ fn every_collective<T: Element + DeviceRepr>(
     }
 }
 
+/// `every_collective` for every element type.
+fn every_type(comm: &ferroccl::Communicator, ctx: &Arc<CudaContext>) {
+    every_collective::<f32>(comm, ctx);
+    every_collective::<f64>(comm, ctx);
+    every_collective::<f16>(comm, ctx);
+    every_collective::<bf16>(comm, ctx);
+    every_collective::<i8>(comm, ctx);
+    every_collective::<u8>(comm, ctx);
+    every_collective::<i32>(comm, ctx);
+    every_collective::<u32>(comm, ctx);
+    every_collective::<i64>(comm, ctx);
+    every_collective::<u64>(comm, ctx);
+}
+
 /// Every collective x Element x op on device memory, for 1, 2 and 4
 /// thread ranks sharing one GPU (one context, a stream each).
 #[test]
@@ -244,16 +258,7 @@ fn every_collective_on_device_memory() {
     let Some(ctx) = device() else { return };
     for n in [1, 2, 4] {
         run_ranks_with(n, config, |comm| {
-            every_collective::<f32>(&comm, &ctx);
-            every_collective::<f64>(&comm, &ctx);
-            every_collective::<f16>(&comm, &ctx);
-            every_collective::<bf16>(&comm, &ctx);
-            every_collective::<i8>(&comm, &ctx);
-            every_collective::<u8>(&comm, &ctx);
-            every_collective::<i32>(&comm, &ctx);
-            every_collective::<u32>(&comm, &ctx);
-            every_collective::<i64>(&comm, &ctx);
-            every_collective::<u64>(&comm, &ctx);
+            every_type(&comm, &ctx);
         });
     }
 }
@@ -456,16 +461,7 @@ fn cuda_process_child() {
     let comm = ferroccl::Communicator::init(c).expect("communicator");
     match mode {
         "all" => {
-            every_collective::<f32>(&comm, &ctx);
-            every_collective::<f64>(&comm, &ctx);
-            every_collective::<f16>(&comm, &ctx);
-            every_collective::<bf16>(&comm, &ctx);
-            every_collective::<i8>(&comm, &ctx);
-            every_collective::<u8>(&comm, &ctx);
-            every_collective::<i32>(&comm, &ctx);
-            every_collective::<u32>(&comm, &ctx);
-            every_collective::<i64>(&comm, &ctx);
-            every_collective::<u64>(&comm, &ctx);
+            every_type(&comm, &ctx);
             println!("CHILD rank {rank}: done");
         }
         "kill" => {

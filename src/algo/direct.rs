@@ -120,3 +120,109 @@ pub fn two_shot(p: RingParams, count: usize) -> Schedule {
     }
     line.into_schedule()
 }
+
+/// Recursive-doubling allreduce (the butterfly), for small messages on
+/// several ranks: `log2 p` rounds (`p` the largest power of two up to the
+/// rank count), in round `j` each rank exchanging its partial result with
+/// the rank whose number differs in bit `j` and combining the two; one
+/// message a rank a round, where one-shot sends `n - 1` at once (with more
+/// ranks than cores each message costs its receiver a wake-up:
+/// docs/performance.md, "TCP small messages"). Ranks past `p` fold in
+/// first (rank `p + i` sends its input to rank `i`, which combines it) and
+/// get the result back at the end: two rounds more.
+///
+/// The partners combine the same two partials in the two orders
+/// (`mine op theirs`); every op of ferroccl is commutative bit for bit
+/// (Min and Max included: `-0`/`+0` and NaN are resolved symmetrically,
+/// `reduce::arith`), so every rank holds the same bits. They differ from
+/// the other algorithms' bits where floats round differently.
+///
+/// Ticks: slice `s`'s fold at tick `s`, its round `j` sent at
+/// `s + f + j` (`f`: 1 with a fold, else 0) and received at the next; its
+/// result back at `s + f + rounds`. A link carries one frame per tick
+/// and direction (each round has partners of its own; the fold and the
+/// return go opposite ways), so the schedule cannot deadlock (`Timeline`).
+pub fn recursive_doubling(p: RingParams, count: usize) -> Schedule {
+    let (n, r) = (p.size, p.rank);
+    let pow = if n <= 1 {
+        1
+    } else {
+        1 << (usize::BITS - 1 - n.leading_zeros())
+    };
+    let extra = n - pow;
+    let rounds = pow.trailing_zeros() as usize;
+    let fold = usize::from(extra > 0);
+    // Tags: a slice uses `rounds + 2`, one per round, the fold and the
+    // return.
+    let per_slice = rounds as u32 + 2;
+    let mut line = Timeline::default();
+    for s in 0..count.div_ceil(p.slice.max(1)) {
+        let (off, len) = slice_of((0, count), s, p.slice);
+        let t = s as u64;
+        let tag = |k: u32| (s as u32).wrapping_mul(per_slice).wrapping_add(k);
+        let (fold_tag, back_tag) = (tag(rounds as u32), tag(rounds as u32 + 1));
+        if r >= pow {
+            // Fold in, then wait for the result.
+            let send = Step {
+                send_to: r - pow,
+                send_tag: fold_tag,
+                ..Step::local(Prim::Send, Operand::Input, off, off, len)
+            };
+            line.at(t, 1, 0, send);
+            let back = Step {
+                recv_from: r - pow,
+                recv_tag: back_tag,
+                ..Step::local(Prim::Recv, Operand::Output, off, off, len)
+            };
+            line.at(t + (fold + rounds) as u64 + 1, 0, 0, back);
+            continue;
+        }
+        if n == 1 {
+            line.at(
+                t,
+                0,
+                0,
+                Step::local(Prim::Copy, Operand::Input, off, off, len),
+            );
+            continue;
+        }
+        // This rank's partial: its input, or what the fold left in the
+        // output.
+        let mut local = Operand::Input;
+        if r < extra {
+            let fold_in = Step {
+                recv_from: r + pow,
+                recv_tag: fold_tag,
+                ..Step::local(Prim::RecvReduceCopy, Operand::Input, off, off, len)
+            };
+            line.at(t + 1, 0, 0, fold_in);
+            local = Operand::Output;
+        }
+        for j in 0..rounds {
+            let partner = r ^ (1 << j);
+            let at = t + (fold + j) as u64;
+            let send = Step {
+                send_to: partner,
+                send_tag: tag(j as u32),
+                ..Step::local(Prim::Send, local, off, off, len)
+            };
+            line.at(at, 1, 0, send);
+            let combine = Step {
+                recv_from: partner,
+                recv_tag: tag(j as u32),
+                ..Step::local(Prim::RecvReduceCopy, local, off, off, len)
+            };
+            line.at(at + 1, 0, 0, combine);
+            local = Operand::Output;
+        }
+        if r < extra {
+            let back = Step {
+                send_to: r + pow,
+                send_tag: back_tag,
+                ..Step::local(Prim::Send, local, off, off, len)
+            };
+            line.at(t + (fold + rounds) as u64, 1, 0, back);
+        }
+    }
+    line.into_schedule()
+}

@@ -28,15 +28,20 @@ pub enum Algorithm {
     /// Allreduce by direct reduce-scatter then direct allgather: two steps
     /// of latency, a 1/n of the bytes of one-shot per peer.
     TwoShot,
+    /// Allreduce by recursive doubling: `log2 n` rounds of one exchange
+    /// each, the whole buffer every time: for small messages where
+    /// one-shot's `n - 1` messages a rank cost more than its one round.
+    RecursiveDoubling,
 }
 
 impl Algorithm {
     /// Every algorithm, in declaration order.
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::Ring,
         Algorithm::Tree,
         Algorithm::OneShot,
         Algorithm::TwoShot,
+        Algorithm::RecursiveDoubling,
     ];
 
     /// The name used in logs and by FERROCCL_ALGO.
@@ -46,6 +51,7 @@ impl Algorithm {
             Algorithm::Tree => "tree",
             Algorithm::OneShot => "one_shot",
             Algorithm::TwoShot => "two_shot",
+            Algorithm::RecursiveDoubling => "recursive_doubling",
         }
     }
 

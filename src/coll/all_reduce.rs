@@ -26,5 +26,9 @@ pub(crate) fn all_reduce(
         // order, after the output holds a partial result.
         Algorithm::OneShot => Plan::new(direct::one_shot(p, send_len)).copying_input(),
         Algorithm::TwoShot => Plan::new(direct::two_shot(p, send_len)).copying_input(),
+        // Its first round sends the input while it writes the output.
+        Algorithm::RecursiveDoubling => {
+            Plan::new(direct::recursive_doubling(p, send_len)).copying_input()
+        }
     })
 }

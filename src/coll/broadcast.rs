@@ -15,8 +15,9 @@ pub(crate) fn broadcast(
     check_rank("broadcast root", root, g.size)?;
     Ok(Plan::new(match algorithm {
         Algorithm::Tree => tree::broadcast(g.ring(), len, root),
-        Algorithm::Ring | Algorithm::OneShot | Algorithm::TwoShot => {
-            ring::broadcast(g.ring(), len, root)
-        }
+        Algorithm::Ring
+        | Algorithm::OneShot
+        | Algorithm::TwoShot
+        | Algorithm::RecursiveDoubling => ring::broadcast(g.ring(), len, root),
     }))
 }

@@ -26,9 +26,10 @@ pub(crate) fn reduce(
     }
     let schedule = match algorithm {
         Algorithm::Tree => tree::reduce(g.ring(), send_len, root),
-        Algorithm::Ring | Algorithm::OneShot | Algorithm::TwoShot => {
-            ring::reduce(g.ring(), send_len, root)
-        }
+        Algorithm::Ring
+        | Algorithm::OneShot
+        | Algorithm::TwoShot
+        | Algorithm::RecursiveDoubling => ring::reduce(g.ring(), send_len, root),
     };
     // A tree rank with two children keeps a partial result in its output,
     // which a non-root caller need not give (and in place must not see

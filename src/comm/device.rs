@@ -397,11 +397,13 @@ mod tests {
             every_collective::<f32>(n, &shared, 1013, &small);
             // 256 KiB a rank: the tuner takes the bulk protocol.
             every_collective::<f32>(n, &shared, 1 << 16, &small);
-            // 1 MiB a rank: steps cut into channels (up to 4: each is a
-            // block of host threads, and the machine may have two cores),
-            // each a block of the kernel over FIFOs of its own.
+            // 1 MiB a rank on 32 KiB slots: steps cut into channels (up to
+            // 4: each is a block of host threads, and the machine may have
+            // two cores), each a block of the kernel over FIFOs of its own.
             let wide = |c: &mut crate::Config| {
-                small(c);
+                config(c);
+                c.buffsize = 64 << 10;
+                c.steps = 2;
                 c.max_channels = 4;
             };
             every_collective::<f32>(n, &shared, 1 << 18, &wide);
@@ -419,6 +421,27 @@ mod tests {
         }
     }
 
+    /// An in-place f32 allreduce of 1024 zeroes on `e`, on a stream of its
+    /// own: the call and where it runs.
+    fn small_allreduce(e: &Arc<HostEngine>) -> (OnDevice, CollCall) {
+        let stream = e.stream().unwrap();
+        let buf = DevicePtr::new(e.alloc_device(4096).unwrap());
+        e.write_device(buf, &[0u8; 4096]).unwrap();
+        let on = OnDevice {
+            ordinal: 0,
+            engine: e.clone(),
+            stream,
+            send: buf,
+            recv: buf,
+        };
+        let call = CollCall {
+            op: Some(ReduceOp::Sum),
+            in_place: true,
+            ..CollCall::new(CollKind::AllReduce, 1024, 1024, 1024)
+        };
+        (on, call)
+    }
+
     /// Two thread ranks on one executor device: one call sets the
     /// executor up; in the next, rank 1 never calls (`silent`) or rank 0
     /// is aborted while its kernel waits (`abort`). Rank 0's result and
@@ -433,22 +456,7 @@ mod tests {
                 c.timeout = Duration::from_secs(if abort { 60 } else { 2 });
             },
             |comm| {
-                let stream = e.stream().unwrap();
-                let buf = DevicePtr::new(e.alloc_device(4096).unwrap());
-                e.write_device(buf, &[0u8; 4096]).unwrap();
-                let engine: Arc<dyn Engine> = e.clone();
-                let on = OnDevice {
-                    ordinal: 0,
-                    engine,
-                    stream,
-                    send: buf,
-                    recv: buf,
-                };
-                let call = CollCall {
-                    op: Some(ReduceOp::Sum),
-                    in_place: true,
-                    ..CollCall::new(CollKind::AllReduce, 1024, 1024, 1024)
-                };
+                let (on, call) = small_allreduce(&e);
                 comm.device_collective::<f32>(&call, &on)
                     .unwrap()
                     .wait()
@@ -574,7 +582,8 @@ mod tests {
     }
 
     /// The variable that makes this test binary a child rank of
-    /// `across_processes`: `MODE,RANK,SIZE,PORT,TOKEN`.
+    /// `across_processes`: `MODE,RANK,SIZE,PORT,PORT2,TOKEN` (a second
+    /// communicator rendezvouses at `PORT2`).
     const XPROC: &str = "FERROCCL_TEST_XPROC";
 
     /// Run `size` ranks as child processes of this test binary (the test
@@ -584,10 +593,13 @@ mod tests {
     /// (skip) without a C++ compiler.
     fn across_processes(mode: &str, size: usize) -> Option<Vec<Finished>> {
         let lib = crate::exec::program::host_launch::library_path()?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port()
+        };
+        let (port, port2) = (free(), free());
         let token = std::process::id() as u64 ^ (u64::from(port) << 32) ^ 0x5eed;
         let exe = std::env::current_exe().expect("the test binary");
         let children: Vec<_> = (0..size)
@@ -599,7 +611,10 @@ mod tests {
                     "--nocapture",
                     "--test-threads=1",
                 ])
-                .env(XPROC, format!("{mode},{rank},{size},{port},{token}"))
+                .env(
+                    XPROC,
+                    format!("{mode},{rank},{size},{port},{port2},{token}"),
+                )
                 .env("FERROCCL_HOST_LAUNCH_LIB", &lib);
                 spawn_captured(cmd)
             })
@@ -624,7 +639,7 @@ mod tests {
             return;
         };
         let f: Vec<&str> = spec.split(',').collect();
-        let [mode, rank, size, port, token] = f[..] else {
+        let [mode, rank, size, port, port2, token] = f[..] else {
             panic!("{XPROC}={spec}");
         };
         let (rank, size): (usize, usize) = (rank.parse().unwrap(), size.parse().unwrap());
@@ -648,39 +663,31 @@ mod tests {
             crate::Config::new(rank, size, "127.0.0.1", port.parse().unwrap(), token).unwrap();
         config.calibrate = false;
         config.timeout = Duration::from_secs(if mode == "kill" { 20 } else { 60 });
-        // Slots of 128 bytes, two a FIFO: frames wrap the FIFOs often; up
-        // to 3 channels (1 MiB calls take them), each over FIFOs of its own
-        // in every peer's mapped memory.
+        let mut wide = config.clone();
+        // Slots of 128 bytes, two a FIFO: frames wrap the FIFOs often.
         config.buffsize = 256;
         config.steps = 2;
-        config.max_channels = 3;
         let comm = Communicator::init(config).unwrap();
         match mode {
             "all" => {
                 every_collective_on::<f32>(&comm, &e, 37);
                 every_collective_on::<i32>(&comm, &e, 1013);
                 every_collective_on::<f32>(&comm, &e, 1 << 14);
+                drop(comm);
+                // A second communicator of 32 KiB slots and up to 3
+                // channels (1 MiB calls take them), each over FIFOs of its
+                // own in every peer's mapped memory.
+                wide.master_port = port2.parse().unwrap();
+                wide.buffsize = 64 << 10;
+                wide.max_channels = 3;
+                let comm = Communicator::init(wide).unwrap();
                 every_collective_on::<f32>(&comm, &e, 1 << 18);
                 let n = launches.load(std::sync::atomic::Ordering::Relaxed);
                 let w = widest.load(std::sync::atomic::Ordering::Relaxed);
                 println!("XPROC rank {rank}: {n} launches, at most {w} channels");
             }
             "kill" => {
-                let stream = e.stream().unwrap();
-                let buf = DevicePtr::new(e.alloc_device(4096).unwrap());
-                e.write_device(buf, &[0u8; 4096]).unwrap();
-                let on = OnDevice {
-                    ordinal: 0,
-                    engine: e.clone(),
-                    stream,
-                    send: buf,
-                    recv: buf,
-                };
-                let call = CollCall {
-                    op: Some(ReduceOp::Sum),
-                    in_place: true,
-                    ..CollCall::new(CollKind::AllReduce, 1024, 1024, 1024)
-                };
+                let (on, call) = small_allreduce(&e);
                 comm.device_collective::<f32>(&call, &on)
                     .unwrap()
                     .wait()

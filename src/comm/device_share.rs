@@ -214,7 +214,7 @@ impl FdServer {
             let name = format!(
                 "ferroccl-fifo-{}-{:016x}",
                 std::process::id(),
-                random_part()
+                crate::config::random_u64()
             )
             .into_bytes();
             let addr = SocketAddr::from_abstract_name(&name)
@@ -311,21 +311,6 @@ impl FdServer {
         }
         Ok(())
     }
-}
-
-/// A random part for a socket's name (the process's hash seed and the
-/// clock: names need to be unguessable only enough not to collide, since
-/// the owner checks who connects).
-fn random_part() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.finish()
 }
 
 /// Read an importer's request: its rank, where it is well formed and for

@@ -1021,6 +1021,25 @@ mod tests {
         (failures, out)
     }
 
+    /// The collectives `algo` serves (the others fall back to the ring).
+    pub(super) fn kinds_of(algo: Algorithm) -> &'static [CollKind] {
+        use CollKind::*;
+        match algo {
+            Algorithm::Ring => &[
+                AllReduce,
+                ReduceScatter,
+                AllGather,
+                Broadcast,
+                Reduce,
+                AllToAll,
+                SendRecv,
+                Barrier,
+            ],
+            Algorithm::Tree => &[AllReduce, Broadcast, Reduce],
+            Algorithm::OneShot | Algorithm::TwoShot | Algorithm::RecursiveDoubling => &[AllReduce],
+        }
+    }
+
     pub(super) fn check(failures: Vec<String>, started: Instant, what: &str) {
         eprintln!("{what}: {:.1} s", started.elapsed().as_secs_f64());
         assert!(
@@ -1057,10 +1076,15 @@ mod tests {
                 let cases = grid(n, &[CollKind::AllReduce]);
                 let mut f = sweep(n, Algorithm::OneShot, &cases);
                 f.extend(sweep(n, Algorithm::TwoShot, &cases));
+                f.extend(sweep(n, Algorithm::RecursiveDoubling, &cases));
                 f
             })
             .collect();
-        check(failures, t, "one-shot and two-shot allreduce");
+        check(
+            failures,
+            t,
+            "one-shot, two-shot and recursive-doubling allreduce",
+        );
     }
 
     /// The planner's schedules cut into 2, 3 and 4 channels
@@ -1073,28 +1097,11 @@ mod tests {
     #[test]
     fn schedules_cut_into_channels_match_the_uncut_executor() {
         use crate::algo::channels::split;
-        use CollKind::*;
         let t = Instant::now();
         let mut failures = Vec::new();
         for n in [1, 2, 3, 4, 5, 8] {
-            let per_algo: [(Algorithm, &[CollKind]); 4] = [
-                (
-                    Algorithm::Ring,
-                    &[
-                        AllReduce,
-                        ReduceScatter,
-                        AllGather,
-                        Broadcast,
-                        Reduce,
-                        AllToAll,
-                    ],
-                ),
-                (Algorithm::Tree, &[AllReduce, Broadcast, Reduce]),
-                (Algorithm::OneShot, &[AllReduce]),
-                (Algorithm::TwoShot, &[AllReduce]),
-            ];
-            for (algo, kinds) in per_algo {
-                let (f, runs) = sweep_runs(n, algo, &grid(n, kinds));
+            for algo in Algorithm::ALL {
+                let (f, runs) = sweep_runs(n, algo, &grid(n, kinds_of(algo)));
                 failures.extend(f);
                 for (i, case, runs) in runs {
                     let op = reduces(case.kind).then_some(case.op);
@@ -1493,25 +1500,11 @@ mod tests {
     /// the buffers the caller gives.
     #[test]
     fn planner_schedules_round_trip_on_channel_0_within_their_buffers() {
-        use CollKind::*;
         let t = Instant::now();
         let mut programs = 0usize;
         for n in 1..=16 {
             for algo in Algorithm::ALL {
-                let kinds: &[CollKind] = match algo {
-                    Algorithm::Ring => &[
-                        AllReduce,
-                        ReduceScatter,
-                        AllGather,
-                        Broadcast,
-                        Reduce,
-                        AllToAll,
-                        SendRecv,
-                        Barrier,
-                    ],
-                    Algorithm::Tree => &[AllReduce, Broadcast, Reduce],
-                    Algorithm::OneShot | Algorithm::TwoShot => &[AllReduce],
-                };
+                let kinds = kinds_of(algo);
                 for &kind in kinds {
                     for count in [0, 1, 7, 1013] {
                         for in_place in [false, true] {

@@ -466,6 +466,13 @@ fn sweep_all(protocol: Protocol, ranks: &[usize]) {
         let ar = grid(n, &[AllReduce]);
         failures.extend(kernel_sweep(exe, n, Algorithm::OneShot, &ar, protocol));
         failures.extend(kernel_sweep(exe, n, Algorithm::TwoShot, &ar, protocol));
+        failures.extend(kernel_sweep(
+            exe,
+            n,
+            Algorithm::RecursiveDoubling,
+            &ar,
+            protocol,
+        ));
         eprintln!(
             "{} kernel, {n} ranks: {:.1?}",
             protocol.name(),
