@@ -1,0 +1,379 @@
+//! An in-process emulation of the verbs of [`crate::verbs`], for testing
+//! the protocol on machines without an RDMA device.
+//!
+//! An [`EmuFabric`] makes devices ([`EmuDevice`]) and connects them
+//! pairwise ([`EmuFabric::connect`]) into reliable connected queue pairs
+//! ([`EmuQp`]); all of them may be used from any thread of the process.
+//!
+//! What it enforces, as RC hardware does:
+//! - per queue pair, writes are executed and completed in posting order;
+//!   a write lands in the peer region's bytes, and a write with immediate
+//!   also gives the peer a receive completion with the immediate and the
+//!   length;
+//! - remote keys: an unknown, other device's or deregistered rkey, or a
+//!   write past the region's end, completes with
+//!   [`WcError::RemoteAccess`] at the sender and puts the sender's queue
+//!   pair in [`QpState::Error`]; a bad local slice likewise gives
+//!   [`WcError::LocalProtection`];
+//! - a queue pair in error completes what is pending, and whatever is
+//!   posted later, with [`WcError::Flushed`]; a write aimed at a peer in
+//!   error fails with [`WcError::RetryExceeded`];
+//! - dropping one end puts the other in error at once (a dead peer), so
+//!   its pending and later work is flushed instead of hanging;
+//! - the send queue holds at most `max_outstanding` requests (posted,
+//!   send completion not yet polled); posting beyond is refused with
+//!   [`VerbsError::SendQueueFull`].
+//!
+//! The emulated NIC does its work when either end of a queue pair polls
+//! or waits, not in a thread of its own: a request posted and never
+//! polled for by anyone stays pending (which is also what makes "pending
+//! when the peer died" testable). Receive work requests are not modelled:
+//! a write with immediate always finds a receive (the real data path
+//! keeps receives posted ahead).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::verbs::{
+    Completion, CompletionKind, Device, MemoryRegion, MrHandle, QpState, QueuePair, VerbsError,
+    WcError, WriteRequest,
+};
+
+/// Makes emulated devices and connects them. Keys are unique across the
+/// fabric, so one device's rkey is never valid at another.
+#[derive(Debug, Default)]
+pub struct EmuFabric {
+    keys: Arc<AtomicU32>,
+}
+
+impl EmuFabric {
+    /// A fabric with no devices.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A new device (a NIC with its protection domain).
+    pub fn device(&self) -> EmuDevice {
+        EmuDevice {
+            inner: Arc::new(DevInner {
+                keys: Arc::clone(&self.keys),
+                next_mr: AtomicU64::new(1),
+                regions: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Connects `a` and `b` by a reliable connected queue pair whose ends
+    /// each have a send queue of `max_outstanding` requests. `a` and `b`
+    /// may be the same device (loopback).
+    ///
+    /// # Panics
+    /// If `max_outstanding` is zero.
+    pub fn connect(&self, a: &EmuDevice, b: &EmuDevice, max_outstanding: usize) -> (EmuQp, EmuQp) {
+        assert!(
+            max_outstanding > 0,
+            "a send queue needs room for one request"
+        );
+        let side = |dev: &EmuDevice| Side {
+            dev: Arc::clone(&dev.inner),
+            state: QpState::Ready,
+            alive: true,
+            sq: VecDeque::new(),
+            cq: VecDeque::new(),
+            outstanding: 0,
+        };
+        let shared = Arc::new(Shared {
+            link: Mutex::new([side(a), side(b)]),
+            cv: Condvar::new(),
+            depth: max_outstanding,
+        });
+        (
+            EmuQp {
+                shared: Arc::clone(&shared),
+                me: 0,
+            },
+            EmuQp { shared, me: 1 },
+        )
+    }
+}
+
+#[derive(Debug)]
+struct Region {
+    bytes: Vec<u8>,
+    rkey: u32,
+}
+
+#[derive(Debug)]
+struct DevInner {
+    keys: Arc<AtomicU32>,
+    next_mr: AtomicU64,
+    regions: Mutex<HashMap<u64, Region>>,
+}
+
+impl DevInner {
+    fn regions(&self) -> MutexGuard<'_, HashMap<u64, Region>> {
+        self.regions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The `len` bytes at `offset` of region `mr`, copied out.
+    fn read_local(&self, mr: MrHandle, offset: usize, len: usize) -> Result<Vec<u8>, VerbsError> {
+        let regions = self.regions();
+        let region = regions.get(&mr.0).ok_or(VerbsError::UnknownRegion(mr))?;
+        let range = bounds(offset, len, region.bytes.len())?;
+        Ok(region.bytes[range].to_vec())
+    }
+
+    /// Writes `data` at `offset` of the region named by `rkey`.
+    fn write_remote(&self, rkey: u32, offset: usize, data: &[u8]) -> Result<(), WcError> {
+        let mut regions = self.regions();
+        let region = regions
+            .values_mut()
+            .find(|r| r.rkey == rkey)
+            .ok_or_else(|| WcError::RemoteAccess(format!("no region with rkey {rkey:#x}")))?;
+        let range = bounds(offset, data.len(), region.bytes.len())
+            .map_err(|e| WcError::RemoteAccess(e.to_string()))?;
+        region.bytes[range].copy_from_slice(data);
+        Ok(())
+    }
+}
+
+fn bounds(
+    offset: usize,
+    len: usize,
+    region_len: usize,
+) -> Result<std::ops::Range<usize>, VerbsError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= region_len => Ok(offset..end),
+        _ => Err(VerbsError::OutOfBounds {
+            offset,
+            len,
+            region_len,
+        }),
+    }
+}
+
+/// An emulated device: registration and CPU access to registered bytes.
+/// Clones name the same device.
+#[derive(Debug, Clone)]
+pub struct EmuDevice {
+    inner: Arc<DevInner>,
+}
+
+impl Device for EmuDevice {
+    fn register(&self, len: usize) -> Result<MemoryRegion, VerbsError> {
+        let handle = MrHandle(self.inner.next_mr.fetch_add(1, Ordering::Relaxed));
+        // Keys from one fabric-wide counter: never reused, so a stale rkey
+        // stays invalid.
+        let lkey = self
+            .inner
+            .keys
+            .fetch_add(2, Ordering::Relaxed)
+            .wrapping_add(0x100);
+        let rkey = lkey.wrapping_add(1);
+        self.inner.regions().insert(
+            handle.0,
+            Region {
+                bytes: vec![0; len],
+                rkey,
+            },
+        );
+        Ok(MemoryRegion {
+            handle,
+            lkey,
+            rkey,
+            len,
+        })
+    }
+
+    fn deregister(&self, mr: MrHandle) -> Result<(), VerbsError> {
+        self.inner
+            .regions()
+            .remove(&mr.0)
+            .map(drop)
+            .ok_or(VerbsError::UnknownRegion(mr))
+    }
+
+    fn write_region(&self, mr: MrHandle, offset: usize, data: &[u8]) -> Result<(), VerbsError> {
+        let mut regions = self.inner.regions();
+        let region = regions
+            .get_mut(&mr.0)
+            .ok_or(VerbsError::UnknownRegion(mr))?;
+        let range = bounds(offset, data.len(), region.bytes.len())?;
+        region.bytes[range].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn read_region(&self, mr: MrHandle, offset: usize, out: &mut [u8]) -> Result<(), VerbsError> {
+        let regions = self.inner.regions();
+        let region = regions.get(&mr.0).ok_or(VerbsError::UnknownRegion(mr))?;
+        let range = bounds(offset, out.len(), region.bytes.len())?;
+        out.copy_from_slice(&region.bytes[range]);
+        Ok(())
+    }
+}
+
+/// One end's queues and state.
+#[derive(Debug)]
+struct Side {
+    dev: Arc<DevInner>,
+    state: QpState,
+    /// False once this end was dropped.
+    alive: bool,
+    /// Posted, not yet executed.
+    sq: VecDeque<WriteRequest>,
+    cq: VecDeque<Completion>,
+    /// Posted and send completion not yet polled.
+    outstanding: usize,
+}
+
+#[derive(Debug)]
+struct Shared {
+    link: Mutex<[Side; 2]>,
+    /// Signalled on every post and on a drop.
+    cv: Condvar,
+    depth: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, [Side; 2]> {
+        self.link.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Executes everything pending, both directions, in posting order.
+fn progress(link: &mut [Side; 2]) {
+    for s in 0..2 {
+        let peer = 1 - s;
+        while let Some(wr) = link[s].sq.pop_front() {
+            let status = if link[s].state == QpState::Error {
+                Err(WcError::Flushed)
+            } else {
+                execute(link, s, &wr)
+            };
+            if status.is_err() {
+                link[s].state = QpState::Error;
+            } else if let Some(imm) = wr.imm {
+                if link[peer].alive {
+                    link[peer].cq.push_back(Completion {
+                        wr_id: 0,
+                        kind: CompletionKind::RecvWithImm {
+                            imm,
+                            len: wr.local.len,
+                        },
+                        status: Ok(()),
+                    });
+                }
+            }
+            link[s].cq.push_back(Completion {
+                wr_id: wr.wr_id,
+                kind: CompletionKind::SendDone,
+                status,
+            });
+        }
+    }
+}
+
+fn execute(link: &[Side; 2], s: usize, wr: &WriteRequest) -> Result<(), WcError> {
+    let peer = &link[1 - s];
+    let data = link[s]
+        .dev
+        .read_local(wr.local.mr, wr.local.offset, wr.local.len)
+        .map_err(|e| WcError::LocalProtection(e.to_string()))?;
+    if !peer.alive || peer.state == QpState::Error {
+        return Err(WcError::RetryExceeded(
+            "peer queue pair in error or gone".into(),
+        ));
+    }
+    peer.dev
+        .write_remote(wr.remote.rkey, wr.remote.offset, &data)
+}
+
+/// One end of an emulated RC queue pair. Dropping it is the peer dying:
+/// the other end goes to [`QpState::Error`].
+#[derive(Debug)]
+pub struct EmuQp {
+    shared: Arc<Shared>,
+    me: usize,
+}
+
+impl EmuQp {
+    fn take(&self, link: &mut [Side; 2], max: usize) -> Vec<Completion> {
+        let side = &mut link[self.me];
+        let n = max.min(side.cq.len());
+        let out: Vec<Completion> = side.cq.drain(..n).collect();
+        let sends = out
+            .iter()
+            .filter(|c| c.kind == CompletionKind::SendDone)
+            .count();
+        side.outstanding -= sends;
+        out
+    }
+}
+
+impl QueuePair for EmuQp {
+    fn post_write(&self, wr: &WriteRequest) -> Result<(), VerbsError> {
+        let mut link = self.shared.lock();
+        let side = &mut link[self.me];
+        if side.outstanding >= self.shared.depth {
+            return Err(VerbsError::SendQueueFull {
+                depth: self.shared.depth,
+            });
+        }
+        side.outstanding += 1;
+        side.sq.push_back(*wr);
+        drop(link);
+        self.shared.cv.notify_all();
+        Ok(())
+    }
+
+    fn poll(&self, max: usize) -> Vec<Completion> {
+        let mut link = self.shared.lock();
+        progress(&mut link);
+        self.take(&mut link, max)
+    }
+
+    fn wait(&self, max: usize, timeout: Duration) -> Vec<Completion> {
+        let deadline = Instant::now() + timeout;
+        let mut link = self.shared.lock();
+        loop {
+            progress(&mut link);
+            if !link[self.me].cq.is_empty() || max == 0 {
+                return self.take(&mut link, max);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Vec::new();
+            }
+            link = self
+                .shared
+                .cv
+                .wait_timeout(link, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn state(&self) -> QpState {
+        self.shared.lock()[self.me].state
+    }
+
+    fn outstanding(&self) -> usize {
+        self.shared.lock()[self.me].outstanding
+    }
+}
+
+impl Drop for EmuQp {
+    fn drop(&mut self) {
+        let mut link = self.shared.lock();
+        let me = &mut link[self.me];
+        me.alive = false;
+        me.state = QpState::Error;
+        me.sq.clear();
+        me.cq.clear();
+        link[1 - self.me].state = QpState::Error;
+        drop(link);
+        self.shared.cv.notify_all();
+    }
+}
