@@ -20,7 +20,7 @@
 //! a failure.
 
 use super::kernel_gpu::gpu_sweep;
-use super::kernel_host::{built_here, compile, dispatch_inc};
+use super::kernel_host::{built_here, compile, host_source};
 use super::tests::{check, grid};
 use crate::algo::Algorithm;
 use crate::coll::CollKind;
@@ -81,31 +81,11 @@ fn library() -> &'static Result<(LaunchFn, PathBuf), String> {
             return Ok((launch, lib));
         }
         let dir = std::env::temp_dir().join(format!("ferroccl-exec-launch-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let mut kernels = Vec::new();
-        for p in Protocol::ALL {
-            for op in executor::KERNEL_OPS {
-                for ty in TYPES {
-                    kernels.push((p, op, ty));
-                }
-            }
-        }
-        std::fs::write(dir.join("dispatch.inc"), dispatch_inc(&kernels))
-            .map_err(|e| e.to_string())?;
+        let (text, kernels) = host_source(&dir, &TYPES, LAUNCH_CPP)?;
         let src = dir.join("launch.cpp");
-        let text = format!(
-            "{}\n{}\n{}",
-            executor::HOST_EMULATION_H,
-            executor::source_for(&kernels),
-            LAUNCH_CPP
-        );
         let lib = dir.join("libferroccl_host_launch.so");
         let took = compile(&src, &text, &lib, &["-shared", "-fPIC"])?;
-        eprintln!(
-            "host executor library ({} kernels) built in {:.1?}",
-            kernels.len(),
-            took
-        );
+        eprintln!("host executor library ({kernels} kernels) built in {took:.1?}");
         // Built but not loadable is a failure, never a skip.
         let launch = load(&lib).unwrap_or_else(|e| panic!("{}: {e}", lib.display()));
         Ok((launch, lib))

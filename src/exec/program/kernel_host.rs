@@ -15,7 +15,9 @@
 //! Skipped, saying so, where there is no C++20 compiler (`c++`, or
 //! `$CXX`), unless `FERROCCL_REQUIRE_CXX=1`.
 
-use super::tests::{check, grid, idle_image, reduces, sweep_runs, two_channel_runs, Case, RankRun};
+use super::tests::{
+    check, grid, idle_image, kinds_of, reduces, sweep_runs, two_channel_runs, Case, RankRun,
+};
 use super::Buffers;
 use crate::algo::Algorithm;
 use crate::coll::CollKind;
@@ -116,7 +118,7 @@ pub(super) fn compile(
 /// `dispatch.inc` for `kernels`: a function per kernel that calls it with
 /// untyped buffers, and `table`, every `Entry` (name, function); the file
 /// that includes it defines `Entry`.
-pub(super) fn dispatch_inc(kernels: &[(Protocol, Op, Ty)]) -> String {
+fn dispatch_inc(kernels: &[(Protocol, Op, Ty)]) -> String {
     let mut dispatch = String::new();
     let mut table = String::from("static Entry table[] = {\n");
     for &(p, op, ty) in kernels {
@@ -134,28 +136,36 @@ pub(super) fn dispatch_inc(kernels: &[(Protocol, Op, Ty)]) -> String {
     format!("{dispatch}{table}")
 }
 
+/// The C++ source of the executor's kernels for the host, every protocol
+/// and kernel op on `types`, followed by `tail` (the harness or the launch
+/// library), with its `dispatch.inc` written into `dir` (made if need
+/// be); and how many kernels it holds.
+pub(super) fn host_source(dir: &Path, types: &[Ty], tail: &str) -> Result<(String, usize), String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let mut kernels = Vec::new();
+    for p in Protocol::ALL {
+        for op in executor::KERNEL_OPS {
+            for &ty in types {
+                kernels.push((p, op, ty));
+            }
+        }
+    }
+    std::fs::write(dir.join("dispatch.inc"), dispatch_inc(&kernels)).map_err(|e| e.to_string())?;
+    let src = format!(
+        "{}\n{}\n{}",
+        executor::HOST_EMULATION_H,
+        executor::source_for(&kernels),
+        tail
+    );
+    Ok((src, kernels.len()))
+}
+
 /// The harness, built once per test process: `Err` says why not.
 fn harness() -> &'static Result<PathBuf, String> {
     static EXE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     EXE.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("ferroccl-exec-host-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let mut kernels = Vec::new();
-        for p in Protocol::ALL {
-            for op in executor::KERNEL_OPS {
-                for ty in TYPES {
-                    kernels.push((p, op, ty));
-                }
-            }
-        }
-        std::fs::write(dir.join("dispatch.inc"), dispatch_inc(&kernels))
-            .map_err(|e| e.to_string())?;
-        let src = format!(
-            "{}\n{}\n{}",
-            executor::HOST_EMULATION_H,
-            executor::source_for(&kernels),
-            HARNESS_CPP
-        );
+        let (src, _) = host_source(&dir, &TYPES, HARNESS_CPP)?;
         let exe = dir.join("harness");
         let took = compile(&dir.join("harness.cpp"), &src, &exe, &[])?;
         eprintln!("harness built in {took:.1?}");
@@ -431,7 +441,6 @@ pub(super) fn judge<'a>(
 }
 
 fn sweep_all(protocol: Protocol, ranks: &[usize]) {
-    use CollKind::*;
     let Some(exe) = harness_here(protocol.name()) else {
         return;
     };
@@ -439,40 +448,15 @@ fn sweep_all(protocol: Protocol, ranks: &[usize]) {
     let mut failures = Vec::new();
     for &n in ranks {
         let tn = Instant::now();
-        let all = [
-            AllReduce,
-            ReduceScatter,
-            AllGather,
-            Broadcast,
-            Reduce,
-            AllToAll,
-            SendRecv,
-            Barrier,
-        ];
-        failures.extend(kernel_sweep(
-            exe,
-            n,
-            Algorithm::Ring,
-            &grid(n, &all),
-            protocol,
-        ));
-        failures.extend(kernel_sweep(
-            exe,
-            n,
-            Algorithm::Tree,
-            &grid(n, &[AllReduce, Broadcast, Reduce]),
-            protocol,
-        ));
-        let ar = grid(n, &[AllReduce]);
-        failures.extend(kernel_sweep(exe, n, Algorithm::OneShot, &ar, protocol));
-        failures.extend(kernel_sweep(exe, n, Algorithm::TwoShot, &ar, protocol));
-        failures.extend(kernel_sweep(
-            exe,
-            n,
-            Algorithm::RecursiveDoubling,
-            &ar,
-            protocol,
-        ));
+        for algo in Algorithm::ALL {
+            failures.extend(kernel_sweep(
+                exe,
+                n,
+                algo,
+                &grid(n, kinds_of(algo)),
+                protocol,
+            ));
+        }
         eprintln!(
             "{} kernel, {n} ranks: {:.1?}",
             protocol.name(),
