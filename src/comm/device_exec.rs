@@ -551,7 +551,6 @@ impl Inner {
         let cross: Vec<usize> = (0..n)
             .filter(|&r| r != self.rank && other_process(self.rank, r))
             .collect();
-        let any_cross = (0..n).any(|i| (0..i).any(|j| other_process(i, j)));
         let made = self
             .exec_memory(engine, ordinal, &geometry, channels, !cross.is_empty())
             .and_then(|(ready, base)| {
@@ -590,7 +589,10 @@ impl Inner {
         }
         let (mut ready, _, server) = made?;
         let mut addresses: Vec<u64> = entries.iter().map(|e| e.address).collect();
-        if any_cross {
+        // Processes partition the ranks, so where any two ranks are in
+        // different processes every rank has a peer in another one: every
+        // rank takes this branch (and holds the `mapped` round), or none.
+        if !cross.is_empty() {
             let mapped = self.map_peers(
                 engine,
                 ordinal,
