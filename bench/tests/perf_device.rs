@@ -5,24 +5,12 @@
 //! `cuda/gpu/run.sh`) its tables must count no wrong element. No timings
 //! are asserted.
 
+mod common;
+
+use common::{perf_binary, text};
 use ferroccl::cuda::device_count;
 use ferroccl::Error;
-use std::path::PathBuf;
 use std::process::{Command, Output};
-
-/// The binary under test: the one beside this test's executable where
-/// there is one (the GPU run's folder, `cuda/gpu/collect.sh`, carries both
-/// to a machine where cargo's target folder does not exist), else the one
-/// cargo built for this test.
-fn perf_binary() -> PathBuf {
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.join("ferroccl-perf")));
-    match beside {
-        Some(p) if p.is_file() => p,
-        _ => PathBuf::from(env!("CARGO_BIN_EXE_ferroccl-perf")),
-    }
-}
 
 fn perf(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(perf_binary());
@@ -31,10 +19,6 @@ fn perf(args: &[&str], env: &[(&str, &str)]) -> Output {
         cmd.env(k, v);
     }
     cmd.output().expect("ferroccl-perf starts")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// The `#wrong` cells (out-of-place, in-place) of every row of a table.

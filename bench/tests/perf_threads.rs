@@ -2,33 +2,17 @@
 //! `--nthreads`), alone and beside `--ranks` processes, run as a user runs
 //! it. Host buffers; small sizes, so that each run takes about a second.
 
-use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-/// The binary under test: the one beside this test's executable where
-/// there is one (the GPU run's folder, `cuda/gpu/collect.sh`, carries this
-/// test there, where cargo's target folder does not exist), else the one
-/// cargo built for this test.
-fn perf_binary() -> PathBuf {
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.join("ferroccl-perf")));
-    match beside {
-        Some(p) if p.is_file() => p,
-        _ => PathBuf::from(env!("CARGO_BIN_EXE_ferroccl-perf")),
-    }
-}
+use common::{perf_binary, text};
+use std::collections::BTreeSet;
+use std::process::{Command, Output};
 
 fn perf(args: &[&str]) -> Output {
     Command::new(perf_binary())
         .args(args)
         .output()
         .expect("ferroccl-perf starts")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// A checked allreduce from 8 B to 64 KiB with `extra` arguments: it must

@@ -421,12 +421,12 @@ mod tests {
         }
     }
 
-    /// An in-place f32 allreduce of 1024 zeroes on `e`, on a stream of its
-    /// own: the call and where it runs.
-    fn small_allreduce(e: &Arc<HostEngine>) -> (OnDevice, CollCall) {
+    /// An in-place f32 allreduce of `count` zeroes on `e`, on a stream of
+    /// its own: the call and where it runs.
+    fn small_allreduce(e: &Arc<HostEngine>, count: usize) -> (OnDevice, CollCall) {
         let stream = e.stream().unwrap();
-        let buf = DevicePtr::new(e.alloc_device(4096).unwrap());
-        e.write_device(buf, &[0u8; 4096]).unwrap();
+        let buf = DevicePtr::new(e.alloc_device(count * 4).unwrap());
+        e.write_device(buf, &vec![0u8; count * 4]).unwrap();
         let on = OnDevice {
             ordinal: 0,
             engine: e.clone(),
@@ -437,7 +437,7 @@ mod tests {
         let call = CollCall {
             op: Some(ReduceOp::Sum),
             in_place: true,
-            ..CollCall::new(CollKind::AllReduce, 1024, 1024, 1024)
+            ..CollCall::new(CollKind::AllReduce, count, count, count)
         };
         (on, call)
     }
@@ -456,7 +456,7 @@ mod tests {
                 c.timeout = Duration::from_secs(if abort { 60 } else { 2 });
             },
             |comm| {
-                let (on, call) = small_allreduce(&e);
+                let (on, call) = small_allreduce(&e, 1024);
                 comm.device_collective::<f32>(&call, &on)
                     .unwrap()
                     .wait()
@@ -687,7 +687,7 @@ mod tests {
                 println!("XPROC rank {rank}: {n} launches, at most {w} channels");
             }
             "kill" => {
-                let (on, call) = small_allreduce(&e);
+                let (on, call) = small_allreduce(&e, 1024);
                 comm.device_collective::<f32>(&call, &on)
                     .unwrap()
                     .wait()
@@ -996,25 +996,11 @@ mod tests {
                     return None;
                 }
                 let e = Arc::new(HostEngine::new());
-                let stream = e.stream().unwrap();
-                let buf = DevicePtr::new(e.alloc_device(64).unwrap());
-                let engine: Arc<dyn Engine> = e.clone();
-                let on = OnDevice {
-                    ordinal: 0,
-                    engine,
-                    stream,
-                    send: buf,
-                    recv: buf,
-                };
-                let call = CollCall {
-                    op: Some(ReduceOp::Sum),
-                    in_place: true,
-                    ..CollCall::new(CollKind::AllReduce, 16, 16, 16)
-                };
+                let (on, call) = small_allreduce(&e, 16);
                 let work = comm.device_collective::<f32>(&call, &on).unwrap();
                 // The stream's later work runs (read_after waits at most
                 // 30 s; the call gives up after 2).
-                read_after(&e, stream, buf, 64);
+                read_after(&e, on.stream, on.send, 64);
                 Some(work.wait())
             },
         );

@@ -6,8 +6,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ferroccl_ib::{
-    Completion, CompletionKind, Device, EmuFabric, LocalSlice, MemoryRegion, QpState, QueuePair,
-    RemoteSlice, VerbsError, WcError, WriteRequest,
+    Completion, CompletionKind, Device, EmuDevice, EmuFabric, EmuQp, LocalSlice, MemoryRegion,
+    QpState, QueuePair, RemoteSlice, VerbsError, WcError, WriteRequest,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -50,6 +50,30 @@ fn write(
     }
 }
 
+/// Two devices of one fabric joined by a queue pair of send-queue depth
+/// `depth`, with a region of `src_len` bytes on the first device (the
+/// sender's) and one of `dst_len` on the second.
+fn pair(
+    depth: usize,
+    src_len: usize,
+    dst_len: usize,
+) -> (
+    EmuFabric,
+    EmuDevice,
+    EmuDevice,
+    EmuQp,
+    EmuQp,
+    MemoryRegion,
+    MemoryRegion,
+) {
+    let fabric = EmuFabric::new();
+    let (da, db) = (fabric.device(), fabric.device());
+    let (a, b) = fabric.connect(&da, &db, depth);
+    let src = da.register(src_len).unwrap();
+    let dst = db.register(dst_len).unwrap();
+    (fabric, da, db, a, b, src, dst)
+}
+
 /// Runs `f` on a thread and fails the test if it takes longer than
 /// `TIMEOUT` (instead of hanging).
 fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -70,11 +94,7 @@ fn one(qp: &impl QueuePair) -> Completion {
 #[test]
 fn writes_land_at_offsets_in_order() {
     bounded(|| {
-        let fabric = EmuFabric::new();
-        let (da, db) = (fabric.device(), fabric.device());
-        let (a, b) = fabric.connect(&da, &db, 8);
-        let src = da.register(4096).unwrap();
-        let dst = db.register(16 * 1024).unwrap();
+        let (_fabric, da, db, a, b, src, dst) = pair(8, 4096, 16 * 1024);
         let mut reference = vec![0u8; dst.len];
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let mut done = Vec::new();
@@ -116,11 +136,7 @@ fn pipelined_writes_land_in_order() {
     // Many writes in flight at once, all to the same bytes from distinct
     // source slots: the last one posted must be what remains.
     bounded(|| {
-        let fabric = EmuFabric::new();
-        let (da, db) = (fabric.device(), fabric.device());
-        let (a, _b) = fabric.connect(&da, &db, 32);
-        let src = da.register(32 * 64).unwrap();
-        let dst = db.register(64).unwrap();
+        let (_fabric, da, db, a, _b, src, dst) = pair(32, 32 * 64, 64);
         for slot in 0..32usize {
             da.write_region(src.handle, slot * 64, &[slot as u8 + 1; 64])
                 .unwrap();
@@ -140,11 +156,7 @@ fn pipelined_writes_land_in_order() {
 #[test]
 fn immediates_arrive_in_order_with_lengths() {
     bounded(|| {
-        let fabric = EmuFabric::new();
-        let (da, db) = (fabric.device(), fabric.device());
-        let (a, b) = fabric.connect(&da, &db, 16);
-        let src = da.register(1024).unwrap();
-        let dst = db.register(1024).unwrap();
+        let (_fabric, _da, _db, a, b, src, dst) = pair(16, 1024, 1024);
         let n = 3000u32;
         let expected: Vec<(u32, usize)> = (0..n)
             .map(|i| (i.wrapping_mul(2_654_435_761), (i as usize * 37) % 1025))
@@ -191,11 +203,7 @@ fn assert_refused(
     bad_len: usize,
     setup: impl FnOnce(&ferroccl_ib::EmuDevice, &MemoryRegion),
 ) {
-    let fabric = EmuFabric::new();
-    let (da, db) = (fabric.device(), fabric.device());
-    let (a, b) = fabric.connect(&da, &db, 8);
-    let src = da.register(256).unwrap();
-    let dst = db.register(128).unwrap();
+    let (_fabric, _da, db, a, b, src, dst) = pair(8, 256, 128);
     setup(&db, &dst);
     let rkey = if bad_rkey == 0 { dst.rkey } else { bad_rkey };
     a.post_write(&write(1, &src, 0, bad_len, rkey, bad_off, Some(7)))
@@ -228,11 +236,7 @@ fn wrong_rkey_is_remote_access_error() {
 #[test]
 fn other_devices_rkey_is_refused() {
     bounded(|| {
-        let fabric = EmuFabric::new();
-        let (da, db) = (fabric.device(), fabric.device());
-        let (a, _b) = fabric.connect(&da, &db, 8);
-        let src = da.register(64).unwrap();
-        let dst = db.register(64).unwrap();
+        let (_fabric, da, db, a, _b, src, dst) = pair(8, 64, 64);
         da.write_region(src.handle, 0, &[0xab; 8]).unwrap();
         // The sender's own rkey names nothing at the receiver.
         a.post_write(&write(1, &src, 0, 8, src.rkey, 0, None))
@@ -260,11 +264,7 @@ fn out_of_bounds_is_refused() {
 #[test]
 fn bad_local_slice_is_local_protection_error() {
     bounded(|| {
-        let fabric = EmuFabric::new();
-        let (da, db) = (fabric.device(), fabric.device());
-        let (a, _b) = fabric.connect(&da, &db, 8);
-        let src = da.register(64).unwrap();
-        let dst = db.register(64).unwrap();
+        let (_fabric, _da, _db, a, _b, src, dst) = pair(8, 64, 64);
         a.post_write(&write(1, &src, 60, 8, dst.rkey, 0, None))
             .unwrap();
         let c = one(&a);
@@ -279,11 +279,7 @@ fn bad_local_slice_is_local_protection_error() {
 #[test]
 fn pending_work_is_flushed_when_peer_dropped() {
     bounded(|| {
-        let fabric = EmuFabric::new();
-        let (da, db) = (fabric.device(), fabric.device());
-        let (a, b) = fabric.connect(&da, &db, 8);
-        let src = da.register(64).unwrap();
-        let dst = db.register(64).unwrap();
+        let (_fabric, _da, _db, a, b, src, dst) = pair(8, 64, 64);
         for id in 0..4 {
             a.post_write(&write(id, &src, 0, 8, dst.rkey, 0, Some(id as u32)))
                 .unwrap();
@@ -310,11 +306,7 @@ fn pending_work_is_flushed_when_peer_dropped() {
 #[test]
 fn peer_dropped_mid_stream_no_hang() {
     bounded(|| {
-        let fabric = EmuFabric::new();
-        let (da, db) = (fabric.device(), fabric.device());
-        let (a, b) = fabric.connect(&da, &db, 4);
-        let src = da.register(64).unwrap();
-        let dst = db.register(64).unwrap();
+        let (_fabric, _da, _db, a, b, src, dst) = pair(4, 64, 64);
         let receiver = thread::spawn(move || {
             let mut seen = 0;
             while seen < 100 {
