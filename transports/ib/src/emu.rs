@@ -103,6 +103,8 @@ impl EmuFabric {
 struct Region {
     bytes: Vec<u8>,
     rkey: u32,
+    /// The made-up address of byte 0 (distinct across the fabric).
+    addr: u64,
 }
 
 #[derive(Debug)]
@@ -125,13 +127,22 @@ impl DevInner {
         Ok(region.bytes[range].to_vec())
     }
 
-    /// Writes `data` at `offset` of the region named by `rkey`.
-    fn write_remote(&self, rkey: u32, offset: usize, data: &[u8]) -> Result<(), WcError> {
+    /// Writes `data` at address `addr` of the region named by `rkey`.
+    fn write_remote(&self, rkey: u32, addr: u64, data: &[u8]) -> Result<(), WcError> {
         let mut regions = self.regions();
         let region = regions
             .values_mut()
             .find(|r| r.rkey == rkey)
             .ok_or_else(|| WcError::RemoteAccess(format!("no region with rkey {rkey:#x}")))?;
+        let offset = addr
+            .checked_sub(region.addr)
+            .and_then(|o| usize::try_from(o).ok())
+            .ok_or_else(|| {
+                WcError::RemoteAccess(format!(
+                    "address {addr:#x} below the region of rkey {rkey:#x} (at {:#x})",
+                    region.addr
+                ))
+            })?;
         let range = bounds(offset, data.len(), region.bytes.len())
             .map_err(|e| WcError::RemoteAccess(e.to_string()))?;
         region.bytes[range].copy_from_slice(data);
@@ -172,11 +183,15 @@ impl Device for EmuDevice {
             .fetch_add(2, Ordering::Relaxed)
             .wrapping_add(0x100);
         let rkey = lkey.wrapping_add(1);
+        // A made-up address, 1 TiB apart per key: never 0, and an address
+        // of one region never falls in another.
+        let addr = u64::from(rkey) << 40;
         self.inner.regions().insert(
             handle.0,
             Region {
                 bytes: vec![0; len],
                 rkey,
+                addr,
             },
         );
         Ok(MemoryRegion {
@@ -184,6 +199,7 @@ impl Device for EmuDevice {
             lkey,
             rkey,
             len,
+            addr,
         })
     }
 
@@ -286,8 +302,7 @@ fn execute(link: &[Side; 2], s: usize, wr: &WriteRequest) -> Result<(), WcError>
             "peer queue pair in error or gone".into(),
         ));
     }
-    peer.dev
-        .write_remote(wr.remote.rkey, wr.remote.offset, &data)
+    peer.dev.write_remote(wr.remote.rkey, wr.remote.addr, &data)
 }
 
 /// One end of an emulated RC queue pair. Dropping it is the peer dying:

@@ -7,10 +7,10 @@
 //! registered region is named by an [`MrHandle`] and addressed by byte
 //! offset, and its bytes are reached through [`Device::write_region`] and
 //! [`Device::read_region`]. The real implementation (on `ibverbs`, behind
-//! feature `ib`, not written yet) maps a handle to the memory the caller
-//! registered, an offset to `base + offset`, and the remote side's
-//! `(rkey, offset)` to the `(rkey, remote_addr)` of the work request, the
-//! remote base address being exchanged with the rkey at connection set-up.
+//! feature `ib`) maps a handle to the memory it registered and an offset
+//! to `base + offset`. Remote memory is named as on the wire: `(rkey,
+//! remote address)`, the peer having said both (its region's
+//! [`MemoryRegion::addr`] plus an offset).
 
 use std::time::Duration;
 
@@ -31,6 +31,10 @@ pub struct MemoryRegion {
     pub rkey: u32,
     /// Length in bytes.
     pub len: usize,
+    /// The address peers name the region's first byte by (a virtual
+    /// address on real verbs; the emulation makes up distinct ones). A
+    /// work request's remote address is `addr + offset`.
+    pub addr: u64,
 }
 
 /// The local bytes a write sends: `len` bytes at `offset` in region `mr`
@@ -45,14 +49,16 @@ pub struct LocalSlice {
     pub len: usize,
 }
 
-/// Where a write lands at the peer: the region named by `rkey`, from byte
-/// `offset` (the real verbs: `remote_addr = base + offset`).
+/// Where a write lands at the peer: address `addr` of the region named by
+/// `rkey` (the work request's `remote_addr` and `rkey`). The peer hands out
+/// both, e.g. in a clear-to-send entry: its region's [`MemoryRegion::addr`]
+/// plus an offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteSlice {
     /// The peer's remote key.
     pub rkey: u32,
-    /// Byte offset in the peer's region.
-    pub offset: usize,
+    /// The address in the peer's region where the write starts.
+    pub addr: u64,
 }
 
 /// One RDMA WRITE (or WRITE WITH IMMEDIATE when `imm` is set).

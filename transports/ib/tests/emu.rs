@@ -31,8 +31,7 @@ fn write(
     src: &MemoryRegion,
     src_off: usize,
     len: usize,
-    rkey: u32,
-    dst_off: usize,
+    remote: RemoteSlice,
     imm: Option<u32>,
 ) -> WriteRequest {
     WriteRequest {
@@ -42,11 +41,16 @@ fn write(
             offset: src_off,
             len,
         },
-        remote: RemoteSlice {
-            rkey,
-            offset: dst_off,
-        },
+        remote,
         imm,
+    }
+}
+
+/// Byte `offset` of the peer's region `mr`, as a work request names it.
+fn at(mr: &MemoryRegion, offset: usize) -> RemoteSlice {
+    RemoteSlice {
+        rkey: mr.rkey,
+        addr: mr.addr + offset as u64,
     }
 }
 
@@ -112,7 +116,7 @@ fn writes_land_at_offsets_in_order() {
             }
             da.write_region(src.handle, src_off, &payload).unwrap();
             reference[dst_off..dst_off + len].copy_from_slice(&payload);
-            a.post_write(&write(id, &src, src_off, len, dst.rkey, dst_off, None))
+            a.post_write(&write(id, &src, src_off, len, at(&dst, dst_off), None))
                 .unwrap();
         }
         while a.outstanding() > 0 {
@@ -140,7 +144,7 @@ fn pipelined_writes_land_in_order() {
         for slot in 0..32usize {
             da.write_region(src.handle, slot * 64, &[slot as u8 + 1; 64])
                 .unwrap();
-            a.post_write(&write(slot as u64, &src, slot * 64, 64, dst.rkey, 0, None))
+            a.post_write(&write(slot as u64, &src, slot * 64, 64, at(&dst, 0), None))
                 .unwrap();
         }
         let mut done = Vec::new();
@@ -169,7 +173,7 @@ fn immediates_arrive_in_order_with_lengths() {
                         assert!(c.status.is_ok(), "{c:?}");
                     }
                 }
-                a.post_write(&write(i as u64, &src, 0, len, dst.rkey, 0, Some(imm)))
+                a.post_write(&write(i as u64, &src, 0, len, at(&dst, 0), Some(imm)))
                     .unwrap();
             }
             while a.outstanding() > 0 {
@@ -206,9 +210,13 @@ fn assert_refused(
     let (_fabric, _da, db, a, b, src, dst) = pair(8, 256, 128);
     setup(&db, &dst);
     let rkey = if bad_rkey == 0 { dst.rkey } else { bad_rkey };
-    a.post_write(&write(1, &src, 0, bad_len, rkey, bad_off, Some(7)))
+    let remote = RemoteSlice {
+        rkey,
+        addr: dst.addr.wrapping_add(bad_off as u64),
+    };
+    a.post_write(&write(1, &src, 0, bad_len, remote, Some(7)))
         .unwrap();
-    a.post_write(&write(2, &src, 0, 8, dst.rkey, 0, Some(8)))
+    a.post_write(&write(2, &src, 0, 8, at(&dst, 0), Some(8)))
         .unwrap();
     let first = one(&a);
     assert_eq!(first.wr_id, 1);
@@ -219,7 +227,7 @@ fn assert_refused(
     assert_eq!(a.state(), QpState::Error);
     let second = one(&a);
     assert_eq!((second.wr_id, second.status), (2, Err(WcError::Flushed)));
-    a.post_write(&write(3, &src, 0, 8, dst.rkey, 0, None))
+    a.post_write(&write(3, &src, 0, 8, at(&dst, 0), None))
         .unwrap();
     let third = one(&a);
     assert_eq!((third.wr_id, third.status), (3, Err(WcError::Flushed)));
@@ -239,7 +247,7 @@ fn other_devices_rkey_is_refused() {
         let (_fabric, da, db, a, _b, src, dst) = pair(8, 64, 64);
         da.write_region(src.handle, 0, &[0xab; 8]).unwrap();
         // The sender's own rkey names nothing at the receiver.
-        a.post_write(&write(1, &src, 0, 8, src.rkey, 0, None))
+        a.post_write(&write(1, &src, 0, 8, at(&src, 0), None))
             .unwrap();
         let c = one(&a);
         assert!(matches!(c.status, Err(WcError::RemoteAccess(_))), "{c:?}");
@@ -265,7 +273,7 @@ fn out_of_bounds_is_refused() {
 fn bad_local_slice_is_local_protection_error() {
     bounded(|| {
         let (_fabric, _da, _db, a, _b, src, dst) = pair(8, 64, 64);
-        a.post_write(&write(1, &src, 60, 8, dst.rkey, 0, None))
+        a.post_write(&write(1, &src, 60, 8, at(&dst, 0), None))
             .unwrap();
         let c = one(&a);
         assert!(
@@ -281,7 +289,7 @@ fn pending_work_is_flushed_when_peer_dropped() {
     bounded(|| {
         let (_fabric, _da, _db, a, b, src, dst) = pair(8, 64, 64);
         for id in 0..4 {
-            a.post_write(&write(id, &src, 0, 8, dst.rkey, 0, Some(id as u32)))
+            a.post_write(&write(id, &src, 0, 8, at(&dst, 0), Some(id as u32)))
                 .unwrap();
         }
         drop(b);
@@ -297,7 +305,7 @@ fn pending_work_is_flushed_when_peer_dropped() {
                 .map(|id| (id, Err(WcError::Flushed)))
                 .collect::<Vec<_>>()
         );
-        a.post_write(&write(9, &src, 0, 8, dst.rkey, 0, None))
+        a.post_write(&write(9, &src, 0, 8, at(&dst, 0), None))
             .unwrap();
         assert_eq!(one(&a).status, Err(WcError::Flushed));
     });
@@ -320,7 +328,7 @@ fn peer_dropped_mid_stream_no_hang() {
         let mut first_error = None;
         let mut id = 0u64;
         while first_error.is_none() {
-            match a.post_write(&write(id, &src, 0, 8, dst.rkey, 0, Some(id as u32))) {
+            match a.post_write(&write(id, &src, 0, 8, at(&dst, 0), Some(id as u32))) {
                 Ok(()) => id += 1,
                 Err(VerbsError::SendQueueFull { .. }) => {}
                 Err(e) => panic!("{e}"),
@@ -350,7 +358,7 @@ fn peer_dropped_mid_stream_no_hang() {
                 assert!(c.status.is_err());
             }
         }
-        a.post_write(&write(id, &src, 0, 8, dst.rkey, 0, None))
+        a.post_write(&write(id, &src, 0, 8, at(&dst, 0), None))
             .unwrap();
         assert_eq!(one(&a).status, Err(WcError::Flushed));
     });
@@ -365,18 +373,18 @@ fn send_queue_depth_is_enforced() {
         let src = dev.register(64).unwrap();
         let dst = dev.register(64).unwrap();
         for id in 0..4 {
-            a.post_write(&write(id, &src, 0, 8, dst.rkey, 0, None))
+            a.post_write(&write(id, &src, 0, 8, at(&dst, 0), None))
                 .unwrap();
         }
         assert_eq!(a.outstanding(), 4);
-        let refused = a.post_write(&write(4, &src, 0, 8, dst.rkey, 0, None));
+        let refused = a.post_write(&write(4, &src, 0, 8, at(&dst, 0), None));
         assert_eq!(refused, Err(VerbsError::SendQueueFull { depth: 4 }));
         // Polling one send completion frees one slot, not more.
         assert_eq!(a.poll(1).len(), 1);
-        a.post_write(&write(4, &src, 0, 8, dst.rkey, 0, None))
+        a.post_write(&write(4, &src, 0, 8, at(&dst, 0), None))
             .unwrap();
         assert_eq!(
-            a.post_write(&write(5, &src, 0, 8, dst.rkey, 0, None)),
+            a.post_write(&write(5, &src, 0, 8, at(&dst, 0), None)),
             Err(VerbsError::SendQueueFull { depth: 4 })
         );
         let rest: Vec<u64> = a.poll(usize::MAX).iter().map(|c| c.wr_id).collect();
