@@ -25,9 +25,11 @@
 //!   [`VerbsError::SendQueueFull`].
 //!
 //! The emulated NIC does its work when either end of a queue pair polls
-//! or waits, not in a thread of its own: a request posted and never
-//! polled for by anyone stays pending (which is also what makes "pending
-//! when the peer died" testable). Receive work requests are not modelled:
+//! or waits, not in a thread of its own: on a fabric made by
+//! [`EmuFabric::new`] a request posted and never polled for by anyone
+//! stays pending (which is what makes "pending when the peer died"
+//! testable); on one made by [`EmuFabric::eager`] it is also done when
+//! posted, as a real NIC would do it without being asked. Receive work requests are not modelled:
 //! a write with immediate always finds a receive (the real data path
 //! keeps receives posted ahead).
 
@@ -46,12 +48,25 @@ use crate::verbs::{
 #[derive(Debug, Default)]
 pub struct EmuFabric {
     keys: Arc<AtomicU32>,
+    eager: bool,
 }
 
 impl EmuFabric {
-    /// A fabric with no devices.
+    /// A fabric with no devices whose NICs work only when an end polls or
+    /// waits (so that work can be left pending, e.g. when a peer dies).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A fabric whose NICs also work when a request is posted, as real
+    /// ones do on their own: a write lands, and its completions are
+    /// queued, before `post_write` returns (unless the send queue was
+    /// already stuck behind an error). The data path runs on this one.
+    pub fn eager() -> Self {
+        EmuFabric {
+            eager: true,
+            ..Self::default()
+        }
     }
 
     /// A new device (a NIC with its protection domain).
@@ -88,6 +103,7 @@ impl EmuFabric {
             link: Mutex::new([side(a), side(b)]),
             cv: Condvar::new(),
             depth: max_outstanding,
+            eager: self.eager,
         });
         (
             EmuQp {
@@ -250,6 +266,8 @@ struct Shared {
     /// Signalled on every post and on a drop.
     cv: Condvar,
     depth: usize,
+    /// Execute on post (see [`EmuFabric::eager`]).
+    eager: bool,
 }
 
 impl Shared {
@@ -338,6 +356,9 @@ impl QueuePair for EmuQp {
         }
         side.outstanding += 1;
         side.sq.push_back(*wr);
+        if self.shared.eager {
+            progress(&mut link);
+        }
         drop(link);
         self.shared.cv.notify_all();
         Ok(())

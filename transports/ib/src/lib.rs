@@ -19,10 +19,14 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod conn;
 pub mod emu;
+pub mod emu_transport;
 pub mod verbs;
 
+pub use conn::{EndInfo, EndParts, Geometry, IbCloser, IbReceiver, IbSender, LocalRegions};
 pub use emu::{EmuDevice, EmuFabric, EmuQp};
+pub use emu_transport::EmuTransport;
 pub use verbs::{
     Completion, CompletionKind, Device, LocalSlice, MemoryRegion, MrHandle, QpState, QueuePair,
     RemoteSlice, VerbsError, WcError, WriteRequest,
