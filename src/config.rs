@@ -34,8 +34,9 @@ pub struct Config {
     /// silent rank is named before the others time out, within 100 ms to
     /// 5 s (see [`Config::heartbeat_interval`]).
     pub heartbeat: Option<Duration>,
-    /// Force one transport by name (FERROCCL_TRANSPORT): "tcp", or "mem" for
-    /// ranks that are threads of one process.
+    /// Force one transport by name (FERROCCL_TRANSPORT): "shm", "tcp", or,
+    /// for ranks that are threads of one process, "mem" or "ib-emu" (the
+    /// RDMA data path over emulated verbs).
     pub transport: Option<String>,
     /// Slot bytes per direction of a connection (FERROCCL_BUFFSIZE).
     pub buffsize: usize,
@@ -91,6 +92,10 @@ pub struct Config {
     /// NCCL_MAX_NCHANNELS; 1 to 64, default 8). Every rank's bound is
     /// exchanged and the smallest holds (docs/device-executor.md).
     pub max_channels: usize,
+    /// Queue pairs per direction of an RDMA connection, a frame of 64 KiB
+    /// or more striped across them (FERROCCL_IB_QPS_PER_CONNECTION, else
+    /// NCCL_IB_QPS_PER_CONNECTION; 1 to 16, default 1).
+    pub ib_qps_per_connection: usize,
 }
 
 /// Default of `Config::nt_store_bytes`. On the 2-core build machine a
@@ -150,6 +155,7 @@ impl Config {
             cma: true,
             p2p: true,
             max_channels: crate::device_tune::DEFAULT_CHANNELS,
+            ib_qps_per_connection: 1,
         };
         config.from_env_overrides(&|k| std::env::var(k).ok())?;
         Ok(config)
@@ -175,6 +181,7 @@ impl Config {
     /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
     /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_NT_STORE_BYTES,
+    /// FERROCCL_IB_QPS_PER_CONNECTION (else NCCL_IB_QPS_PER_CONNECTION),
     /// FERROCCL_P2P_DISABLE (else NCCL_P2P_DISABLE), FERROCCL_MAX_NCHANNELS
     /// (else NCCL_MAX_NCHANNELS), FERROCCL_SIMD and
     /// FERROCCL_PROTO (else NCCL_PROTO) (checked only) and FERROCCL_ALGO
@@ -224,6 +231,22 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_NSOCKS_PERPEER") {
             self.nsocks_per_peer = parse("FERROCCL_NSOCKS_PERPEER", &v)?;
+        }
+        if let Some((name, v)) = [
+            "FERROCCL_IB_QPS_PER_CONNECTION",
+            "NCCL_IB_QPS_PER_CONNECTION",
+        ]
+        .into_iter()
+        .find_map(|name| get(name).map(|v| (name, v)))
+        {
+            let qps: usize = parse(name, &v)?;
+            if !(1..=ferroccl_ib::conn::MAX_QPS).contains(&qps) {
+                return Err(Error::Env(format!(
+                    "{name}='{v}' must be in 1..={}",
+                    ferroccl_ib::conn::MAX_QPS
+                )));
+            }
+            self.ib_qps_per_connection = qps;
         }
         if let Some(v) = get("FERROCCL_SOCKET_IFNAME") {
             self.socket_ifname = Some(v).filter(|s| !s.trim().is_empty());

@@ -8,7 +8,10 @@ use ferroccl_transport::{SharedMemory, Transport};
 use std::sync::Arc;
 
 /// Names accepted by FERROCCL_TRANSPORT.
-pub const TRANSPORT_NAMES: [&str; 3] = ["shm", "tcp", "mem"];
+pub const TRANSPORT_NAMES: [&str; 4] = ["shm", "tcp", "mem", "ib-emu"];
+
+/// Transports that join only ranks that are threads of one process.
+pub(crate) const IN_PROCESS: [&str; 2] = ["mem", "ib-emu"];
 
 /// The transports a communicator listens on, in preference order: each peer
 /// is reached by the first whose `can_connect` holds for both ranks (shm for
@@ -24,6 +27,9 @@ pub(crate) fn select(config: &Config) -> Result<Vec<Arc<dyn Transport>>> {
         Some("shm") => Ok(vec![shm()]),
         Some("tcp") => Ok(vec![tcp()]),
         Some("mem") => Ok(vec![Arc::new(ferroccl_transport::mem::MemTransport)]),
+        Some("ib-emu") => Ok(vec![Arc::new(ferroccl_ib::EmuTransport::new(
+            config.ib_qps_per_connection,
+        ))]),
         Some(other) => Err(Error::InvalidArgument(format!(
             "unknown transport '{other}' (FERROCCL_TRANSPORT); known: {}",
             TRANSPORT_NAMES.join(", ")

@@ -172,6 +172,28 @@ fn small_counts_over_the_in_process_transport() {
     }
 }
 
+// The RDMA data path over emulated verbs (ranks as threads): small counts
+// on 2..8 ranks with one queue pair per direction, and every size on 3 ranks
+// with frames of 64 KiB and more striped over 3 queue pairs.
+#[test]
+fn small_counts_over_emulated_rdma() {
+    for n in [2, 3, 4, 5, 8] {
+        matrix(n, Some("ib-emu"), false);
+    }
+}
+#[test]
+fn matrix_3_ranks_over_emulated_rdma_striped() {
+    run_ranks_with(
+        3,
+        |c| {
+            c.transport = Some("ib-emu".into());
+            c.ib_qps_per_connection = 3;
+            c.timeout = std::time::Duration::from_secs(120);
+        },
+        |comm| every_type(&comm, true),
+    );
+}
+
 #[test]
 fn async_calls_run_in_issue_order_between_blocking_ones() {
     run_ranks_with(

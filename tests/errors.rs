@@ -36,8 +36,9 @@ impl Gate {
     }
 }
 
-/// The default transport (TCP) and the in-process one.
-const TRANSPORTS: [Option<&str>; 2] = [None, Some("mem")];
+/// The default transport (TCP), the in-process one, and the RDMA data path
+/// over emulated verbs.
+const TRANSPORTS: [Option<&str>; 3] = [None, Some("mem"), Some("ib-emu")];
 
 fn configure(transport: Option<&str>, timeout: Duration) -> impl Fn(&mut Config) + Sync + '_ {
     move |c: &mut Config| {

@@ -81,13 +81,16 @@ impl Communicator {
     pub fn from_env() -> Result<Communicator> {
         let info = bootstrap::env::detect_process_env()?;
         let config = Config::from_launch(&info)?;
-        if config.size > 1 && config.transport.as_deref() == Some("mem") {
+        if let Some(t) = config
+            .transport
+            .as_deref()
+            .filter(|t| config.size > 1 && crate::transports::IN_PROCESS.contains(t))
+        {
             // It would wait out the timeout for peers it cannot reach.
-            return Err(Error::Env(
-                "FERROCCL_TRANSPORT=mem joins only ranks that are threads of one process; \
+            return Err(Error::Env(format!(
+                "FERROCCL_TRANSPORT={t} joins only ranks that are threads of one process; \
                  ranks started by a launcher are processes (use shm or tcp, or leave it unset)"
-                    .into(),
-            ));
+            )));
         }
         Self::init(config)
     }

@@ -348,6 +348,9 @@ pub struct EndParts<D, Q> {
     pub in_qps: Vec<Q>,
     /// The communicator's abort.
     pub abort: AbortSignal,
+    /// Whether the first `steps` clear-to-send entries of the receiving
+    /// direction were posted already ([`grant_first_slots`]).
+    pub first_slots_granted: bool,
 }
 
 /// What the halves and the closer of one end share.
@@ -496,6 +499,55 @@ const FAIL_VALID: u32 = 0x4641_494c;
 /// `wr_id` of control writes (clear-to-send entries, endings, reports).
 const WR_CONTROL: u64 = u64::MAX;
 
+/// Posts, on `qp` (the receiving end of the direction), the clear-to-send
+/// entry for frame `seq`: slot `seq % steps` of `regions.slots`, written
+/// into the sender's `cts` region with a `CTS` immediate.
+fn post_cts_entry<D: Device, Q: QueuePair>(
+    dev: &D,
+    regions: &LocalRegions,
+    cts: &RemoteRegion,
+    g: &Geometry,
+    qp: &Q,
+    seq: u64,
+) -> Result<(), VerbsError> {
+    let slot = (seq % g.steps as u64) as usize;
+    let slots = &regions.slots;
+    let mut e = [0u8; CTS_ENTRY_BYTES];
+    e[0..8].copy_from_slice(&seq.to_le_bytes());
+    e[8..16].copy_from_slice(&(slots.addr + (slot * g.stride()) as u64).to_le_bytes());
+    e[16..20].copy_from_slice(&slots.rkey.to_le_bytes());
+    e[20..24].copy_from_slice(&(g.stride() as u32).to_le_bytes());
+    let at = slot * CTS_ENTRY_BYTES;
+    dev.write_region(regions.cts_src.handle, at, &e)?;
+    qp.post_write(&WriteRequest {
+        wr_id: WR_CONTROL,
+        local: LocalSlice {
+            mr: regions.cts_src.handle,
+            offset: at,
+            len: CTS_ENTRY_BYTES,
+        },
+        remote: cts.at(at),
+        imm: Some(imm::with_arg(imm::CTS, seq)),
+    })
+}
+
+/// Posts the receiving end's first `steps` clear-to-send entries, so that
+/// the peer may send before this end is [`open`]ed (a set-up that makes
+/// both ends at once calls it for the end it hands over, as a kernel's
+/// accept queue lets a socket's peer send before `accept`). `qp` is the
+/// receiving end's first queue pair of the direction; `sender_cts` the
+/// sender's `cts` region.
+pub fn grant_first_slots<D: Device, Q: QueuePair>(
+    dev: &D,
+    regions: &LocalRegions,
+    sender_cts: &RemoteRegion,
+    geometry: &Geometry,
+    qp: &Q,
+) -> Result<(), VerbsError> {
+    (0..geometry.steps as u64)
+        .try_for_each(|seq| post_cts_entry(dev, regions, sender_cts, geometry, qp, seq))
+}
+
 /// Builds one end of a connection from its parts: the sending half, the
 /// receiving half and the closer. The receiving half has already posted
 /// its first `steps` clear-to-send entries when this returns.
@@ -517,6 +569,7 @@ where
         out_qps,
         in_qps,
         abort,
+        first_slots_granted,
     } = parts;
     geometry.check().map_err(|detail| TransportError::Connect {
         peer,
@@ -567,7 +620,7 @@ where
         broken: None,
         buf: vec![0u64; words],
     };
-    for seq in 0..geometry.steps as u64 {
+    for seq in (0..geometry.steps as u64).filter(|_| !first_slots_granted) {
         receiver
             .post_cts(seq, Instant::now() + Duration::from_secs(5))
             .map_err(|e| TransportError::Connect {
@@ -815,7 +868,9 @@ where
             1
         };
         let per = total.div_ceil(pieces);
-        for i in 0..pieces {
+        // The first queue pair last: a receiver waking on its completion
+        // (it waits on that one) finds the other pieces there already.
+        for i in (0..pieces).rev() {
             let from = (i * per).min(total);
             let len = per.min(total - from);
             let write = WriteRequest {
@@ -947,43 +1002,28 @@ impl<D: Device, Q: QueuePair> IbReceiver<D, Q> {
         }
     }
 
-    /// Posts the clear-to-send entry for frame `seq` into the peer's
-    /// `cts` region.
+    /// Posts the clear-to-send entry for frame `seq`, making room in the
+    /// send queue as needed.
     fn post_cts(&mut self, seq: u64, deadline: Instant) -> Result<(), TransportError> {
-        let g = self.end.geometry;
-        let slot = (seq % g.steps as u64) as usize;
-        let slots = &self.end.regions.slots;
-        let mut e = [0u8; CTS_ENTRY_BYTES];
-        e[0..8].copy_from_slice(&seq.to_le_bytes());
-        e[8..16].copy_from_slice(&(slots.addr + (slot * g.stride()) as u64).to_le_bytes());
-        e[16..20].copy_from_slice(&slots.rkey.to_le_bytes());
-        e[20..24].copy_from_slice(&(g.stride() as u32).to_le_bytes());
-        let at = slot * CTS_ENTRY_BYTES;
-        self.end
-            .dev
-            .write_region(self.end.regions.cts_src.handle, at, &e)
-            .map_err(|err| TransportError::Io(format!("staging a clear-to-send entry: {err}")))?;
-        let write = WriteRequest {
-            wr_id: WR_CONTROL,
-            local: LocalSlice {
-                mr: self.end.regions.cts_src.handle,
-                offset: at,
-                len: CTS_ENTRY_BYTES,
-            },
-            remote: self.end.remote.cts.at(at),
-            imm: Some(imm::with_arg(imm::CTS, seq)),
-        };
+        let end = Arc::clone(&self.end);
         loop {
-            match self.end.in_qps[0].post_write(&write) {
+            match post_cts_entry(
+                &end.dev,
+                &end.regions,
+                &end.remote.cts,
+                &end.geometry,
+                &end.in_qps[0],
+                seq,
+            ) {
                 Ok(()) => return Ok(()),
                 Err(VerbsError::SendQueueFull { .. }) if Instant::now() < deadline => {
-                    let done = self.end.in_qps[0].wait(POLL_BATCH, WAIT_SLICE);
+                    let done = end.in_qps[0].wait(POLL_BATCH, WAIT_SLICE);
                     self.absorb(done);
                 }
                 Err(e) => {
                     return Err(TransportError::Io(format!(
                         "posting a clear-to-send entry to rank {}: {e}",
-                        self.end.peer
+                        end.peer
                     )))
                 }
             }

@@ -50,6 +50,11 @@ fn registry() -> &'static Mutex<HashMap<u64, Entry>> {
     REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// The `cts` region of `regions` as its peer names it.
+fn remote_cts(regions: &LocalRegions) -> conn::RemoteRegion {
+    (&regions.cts).into()
+}
+
 fn fabric() -> &'static EmuFabric {
     static FABRIC: OnceLock<EmuFabric> = OnceLock::new();
     FABRIC.get_or_init(EmuFabric::eager)
@@ -147,6 +152,7 @@ impl EmuListener {
         remote: conn::EndInfo,
         out_qps: Vec<EmuQp>,
         in_qps: Vec<EmuQp>,
+        first_slots_granted: bool,
     ) -> Result<Connection, TransportError> {
         let g = self.geometry;
         let fifo = |rkey, remote_addr| FifoDescriptor {
@@ -169,6 +175,7 @@ impl EmuListener {
             out_qps,
             in_qps,
             abort: self.abort.clone(),
+            first_slots_granted,
         })?;
         Ok(Connection {
             peer,
@@ -231,6 +238,10 @@ impl Listener for EmuListener {
             my_in.push(b);
         }
         let remote = theirs.info();
+        // The acceptor's receiving end says where this rank's first frames
+        // go now, not at its `accept`: this rank may send before then.
+        conn::grant_first_slots(&entry.dev, &theirs, &remote_cts(&mine), &g, &their_in[0])
+            .map_err(|e| refuse(format!("posting the first clear-to-send entries: {e}")))?;
         entry
             .inbox
             .send(Offer {
@@ -241,7 +252,7 @@ impl Listener for EmuListener {
                 in_qps: their_in,
             })
             .map_err(|_| refuse("the in-process listener is gone".into()))?;
-        self.connection(peer, mine, remote, my_out, my_in)
+        self.connection(peer, mine, remote, my_out, my_in, false)
     }
 
     fn accept(&self, peer: usize, deadline: Instant) -> Result<Connection, TransportError> {
@@ -255,7 +266,7 @@ impl Listener for EmuListener {
                     .map(|i| early.swap_remove(i))
             };
             if let Some(o) = found {
-                return self.connection(peer, o.regions, o.remote, o.out_qps, o.in_qps);
+                return self.connection(peer, o.regions, o.remote, o.out_qps, o.in_qps, true);
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
             crossbeam_channel::select! {
