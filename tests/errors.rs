@@ -355,6 +355,54 @@ fn a_failure_reaches_ranks_that_are_not_its_neighbours() {
     }
 }
 
+/// Over the RDMA data path (emulated verbs), rank 2's host dies while every
+/// survivor waits in a collective: nothing is said on the wire (its queue
+/// pairs just go to error), and every survivor, neighbour or not, ends its
+/// call naming rank 2 within the timeout.
+#[test]
+fn a_rank_whose_rdma_host_dies_is_named_by_every_other_rank() {
+    const TOKEN: u64 = 0x1b_dead_0002;
+    let timeout = Duration::from_secs(20);
+    let issued = Gate::new(4);
+    let survivors = Gate::new(4);
+    let errors = run_ranks_with(
+        4,
+        |c: &mut Config| {
+            c.transport = Some("ib-emu".into());
+            c.timeout = timeout;
+            c.token = TOKEN;
+        },
+        |comm| {
+            valid_all_reduce(&comm, "start");
+            if comm.rank() == 2 {
+                issued.wait();
+                assert!(ferroccl_ib::emu_transport::kill_rank(TOKEN, 2) > 0);
+                // Keep the communicator (and its heartbeats) until every
+                // survivor has its error: the dead device alone tells them.
+                survivors.wait();
+                return None;
+            }
+            let start = Instant::now();
+            let work = comm
+                .all_reduce_async(vec![comm.rank() as f64; 300_000], ReduceOp::Sum)
+                .expect("issue the call");
+            issued.wait();
+            let err = work.wait().expect_err("rank 2's host is gone");
+            let took = start.elapsed();
+            survivors.wait();
+            Some((err, took))
+        },
+    );
+    for (rank, got) in errors.into_iter().enumerate() {
+        let Some((err, took)) = got else {
+            assert_eq!(rank, 2);
+            continue;
+        };
+        assert!(took < timeout, "rank {rank} took {took:?}");
+        assert_peer_failed(&err, 2, "all_reduce", rank);
+    }
+}
+
 /// A call issued after this rank heard of a failure (through the job's
 /// failure reports) should still name itself; today it returns the stored
 /// report with an empty `during` (see the report of this branch).

@@ -34,7 +34,7 @@
 //! keeps receives posted ahead).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -49,6 +49,27 @@ use crate::verbs::{
 pub struct EmuFabric {
     keys: Arc<AtomicU32>,
     eager: bool,
+    stats: Arc<Counters>,
+}
+
+/// What crossed an emulated fabric, counted as a NIC would: work requests
+/// executed successfully and the bytes they moved (see
+/// [`EmuFabric::stats`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FabricStats {
+    /// RDMA writes executed, with or without immediate.
+    pub writes: u64,
+    /// Of those, writes with immediate (each a receive completion).
+    pub with_imm: u64,
+    /// Payload bytes written.
+    pub bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    writes: AtomicU64,
+    with_imm: AtomicU64,
+    bytes: AtomicU64,
 }
 
 impl EmuFabric {
@@ -69,10 +90,21 @@ impl EmuFabric {
         }
     }
 
+    /// What crossed the fabric so far.
+    pub fn stats(&self) -> FabricStats {
+        FabricStats {
+            writes: self.stats.writes.load(Ordering::Relaxed),
+            with_imm: self.stats.with_imm.load(Ordering::Relaxed),
+            bytes: self.stats.bytes.load(Ordering::Relaxed),
+        }
+    }
+
     /// A new device (a NIC with its protection domain).
     pub fn device(&self) -> EmuDevice {
         EmuDevice {
             inner: Arc::new(DevInner {
+                dead: AtomicBool::new(false),
+                stats: Arc::clone(&self.stats),
                 keys: Arc::clone(&self.keys),
                 next_mr: AtomicU64::new(1),
                 regions: Mutex::new(HashMap::new()),
@@ -125,6 +157,9 @@ struct Region {
 
 #[derive(Debug)]
 struct DevInner {
+    /// The host went away ([`EmuDevice::kill`]).
+    dead: AtomicBool,
+    stats: Arc<Counters>,
     keys: Arc<AtomicU32>,
     next_mr: AtomicU64,
     regions: Mutex<HashMap<u64, Region>>,
@@ -186,6 +221,22 @@ fn bounds(
 #[derive(Debug, Clone)]
 pub struct EmuDevice {
     inner: Arc<DevInner>,
+}
+
+impl EmuDevice {
+    /// The device's host dies, as a process killed with its NIC's
+    /// resources: every queue pair with an end on this device is in error
+    /// from now on at both ends (its peers see it at their next poll, wait
+    /// or post), and nothing more executes towards or from it. Nothing is
+    /// said to anyone: no ending, no report.
+    pub fn kill(&self) {
+        self.inner.dead.store(true, Ordering::Release);
+    }
+
+    /// Whether another handle of this device exists besides this one.
+    pub fn in_use(&self) -> bool {
+        Arc::strong_count(&self.inner) > 1
+    }
 }
 
 impl Device for EmuDevice {
@@ -278,6 +329,7 @@ impl Shared {
 
 /// Executes everything pending, both directions, in posting order.
 fn progress(link: &mut [Side; 2]) {
+    mark_dead(link);
     for s in 0..2 {
         let peer = 1 - s;
         while let Some(wr) = link[s].sq.pop_front() {
@@ -286,9 +338,25 @@ fn progress(link: &mut [Side; 2]) {
             } else {
                 execute(link, s, &wr)
             };
-            if status.is_err() {
+            if let Err(e) = &status {
                 link[s].state = QpState::Error;
-            } else if let Some(imm) = wr.imm {
+                // A responder that refuses an access (a bad or stale key,
+                // out of bounds) goes to error too, as an RC responder
+                // does after its NAK.
+                if matches!(e, WcError::RemoteAccess(_)) {
+                    link[peer].state = QpState::Error;
+                }
+            } else {
+                let stats = &link[s].dev.stats;
+                stats.writes.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .bytes
+                    .fetch_add(wr.local.len as u64, Ordering::Relaxed);
+                if wr.imm.is_some() {
+                    stats.with_imm.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if let (Ok(()), Some(imm)) = (&status, wr.imm) {
                 if link[peer].alive {
                     link[peer].cq.push_back(Completion {
                         wr_id: 0,
@@ -309,13 +377,25 @@ fn progress(link: &mut [Side; 2]) {
     }
 }
 
+/// A queue pair with an end on a killed device is in error at both ends.
+fn mark_dead(link: &mut [Side; 2]) {
+    if link
+        .iter()
+        .any(|side| side.dev.dead.load(Ordering::Acquire))
+    {
+        for side in link.iter_mut() {
+            side.state = QpState::Error;
+        }
+    }
+}
+
 fn execute(link: &[Side; 2], s: usize, wr: &WriteRequest) -> Result<(), WcError> {
     let peer = &link[1 - s];
     let data = link[s]
         .dev
         .read_local(wr.local.mr, wr.local.offset, wr.local.len)
         .map_err(|e| WcError::LocalProtection(e.to_string()))?;
-    if !peer.alive || peer.state == QpState::Error {
+    if !peer.alive || peer.state == QpState::Error || peer.dev.dead.load(Ordering::Acquire) {
         return Err(WcError::RetryExceeded(
             "peer queue pair in error or gone".into(),
         ));
@@ -392,7 +472,9 @@ impl QueuePair for EmuQp {
     }
 
     fn state(&self) -> QpState {
-        self.shared.lock()[self.me].state
+        let mut link = self.shared.lock();
+        mark_dead(&mut link);
+        link[self.me].state
     }
 
     fn outstanding(&self) -> usize {

@@ -55,6 +55,30 @@ fn remote_cts(regions: &LocalRegions) -> conn::RemoteRegion {
     (&regions.cts).into()
 }
 
+/// Every listener's device, by job token and rank, for [`kill_rank`].
+fn devices() -> &'static Mutex<Vec<(u64, usize, EmuDevice)>> {
+    static DEVICES: OnceLock<Mutex<Vec<(u64, usize, EmuDevice)>>> = OnceLock::new();
+    DEVICES.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// Kills the devices of `rank` in the job `token` ([`EmuDevice::kill`]):
+/// that rank's host dies as far as its RDMA connections go, without a word
+/// to its peers, as a process killed mid-job. For tests of failure; the
+/// number of devices killed is returned.
+pub fn kill_rank(token: u64, rank: usize) -> usize {
+    let list = lock(devices());
+    list.iter()
+        .filter(|(t, r, _)| *t == token && *r == rank)
+        .map(|(_, _, dev)| dev.kill())
+        .count()
+}
+
+/// The fabric's counters: writes, immediates and bytes that crossed it
+/// since the process began.
+pub fn stats() -> crate::emu::FabricStats {
+    fabric().stats()
+}
+
 fn fabric() -> &'static EmuFabric {
     static FABRIC: OnceLock<EmuFabric> = OnceLock::new();
     FABRIC.get_or_init(EmuFabric::eager)
@@ -105,6 +129,12 @@ impl Transport for EmuTransport {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = crossbeam_channel::unbounded();
         let dev = fabric().device();
+        {
+            let mut list = lock(devices());
+            // Forget devices nothing else holds any more.
+            list.retain(|(_, _, d)| d.in_use());
+            list.push((config.token, config.rank, dev.clone()));
+        }
         lock(registry()).insert(
             id,
             Entry {

@@ -25,7 +25,7 @@ pub mod emu_transport;
 pub mod verbs;
 
 pub use conn::{EndInfo, EndParts, Geometry, IbCloser, IbReceiver, IbSender, LocalRegions};
-pub use emu::{EmuDevice, EmuFabric, EmuQp};
+pub use emu::{EmuDevice, EmuFabric, EmuQp, FabricStats};
 pub use emu_transport::EmuTransport;
 pub use verbs::{
     Completion, CompletionKind, Device, LocalSlice, MemoryRegion, MrHandle, QpState, QueuePair,
