@@ -16,11 +16,21 @@
 //! machine here has an RDMA device (no kernel support, not even
 //! soft-RoCE), so the emulation is how the logic is tested. See
 //! `docs/ib.md`.
-#![forbid(unsafe_code)]
+// Without feature `ib` no unsafe at all; with it, only `real` (the FFI to
+// libibverbs) may opt in, every block with its `// SAFETY:` comment.
+#![cfg_attr(not(feature = "ib"), forbid(unsafe_code))]
+#![cfg_attr(feature = "ib", deny(unsafe_code))]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod config;
 pub mod emu;
 pub mod verbs;
+
+pub use config::probe;
+pub use config::{
+    choose_gid, decide, select_ports, ConfigError, Decision, Endpoint, EndpointError, Gid, GidKind,
+    HcaItem, HcaSpec, IbConfig, LinkLayer, Port, ProbeError,
+};
 
 pub use emu::{EmuDevice, EmuFabric, EmuQp};
 pub use verbs::{
