@@ -490,6 +490,7 @@ fn no_port(forced: bool, why: String) -> Decision {
 
 /// Without feature `ib` there are no real verbs: always
 /// [`ProbeError::NotBuilt`].
+#[cfg(not(feature = "ib"))]
 pub fn probe(_cfg: &IbConfig) -> Result<Vec<Port>, ProbeError> {
     Err(ProbeError::NotBuilt)
 }

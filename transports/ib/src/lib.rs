@@ -24,13 +24,18 @@
 
 pub mod config;
 pub mod emu;
+#[cfg(feature = "ib")]
+pub mod real;
 pub mod verbs;
 
+#[cfg(not(feature = "ib"))]
 pub use config::probe;
 pub use config::{
     choose_gid, decide, select_ports, ConfigError, Decision, Endpoint, EndpointError, Gid, GidKind,
     HcaItem, HcaSpec, IbConfig, LinkLayer, Port, ProbeError,
 };
+#[cfg(feature = "ib")]
+pub use real::{probe, IbDevice, IbError, IbQp, PendingQp};
 
 pub use emu::{EmuDevice, EmuFabric, EmuQp};
 pub use verbs::{
