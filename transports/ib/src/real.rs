@@ -343,6 +343,9 @@ impl Drop for HostMem {
 struct Region {
     mr: *mut ffi::ibv_mr,
     len: usize,
+    /// The address work requests name the first byte by: the virtual
+    /// address for host memory, the iova for dma-buf memory.
+    addr: u64,
     /// `None` for dma-buf (device) memory, which the CPU cannot reach here.
     mem: Option<HostMem>,
 }
@@ -356,7 +359,7 @@ impl Region {
     fn keys(&self) -> (u32, u32, u64) {
         // SAFETY: `mr` is a live registration (deregistered only on drop).
         let mr = unsafe { &*self.mr };
-        (mr.lkey, mr.rkey, mr.addr as u64)
+        (mr.lkey, mr.rkey, self.addr)
     }
 }
 
@@ -501,6 +504,7 @@ impl IbDevice {
         Ok(self.insert(Region {
             mr,
             len,
+            addr: ptr as u64,
             mem: Some(mem),
         }))
     }
@@ -534,9 +538,12 @@ impl IbDevice {
                 "ibv_reg_dmabuf_mr(fd {fd}, offset {offset}, {len} bytes)"
             )));
         }
-        let mut r = self.insert(Region { mr, len, mem: None });
-        r.addr = iova;
-        Ok(r)
+        Ok(self.insert(Region {
+            mr,
+            len,
+            addr: iova,
+            mem: None,
+        }))
     }
 
     fn insert(&self, region: Region) -> MemoryRegion {

@@ -18,6 +18,15 @@ fn sysfs_has_devices() -> bool {
         .unwrap_or(false)
 }
 
+/// The data path shares devices and queue pairs between threads.
+#[test]
+fn real_types_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<IbDevice>();
+    send_sync::<ferroccl_ib::IbQp>();
+    send_sync::<ferroccl_ib::PendingQp>();
+}
+
 #[test]
 fn probe_answers_clearly() {
     let cfg = IbConfig::default();
