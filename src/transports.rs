@@ -27,7 +27,7 @@ pub(crate) fn select(config: &Config) -> Result<Vec<Arc<dyn Transport>>> {
         Some("shm") => Ok(vec![shm()]),
         Some("tcp") => Ok(vec![tcp()]),
         Some("mem") => Ok(vec![Arc::new(ferroccl_transport::mem::MemTransport)]),
-        Some("ib-emu") => Ok(vec![Arc::new(ferroccl_ib::EmuTransport::new(
+        Some("ib-emu") => Ok(vec![Arc::new(ferroccl_ib::emu_transport::transport(
             config.ib_qps_per_connection,
         ))]),
         Some(other) => Err(Error::InvalidArgument(format!(

@@ -16,17 +16,32 @@
 //! machine here has an RDMA device (no kernel support, not even
 //! soft-RoCE), so the emulation is how the logic is tested. See
 //! `docs/ib.md`.
-#![forbid(unsafe_code)]
+// Without feature `ib` no unsafe at all; with it, only `real` (the FFI to
+// libibverbs) may opt in, every block with its `// SAFETY:` comment.
+#![cfg_attr(not(feature = "ib"), forbid(unsafe_code))]
+#![cfg_attr(feature = "ib", deny(unsafe_code))]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod config;
 pub mod conn;
 pub mod emu;
 pub mod emu_transport;
+#[cfg(feature = "ib")]
+pub mod real;
+pub mod setup;
 pub mod verbs;
 
+#[cfg(not(feature = "ib"))]
+pub use config::probe;
+pub use config::{
+    choose_gid, decide, select_ports, ConfigError, Decision, Endpoint, EndpointError, Gid, GidKind,
+    HcaItem, HcaSpec, IbConfig, LinkLayer, Port, ProbeError,
+};
 pub use conn::{EndInfo, EndParts, Geometry, IbCloser, IbReceiver, IbSender, LocalRegions};
 pub use emu::{EmuDevice, EmuFabric, EmuQp, FabricStats};
-pub use emu_transport::EmuTransport;
+#[cfg(feature = "ib")]
+pub use real::{probe, IbDevice, IbError, IbQp, PendingQp};
+pub use setup::{Fabric, NetTransport};
 pub use verbs::{
     Completion, CompletionKind, Device, LocalSlice, MemoryRegion, MrHandle, QpState, QueuePair,
     RemoteSlice, VerbsError, WcError, WriteRequest,

@@ -37,7 +37,7 @@ use ferroccl_transport::{
     AbortSignal, HostInfo, ListenConfig, Listener, Transport, TransportError,
 };
 
-pub use listener::TcpListener;
+pub use listener::{choose_addresses, TcpListener};
 
 /// Bytes per slot that measured best on loopback with 2 cores when the
 /// payload is copied in and out (see `examples/tcp_pingpong.rs`); the same

@@ -109,8 +109,11 @@ fn check_config(config: &ListenConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// The address to bind and the address to publish.
-fn choose_addresses(config: &ListenConfig) -> Result<(IpAddr, IpAddr), TransportError> {
+/// The address to bind and the address to publish, for `config`'s bind
+/// address or interface filter (FERROCCL_SOCKET_IFNAME), else the first
+/// up non-loopback interface. Other transports that bootstrap over a
+/// socket (ib) use it too, so that every socket of a job picks alike.
+pub fn choose_addresses(config: &ListenConfig) -> Result<(IpAddr, IpAddr), TransportError> {
     let interfaces = || {
         iface::interface_addrs()
             .map_err(|e| TransportError::Io(format!("listing network interfaces: {e}")))

@@ -1,0 +1,197 @@
+//! The real verbs (feature `ib`). Without an RDMA device (this machine, CI)
+//! only the probe's answer can be checked; with one, a loopback: two queue
+//! pairs of one port connected to each other.
+#![cfg(feature = "ib")]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ferroccl_ib::{
+    probe, CompletionKind, Device, IbConfig, IbDevice, LocalSlice, ProbeError, QpState, QueuePair,
+    RemoteSlice, WcError, WriteRequest,
+};
+
+/// Whether the kernel shows any RDMA device at all.
+fn sysfs_has_devices() -> bool {
+    std::fs::read_dir(Path::new("/sys/class/infiniband"))
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false)
+}
+
+/// The data path shares devices and queue pairs between threads.
+#[test]
+fn real_types_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<IbDevice>();
+    send_sync::<ferroccl_ib::IbQp>();
+    send_sync::<ferroccl_ib::PendingQp>();
+}
+
+#[test]
+fn probe_answers_clearly() {
+    let cfg = IbConfig::default();
+    match probe(&cfg) {
+        Ok(ports) => {
+            assert!(!ports.is_empty());
+            for p in &ports {
+                assert!(p.active);
+                println!("RDMA port: {} gids={}", p.describe(), p.gids.len());
+            }
+        }
+        Err(e) => {
+            println!("no RDMA port: {e}");
+            if !sysfs_has_devices() {
+                assert!(matches!(e, ProbeError::NoDevice(_)), "{e:?}");
+                assert!(e.to_string().starts_with("no RDMA device found"), "{e}");
+            } else {
+                assert!(
+                    matches!(
+                        e,
+                        ProbeError::NoActivePort { .. }
+                            | ProbeError::NoDevice(_)
+                            | ProbeError::Verbs { .. }
+                    ),
+                    "{e:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn probe_reports_filter_that_matches_nothing() {
+    let cfg = IbConfig::from_lookup(|name| {
+        (name == "FERROCCL_IB_HCA").then(|| "=no_such_device_9".to_string())
+    })
+    .unwrap();
+    let e = probe(&cfg).unwrap_err();
+    println!("{e}");
+    if sysfs_has_devices() {
+        assert!(
+            matches!(
+                e,
+                ProbeError::NoneMatched { .. } | ProbeError::NoActivePort { .. }
+            ),
+            "{e:?}"
+        );
+    } else {
+        assert!(matches!(e, ProbeError::NoDevice(_)), "{e:?}");
+    }
+}
+
+fn wait_for(qp: &impl QueuePair, what: &str) -> ferroccl_ib::Completion {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(c) = qp.wait(1, Duration::from_millis(100)).pop() {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "no completion for {what} in 5 s");
+    }
+}
+
+#[test]
+fn loopback_write_with_imm_and_remote_access_error() {
+    let cfg = IbConfig::from_env().expect("IB configuration");
+    let ports = match probe(&cfg) {
+        Ok(p) => p,
+        Err(e) => {
+            println!("SKIPPED loopback (no RDMA device): {e}");
+            return;
+        }
+    };
+    let port = &ports[0];
+    let dev = IbDevice::open(port, &cfg).expect("open device");
+    println!("loopback on {} gid {:?}", port.describe(), dev.gid());
+    let a = dev.create_qp(16).expect("create qp a");
+    let b = dev.create_qp(16).expect("create qp b");
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    // Through the wire form, as between processes.
+    let ea = ferroccl_ib::Endpoint::from_bytes(&ea.to_bytes()).unwrap();
+    let eb = ferroccl_ib::Endpoint::from_bytes(&eb.to_bytes()).unwrap();
+    let qa = a.connect(&eb).expect("connect a");
+    let qb = b.connect(&ea).expect("connect b");
+    assert_eq!(qa.state(), QpState::Ready);
+    assert_eq!(qb.state(), QpState::Ready);
+
+    const N: usize = 1 << 16;
+    let src = dev.register(N).unwrap();
+    let dst = dev.register(N).unwrap();
+    assert_eq!(src.addr % 4096, 0, "page-aligned");
+    let data: Vec<u8> = (0..N).map(|i| (i * 7 + i / 251) as u8).collect();
+    dev.write_region(src.handle, 0, &data).unwrap();
+
+    let half = N / 2;
+    qa.post_write(&WriteRequest {
+        wr_id: 41,
+        local: LocalSlice {
+            mr: src.handle,
+            offset: 0,
+            len: half,
+        },
+        remote: RemoteSlice {
+            rkey: dst.rkey,
+            addr: dst.addr,
+        },
+        imm: None,
+    })
+    .unwrap();
+    qa.post_write(&WriteRequest {
+        wr_id: 42,
+        local: LocalSlice {
+            mr: src.handle,
+            offset: half,
+            len: N - half,
+        },
+        remote: RemoteSlice {
+            rkey: dst.rkey,
+            addr: dst.addr + half as u64,
+        },
+        imm: Some(0xdead_beef),
+    })
+    .unwrap();
+    for want in [41, 42] {
+        let c = wait_for(&qa, "send");
+        assert_eq!(c.wr_id, want);
+        assert_eq!(c.kind, CompletionKind::SendDone);
+        assert_eq!(c.status, Ok(()));
+    }
+    let c = wait_for(&qb, "receive");
+    assert_eq!(c.status, Ok(()));
+    assert_eq!(
+        c.kind,
+        CompletionKind::RecvWithImm {
+            imm: 0xdead_beef,
+            len: N - half
+        }
+    );
+    let mut got = vec![0u8; N];
+    dev.read_region(dst.handle, 0, &mut got).unwrap();
+    assert!(got == data, "bytes differ after the loopback write");
+    assert_eq!(qa.outstanding(), 0);
+    println!("loopback WRITE WITH IMM: {N} bytes compared equal, imm 0xdeadbeef");
+
+    // A wrong rkey: remote access error, queue pair in error.
+    qa.post_write(&WriteRequest {
+        wr_id: 43,
+        local: LocalSlice {
+            mr: src.handle,
+            offset: 0,
+            len: 64,
+        },
+        remote: RemoteSlice {
+            rkey: dst.rkey ^ 0x00ff_ff00,
+            addr: dst.addr,
+        },
+        imm: None,
+    })
+    .unwrap();
+    let c = wait_for(&qa, "bad rkey");
+    assert_eq!(c.wr_id, 43);
+    assert!(
+        matches!(c.status, Err(WcError::RemoteAccess(_))),
+        "{:?}",
+        c.status
+    );
+    assert_eq!(qa.state(), QpState::Error);
+    println!("loopback wrong rkey: {:?}", c.status);
+}
