@@ -267,6 +267,8 @@ impl<F: Fabric> Clone for Side<F> {
 }
 
 type Finished = (usize, Result<Connection, TransportError>);
+/// An end's connected queue pairs: those it sends on, those it receives on.
+type Pairs<F> = (Vec<<F as Fabric>::Qp>, Vec<<F as Fabric>::Qp>);
 
 impl<F: Fabric> Side<F> {
     fn hello(&self, regions: &LocalRegions, endpoints: Vec<Vec<u8>>) -> Hello {
@@ -329,12 +331,11 @@ impl<F: Fabric> Side<F> {
     /// Connects this end's prepared queue pairs to the peer's endpoints:
     /// this end's sending pair `i` to the peer's receiving pair `i`, and
     /// the other way round.
-    #[allow(clippy::type_complexity)]
     fn connect_qps(
         &self,
         prepared: Vec<F::Prepared>,
         theirs: &[Vec<u8>],
-    ) -> Result<(Vec<F::Qp>, Vec<F::Qp>), String> {
+    ) -> Result<Pairs<F>, String> {
         let q = self.geometry.qps;
         let mut out = Vec::with_capacity(q);
         let mut inq = Vec::with_capacity(q);
@@ -530,7 +531,7 @@ impl<F: Fabric> Listener for NetListener<F> {
         let _ = stream.set_write_timeout(Some(remaining()));
         let _ = stream.set_nodelay(true);
         let (regions, prepared, endpoints) = side.prepare().map_err(refuse)?;
-        let handshake = || -> Result<(Hello, Vec<F::Qp>, Vec<F::Qp>), String> {
+        let handshake = || -> Result<(Hello, Pairs<F>), String> {
             stream
                 .write_all(&side.hello(&regions, endpoints).to_bytes())
                 .map_err(|e| format!("sending its hello: {e}"))?;
@@ -550,12 +551,12 @@ impl<F: Fabric> Listener for NetListener<F> {
             if let Some(reason) = side.refusal(&theirs) {
                 return Err(reason);
             }
-            let (out, inq) = side.connect_qps(prepared, &theirs.endpoints)?;
+            let pairs = side.connect_qps(prepared, &theirs.endpoints)?;
             ready(&mut stream)?;
-            Ok((theirs, out, inq))
+            Ok((theirs, pairs))
         };
         match handshake() {
-            Ok((theirs, out, inq)) => side.connection(peer, regions, theirs.regions, out, inq),
+            Ok((theirs, (out, inq))) => side.connection(peer, regions, theirs.regions, out, inq),
             Err(e) => {
                 regions.deregister(&side.dev);
                 Err(refuse(e))
