@@ -1,6 +1,8 @@
 //! Which transports a communicator may use, in preference order
 //! (cuda-ipc > shm > ib > tcp, of those compiled in and present), or the one
-//! FERROCCL_TRANSPORT forces.
+//! FERROCCL_TRANSPORT forces. `ib` needs feature `ib` and an RDMA port;
+//! without them it falls back to TCP with one INFO line (DEBUG in builds
+//! without the feature), or, forced, is an error naming what is missing.
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -8,7 +10,7 @@ use ferroccl_transport::{SharedMemory, Transport};
 use std::sync::Arc;
 
 /// Names accepted by FERROCCL_TRANSPORT.
-pub const TRANSPORT_NAMES: [&str; 4] = ["shm", "tcp", "mem", "ib-emu"];
+pub const TRANSPORT_NAMES: [&str; 5] = ["shm", "ib", "tcp", "mem", "ib-emu"];
 
 /// Transports that join only ranks that are threads of one process.
 pub(crate) const IN_PROCESS: [&str; 2] = ["mem", "ib-emu"];
@@ -22,8 +24,30 @@ pub(crate) fn select(config: &Config) -> Result<Vec<Arc<dyn Transport>>> {
     let shm =
         || Arc::new(ferroccl_shm::ShmTransport::with_dir(shm_dir(config))) as Arc<dyn Transport>;
     let tcp = || Arc::new(ferroccl_tcp::TcpTransport::new()) as Arc<dyn Transport>;
+    // InfiniBand / RoCE where this build has the real verbs (feature `ib`)
+    // and a usable port; otherwise one INFO line and TCP, or, when forced,
+    // an error saying what is missing.
+    let ib = |forced: bool| -> Result<Option<Arc<dyn Transport>>> {
+        let env = |k: &str| std::env::var(k).ok();
+        match ferroccl_ib::select::select(forced, config.ib_qps_per_connection, env) {
+            Ok(ferroccl_ib::select::Selected::Use(t)) => Ok(Some(t)),
+            Ok(ferroccl_ib::select::Selected::FallBack(reason)) => {
+                if cfg!(feature = "ib") {
+                    tracing::info!(rank = config.rank, "{reason}");
+                } else {
+                    tracing::debug!(rank = config.rank, "{reason}");
+                }
+                Ok(None)
+            }
+            Err(message) => Err(Error::Env(message)),
+        }
+    };
     match config.transport.as_deref() {
-        None => Ok(vec![shm(), tcp()]),
+        None => Ok([Some(shm()), ib(false)?, Some(tcp())]
+            .into_iter()
+            .flatten()
+            .collect()),
+        Some("ib") => Ok(ib(true)?.into_iter().collect()),
         Some("shm") => Ok(vec![shm()]),
         Some("tcp") => Ok(vec![tcp()]),
         Some("mem") => Ok(vec![Arc::new(ferroccl_transport::mem::MemTransport)]),
@@ -55,4 +79,50 @@ fn shm_dir(config: &Config) -> std::path::PathBuf {
         .shm_dir
         .clone()
         .unwrap_or_else(|| std::path::PathBuf::from(ferroccl_shm::DEFAULT_DIR))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(transport: Option<&str>) -> Config {
+        let mut c = Config::new(0, 2, "127.0.0.1", 1, 7).expect("config");
+        c.transport = transport.map(str::to_string);
+        c
+    }
+
+    fn names(config: &Config) -> Vec<&'static str> {
+        select(config)
+            .expect("a selection")
+            .iter()
+            .map(|t| t.name())
+            .collect()
+    }
+
+    /// Without an RDMA device (CI, this machine) the default is shared
+    /// memory then TCP, with `ib` left out, not an error; forcing `ib`
+    /// is an error that says why it cannot be used.
+    #[test]
+    fn ib_falls_back_to_tcp_unless_forced() {
+        if ferroccl_ib::probe(&ferroccl_ib::IbConfig::default()).is_ok() {
+            eprintln!("an RDMA device is present: the fallback is not what runs here");
+            return;
+        }
+        assert_eq!(names(&config(None)), ["shm", "tcp"]);
+        match select(&config(Some("ib"))) {
+            Err(Error::Env(msg)) => {
+                assert!(msg.contains("FERROCCL_TRANSPORT=ib"), "{msg}");
+                let why = if cfg!(feature = "ib") {
+                    "no RDMA device"
+                } else {
+                    "built without the `ib` feature"
+                };
+                assert!(msg.contains(why), "{msg}");
+            }
+            Err(other) => panic!("{other:?}"),
+            Ok(ts) => panic!("forced ib gave {} transports", ts.len()),
+        }
+        assert_eq!(names(&config(Some("ib-emu"))), ["ib-emu"]);
+        assert!(select(&config(Some("infiniband"))).is_err());
+    }
 }

@@ -28,8 +28,11 @@ pub mod emu;
 pub mod emu_transport;
 #[cfg(feature = "ib")]
 pub mod real;
+pub mod select;
 pub mod setup;
 pub mod verbs;
+#[cfg(feature = "ib")]
+pub mod verbs_fabric;
 
 #[cfg(not(feature = "ib"))]
 pub use config::probe;

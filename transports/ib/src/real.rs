@@ -407,6 +407,8 @@ pub fn probe(cfg: &IbConfig) -> Result<Vec<Port>, ProbeError> {
 
 /// One device's protection domain, opened for one of its ports: memory
 /// registration ([`Device`]) and queue pairs ([`IbDevice::create_qp`]).
+/// Clones name the same protection domain.
+#[derive(Clone)]
 pub struct IbDevice {
     inner: Arc<DevInner>,
 }

@@ -1,0 +1,52 @@
+//! Whether a communicator gets the InfiniBand transport: the fallback rule
+//! of [`crate::decide`] applied to this build and this machine.
+//!
+//! - `FERROCCL_TRANSPORT=ib` (forced): the real verbs on the ports
+//!   FERROCCL_IB_HCA allows, or an error that says what is missing (built
+//!   without feature `ib`, no RDMA device, no active port, none matching
+//!   the filter, a bad setting).
+//! - Not forced: the real verbs where a usable port exists (the caller puts
+//!   them after shared memory and before TCP), else a reason for one INFO
+//!   line, and TCP.
+
+use crate::config::{decide, Decision, IbConfig};
+use ferroccl_transport::Transport;
+use std::sync::Arc;
+
+/// What selection found.
+pub enum Selected {
+    /// The transport to use.
+    Use(Arc<dyn Transport>),
+    /// Not used: the reason, for one INFO line (the caller uses TCP).
+    FallBack(String),
+}
+
+/// The InfiniBand transport for a communicator, with `qps` queue pairs per
+/// direction (FERROCCL_IB_QPS_PER_CONNECTION), read from `lookup` (the
+/// environment, or a map in tests). `Err` only when `forced` and no port
+/// can be used, or a setting is invalid: the message says which.
+pub fn select(
+    forced: bool,
+    qps: usize,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Selected, String> {
+    let cfg = IbConfig::from_lookup(lookup).map_err(|e| e.to_string())?;
+    match decide(forced, crate::probe(&cfg)) {
+        Decision::Use(ports) => Ok(Selected::Use(use_ports(ports, cfg, qps))),
+        Decision::FallBack { reason } => Ok(Selected::FallBack(reason)),
+        Decision::Fail { message } => Err(message),
+    }
+}
+
+#[cfg(feature = "ib")]
+fn use_ports(ports: Vec<crate::Port>, cfg: IbConfig, qps: usize) -> Arc<dyn Transport> {
+    Arc::new(crate::setup::NetTransport::new(
+        crate::verbs_fabric::VerbsFabric::new(ports, cfg),
+        qps,
+    ))
+}
+
+#[cfg(not(feature = "ib"))]
+fn use_ports(_ports: Vec<crate::Port>, _cfg: IbConfig, _qps: usize) -> Arc<dyn Transport> {
+    unreachable!("without feature `ib` the probe finds no port")
+}
