@@ -1,21 +1,23 @@
-//! InfiniBand / RoCE transport of ferroccl, in progress: the protocol
-//! apart from the verbs.
+//! InfiniBand / RoCE transport of ferroccl (issue 17).
 //!
-//! - [`verbs`] is what the RDMA data path needs from verbs, as two small
+//! - [`verbs`]: what the RDMA data path needs from verbs, as two small
 //!   traits ([`Device`] and [`QueuePair`]) modelled on ibverbs reliable
-//!   connected queue pairs: registration giving `(lkey, rkey)`, RDMA WRITE
-//!   and WRITE WITH IMMEDIATE, completions, the queue pair's state.
-//! - [`emu`] implements them in process ([`EmuFabric`]), enforcing what
-//!   RC hardware does: in-order execution and completion, rkey and bounds
-//!   checks (remote access error, queue pair to error), flushing once in
-//!   error, a dead peer, the send queue's depth.
+//!   connected queue pairs.
+//! - [`conn`]: the receiver-driven data path of one connection over them
+//!   (clear-to-send entries, slots, striping over queue pairs, endings,
+//!   failure reports).
+//! - [`setup`]: connection set-up over a socket for any [`Fabric`], and
+//!   the transport [`NetTransport`]; [`select`]: whether a communicator
+//!   gets it (fallback to TCP).
+//! - [`emu`]: the verbs emulated in process ([`EmuFabric`]), with RC
+//!   semantics; [`emu_transport`]: the transport `ib-emu` on it, ranks as
+//!   threads.
+//! - `real` and `verbs_fabric` (feature `ib`): the real verbs on
+//!   libibverbs. [`config`]: FERROCCL_IB_* settings, port and GID choice.
 //!
-//! Not written yet: the real verbs on the `ibverbs` crate behind feature
-//! `ib`, connection set-up, the receiver-driven data path (clear-to-send
-//! FIFO), a registration cache, dma-buf registration of GPU memory. No
-//! machine here has an RDMA device (no kernel support, not even
-//! soft-RoCE), so the emulation is how the logic is tested. See
-//! `docs/ib.md`.
+//! No machine here has an RDMA device (no kernel support, not even
+//! soft-RoCE), so the emulation is how the logic is tested; nothing has run
+//! on a real fabric. See `docs/ib.md`.
 // Without feature `ib` no unsafe at all; with it, only `real` (the FFI to
 // libibverbs) may opt in, every block with its `// SAFETY:` comment.
 #![cfg_attr(not(feature = "ib"), forbid(unsafe_code))]

@@ -195,3 +195,37 @@ fn loopback_write_with_imm_and_remote_access_error() {
     assert_eq!(qa.state(), QpState::Error);
     println!("loopback wrong rkey: {:?}", c.status);
 }
+
+/// The whole transport (socket set-up, queue pairs brought up, the data
+/// path) over the real verbs, between two threads on this machine's first
+/// port, run through conformance cases of the transport seam; skipped with
+/// a line when there is no RDMA device (as here and in CI).
+#[test]
+fn the_transport_passes_conformance_cases_on_a_real_port() {
+    use ferroccl_transport::conformance::{data_path, failure, Suite};
+    let cfg = IbConfig::from_env().expect("IB settings");
+    let ports = match probe(&cfg) {
+        Ok(ports) => ports,
+        Err(e) => {
+            println!("SKIPPED transport on a real port (no RDMA device): {e}");
+            return;
+        }
+    };
+    println!("transport on {}", ports[0].describe());
+    for qps in [1, 2] {
+        let (ports, cfg) = (ports.clone(), cfg.clone());
+        let suite = Suite::new("ib", move || {
+            Box::new(ferroccl_ib::NetTransport::new(
+                ferroccl_ib::verbs_fabric::VerbsFabric::new(ports.clone(), cfg.clone()),
+                qps,
+            ))
+        })
+        .configure(|c| c.bind_addr = Some("127.0.0.1".parse().unwrap()));
+        data_path::frames_cross_intact_through_slot_reuse(&suite);
+        data_path::large_chunks(&suite);
+        data_path::the_fifo_pushes_back_and_lets_go(&suite);
+        failure::dropped_connection_ends_cleanly_after_its_data(&suite);
+        failure::close_with_failure_reaches_the_peer_and_pending_waits(&suite);
+        println!("transport on a real port, {qps} queue pair(s): conformance cases passed");
+    }
+}
