@@ -486,6 +486,18 @@ impl<D: Device, Q: QueuePair> End<D, Q> {
         }
     }
 
+    /// What a work request that completed in error means: the peer (or
+    /// the link to it) is gone or refused the access.
+    fn failed_write(&self, e: &crate::verbs::WcError) -> TransportError {
+        TransportError::PeerFailed {
+            rank: self.peer,
+            reason: format!(
+                "an RDMA write to rank {} failed: {e} (its queue pair is now in error)",
+                self.peer
+            ),
+        }
+    }
+
     fn protocol(&self, detail: String) -> TransportError {
         TransportError::Protocol {
             peer: self.peer,
@@ -660,15 +672,8 @@ impl<D: Device, Q: QueuePair> IbSender<D, Q> {
     fn absorb(&mut self, done: Vec<Completion>) {
         for c in done {
             if let Err(e) = &c.status {
-                if self.broken.is_none() {
-                    self.broken = Some(TransportError::PeerFailed {
-                        rank: self.end.peer,
-                        reason: format!(
-                            "an RDMA write to rank {} failed: {e} (its queue pair is now in error)",
-                            self.end.peer
-                        ),
-                    });
-                }
+                let end = &self.end;
+                self.broken.get_or_insert_with(|| end.failed_write(e));
                 continue;
             }
             match c.kind {
@@ -927,15 +932,8 @@ impl<D: Device, Q: QueuePair> IbReceiver<D, Q> {
     fn absorb(&mut self, done: Vec<Completion>) {
         for c in done {
             if let Err(e) = &c.status {
-                if self.broken.is_none() {
-                    self.broken = Some(TransportError::PeerFailed {
-                        rank: self.end.peer,
-                        reason: format!(
-                            "an RDMA write to rank {} failed: {e} (its queue pair is now in error)",
-                            self.end.peer
-                        ),
-                    });
-                }
+                let end = &self.end;
+                self.broken.get_or_insert_with(|| end.failed_write(e));
                 continue;
             }
             let CompletionKind::RecvWithImm { imm: v, .. } = c.kind else {
