@@ -7,7 +7,7 @@
 set -euo pipefail
 n=${1:-2} rounds=${2:-3}
 here=$(cd "$(dirname "$0")/.." && pwd)
-perf=$here/target/release/ferroccl-perf
+perf=${CARGO_TARGET_DIR:-$here/target}/release/ferroccl-perf
 bench=${TMPDIR:-/tmp}/ferroccl-peers/mpi_bench
 [ -x "$bench" ] || { mkdir -p "$(dirname "$bench")"; mpicc -O2 -o "$bench" "$here/../shared/peers/mpi_bench.c"; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -181,7 +181,8 @@ impl Config {
     /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
     /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_NT_STORE_BYTES,
-    /// FERROCCL_IB_QPS_PER_CONNECTION (else NCCL_IB_QPS_PER_CONNECTION),
+    /// FERROCCL_IB_QPS_PER_CONNECTION (else NCCL_IB_QPS_PER_CONNECTION;
+    /// every other FERROCCL_IB_* setting is checked too),
     /// FERROCCL_P2P_DISABLE (else NCCL_P2P_DISABLE), FERROCCL_MAX_NCHANNELS
     /// (else NCCL_MAX_NCHANNELS), FERROCCL_SIMD and
     /// FERROCCL_PROTO (else NCCL_PROTO) (checked only) and FERROCCL_ALGO
@@ -232,21 +233,18 @@ impl Config {
         if let Some(v) = get("FERROCCL_NSOCKS_PERPEER") {
             self.nsocks_per_peer = parse("FERROCCL_NSOCKS_PERPEER", &v)?;
         }
-        if let Some((name, v)) = [
+        // Every FERROCCL_IB_* (and NCCL_IB_*) setting is read and checked
+        // by the ib crate, the one owner of their syntax and ranges, so a
+        // bad one is refused here, before any connection.
+        let ib = ferroccl_ib::IbConfig::from_lookup(get).map_err(|e| Error::Env(e.to_string()))?;
+        if [
             "FERROCCL_IB_QPS_PER_CONNECTION",
             "NCCL_IB_QPS_PER_CONNECTION",
         ]
-        .into_iter()
-        .find_map(|name| get(name).map(|v| (name, v)))
+        .iter()
+        .any(|name| get(name).is_some_and(|v| !v.trim().is_empty()))
         {
-            let qps: usize = parse(name, &v)?;
-            if !(1..=ferroccl_ib::conn::MAX_QPS).contains(&qps) {
-                return Err(Error::Env(format!(
-                    "{name}='{v}' must be in 1..={}",
-                    ferroccl_ib::conn::MAX_QPS
-                )));
-            }
-            self.ib_qps_per_connection = qps;
+            self.ib_qps_per_connection = usize::from(ib.qps_per_connection);
         }
         if let Some(v) = get("FERROCCL_SOCKET_IFNAME") {
             self.socket_ifname = Some(v).filter(|s| !s.trim().is_empty());
@@ -429,6 +427,27 @@ mod tests {
         assert!(!with(&[("FERROCCL_CMA", "0")]).unwrap().cma);
         let err = with(&[("FERROCCL_CMA", "maybe")]).unwrap_err().to_string();
         assert!(err.contains("FERROCCL_CMA"), "{err}");
+    }
+
+    #[test]
+    fn ib_settings_are_read_with_their_nccl_names_and_checked() {
+        assert_eq!(with(&[]).unwrap().ib_qps_per_connection, 1);
+        let c = with(&[("FERROCCL_IB_QPS_PER_CONNECTION", "4")]).unwrap();
+        assert_eq!(c.ib_qps_per_connection, 4);
+        let c = with(&[("NCCL_IB_QPS_PER_CONNECTION", "3")]).unwrap();
+        assert_eq!(c.ib_qps_per_connection, 3);
+        for (var, bad) in [
+            ("FERROCCL_IB_QPS_PER_CONNECTION", "0"),
+            ("FERROCCL_IB_QPS_PER_CONNECTION", "17"),
+            ("NCCL_IB_QPS_PER_CONNECTION", "many"),
+            ("FERROCCL_IB_TIMEOUT", "40"),
+            ("FERROCCL_IB_HCA", "mlx5_0:x"),
+        ] {
+            match with(&[(var, bad)]) {
+                Err(Error::Env(msg)) => assert!(msg.contains(var), "{var}={bad}: {msg}"),
+                other => panic!("{var}={bad}: {other:?}"),
+            }
+        }
     }
 
     #[test]
