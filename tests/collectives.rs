@@ -172,14 +172,19 @@ fn small_counts_over_the_in_process_transport() {
     }
 }
 
-// The RDMA data path over emulated verbs (ranks as threads): small counts
-// on 2..8 ranks with one queue pair per direction, and every size on 3 ranks
-// with frames of 64 KiB and more striped over 3 queue pairs.
+// The RDMA transport over emulated verbs (ranks as threads): small counts
+// on 2..8 ranks and every size on 4 with one queue pair per direction, and
+// every size on 3 ranks with frames of 64 KiB and more striped over 3
+// queue pairs.
 #[test]
 fn small_counts_over_emulated_rdma() {
     for n in [2, 3, 4, 5, 8] {
         matrix(n, Some("ib-emu"), false);
     }
+}
+#[test]
+fn matrix_4_ranks_over_emulated_rdma() {
+    matrix(4, Some("ib-emu"), true);
 }
 #[test]
 fn matrix_3_ranks_over_emulated_rdma_striped() {
