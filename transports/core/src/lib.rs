@@ -21,6 +21,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod abort;
+mod arrivals;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod fifo;
@@ -33,6 +34,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 pub use abort::{AbortHandle, AbortSignal};
+pub use arrivals::Arrivals;
 pub use fifo::{Counter, FifoDescriptor, InlinePayload, Mapping, MemoryKind, SlotLayout};
 pub use frame::{Fingerprint, FrameHeader, FrameKind, HEADER_BYTES, MAGIC};
 pub use shared::{SharedMemory, SharedRegion};

@@ -11,9 +11,9 @@
 //! disconnects its channels, which the peer sees after draining.
 
 use crate::{
-    elapsed_ms, lock, AbortHandle, AbortSignal, Connection, ConnectionCloser, FifoDescriptor,
-    FrameHeader, FrameKind, HostInfo, HostPath, ListenConfig, Listener, MemoryKind, SlotReceiver,
-    SlotSender, Transport, TransportError,
+    elapsed_ms, lock, AbortHandle, AbortSignal, Arrivals, Connection, ConnectionCloser,
+    FifoDescriptor, FrameHeader, FrameKind, HostInfo, HostPath, ListenConfig, Listener, MemoryKind,
+    SlotReceiver, SlotSender, Transport, TransportError,
 };
 use crossbeam_channel::{select, Receiver, Sender, TryRecvError};
 use std::collections::HashMap;
@@ -104,7 +104,6 @@ impl Direction {
 
 /// The acceptor's halves, handed over by `connect`.
 struct Offer {
-    from: usize,
     token: u64,
     comm_id: u64,
     link: Arc<Link>,
@@ -118,8 +117,11 @@ struct Offer {
     a2c: Arc<Direction>,
 }
 
-fn registry() -> &'static Mutex<HashMap<u64, Sender<Offer>>> {
-    static REGISTRY: OnceLock<Mutex<HashMap<u64, Sender<Offer>>>> = OnceLock::new();
+/// Every listener's inbox of offers (with the connecting rank), by id.
+type Registry = Mutex<HashMap<u64, Sender<(usize, Offer)>>>;
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -151,8 +153,7 @@ impl Transport for MemTransport {
             id,
             config: config.clone(),
             abort: abort.clone(),
-            inbox: rx,
-            early: Mutex::new(Vec::new()),
+            arrivals: Arrivals::new(rx),
         }))
     }
 }
@@ -161,9 +162,8 @@ struct MemListener {
     id: u64,
     config: ListenConfig,
     abort: AbortSignal,
-    inbox: Receiver<Offer>,
-    /// Offers from peers other than the one being accepted right now.
-    early: Mutex<Vec<Offer>>,
+    /// Offers by the connecting rank.
+    arrivals: Arrivals<Offer>,
 }
 
 impl Drop for MemListener {
@@ -285,18 +285,20 @@ impl Listener for MemListener {
         let (a2c_free_tx, a2c_free_rx) = new_slots(steps, chunk);
         let (link, c2a, a2c) = (Arc::new(Link::new()), Direction::new(), Direction::new());
         target
-            .send(Offer {
-                from: self.config.rank,
-                token: self.config.token,
-                comm_id: self.config.comm_id,
-                link: link.clone(),
-                c2a_filled: c2a_filled_rx,
-                c2a_free: c2a_free_tx,
-                c2a: c2a.clone(),
-                a2c_free: a2c_free_rx,
-                a2c_filled: a2c_filled_tx,
-                a2c: a2c.clone(),
-            })
+            .send((
+                self.config.rank,
+                Offer {
+                    token: self.config.token,
+                    comm_id: self.config.comm_id,
+                    link: link.clone(),
+                    c2a_filled: c2a_filled_rx,
+                    c2a_free: c2a_free_tx,
+                    c2a: c2a.clone(),
+                    a2c_free: a2c_free_rx,
+                    a2c_filled: a2c_filled_tx,
+                    a2c: a2c.clone(),
+                },
+            ))
             .map_err(|_| TransportError::Connect {
                 peer,
                 detail: "in-process listener is gone".into(),
@@ -314,47 +316,23 @@ impl Listener for MemListener {
     }
 
     fn accept(&self, peer: usize, deadline: Instant) -> Result<Connection, TransportError> {
-        let start = Instant::now();
-        loop {
-            let found = {
-                let mut early = lock(&self.early);
-                early
-                    .iter()
-                    .position(|o| o.from == peer)
-                    .map(|i| early.swap_remove(i))
-            };
-            if let Some(offer) = found {
-                if offer.token != self.config.token || offer.comm_id != self.config.comm_id {
-                    return Err(TransportError::Connect {
-                        peer,
-                        detail: "peer presented another job token or communicator".into(),
-                    });
-                }
-                return Ok(self.connection(EndParts {
-                    peer,
-                    link: offer.link,
-                    free: offer.a2c_free,
-                    out: offer.a2c_filled,
-                    out_dir: offer.a2c,
-                    filled: offer.c2a_filled,
-                    release: offer.c2a_free,
-                    in_dir: offer.c2a,
-                }));
-            }
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            select! {
-                recv(self.inbox) -> offer => match offer {
-                    Ok(offer) => lock(&self.early).push(offer),
-                    Err(_) => return Err(TransportError::Aborted),
-                },
-                recv(self.abort.receiver()) -> _ => return Err(TransportError::Aborted),
-                default(remaining) => return Err(TransportError::Timeout {
-                    peer,
-                    what: "a connection",
-                    waited_ms: elapsed_ms(start),
-                }),
-            }
+        let offer = self.arrivals.take(peer, deadline, &self.abort)?;
+        if offer.token != self.config.token || offer.comm_id != self.config.comm_id {
+            return Err(TransportError::Connect {
+                peer,
+                detail: "peer presented another job token or communicator".into(),
+            });
         }
+        Ok(self.connection(EndParts {
+            peer,
+            link: offer.link,
+            free: offer.a2c_free,
+            out: offer.a2c_filled,
+            out_dir: offer.a2c,
+            filled: offer.c2a_filled,
+            release: offer.c2a_free,
+            in_dir: offer.c2a,
+        }))
     }
 }
 

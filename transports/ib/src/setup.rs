@@ -23,13 +23,13 @@
 use crate::conn::{self, EndInfo, EndParts, Geometry, LocalRegions, MAX_QPS};
 use crate::verbs::{Device, QueuePair};
 use ferroccl_transport::{
-    elapsed_ms, lock, AbortSignal, Connection, FifoDescriptor, HostInfo, HostPath, ListenConfig,
-    Listener, MemoryKind, Transport, TransportError,
+    AbortSignal, Arrivals, Connection, FifoDescriptor, HostInfo, HostPath, ListenConfig, Listener,
+    MemoryKind, Transport, TransportError,
 };
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What connection set-up needs from a verbs implementation, besides the
@@ -238,8 +238,7 @@ impl<F: Fabric> Transport for NetTransport<F> {
         Ok(Box::new(NetListener {
             side,
             address: SocketAddr::new(publish, port).to_string(),
-            ready: rx,
-            early: Mutex::new(Vec::new()),
+            ready: Arrivals::new(rx),
             stop,
         }))
     }
@@ -491,9 +490,8 @@ fn ready(stream: &mut TcpStream) -> Result<(), String> {
 struct NetListener<F: Fabric> {
     side: Side<F>,
     address: String,
-    ready: crossbeam_channel::Receiver<Finished>,
-    /// Connections from peers other than the one being accepted.
-    early: Mutex<Vec<Finished>>,
+    /// Connections the accepting thread finished, by peer.
+    ready: Arrivals<Result<Connection, TransportError>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -565,32 +563,7 @@ impl<F: Fabric> Listener for NetListener<F> {
     }
 
     fn accept(&self, peer: usize, deadline: Instant) -> Result<Connection, TransportError> {
-        let start = Instant::now();
-        loop {
-            let found = {
-                let mut early = lock(&self.early);
-                early
-                    .iter()
-                    .position(|(p, _)| *p == peer)
-                    .map(|i| early.swap_remove(i))
-            };
-            if let Some((_, conn)) = found {
-                return conn;
-            }
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            crossbeam_channel::select! {
-                recv(self.ready) -> done => match done {
-                    Ok(done) => lock(&self.early).push(done),
-                    Err(_) => return Err(TransportError::Aborted),
-                },
-                recv(self.side.abort.receiver()) -> _ => return Err(TransportError::Aborted),
-                default(remaining) => return Err(TransportError::Timeout {
-                    peer,
-                    what: "a connection",
-                    waited_ms: elapsed_ms(start),
-                }),
-            }
-        }
+        self.ready.take(peer, deadline, &self.side.abort)?
     }
 }
 
