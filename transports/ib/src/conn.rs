@@ -486,6 +486,27 @@ impl<D: Device, Q: QueuePair> End<D, Q> {
         }
     }
 
+    /// One slice of a wait for `what` that began at `start`: the
+    /// completions `qp` gives within [`WAIT_SLICE`], or the timeout naming
+    /// the peer once `deadline` has passed.
+    fn wait_slice(
+        &self,
+        qp: &Q,
+        what: &'static str,
+        start: Instant,
+        deadline: Instant,
+    ) -> Result<Vec<Completion>, TransportError> {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(TransportError::Timeout {
+                peer: self.peer,
+                what,
+                waited_ms: elapsed_ms(start),
+            });
+        }
+        Ok(qp.wait(POLL_BATCH, WAIT_SLICE.min(deadline - now)))
+    }
+
     /// What a work request that completed in error means: the peer (or
     /// the link to it) is gone or refused the access.
     fn failed_write(&self, e: &crate::verbs::WcError) -> TransportError {
@@ -777,15 +798,9 @@ impl<D: Device, Q: QueuePair> IbSender<D, Q> {
             if !self.credits.is_empty() && self.in_flight[slot] == 0 {
                 return Ok(());
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(TransportError::Timeout {
-                    peer: self.end.peer,
-                    what: "a free send slot",
-                    waited_ms: elapsed_ms(start),
-                });
-            }
-            let done = self.end.out_qps[0].wait(POLL_BATCH, WAIT_SLICE.min(deadline - now));
+            let done =
+                self.end
+                    .wait_slice(&self.end.out_qps[0], "a free send slot", start, deadline)?;
             self.absorb(done);
         }
     }
@@ -1080,15 +1095,9 @@ where
             if let Some(e) = self.refusal() {
                 return Err(e);
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(TransportError::Timeout {
-                    peer: self.end.peer,
-                    what: "data",
-                    waited_ms: elapsed_ms(start),
-                });
-            }
-            let done = self.end.in_qps[0].wait(POLL_BATCH, WAIT_SLICE.min(deadline - now));
+            let done = self
+                .end
+                .wait_slice(&self.end.in_qps[0], "data", start, deadline)?;
             self.absorb(done);
         }
         let g = self.end.geometry;
