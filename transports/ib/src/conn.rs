@@ -348,9 +348,6 @@ pub struct EndParts<D, Q> {
     pub in_qps: Vec<Q>,
     /// The communicator's abort.
     pub abort: AbortSignal,
-    /// Whether the first `steps` clear-to-send entries of the receiving
-    /// direction were posted already ([`grant_first_slots`]).
-    pub first_slots_granted: bool,
 }
 
 /// What the halves and the closer of one end share.
@@ -564,23 +561,6 @@ fn post_cts_entry<D: Device, Q: QueuePair>(
     })
 }
 
-/// Posts the receiving end's first `steps` clear-to-send entries, so that
-/// the peer may send before this end is [`open`]ed (a set-up that makes
-/// both ends at once calls it for the end it hands over, as a kernel's
-/// accept queue lets a socket's peer send before `accept`). `qp` is the
-/// receiving end's first queue pair of the direction; `sender_cts` the
-/// sender's `cts` region.
-pub fn grant_first_slots<D: Device, Q: QueuePair>(
-    dev: &D,
-    regions: &LocalRegions,
-    sender_cts: &RemoteRegion,
-    geometry: &Geometry,
-    qp: &Q,
-) -> Result<(), VerbsError> {
-    (0..geometry.steps as u64)
-        .try_for_each(|seq| post_cts_entry(dev, regions, sender_cts, geometry, qp, seq))
-}
-
 /// Builds one end of a connection from its parts: the sending half, the
 /// receiving half and the closer. The receiving half has already posted
 /// its first `steps` clear-to-send entries when this returns.
@@ -602,7 +582,6 @@ where
         out_qps,
         in_qps,
         abort,
-        first_slots_granted,
     } = parts;
     geometry.check().map_err(|detail| TransportError::Connect {
         peer,
@@ -653,7 +632,7 @@ where
         broken: None,
         buf: vec![0u64; words],
     };
-    for seq in (0..geometry.steps as u64).filter(|_| !first_slots_granted) {
+    for seq in 0..geometry.steps as u64 {
         receiver
             .post_cts(seq, Instant::now() + Duration::from_secs(5))
             .map_err(|e| TransportError::Connect {

@@ -377,7 +377,6 @@ impl<F: Fabric> Side<F> {
             out_qps,
             in_qps,
             abort: self.abort.clone(),
-            first_slots_granted: false,
         })?;
         Ok(Connection {
             peer,

@@ -52,7 +52,6 @@ fn connect(
             out_qps,
             in_qps,
             abort: abort.signal(),
-            first_slots_granted: false,
         })
         .unwrap()
     };
