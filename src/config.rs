@@ -92,10 +92,11 @@ pub struct Config {
     /// NCCL_MAX_NCHANNELS; 1 to 64, default 8). Every rank's bound is
     /// exchanged and the smallest holds (docs/device-executor.md).
     pub max_channels: usize,
-    /// Queue pairs per direction of an RDMA connection, a frame of 64 KiB
-    /// or more striped across them (FERROCCL_IB_QPS_PER_CONNECTION, else
-    /// NCCL_IB_QPS_PER_CONNECTION; 1 to 16, default 1).
-    pub ib_qps_per_connection: usize,
+    /// The InfiniBand / RoCE settings (FERROCCL_IB_HCA, _GID_INDEX,
+    /// _TIMEOUT, _RETRY_CNT, _QPS_PER_CONNECTION, each else its NCCL_IB_
+    /// name; docs/ib.md), read and checked once, by the ib crate's parser:
+    /// transport selection and the `ib` / `ib-emu` transports use these.
+    pub ib: ferroccl_ib::IbConfig,
 }
 
 /// Default of `Config::nt_store_bytes`. On the 2-core build machine a
@@ -155,7 +156,7 @@ impl Config {
             cma: true,
             p2p: true,
             max_channels: crate::device_tune::DEFAULT_CHANNELS,
-            ib_qps_per_connection: 1,
+            ib: ferroccl_ib::IbConfig::default(),
         };
         config.from_env_overrides(&|k| std::env::var(k).ok())?;
         Ok(config)
@@ -181,8 +182,7 @@ impl Config {
     /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
     /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_NT_STORE_BYTES,
-    /// FERROCCL_IB_QPS_PER_CONNECTION (else NCCL_IB_QPS_PER_CONNECTION;
-    /// every other FERROCCL_IB_* setting is checked too),
+    /// FERROCCL_IB_* (each else its NCCL_IB_ name),
     /// FERROCCL_P2P_DISABLE (else NCCL_P2P_DISABLE), FERROCCL_MAX_NCHANNELS
     /// (else NCCL_MAX_NCHANNELS), FERROCCL_SIMD and
     /// FERROCCL_PROTO (else NCCL_PROTO) (checked only) and FERROCCL_ALGO
@@ -235,17 +235,10 @@ impl Config {
         }
         // Every FERROCCL_IB_* (and NCCL_IB_*) setting is read and checked
         // by the ib crate, the one owner of their syntax and ranges, so a
-        // bad one is refused here, before any connection.
-        let ib = ferroccl_ib::IbConfig::from_lookup(get).map_err(|e| Error::Env(e.to_string()))?;
-        if [
-            "FERROCCL_IB_QPS_PER_CONNECTION",
-            "NCCL_IB_QPS_PER_CONNECTION",
-        ]
-        .iter()
-        .any(|name| get(name).is_some_and(|v| !v.trim().is_empty()))
-        {
-            self.ib_qps_per_connection = usize::from(ib.qps_per_connection);
-        }
+        // bad one is refused here, before any connection; the ones not set
+        // keep what the config had.
+        self.ib = ferroccl_ib::IbConfig::from_lookup_over(self.ib.clone(), get)
+            .map_err(|e| Error::Env(e.to_string()))?;
         if let Some(v) = get("FERROCCL_SOCKET_IFNAME") {
             self.socket_ifname = Some(v).filter(|s| !s.trim().is_empty());
         }
@@ -431,11 +424,11 @@ mod tests {
 
     #[test]
     fn ib_settings_are_read_with_their_nccl_names_and_checked() {
-        assert_eq!(with(&[]).unwrap().ib_qps_per_connection, 1);
+        assert_eq!(with(&[]).unwrap().ib.qps_per_connection, 1);
         let c = with(&[("FERROCCL_IB_QPS_PER_CONNECTION", "4")]).unwrap();
-        assert_eq!(c.ib_qps_per_connection, 4);
+        assert_eq!(c.ib.qps_per_connection, 4);
         let c = with(&[("NCCL_IB_QPS_PER_CONNECTION", "3")]).unwrap();
-        assert_eq!(c.ib_qps_per_connection, 3);
+        assert_eq!(c.ib.qps_per_connection, 3);
         for (var, bad) in [
             ("FERROCCL_IB_QPS_PER_CONNECTION", "0"),
             ("FERROCCL_IB_QPS_PER_CONNECTION", "17"),

@@ -28,8 +28,7 @@ pub(crate) fn select(config: &Config) -> Result<Vec<Arc<dyn Transport>>> {
     // and a usable port; otherwise one INFO line and TCP, or, when forced,
     // an error saying what is missing.
     let ib = |forced: bool| -> Result<Option<Arc<dyn Transport>>> {
-        let env = |k: &str| std::env::var(k).ok();
-        match ferroccl_ib::select::select(forced, config.ib_qps_per_connection, env) {
+        match ferroccl_ib::select::select(forced, &config.ib) {
             Ok(ferroccl_ib::select::Selected::Use(t)) => Ok(Some(t)),
             Ok(ferroccl_ib::select::Selected::FallBack(reason)) => {
                 if cfg!(feature = "ib") {
@@ -52,7 +51,7 @@ pub(crate) fn select(config: &Config) -> Result<Vec<Arc<dyn Transport>>> {
         Some("tcp") => Ok(vec![tcp()]),
         Some("mem") => Ok(vec![Arc::new(ferroccl_transport::mem::MemTransport)]),
         Some("ib-emu") => Ok(vec![Arc::new(ferroccl_ib::emu_transport::transport(
-            config.ib_qps_per_connection,
+            usize::from(config.ib.qps_per_connection),
         ))]),
         Some(other) => Err(Error::InvalidArgument(format!(
             "unknown transport '{other}' (FERROCCL_TRANSPORT); known: {}",

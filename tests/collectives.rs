@@ -192,7 +192,7 @@ fn matrix_3_ranks_over_emulated_rdma_striped() {
         3,
         |c| {
             c.transport = Some("ib-emu".into());
-            c.ib_qps_per_connection = 3;
+            c.ib.qps_per_connection = 3;
             c.timeout = std::time::Duration::from_secs(120);
         },
         |comm| every_type(&comm, true),

@@ -402,6 +402,15 @@ impl IbConfig {
     /// From `lookup(name)` (the environment, or a map in tests). Ours is
     /// read first; its `NCCL_` alias when ours is unset or empty.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        Self::from_lookup_over(Self::default(), lookup)
+    }
+
+    /// `base` with the settings `lookup` has applied over it (those not
+    /// set keep `base`'s values).
+    pub fn from_lookup_over(
+        base: Self,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
         let get = |(ours, nccl): (&'static str, &'static str)| {
             [ours, nccl].into_iter().find_map(|var| {
                 lookup(var)
@@ -409,7 +418,7 @@ impl IbConfig {
                     .map(|v| (var, v))
             })
         };
-        let mut cfg = Self::default();
+        let mut cfg = base;
         if let Some((var, v)) = get(HCA) {
             cfg.hca = HcaSpec::parse(var, &v)?;
         }

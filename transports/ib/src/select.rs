@@ -4,7 +4,8 @@
 //! - `FERROCCL_TRANSPORT=ib` (forced): the real verbs on the ports
 //!   FERROCCL_IB_HCA allows, or an error that says what is missing (built
 //!   without feature `ib`, no RDMA device, no active port, none matching
-//!   the filter, a bad setting).
+//!   the filter). Bad settings are refused when they are read
+//!   ([`IbConfig::from_lookup`]).
 //! - Not forced: the real verbs where a usable port exists (the caller puts
 //!   them after shared memory and before TCP), else a reason for one INFO
 //!   line, and TCP.
@@ -21,25 +22,20 @@ pub enum Selected {
     FallBack(String),
 }
 
-/// The InfiniBand transport for a communicator, with `qps` queue pairs per
-/// direction (FERROCCL_IB_QPS_PER_CONNECTION), read from `lookup` (the
-/// environment, or a map in tests). `Err` only when `forced` and no port
-/// can be used, or a setting is invalid: the message says which.
-pub fn select(
-    forced: bool,
-    qps: usize,
-    lookup: impl Fn(&str) -> Option<String>,
-) -> Result<Selected, String> {
-    let cfg = IbConfig::from_lookup(lookup).map_err(|e| e.to_string())?;
-    match decide(forced, crate::probe(&cfg)) {
-        Decision::Use(ports) => Ok(Selected::Use(use_ports(ports, cfg, qps))),
+/// The InfiniBand transport for a communicator with settings `cfg`
+/// (already read and checked). `Err` only when `forced` and no port can be
+/// used: the message says what is missing.
+pub fn select(forced: bool, cfg: &IbConfig) -> Result<Selected, String> {
+    match decide(forced, crate::probe(cfg)) {
+        Decision::Use(ports) => Ok(Selected::Use(use_ports(ports, cfg.clone()))),
         Decision::FallBack { reason } => Ok(Selected::FallBack(reason)),
         Decision::Fail { message } => Err(message),
     }
 }
 
 #[cfg(feature = "ib")]
-fn use_ports(ports: Vec<crate::Port>, cfg: IbConfig, qps: usize) -> Arc<dyn Transport> {
+fn use_ports(ports: Vec<crate::Port>, cfg: IbConfig) -> Arc<dyn Transport> {
+    let qps = usize::from(cfg.qps_per_connection);
     Arc::new(crate::setup::NetTransport::new(
         crate::verbs_fabric::VerbsFabric::new(ports, cfg),
         qps,
@@ -47,6 +43,6 @@ fn use_ports(ports: Vec<crate::Port>, cfg: IbConfig, qps: usize) -> Arc<dyn Tran
 }
 
 #[cfg(not(feature = "ib"))]
-fn use_ports(_ports: Vec<crate::Port>, _cfg: IbConfig, _qps: usize) -> Arc<dyn Transport> {
+fn use_ports(_ports: Vec<crate::Port>, _cfg: IbConfig) -> Arc<dyn Transport> {
     unreachable!("without feature `ib` the probe finds no port")
 }
