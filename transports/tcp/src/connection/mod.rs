@@ -23,8 +23,9 @@
 //!   most 50 ms, looking at abort, failure and its deadline between them):
 //!   `recv_into` reads the payload straight into the caller's buffer after
 //!   `check` accepted the header, `recv_with` into a free slot. Before the
-//!   first `poll` it retries the read for [`SPIN`] (5 us), which measured
-//!   worth it on 2 cores.
+//!   first `poll` it retries the read for [`SPIN`] (5 us, none with more
+//!   ranks than cores), which measured worth it on 2 cores, then for up to
+//!   [`YIELD`] (1 ms) with a `sched_yield` between reads.
 //! - **Background reader.** One thread per socket keeps draining while the
 //!   consumer is away, so that two ranks blocked in big writes to each other
 //!   cannot deadlock. It only reads once the consumer has been away for
@@ -101,7 +102,20 @@ const READER_STACK: usize = 256 << 10;
 /// already cost 50% there.
 const SPIN: Duration = Duration::from_micros(5);
 
-/// How long a receiver retries a read before it sleeps in `poll`: [`SPIN`],
+/// How long a receiving caller keeps yielding its core between
+/// nonblocking reads, after [`spin_for`]'s spin and before it sleeps in
+/// `poll(2)`: a sleeping receiver needs a wake-up (the scheduler's latency,
+/// and with more ranks than cores, a core to run on) before it reads, while
+/// a yielding one gives its core to whoever can use it, often the rank it
+/// waits for, and reads as soon as it is back. Open MPI's TCP path yields
+/// the same way, without a bound. Measured on 2 cores, 4 ranks over TCP
+/// (docs/performance.md, "Yield before sleeping"): 8 B-4 KiB allreduce
+/// 57-65 us -> 41-50 us in most runs, 256 KiB-16 MiB busbw up by 5-15%;
+/// 2 ranks 13-18 us -> 13-15 us. Bounded so that a rank whose peers are
+/// far behind (a slow step, a stall) goes back to sleeping after 1 ms.
+pub(crate) const YIELD: Duration = Duration::from_millis(1);
+
+/// How long a receiver retries a read before it yields: [`SPIN`],
 /// unless the job has more ranks than this machine has cores (an upper
 /// bound on the ranks that share it); then the rank it waits for may need
 /// this very core, and spinning measured 10-15% slower at 4 ranks on 2

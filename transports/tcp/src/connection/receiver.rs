@@ -3,7 +3,7 @@
 //! thread (straight into the caller's buffer for `recv_into`), and where
 //! each consumed frame's slot goes back to. It never writes a socket.
 
-use super::{clean_goodbye, no_goodbye, ConnShared, Inbound};
+use super::{clean_goodbye, no_goodbye, ConnShared, Inbound, YIELD};
 use crate::slot::Slot;
 use crate::wire::{self, Progress, POLL_SLICE};
 use ferroccl_transport::{
@@ -209,6 +209,13 @@ impl TcpReceiver {
                     let began = *spun_since.get_or_insert(now);
                     if now - began < self.shared.spin && now < deadline {
                         std::hint::spin_loop();
+                        continue;
+                    }
+                    if now - began < self.shared.spin + YIELD && now < deadline {
+                        // Give the core to whoever can use it (the rank this
+                        // one waits for, where ranks share cores) and look
+                        // again as soon as it comes back.
+                        std::thread::yield_now();
                         continue;
                     }
                     if now >= deadline {
