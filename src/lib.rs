@@ -26,6 +26,7 @@ mod element;
 mod error;
 mod exec;
 mod fingerprint;
+pub mod fsdp;
 mod gpu_path;
 mod logging;
 mod plan;

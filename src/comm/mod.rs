@@ -269,6 +269,63 @@ impl Communicator {
         })
     }
 
+    /// In-place reduce-scatter on an owned buffer of `count * size`
+    /// elements, without blocking: the call is queued in order and `wait()`
+    /// returns the buffer, whose block `rank` holds the result (the other
+    /// blocks are left as scratch).
+    pub fn reduce_scatter_async<T, B>(&self, buf: B, op: ReduceOp) -> Result<Work<B>>
+    where
+        T: Element,
+        B: std::ops::DerefMut<Target = [T]> + Send + 'static,
+    {
+        let n = buf.len();
+        let call = CollCall {
+            op: Some(op),
+            in_place: true,
+            ..CollCall::new(CollKind::ReduceScatter, n / self.inner.size, n, n)
+        };
+        self.in_place_async(call, buf)
+    }
+
+    /// In-place allgather on an owned buffer of `count * size` elements
+    /// whose block `rank` holds this rank's input, without blocking: the
+    /// call is queued in order and `wait()` returns the buffer, every block
+    /// filled.
+    pub fn all_gather_async<T, B>(&self, buf: B) -> Result<Work<B>>
+    where
+        T: Element,
+        B: std::ops::DerefMut<Target = [T]> + Send + 'static,
+    {
+        let n = buf.len();
+        let call = CollCall {
+            in_place: true,
+            ..CollCall::new(CollKind::AllGather, n / self.inner.size, n, n)
+        };
+        self.in_place_async(call, buf)
+    }
+
+    /// An in-place call on an owned buffer, queued: the async twin of
+    /// `collective` with `Buffers::InPlace`.
+    fn in_place_async<T, B>(&self, call: CollCall, mut buf: B) -> Result<Work<B>>
+    where
+        T: Element,
+        B: std::ops::DerefMut<Target = [T]> + Send + 'static,
+    {
+        let plan = self.plan::<T>(&call)?;
+        let (rank, size) = (self.inner.rank, self.inner.size);
+        self.run_async(self.spec::<T>(&call), move |inner, issued| {
+            if plan.scratch_output > 0 {
+                let mut scratch = vec![T::zeroed(); plan.scratch_output];
+                inner.execute(&plan, Io::out_of_place(&buf, &mut scratch), issued)?;
+            } else {
+                let io = Io::in_place(&mut buf, plan.input_base, plan.output_base);
+                inner.execute(&plan, io, issued)?;
+            }
+            coll::finish(&call, &plan, rank, size, &mut buf);
+            Ok(buf)
+        })
+    }
+
     /// Reduce-scatter: `send.len() == recv.len() * size`; rank r's `recv`
     /// gets the reduction of block r of every rank's `send`.
     pub fn reduce_scatter<T: Element>(

@@ -16,7 +16,7 @@ pub(crate) const H: usize = 12;
 pub(crate) const D_OUT: usize = 3;
 /// Global batch: divisible by 2, 3 and 4.
 const BATCH: usize = 24;
-const LR: f64 = 0.05;
+pub(crate) const LR: f64 = 0.05;
 
 const NAMES: [&str; 8] = ["W1", "b1", "W2", "b2", "W3", "b3", "aux", "dead"];
 pub(crate) const LENS: [usize; 8] = [H * D_IN, H, H * H, H, D_OUT * H, D_OUT, D_OUT, 5];
@@ -28,7 +28,7 @@ pub(crate) fn specs(n: usize) -> Vec<ParamSpec> {
 }
 
 /// Deterministic initial weights (the same on every rank, as if broadcast).
-fn init_params(n: usize) -> Vec<Vec<f64>> {
+pub(crate) fn init_params(n: usize) -> Vec<Vec<f64>> {
     (0..n)
         .map(|p| {
             (0..LENS[p])
@@ -68,7 +68,7 @@ fn matvec(w: &[f64], x: &[f64], b: &[f64]) -> Vec<f64> {
 /// `scale`, layer by layer from the last: `emit(param, grad)` is called in
 /// the order backward produces them (W3 b3 aux, W2 b2, W1 b1). `uses_aux`
 /// says which samples add `aux` to their output.
-fn backward(
+pub(crate) fn backward(
     params: &[Vec<f64>],
     samples: &[usize],
     denom: f64,

@@ -1,0 +1,1110 @@
+//! Sharded data parallel (FSDP, ZeRO): each rank keeps 1/N of every unit's
+//! parameters, gradients and optimizer state, and gathers a unit's
+//! parameters only while it is used.
+//!
+//! The model is an ordered list of *units* ([`UnitSpec`]), each a flat
+//! parameter made of several tensors (FSDP's wrapping). A rank holds one
+//! shard of each unit's flat parameter, padded so that every shard has the
+//! same length. A training step drives [`Fsdp`] unit by unit:
+//!
+//! ```no_run
+//! use ferroccl::fsdp::{Fsdp, FsdpConfig, Optimizer, TensorSpec, UnitSpec};
+//! let comm = ferroccl::Communicator::from_env()?;
+//! let units = vec![
+//!     UnitSpec::new("layer1", vec![TensorSpec::new("w", &[64, 32]), TensorSpec::new("b", &[64])]),
+//!     UnitSpec::new("layer2", vec![TensorSpec::new("w", &[10, 64]), TensorSpec::new("b", &[10])]),
+//! ];
+//! // Every rank fills its own shard (offsets are into the unit's flat parameter).
+//! let mut fsdp = Fsdp::new(&comm, units, FsdpConfig::default(), |_unit, start, shard| {
+//!     for (i, w) in shard.iter_mut().enumerate() {
+//!         *w = ((start + i) as f32 * 0.37).sin() * 0.1;
+//!     }
+//! })?;
+//! for _step in 0..10 {
+//!     for u in 0..2 {
+//!         fsdp.pre_forward(u)?; // gathers (or finds prefetched) the unit
+//!         let _w = fsdp.params(u)?; // the whole flat parameter
+//!         // ... the unit's forward ...
+//!         fsdp.post_forward(u)?; // frees the full copy
+//!     }
+//!     for u in (0..2).rev() {
+//!         fsdp.pre_backward(u)?; // gathers again
+//!         let grad = vec![0.0f32; fsdp.unit_len(u)]; // ... the unit's backward ...
+//!         fsdp.post_backward(u, &grad)?; // reduce-scatters, async
+//!     }
+//!     fsdp.finish_backward()?; // the local gradient shards are averaged
+//!     fsdp.step(&Optimizer::adam(1e-3))?;
+//! }
+//! # Ok::<(), ferroccl::Error>(())
+//! ```
+//!
+//! Everything moves through the public [`Communicator`] API (in-place
+//! [`Communicator::all_gather_async`] and
+//! [`Communicator::reduce_scatter_async`], `all_reduce_async`, `split`):
+//! no unsafe code, nothing of transports. `docs/fsdp.md` is the guide.
+
+mod optim;
+
+pub use optim::Optimizer;
+
+use crate::Work;
+use crate::{Communicator, Element, Error, ReduceOp, Result};
+use half::{bf16, f16};
+
+/// One tensor of a unit: a name for errors and its shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Shown in errors, e.g. `weight`.
+    pub name: String,
+    /// Dimensions; the tensor has their product of elements.
+    pub shape: Vec<usize>,
+}
+
+impl TensorSpec {
+    /// A tensor called `name` of `shape`.
+    pub fn new(name: impl Into<String>, shape: &[usize]) -> Self {
+        TensorSpec {
+            name: name.into(),
+            shape: shape.to_vec(),
+        }
+    }
+
+    /// Elements of the tensor.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// A unit: tensors flattened one after the other into one flat parameter,
+/// gathered and freed together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitSpec {
+    /// Shown in errors, e.g. `encoder.layer3`.
+    pub name: String,
+    /// The unit's tensors, in flat order.
+    pub tensors: Vec<TensorSpec>,
+}
+
+impl UnitSpec {
+    /// A unit called `name` made of `tensors`.
+    pub fn new(name: impl Into<String>, tensors: Vec<TensorSpec>) -> Self {
+        UnitSpec {
+            name: name.into(),
+            tensors,
+        }
+    }
+
+    /// Elements of the flat parameter.
+    pub fn numel(&self) -> usize {
+        self.tensors.iter().map(TensorSpec::numel).sum()
+    }
+
+    /// Where each tensor lies in the flat parameter.
+    pub fn offsets(&self) -> Vec<std::ops::Range<usize>> {
+        let mut at = 0;
+        self.tensors
+            .iter()
+            .map(|t| {
+                let r = at..at + t.numel();
+                at = r.end;
+                r
+            })
+            .collect()
+    }
+}
+
+/// How parameters, gradients and optimizer state are spread over ranks
+/// (PyTorch's `ShardingStrategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Parameters, gradients and optimizer state sharded over every rank;
+    /// parameters gathered before forward and again before backward.
+    FullShard,
+    /// Gradients and optimizer state sharded; parameters kept whole on
+    /// every rank (ZeRO-2): after each step every rank's updated shard is
+    /// gathered into the whole copy, once per unit.
+    ShardGradOp,
+    /// Nothing sharded: plain data parallel through the same interface
+    /// (gradients averaged by allreduce).
+    NoShard,
+    /// Full sharding inside groups of `group` consecutive ranks (a host,
+    /// say), replicated across groups: gradients are reduce-scattered
+    /// inside the group, then each shard is allreduced across groups.
+    /// `group` must divide the number of ranks.
+    HybridShard {
+        /// Ranks per sharding group.
+        group: usize,
+    },
+}
+
+impl Strategy {
+    fn code(self) -> u64 {
+        match self {
+            Strategy::FullShard => 1,
+            Strategy::ShardGradOp => 2,
+            Strategy::NoShard => 3,
+            Strategy::HybridShard { group } => 4 | (group as u64) << 8,
+        }
+    }
+}
+
+/// The type parameters travel in (gathered) or gradients are reduced in;
+/// shards and optimizer state are always f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// Full precision.
+    F32,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    Bf16,
+}
+
+impl Precision {
+    fn code(self) -> u64 {
+        match self {
+            Precision::F32 => 1,
+            Precision::F16 => 2,
+            Precision::Bf16 => 3,
+        }
+    }
+
+    /// `v` as this type would hold it.
+    pub fn round(self, v: f32) -> f32 {
+        match self {
+            Precision::F32 => v,
+            Precision::F16 => f16::from_f32(v).to_f32(),
+            Precision::Bf16 => bf16::from_f32(v).to_f32(),
+        }
+    }
+}
+
+/// How [`Fsdp`] shards and communicates. Every rank must use the same
+/// settings and units (checked at construction).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsdpConfig {
+    /// What is sharded.
+    pub strategy: Strategy,
+    /// Type parameters are gathered in (FSDP's `param_dtype`): the
+    /// parameters a unit computes with are the shards rounded to it.
+    pub param_dtype: Precision,
+    /// Type gradients are reduced in (`reduce_dtype`); the average is
+    /// taken in f32 after the reduction.
+    pub reduce_dtype: Precision,
+    /// Free a unit's gathered parameters after forward and gather again
+    /// for backward (FSDP's `reshard_after_forward`); `false` keeps them
+    /// from forward to backward, one gather per step.
+    pub reshard_after_forward: bool,
+    /// Most units whose parameters may be gathered (or being gathered) at
+    /// once for prefetching (FSDP's `limit_all_gathers`); a unit asked for
+    /// by `pre_forward`/`pre_backward` is always gathered.
+    pub limit_gathered: usize,
+}
+
+impl Default for FsdpConfig {
+    fn default() -> Self {
+        FsdpConfig {
+            strategy: Strategy::FullShard,
+            param_dtype: Precision::F32,
+            reduce_dtype: Precision::F32,
+            reshard_after_forward: true,
+            limit_gathered: 2,
+        }
+    }
+}
+
+/// Bytes a rank holds for the model, by the layer's own accounting
+/// ([`Fsdp::memory`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// Parameter shards (f32), and whole parameters kept on every rank
+    /// (`ShardGradOp`, `NoShard`).
+    pub params: usize,
+    /// Gradient shards (f32).
+    pub grads: usize,
+    /// Optimizer state (f32).
+    pub optim: usize,
+    /// Gathered parameters alive now (in `param_dtype` while in flight,
+    /// f32 once ready), of strategies that free them.
+    pub gathered: usize,
+    /// Most `gathered` since construction.
+    pub peak_gathered: usize,
+    /// Most units gathered at once since construction.
+    pub peak_gathered_units: usize,
+    /// Gradients accumulated outside synchronisation (`no_sync`).
+    pub accumulated: usize,
+}
+
+impl Memory {
+    /// Everything together.
+    pub fn total(&self) -> usize {
+        self.params + self.grads + self.optim + self.gathered + self.accumulated
+    }
+}
+
+/// A flat buffer in flight, in the type it travels in.
+enum Pending {
+    F32(Work<Vec<f32>>),
+    F16(Work<Vec<f16>>),
+    Bf16(Work<Vec<bf16>>),
+}
+
+impl Pending {
+    fn bytes(&self, len: usize) -> usize {
+        len * match self {
+            Pending::F32(_) => 4,
+            Pending::F16(_) | Pending::Bf16(_) => 2,
+        }
+    }
+
+    /// Wait, and give elements `range` as f32.
+    fn wait(self, range: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        Ok(match self {
+            Pending::F32(w) => {
+                let mut v = w.wait()?;
+                v.truncate(range.end);
+                v.drain(..range.start);
+                v
+            }
+            Pending::F16(w) => w.wait()?[range].iter().map(|x| x.to_f32()).collect(),
+            Pending::Bf16(w) => w.wait()?[range].iter().map(|x| x.to_f32()).collect(),
+        })
+    }
+}
+
+/// Where a unit's whole parameter is.
+enum Full {
+    Absent,
+    Pending(Pending),
+    Ready(Vec<f32>),
+}
+
+/// Where a unit is in the step's protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Idle,
+    Forward,
+    AfterForward,
+    Backward,
+}
+
+/// Sizes of one unit's flat parameter.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    numel: usize,
+    /// Elements of each rank's shard (the flat parameter padded to a
+    /// multiple of the sharding group).
+    shard: usize,
+}
+
+struct Unit {
+    spec: UnitSpec,
+    layout: Layout,
+    /// This rank's shard of the parameters (the whole padded parameter
+    /// under `NoShard`).
+    shard: Vec<f32>,
+    grad: Vec<f32>,
+    state: Vec<f32>,
+    full: Full,
+    phase: Phase,
+    /// Gradients kept while synchronisation is off (`set_sync(false)`).
+    acc: Option<Vec<f32>>,
+}
+
+/// A gradient reduction in flight: the unit, and the collective.
+struct Reducing {
+    unit: usize,
+    work: Pending,
+}
+
+/// The sharded data-parallel state of one rank. See the module docs.
+pub struct Fsdp<'c> {
+    comm: &'c Communicator,
+    /// `HybridShard`: the ranks of this rank's group (sharding), and the
+    /// ranks at the same place in every group (replication).
+    intra: Option<Communicator>,
+    inter: Option<Communicator>,
+    config: FsdpConfig,
+    units: Vec<Unit>,
+    /// Ranks one unit is sharded over, and this rank's place among them.
+    shard_ranks: usize,
+    shard_rank: usize,
+    world: usize,
+    rank: usize,
+    reducing: Vec<Reducing>,
+    sync: bool,
+    steps: u64,
+    /// Orders learned in the first step (prefetch follows them after).
+    forward_order: Vec<usize>,
+    backward_order: Vec<usize>,
+    learned: bool,
+    peak_gathered: usize,
+    peak_gathered_units: usize,
+}
+
+impl std::fmt::Debug for Fsdp<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fsdp")
+            .field("rank", &self.rank)
+            .field("strategy", &self.config.strategy)
+            .field("units", &self.units.len())
+            .finish()
+    }
+}
+
+fn fnv(h: &mut u64, bytes: &[u8]) {
+    for b in bytes {
+        *h ^= u64::from(*b);
+        *h = h.wrapping_mul(0x100_0000_01b3);
+    }
+}
+
+impl<'c> Fsdp<'c> {
+    /// Shard `units` over `comm`'s ranks. `init(unit, start, shard)` fills
+    /// this rank's part of a unit's flat parameter, elements `start..` (the
+    /// padding past the unit's end stays zero). A collective: every rank
+    /// calls it with the same units and settings, or every rank gets
+    /// `InvalidArgument` naming the first rank that differs.
+    pub fn new(
+        comm: &'c Communicator,
+        units: Vec<UnitSpec>,
+        config: FsdpConfig,
+        mut init: impl FnMut(usize, usize, &mut [f32]),
+    ) -> Result<Self> {
+        let (rank, world) = (comm.rank(), comm.size());
+        let bad = |what: String| Error::InvalidArgument(format!("fsdp on rank {rank}: {what}"));
+        if config.limit_gathered == 0 {
+            return Err(bad("limit_gathered must be at least 1".into()));
+        }
+        let group = match config.strategy {
+            Strategy::HybridShard { group } => {
+                if group == 0 || world % group != 0 {
+                    return Err(bad(format!(
+                        "HybridShard group of {group} ranks does not divide {world} ranks"
+                    )));
+                }
+                group
+            }
+            Strategy::FullShard | Strategy::ShardGradOp => world,
+            Strategy::NoShard => 1,
+        };
+        for (u, spec) in units.iter().enumerate() {
+            if spec.numel() == 0 {
+                return Err(bad(format!("unit `{}` (#{u}) has no elements", spec.name)));
+            }
+        }
+        Self::agree(comm, &units, &config)?;
+        let (intra, inter) = match config.strategy {
+            Strategy::HybridShard { group } if group < world => {
+                let (g, at) = ((rank / group) as i32, (rank % group) as i32);
+                (comm.split(g, at)?, comm.split(at, g)?)
+            }
+            _ => (None, None),
+        };
+        let shard_rank = if group == 1 { 0 } else { rank % group };
+        let units = units
+            .into_iter()
+            .enumerate()
+            .map(|(u, spec)| {
+                let numel = spec.numel();
+                let shard = numel.div_ceil(group);
+                let start = (shard_rank * shard).min(numel);
+                let real = (start + shard).min(numel) - start;
+                let mut own = vec![0f32; shard];
+                init(u, start, &mut own[..real]);
+                Unit {
+                    spec,
+                    layout: Layout { numel, shard },
+                    grad: vec![0f32; shard],
+                    shard: own,
+                    state: Vec::new(),
+                    full: Full::Absent,
+                    phase: Phase::Idle,
+                    acc: None,
+                }
+            })
+            .collect();
+        let mut fsdp = Fsdp {
+            comm,
+            intra,
+            inter,
+            config,
+            units,
+            shard_ranks: group,
+            shard_rank,
+            world,
+            rank,
+            reducing: Vec::new(),
+            sync: true,
+            steps: 0,
+            forward_order: Vec::new(),
+            backward_order: Vec::new(),
+            learned: false,
+            peak_gathered: 0,
+            peak_gathered_units: 0,
+        };
+        fsdp.refresh_whole()?;
+        Ok(fsdp)
+    }
+
+    /// Shard whole parameters every rank holds (each unit's flat parameter,
+    /// `unit_len(u)` elements): each rank keeps its own part. For models
+    /// that fit one rank; [`Fsdp::new`] never needs the whole model.
+    pub fn from_full(
+        comm: &'c Communicator,
+        units: Vec<UnitSpec>,
+        config: FsdpConfig,
+        full: &[Vec<f32>],
+    ) -> Result<Self> {
+        let rank = comm.rank();
+        if full.len() != units.len() || full.iter().zip(&units).any(|(f, u)| f.len() != u.numel()) {
+            return Err(Error::InvalidArgument(format!(
+                "fsdp on rank {rank}: from_full got {} flat parameters where the units \
+                 need {} of lengths {:?}",
+                full.len(),
+                units.len(),
+                units.iter().map(UnitSpec::numel).collect::<Vec<_>>()
+            )));
+        }
+        Self::new(comm, units, config, |u, start, shard| {
+            shard.copy_from_slice(&full[u][start..start + shard.len()]);
+        })
+    }
+
+    /// Every rank checks that every other has the same units and settings.
+    fn agree(comm: &Communicator, units: &[UnitSpec], config: &FsdpConfig) -> Result<()> {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for spec in units {
+            fnv(&mut h, spec.name.as_bytes());
+            fnv(&mut h, &[0]);
+            for t in &spec.tensors {
+                fnv(&mut h, t.name.as_bytes());
+                fnv(&mut h, &[1]);
+                for d in &t.shape {
+                    fnv(&mut h, &(*d as u64).to_le_bytes());
+                }
+            }
+        }
+        let settings = config.strategy.code()
+            ^ config.param_dtype.code() << 40
+            ^ config.reduce_dtype.code() << 44
+            ^ u64::from(config.reshard_after_forward) << 48
+            ^ (config.limit_gathered as u64) << 50;
+        let mine = [units.len() as u64, config.strategy.code(), settings, h];
+        let mut all = vec![0u64; 4 * comm.size()];
+        comm.all_gather(&mine, &mut all)?;
+        let first = &all[..4];
+        if let Some(r) = (1..comm.size()).find(|&r| &all[4 * r..4 * r + 4] != first) {
+            let other = &all[4 * r..4 * r + 4];
+            let what = if other[0] != first[0] {
+                format!("{} units where rank 0 has {}", other[0], first[0])
+            } else if other[1] != first[1] {
+                format!(
+                    "strategy code {:#x} where rank 0 has {:#x}",
+                    other[1], first[1]
+                )
+            } else if other[2] != first[2] {
+                "other settings (precision, reshard_after_forward or limit_gathered) \
+                 than rank 0"
+                    .to_string()
+            } else {
+                "units of other names or shapes than rank 0's".to_string()
+            };
+            return Err(Error::InvalidArgument(format!(
+                "fsdp: ranks disagree on the units or the strategy: rank {r} has {what} \
+                 (seen on rank {})",
+                comm.rank()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The communicator a unit is sharded over (None: not sharded).
+    fn shard_comm(&self) -> Option<&Communicator> {
+        match self.config.strategy {
+            Strategy::NoShard => None,
+            Strategy::HybridShard { .. } => Some(self.intra.as_ref().unwrap_or(self.comm)),
+            _ => Some(self.comm),
+        }
+    }
+
+    /// Parameters kept whole between steps (nothing to gather or free
+    /// per use).
+    fn keeps_whole(&self) -> bool {
+        matches!(
+            self.config.strategy,
+            Strategy::ShardGradOp | Strategy::NoShard
+        )
+    }
+
+    fn err(&self, u: usize, what: &str) -> Error {
+        let name = self.units.get(u).map_or("?", |x| x.spec.name.as_str());
+        Error::InvalidArgument(format!(
+            "fsdp: unit `{name}` (#{u}) on rank {}: {what}",
+            self.rank
+        ))
+    }
+
+    fn check_unit(&self, u: usize) -> Result<()> {
+        if u >= self.units.len() {
+            return Err(Error::InvalidArgument(format!(
+                "fsdp on rank {}: no unit #{u} (the model has {})",
+                self.rank,
+                self.units.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Number of units.
+    pub fn num_units(&self) -> usize {
+        self.units.len()
+    }
+
+    /// Elements of unit `u`'s flat parameter (what `params` gives and
+    /// `post_backward` takes).
+    pub fn unit_len(&self, u: usize) -> usize {
+        self.units[u].layout.numel
+    }
+
+    /// The units, as given.
+    pub fn units(&self) -> impl Iterator<Item = &UnitSpec> {
+        self.units.iter().map(|x| &x.spec)
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &FsdpConfig {
+        &self.config
+    }
+
+    /// Elements of each rank's shard of unit `u`, and where this rank's
+    /// begins in the flat parameter.
+    pub fn shard_range(&self, u: usize) -> std::ops::Range<usize> {
+        let l = self.units[u].layout;
+        let start = self.shard_rank * l.shard;
+        start..start + l.shard
+    }
+
+    /// This rank's shard of unit `u`'s parameters (padding included).
+    pub fn shard(&self, u: usize) -> &[f32] {
+        &self.units[u].shard
+    }
+
+    /// This rank's shard of unit `u`'s averaged gradient (after
+    /// `finish_backward`; zero after `step`).
+    pub fn grad_shard(&self, u: usize) -> &[f32] {
+        &self.units[u].grad
+    }
+
+    /// Optimizer steps taken.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Gather unit `u`'s parameters in `param_dtype`, without waiting.
+    fn start_gather(&mut self, u: usize) -> Result<()> {
+        let dtype = self.config.param_dtype;
+        let Some(comm) = self.shard_comm() else {
+            // Not sharded: the whole copy is the shard, rounded.
+            let unit = &self.units[u];
+            let whole = unit.shard[..unit.layout.numel]
+                .iter()
+                .map(|&v| dtype.round(v))
+                .collect();
+            self.units[u].full = Full::Ready(whole);
+            return Ok(());
+        };
+        let unit = &self.units[u];
+        let (s, n) = (unit.layout.shard, self.shard_ranks);
+        let at = self.shard_rank * s;
+        fn place<T: Element>(shard: &[f32], s: usize, n: usize, at: usize) -> Vec<T> {
+            let mut buf = vec![T::from_f64(0.0); s * n];
+            for (d, v) in buf[at..at + s].iter_mut().zip(shard) {
+                *d = T::from_f64(f64::from(*v));
+            }
+            buf
+        }
+        let pending = match dtype {
+            Precision::F32 => {
+                let mut buf = vec![0f32; s * n];
+                buf[at..at + s].copy_from_slice(&unit.shard);
+                Pending::F32(comm.all_gather_async(buf)?)
+            }
+            Precision::F16 => {
+                Pending::F16(comm.all_gather_async(place::<f16>(&unit.shard, s, n, at))?)
+            }
+            Precision::Bf16 => {
+                Pending::Bf16(comm.all_gather_async(place::<bf16>(&unit.shard, s, n, at))?)
+            }
+        };
+        self.units[u].full = Full::Pending(pending);
+        self.note_gathered();
+        Ok(())
+    }
+
+    fn note_gathered(&mut self) {
+        let m = self.memory();
+        self.peak_gathered = self.peak_gathered.max(m.gathered);
+        let alive = self.gathered_units();
+        self.peak_gathered_units = self.peak_gathered_units.max(alive);
+    }
+
+    fn gathered_units(&self) -> usize {
+        if self.keeps_whole() {
+            return 0;
+        }
+        self.units
+            .iter()
+            .filter(|x| !matches!(x.full, Full::Absent))
+            .count()
+    }
+
+    /// Make sure unit `u`'s gather is issued or done.
+    fn ensure_gathered(&mut self, u: usize) -> Result<()> {
+        if matches!(self.units[u].full, Full::Absent) {
+            self.start_gather(u)?;
+        }
+        Ok(())
+    }
+
+    /// Issue the gather of `next` ahead of its use if the limit allows.
+    fn prefetch(&mut self, next: Option<usize>) -> Result<()> {
+        if self.keeps_whole() {
+            return Ok(());
+        }
+        if let Some(v) = next {
+            if matches!(self.units[v].full, Full::Absent)
+                && self.units[v].phase != Phase::Backward
+                && self.gathered_units() < self.config.limit_gathered
+            {
+                self.start_gather(v)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The unit after `u` in `order` (or in `default` before the first
+    /// step has taught one).
+    fn next_in(order: &[usize], u: usize, default: Option<usize>, learned: bool) -> Option<usize> {
+        if !learned {
+            return default;
+        }
+        let i = order.iter().position(|&x| x == u)?;
+        order.get(i + 1).copied()
+    }
+
+    /// Before unit `u`'s forward: gather its parameters (unless prefetched)
+    /// and prefetch the next unit's. `InvalidArgument` if `u` is already in
+    /// use (gathered twice without `post_forward`/`post_backward`).
+    pub fn pre_forward(&mut self, u: usize) -> Result<()> {
+        self.check_unit(u)?;
+        match self.units[u].phase {
+            Phase::Forward | Phase::Backward => {
+                return Err(self.err(
+                    u,
+                    "gathered twice: pre_forward while the unit is still in use \
+                     (call post_forward or post_backward first)",
+                ))
+            }
+            Phase::Idle | Phase::AfterForward => {}
+        }
+        if !self.learned {
+            self.forward_order.push(u);
+        }
+        self.ensure_gathered(u)?;
+        self.units[u].phase = Phase::Forward;
+        let default = (u + 1 < self.units.len()).then_some(u + 1);
+        let next = Self::next_in(&self.forward_order, u, default, self.learned);
+        self.prefetch(next)
+    }
+
+    /// Unit `u`'s whole flat parameter (`unit_len(u)` elements), in
+    /// `param_dtype`'s values; waits for its gather. Only between
+    /// `pre_forward` and `post_forward`, or `pre_backward` and
+    /// `post_backward`.
+    pub fn params(&mut self, u: usize) -> Result<&[f32]> {
+        self.check_unit(u)?;
+        if !matches!(self.units[u].phase, Phase::Forward | Phase::Backward) {
+            return Err(self.err(
+                u,
+                "params asked outside pre_forward..post_forward or pre_backward..post_backward",
+            ));
+        }
+        self.wait_full(u)?;
+        match &self.units[u].full {
+            Full::Ready(v) => Ok(v),
+            _ => Err(self.err(u, "parameters not gathered (internal)")),
+        }
+    }
+
+    fn wait_full(&mut self, u: usize) -> Result<()> {
+        if matches!(self.units[u].full, Full::Pending(_)) {
+            let Full::Pending(p) = std::mem::replace(&mut self.units[u].full, Full::Absent) else {
+                unreachable!("matched just above")
+            };
+            let numel = self.units[u].layout.numel;
+            self.units[u].full = Full::Ready(p.wait(0..numel)?);
+            self.note_gathered();
+        }
+        Ok(())
+    }
+
+    fn free_full(&mut self, u: usize) -> Result<()> {
+        if !self.keeps_whole() {
+            // A gather still in flight must end before its buffer goes.
+            self.wait_full(u)?;
+            self.units[u].full = Full::Absent;
+        }
+        Ok(())
+    }
+
+    /// After unit `u`'s forward: free its gathered parameters
+    /// (`reshard_after_forward`) or keep them for backward.
+    pub fn post_forward(&mut self, u: usize) -> Result<()> {
+        self.check_unit(u)?;
+        if self.units[u].phase != Phase::Forward {
+            return Err(self.err(u, "post_forward without pre_forward"));
+        }
+        if self.config.reshard_after_forward {
+            self.free_full(u)?;
+        }
+        self.units[u].phase = Phase::AfterForward;
+        Ok(())
+    }
+
+    /// Before unit `u`'s backward: gather its parameters again (unless
+    /// kept or prefetched) and prefetch the next unit of backward's order
+    /// (learned in the first step; reverse unit order before that).
+    pub fn pre_backward(&mut self, u: usize) -> Result<()> {
+        self.check_unit(u)?;
+        match self.units[u].phase {
+            Phase::Forward | Phase::Backward => {
+                return Err(self.err(
+                    u,
+                    "gathered twice: pre_backward while the unit is still in use \
+                     (call post_forward or post_backward first)",
+                ))
+            }
+            Phase::Idle | Phase::AfterForward => {}
+        }
+        if !self.learned {
+            self.backward_order.push(u);
+        }
+        self.ensure_gathered(u)?;
+        self.units[u].phase = Phase::Backward;
+        let default = u.checked_sub(1);
+        let next = Self::next_in(&self.backward_order, u, default, self.learned);
+        self.prefetch(next)
+    }
+
+    /// Unit `u`'s gradient (`unit_len(u)` elements, of this rank's local
+    /// loss) is ready: start its reduction (reduce-scatter into the
+    /// gradient shards, averaged over every rank), free its gathered
+    /// parameters. With synchronisation off (`set_sync(false)`) the
+    /// gradient is only accumulated here. `InvalidArgument` if `u` was not
+    /// gathered for backward.
+    pub fn post_backward(&mut self, u: usize, grad: &[f32]) -> Result<()> {
+        self.check_unit(u)?;
+        if self.units[u].phase != Phase::Backward {
+            return Err(self.err(
+                u,
+                "gradient for a unit that was not gathered for backward (call pre_backward first)",
+            ));
+        }
+        let numel = self.units[u].layout.numel;
+        if grad.len() != numel {
+            return Err(self.err(
+                u,
+                &format!(
+                    "gradient of {} elements where the unit has {numel}",
+                    grad.len()
+                ),
+            ));
+        }
+        self.free_full(u)?;
+        self.units[u].phase = Phase::Idle;
+        if !self.sync {
+            let acc = self.units[u].acc.get_or_insert_with(|| vec![0f32; numel]);
+            for (a, g) in acc.iter_mut().zip(grad) {
+                *a += g;
+            }
+            return Ok(());
+        }
+        let acc = self.units[u].acc.take();
+        let total = |i: usize| grad[i] + acc.as_ref().map_or(0.0, |a| a[i]);
+        let s = self.units[u].layout.shard;
+        let n = self.shard_ranks;
+        fn flat<T: Element>(len: usize, numel: usize, total: impl Fn(usize) -> f32) -> Vec<T> {
+            let mut buf = vec![T::from_f64(0.0); len];
+            for (i, d) in buf[..numel].iter_mut().enumerate() {
+                *d = T::from_f64(f64::from(total(i)));
+            }
+            buf
+        }
+        let len = s * n;
+        let work = match self.shard_comm() {
+            Some(comm) => match self.config.reduce_dtype {
+                Precision::F32 => {
+                    let buf: Vec<f32> = flat(len, numel, total);
+                    Pending::F32(comm.reduce_scatter_async(buf, ReduceOp::Sum)?)
+                }
+                Precision::F16 => Pending::F16(
+                    comm.reduce_scatter_async(flat::<f16>(len, numel, total), ReduceOp::Sum)?,
+                ),
+                Precision::Bf16 => Pending::Bf16(
+                    comm.reduce_scatter_async(flat::<bf16>(len, numel, total), ReduceOp::Sum)?,
+                ),
+            },
+            None => match self.config.reduce_dtype {
+                Precision::F32 => {
+                    let buf: Vec<f32> = flat(len, numel, total);
+                    Pending::F32(self.comm.all_reduce_async(buf, ReduceOp::Sum)?)
+                }
+                Precision::F16 => Pending::F16(
+                    self.comm
+                        .all_reduce_async(flat::<f16>(len, numel, total), ReduceOp::Sum)?,
+                ),
+                Precision::Bf16 => Pending::Bf16(
+                    self.comm
+                        .all_reduce_async(flat::<bf16>(len, numel, total), ReduceOp::Sum)?,
+                ),
+            },
+        };
+        self.reducing.push(Reducing { unit: u, work });
+        Ok(())
+    }
+
+    /// Wait for every gradient reduction of this step and add the averages
+    /// into the gradient shards (under `HybridShard`, after an allreduce of
+    /// each shard across the groups). A unit without a gradient this step
+    /// keeps a zero one.
+    pub fn finish_backward(&mut self) -> Result<()> {
+        let reducing = std::mem::take(&mut self.reducing);
+        let scale = 1.0 / self.world as f32;
+        let mut across = Vec::new();
+        for Reducing { unit, work } in reducing {
+            let s = self.units[unit].layout.shard;
+            let at = if self.shard_comm().is_some() {
+                self.shard_rank * s
+            } else {
+                0
+            };
+            let part = work.wait(at..at + s)?;
+            if let Some(inter) = &self.inter {
+                // Sum the group's shard over the replicas, in f32.
+                across.push((unit, inter.all_reduce_async(part, ReduceOp::Sum)?));
+                continue;
+            }
+            for (g, v) in self.units[unit].grad.iter_mut().zip(&part) {
+                *g += v * scale;
+            }
+        }
+        for (unit, work) in across {
+            let part = work.wait()?;
+            for (g, v) in self.units[unit].grad.iter_mut().zip(&part) {
+                *g += v * scale;
+            }
+        }
+        if !self.learned && self.sync {
+            self.learned = true;
+        }
+        Ok(())
+    }
+
+    /// Turn gradient synchronisation off (`false`, PyTorch's `no_sync`) or
+    /// back on: while off, `post_backward` only accumulates each unit's
+    /// whole gradient on this rank (memory of the unit's size), and the
+    /// next synchronised `post_backward` of the unit reduces the sum.
+    pub fn set_sync(&mut self, sync: bool) {
+        self.sync = sync;
+    }
+
+    /// Scale every gradient shard so that the norm of the whole model's
+    /// gradient (over all units, all ranks' shards) is at most `max_norm`,
+    /// and return the norm before scaling (`clip_grad_norm_`). A
+    /// collective: every rank calls it after `finish_backward`.
+    pub fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64> {
+        if !self.reducing.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "fsdp on rank {}: clip_grad_norm before finish_backward",
+                self.rank
+            )));
+        }
+        let local: f64 = self
+            .units
+            .iter()
+            .flat_map(|x| x.grad.iter())
+            .map(|&g| f64::from(g) * f64::from(g))
+            .sum();
+        let mut total = [local];
+        if let Some(comm) = self.shard_comm() {
+            comm.all_reduce_in_place(&mut total, ReduceOp::Sum)?;
+        }
+        let norm = total[0].sqrt();
+        if norm > max_norm && norm > 0.0 {
+            let c = (max_norm / (norm + 1e-6)) as f32;
+            for g in self.units.iter_mut().flat_map(|x| x.grad.iter_mut()) {
+                *g *= c;
+            }
+        }
+        Ok(norm)
+    }
+
+    /// Update every shard from its gradient shard with `optimizer` (its
+    /// state is sharded the same way), then zero the gradients. Under
+    /// `ShardGradOp` the updated shards are then gathered into the whole
+    /// copies (issued here, waited for at the next use).
+    pub fn step(&mut self, optimizer: &Optimizer) -> Result<()> {
+        if !self.reducing.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "fsdp on rank {}: step with gradient reductions in flight (call finish_backward)",
+                self.rank
+            )));
+        }
+        if let Some(u) = self
+            .units
+            .iter()
+            .position(|x| x.phase != Phase::Idle && x.phase != Phase::AfterForward)
+        {
+            return Err(self.err(u, "step while the unit is still gathered for use"));
+        }
+        self.steps += 1;
+        let per = optimizer.state_per_element();
+        for unit in &mut self.units {
+            if unit.state.len() != per * unit.shard.len() {
+                unit.state = vec![0f32; per * unit.shard.len()];
+            }
+            optimizer.update(&mut unit.shard, &unit.grad, &mut unit.state, self.steps);
+            unit.grad.iter_mut().for_each(|g| *g = 0.0);
+            unit.phase = Phase::Idle;
+        }
+        self.refresh_whole()
+    }
+
+    /// Under `ShardGradOp` and `NoShard`, bring the whole copies up to the
+    /// shards; nothing otherwise.
+    fn refresh_whole(&mut self) -> Result<()> {
+        if self.keeps_whole() {
+            for u in 0..self.units.len() {
+                self.wait_full(u)?;
+                self.start_gather(u)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes this rank holds for the model now.
+    pub fn memory(&self) -> Memory {
+        let mut m = Memory {
+            peak_gathered: self.peak_gathered,
+            peak_gathered_units: self.peak_gathered_units,
+            ..Memory::default()
+        };
+        let keeps = self.keeps_whole();
+        for unit in &self.units {
+            m.params += 4 * unit.shard.len();
+            m.grads += 4 * unit.grad.len();
+            m.optim += 4 * unit.state.len();
+            m.accumulated += unit.acc.as_ref().map_or(0, |a| 4 * a.len());
+            let full = match &unit.full {
+                Full::Absent => 0,
+                Full::Pending(p) => p.bytes(unit.layout.shard * self.shard_ranks),
+                Full::Ready(v) => 4 * v.len(),
+            };
+            if keeps {
+                m.params += full;
+            } else {
+                m.gathered += full;
+            }
+        }
+        m.peak_gathered = m.peak_gathered.max(m.gathered);
+        m
+    }
+
+    /// Gather every unit's whole flat parameter on `root` (for a
+    /// checkpoint): `Some` there, `None` elsewhere. A collective.
+    pub fn full_state(&self, root: usize) -> Result<Option<Vec<Vec<f32>>>> {
+        let mut out = Vec::new();
+        for unit in &self.units {
+            let whole = match self.shard_comm() {
+                Some(comm) => {
+                    let mut all = vec![0f32; unit.layout.shard * self.shard_ranks];
+                    comm.all_gather(&unit.shard, &mut all)?;
+                    all.truncate(unit.layout.numel);
+                    all
+                }
+                None => unit.shard[..unit.layout.numel].to_vec(),
+            };
+            out.push(whole);
+        }
+        Ok((self.rank == root).then_some(out))
+    }
+
+    /// Load whole flat parameters held by `root` (from `full_state`, of
+    /// any earlier rank count or strategy): each rank keeps its shard.
+    /// Optimizer state starts afresh. A collective; `full` is read on
+    /// `root` only, and a wrong one there is `InvalidArgument` on every
+    /// rank before anything is loaded.
+    pub fn load_full_state(&mut self, root: usize, full: Option<&[Vec<f32>]>) -> Result<()> {
+        if !self.reducing.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "fsdp on rank {}: load_full_state with gradient reductions in flight",
+                self.rank
+            )));
+        }
+        // Root checks every unit first and says which one is wrong, if any
+        // (0: none), so that every rank fails alike.
+        let mut verdict = [0u64];
+        if self.rank == root {
+            let f = full.unwrap_or(&[]);
+            if let Some(u) = (0..self.units.len())
+                .find(|&u| f.get(u).map(Vec::len) != Some(self.units[u].layout.numel))
+            {
+                verdict[0] = u as u64 + 1;
+            } else if f.len() != self.units.len() {
+                verdict[0] = u64::MAX;
+            }
+        }
+        self.comm.broadcast(&mut verdict, root)?;
+        if verdict[0] == u64::MAX {
+            return Err(Error::InvalidArgument(format!(
+                "fsdp on rank {}: load_full_state: rank {root} holds more flat parameters \
+                 than the {} units",
+                self.rank,
+                self.units.len()
+            )));
+        }
+        if verdict[0] > 0 {
+            let u = (verdict[0] - 1) as usize;
+            let numel = self.units[u].layout.numel;
+            return Err(self.err(
+                u,
+                &format!(
+                    "load_full_state: rank {root} has no flat parameter of {numel} elements for it"
+                ),
+            ));
+        }
+        for u in 0..self.units.len() {
+            let numel = self.units[u].layout.numel;
+            let mut whole = match full {
+                Some(f) if self.rank == root => f[u].clone(),
+                _ => vec![0f32; numel],
+            };
+            self.comm.broadcast(&mut whole, root)?;
+            self.wait_full(u)?;
+            let range = self.shard_range(u);
+            let unit = &mut self.units[u];
+            unit.shard.iter_mut().for_each(|v| *v = 0.0);
+            let end = range.end.min(numel);
+            if range.start < end {
+                unit.shard[..end - range.start].copy_from_slice(&whole[range.start..end]);
+            }
+            unit.state.clear();
+            unit.grad.iter_mut().for_each(|g| *g = 0.0);
+            unit.acc = None;
+            unit.full = Full::Absent;
+            unit.phase = Phase::Idle;
+        }
+        self.refresh_whole()
+    }
+}
