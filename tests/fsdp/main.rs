@@ -1,0 +1,690 @@
+//! Sharded data parallel (`ferroccl::fsdp`): training with every strategy on
+//! 1..5 thread ranks against a single-process f64 reference, the memory a
+//! rank holds, 16-bit gathers and reductions step by step, checkpoints
+//! across rank counts, and the errors.
+//!
+//! The model is the DDP tests' MLP (`tests/ddp/model.rs`, its six
+//! parameters W1 b1 W2 b2 W3 b3), wrapped as three units of (weight, bias).
+//! The global batch of each step is 60 samples, split evenly over the ranks
+//! (60 divides by 1..5), each rank's gradient the mean over its own samples:
+//! FSDP's average over ranks is then the mean over the whole batch, so the
+//! reference does not depend on the rank count.
+
+// Units are indexed alike in several tables; ranges read plainer.
+#![allow(clippy::needless_range_loop)]
+
+#[allow(dead_code)]
+#[path = "../ddp/model.rs"]
+mod model;
+
+use ferroccl::fsdp::{Fsdp, FsdpConfig, Optimizer, Precision, Strategy, TensorSpec, UnitSpec};
+use ferroccl::testing::run_ranks;
+use ferroccl::{Communicator, Error};
+use model::{D_IN, D_OUT, H, LENS, U_BF16, U_F32};
+
+const BATCH: usize = 60;
+const UNITS: usize = 3;
+
+fn units() -> Vec<UnitSpec> {
+    let layer = |name: &str, out: usize, inp: usize| {
+        UnitSpec::new(
+            name,
+            vec![
+                TensorSpec::new("weight", &[out, inp]),
+                TensorSpec::new("bias", &[out]),
+            ],
+        )
+    };
+    vec![
+        layer("fc1", H, D_IN),
+        layer("fc2", H, H),
+        layer("fc3", D_OUT, H),
+    ]
+}
+
+/// The model's initial weights as each unit's flat parameter.
+fn init_flat() -> Vec<Vec<f64>> {
+    let p = model::init_params(6);
+    (0..UNITS)
+        .map(|u| [p[2 * u].clone(), p[2 * u + 1].clone()].concat())
+        .collect()
+}
+
+/// Samples of `step` that `rank` of `ranks` trains on.
+fn samples(step: usize, rank: usize, ranks: usize) -> Vec<usize> {
+    let per = BATCH / ranks;
+    let start = step * BATCH + rank * per;
+    (start..start + per).collect()
+}
+
+/// Each unit's flat gradient of the mean loss over `samples` at `flat`.
+fn grads(flat: &[Vec<f64>], samples: &[usize]) -> Vec<Vec<f64>> {
+    let params: Vec<Vec<f64>> = (0..6)
+        .map(|p| {
+            let (u, at) = (p / 2, if p % 2 == 0 { 0 } else { LENS[p - 1] });
+            flat[u][at..at + LENS[p]].to_vec()
+        })
+        .collect();
+    let mut g = vec![Vec::new(); 6];
+    model::backward(
+        &params,
+        samples,
+        samples.len() as f64,
+        |_| false,
+        |p, v| g[p] = v,
+    );
+    (0..UNITS)
+        .map(|u| [g[2 * u].clone(), g[2 * u + 1].clone()].concat())
+        .collect()
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Opt {
+    Sgd,
+    /// Adam with eps 0.1: its update then moves by at most 2·lr/eps per
+    /// unit of gradient error (see `tolerance`), small enough for a sharp
+    /// comparison, while m, v and the bias correction all take part.
+    Adam,
+}
+
+const ADAM_LR: f64 = 0.01;
+const ADAM_EPS: f64 = 0.1;
+const BETAS: (f64, f64) = (0.9, 0.999);
+
+impl Opt {
+    fn optimizer(self) -> Optimizer {
+        match self {
+            Opt::Sgd => Optimizer::Sgd {
+                lr: model::LR as f32,
+            },
+            Opt::Adam => Optimizer::Adam {
+                lr: ADAM_LR as f32,
+                beta1: BETAS.0 as f32,
+                beta2: BETAS.1 as f32,
+                eps: ADAM_EPS as f32,
+            },
+        }
+    }
+}
+
+/// One process, f64: `steps` steps on the whole batch. Also the largest
+/// gradient and weight components seen, for the tolerance.
+fn reference(opt: Opt, steps: usize) -> (Vec<Vec<f64>>, f64, f64) {
+    let mut flat = init_flat();
+    let mut state: Vec<Vec<(f64, f64)>> = flat.iter().map(|f| vec![(0.0, 0.0); f.len()]).collect();
+    let (mut gmax, mut wmax) = (0f64, 0f64);
+    for step in 0..steps {
+        let g = grads(&flat, &samples(step, 0, 1));
+        let t = (step + 1) as i32;
+        for u in 0..UNITS {
+            for i in 0..flat[u].len() {
+                let gi = g[u][i];
+                gmax = gmax.max(gi.abs());
+                match opt {
+                    Opt::Sgd => flat[u][i] -= model::LR * gi,
+                    Opt::Adam => {
+                        let (m, v) = &mut state[u][i];
+                        *m = BETAS.0 * *m + (1.0 - BETAS.0) * gi;
+                        *v = BETAS.1 * *v + (1.0 - BETAS.1) * gi * gi;
+                        let mh = *m / (1.0 - BETAS.0.powi(t));
+                        let vh = *v / (1.0 - BETAS.1.powi(t));
+                        flat[u][i] -= ADAM_LR * mh / (vh.sqrt() + ADAM_EPS);
+                    }
+                }
+                wmax = wmax.max(flat[u][i].abs());
+            }
+        }
+    }
+    (flat, gmax, wmax)
+}
+
+/// Bound on the final weights' distance from the reference, training in
+/// f32 on `ranks` ranks for `steps` steps. Per step and component: the
+/// averaged gradient differs from the f64 one by the rounding of each
+/// rank's gradient and of the partial sums and the scaling, at most
+/// (ranks + 2)·u·G; SGD moves a weight by lr times that, Adam by at most
+/// 2·lr/eps times it (|d m̂| and |d √v̂| are each at most the gradient
+/// error, and |m̂| ≤ √v̂); the f32 weights round once per step (u·W). The
+/// weights' differences feed back into later gradients; over 4 steps the
+/// growth stays below 2x at these rates (the DDP tests' argument), and
+/// the factor 4 covers it with margin.
+fn tolerance(opt: Opt, ranks: usize, steps: usize, gmax: f64, wmax: f64, u: f64) -> f64 {
+    let per_grad = match opt {
+        Opt::Sgd => model::LR,
+        Opt::Adam => 2.0 * ADAM_LR / ADAM_EPS,
+    };
+    4.0 * steps as f64 * (per_grad * (ranks as f64 + 2.0) * u * gmax + U_F32 * wmax)
+}
+
+/// Train on one rank with FSDP; checks the protocol's invariants every
+/// step (parameters seen in backward are the forward's, the memory bound)
+/// and returns the final whole parameters (from `full_state`, on rank 0).
+fn train(
+    comm: &Communicator,
+    config: FsdpConfig,
+    opt: Opt,
+    steps: std::ops::Range<usize>,
+    start: Option<&[Vec<f32>]>,
+) -> Option<Vec<Vec<f32>>> {
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let init: Vec<Vec<f32>> = init_flat()
+        .iter()
+        .map(|f| f.iter().map(|&v| v as f32).collect())
+        .collect();
+    let mut fsdp = Fsdp::from_full(comm, units(), config.clone(), &init).unwrap();
+    if let Some(start) = start {
+        fsdp.load_full_state(0, (rank == 0).then_some(start))
+            .unwrap();
+    }
+    let optimizer = opt.optimizer();
+    for step in steps {
+        let mut seen = Vec::new();
+        for u in 0..UNITS {
+            fsdp.pre_forward(u).unwrap();
+            seen.push(fsdp.params(u).unwrap().to_vec());
+            fsdp.post_forward(u).unwrap();
+        }
+        let flat: Vec<Vec<f64>> = seen
+            .iter()
+            .map(|f| f.iter().map(|&v| f64::from(v)).collect())
+            .collect();
+        let g = grads(&flat, &samples(step, rank, ranks));
+        for u in (0..UNITS).rev() {
+            fsdp.pre_backward(u).unwrap();
+            assert_eq!(
+                fsdp.params(u).unwrap(),
+                &seen[u][..],
+                "rank {rank} unit {u}: backward's parameters"
+            );
+            let gu: Vec<f32> = g[u].iter().map(|&v| v as f32).collect();
+            fsdp.post_backward(u, &gu).unwrap();
+        }
+        fsdp.finish_backward().unwrap();
+        fsdp.step(&optimizer).unwrap();
+        check_memory(&fsdp, &config, ranks, &optimizer);
+    }
+    fsdp.full_state(0).unwrap()
+}
+
+/// The bytes a rank holds: exactly its shards of parameters, gradients and
+/// optimizer state (whole parameters where the strategy keeps them), and
+/// never more gathered units than the limit allows.
+fn check_memory(fsdp: &Fsdp<'_>, config: &FsdpConfig, ranks: usize, opt: &Optimizer) {
+    let m = fsdp.memory();
+    let group = match config.strategy {
+        Strategy::FullShard | Strategy::ShardGradOp => ranks,
+        Strategy::NoShard => 1,
+        Strategy::HybridShard { group } => group,
+    };
+    let shard: usize = units().iter().map(|u| 4 * u.numel().div_ceil(group)).sum();
+    let whole: usize = units().iter().map(|u| 4 * u.numel()).sum();
+    // Right after `step`, ShardGradOp's whole copies are being gathered,
+    // in buffers padded to a multiple of the ranks.
+    let padded: usize = units()
+        .iter()
+        .map(|u| 4 * u.numel().div_ceil(group) * group)
+        .sum();
+    let kept = match config.strategy {
+        Strategy::ShardGradOp => padded,
+        Strategy::NoShard => whole,
+        _ => 0,
+    };
+    assert_eq!(m.params, shard + kept, "{m:?}");
+    assert_eq!(m.grads, shard, "{m:?}");
+    assert_eq!(m.optim, opt.state_per_element() * shard, "{m:?}");
+    // Kept from forward to backward, every unit is gathered at the end of
+    // forward; otherwise the limit holds.
+    let allowed = if config.reshard_after_forward {
+        config.limit_gathered
+    } else {
+        config.limit_gathered.max(UNITS)
+    };
+    let allowed = if kept > 0 { 0 } else { allowed };
+    assert!(m.peak_gathered_units <= allowed, "{m:?}");
+    let largest = units()
+        .iter()
+        .map(|u| 4 * u.numel().div_ceil(group) * group)
+        .max()
+        .unwrap();
+    assert!(m.peak_gathered <= allowed * largest, "{m:?}");
+    assert_eq!(m.accumulated, 0, "{m:?}");
+}
+
+fn max_diff(a: &[Vec<f32>], b: &[Vec<f64>]) -> f64 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (f64::from(*x) - y).abs())
+        .fold(0.0, f64::max)
+}
+
+fn check(ranks: usize, config: FsdpConfig, opt: Opt) {
+    let steps = 4;
+    let (want, gmax, wmax) = reference(opt, steps);
+    let tol = tolerance(opt, ranks, steps, gmax, wmax, U_F32);
+    let moved = want
+        .iter()
+        .flatten()
+        .zip(init_flat().iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        moved > 20.0 * tol,
+        "training moves the weights by {moved}, tolerance {tol}"
+    );
+    let got = run_ranks(ranks, |comm| {
+        train(&comm, config.clone(), opt, 0..steps, None)
+    });
+    let full = got[0].as_ref().expect("rank 0 holds the full state");
+    assert!(got[1..].iter().all(Option::is_none));
+    let d = max_diff(full, &want);
+    assert!(
+        d <= tol,
+        "{ranks} ranks, {config:?}, {opt:?}: weights differ from the reference by {d} (tolerance {tol})"
+    );
+}
+
+fn strategies(ranks: usize) -> Vec<Strategy> {
+    let mut s = vec![
+        Strategy::FullShard,
+        Strategy::ShardGradOp,
+        Strategy::NoShard,
+    ];
+    s.extend(
+        (1..ranks)
+            .filter(|g| ranks.is_multiple_of(*g))
+            .map(|group| Strategy::HybridShard { group }),
+    );
+    s
+}
+
+#[test]
+fn every_strategy_trains_like_one_process_with_sgd() {
+    for ranks in 1..=5 {
+        for strategy in strategies(ranks) {
+            let config = FsdpConfig {
+                strategy,
+                ..FsdpConfig::default()
+            };
+            check(ranks, config, Opt::Sgd);
+        }
+    }
+}
+
+#[test]
+fn every_strategy_trains_like_one_process_with_adam() {
+    for ranks in [1, 2, 3, 4, 5] {
+        for strategy in strategies(ranks) {
+            let config = FsdpConfig {
+                strategy,
+                ..FsdpConfig::default()
+            };
+            check(ranks, config, Opt::Adam);
+        }
+    }
+}
+
+#[test]
+fn keeping_parameters_from_forward_to_backward_and_a_limit_of_one() {
+    for ranks in [2, 3] {
+        for (keep, limit) in [(false, 1), (true, 1), (true, 3)] {
+            let config = FsdpConfig {
+                reshard_after_forward: !keep,
+                limit_gathered: limit,
+                ..FsdpConfig::default()
+            };
+            check(ranks, config, Opt::Adam);
+        }
+    }
+}
+
+/// bf16 gathers and reductions, step by step against f64 at the same
+/// point: the parameters a unit computes with are exactly its f32 shards
+/// rounded to bf16, and each rank's gradient shard is the mean of every
+/// rank's local gradient (at those parameters, computed here in f64)
+/// within (ranks + 2)·u·G for bf16's u. f16 the same with its own u.
+#[test]
+fn sixteen_bit_gathers_and_reductions_match_step_by_step() {
+    for (dtype, u) in [(Precision::Bf16, U_BF16), (Precision::F16, model::U_F16)] {
+        for ranks in [2, 3, 5] {
+            for strategy in [
+                Strategy::FullShard,
+                Strategy::ShardGradOp,
+                Strategy::NoShard,
+            ] {
+                let config = FsdpConfig {
+                    strategy,
+                    param_dtype: dtype,
+                    reduce_dtype: dtype,
+                    ..FsdpConfig::default()
+                };
+                run_ranks(ranks, |comm| step_by_step(&comm, config.clone(), u));
+            }
+        }
+    }
+}
+
+fn step_by_step(comm: &Communicator, config: FsdpConfig, u: f64) {
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let init: Vec<Vec<f32>> = init_flat()
+        .iter()
+        .map(|f| f.iter().map(|&v| v as f32).collect())
+        .collect();
+    let mut fsdp = Fsdp::from_full(comm, units(), config.clone(), &init).unwrap();
+    let dtype = config.param_dtype;
+    for step in 0..3 {
+        // Every rank's whole f32 parameters, to know what the gather must give.
+        let mut master = Vec::new();
+        for x in 0..UNITS {
+            let r = fsdp.shard_range(x);
+            let mut all = vec![0f32; r.len() * ranks];
+            match config.strategy {
+                Strategy::NoShard => all = fsdp.shard(x).to_vec(),
+                _ => comm.all_gather(fsdp.shard(x), &mut all).unwrap(),
+            }
+            all.truncate(fsdp.unit_len(x));
+            master.push(all);
+        }
+        let mut seen = Vec::new();
+        for x in 0..UNITS {
+            fsdp.pre_forward(x).unwrap();
+            let p = fsdp.params(x).unwrap().to_vec();
+            let want: Vec<f32> = master[x].iter().map(|&v| dtype.round(v)).collect();
+            assert_eq!(
+                p, want,
+                "rank {rank} step {step} unit {x}: gathered parameters"
+            );
+            seen.push(p.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>());
+            fsdp.post_forward(x).unwrap();
+        }
+        let mine = grads(&seen, &samples(step, rank, ranks));
+        let mut mean = vec![Vec::new(); UNITS];
+        for r in 0..ranks {
+            for (x, g) in grads(&seen, &samples(step, r, ranks))
+                .into_iter()
+                .enumerate()
+            {
+                if mean[x].is_empty() {
+                    mean[x] = vec![0.0; g.len()];
+                }
+                for (m, v) in mean[x].iter_mut().zip(g) {
+                    *m += v / ranks as f64;
+                }
+            }
+        }
+        let gmax = mean
+            .iter()
+            .flatten()
+            .chain(mine.iter().flatten())
+            .fold(0f64, |a, v| a.max(v.abs()));
+        for x in (0..UNITS).rev() {
+            fsdp.pre_backward(x).unwrap();
+            let g: Vec<f32> = mine[x].iter().map(|&v| v as f32).collect();
+            fsdp.post_backward(x, &g).unwrap();
+        }
+        fsdp.finish_backward().unwrap();
+        let tol = (ranks as f64 + 2.0) * u * gmax;
+        let mut moved = 0f64;
+        for x in 0..UNITS {
+            let r = fsdp.shard_range(x);
+            for (i, &got) in fsdp.grad_shard(x).iter().enumerate() {
+                let want = mean[x].get(r.start + i).copied().unwrap_or(0.0);
+                moved = moved.max(want.abs());
+                let d = (f64::from(got) - want).abs();
+                assert!(
+                    d <= tol,
+                    "rank {rank} step {step} unit {x} element {}: gradient {got}, f64 mean {want} \
+                     (difference {d}, tolerance {tol}, {config:?})",
+                    r.start + i
+                );
+            }
+        }
+        assert!(
+            moved > tol,
+            "the check can fail: gradients of {moved}, tolerance {tol}"
+        );
+        fsdp.step(&Optimizer::Sgd {
+            lr: model::LR as f32,
+        })
+        .unwrap();
+    }
+}
+
+/// Two steps on 3 ranks, the full state gathered on rank 0, loaded on 2
+/// ranks (and on 4 with another strategy), two more steps: the same
+/// weights as four steps in one process.
+#[test]
+fn a_checkpoint_reloads_on_another_rank_count() {
+    let (want, gmax, wmax) = reference(Opt::Sgd, 4);
+    let tol = tolerance(Opt::Sgd, 4, 4, gmax, wmax, U_F32);
+    let first = run_ranks(3, |comm| {
+        train(&comm, FsdpConfig::default(), Opt::Sgd, 0..2, None)
+    });
+    let saved = first[0].clone().expect("rank 0 holds the state");
+    let (mid, ..) = reference(Opt::Sgd, 2);
+    assert!(
+        max_diff(&saved, &mid) <= tol,
+        "the saved state is the state after two steps"
+    );
+    for (ranks, strategy) in [
+        (2, Strategy::FullShard),
+        (4, Strategy::HybridShard { group: 2 }),
+    ] {
+        let config = FsdpConfig {
+            strategy,
+            ..FsdpConfig::default()
+        };
+        let got = run_ranks(ranks, |comm| {
+            train(&comm, config.clone(), Opt::Sgd, 2..4, Some(&saved))
+        });
+        let d = max_diff(got[0].as_ref().unwrap(), &want);
+        assert!(
+            d <= tol,
+            "reloaded on {ranks} ranks ({strategy:?}): {d} from the reference (tolerance {tol})"
+        );
+    }
+}
+
+/// `set_sync(false)` for the first half of the batch, then a synchronised
+/// second half: the same gradient shards as the whole batch at once.
+#[test]
+fn accumulation_without_sync_matches_the_whole_batch() {
+    let ranks = 3;
+    run_ranks(ranks, |comm| {
+        let rank = comm.rank();
+        let init: Vec<Vec<f32>> = init_flat()
+            .iter()
+            .map(|f| f.iter().map(|&v| v as f32).collect())
+            .collect();
+        let mut fsdp = Fsdp::from_full(&comm, units(), FsdpConfig::default(), &init).unwrap();
+        let flat: Vec<Vec<f64>> = init
+            .iter()
+            .map(|f| f.iter().map(|&v| f64::from(v)).collect())
+            .collect();
+        let all = samples(0, rank, ranks);
+        let halves = [&all[..all.len() / 2], &all[all.len() / 2..]];
+        for (i, half) in halves.iter().enumerate() {
+            fsdp.set_sync(i == 1);
+            let g = grads(&flat, half);
+            for x in 0..UNITS {
+                fsdp.pre_forward(x).unwrap();
+                fsdp.post_forward(x).unwrap();
+            }
+            for x in (0..UNITS).rev() {
+                fsdp.pre_backward(x).unwrap();
+                // Each half's mean, halved: their sum is the whole mean.
+                let gx: Vec<f32> = g[x].iter().map(|&v| (v / 2.0) as f32).collect();
+                fsdp.post_backward(x, &gx).unwrap();
+            }
+            if i == 0 {
+                assert!(fsdp.memory().accumulated > 0);
+                assert!(
+                    fsdp.grad_shard(0).iter().all(|&v| v == 0.0),
+                    "nothing reduced yet"
+                );
+            }
+            fsdp.finish_backward().unwrap();
+        }
+        let mut mean = vec![Vec::new(); UNITS];
+        for r in 0..ranks {
+            for (x, g) in grads(&flat, &samples(0, r, ranks)).into_iter().enumerate() {
+                mean[x].resize(g.len(), 0.0);
+                for (m, v) in mean[x].iter_mut().zip(g) {
+                    *m += v / ranks as f64;
+                }
+            }
+        }
+        let gmax = mean.iter().flatten().fold(0f64, |a, v| a.max(v.abs()));
+        let tol = (ranks as f64 + 4.0) * U_F32 * gmax;
+        for x in 0..UNITS {
+            let r = fsdp.shard_range(x);
+            for (i, &got) in fsdp.grad_shard(x).iter().enumerate() {
+                let want = mean[x].get(r.start + i).copied().unwrap_or(0.0);
+                assert!(
+                    (f64::from(got) - want).abs() <= tol,
+                    "unit {x} element {i}: {got} against {want}"
+                );
+            }
+        }
+        assert_eq!(fsdp.memory().accumulated, 0);
+    });
+}
+
+/// Clipping scales every shard by one factor computed from the whole
+/// model's norm, which is the f64 norm of the whole averaged gradient.
+#[test]
+fn gradient_norm_clipping_uses_the_whole_model() {
+    for (ranks, strategy) in [
+        (3, Strategy::FullShard),
+        (4, Strategy::HybridShard { group: 2 }),
+        (2, Strategy::NoShard),
+    ] {
+        let config = FsdpConfig {
+            strategy,
+            ..FsdpConfig::default()
+        };
+        run_ranks(ranks, |comm| {
+            let rank = comm.rank();
+            let init: Vec<Vec<f32>> = init_flat()
+                .iter()
+                .map(|f| f.iter().map(|&v| v as f32).collect())
+                .collect();
+            let flat: Vec<Vec<f64>> = init
+                .iter()
+                .map(|f| f.iter().map(|&v| f64::from(v)).collect())
+                .collect();
+            let mut fsdp = Fsdp::from_full(&comm, units(), config.clone(), &init).unwrap();
+            let g = grads(&flat, &samples(0, rank, ranks));
+            for x in (0..UNITS).rev() {
+                fsdp.pre_backward(x).unwrap();
+                let gx: Vec<f32> = g[x].iter().map(|&v| v as f32).collect();
+                fsdp.post_backward(x, &gx).unwrap();
+            }
+            fsdp.finish_backward().unwrap();
+            let whole = grads(&flat, &samples(0, 0, 1));
+            let want: f64 = whole.iter().flatten().map(|v| v * v).sum::<f64>().sqrt();
+            let before: Vec<Vec<f32>> = (0..UNITS).map(|x| fsdp.grad_shard(x).to_vec()).collect();
+            let max_norm = want / 4.0;
+            let norm = fsdp.clip_grad_norm(max_norm).unwrap();
+            assert!(
+                (norm - want).abs() <= 1e-5 * want,
+                "{strategy:?}: norm {norm}, f64 {want}"
+            );
+            let c = max_norm / norm;
+            for x in 0..UNITS {
+                for (a, b) in fsdp.grad_shard(x).iter().zip(&before[x]) {
+                    assert!((f64::from(*a) - c * f64::from(*b)).abs() <= 1e-6 * want);
+                }
+            }
+            let again = fsdp.clip_grad_norm(max_norm).unwrap();
+            assert!(
+                (again - max_norm).abs() <= 1e-5 * want,
+                "clipped norm {again}, wanted {max_norm}"
+            );
+        });
+    }
+}
+
+fn invalid(e: Error) -> String {
+    match e {
+        Error::InvalidArgument(m) => m,
+        other => panic!("expected InvalidArgument, got {other}"),
+    }
+}
+
+#[test]
+fn protocol_errors_name_the_unit_and_the_rank() {
+    run_ranks(2, |comm| {
+        let rank = comm.rank();
+        let init: Vec<Vec<f32>> = units().iter().map(|u| vec![0.5; u.numel()]).collect();
+        let mut fsdp = Fsdp::from_full(&comm, units(), FsdpConfig::default(), &init).unwrap();
+        fsdp.pre_forward(1).unwrap();
+        let e = invalid(fsdp.pre_forward(1).unwrap_err());
+        assert!(
+            e.contains("`fc2`")
+                && e.contains(&format!("rank {rank}"))
+                && e.contains("gathered twice"),
+            "{e}"
+        );
+        fsdp.post_forward(1).unwrap();
+        let e = invalid(
+            fsdp.post_backward(2, &vec![0.0; fsdp.unit_len(2)])
+                .unwrap_err(),
+        );
+        assert!(
+            e.contains("`fc3`")
+                && e.contains(&format!("rank {rank}"))
+                && e.contains("not gathered"),
+            "{e}"
+        );
+        let e = invalid(fsdp.params(0).unwrap_err());
+        assert!(e.contains("`fc1`"), "{e}");
+        fsdp.pre_backward(0).unwrap();
+        let e = invalid(fsdp.post_backward(0, &[1.0; 3]).unwrap_err());
+        assert!(e.contains("3 elements"), "{e}");
+        // The errors moved nothing: the communicator still works.
+        let mut x = [rank as f32 + 1.0];
+        comm.all_reduce_in_place(&mut x, ferroccl::ReduceOp::Sum)
+            .unwrap();
+        assert_eq!(x[0], 3.0);
+    });
+}
+
+#[test]
+fn ranks_that_disagree_on_units_or_strategy_fail_alike() {
+    let errors = run_ranks(3, |comm| {
+        let mut u = units();
+        if comm.rank() == 2 {
+            u[1].tensors[0].shape = vec![H, H + 1];
+        }
+        let init: Vec<Vec<f32>> = u.iter().map(|x| vec![0.0; x.numel()]).collect();
+        invalid(Fsdp::from_full(&comm, u, FsdpConfig::default(), &init).unwrap_err())
+    });
+    for e in &errors {
+        assert!(e.contains("rank 2") && e.contains("names or shapes"), "{e}");
+    }
+    let errors = run_ranks(2, |comm| {
+        let strategy = if comm.rank() == 1 {
+            Strategy::NoShard
+        } else {
+            Strategy::FullShard
+        };
+        let config = FsdpConfig {
+            strategy,
+            ..FsdpConfig::default()
+        };
+        let init: Vec<Vec<f32>> = units().iter().map(|x| vec![0.0; x.numel()]).collect();
+        invalid(Fsdp::from_full(&comm, units(), config, &init).unwrap_err())
+    });
+    for e in &errors {
+        assert!(e.contains("rank 1") && e.contains("strategy"), "{e}");
+    }
+    let e = run_ranks(3, |comm| {
+        let config = FsdpConfig {
+            strategy: Strategy::HybridShard { group: 2 },
+            ..FsdpConfig::default()
+        };
+        invalid(Fsdp::new(&comm, units(), config, |_, _, _| {}).unwrap_err())
+    });
+    assert!(e[0].contains("does not divide"), "{}", e[0]);
+}
