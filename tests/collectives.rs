@@ -16,7 +16,7 @@ use common::{
     check, check_moving_collectives, check_reduce, check_reduce_scatter, input_value, make,
     reference, tag, tolerance,
 };
-use ferroccl::testing::run_ranks_with;
+use ferroccl::testing::{run_ranks, run_ranks_with};
 use ferroccl::{Algorithm, Communicator, Element, ReduceOp};
 use half::{bf16, f16};
 
@@ -227,6 +227,41 @@ fn async_calls_run_in_issue_order_between_blocking_ones() {
             }
         },
     );
+}
+
+#[test]
+fn async_in_place_allgather_and_reduce_scatter_match_f64() {
+    for ranks in [2, 3, 4] {
+        run_ranks(ranks, |comm| {
+            let (rank, n) = (comm.rank(), comm.size());
+            let count = 1000 + 7;
+            let value = |r: usize, i: usize| ((r * 31 + i * 7) % 97) as f64 - 40.0;
+            // Allgather: block `rank` holds the input; queued ahead of a
+            // reduce-scatter, both waited for afterwards.
+            let mut gather = vec![0f32; count * n];
+            for i in 0..count {
+                gather[rank * count + i] = value(rank, i) as f32;
+            }
+            let g = comm.all_gather_async(gather).unwrap();
+            let scatter: Vec<f64> = (0..count * n).map(|i| value(rank, i)).collect();
+            let s = comm.reduce_scatter_async(scatter, ReduceOp::Sum).unwrap();
+            let gathered = g.wait().unwrap();
+            for r in 0..n {
+                for i in 0..count {
+                    assert_eq!(
+                        f64::from(gathered[r * count + i]),
+                        value(r, i),
+                        "block {r} element {i}"
+                    );
+                }
+            }
+            let reduced = s.wait().unwrap();
+            for i in 0..count {
+                let want: f64 = (0..n).map(|r| value(r, rank * count + i)).sum();
+                assert_eq!(reduced[rank * count + i], want, "{n} ranks, element {i}");
+            }
+        });
+    }
 }
 
 #[test]
