@@ -233,12 +233,15 @@ pub struct Memory {
     pub peak_gathered_units: usize,
     /// Gradients accumulated outside synchronisation (`no_sync`).
     pub accumulated: usize,
+    /// Gradient buffers being reduced (from `post_backward` to
+    /// `finish_backward`), in `reduce_dtype`.
+    pub reducing: usize,
 }
 
 impl Memory {
     /// Everything together.
     pub fn total(&self) -> usize {
-        self.params + self.grads + self.optim + self.gathered + self.accumulated
+        self.params + self.grads + self.optim + self.gathered + self.accumulated + self.reducing
     }
 }
 
@@ -334,6 +337,9 @@ pub struct Fsdp<'c> {
     reducing: Vec<Reducing>,
     sync: bool,
     steps: u64,
+    /// Steps since the optimizer state was last reset (Adam's bias
+    /// correction counts these).
+    optimizer_steps: u64,
     /// Orders learned in the first step (prefetch follows them after).
     forward_order: Vec<usize>,
     backward_order: Vec<usize>,
@@ -437,6 +443,7 @@ impl<'c> Fsdp<'c> {
             reducing: Vec::new(),
             sync: true,
             steps: 0,
+            optimizer_steps: 0,
             forward_order: Vec::new(),
             backward_order: Vec::new(),
             learned: false,
@@ -554,6 +561,14 @@ impl<'c> Fsdp<'c> {
             )));
         }
         Ok(())
+    }
+
+    /// What a gradient is multiplied by before it is reduced.
+    fn pre_scale(&self) -> f32 {
+        match self.config.reduce_dtype {
+            Precision::F32 => 1.0,
+            Precision::F16 | Precision::Bf16 => 1.0 / self.world as f32,
+        }
     }
 
     /// Number of units.
@@ -708,7 +723,7 @@ impl<'c> Fsdp<'c> {
             }
             Phase::Idle | Phase::AfterForward => {}
         }
-        if !self.learned {
+        if !self.learned && !self.forward_order.contains(&u) {
             self.forward_order.push(u);
         }
         self.ensure_gathered(u)?;
@@ -787,7 +802,7 @@ impl<'c> Fsdp<'c> {
             }
             Phase::Idle | Phase::AfterForward => {}
         }
-        if !self.learned {
+        if !self.learned && !self.backward_order.contains(&u) {
             self.backward_order.push(u);
         }
         self.ensure_gathered(u)?;
@@ -831,7 +846,10 @@ impl<'c> Fsdp<'c> {
             return Ok(());
         }
         let acc = self.units[u].acc.take();
-        let total = |i: usize| grad[i] + acc.as_ref().map_or(0.0, |a| a[i]);
+        // 16-bit sums divide by the rank count first, so that a sum over
+        // many ranks cannot overflow (f16 ends at 65504); f32 after.
+        let pre = self.pre_scale();
+        let total = |i: usize| (grad[i] + acc.as_ref().map_or(0.0, |a| a[i])) * pre;
         let s = self.units[u].layout.shard;
         let n = self.shard_ranks;
         fn flat<T: Element>(len: usize, numel: usize, total: impl Fn(usize) -> f32) -> Vec<T> {
@@ -880,7 +898,7 @@ impl<'c> Fsdp<'c> {
     /// keeps a zero one.
     pub fn finish_backward(&mut self) -> Result<()> {
         let reducing = std::mem::take(&mut self.reducing);
-        let scale = 1.0 / self.world as f32;
+        let scale = 1.0 / (self.world as f32 * self.pre_scale());
         let mut across = Vec::new();
         for Reducing { unit, work } in reducing {
             let s = self.units[unit].layout.shard;
@@ -968,13 +986,24 @@ impl<'c> Fsdp<'c> {
         {
             return Err(self.err(u, "step while the unit is still gathered for use"));
         }
+        // Gathered copies (a prefetch that was never used, a unit kept
+        // from a forward without backward) hold the old values: drop them.
+        for u in 0..self.units.len() {
+            self.free_full(u)?;
+        }
         self.steps += 1;
+        self.optimizer_steps += 1;
         let per = optimizer.state_per_element();
         for unit in &mut self.units {
             if unit.state.len() != per * unit.shard.len() {
                 unit.state = vec![0f32; per * unit.shard.len()];
             }
-            optimizer.update(&mut unit.shard, &unit.grad, &mut unit.state, self.steps);
+            optimizer.update(
+                &mut unit.shard,
+                &unit.grad,
+                &mut unit.state,
+                self.optimizer_steps,
+            );
             unit.grad.iter_mut().for_each(|g| *g = 0.0);
             unit.phase = Phase::Idle;
         }
@@ -1016,6 +1045,10 @@ impl<'c> Fsdp<'c> {
             } else {
                 m.gathered += full;
             }
+        }
+        for r in &self.reducing {
+            let l = self.units[r.unit].layout;
+            m.reducing += r.work.bytes(l.shard * self.shard_ranks);
         }
         m.peak_gathered = m.peak_gathered.max(m.gathered);
         m
@@ -1105,6 +1138,7 @@ impl<'c> Fsdp<'c> {
             unit.full = Full::Absent;
             unit.phase = Phase::Idle;
         }
+        self.optimizer_steps = 0;
         self.refresh_whole()
     }
 }
