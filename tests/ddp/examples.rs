@@ -128,3 +128,100 @@ fn the_candle_example_trains_the_same_model_on_1_and_2_ranks() {
         "2 ranks: {got}, one process {want}"
     );
 }
+
+/// Summary key `key` of an example's run, as a number.
+fn number(run: &std::collections::HashMap<String, String>, key: &str) -> f64 {
+    run[key]
+        .parse()
+        .unwrap_or_else(|e| panic!("{key} in {run:?}: {e}"))
+}
+
+/// Arguments of the FSDP example's equivalence runs: a small model whose
+/// first unit (41 × 24 + 41 = 1025 elements) does not split evenly, so that
+/// shards carry padding; 12 samples divide over 1, 2 and 3 ranks.
+const FSDP_ARGS: [&str; 16] = [
+    "--steps",
+    "6",
+    "--batch",
+    "12",
+    "--in",
+    "24",
+    "--hidden",
+    "41",
+    "--layers",
+    "3",
+    "--out",
+    "7",
+    "--lr",
+    "0.2",
+    "--optimizer",
+    "sgd",
+];
+
+/// `mlp_fsdp` with `extra` after `FSDP_ARGS`.
+fn run_fsdp(ranks: usize, extra: &[&str]) -> std::collections::HashMap<String, String> {
+    let exe = example("mlp_fsdp", &[]);
+    let args: Vec<&str> = FSDP_ARGS.iter().chain(extra).copied().collect();
+    run_example(ranks, &exe, &args)
+}
+
+/// Every FSDP strategy is the same training as plain SGD on one process
+/// (`--strategy none` on 1 rank, which issues no collective at all): the
+/// final weights' checksum and the last step's loss (averaged over the
+/// ranks) must match it. Sharding changes only where each element is
+/// updated, not how, so the one difference is f32 reassociation in the sums
+/// over samples and ranks: far below 1e-4 relative, while a lost shard,
+/// a missing average or stale gathered parameters move the checksum in its
+/// first digits. Training must also lower the loss by at least 10%.
+#[test]
+fn the_fsdp_example_trains_the_same_model_under_every_strategy() {
+    let one = run_fsdp(1, &["--strategy", "none"]);
+    let (want, want_loss) = (number(&one, "checksum"), number(&one, "loss"));
+    assert!(
+        want_loss < 0.9 * number(&one, "loss_first"),
+        "training must lower the loss: {one:?}"
+    );
+    let runs: [(usize, &[&str]); 6] = [
+        (2, &["--strategy", "full"]),
+        (
+            2,
+            &["--strategy", "full", "--keep-after-forward", "--limit", "1"],
+        ),
+        (3, &["--strategy", "full", "--limit", "3"]),
+        (2, &["--strategy", "grad-op"]),
+        (2, &["--strategy", "none"]),
+        (2, &["--strategy", "hybrid:1"]),
+    ];
+    for (ranks, extra) in runs {
+        let got = run_fsdp(ranks, extra);
+        let (g, loss) = (number(&got, "checksum"), number(&got, "loss"));
+        assert!(
+            (g - want).abs() <= 1e-4 * want.abs().max(1.0),
+            "{ranks} ranks {extra:?}: checksum {g}, one process {want}"
+        );
+        assert!(
+            (loss - want_loss).abs() <= 1e-4 * want_loss,
+            "{ranks} ranks {extra:?}: loss {loss}, one process {want_loss}"
+        );
+    }
+}
+
+/// Gradient accumulation (`set_sync(false)` for the first of every two
+/// micro-steps) must train the same model under FullShard as under
+/// NoShard. It does not yet: the forward and backward orders that Fsdp
+/// learns in its first step take in every micro-step of it, so they wrap
+/// around (… 1, 0, 2, 1, 0), and in later steps `pre_backward` of the last
+/// unit of backward prefetches the first one again; that gather outlives
+/// `step()`, and the next forward computes with the parameters of before
+/// the update (from step 2 on).
+#[test]
+#[ignore = "fsdp: a prefetch that wraps around the learned order survives step() (stale parameters)"]
+fn the_fsdp_example_accumulates_the_same_under_full_and_no_sharding() {
+    let none = run_fsdp(2, &["--strategy", "none", "--accumulate", "2"]);
+    let full = run_fsdp(2, &["--strategy", "full", "--accumulate", "2"]);
+    let (want, got) = (number(&none, "checksum"), number(&full, "checksum"));
+    assert!(
+        (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+        "accumulating: FullShard checksum {got}, NoShard {want}"
+    );
+}
