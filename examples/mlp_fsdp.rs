@@ -345,6 +345,7 @@ fn run(args: &Args) -> ferroccl::Result<()> {
         m.peak_gathered,
         m.peak_gathered_units,
         m.accumulated,
+        m.reducing,
     ]
     .map(|v| v as u64);
     let mut all = vec![0u64; mine.len() * size];
@@ -365,6 +366,7 @@ fn run(args: &Args) -> ferroccl::Result<()> {
             peak_gathered: v[4] as usize,
             peak_gathered_units: v[5] as usize,
             accumulated: v[6] as usize,
+            reducing: v[7] as usize,
         };
         println!(
             "memory rank={r} params={} grads={} optim={} gathered={} peak_gathered={} \

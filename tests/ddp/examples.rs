@@ -215,7 +215,6 @@ fn the_fsdp_example_trains_the_same_model_under_every_strategy() {
 /// `step()`, and the next forward computes with the parameters of before
 /// the update (from step 2 on).
 #[test]
-#[ignore = "fsdp: a prefetch that wraps around the learned order survives step() (stale parameters)"]
 fn the_fsdp_example_accumulates_the_same_under_full_and_no_sharding() {
     let none = run_fsdp(2, &["--strategy", "none", "--accumulate", "2"]);
     let full = run_fsdp(2, &["--strategy", "full", "--accumulate", "2"]);
