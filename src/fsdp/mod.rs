@@ -291,6 +291,56 @@ enum Phase {
     Backward,
 }
 
+/// A misuse of the protocol on this rank, remembered for the step's end
+/// so that every rank can name it (`finish_backward`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    GatheredTwice,
+    NotGatheredForBackward,
+    WrongLength,
+    ParamsOutside,
+    PostForwardWithout,
+}
+
+impl Fault {
+    const ALL: [Fault; 5] = [
+        Fault::GatheredTwice,
+        Fault::NotGatheredForBackward,
+        Fault::WrongLength,
+        Fault::ParamsOutside,
+        Fault::PostForwardWithout,
+    ];
+
+    fn what(self) -> &'static str {
+        match self {
+            Fault::GatheredTwice => {
+                "gathered twice: pre_forward or pre_backward while the unit is still in use \
+                 (call post_forward or post_backward first)"
+            }
+            Fault::NotGatheredForBackward => {
+                "gradient for a unit that was not gathered for backward (call pre_backward first)"
+            }
+            Fault::WrongLength => "gradient of the wrong length",
+            Fault::ParamsOutside => {
+                "params asked outside pre_forward..post_forward or pre_backward..post_backward"
+            }
+            Fault::PostForwardWithout => "post_forward without pre_forward",
+        }
+    }
+
+    /// `code << 32 | unit`, plus one so that 0 means "nothing".
+    fn encode(self, unit: usize) -> u64 {
+        let code = Fault::ALL.iter().position(|&f| f == self).unwrap_or(0) as u64;
+        (code << 32 | (unit as u64 & 0xffff_ffff)) + 1
+    }
+
+    fn decode(v: u64) -> Option<(Fault, usize)> {
+        let v = v.checked_sub(1)?;
+        let fault = *Fault::ALL.get((v >> 32) as usize)?;
+        Some((fault, (v & 0xffff_ffff) as usize))
+    }
+}
+
 /// Sizes of one unit's flat parameter.
 #[derive(Debug, Clone, Copy)]
 struct Layout {
@@ -335,6 +385,9 @@ pub struct Fsdp<'c> {
     world: usize,
     rank: usize,
     reducing: Vec<Reducing>,
+    /// This step's first misuse on this rank (unit, what), told to every
+    /// rank at `finish_backward`.
+    fault: Option<(usize, Fault)>,
     sync: bool,
     steps: u64,
     /// Steps since the optimizer state was last reset (Adam's bias
@@ -441,6 +494,7 @@ impl<'c> Fsdp<'c> {
             world,
             rank,
             reducing: Vec::new(),
+            fault: None,
             sync: true,
             steps: 0,
             optimizer_steps: 0,
@@ -542,6 +596,19 @@ impl<'c> Fsdp<'c> {
             self.config.strategy,
             Strategy::ShardGradOp | Strategy::NoShard
         )
+    }
+
+    /// Remember `fault` of unit `u` for the step's end, and give its error.
+    fn fault(&mut self, u: usize, fault: Fault, detail: &str) -> Error {
+        if self.fault.is_none() {
+            self.fault = Some((u, fault));
+        }
+        let what = if detail.is_empty() {
+            fault.what().to_string()
+        } else {
+            format!("{}: {detail}", fault.what())
+        };
+        self.err(u, &what)
     }
 
     fn err(&self, u: usize, what: &str) -> Error {
@@ -715,11 +782,7 @@ impl<'c> Fsdp<'c> {
         self.check_unit(u)?;
         match self.units[u].phase {
             Phase::Forward | Phase::Backward => {
-                return Err(self.err(
-                    u,
-                    "gathered twice: pre_forward while the unit is still in use \
-                     (call post_forward or post_backward first)",
-                ))
+                return Err(self.fault(u, Fault::GatheredTwice, "in pre_forward"))
             }
             Phase::Idle | Phase::AfterForward => {}
         }
@@ -740,10 +803,7 @@ impl<'c> Fsdp<'c> {
     pub fn params(&mut self, u: usize) -> Result<&[f32]> {
         self.check_unit(u)?;
         if !matches!(self.units[u].phase, Phase::Forward | Phase::Backward) {
-            return Err(self.err(
-                u,
-                "params asked outside pre_forward..post_forward or pre_backward..post_backward",
-            ));
+            return Err(self.fault(u, Fault::ParamsOutside, ""));
         }
         self.wait_full(u)?;
         match &self.units[u].full {
@@ -778,7 +838,7 @@ impl<'c> Fsdp<'c> {
     pub fn post_forward(&mut self, u: usize) -> Result<()> {
         self.check_unit(u)?;
         if self.units[u].phase != Phase::Forward {
-            return Err(self.err(u, "post_forward without pre_forward"));
+            return Err(self.fault(u, Fault::PostForwardWithout, ""));
         }
         if self.config.reshard_after_forward {
             self.free_full(u)?;
@@ -794,11 +854,7 @@ impl<'c> Fsdp<'c> {
         self.check_unit(u)?;
         match self.units[u].phase {
             Phase::Forward | Phase::Backward => {
-                return Err(self.err(
-                    u,
-                    "gathered twice: pre_backward while the unit is still in use \
-                     (call post_forward or post_backward first)",
-                ))
+                return Err(self.fault(u, Fault::GatheredTwice, "in pre_backward"))
             }
             Phase::Idle | Phase::AfterForward => {}
         }
@@ -821,21 +877,21 @@ impl<'c> Fsdp<'c> {
     pub fn post_backward(&mut self, u: usize, grad: &[f32]) -> Result<()> {
         self.check_unit(u)?;
         if self.units[u].phase != Phase::Backward {
-            return Err(self.err(
-                u,
-                "gradient for a unit that was not gathered for backward (call pre_backward first)",
-            ));
+            return Err(self.fault(u, Fault::NotGatheredForBackward, ""));
         }
         let numel = self.units[u].layout.numel;
-        if grad.len() != numel {
-            return Err(self.err(
-                u,
-                &format!(
-                    "gradient of {} elements where the unit has {numel}",
-                    grad.len()
-                ),
-            ));
-        }
+        let mut wrong = None;
+        let zeros;
+        let grad = if grad.len() == numel {
+            grad
+        } else {
+            // Still reduce (zeros), so that every rank's collectives stay
+            // the same; the step fails everywhere at finish_backward.
+            let detail = format!("{} elements where the unit has {numel}", grad.len());
+            wrong = Some(self.fault(u, Fault::WrongLength, &detail));
+            zeros = vec![0f32; numel];
+            &zeros[..]
+        };
         self.free_full(u)?;
         self.units[u].phase = Phase::Idle;
         if !self.sync {
@@ -843,7 +899,7 @@ impl<'c> Fsdp<'c> {
             for (a, g) in acc.iter_mut().zip(grad) {
                 *a += g;
             }
-            return Ok(());
+            return wrong.map_or(Ok(()), Err);
         }
         let acc = self.units[u].acc.take();
         // 16-bit sums divide by the rank count first, so that a sum over
@@ -889,14 +945,53 @@ impl<'c> Fsdp<'c> {
             },
         };
         self.reducing.push(Reducing { unit: u, work });
-        Ok(())
+        wrong.map_or(Ok(()), Err)
     }
 
     /// Wait for every gradient reduction of this step and add the averages
     /// into the gradient shards (under `HybridShard`, after an allreduce of
     /// each shard across the groups). A unit without a gradient this step
-    /// keeps a zero one.
+    /// keeps a zero one. A collective (one small allreduce besides the
+    /// reductions): if any rank misused the protocol in this step (a unit
+    /// gathered twice, a gradient of the wrong length, ...), every rank
+    /// gets `InvalidArgument` naming that rank and unit, and the step's
+    /// gradients are dropped everywhere.
     pub fn finish_backward(&mut self) -> Result<()> {
+        // Every rank learns every rank's first misuse of this step (one
+        // small allreduce, issued after the reductions).
+        let size = self.comm.size();
+        let mut status = vec![0u64; size];
+        status[self.rank] = self.fault.take().map_or(0, |(u, f)| f.encode(u));
+        let told = self.comm.all_reduce_in_place(&mut status, ReduceOp::Sum);
+        let summed = self.sum_reductions();
+        told?;
+        if let Some((r, (fault, u))) = status
+            .iter()
+            .enumerate()
+            .find_map(|(r, &v)| Fault::decode(v).map(|f| (r, f)))
+        {
+            // The step is void on every rank: no gradient of it is kept,
+            // and the next step starts with every unit idle.
+            for x in 0..self.units.len() {
+                self.free_full(x)?;
+                let unit = &mut self.units[x];
+                unit.grad.iter_mut().for_each(|g| *g = 0.0);
+                unit.acc = None;
+                unit.phase = Phase::Idle;
+            }
+            let name = self.units.get(u).map_or("?", |x| x.spec.name.as_str());
+            return Err(Error::InvalidArgument(format!(
+                "fsdp: rank {r} misused unit `{name}` (#{u}) in this step: {} \
+                 (seen on rank {}; the step's gradients are dropped on every rank)",
+                fault.what(),
+                self.rank
+            )));
+        }
+        summed
+    }
+
+    /// Wait for the step's reductions and add them into the gradient shards.
+    fn sum_reductions(&mut self) -> Result<()> {
         let reducing = std::mem::take(&mut self.reducing);
         let scale = 1.0 / (self.world as f32 * self.pre_scale());
         let mut across = Vec::new();

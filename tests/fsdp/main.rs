@@ -688,3 +688,65 @@ fn ranks_that_disagree_on_units_or_strategy_fail_alike() {
     });
     assert!(e[0].contains("does not divide"), "{}", e[0]);
 }
+
+/// One rank misuses the protocol (a unit gathered twice, then a gradient
+/// of the wrong length) while the others do not: every rank's
+/// `finish_backward` fails naming that rank and unit, nobody waits for a
+/// timeout, and the next step trains normally.
+#[test]
+fn one_ranks_misuse_fails_the_step_on_every_rank() {
+    let errors = run_ranks(3, |comm| {
+        let rank = comm.rank();
+        let init: Vec<Vec<f32>> = init_flat()
+            .iter()
+            .map(|f| f.iter().map(|&v| v as f32).collect())
+            .collect();
+        let mut fsdp = Fsdp::from_full(&comm, units(), FsdpConfig::default(), &init).unwrap();
+        for x in 0..UNITS {
+            fsdp.pre_forward(x).unwrap();
+            if rank == 1 && x == 1 {
+                let e = invalid(fsdp.pre_forward(x).unwrap_err());
+                assert!(e.contains("gathered twice"), "{e}");
+            }
+            fsdp.post_forward(x).unwrap();
+        }
+        for x in (0..UNITS).rev() {
+            fsdp.pre_backward(x).unwrap();
+            let len = fsdp.unit_len(x) - usize::from(rank == 2 && x == 0);
+            let r = fsdp.post_backward(x, &vec![1.0; len]);
+            assert_eq!(r.is_err(), rank == 2 && x == 0);
+        }
+        let e = invalid(fsdp.finish_backward().unwrap_err());
+        assert!(
+            fsdp.grad_shard(0).iter().all(|&g| g == 0.0),
+            "the step is dropped"
+        );
+        // The next step works on every rank, and its gradient is the mean.
+        for x in 0..UNITS {
+            fsdp.pre_forward(x).unwrap();
+            fsdp.post_forward(x).unwrap();
+        }
+        for x in (0..UNITS).rev() {
+            fsdp.pre_backward(x).unwrap();
+            fsdp.post_backward(x, &vec![(rank + 1) as f32; fsdp.unit_len(x)])
+                .unwrap();
+        }
+        fsdp.finish_backward().unwrap();
+        let r = fsdp.shard_range(1);
+        for (i, &g) in fsdp.grad_shard(1).iter().enumerate() {
+            let want = if r.start + i < fsdp.unit_len(1) {
+                2.0
+            } else {
+                0.0
+            };
+            assert_eq!(g, want, "element {}", r.start + i);
+        }
+        e
+    });
+    for e in &errors {
+        assert!(
+            e.contains("rank 1") && e.contains("`fc2`") && e.contains("gathered twice"),
+            "{e}"
+        );
+    }
+}
