@@ -249,7 +249,7 @@ impl Communicator {
     /// order and `wait()` returns the buffer.
     ///
     /// [`Window<T>`]: crate::Window
-    pub fn all_reduce_async<T, B>(&self, mut buf: B, op: ReduceOp) -> Result<Work<B>>
+    pub fn all_reduce_async<T, B>(&self, buf: B, op: ReduceOp) -> Result<Work<B>>
     where
         T: Element,
         B: std::ops::DerefMut<Target = [T]> + Send + 'static,
@@ -260,13 +260,7 @@ impl Communicator {
             in_place: true,
             ..CollCall::new(CollKind::AllReduce, n, n, n)
         };
-        let plan = self.plan::<T>(&call)?;
-        let (rank, size) = (self.inner.rank, self.inner.size);
-        self.run_async(self.spec::<T>(&call), move |inner, issued| {
-            inner.execute(&plan, Io::in_place(&mut buf, 0, 0), issued)?;
-            coll::finish(&call, &plan, rank, size, &mut buf);
-            Ok(buf)
-        })
+        self.in_place_async(call, buf)
     }
 
     /// In-place reduce-scatter on an owned buffer of `count * size`

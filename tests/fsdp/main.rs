@@ -298,30 +298,27 @@ fn strategies(ranks: usize) -> Vec<Strategy> {
     s
 }
 
-#[test]
-fn every_strategy_trains_like_one_process_with_sgd() {
+/// Every strategy (hybrid with every group size that divides) on 1..5 ranks.
+fn every_strategy(opt: Opt) {
     for ranks in 1..=5 {
         for strategy in strategies(ranks) {
             let config = FsdpConfig {
                 strategy,
                 ..FsdpConfig::default()
             };
-            check(ranks, config, Opt::Sgd);
+            check(ranks, config, opt);
         }
     }
 }
 
 #[test]
+fn every_strategy_trains_like_one_process_with_sgd() {
+    every_strategy(Opt::Sgd);
+}
+
+#[test]
 fn every_strategy_trains_like_one_process_with_adam() {
-    for ranks in [1, 2, 3, 4, 5] {
-        for strategy in strategies(ranks) {
-            let config = FsdpConfig {
-                strategy,
-                ..FsdpConfig::default()
-            };
-            check(ranks, config, Opt::Adam);
-        }
-    }
+    every_strategy(Opt::Adam);
 }
 
 #[test]
