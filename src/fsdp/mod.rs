@@ -834,13 +834,22 @@ impl<'c> Fsdp<'c> {
     }
 
     /// After unit `u`'s forward: free its gathered parameters
-    /// (`reshard_after_forward`) or keep them for backward.
+    /// (`reshard_after_forward`) or keep them for backward. The unit
+    /// backward begins with (the last of forward in the first step, then
+    /// the first of the learned backward order) is always kept.
     pub fn post_forward(&mut self, u: usize) -> Result<()> {
         self.check_unit(u)?;
         if self.units[u].phase != Phase::Forward {
             return Err(self.fault(u, Fault::PostForwardWithout, ""));
         }
-        if self.config.reshard_after_forward {
+        // The unit backward starts with is kept: freeing it would only
+        // gather it again at once (PyTorch keeps its root unit the same way).
+        let first_backward = if self.learned {
+            self.backward_order.first().copied()
+        } else {
+            self.units.len().checked_sub(1)
+        };
+        if self.config.reshard_after_forward && first_backward != Some(u) {
             self.free_full(u)?;
         }
         self.units[u].phase = Phase::AfterForward;

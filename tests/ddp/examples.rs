@@ -129,6 +129,26 @@ fn the_candle_example_trains_the_same_model_on_1_and_2_ranks() {
     );
 }
 
+/// The Candle FSDP example (feature `candle`): one process and 2 ranks
+/// under full sharding, and 2 ranks without sharding, train the same model
+/// (the same checksum within f32 rounding of a few reassociated sums).
+#[cfg(feature = "candle")]
+#[test]
+fn the_candle_fsdp_example_trains_the_same_model_sharded_or_not() {
+    let exe = example("candle_fsdp", &["candle"]);
+    let args = ["--steps", "20"];
+    let want: f64 = run_example(1, &exe, &args)["checksum"].parse().unwrap();
+    for strategy in ["full", "none"] {
+        let mut a = args.to_vec();
+        a.extend(["--strategy", strategy]);
+        let got: f64 = run_example(2, &exe, &a)["checksum"].parse().unwrap();
+        assert!(
+            (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+            "2 ranks, {strategy}: {got}, one process {want}"
+        );
+    }
+}
+
 /// Summary key `key` of an example's run, as a number.
 fn number(run: &std::collections::HashMap<String, String>, key: &str) -> f64 {
     run[key]
