@@ -130,7 +130,10 @@ fn main() -> Result<(), BoxError> {
         .map(|(l, &(i, o))| {
             UnitSpec::new(
                 format!("fc{l}"),
-                vec![TensorSpec::new("weight", &[o, i]), TensorSpec::new("bias", &[o])],
+                vec![
+                    TensorSpec::new("weight", &[o, i]),
+                    TensorSpec::new("bias", &[o]),
+                ],
             )
         })
         .collect();

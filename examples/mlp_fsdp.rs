@@ -421,6 +421,7 @@ fn run(args: &Args) -> ferroccl::Result<()> {
         m.peak_gathered_units,
         m.accumulated,
         m.reducing,
+        m.pooled,
     ]
     .map(|v| v as u64);
     let mut all = vec![0u64; mine.len() * size];
@@ -442,10 +443,11 @@ fn run(args: &Args) -> ferroccl::Result<()> {
             peak_gathered_units: v[5] as usize,
             accumulated: v[6] as usize,
             reducing: v[7] as usize,
+            pooled: v[8] as usize,
         };
         println!(
             "memory rank={r} params={} grads={} optim={} gathered={} peak_gathered={} \
-             peak_gathered_units={} accumulated={} total={}",
+             peak_gathered_units={} accumulated={} pooled={} total={}",
             m.params,
             m.grads,
             m.optim,
@@ -453,6 +455,7 @@ fn run(args: &Args) -> ferroccl::Result<()> {
             m.peak_gathered,
             m.peak_gathered_units,
             m.accumulated,
+            m.pooled,
             m.total()
         );
     }

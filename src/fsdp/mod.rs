@@ -233,15 +233,25 @@ pub struct Memory {
     pub peak_gathered_units: usize,
     /// Gradients accumulated outside synchronisation (`no_sync`).
     pub accumulated: usize,
-    /// Gradient buffers being reduced (from `post_backward` to
-    /// `finish_backward`), in `reduce_dtype`.
+    /// Gradient buffers being reduced (from `post_backward` until each
+    /// reduction is folded in, at most `limit_gathered` of them), in
+    /// `reduce_dtype`.
     pub reducing: usize,
+    /// Buffers of finished collectives kept for the next ones (at most
+    /// `2 * limit_gathered + 2` per element type).
+    pub pooled: usize,
 }
 
 impl Memory {
     /// Everything together.
     pub fn total(&self) -> usize {
-        self.params + self.grads + self.optim + self.gathered + self.accumulated + self.reducing
+        self.params
+            + self.grads
+            + self.optim
+            + self.gathered
+            + self.accumulated
+            + self.reducing
+            + self.pooled
     }
 }
 
@@ -260,18 +270,113 @@ impl Pending {
         }
     }
 
-    /// Wait, and give elements `range` as f32.
-    fn wait(self, range: std::ops::Range<usize>) -> Result<Vec<f32>> {
-        Ok(match self {
-            Pending::F32(w) => {
-                let mut v = w.wait()?;
-                v.truncate(range.end);
-                v.drain(..range.start);
-                v
+    fn is_complete(&self) -> bool {
+        match self {
+            Pending::F32(w) => w.is_complete(),
+            Pending::F16(w) => w.is_complete(),
+            Pending::Bf16(w) => w.is_complete(),
+        }
+    }
+
+    /// Wait, and give the whole buffer as f32: an f32 one as it is (padded
+    /// length), a 16-bit one converted into a pooled f32 buffer of `len`
+    /// and handed back to the pool.
+    fn into_f32(self, pool: &mut Pool, len: usize) -> Result<Vec<f32>> {
+        fn convert<T: Pooled>(v: Vec<T>, pool: &mut Pool, len: usize) -> Vec<f32> {
+            let mut out = pool.take::<f32>(len);
+            for (o, x) in out.iter_mut().zip(&v) {
+                *o = x.to_f64() as f32;
             }
-            Pending::F16(w) => w.wait()?[range].iter().map(|x| x.to_f32()).collect(),
-            Pending::Bf16(w) => w.wait()?[range].iter().map(|x| x.to_f32()).collect(),
+            pool.give(v);
+            out
+        }
+        Ok(match self {
+            Pending::F32(w) => w.wait()?,
+            Pending::F16(w) => convert(w.wait()?, pool, len),
+            Pending::Bf16(w) => convert(w.wait()?, pool, len),
         })
+    }
+
+    /// Wait, and give elements `range` as a pooled f32 buffer; the whole
+    /// buffer goes back to the pool.
+    fn block(self, pool: &mut Pool, range: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        fn cut<T: Pooled>(v: Vec<T>, pool: &mut Pool, range: std::ops::Range<usize>) -> Vec<f32> {
+            let mut out = pool.take::<f32>(range.len());
+            for (o, x) in out.iter_mut().zip(&v[range]) {
+                *o = x.to_f64() as f32;
+            }
+            pool.give(v);
+            out
+        }
+        Ok(match self {
+            Pending::F32(w) => cut(w.wait()?, pool, range),
+            Pending::F16(w) => cut(w.wait()?, pool, range),
+            Pending::Bf16(w) => cut(w.wait()?, pool, range),
+        })
+    }
+}
+
+/// Buffers of finished collectives, kept for the next ones. A fresh zeroed
+/// buffer for every gather and reduction made the allocator hand whole
+/// units' memory back to the kernel and fault it in again every step
+/// (1.6 million minor page faults in a 20-step FullShard run of
+/// `mlp_fsdp`, docs/performance.md). At most `cap` buffers per type are
+/// kept; `memory()` counts them.
+struct Pool {
+    f32: Vec<Vec<f32>>,
+    f16: Vec<Vec<f16>>,
+    bf16: Vec<Vec<bf16>>,
+    cap: usize,
+}
+
+/// The element types the pool keeps.
+trait Pooled: Element {
+    fn list(pool: &mut Pool) -> &mut Vec<Vec<Self>>;
+}
+
+impl Pooled for f32 {
+    fn list(pool: &mut Pool) -> &mut Vec<Vec<Self>> {
+        &mut pool.f32
+    }
+}
+
+impl Pooled for f16 {
+    fn list(pool: &mut Pool) -> &mut Vec<Vec<Self>> {
+        &mut pool.f16
+    }
+}
+
+impl Pooled for bf16 {
+    fn list(pool: &mut Pool) -> &mut Vec<Vec<Self>> {
+        &mut pool.bf16
+    }
+}
+
+impl Pool {
+    /// A buffer of `len` elements, contents unspecified (zero if new).
+    fn take<T: Pooled>(&mut self, len: usize) -> Vec<T> {
+        let list = T::list(self);
+        match list.iter().position(|v| v.len() == len) {
+            Some(i) => list.swap_remove(i),
+            None => vec![T::from_f64(0.0); len],
+        }
+    }
+
+    fn give<T: Pooled>(&mut self, v: Vec<T>) {
+        let cap = self.cap;
+        let list = T::list(self);
+        if list.len() < cap {
+            list.push(v);
+        } else if let Some(small) = list.iter().position(|x| x.len() < v.len()) {
+            // Keep the larger ones: they are the costly ones to refault.
+            list[small] = v;
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.f32.iter().map(|v| 4 * v.capacity()).sum::<usize>()
+            + self.f16.iter().map(|v| 2 * v.capacity()).sum::<usize>()
+            + self.bf16.iter().map(|v| 2 * v.capacity()).sum::<usize>()
     }
 }
 
@@ -385,6 +490,10 @@ pub struct Fsdp<'c> {
     world: usize,
     rank: usize,
     reducing: Vec<Reducing>,
+    /// `HybridShard`: reduced shards being summed across the groups.
+    across: Vec<(usize, Work<Vec<f32>>)>,
+    /// Buffers of finished collectives, for the next ones.
+    pool: Pool,
     /// This step's first misuse on this rank (unit, what), told to every
     /// rank at `finish_backward`.
     fault: Option<(usize, Fault)>,
@@ -483,6 +592,7 @@ impl<'c> Fsdp<'c> {
                 }
             })
             .collect();
+        let config_limit = config.limit_gathered;
         let mut fsdp = Fsdp {
             comm,
             intra,
@@ -494,6 +604,13 @@ impl<'c> Fsdp<'c> {
             world,
             rank,
             reducing: Vec::new(),
+            across: Vec::new(),
+            pool: Pool {
+                f32: Vec::new(),
+                f16: Vec::new(),
+                bf16: Vec::new(),
+                cap: 2 * config_limit + 2,
+            },
             fault: None,
             sync: true,
             steps: 0,
@@ -686,7 +803,7 @@ impl<'c> Fsdp<'c> {
     /// Gather unit `u`'s parameters in `param_dtype`, without waiting.
     fn start_gather(&mut self, u: usize) -> Result<()> {
         let dtype = self.config.param_dtype;
-        let Some(comm) = self.shard_comm() else {
+        if self.shard_comm().is_none() {
             // Not sharded: the whole copy is the shard, rounded.
             let unit = &self.units[u];
             let whole = unit.shard[..unit.layout.numel]
@@ -695,28 +812,33 @@ impl<'c> Fsdp<'c> {
                 .collect();
             self.units[u].full = Full::Ready(whole);
             return Ok(());
-        };
-        let unit = &self.units[u];
-        let (s, n) = (unit.layout.shard, self.shard_ranks);
+        }
+        let (s, n) = (self.units[u].layout.shard, self.shard_ranks);
         let at = self.shard_rank * s;
-        fn place<T: Element>(shard: &[f32], s: usize, n: usize, at: usize) -> Vec<T> {
-            let mut buf = vec![T::from_f64(0.0); s * n];
-            for (d, v) in buf[at..at + s].iter_mut().zip(shard) {
+        /// A pooled buffer of the whole unit with this rank's shard in
+        /// place (the other blocks are overwritten by the allgather).
+        fn place<T: Pooled>(pool: &mut Pool, shard: &[f32], n: usize, at: usize) -> Vec<T> {
+            let mut buf = pool.take::<T>(shard.len() * n);
+            for (d, v) in buf[at..at + shard.len()].iter_mut().zip(shard) {
                 *d = T::from_f64(f64::from(*v));
             }
             buf
         }
+        let shard = &self.units[u].shard;
+        let pool = &mut self.pool;
+        let comm = match self.config.strategy {
+            Strategy::HybridShard { .. } => self.intra.as_ref().unwrap_or(self.comm),
+            _ => self.comm,
+        };
         let pending = match dtype {
             Precision::F32 => {
-                let mut buf = vec![0f32; s * n];
-                buf[at..at + s].copy_from_slice(&unit.shard);
-                Pending::F32(comm.all_gather_async(buf)?)
+                Pending::F32(comm.all_gather_async(place::<f32>(pool, shard, n, at))?)
             }
             Precision::F16 => {
-                Pending::F16(comm.all_gather_async(place::<f16>(&unit.shard, s, n, at))?)
+                Pending::F16(comm.all_gather_async(place::<f16>(pool, shard, n, at))?)
             }
             Precision::Bf16 => {
-                Pending::Bf16(comm.all_gather_async(place::<bf16>(&unit.shard, s, n, at))?)
+                Pending::Bf16(comm.all_gather_async(place::<bf16>(pool, shard, n, at))?)
             }
         };
         self.units[u].full = Full::Pending(pending);
@@ -807,7 +929,7 @@ impl<'c> Fsdp<'c> {
         }
         self.wait_full(u)?;
         match &self.units[u].full {
-            Full::Ready(v) => Ok(v),
+            Full::Ready(v) => Ok(&v[..self.units[u].layout.numel]),
             _ => Err(self.err(u, "parameters not gathered (internal)")),
         }
     }
@@ -817,8 +939,8 @@ impl<'c> Fsdp<'c> {
             let Full::Pending(p) = std::mem::replace(&mut self.units[u].full, Full::Absent) else {
                 unreachable!("matched just above")
             };
-            let numel = self.units[u].layout.numel;
-            self.units[u].full = Full::Ready(p.wait(0..numel)?);
+            let len = self.units[u].layout.shard * self.shard_ranks;
+            self.units[u].full = Full::Ready(p.into_f32(&mut self.pool, len)?);
             self.note_gathered();
         }
         Ok(())
@@ -828,7 +950,9 @@ impl<'c> Fsdp<'c> {
         if !self.keeps_whole() {
             // A gather still in flight must end before its buffer goes.
             self.wait_full(u)?;
-            self.units[u].full = Full::Absent;
+            if let Full::Ready(v) = std::mem::replace(&mut self.units[u].full, Full::Absent) {
+                self.pool.give(v);
+            }
         }
         Ok(())
     }
@@ -917,43 +1041,52 @@ impl<'c> Fsdp<'c> {
         let total = |i: usize| (grad[i] + acc.as_ref().map_or(0.0, |a| a[i])) * pre;
         let s = self.units[u].layout.shard;
         let n = self.shard_ranks;
-        fn flat<T: Element>(len: usize, numel: usize, total: impl Fn(usize) -> f32) -> Vec<T> {
-            let mut buf = vec![T::from_f64(0.0); len];
+        /// A pooled buffer of the padded unit: the gradient, then zeros.
+        fn flat<T: Pooled>(
+            pool: &mut Pool,
+            len: usize,
+            numel: usize,
+            total: impl Fn(usize) -> f32,
+        ) -> Vec<T> {
+            let mut buf = pool.take::<T>(len);
             for (i, d) in buf[..numel].iter_mut().enumerate() {
                 *d = T::from_f64(f64::from(total(i)));
             }
+            buf[numel..].fill(T::from_f64(0.0));
             buf
         }
         let len = s * n;
-        let work = match self.shard_comm() {
-            Some(comm) => match self.config.reduce_dtype {
-                Precision::F32 => {
-                    let buf: Vec<f32> = flat(len, numel, total);
-                    Pending::F32(comm.reduce_scatter_async(buf, ReduceOp::Sum)?)
-                }
-                Precision::F16 => Pending::F16(
-                    comm.reduce_scatter_async(flat::<f16>(len, numel, total), ReduceOp::Sum)?,
-                ),
-                Precision::Bf16 => Pending::Bf16(
-                    comm.reduce_scatter_async(flat::<bf16>(len, numel, total), ReduceOp::Sum)?,
-                ),
-            },
-            None => match self.config.reduce_dtype {
-                Precision::F32 => {
-                    let buf: Vec<f32> = flat(len, numel, total);
-                    Pending::F32(self.comm.all_reduce_async(buf, ReduceOp::Sum)?)
-                }
-                Precision::F16 => Pending::F16(
-                    self.comm
-                        .all_reduce_async(flat::<f16>(len, numel, total), ReduceOp::Sum)?,
-                ),
-                Precision::Bf16 => Pending::Bf16(
-                    self.comm
-                        .all_reduce_async(flat::<bf16>(len, numel, total), ReduceOp::Sum)?,
-                ),
-            },
+        let sharded = self.shard_comm().is_some();
+        let comm = match self.config.strategy {
+            Strategy::HybridShard { .. } => self.intra.as_ref().unwrap_or(self.comm),
+            _ => self.comm,
+        };
+        let pool = &mut self.pool;
+        let work = match (sharded, self.config.reduce_dtype) {
+            (true, Precision::F32) => Pending::F32(
+                comm.reduce_scatter_async(flat::<f32>(pool, len, numel, total), ReduceOp::Sum)?,
+            ),
+            (true, Precision::F16) => Pending::F16(
+                comm.reduce_scatter_async(flat::<f16>(pool, len, numel, total), ReduceOp::Sum)?,
+            ),
+            (true, Precision::Bf16) => Pending::Bf16(
+                comm.reduce_scatter_async(flat::<bf16>(pool, len, numel, total), ReduceOp::Sum)?,
+            ),
+            (false, Precision::F32) => Pending::F32(
+                comm.all_reduce_async(flat::<f32>(pool, len, numel, total), ReduceOp::Sum)?,
+            ),
+            (false, Precision::F16) => Pending::F16(
+                comm.all_reduce_async(flat::<f16>(pool, len, numel, total), ReduceOp::Sum)?,
+            ),
+            (false, Precision::Bf16) => Pending::Bf16(
+                comm.all_reduce_async(flat::<bf16>(pool, len, numel, total), ReduceOp::Sum)?,
+            ),
         };
         self.reducing.push(Reducing { unit: u, work });
+        // Fold in the reductions that are done, and wait for the oldest
+        // while more than `limit_gathered` are in flight: their buffers
+        // are whole units, and this bounds them.
+        self.retire(self.config.limit_gathered)?;
         wrong.map_or(Ok(()), Err)
     }
 
@@ -1001,34 +1134,48 @@ impl<'c> Fsdp<'c> {
 
     /// Wait for the step's reductions and add them into the gradient shards.
     fn sum_reductions(&mut self) -> Result<()> {
-        let reducing = std::mem::take(&mut self.reducing);
+        self.retire(0)?;
         let scale = 1.0 / (self.world as f32 * self.pre_scale());
-        let mut across = Vec::new();
-        for Reducing { unit, work } in reducing {
+        for (unit, work) in std::mem::take(&mut self.across) {
+            let part = work.wait()?;
+            for (g, v) in self.units[unit].grad.iter_mut().zip(&part) {
+                *g += v * scale;
+            }
+            self.pool.give(part);
+        }
+        if !self.learned && self.sync {
+            self.learned = true;
+        }
+        Ok(())
+    }
+
+    /// Fold finished reductions, oldest first, into the gradient shards
+    /// (under `HybridShard`, start their allreduce across the groups
+    /// instead), waiting while more than `keep` are in flight.
+    fn retire(&mut self, keep: usize) -> Result<()> {
+        let scale = 1.0 / (self.world as f32 * self.pre_scale());
+        while let Some(front) = self.reducing.first() {
+            if self.reducing.len() <= keep && !front.work.is_complete() {
+                break;
+            }
+            let Reducing { unit, work } = self.reducing.remove(0);
             let s = self.units[unit].layout.shard;
             let at = if self.shard_comm().is_some() {
                 self.shard_rank * s
             } else {
                 0
             };
-            let part = work.wait(at..at + s)?;
+            let part = work.block(&mut self.pool, at..at + s)?;
             if let Some(inter) = &self.inter {
                 // Sum the group's shard over the replicas, in f32.
-                across.push((unit, inter.all_reduce_async(part, ReduceOp::Sum)?));
+                self.across
+                    .push((unit, inter.all_reduce_async(part, ReduceOp::Sum)?));
                 continue;
             }
             for (g, v) in self.units[unit].grad.iter_mut().zip(&part) {
                 *g += v * scale;
             }
-        }
-        for (unit, work) in across {
-            let part = work.wait()?;
-            for (g, v) in self.units[unit].grad.iter_mut().zip(&part) {
-                *g += v * scale;
-            }
-        }
-        if !self.learned && self.sync {
-            self.learned = true;
+            self.pool.give(part);
         }
         Ok(())
     }
@@ -1150,6 +1297,7 @@ impl<'c> Fsdp<'c> {
                 m.gathered += full;
             }
         }
+        m.pooled = self.pool.bytes();
         for r in &self.reducing {
             let l = self.units[r.unit].layout;
             m.reducing += r.work.bytes(l.shard * self.shard_ranks);

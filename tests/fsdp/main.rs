@@ -177,6 +177,11 @@ fn train(
             .unwrap();
     }
     let optimizer = opt.optimizer();
+    let group = match config.strategy {
+        Strategy::FullShard | Strategy::ShardGradOp => ranks,
+        Strategy::NoShard => 1,
+        Strategy::HybridShard { group } => group,
+    };
     for step in steps {
         let mut seen = Vec::new();
         for u in 0..UNITS {
@@ -198,8 +203,19 @@ fn train(
             );
             let gu: Vec<f32> = g[u].iter().map(|&v| v as f32).collect();
             fsdp.post_backward(u, &gu).unwrap();
+            // Reductions in flight are bounded like gathered units.
+            let m = fsdp.memory();
+            let largest = units()
+                .iter()
+                .map(|x| 4 * x.numel().div_ceil(group) * group)
+                .max();
+            assert!(
+                m.reducing <= config.limit_gathered * largest.unwrap(),
+                "{m:?}"
+            );
         }
         fsdp.finish_backward().unwrap();
+        assert_eq!(fsdp.memory().reducing, 0);
         fsdp.step(&optimizer).unwrap();
         check_memory(&fsdp, &config, ranks, &optimizer);
     }
