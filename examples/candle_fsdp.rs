@@ -90,7 +90,7 @@ fn main() -> Result<(), BoxError> {
 
     let comm = Communicator::from_env()?;
     let (rank, size) = (comm.rank(), comm.size());
-    if batch % size != 0 {
+    if !batch.is_multiple_of(size) {
         return Err(format!("--batch {batch} is not divisible by {size} ranks").into());
     }
     let shard = batch / size;
