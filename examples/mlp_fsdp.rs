@@ -650,34 +650,6 @@ enum State<'c> {
     Sharded(Box<Fsdp<'c>>),
 }
 
-/// `opt` on a whole parameter (what `Fsdp::step` does to a shard): SGD, or
-/// Adam with bias correction at step `t` (from 1), `state` = m then v.
-fn update(opt: &Optimizer, param: &mut [f32], grad: &[f32], state: &mut [f32], t: u64) {
-    match *opt {
-        Optimizer::Sgd { lr } => {
-            for (w, g) in param.iter_mut().zip(grad) {
-                *w -= lr * g;
-            }
-        }
-        Optimizer::Adam {
-            lr,
-            beta1,
-            beta2,
-            eps,
-        } => {
-            let (m, v) = state.split_at_mut(param.len());
-            let t = i32::try_from(t).unwrap_or(i32::MAX);
-            let (c1, c2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
-            for i in 0..param.len() {
-                let g = grad[i];
-                m[i] = beta1 * m[i] + (1.0 - beta1) * g;
-                v[i] = beta2 * v[i] + (1.0 - beta2) * g * g;
-                param[i] -= lr * (m[i] / c1) / ((v[i] / c2).sqrt() + eps);
-            }
-        }
-    }
-}
-
 /// One step of a whole-model variant: forward, backward (each layer's
 /// gradient to the reducer at once with `overlap`, all after backward
 /// without), the reducer's finish, the update. Returns the rank's loss.
@@ -748,7 +720,7 @@ fn whole_step(
             Some(r) => r.grad(l).expect("averaged"),
             None => &grads[l][..],
         };
-        update(opt, &mut params[l], g, &mut optim[l], *steps);
+        opt.update(&mut params[l], g, &mut optim[l], *steps);
     }
     Ok(loss)
 }

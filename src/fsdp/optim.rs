@@ -44,8 +44,14 @@ impl Optimizer {
     }
 
     /// Update `param` from `grad` (the same length) at step `t` (from 1),
-    /// with `state` of `state_per_element() * param.len()` values.
-    pub(crate) fn update(&self, param: &mut [f32], grad: &[f32], state: &mut [f32], t: u64) {
+    /// with `state` of `state_per_element() * param.len()` values (Adam:
+    /// the first moments, then the second), zero before the first step.
+    /// What `Fsdp::step` does to each shard; public so that whole
+    /// parameters (a DDP loop, a reference) can be updated the same way.
+    ///
+    /// # Panics
+    /// If `grad` or `state` is shorter than the above.
+    pub fn update(&self, param: &mut [f32], grad: &[f32], state: &mut [f32], t: u64) {
         match *self {
             Optimizer::Sgd { lr } => {
                 for (w, g) in param.iter_mut().zip(grad) {
