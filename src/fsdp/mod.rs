@@ -1267,6 +1267,10 @@ impl<'c> Fsdp<'c> {
         if self.keeps_whole() {
             for u in 0..self.units.len() {
                 self.wait_full(u)?;
+                // The old whole copy's buffer serves the new gather.
+                if let Full::Ready(v) = std::mem::replace(&mut self.units[u].full, Full::Absent) {
+                    self.pool.give(v);
+                }
                 self.start_gather(u)?;
             }
         }
