@@ -50,6 +50,23 @@ fn init_flat() -> Vec<Vec<f64>> {
         .collect()
 }
 
+/// f64 values rounded to f32.
+fn narrow(v: &[f64]) -> Vec<f32> {
+    v.iter().map(|&x| x as f32).collect()
+}
+
+/// Every flat parameter rounded to f32.
+fn narrow_all(v: &[Vec<f64>]) -> Vec<Vec<f32>> {
+    v.iter().map(|f| narrow(f)).collect()
+}
+
+/// Every flat parameter widened to f64.
+fn widen(v: &[Vec<f32>]) -> Vec<Vec<f64>> {
+    v.iter()
+        .map(|f| f.iter().map(|&x| f64::from(x)).collect())
+        .collect()
+}
+
 /// Samples of `step` that `rank` of `ranks` trains on.
 fn samples(step: usize, rank: usize, ranks: usize) -> Vec<usize> {
     let per = BATCH / ranks;
@@ -167,10 +184,7 @@ fn train(
     start: Option<&[Vec<f32>]>,
 ) -> Option<Vec<Vec<f32>>> {
     let (rank, ranks) = (comm.rank(), comm.size());
-    let init: Vec<Vec<f32>> = init_flat()
-        .iter()
-        .map(|f| f.iter().map(|&v| v as f32).collect())
-        .collect();
+    let init = narrow_all(&init_flat());
     let mut fsdp = Fsdp::from_full(comm, units(), config.clone(), &init).unwrap();
     if let Some(start) = start {
         fsdp.load_full_state(0, (rank == 0).then_some(start))
@@ -189,10 +203,7 @@ fn train(
             seen.push(fsdp.params(u).unwrap().to_vec());
             fsdp.post_forward(u).unwrap();
         }
-        let flat: Vec<Vec<f64>> = seen
-            .iter()
-            .map(|f| f.iter().map(|&v| f64::from(v)).collect())
-            .collect();
+        let flat = widen(&seen);
         let g = grads(&flat, &samples(step, rank, ranks));
         for u in (0..UNITS).rev() {
             fsdp.pre_backward(u).unwrap();
@@ -201,7 +212,7 @@ fn train(
                 &seen[u][..],
                 "rank {rank} unit {u}: backward's parameters"
             );
-            let gu: Vec<f32> = g[u].iter().map(|&v| v as f32).collect();
+            let gu = narrow(&g[u]);
             fsdp.post_backward(u, &gu).unwrap();
             // Reductions in flight are bounded like gathered units.
             let m = fsdp.memory();
@@ -376,24 +387,18 @@ fn fsdp_matches_the_ddp_layer() {
     let tol = tolerance(Opt::Sgd, ranks, steps, gmax, wmax, U_F32);
     let ddp = run_ranks(ranks, |comm| {
         let rank = comm.rank();
-        let mut flat: Vec<Vec<f32>> = init_flat()
-            .iter()
-            .map(|f| f.iter().map(|&v| v as f32).collect())
-            .collect();
+        let mut flat = narrow_all(&init_flat());
         let specs: Vec<ParamSpec> = (0..6)
             .map(|p| ParamSpec::new(format!("p{p}"), LENS[p]))
             .collect();
         let mut reducer = Reducer::<f32>::new(&comm, &specs, ReducerConfig::default()).unwrap();
         for step in 0..steps {
-            let f64s: Vec<Vec<f64>> = flat
-                .iter()
-                .map(|f| f.iter().map(|&v| f64::from(v)).collect())
-                .collect();
+            let f64s = widen(&flat);
             let g = grads(&f64s, &samples(step, rank, ranks));
             // Backward's order: the last unit's bias and weight first.
             for p in (0..6).rev() {
                 let (x, at) = (p / 2, if p % 2 == 0 { 0 } else { LENS[p - 1] });
-                let gp: Vec<f32> = g[x][at..at + LENS[p]].iter().map(|&v| v as f32).collect();
+                let gp = narrow(&g[x][at..at + LENS[p]]);
                 reducer.mark_ready(p, &gp).unwrap();
             }
             reducer.finish().unwrap();
@@ -423,10 +428,7 @@ fn fsdp_matches_the_ddp_layer() {
             train(&comm, config.clone(), Opt::Sgd, 0..steps, None)
         });
         let full = got[0].as_ref().unwrap();
-        let as_f64: Vec<Vec<f64>> = ddp[0]
-            .iter()
-            .map(|f| f.iter().map(|&v| f64::from(v)).collect())
-            .collect();
+        let as_f64 = widen(&ddp[0]);
         let d = max_diff(full, &as_f64);
         assert!(
             d <= 2.0 * tol,
@@ -478,10 +480,7 @@ fn sixteen_bit_gathers_and_reductions_match_step_by_step() {
 
 fn step_by_step(comm: &Communicator, config: FsdpConfig, u: f64) {
     let (rank, ranks) = (comm.rank(), comm.size());
-    let init: Vec<Vec<f32>> = init_flat()
-        .iter()
-        .map(|f| f.iter().map(|&v| v as f32).collect())
-        .collect();
+    let init = narrow_all(&init_flat());
     let mut fsdp = Fsdp::from_full(comm, units(), config.clone(), &init).unwrap();
     let dtype = config.param_dtype;
     for step in 0..3 {
@@ -531,7 +530,7 @@ fn step_by_step(comm: &Communicator, config: FsdpConfig, u: f64) {
             .fold(0f64, |a, v| a.max(v.abs()));
         for x in (0..UNITS).rev() {
             fsdp.pre_backward(x).unwrap();
-            let g: Vec<f32> = mine[x].iter().map(|&v| v as f32).collect();
+            let g = narrow(&mine[x]);
             fsdp.post_backward(x, &g).unwrap();
         }
         fsdp.finish_backward().unwrap();
@@ -604,15 +603,9 @@ fn accumulation_without_sync_matches_the_whole_batch() {
     let ranks = 3;
     run_ranks(ranks, |comm| {
         let rank = comm.rank();
-        let init: Vec<Vec<f32>> = init_flat()
-            .iter()
-            .map(|f| f.iter().map(|&v| v as f32).collect())
-            .collect();
+        let init = narrow_all(&init_flat());
         let mut fsdp = Fsdp::from_full(&comm, units(), FsdpConfig::default(), &init).unwrap();
-        let flat: Vec<Vec<f64>> = init
-            .iter()
-            .map(|f| f.iter().map(|&v| f64::from(v)).collect())
-            .collect();
+        let flat = widen(&init);
         let all = samples(0, rank, ranks);
         let halves = [&all[..all.len() / 2], &all[all.len() / 2..]];
         for (i, half) in halves.iter().enumerate() {
@@ -677,19 +670,13 @@ fn gradient_norm_clipping_uses_the_whole_model() {
         };
         run_ranks(ranks, |comm| {
             let rank = comm.rank();
-            let init: Vec<Vec<f32>> = init_flat()
-                .iter()
-                .map(|f| f.iter().map(|&v| v as f32).collect())
-                .collect();
-            let flat: Vec<Vec<f64>> = init
-                .iter()
-                .map(|f| f.iter().map(|&v| f64::from(v)).collect())
-                .collect();
+            let init = narrow_all(&init_flat());
+            let flat = widen(&init);
             let mut fsdp = Fsdp::from_full(&comm, units(), config.clone(), &init).unwrap();
             let g = grads(&flat, &samples(0, rank, ranks));
             for x in (0..UNITS).rev() {
                 fsdp.pre_backward(x).unwrap();
-                let gx: Vec<f32> = g[x].iter().map(|&v| v as f32).collect();
+                let gx = narrow(&g[x]);
                 fsdp.post_backward(x, &gx).unwrap();
             }
             fsdp.finish_backward().unwrap();
@@ -809,10 +796,7 @@ fn ranks_that_disagree_on_units_or_strategy_fail_alike() {
 fn one_ranks_misuse_fails_the_step_on_every_rank() {
     let errors = run_ranks(3, |comm| {
         let rank = comm.rank();
-        let init: Vec<Vec<f32>> = init_flat()
-            .iter()
-            .map(|f| f.iter().map(|&v| v as f32).collect())
-            .collect();
+        let init = narrow_all(&init_flat());
         let mut fsdp = Fsdp::from_full(&comm, units(), FsdpConfig::default(), &init).unwrap();
         for x in 0..UNITS {
             fsdp.pre_forward(x).unwrap();
