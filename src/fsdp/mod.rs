@@ -282,19 +282,10 @@ impl Pending {
     /// length), a 16-bit one converted into a pooled f32 buffer of `len`
     /// and handed back to the pool.
     fn into_f32(self, pool: &mut Pool, len: usize) -> Result<Vec<f32>> {
-        fn convert<T: Pooled>(v: Vec<T>, pool: &mut Pool, len: usize) -> Vec<f32> {
-            let mut out = pool.take::<f32>(len);
-            for (o, x) in out.iter_mut().zip(&v) {
-                *o = x.to_f64() as f32;
-            }
-            pool.give(v);
-            out
+        match self {
+            Pending::F32(w) => w.wait(),
+            sixteen => sixteen.block(pool, 0..len),
         }
-        Ok(match self {
-            Pending::F32(w) => w.wait()?,
-            Pending::F16(w) => convert(w.wait()?, pool, len),
-            Pending::Bf16(w) => convert(w.wait()?, pool, len),
-        })
     }
 
     /// Wait, and give elements `range` as a pooled f32 buffer; the whole
@@ -455,6 +446,15 @@ struct Layout {
     shard: usize,
 }
 
+impl Layout {
+    /// The elements of the flat parameter that the shard at place
+    /// `shard_rank` holds, without the padding (empty past the end).
+    fn own(&self, shard_rank: usize) -> std::ops::Range<usize> {
+        let start = (shard_rank * self.shard).min(self.numel);
+        start..(start + self.shard).min(self.numel)
+    }
+}
+
 struct Unit {
     spec: UnitSpec,
     layout: Layout,
@@ -520,6 +520,23 @@ impl std::fmt::Debug for Fsdp<'_> {
     }
 }
 
+/// The communicator a unit is sharded over under `strategy` (None: not
+/// sharded): `intra`, a group's ranks, under `HybridShard` with groups
+/// smaller than the job, else the whole `comm`. A function of the fields
+/// rather than a method, so that callers can hold it beside `&mut` of
+/// another field (the pool).
+fn shard_comm<'a>(
+    strategy: Strategy,
+    comm: &'a Communicator,
+    intra: Option<&'a Communicator>,
+) -> Option<&'a Communicator> {
+    match strategy {
+        Strategy::NoShard => None,
+        Strategy::HybridShard { .. } => Some(intra.unwrap_or(comm)),
+        Strategy::FullShard | Strategy::ShardGradOp => Some(comm),
+    }
+}
+
 fn fnv(h: &mut u64, bytes: &[u8]) {
     for b in bytes {
         *h ^= u64::from(*b);
@@ -575,15 +592,17 @@ impl<'c> Fsdp<'c> {
             .enumerate()
             .map(|(u, spec)| {
                 let numel = spec.numel();
-                let shard = numel.div_ceil(group);
-                let start = (shard_rank * shard).min(numel);
-                let real = (start + shard).min(numel) - start;
-                let mut own = vec![0f32; shard];
-                init(u, start, &mut own[..real]);
+                let layout = Layout {
+                    numel,
+                    shard: numel.div_ceil(group),
+                };
+                let mine = layout.own(shard_rank);
+                let mut own = vec![0f32; layout.shard];
+                init(u, mine.start, &mut own[..mine.len()]);
                 Unit {
                     spec,
-                    layout: Layout { numel, shard },
-                    grad: vec![0f32; shard],
+                    layout,
+                    grad: vec![0f32; layout.shard],
                     shard: own,
                     state: Vec::new(),
                     full: Full::Absent,
@@ -699,11 +718,7 @@ impl<'c> Fsdp<'c> {
 
     /// The communicator a unit is sharded over (None: not sharded).
     fn shard_comm(&self) -> Option<&Communicator> {
-        match self.config.strategy {
-            Strategy::NoShard => None,
-            Strategy::HybridShard { .. } => Some(self.intra.as_ref().unwrap_or(self.comm)),
-            _ => Some(self.comm),
-        }
+        shard_comm(self.config.strategy, self.comm, self.intra.as_ref())
     }
 
     /// Parameters kept whole between steps (nothing to gather or free
@@ -803,16 +818,16 @@ impl<'c> Fsdp<'c> {
     /// Gather unit `u`'s parameters in `param_dtype`, without waiting.
     fn start_gather(&mut self, u: usize) -> Result<()> {
         let dtype = self.config.param_dtype;
-        if self.shard_comm().is_none() {
+        let Some(comm) = shard_comm(self.config.strategy, self.comm, self.intra.as_ref()) else {
             // Not sharded: the whole copy is the shard, rounded.
-            let unit = &self.units[u];
+            let unit = &mut self.units[u];
             let whole = unit.shard[..unit.layout.numel]
                 .iter()
                 .map(|&v| dtype.round(v))
                 .collect();
-            self.units[u].full = Full::Ready(whole);
+            unit.full = Full::Ready(whole);
             return Ok(());
-        }
+        };
         let (s, n) = (self.units[u].layout.shard, self.shard_ranks);
         let at = self.shard_rank * s;
         /// A pooled buffer of the whole unit with this rank's shard in
@@ -826,10 +841,6 @@ impl<'c> Fsdp<'c> {
         }
         let shard = &self.units[u].shard;
         let pool = &mut self.pool;
-        let comm = match self.config.strategy {
-            Strategy::HybridShard { .. } => self.intra.as_ref().unwrap_or(self.comm),
-            _ => self.comm,
-        };
         let pending = match dtype {
             Precision::F32 => {
                 Pending::F32(comm.all_gather_async(place::<f32>(pool, shard, n, at))?)
@@ -935,24 +946,31 @@ impl<'c> Fsdp<'c> {
     }
 
     fn wait_full(&mut self, u: usize) -> Result<()> {
-        if matches!(self.units[u].full, Full::Pending(_)) {
-            let Full::Pending(p) = std::mem::replace(&mut self.units[u].full, Full::Absent) else {
-                unreachable!("matched just above")
-            };
-            let len = self.units[u].layout.shard * self.shard_ranks;
-            self.units[u].full = Full::Ready(p.into_f32(&mut self.pool, len)?);
-            self.note_gathered();
+        match std::mem::replace(&mut self.units[u].full, Full::Absent) {
+            Full::Pending(p) => {
+                let len = self.units[u].layout.shard * self.shard_ranks;
+                self.units[u].full = Full::Ready(p.into_f32(&mut self.pool, len)?);
+                self.note_gathered();
+            }
+            other => self.units[u].full = other,
         }
         Ok(())
     }
 
+    /// Free unit `u`'s gathered copy, where the strategy gathers per use.
     fn free_full(&mut self, u: usize) -> Result<()> {
         if !self.keeps_whole() {
-            // A gather still in flight must end before its buffer goes.
-            self.wait_full(u)?;
-            if let Full::Ready(v) = std::mem::replace(&mut self.units[u].full, Full::Absent) {
-                self.pool.give(v);
-            }
+            self.release(u)?;
+        }
+        Ok(())
+    }
+
+    /// Drop unit `u`'s whole copy, whatever the strategy, its buffer to
+    /// the pool (a gather still in flight ends first).
+    fn release(&mut self, u: usize) -> Result<()> {
+        self.wait_full(u)?;
+        if let Full::Ready(v) = std::mem::replace(&mut self.units[u].full, Full::Absent) {
+            self.pool.give(v);
         }
         Ok(())
     }
@@ -1055,32 +1073,25 @@ impl<'c> Fsdp<'c> {
             buf[numel..].fill(T::from_f64(0.0));
             buf
         }
+        /// Reduce-scatter over the shard's ranks, or (not sharded) an
+        /// allreduce over every rank; a sum either way.
+        fn reduce<T: Pooled>(
+            shard_comm: Option<&Communicator>,
+            comm: &Communicator,
+            buf: Vec<T>,
+        ) -> Result<Work<Vec<T>>> {
+            match shard_comm {
+                Some(c) => c.reduce_scatter_async(buf, ReduceOp::Sum),
+                None => comm.all_reduce_async(buf, ReduceOp::Sum),
+            }
+        }
         let len = s * n;
-        let sharded = self.shard_comm().is_some();
-        let comm = match self.config.strategy {
-            Strategy::HybridShard { .. } => self.intra.as_ref().unwrap_or(self.comm),
-            _ => self.comm,
-        };
+        let by = shard_comm(self.config.strategy, self.comm, self.intra.as_ref());
         let pool = &mut self.pool;
-        let work = match (sharded, self.config.reduce_dtype) {
-            (true, Precision::F32) => Pending::F32(
-                comm.reduce_scatter_async(flat::<f32>(pool, len, numel, total), ReduceOp::Sum)?,
-            ),
-            (true, Precision::F16) => Pending::F16(
-                comm.reduce_scatter_async(flat::<f16>(pool, len, numel, total), ReduceOp::Sum)?,
-            ),
-            (true, Precision::Bf16) => Pending::Bf16(
-                comm.reduce_scatter_async(flat::<bf16>(pool, len, numel, total), ReduceOp::Sum)?,
-            ),
-            (false, Precision::F32) => Pending::F32(
-                comm.all_reduce_async(flat::<f32>(pool, len, numel, total), ReduceOp::Sum)?,
-            ),
-            (false, Precision::F16) => Pending::F16(
-                comm.all_reduce_async(flat::<f16>(pool, len, numel, total), ReduceOp::Sum)?,
-            ),
-            (false, Precision::Bf16) => Pending::Bf16(
-                comm.all_reduce_async(flat::<bf16>(pool, len, numel, total), ReduceOp::Sum)?,
-            ),
+        let work = match self.config.reduce_dtype {
+            Precision::F32 => Pending::F32(reduce(by, self.comm, flat(pool, len, numel, total))?),
+            Precision::F16 => Pending::F16(reduce(by, self.comm, flat(pool, len, numel, total))?),
+            Precision::Bf16 => Pending::Bf16(reduce(by, self.comm, flat(pool, len, numel, total))?),
         };
         self.reducing.push(Reducing { unit: u, work });
         // Fold in the reductions that are done, and wait for the oldest
@@ -1135,13 +1146,9 @@ impl<'c> Fsdp<'c> {
     /// Wait for the step's reductions and add them into the gradient shards.
     fn sum_reductions(&mut self) -> Result<()> {
         self.retire(0)?;
-        let scale = 1.0 / (self.world as f32 * self.pre_scale());
         for (unit, work) in std::mem::take(&mut self.across) {
             let part = work.wait()?;
-            for (g, v) in self.units[unit].grad.iter_mut().zip(&part) {
-                *g += v * scale;
-            }
-            self.pool.give(part);
+            self.fold(unit, part);
         }
         if !self.learned && self.sync {
             self.learned = true;
@@ -1153,31 +1160,33 @@ impl<'c> Fsdp<'c> {
     /// (under `HybridShard`, start their allreduce across the groups
     /// instead), waiting while more than `keep` are in flight.
     fn retire(&mut self, keep: usize) -> Result<()> {
-        let scale = 1.0 / (self.world as f32 * self.pre_scale());
         while let Some(front) = self.reducing.first() {
             if self.reducing.len() <= keep && !front.work.is_complete() {
                 break;
             }
             let Reducing { unit, work } = self.reducing.remove(0);
-            let s = self.units[unit].layout.shard;
-            let at = if self.shard_comm().is_some() {
-                self.shard_rank * s
-            } else {
-                0
-            };
-            let part = work.block(&mut self.pool, at..at + s)?;
-            if let Some(inter) = &self.inter {
+            // This rank's block (the whole buffer, not sharded, is block 0).
+            let mine = self.shard_range(unit);
+            let part = work.block(&mut self.pool, mine)?;
+            match &self.inter {
                 // Sum the group's shard over the replicas, in f32.
-                self.across
-                    .push((unit, inter.all_reduce_async(part, ReduceOp::Sum)?));
-                continue;
+                Some(inter) => self
+                    .across
+                    .push((unit, inter.all_reduce_async(part, ReduceOp::Sum)?)),
+                None => self.fold(unit, part),
             }
-            for (g, v) in self.units[unit].grad.iter_mut().zip(&part) {
-                *g += v * scale;
-            }
-            self.pool.give(part);
         }
         Ok(())
+    }
+
+    /// Add a reduced sum of this rank's shard of `unit` into its gradient
+    /// shard as an average, and pool the buffer.
+    fn fold(&mut self, unit: usize, part: Vec<f32>) {
+        let scale = 1.0 / (self.world as f32 * self.pre_scale());
+        for (g, v) in self.units[unit].grad.iter_mut().zip(&part) {
+            *g += v * scale;
+        }
+        self.pool.give(part);
     }
 
     /// Turn gradient synchronisation off (`false`, PyTorch's `no_sync`) or
@@ -1266,11 +1275,8 @@ impl<'c> Fsdp<'c> {
     fn refresh_whole(&mut self) -> Result<()> {
         if self.keeps_whole() {
             for u in 0..self.units.len() {
-                self.wait_full(u)?;
                 // The old whole copy's buffer serves the new gather.
-                if let Full::Ready(v) = std::mem::replace(&mut self.units[u].full, Full::Absent) {
-                    self.pool.give(v);
-                }
+                self.release(u)?;
                 self.start_gather(u)?;
             }
         }
@@ -1380,18 +1386,14 @@ impl<'c> Fsdp<'c> {
                 _ => vec![0f32; numel],
             };
             self.comm.broadcast(&mut whole, root)?;
-            self.wait_full(u)?;
-            let range = self.shard_range(u);
+            self.release(u)?;
             let unit = &mut self.units[u];
+            let mine = unit.layout.own(self.shard_rank);
             unit.shard.iter_mut().for_each(|v| *v = 0.0);
-            let end = range.end.min(numel);
-            if range.start < end {
-                unit.shard[..end - range.start].copy_from_slice(&whole[range.start..end]);
-            }
+            unit.shard[..mine.len()].copy_from_slice(&whole[mine]);
             unit.state.clear();
             unit.grad.iter_mut().for_each(|g| *g = 0.0);
             unit.acc = None;
-            unit.full = Full::Absent;
             unit.phase = Phase::Idle;
         }
         self.optimizer_steps = 0;
