@@ -109,10 +109,11 @@ const SPIN: Duration = Duration::from_micros(5);
 /// a yielding one gives its core to whoever can use it, often the rank it
 /// waits for, and reads as soon as it is back. Open MPI's TCP path yields
 /// the same way, without a bound. Measured on 2 cores, 4 ranks over TCP
-/// (docs/performance.md, "Yield before sleeping"): 8 B-4 KiB allreduce
-/// 57-65 us -> 41-50 us in most runs, 256 KiB-16 MiB busbw up by 5-15%;
-/// 2 ranks 13-18 us -> 13-15 us. Bounded so that a rank whose peers are
-/// far behind (a slow step, a stall) goes back to sleeping after 1 ms.
+/// (docs/performance.md, "yield before sleeping", medians of five
+/// rounds): 8 B-2 KiB allreduce 57-61 us -> 41-49 us, large messages up to
+/// 2.3x faster; 2 ranks 10.1-10.5 us -> 9.0-9.7 us. Bounded so that a
+/// rank whose peers are far behind (a slow step, a stall) goes back to
+/// sleeping after 1 ms.
 pub(crate) const YIELD: Duration = Duration::from_millis(1);
 
 /// How long a receiver retries a read before it yields: [`SPIN`],
