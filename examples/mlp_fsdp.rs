@@ -479,6 +479,33 @@ fn run(args: &Args) -> ferroccl::Result<()> {
     Ok(())
 }
 
+/// Mean squared error of `out` against `t` over `denom`, and its
+/// gradient with respect to `out`.
+fn mse(out: &[f32], t: &[f32], denom: f32) -> (f64, Vec<f32>) {
+    let loss = out
+        .iter()
+        .zip(t)
+        .map(|(y, t)| f64::from((y - t) * (y - t)))
+        .sum::<f64>()
+        / f64::from(denom);
+    let dy = out
+        .iter()
+        .zip(t)
+        .map(|(y, t)| 2.0 * (y - t) / denom)
+        .collect();
+    (loss, dy)
+}
+
+/// `dx` through a ReLU whose output was `a`: zero where `a` was not positive.
+fn relu_back(mut dx: Vec<f32>, a: &[f32]) -> Vec<f32> {
+    for (g, a) in dx.iter_mut().zip(a) {
+        if *a <= 0.0 {
+            *g = 0.0;
+        }
+    }
+    dx
+}
+
 /// Forward and backward of one micro-step on this rank's rows, unit by unit
 /// through `fsdp`; returns the rank's loss (mean squared error, divided by
 /// the micro-steps so that their sum is the step's mean). `serial` waits
@@ -513,18 +540,7 @@ fn train_micro_step(
         inputs.push(y);
     }
     let out = inputs.pop().expect("the output");
-    let denom = (rows * dims[last].d_out * micro_steps) as f32;
-    let loss = out
-        .iter()
-        .zip(t)
-        .map(|(y, t)| f64::from((y - t) * (y - t)))
-        .sum::<f64>()
-        / f64::from(denom);
-    let mut dy: Vec<f32> = out
-        .iter()
-        .zip(t)
-        .map(|(y, t)| 2.0 * (y - t) / denom)
-        .collect();
+    let (loss, mut dy) = mse(&out, t, (rows * dims[last].d_out * micro_steps) as f32);
 
     // Backward, last layer first. pre_backward gathers the unit again;
     // post_backward starts the reduction of its gradient and frees it.
@@ -533,14 +549,8 @@ fn train_micro_step(
         fsdp.pre_backward(l)?;
         let grad = param_grad(d, &inputs[l], &dy, rows);
         if l > 0 {
-            let mut dx = input_grad(d, fsdp.params(l)?, &dy, rows);
             // Through the ReLU of the layer below.
-            for (g, a) in dx.iter_mut().zip(&inputs[l]) {
-                if *a <= 0.0 {
-                    *g = 0.0;
-                }
-            }
-            dy = dx;
+            dy = relu_back(input_grad(d, fsdp.params(l)?, &dy, rows), &inputs[l]);
         }
         fsdp.post_backward(l, &grad)?;
         // Reduction buffers are alive from here to finish_backward.
@@ -677,29 +687,12 @@ fn whole_step(
         inputs.push(y);
     }
     let out = inputs.pop().expect("the output");
-    let denom = (rows * dims[last].d_out) as f32;
-    let loss = out
-        .iter()
-        .zip(t)
-        .map(|(y, t)| f64::from((y - t) * (y - t)))
-        .sum::<f64>()
-        / f64::from(denom);
-    let mut dy: Vec<f32> = out
-        .iter()
-        .zip(t)
-        .map(|(y, t)| 2.0 * (y - t) / denom)
-        .collect();
+    let (loss, mut dy) = mse(&out, t, (rows * dims[last].d_out) as f32);
     for l in (0..dims.len()).rev() {
         let d = dims[l];
         let grad = param_grad(d, &inputs[l], &dy, rows);
         if l > 0 {
-            let mut dx = input_grad(d, &params[l], &dy, rows);
-            for (g, a) in dx.iter_mut().zip(&inputs[l]) {
-                if *a <= 0.0 {
-                    *g = 0.0;
-                }
-            }
-            dy = dx;
+            dy = relu_back(input_grad(d, &params[l], &dy, rows), &inputs[l]);
         }
         match reducer.as_mut() {
             Some(r) if overlap => r.mark_ready(l, &grad)?,
