@@ -422,6 +422,8 @@ fn run(args: &Args) -> ferroccl::Result<()> {
         m.accumulated,
         m.reducing,
         m.pooled,
+        m.peak_working,
+        m.peak_working_buffers,
     ]
     .map(|v| v as u64);
     let mut all = vec![0u64; mine.len() * size];
@@ -444,10 +446,13 @@ fn run(args: &Args) -> ferroccl::Result<()> {
             accumulated: v[6] as usize,
             reducing: v[7] as usize,
             pooled: v[8] as usize,
+            peak_working: v[9] as usize,
+            peak_working_buffers: v[10] as usize,
         };
         println!(
             "memory rank={r} params={} grads={} optim={} gathered={} peak_gathered={} \
-             peak_gathered_units={} accumulated={} pooled={} total={}",
+             peak_gathered_units={} accumulated={} pooled={} peak_working={} \
+             peak_working_buffers={} total={}",
             m.params,
             m.grads,
             m.optim,
@@ -456,6 +461,8 @@ fn run(args: &Args) -> ferroccl::Result<()> {
             m.peak_gathered_units,
             m.accumulated,
             m.pooled,
+            m.peak_working,
+            m.peak_working_buffers,
             m.total()
         );
     }
@@ -868,7 +875,11 @@ fn compare(
             State::Whole { .. } => [p, p, k * p, 0, 0, (2 + k) * p],
             State::Sharded(fsdp) => {
                 let m = fsdp.memory();
-                let peak_total = v.peak.total.max(m.total());
+                // The layer's own peak of its working buffers (gathered,
+                // being reduced, pooled), noted after every call, besides
+                // the samples taken after each post_backward.
+                let kept = m.params + m.grads + m.optim + m.accumulated;
+                let peak_total = v.peak.total.max(m.total()).max(kept + m.peak_working);
                 [
                     m.params,
                     m.grads,

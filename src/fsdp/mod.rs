@@ -195,9 +195,13 @@ pub struct FsdpConfig {
     /// for backward (FSDP's `reshard_after_forward`); `false` keeps them
     /// from forward to backward, one gather per step.
     pub reshard_after_forward: bool,
-    /// Most units whose parameters may be gathered (or being gathered) at
-    /// once for prefetching (FSDP's `limit_all_gathers`); a unit asked for
-    /// by `pre_forward`/`pre_backward` is always gathered.
+    /// Most whole-unit buffers a rank may hold at once (FSDP's
+    /// `limit_all_gathers`, widened to every buffer of a unit's size):
+    /// gathered parameters, gradients being reduced, and freed buffers kept
+    /// for reuse together. A prefetch waits for room; a gather that
+    /// `pre_forward`/`pre_backward` needs and a new reduction first wait
+    /// for the oldest reductions to end. Only units the caller keeps
+    /// (`reshard_after_forward: false`) go past it.
     pub limit_gathered: usize,
 }
 
@@ -231,14 +235,20 @@ pub struct Memory {
     pub peak_gathered: usize,
     /// Most units gathered at once since construction.
     pub peak_gathered_units: usize,
+    /// Most `gathered + reducing + pooled` since construction: the
+    /// whole-unit buffers `limit_gathered` bounds.
+    pub peak_working: usize,
+    /// Most whole-unit buffers (gathered, reducing and pooled) at once
+    /// since construction.
+    pub peak_working_buffers: usize,
     /// Gradients accumulated outside synchronisation (`no_sync`).
     pub accumulated: usize,
     /// Gradient buffers being reduced (from `post_backward` until each
-    /// reduction is folded in, at most `limit_gathered` of them), in
-    /// `reduce_dtype`.
+    /// reduction is folded in), in `reduce_dtype`; under `HybridShard`
+    /// also the reduced f32 shards being summed across the groups.
     pub reducing: usize,
-    /// Buffers of finished collectives kept for the next ones (at most
-    /// `2 * limit_gathered + 2` per element type).
+    /// Buffers of finished collectives kept for the next ones, as many as
+    /// `limit_gathered` leaves room for.
     pub pooled: usize,
 }
 
@@ -288,6 +298,35 @@ impl Pending {
         }
     }
 
+    /// Wait, add elements `range` times `scale` into `into`, and give the
+    /// whole buffer back to the pool (no copy of the block is made).
+    fn add_block(
+        self,
+        pool: &mut Pool,
+        range: std::ops::Range<usize>,
+        into: &mut [f32],
+        scale: f32,
+    ) -> Result<()> {
+        fn add<T: Pooled>(
+            v: Vec<T>,
+            pool: &mut Pool,
+            r: std::ops::Range<usize>,
+            into: &mut [f32],
+            scale: f32,
+        ) {
+            for (g, x) in into.iter_mut().zip(&v[r]) {
+                *g += x.to_f64() as f32 * scale;
+            }
+            pool.give(v);
+        }
+        match self {
+            Pending::F32(w) => add(w.wait()?, pool, range, into, scale),
+            Pending::F16(w) => add(w.wait()?, pool, range, into, scale),
+            Pending::Bf16(w) => add(w.wait()?, pool, range, into, scale),
+        }
+        Ok(())
+    }
+
     /// Wait, and give elements `range` as a pooled f32 buffer; the whole
     /// buffer goes back to the pool.
     fn block(self, pool: &mut Pool, range: std::ops::Range<usize>) -> Result<Vec<f32>> {
@@ -311,13 +350,14 @@ impl Pending {
 /// buffer for every gather and reduction made the allocator hand whole
 /// units' memory back to the kernel and fault it in again every step
 /// (1.6 million minor page faults in a 20-step FullShard run of
-/// `mlp_fsdp`, docs/performance.md). At most `cap` buffers per type are
-/// kept; `memory()` counts them.
+/// `mlp_fsdp`, docs/performance.md). The owner trims it to the room its
+/// limit leaves ([`Pool::trim`]); `memory()` counts it.
 struct Pool {
     f32: Vec<Vec<f32>>,
     f16: Vec<Vec<f16>>,
     bf16: Vec<Vec<bf16>>,
-    cap: usize,
+    /// Most buffers to keep while a new one is taken (set by the owner).
+    spare: usize,
 }
 
 /// The element types the pool keeps.
@@ -345,22 +385,48 @@ impl Pooled for bf16 {
 
 impl Pool {
     /// A buffer of `len` elements, contents unspecified (zero if new).
+    /// The pool keeps at most `spare` buffers besides: it drops buffers
+    /// before a new one is allocated, so the owner's count holds even then.
     fn take<T: Pooled>(&mut self, len: usize) -> Vec<T> {
         let list = T::list(self);
-        match list.iter().position(|v| v.len() == len) {
-            Some(i) => list.swap_remove(i),
-            None => vec![T::from_f64(0.0); len],
-        }
+        let found = list
+            .iter()
+            .position(|v| v.len() == len)
+            .map(|i| list.swap_remove(i));
+        self.trim(self.spare);
+        found.unwrap_or_else(|| vec![T::from_f64(0.0); len])
     }
 
     fn give<T: Pooled>(&mut self, v: Vec<T>) {
-        let cap = self.cap;
-        let list = T::list(self);
-        if list.len() < cap {
-            list.push(v);
-        } else if let Some(small) = list.iter().position(|x| x.len() < v.len()) {
-            // Keep the larger ones: they are the costly ones to refault.
-            list[small] = v;
+        T::list(self).push(v);
+    }
+
+    fn len(&self) -> usize {
+        self.f32.len() + self.f16.len() + self.bf16.len()
+    }
+
+    /// Keep at most `keep` buffers, dropping the smallest first (the large
+    /// ones are the costly ones to fault in again).
+    fn trim(&mut self, keep: usize) {
+        fn smallest<T>(list: &[Vec<T>], size: usize, kind: u8) -> Option<(usize, u8, usize)> {
+            let (i, v) = list.iter().enumerate().min_by_key(|(_, v)| v.len())?;
+            Some((size * v.len(), kind, i))
+        }
+        while self.len() > keep {
+            let least = [
+                smallest(&self.f32, 4, 0),
+                smallest(&self.f16, 2, 1),
+                smallest(&self.bf16, 2, 2),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            match least {
+                Some((_, 0, i)) => drop(self.f32.swap_remove(i)),
+                Some((_, 1, i)) => drop(self.f16.swap_remove(i)),
+                Some((_, _, i)) => drop(self.bf16.swap_remove(i)),
+                None => break,
+            }
         }
     }
 
@@ -508,6 +574,8 @@ pub struct Fsdp<'c> {
     learned: bool,
     peak_gathered: usize,
     peak_gathered_units: usize,
+    peak_working: usize,
+    peak_working_buffers: usize,
 }
 
 impl std::fmt::Debug for Fsdp<'_> {
@@ -628,7 +696,7 @@ impl<'c> Fsdp<'c> {
                 f32: Vec::new(),
                 f16: Vec::new(),
                 bf16: Vec::new(),
-                cap: 2 * config_limit + 2,
+                spare: config_limit,
             },
             fault: None,
             sync: true,
@@ -639,6 +707,8 @@ impl<'c> Fsdp<'c> {
             learned: false,
             peak_gathered: 0,
             peak_gathered_units: 0,
+            peak_working: 0,
+            peak_working_buffers: 0,
         };
         fsdp.refresh_whole()?;
         Ok(fsdp)
@@ -830,6 +900,7 @@ impl<'c> Fsdp<'c> {
         };
         let (s, n) = (self.units[u].layout.shard, self.shard_ranks);
         let at = self.shard_rank * s;
+        self.pool.spare = self.room(1);
         /// A pooled buffer of the whole unit with this rank's shard in
         /// place (the other blocks are overwritten by the allgather).
         fn place<T: Pooled>(pool: &mut Pool, shard: &[f32], n: usize, at: usize) -> Vec<T> {
@@ -853,15 +924,63 @@ impl<'c> Fsdp<'c> {
             }
         };
         self.units[u].full = Full::Pending(pending);
-        self.note_gathered();
+        self.note();
         Ok(())
     }
 
-    fn note_gathered(&mut self) {
+    /// Whole-unit buffers in use: gathered units, and gradient reductions
+    /// in flight.
+    fn alive(&self) -> usize {
+        self.gathered_units() + self.reducing.len()
+    }
+
+    /// How many pooled buffers `limit_gathered` leaves room for once
+    /// `need` more are in use.
+    fn room(&self, need: usize) -> usize {
+        self.config
+            .limit_gathered
+            .saturating_sub(self.alive() + need)
+    }
+
+    /// Wait for the oldest reductions until `need` more whole-unit buffers
+    /// fit in `limit_gathered` (or none is left in flight). Units kept
+    /// from forward to backward by `reshard_after_forward: false` are the
+    /// caller's choice and do not take the reductions' room.
+    fn make_room(&mut self, need: usize) -> Result<()> {
+        let gathered = if self.config.reshard_after_forward {
+            self.gathered_units()
+        } else {
+            0
+        };
+        let keep = self.config.limit_gathered.saturating_sub(gathered + need);
+        self.retire(keep)?;
+        self.pool.spare = self.room(need);
+        Ok(())
+    }
+
+    /// After a call: trim the pool to the room the limit leaves, and note
+    /// the peaks.
+    fn note(&mut self) {
+        let room = self.room(0);
+        self.pool.trim(room);
         let m = self.memory();
         self.peak_gathered = self.peak_gathered.max(m.gathered);
-        let alive = self.gathered_units();
-        self.peak_gathered_units = self.peak_gathered_units.max(alive);
+        self.peak_gathered_units = self.peak_gathered_units.max(self.gathered_units());
+        let working = m.gathered + m.reducing + m.pooled;
+        self.peak_working = self.peak_working.max(working);
+        let buffers = self.alive() + self.pool.len();
+        self.peak_working_buffers = self.peak_working_buffers.max(buffers);
+    }
+
+    /// Note a moment inside a call when `buffers` buffers of `bytes`
+    /// together exist besides what `memory()` sees (a buffer being
+    /// converted or cut, and its result).
+    fn note_transient(&mut self, buffers: usize, bytes: usize) {
+        let m = self.memory();
+        let working = m.gathered + m.reducing + m.pooled + bytes;
+        self.peak_working = self.peak_working.max(working);
+        let count = self.alive() + self.pool.len() + buffers;
+        self.peak_working_buffers = self.peak_working_buffers.max(count);
     }
 
     fn gathered_units(&self) -> usize {
@@ -874,9 +993,11 @@ impl<'c> Fsdp<'c> {
             .count()
     }
 
-    /// Make sure unit `u`'s gather is issued or done.
+    /// Make sure unit `u`'s gather is issued or done, waiting for old
+    /// reductions first if the limit is reached.
     fn ensure_gathered(&mut self, u: usize) -> Result<()> {
         if matches!(self.units[u].full, Full::Absent) {
+            self.make_room(1)?;
             self.start_gather(u)?;
         }
         Ok(())
@@ -890,7 +1011,7 @@ impl<'c> Fsdp<'c> {
         if let Some(v) = next {
             if matches!(self.units[v].full, Full::Absent)
                 && self.units[v].phase != Phase::Backward
-                && self.gathered_units() < self.config.limit_gathered
+                && self.alive() < self.config.limit_gathered
             {
                 self.start_gather(v)?;
             }
@@ -949,8 +1070,17 @@ impl<'c> Fsdp<'c> {
         match std::mem::replace(&mut self.units[u].full, Full::Absent) {
             Full::Pending(p) => {
                 let len = self.units[u].layout.shard * self.shard_ranks;
+                // A 16-bit gather's f32 copy is one buffer more while both
+                // exist (p is no longer counted as alive here): the pool
+                // makes what room it can, and the moment counts in the
+                // peaks.
+                self.pool.spare = self.room(2);
+                if !matches!(p, Pending::F32(_)) {
+                    self.pool.trim(self.pool.spare);
+                    self.note_transient(2, p.bytes(len) + 4 * len);
+                }
                 self.units[u].full = Full::Ready(p.into_f32(&mut self.pool, len)?);
-                self.note_gathered();
+                self.note();
             }
             other => self.units[u].full = other,
         }
@@ -971,6 +1101,7 @@ impl<'c> Fsdp<'c> {
         self.wait_full(u)?;
         if let Full::Ready(v) = std::mem::replace(&mut self.units[u].full, Full::Absent) {
             self.pool.give(v);
+            self.note();
         }
         Ok(())
     }
@@ -1086,6 +1217,7 @@ impl<'c> Fsdp<'c> {
             }
         }
         let len = s * n;
+        self.make_room(1)?;
         let by = shard_comm(self.config.strategy, self.comm, self.intra.as_ref());
         let pool = &mut self.pool;
         let work = match self.config.reduce_dtype {
@@ -1094,10 +1226,10 @@ impl<'c> Fsdp<'c> {
             Precision::Bf16 => Pending::Bf16(reduce(by, self.comm, flat(pool, len, numel, total))?),
         };
         self.reducing.push(Reducing { unit: u, work });
-        // Fold in the reductions that are done, and wait for the oldest
-        // while more than `limit_gathered` are in flight: their buffers
-        // are whole units, and this bounds them.
-        self.retire(self.config.limit_gathered)?;
+        // Fold in the reductions that are done (make_room waited for the
+        // ones the limit had no room for).
+        self.retire(self.reducing.len())?;
+        self.note();
         wrong.map_or(Ok(()), Err)
     }
 
@@ -1150,6 +1282,7 @@ impl<'c> Fsdp<'c> {
             let part = work.wait()?;
             self.fold(unit, part);
         }
+        self.note();
         if !self.learned && self.sync {
             self.learned = true;
         }
@@ -1167,13 +1300,26 @@ impl<'c> Fsdp<'c> {
             let Reducing { unit, work } = self.reducing.remove(0);
             // This rank's block (the whole buffer, not sharded, is block 0).
             let mine = self.shard_range(unit);
-            let part = work.block(&mut self.pool, mine)?;
             match &self.inter {
-                // Sum the group's shard over the replicas, in f32.
-                Some(inter) => self
-                    .across
-                    .push((unit, inter.all_reduce_async(part, ReduceOp::Sum)?)),
-                None => self.fold(unit, part),
+                // Sum the group's shard over the replicas, in f32: the
+                // block is copied out (a shard, counted as reducing until
+                // it is folded in) while the whole buffer still exists.
+                Some(_) => {
+                    self.pool.spare = self.room(1);
+                    let whole = self.units[unit].layout.shard * self.shard_ranks;
+                    self.pool.trim(self.pool.spare);
+                    self.note_transient(1, work.bytes(whole) + 4 * mine.len());
+                    let part = work.block(&mut self.pool, mine)?;
+                    if let Some(inter) = &self.inter {
+                        let sum = inter.all_reduce_async(part, ReduceOp::Sum)?;
+                        self.across.push((unit, sum));
+                    }
+                }
+                None => {
+                    let scale = self.fold_scale();
+                    let grad = &mut self.units[unit].grad;
+                    work.add_block(&mut self.pool, mine, grad, scale)?;
+                }
             }
         }
         Ok(())
@@ -1182,11 +1328,16 @@ impl<'c> Fsdp<'c> {
     /// Add a reduced sum of this rank's shard of `unit` into its gradient
     /// shard as an average, and pool the buffer.
     fn fold(&mut self, unit: usize, part: Vec<f32>) {
-        let scale = 1.0 / (self.world as f32 * self.pre_scale());
+        let scale = self.fold_scale();
         for (g, v) in self.units[unit].grad.iter_mut().zip(&part) {
             *g += v * scale;
         }
         self.pool.give(part);
+    }
+
+    /// What a reduced sum is multiplied by to give the average.
+    fn fold_scale(&self) -> f32 {
+        1.0 / (self.world as f32 * self.pre_scale())
     }
 
     /// Turn gradient synchronisation off (`false`, PyTorch's `no_sync`) or
@@ -1288,6 +1439,8 @@ impl<'c> Fsdp<'c> {
         let mut m = Memory {
             peak_gathered: self.peak_gathered,
             peak_gathered_units: self.peak_gathered_units,
+            peak_working: self.peak_working,
+            peak_working_buffers: self.peak_working_buffers,
             ..Memory::default()
         };
         let keeps = self.keeps_whole();
@@ -1312,7 +1465,12 @@ impl<'c> Fsdp<'c> {
             let l = self.units[r.unit].layout;
             m.reducing += r.work.bytes(l.shard * self.shard_ranks);
         }
+        // HybridShard: reduced shards being summed across the groups.
+        for (unit, _) in &self.across {
+            m.reducing += 4 * self.units[*unit].layout.shard;
+        }
         m.peak_gathered = m.peak_gathered.max(m.gathered);
+        m.peak_working = m.peak_working.max(m.gathered + m.reducing + m.pooled);
         m
     }
 

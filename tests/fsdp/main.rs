@@ -214,14 +214,17 @@ fn train(
             );
             let gu = narrow(&g[u]);
             fsdp.post_backward(u, &gu).unwrap();
-            // Reductions in flight are bounded like gathered units.
+            // Reductions in flight share the limit with gathered units.
             let m = fsdp.memory();
             let largest = units()
                 .iter()
                 .map(|x| 4 * x.numel().div_ceil(group) * group)
-                .max();
+                .max()
+                .unwrap();
+            let kept = if config.reshard_after_forward { 0 } else { u };
             assert!(
-                m.reducing <= config.limit_gathered * largest.unwrap(),
+                m.gathered + m.reducing
+                    <= (config.limit_gathered + kept) * largest + across(&config),
                 "{m:?}"
             );
         }
@@ -251,7 +254,9 @@ fn check_memory(fsdp: &Fsdp<'_>, config: &FsdpConfig, ranks: usize, opt: &Optimi
         .iter()
         .map(|u| 4 * u.numel().div_ceil(group) * group)
         .sum();
+    // (in param_dtype: 16-bit buffers are half the bytes).
     let kept = match config.strategy {
+        Strategy::ShardGradOp if config.param_dtype != Precision::F32 => padded / 2,
         Strategy::ShardGradOp => padded,
         Strategy::NoShard => whole,
         _ => 0,
@@ -274,7 +279,38 @@ fn check_memory(fsdp: &Fsdp<'_>, config: &FsdpConfig, ranks: usize, opt: &Optimi
         .max()
         .unwrap();
     assert!(m.peak_gathered <= allowed * largest, "{m:?}");
+    // Every buffer of a unit's size (gathered, being reduced, pooled for
+    // reuse) is within the limit, besides the units kept from forward.
+    let buffers = if config.reshard_after_forward || kept > 0 {
+        config.limit_gathered
+    } else {
+        config.limit_gathered + UNITS
+    };
+    // A 16-bit gather is converted into its f32 copy while its 16-bit
+    // buffer still exists: one buffer (half a unit's bytes) more for that
+    // moment.
+    let (extra, extra_bytes) = match config.param_dtype {
+        Precision::F32 => (0, 0),
+        Precision::F16 | Precision::Bf16 => (1, largest / 2),
+    };
+    assert!(m.peak_working_buffers <= buffers + extra, "{m:?}");
+    assert!(
+        m.peak_working <= buffers * largest + extra_bytes + across(config),
+        "{m:?}"
+    );
     assert_eq!(m.accumulated, 0, "{m:?}");
+}
+
+/// HybridShard's reduced shards summed across the groups, at most one
+/// per unit until `finish_backward`: the gradient shards' size again
+/// (zero for the other strategies).
+fn across(config: &FsdpConfig) -> usize {
+    match config.strategy {
+        Strategy::HybridShard { group } => {
+            units().iter().map(|u| 4 * u.numel().div_ceil(group)).sum()
+        }
+        _ => 0,
+    }
 }
 
 fn max_diff(a: &[Vec<f32>], b: &[Vec<f64>]) -> f64 {
@@ -554,10 +590,11 @@ fn step_by_step(comm: &Communicator, config: FsdpConfig, u: f64) {
             moved > tol,
             "the check can fail: gradients of {moved}, tolerance {tol}"
         );
-        fsdp.step(&Optimizer::Sgd {
+        let sgd = Optimizer::Sgd {
             lr: model::LR as f32,
-        })
-        .unwrap();
+        };
+        fsdp.step(&sgd).unwrap();
+        check_memory(&fsdp, &config, ranks, &sgd);
     }
 }
 
