@@ -70,6 +70,11 @@ pub struct FabricStats {
     pub cpu_bytes: u64,
     /// Calls that copied those bytes.
     pub cpu_copies: u64,
+    /// Of the writes, those sent from caller memory
+    /// ([`Device::register_user`]): zero-copy payloads.
+    pub user_writes: u64,
+    /// The bytes they carried.
+    pub user_bytes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -79,6 +84,8 @@ struct Counters {
     bytes: AtomicU64,
     cpu_bytes: AtomicU64,
     cpu_copies: AtomicU64,
+    user_writes: AtomicU64,
+    user_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -114,6 +121,8 @@ impl EmuFabric {
             bytes: self.stats.bytes.load(Ordering::Relaxed),
             cpu_bytes: self.stats.cpu_bytes.load(Ordering::Relaxed),
             cpu_copies: self.stats.cpu_copies.load(Ordering::Relaxed),
+            user_writes: self.stats.user_writes.load(Ordering::Relaxed),
+            user_bytes: self.stats.user_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -225,11 +234,18 @@ impl DevInner {
     }
 
     /// The `len` bytes at `offset` of region `mr`, copied out.
-    fn read_local(&self, mr: MrHandle, offset: usize, len: usize) -> Result<Vec<u8>, VerbsError> {
+    /// The `len` bytes at `offset` of region `mr`, copied out, and
+    /// whether the region is caller memory.
+    fn read_local(
+        &self,
+        mr: MrHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<(Vec<u8>, bool), VerbsError> {
         let regions = self.regions();
         let region = regions.get(&mr.0).ok_or(VerbsError::UnknownRegion(mr))?;
         let range = region.local(offset, len)?;
-        Ok(region.bytes[range].to_vec())
+        Ok((region.bytes[range].to_vec(), region.user.is_some()))
     }
 
     /// Writes `data` at address `addr` of the region named by `rkey`.
@@ -471,11 +487,13 @@ fn progress(link: &mut [Side; 2]) {
     for s in 0..2 {
         let peer = 1 - s;
         while let Some(wr) = link[s].sq.pop_front() {
-            let status = if link[s].state == QpState::Error {
+            let done = if link[s].state == QpState::Error {
                 Err(WcError::Flushed)
             } else {
                 execute(link, s, &wr)
             };
+            let from_user = done == Ok(true);
+            let status = done.map(drop);
             if let Err(e) = &status {
                 link[s].state = QpState::Error;
                 // A responder that refuses an access (a bad or stale key,
@@ -492,6 +510,12 @@ fn progress(link: &mut [Side; 2]) {
                     .fetch_add(wr.local.len as u64, Ordering::Relaxed);
                 if wr.imm.is_some() {
                     stats.with_imm.fetch_add(1, Ordering::Relaxed);
+                }
+                if from_user {
+                    stats.user_writes.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .user_bytes
+                        .fetch_add(wr.local.len as u64, Ordering::Relaxed);
                 }
             }
             if let (Ok(()), Some(imm)) = (&status, wr.imm) {
@@ -527,9 +551,10 @@ fn mark_dead(link: &mut [Side; 2]) {
     }
 }
 
-fn execute(link: &[Side; 2], s: usize, wr: &WriteRequest) -> Result<(), WcError> {
+/// Executes `wr`; on success, whether its bytes came from caller memory.
+fn execute(link: &[Side; 2], s: usize, wr: &WriteRequest) -> Result<bool, WcError> {
     let peer = &link[1 - s];
-    let data = link[s]
+    let (data, user) = link[s]
         .dev
         .read_local(wr.local.mr, wr.local.offset, wr.local.len)
         .map_err(|e| WcError::LocalProtection(e.to_string()))?;
@@ -538,7 +563,9 @@ fn execute(link: &[Side; 2], s: usize, wr: &WriteRequest) -> Result<(), WcError>
             "peer queue pair in error or gone".into(),
         ));
     }
-    peer.dev.write_remote(wr.remote.rkey, wr.remote.addr, &data)
+    peer.dev
+        .write_remote(wr.remote.rkey, wr.remote.addr, &data)?;
+    Ok(user)
 }
 
 /// One end of an emulated RC queue pair. Dropping it is the peer dying:

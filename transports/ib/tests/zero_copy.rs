@@ -430,6 +430,12 @@ fn zero_copy_frames_arrive_exact_across_the_threshold() {
                     (cpu_bytes, cpu_copies, writes, bytes),
                     "qps {qps}, frame {i} of {n} bytes (zero copy: {zc})"
                 );
+                // The payload, and only it, left from the caller's memory.
+                assert_eq!(
+                    after.user_bytes - before.user_bytes,
+                    if zc { n as u64 } else { 0 },
+                    "qps {qps}, frame {i} of {n} bytes"
+                );
             }
             let stats = tx.cache_stats();
             assert_eq!(stats.misses, 1, "{stats:?}");
