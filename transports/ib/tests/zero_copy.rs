@@ -612,6 +612,38 @@ fn a_stale_remote_key_under_zero_copy_fails_both_ends_naming_the_peer() {
     });
 }
 
+/// The receiver's host dies before a zero-copy frame: the send, which
+/// waits for its writes' completions, ends with the peer named, long
+/// before its deadline, instead of waiting for a completion that will not
+/// come.
+#[test]
+fn a_peer_dying_under_a_zero_copy_send_is_named() {
+    bounded(|| {
+        let fabric = EmuFabric::eager();
+        let abort = AbortHandle::new();
+        let g = Geometry {
+            chunk_bytes: 256 << 10,
+            steps: 2,
+            qps: 3,
+        };
+        let z = ZeroCopyConfig {
+            min_bytes: 1024,
+            ..ZeroCopyConfig::default()
+        };
+        let ((mut tx, _r0, _c0), (_s1, _rx, _c1), devs, _) = connect(&fabric, g, z, &abort);
+        let src = UserBuffer::from_vec((0..(256 << 10)).map(|k| pattern(11, k)).collect());
+        tx.send_from(header(0), soon(20_000), &src).unwrap();
+        devs[1].kill();
+        let start = Instant::now();
+        let sent = tx.send_from(header(1), soon(20_000), &src);
+        assert!(
+            matches!(sent, Err(TransportError::PeerFailed { rank: 1, .. })),
+            "{sent:?}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(10));
+    });
+}
+
 // ---------------------------------------------------------------------
 // The emulated verbs of caller memory.
 
