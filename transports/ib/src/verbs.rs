@@ -11,6 +11,11 @@
 //! to `base + offset`. Remote memory is named as on the wire: `(rkey,
 //! remote address)`, the peer having said both (its region's
 //! [`MemoryRegion::addr`] plus an offset).
+//!
+//! Caller memory registered where it is ([`Device::register_user`]) is
+//! named by its address, as a number that nothing here dereferences: the
+//! NIC reads it, and the emulation is handed the bytes themselves
+//! ([`Device::present`]).
 
 use std::time::Duration;
 
