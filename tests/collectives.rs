@@ -199,6 +199,56 @@ fn matrix_3_ranks_over_emulated_rdma_striped() {
     );
 }
 
+/// Over `ib-emu`, a send from memory under a lease (issue 17's zero copy)
+/// leaves from the caller's buffer: the emulated NIC counts every payload
+/// byte as read from caller memory, and the peer gets them exactly; the
+/// same send from memory under no lease is staged (no byte from caller
+/// memory). Slots of 1 MiB, so every frame is over the 256 KiB threshold.
+/// (No other test leases memory, so the process-wide count is this
+/// test's.)
+#[test]
+fn leased_memory_is_sent_without_the_staging_copy_over_emulated_rdma() {
+    let n = 1usize << 20;
+    let value = |i: usize, k: usize| (i * 3 + k) as f32 * 0.5;
+    let before = ferroccl_ib::emu_transport::stats();
+    let from_caller = run_ranks_with(
+        2,
+        |c| {
+            c.transport = Some("ib-emu".into());
+            c.buffsize = 8 << 20;
+        },
+        |comm| {
+            let stats = ferroccl_ib::emu_transport::stats;
+            if comm.rank() == 0 {
+                let leased: Vec<f32> = (0..n).map(|i| value(i, 1)).collect();
+                let lease = ferroccl_ib::MemoryLease::declare(bytemuck::cast_slice(&leased));
+                comm.send(&leased, 1).unwrap();
+                drop(lease);
+                comm.barrier().unwrap();
+                let plain: Vec<f32> = (0..n).map(|i| value(i, 2)).collect();
+                let mid = stats().user_bytes;
+                comm.send(&plain, 1).unwrap();
+                comm.barrier().unwrap();
+                stats().user_bytes - mid
+            } else {
+                for k in [1, 2] {
+                    let mut got = vec![0f32; n];
+                    comm.recv(&mut got, 0).unwrap();
+                    assert!(
+                        got.iter().enumerate().all(|(i, &v)| v == value(i, k)),
+                        "send {k} arrived wrong"
+                    );
+                    comm.barrier().unwrap();
+                }
+                0
+            }
+        },
+    );
+    let after = ferroccl_ib::emu_transport::stats();
+    assert_eq!(from_caller[0], 0, "the send under no lease was not staged");
+    assert_eq!(after.user_bytes - before.user_bytes, 4 * n as u64);
+}
+
 #[test]
 fn async_calls_run_in_issue_order_between_blocking_ones() {
     run_ranks_with(

@@ -44,15 +44,29 @@
 //!   peer. Every wait ends at its deadline (a `Timeout` naming the peer),
 //!   on abort, on a local close, or on a failure report.
 //!
-//! Not here yet: zero-copy from user buffers (a registration cache that
-//! lets a receiver post the caller's buffer as the slot), and device
-//! memory registered by dma-buf. Both sides copy through registered
-//! slots.
+//! - **Zero copy (sending).** A frame of at least
+//!   [`ZeroCopyConfig::min_bytes`] whose bytes a live [`MemoryLease`]
+//!   covers (e.g. a [`crate::UserBuffer`]) is not staged: its header is
+//!   staged and written on the first queue pair, then its payload is
+//!   written straight from the caller's memory, registered through the
+//!   sender's [`RegCache`], striped as above; `send_from` returns once
+//!   every write has completed, so the caller may reuse the buffer. Other
+//!   frames are staged. The receiver does not change: it cannot tell.
+//! - **No zero copy when receiving.** A receiver posts the entry for frame
+//!   `s + steps` when it releases frame `s`, long before `recv_into` says
+//!   where frame `s + steps` should go; landing frames in the caller's
+//!   buffer needs its address in the entry, so either a rendezvous per
+//!   frame (an entry posted when `recv_into` is called, costing a round
+//!   trip) or destinations known ahead (an API that hands the transport a
+//!   call's receive buffers before its frames arrive). See docs/ib.md.
 
+use crate::regcache::{CacheStats, RegCache, ZeroCopyConfig};
 use crate::verbs::{
     Completion, CompletionKind, Device, LocalSlice, MemoryRegion, QpState, QueuePair, RemoteSlice,
     VerbsError, WriteRequest,
 };
+#[cfg(doc)]
+use crate::MemoryLease;
 use ferroccl_transport::{
     elapsed_ms, lock, AbortSignal, ConnectionCloser, Consume, FrameHeader, SlotReceiver,
     SlotSender, TransportError, HEADER_BYTES,
@@ -563,10 +577,29 @@ fn post_cts_entry<D: Device, Q: QueuePair>(
 
 /// Builds one end of a connection from its parts: the sending half, the
 /// receiving half and the closer. The receiving half has already posted
-/// its first `steps` clear-to-send entries when this returns.
+/// its first `steps` clear-to-send entries when this returns. Zero copy's
+/// settings come from the environment ([`ZeroCopyConfig::from_env`]; a bad
+/// one is a `Connect` error naming it).
 #[allow(clippy::type_complexity)]
 pub fn open<D, Q>(
     parts: EndParts<D, Q>,
+) -> Result<(IbSender<D, Q>, IbReceiver<D, Q>, Arc<IbCloser<D, Q>>), TransportError>
+where
+    D: Device + Send + Sync + 'static,
+    Q: QueuePair + Send + Sync + 'static,
+{
+    let zcopy = ZeroCopyConfig::from_env().map_err(|detail| TransportError::Connect {
+        peer: parts.peer,
+        detail,
+    })?;
+    open_with(parts, zcopy)
+}
+
+/// [`open`] with zero copy's settings given.
+#[allow(clippy::type_complexity)]
+pub fn open_with<D, Q>(
+    parts: EndParts<D, Q>,
+    zcopy: ZeroCopyConfig,
 ) -> Result<(IbSender<D, Q>, IbReceiver<D, Q>, Arc<IbCloser<D, Q>>), TransportError>
 where
     D: Device + Send + Sync + 'static,
@@ -623,6 +656,8 @@ where
         peer_closed: false,
         broken: None,
         buf: vec![0u64; words],
+        zcopy_min: zcopy.min_bytes,
+        cache: RegCache::new(zcopy.limits),
     };
     let mut receiver = IbReceiver {
         end: Arc::clone(&end),
@@ -657,6 +692,10 @@ pub struct IbSender<D: Device, Q: QueuePair> {
     /// Why the queue pairs are unusable, once they are.
     broken: Option<TransportError>,
     buf: Vec<u64>,
+    /// Payload bytes from which a leased buffer is sent without staging.
+    zcopy_min: usize,
+    /// Registrations of leased caller memory.
+    cache: RegCache,
 }
 
 /// One clear-to-send entry, as read from the `cts` region.
@@ -812,6 +851,136 @@ impl<D: Device, Q: QueuePair> IbSender<D, Q> {
     }
 }
 
+impl<D: Device, Q: QueuePair> IbSender<D, Q> {
+    /// What the registration cache has done (hits, misses, evictions...).
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// The registrations of caller memory this half keeps: address and
+    /// length of each.
+    pub fn cached_ranges(&self) -> Vec<(usize, usize)> {
+        self.cache.ranges()
+    }
+
+    /// Sends `bytes` as one frame straight from `mr` (caller memory, the
+    /// bytes at `offset` in it): the header is staged and written first,
+    /// then the payload from `mr`; returns once every write completed.
+    fn send_zero_copy(
+        &mut self,
+        mut header: FrameHeader,
+        deadline: Instant,
+        bytes: &[u8],
+        mr: MemoryRegion,
+        offset: usize,
+    ) -> Result<(), TransportError> {
+        self.wait_for_slot(deadline)?;
+        let geometry = self.end.geometry;
+        let n = bytes.len();
+        header.len = n as u32;
+        let slot = (self.next % geometry.steps as u64) as usize;
+        let base = slot * geometry.stride();
+        let stage = self.end.regions.stage.handle;
+        self.end
+            .dev
+            .write_region(stage, base, &header.encode())
+            .map_err(|e| TransportError::Io(format!("staging a frame header: {e}")))?;
+        // The NIC reads the payload where it is; the emulated one takes
+        // its copy here (see `Device::present`).
+        if let Err(e) = self.end.dev.present(mr.handle, offset, bytes) {
+            // A registration gone under the cache (deregistered by someone
+            // else): forget it, so the next frame registers afresh.
+            let end = Arc::clone(&self.end);
+            self.cache.invalidate(&end.dev, bytes.as_ptr() as usize, n);
+            return Err(TransportError::Io(format!(
+                "sending {n} bytes to rank {} from caller memory: {e}",
+                self.end.peer
+            )));
+        }
+        let Some(cts) = self.credits.pop_front() else {
+            unreachable!("wait_for_slot returned with a credit");
+        };
+        let total = HEADER_BYTES + n;
+        if (cts.size as usize) < total {
+            return Err(self.end.protocol(format!(
+                "its clear-to-send entry offers {} bytes for a frame of {total}",
+                cts.size
+            )));
+        }
+        let post_by = deadline.max(Instant::now() + Duration::from_secs(1));
+        // The header first on the first queue pair: RC puts it in place
+        // before that queue pair's piece, whose immediate the receiver
+        // waits for.
+        let head = WriteRequest {
+            wr_id: self.next,
+            local: LocalSlice {
+                mr: stage,
+                offset: base,
+                len: HEADER_BYTES,
+            },
+            remote: RemoteSlice {
+                rkey: cts.rkey,
+                addr: cts.addr,
+            },
+            imm: None,
+        };
+        self.post(0, &head, post_by)?;
+        self.in_flight[slot] += 1;
+        let pieces = if total >= STRIPE_MIN_BYTES {
+            geometry.qps
+        } else {
+            1
+        };
+        let per = n.div_ceil(pieces).max(1);
+        for i in (0..pieces).rev() {
+            let from = (i * per).min(n);
+            let len = per.min(n - from);
+            let write = WriteRequest {
+                wr_id: self.next,
+                local: LocalSlice {
+                    mr: mr.handle,
+                    offset: offset + from,
+                    len,
+                },
+                remote: RemoteSlice {
+                    rkey: cts.rkey,
+                    addr: cts.addr.wrapping_add((HEADER_BYTES + from) as u64),
+                },
+                imm: Some(imm::data(self.next, pieces, i)),
+            };
+            self.post(i, &write, post_by)?;
+            self.in_flight[slot] += 1;
+        }
+        self.next += 1;
+        self.end.frames_sent.store(self.next, Ordering::Release);
+        // The caller may reuse `bytes` once this returns: wait until the
+        // NIC has read them all.
+        let start = Instant::now();
+        while self.in_flight[slot] > 0 {
+            self.pump();
+            if self.in_flight[slot] == 0 {
+                break;
+            }
+            if let Some(e) = self.refusal() {
+                return Err(e);
+            }
+            match self
+                .end
+                .wait_slice(&self.end.out_qps[0], "a zero-copy write", start, post_by)
+            {
+                Ok(done) => self.absorb(done),
+                Err(e) => {
+                    // Writes from the caller's memory may still be
+                    // pending: nothing more goes on this connection.
+                    self.broken.get_or_insert_with(|| e.clone());
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl<D, Q> SlotSender for IbSender<D, Q>
 where
     D: Device + Send + Sync,
@@ -819,6 +988,24 @@ where
 {
     fn chunk_bytes(&self) -> usize {
         self.end.geometry.chunk_bytes
+    }
+
+    /// Frames of at least the zero-copy size whose bytes a live lease
+    /// covers go from the caller's memory; the rest are staged.
+    fn send_from(
+        &mut self,
+        header: FrameHeader,
+        deadline: Instant,
+        bytes: &[u8],
+    ) -> Result<(), TransportError> {
+        let n = bytes.len();
+        if n >= self.zcopy_min.max(1) && n <= self.end.geometry.chunk_bytes {
+            let end = Arc::clone(&self.end);
+            if let Some((mr, offset)) = self.cache.acquire(&end.dev, bytes.as_ptr() as usize, n) {
+                return self.send_zero_copy(header, deadline, bytes, mr, offset);
+            }
+        }
+        ferroccl_transport::send_from_via_slot(self, header, deadline, bytes)
     }
 
     fn send_with(
@@ -905,6 +1092,8 @@ impl<D: Device, Q: QueuePair> Drop for IbSender<D, Q> {
             let end = Arc::clone(&self.end);
             end.drain(&end.out_qps, |done| self.absorb(done));
         }
+        let end = Arc::clone(&self.end);
+        self.cache.clear(&end.dev);
     }
 }
 

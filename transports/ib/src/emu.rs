@@ -39,8 +39,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::verbs::{
-    Completion, CompletionKind, Device, MemoryRegion, MrHandle, QpState, QueuePair, VerbsError,
-    WcError, WriteRequest,
+    Completion, CompletionKind, Device, MemoryRegion, MrHandle, QpState, QueuePair, UserMemory,
+    VerbsError, WcError, WriteRequest,
 };
 
 /// Makes emulated devices and connects them. Keys are unique across the
@@ -63,6 +63,18 @@ pub struct FabricStats {
     pub with_imm: u64,
     /// Payload bytes written.
     pub bytes: u64,
+    /// Bytes the CPU copied into or out of registered regions
+    /// ([`Device::write_region`] and [`Device::read_region`]): the
+    /// staging copies of the data path. What the emulated NIC moves
+    /// (writes, and [`Device::present`]ed caller bytes) is not counted.
+    pub cpu_bytes: u64,
+    /// Calls that copied those bytes.
+    pub cpu_copies: u64,
+    /// Of the writes, those sent from caller memory
+    /// ([`Device::register_user`]): zero-copy payloads.
+    pub user_writes: u64,
+    /// The bytes they carried.
+    pub user_bytes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -70,6 +82,17 @@ struct Counters {
     writes: AtomicU64,
     with_imm: AtomicU64,
     bytes: AtomicU64,
+    cpu_bytes: AtomicU64,
+    cpu_copies: AtomicU64,
+    user_writes: AtomicU64,
+    user_bytes: AtomicU64,
+}
+
+impl Counters {
+    fn cpu(&self, n: usize) {
+        self.cpu_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        self.cpu_copies.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl EmuFabric {
@@ -96,6 +119,10 @@ impl EmuFabric {
             writes: self.stats.writes.load(Ordering::Relaxed),
             with_imm: self.stats.with_imm.load(Ordering::Relaxed),
             bytes: self.stats.bytes.load(Ordering::Relaxed),
+            cpu_bytes: self.stats.cpu_bytes.load(Ordering::Relaxed),
+            cpu_copies: self.stats.cpu_copies.load(Ordering::Relaxed),
+            user_writes: self.stats.user_writes.load(Ordering::Relaxed),
+            user_bytes: self.stats.user_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -149,10 +176,46 @@ impl EmuFabric {
 
 #[derive(Debug)]
 struct Region {
+    /// The region's bytes; for caller memory, the bytes last presented
+    /// (from offset `user.presented`).
     bytes: Vec<u8>,
     rkey: u32,
-    /// The made-up address of byte 0 (distinct across the fabric).
+    /// The made-up address of byte 0 (distinct across the fabric); for
+    /// caller memory, its real address.
     addr: u64,
+    /// Set for caller memory ([`Device::register_user`]).
+    user: Option<UserRegion>,
+}
+
+/// What the emulation keeps of registered caller memory.
+#[derive(Debug, Clone, Copy)]
+struct UserRegion {
+    /// Bytes registered.
+    len: usize,
+    /// Offset in the region of `bytes[0]`.
+    presented: usize,
+}
+
+impl Region {
+    /// The range of `bytes` holding region bytes `offset..offset + len`,
+    /// for a write's local slice.
+    fn local(&self, offset: usize, len: usize) -> Result<std::ops::Range<usize>, VerbsError> {
+        match self.user {
+            None => bounds(offset, len, self.bytes.len()),
+            Some(u) => {
+                bounds(offset, len, u.len)?;
+                // Only bytes presented for this write can be read.
+                let from = offset
+                    .checked_sub(u.presented)
+                    .ok_or(VerbsError::OutOfBounds {
+                        offset,
+                        len,
+                        region_len: u.len,
+                    })?;
+                bounds(from, len, self.bytes.len())
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -171,11 +234,18 @@ impl DevInner {
     }
 
     /// The `len` bytes at `offset` of region `mr`, copied out.
-    fn read_local(&self, mr: MrHandle, offset: usize, len: usize) -> Result<Vec<u8>, VerbsError> {
+    /// The `len` bytes at `offset` of region `mr`, copied out, and
+    /// whether the region is caller memory.
+    fn read_local(
+        &self,
+        mr: MrHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<(Vec<u8>, bool), VerbsError> {
         let regions = self.regions();
         let region = regions.get(&mr.0).ok_or(VerbsError::UnknownRegion(mr))?;
-        let range = bounds(offset, len, region.bytes.len())?;
-        Ok(region.bytes[range].to_vec())
+        let range = region.local(offset, len)?;
+        Ok((region.bytes[range].to_vec(), region.user.is_some()))
     }
 
     /// Writes `data` at address `addr` of the region named by `rkey`.
@@ -185,6 +255,11 @@ impl DevInner {
             .values_mut()
             .find(|r| r.rkey == rkey)
             .ok_or_else(|| WcError::RemoteAccess(format!("no region with rkey {rkey:#x}")))?;
+        if region.user.is_some() {
+            return Err(WcError::RemoteAccess(format!(
+                "the region of rkey {rkey:#x} grants no remote write"
+            )));
+        }
         let offset = addr
             .checked_sub(region.addr)
             .and_then(|o| usize::try_from(o).ok())
@@ -237,10 +312,22 @@ impl EmuDevice {
     pub fn in_use(&self) -> bool {
         Arc::strong_count(&self.inner) > 1
     }
-}
 
-impl Device for EmuDevice {
-    fn register(&self, len: usize) -> Result<MemoryRegion, VerbsError> {
+    /// The caller memory registered now ([`Device::register_user`]): per
+    /// region its handle, address and length, by address. The device's
+    /// own view, for checking a registration cache against.
+    pub fn user_regions(&self) -> Vec<(MrHandle, usize, usize)> {
+        let mut out: Vec<_> = self
+            .inner
+            .regions()
+            .iter()
+            .filter_map(|(h, r)| r.user.map(|u| (MrHandle(*h), r.addr as usize, u.len)))
+            .collect();
+        out.sort_by_key(|&(_, addr, len)| (addr, len));
+        out
+    }
+
+    fn keys(&self) -> (MrHandle, u32, u32) {
         let handle = MrHandle(self.inner.next_mr.fetch_add(1, Ordering::Relaxed));
         // Keys from one fabric-wide counter: never reused, so a stale rkey
         // stays invalid.
@@ -249,7 +336,13 @@ impl Device for EmuDevice {
             .keys
             .fetch_add(2, Ordering::Relaxed)
             .wrapping_add(0x100);
-        let rkey = lkey.wrapping_add(1);
+        (handle, lkey, lkey.wrapping_add(1))
+    }
+}
+
+impl Device for EmuDevice {
+    fn register(&self, len: usize) -> Result<MemoryRegion, VerbsError> {
+        let (handle, lkey, rkey) = self.keys();
         // A made-up address, 1 TiB apart per key: never 0, and an address
         // of one region never falls in another.
         let addr = u64::from(rkey) << 40;
@@ -259,6 +352,7 @@ impl Device for EmuDevice {
                 bytes: vec![0; len],
                 rkey,
                 addr,
+                user: None,
             },
         );
         Ok(MemoryRegion {
@@ -283,16 +377,76 @@ impl Device for EmuDevice {
         let region = regions
             .get_mut(&mr.0)
             .ok_or(VerbsError::UnknownRegion(mr))?;
+        if region.user.is_some() {
+            return Err(VerbsError::UnknownRegion(mr));
+        }
         let range = bounds(offset, data.len(), region.bytes.len())?;
         region.bytes[range].copy_from_slice(data);
+        self.inner.stats.cpu(data.len());
         Ok(())
     }
 
     fn read_region(&self, mr: MrHandle, offset: usize, out: &mut [u8]) -> Result<(), VerbsError> {
         let regions = self.inner.regions();
         let region = regions.get(&mr.0).ok_or(VerbsError::UnknownRegion(mr))?;
+        if region.user.is_some() {
+            return Err(VerbsError::UnknownRegion(mr));
+        }
         let range = bounds(offset, out.len(), region.bytes.len())?;
         out.copy_from_slice(&region.bytes[range]);
+        self.inner.stats.cpu(out.len());
+        Ok(())
+    }
+
+    /// Host memory: a region at the memory's own address, holding no
+    /// bytes until some are presented. dma-buf: [`VerbsError::Unsupported`]
+    /// (the emulated NIC has no device memory to reach).
+    fn register_user(&self, mem: UserMemory) -> Result<MemoryRegion, VerbsError> {
+        let UserMemory::Host { addr, len } = mem else {
+            return Err(VerbsError::Unsupported(
+                "the emulated NIC cannot reach device memory (dma-buf)".into(),
+            ));
+        };
+        let (handle, lkey, rkey) = self.keys();
+        self.inner.regions().insert(
+            handle.0,
+            Region {
+                bytes: Vec::new(),
+                rkey,
+                addr: addr as u64,
+                user: Some(UserRegion { len, presented: 0 }),
+            },
+        );
+        Ok(MemoryRegion {
+            handle,
+            lkey,
+            rkey,
+            len,
+            addr: addr as u64,
+        })
+    }
+
+    /// Checks that `bytes` are the region's bytes at `offset` (by their
+    /// address), then keeps a copy for the writes posted next (the NIC's
+    /// read, not counted as a CPU copy).
+    fn present(&self, mr: MrHandle, offset: usize, bytes: &[u8]) -> Result<(), VerbsError> {
+        let mut regions = self.inner.regions();
+        let region = regions
+            .get_mut(&mr.0)
+            .ok_or(VerbsError::UnknownRegion(mr))?;
+        let user = region.user.as_mut().ok_or(VerbsError::UnknownRegion(mr))?;
+        bounds(offset, bytes.len(), user.len)?;
+        let at = (region.addr as usize).checked_add(offset);
+        if at != Some(bytes.as_ptr() as usize) {
+            return Err(VerbsError::OutOfBounds {
+                offset,
+                len: bytes.len(),
+                region_len: user.len,
+            });
+        }
+        user.presented = offset;
+        region.bytes.clear();
+        region.bytes.extend_from_slice(bytes);
         Ok(())
     }
 }
@@ -333,11 +487,13 @@ fn progress(link: &mut [Side; 2]) {
     for s in 0..2 {
         let peer = 1 - s;
         while let Some(wr) = link[s].sq.pop_front() {
-            let status = if link[s].state == QpState::Error {
+            let done = if link[s].state == QpState::Error {
                 Err(WcError::Flushed)
             } else {
                 execute(link, s, &wr)
             };
+            let from_user = done == Ok(true);
+            let status = done.map(drop);
             if let Err(e) = &status {
                 link[s].state = QpState::Error;
                 // A responder that refuses an access (a bad or stale key,
@@ -354,6 +510,12 @@ fn progress(link: &mut [Side; 2]) {
                     .fetch_add(wr.local.len as u64, Ordering::Relaxed);
                 if wr.imm.is_some() {
                     stats.with_imm.fetch_add(1, Ordering::Relaxed);
+                }
+                if from_user {
+                    stats.user_writes.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .user_bytes
+                        .fetch_add(wr.local.len as u64, Ordering::Relaxed);
                 }
             }
             if let (Ok(()), Some(imm)) = (&status, wr.imm) {
@@ -389,9 +551,10 @@ fn mark_dead(link: &mut [Side; 2]) {
     }
 }
 
-fn execute(link: &[Side; 2], s: usize, wr: &WriteRequest) -> Result<(), WcError> {
+/// Executes `wr`; on success, whether its bytes came from caller memory.
+fn execute(link: &[Side; 2], s: usize, wr: &WriteRequest) -> Result<bool, WcError> {
     let peer = &link[1 - s];
-    let data = link[s]
+    let (data, user) = link[s]
         .dev
         .read_local(wr.local.mr, wr.local.offset, wr.local.len)
         .map_err(|e| WcError::LocalProtection(e.to_string()))?;
@@ -400,7 +563,9 @@ fn execute(link: &[Side; 2], s: usize, wr: &WriteRequest) -> Result<(), WcError>
             "peer queue pair in error or gone".into(),
         ));
     }
-    peer.dev.write_remote(wr.remote.rkey, wr.remote.addr, &data)
+    peer.dev
+        .write_remote(wr.remote.rkey, wr.remote.addr, &data)?;
+    Ok(user)
 }
 
 /// One end of an emulated RC queue pair. Dropping it is the peer dying:

@@ -9,6 +9,9 @@
 //! - [`setup`]: connection set-up over a socket for any [`Fabric`], and
 //!   the transport [`NetTransport`]; [`select`]: whether a communicator
 //!   gets it (fallback to TCP).
+//! - [`regcache`]: caller memory declared to stay put ([`MemoryLease`],
+//!   [`UserBuffer`]) and the cache of its registrations ([`RegCache`]),
+//!   from which large frames are sent without the staging copy.
 //! - [`emu`]: the verbs emulated in process ([`EmuFabric`]), with RC
 //!   semantics; [`emu_transport`]: the transport `ib-emu` on it, ranks as
 //!   threads.
@@ -30,6 +33,7 @@ pub mod emu;
 pub mod emu_transport;
 #[cfg(feature = "ib")]
 pub mod real;
+pub mod regcache;
 pub mod select;
 pub mod setup;
 pub mod verbs;
@@ -46,8 +50,9 @@ pub use conn::{EndInfo, EndParts, Geometry, IbCloser, IbReceiver, IbSender, Loca
 pub use emu::{EmuDevice, EmuFabric, EmuQp, FabricStats};
 #[cfg(feature = "ib")]
 pub use real::{probe, IbDevice, IbError, IbQp, PendingQp};
+pub use regcache::{CacheLimits, CacheStats, MemoryLease, RegCache, UserBuffer, ZeroCopyConfig};
 pub use setup::{Fabric, NetTransport};
 pub use verbs::{
     Completion, CompletionKind, Device, LocalSlice, MemoryRegion, MrHandle, QpState, QueuePair,
-    RemoteSlice, VerbsError, WcError, WriteRequest,
+    RemoteSlice, UserMemory, VerbsError, WcError, WriteRequest,
 };

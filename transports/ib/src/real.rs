@@ -16,8 +16,9 @@
 //!
 //! - [`probe`] lists devices and ports and applies `FERROCCL_IB_HCA`;
 //! - [`IbDevice`] is one device's protection domain, opened for one port:
-//!   it registers memory it owns (page-aligned, zeroed) and dma-buf memory
-//!   (GPU memory, [`IbDevice::register_dmabuf`]);
+//!   it registers memory it owns (page-aligned, zeroed), caller memory
+//!   where it is ([`IbDevice::register_host`], for zero-copy sends) and
+//!   dma-buf memory (GPU memory, [`IbDevice::register_dmabuf`]);
 //! - [`IbDevice::create_qp`] gives a [`PendingQp`] (RC, in INIT, receives
 //!   posted) whose [`Endpoint`] goes to the peer; [`PendingQp::connect`]
 //!   with the peer's endpoint takes it through RTR to RTS: an [`IbQp`].
@@ -44,8 +45,8 @@ use crate::config::{
     IbConfig, LinkLayer, Port, ProbeError,
 };
 use crate::verbs::{
-    Completion, CompletionKind, Device, MemoryRegion, MrHandle, QpState, QueuePair, VerbsError,
-    WcError, WriteRequest,
+    Completion, CompletionKind, Device, MemoryRegion, MrHandle, QpState, QueuePair, UserMemory,
+    VerbsError, WcError, WriteRequest,
 };
 
 /// Errors of the real verbs outside the traits (opening, registering,
@@ -548,6 +549,39 @@ impl IbDevice {
         }))
     }
 
+    /// Registers `len` bytes of caller memory at `addr` where they are,
+    /// for the NIC to read only (the source of writes: no local or remote
+    /// write access, so no peer can write into it). `ibv_reg_mr` pins the
+    /// pages it finds now; the caller keeps the range allocated and mapped
+    /// until it deregisters (see [`crate::regcache`]). The CPU side
+    /// (`write_region`, `read_region`) refuses the region. Not tested: no
+    /// device here.
+    pub fn register_host(&self, addr: usize, len: usize) -> Result<MemoryRegion, IbError> {
+        if addr == 0 || len == 0 {
+            return Err(IbError::Invalid(format!(
+                "cannot register {len} bytes at {addr:#x}"
+            )));
+        }
+        // SAFETY: the PD is live. `ibv_reg_mr` neither reads nor writes the
+        // bytes: it pins the pages mapped at `addr..addr + len` (failing
+        // if any is not mapped). Access 0 lets the NIC only read them when
+        // a write names this region, which happens only while the data
+        // path holds the caller's borrow of them (`IbSender::send_from`
+        // waits for the writes' completions).
+        let mr = unsafe { ffi::ibv_reg_mr(self.inner.pd.raw, addr as *mut _, len, 0) };
+        if mr.is_null() {
+            return Err(last_err(format!(
+                "ibv_reg_mr(caller memory, {len} bytes at {addr:#x})"
+            )));
+        }
+        Ok(self.insert(Region {
+            mr,
+            len,
+            addr: addr as u64,
+            mem: None,
+        }))
+    }
+
     fn insert(&self, region: Region) -> MemoryRegion {
         let (lkey, rkey, addr) = region.keys();
         let len = region.len;
@@ -684,6 +718,43 @@ impl Device for IbDevice {
             len,
             region_len: 0,
         })
+    }
+
+    /// Host memory through [`IbDevice::register_host`], dma-buf through
+    /// [`IbDevice::register_dmabuf`]; a failure is
+    /// [`VerbsError::Registration`] with the driver's reason (a dma-buf
+    /// refused by a kernel or NIC without support comes back this way, and
+    /// the caller stages through host memory instead).
+    fn register_user(&self, mem: UserMemory) -> Result<MemoryRegion, VerbsError> {
+        let done = match mem {
+            UserMemory::Host { addr, len } => self.register_host(addr, len),
+            UserMemory::DmaBuf {
+                fd,
+                offset,
+                len,
+                iova,
+            } => self.register_dmabuf(fd, offset, len, iova),
+        };
+        done.map_err(|e| VerbsError::Registration(e.to_string()))
+    }
+
+    /// Checks only that `bytes` are at the region's address plus `offset`
+    /// and inside it: the NIC reads them there itself.
+    fn present(&self, mr: MrHandle, offset: usize, bytes: &[u8]) -> Result<(), VerbsError> {
+        let regions = lock(&self.inner.regions);
+        let r = regions.get(&mr.0).ok_or(VerbsError::UnknownRegion(mr))?;
+        let inside = offset
+            .checked_add(bytes.len())
+            .is_some_and(|end| end <= r.len);
+        let at = r.addr.checked_add(offset as u64);
+        if r.mem.is_some() || !inside || at != Some(bytes.as_ptr() as u64) {
+            return Err(VerbsError::OutOfBounds {
+                offset,
+                len: bytes.len(),
+                region_len: r.len,
+            });
+        }
+        Ok(())
     }
 
     fn deregister(&self, mr: MrHandle) -> Result<(), VerbsError> {

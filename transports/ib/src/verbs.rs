@@ -11,6 +11,11 @@
 //! to `base + offset`. Remote memory is named as on the wire: `(rkey,
 //! remote address)`, the peer having said both (its region's
 //! [`MemoryRegion::addr`] plus an offset).
+//!
+//! Caller memory registered where it is ([`Device::register_user`]) is
+//! named by its address, as a number that nothing here dereferences: the
+//! NIC reads it, and the emulation is handed the bytes themselves
+//! ([`Device::present`]).
 
 use std::time::Duration;
 
@@ -145,6 +150,15 @@ pub enum VerbsError {
     /// No such registered region on this device.
     #[error("no registered region {0:?} on this device")]
     UnknownRegion(MrHandle),
+    /// The device cannot register this kind of memory (the emulation and
+    /// dma-buf without driver support): the caller stages the bytes
+    /// through registered host memory instead.
+    #[error("memory registration not supported: {0}")]
+    Unsupported(String),
+    /// The registration call itself failed (locked-memory limit, a bad
+    /// address, ...), with the driver's reason.
+    #[error("memory registration failed: {0}")]
+    Registration(String),
     /// A local access outside a region.
     #[error("bytes {offset}..{offset}+{len} out of region of {region_len} bytes")]
     OutOfBounds {
@@ -155,6 +169,56 @@ pub enum VerbsError {
         /// The region's length.
         region_len: usize,
     },
+}
+
+/// Memory the caller owns, to be registered where it is (zero copy)
+/// rather than copied into a region the device allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UserMemory {
+    /// `len` bytes of this process's host memory at virtual address
+    /// `addr`, registered for the NIC to read (the source of writes):
+    /// no remote access is granted, so no peer can write into it.
+    Host {
+        /// First byte's virtual address.
+        addr: usize,
+        /// Byte count.
+        len: usize,
+    },
+    /// Device (GPU) memory exported as a dma-buf: `len` bytes at `offset`
+    /// in the dma-buf `fd`, named `iova` on the wire. Registered for local
+    /// and remote write, as device buffers are both source and target.
+    DmaBuf {
+        /// The dma-buf file descriptor (e.g. from `cuMemGetHandleForAddressRange`).
+        fd: i32,
+        /// Offset of the first byte in the dma-buf.
+        offset: u64,
+        /// Byte count.
+        len: usize,
+        /// The address work requests name the first byte by.
+        iova: u64,
+    },
+}
+
+impl UserMemory {
+    /// The host range of `bytes`, for [`Device::register_user`].
+    pub fn host(bytes: &[u8]) -> Self {
+        UserMemory::Host {
+            addr: bytes.as_ptr() as usize,
+            len: bytes.len(),
+        }
+    }
+
+    /// Byte count.
+    pub fn len(&self) -> usize {
+        match *self {
+            UserMemory::Host { len, .. } | UserMemory::DmaBuf { len, .. } => len,
+        }
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A device's protection domain: registration and CPU access to
@@ -172,6 +236,35 @@ pub trait Device {
     /// Copies bytes out of the region at `offset` (the CPU reading what a
     /// peer wrote).
     fn read_region(&self, mr: MrHandle, offset: usize, out: &mut [u8]) -> Result<(), VerbsError>;
+
+    /// Registers memory the caller owns where it is (see [`UserMemory`]).
+    /// The region's `addr` is the memory's own address (host) or its iova
+    /// (dma-buf); [`Device::write_region`] and [`Device::read_region`]
+    /// refuse it (the caller reaches its own memory directly). The caller
+    /// keeps the memory allocated and mapped until it deregisters: a
+    /// registration pins the pages it found, so memory freed and mapped
+    /// again at the same address would not be what the NIC reads (the
+    /// registration cache, [`crate::regcache`], is what keeps that
+    /// promise for the data path). [`VerbsError::Unsupported`] where the
+    /// device cannot register that kind of memory.
+    fn register_user(&self, mem: UserMemory) -> Result<MemoryRegion, VerbsError> {
+        Err(VerbsError::Unsupported(format!(
+            "this device does not register caller memory ({mem:?})"
+        )))
+    }
+
+    /// Shows the device `bytes`, the caller's memory at `offset` in the
+    /// host user region `mr`, before writes are posted from them. On real
+    /// verbs the NIC reads them by address, so this only checks that
+    /// `bytes` are where the region says (`addr + offset`); the emulated
+    /// NIC, which cannot read memory by address without `unsafe`, takes
+    /// its copy of them here (its DMA read, done early: the caller keeps
+    /// `bytes` borrowed, unchanged, until the writes complete, so the
+    /// result is the same). Bytes not where the region is are an error.
+    fn present(&self, mr: MrHandle, offset: usize, bytes: &[u8]) -> Result<(), VerbsError> {
+        let _ = (offset, bytes);
+        Err(VerbsError::UnknownRegion(mr))
+    }
 }
 
 /// One end of a reliable connected queue pair, with its own completion

@@ -229,3 +229,81 @@ fn the_transport_passes_conformance_cases_on_a_real_port() {
         println!("transport on a real port, {qps} queue pair(s): conformance cases passed");
     }
 }
+
+/// Caller memory registered where it is (`ibv_reg_mr` on a
+/// [`ferroccl_ib::UserBuffer`], no access flags): a write from it lands
+/// byte for byte; a peer naming its rkey is refused (no remote write
+/// granted); deregistered, a write from it fails locally. Skipped without
+/// an RDMA device (never run yet: none here).
+#[test]
+fn loopback_write_from_caller_memory() {
+    let cfg = IbConfig::from_env().expect("IB configuration");
+    let ports = match probe(&cfg) {
+        Ok(p) => p,
+        Err(e) => {
+            println!("SKIPPED caller-memory loopback (no RDMA device): {e}");
+            return;
+        }
+    };
+    let dev = IbDevice::open(&ports[0], &cfg).expect("open device");
+    let (a, b) = (dev.create_qp(16).unwrap(), dev.create_qp(16).unwrap());
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let qa = a.connect(&eb).expect("connect a");
+    let qb = b.connect(&ea).expect("connect b");
+    const N: usize = 3 << 20;
+    let src =
+        ferroccl_ib::UserBuffer::from_vec((0..N).map(|i| (i * 13 + i / 4093) as u8).collect());
+    let mr = dev
+        .register_user(ferroccl_ib::UserMemory::host(&src))
+        .expect("ibv_reg_mr on caller memory");
+    assert_eq!(mr.addr, src.as_ptr() as u64);
+    let dst = dev.register(N).unwrap();
+    let (from, len) = (12_345, N - 20_000);
+    dev.present(mr.handle, from, &src[from..from + len])
+        .unwrap();
+    qa.post_write(&WriteRequest {
+        wr_id: 1,
+        local: LocalSlice {
+            mr: mr.handle,
+            offset: from,
+            len,
+        },
+        remote: RemoteSlice {
+            rkey: dst.rkey,
+            addr: dst.addr,
+        },
+        imm: Some(5),
+    })
+    .unwrap();
+    assert_eq!(wait_for(&qa, "write from caller memory").status, Ok(()));
+    assert!(matches!(
+        wait_for(&qb, "its immediate").kind,
+        CompletionKind::RecvWithImm { imm: 5, .. }
+    ));
+    let mut out = vec![0u8; len];
+    dev.read_region(dst.handle, 0, &mut out).unwrap();
+    assert!(out == src[from..from + len], "bytes differ");
+    println!("loopback from caller memory: {len} bytes compared equal");
+    // No remote write into caller memory.
+    qb.post_write(&WriteRequest {
+        wr_id: 2,
+        local: LocalSlice {
+            mr: dst.handle,
+            offset: 0,
+            len: 64,
+        },
+        remote: RemoteSlice {
+            rkey: mr.rkey,
+            addr: mr.addr,
+        },
+        imm: None,
+    })
+    .unwrap();
+    let refused = wait_for(&qb, "write into caller memory");
+    println!("loopback write into caller memory: {:?}", refused.status);
+    assert!(
+        matches!(refused.status, Err(WcError::RemoteAccess(_))),
+        "{refused:?}"
+    );
+    dev.deregister(mr.handle).unwrap();
+}
