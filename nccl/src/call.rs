@@ -174,7 +174,10 @@ impl Call {
         }
         let (s_len, r_len) = self.lengths(rank, size)?;
         let esz = self.dtype.size();
-        for (ptr, len, label) in [(self.send, s_len, "sendbuff"), (self.recv, r_len, "recvbuff")] {
+        for (ptr, len, label) in [
+            (self.send, s_len, "sendbuff"),
+            (self.recv, r_len, "recvbuff"),
+        ] {
             if len > 0 && ptr == 0 {
                 return Err(Failure::invalid_argument(format!(
                     "{name}: {label} is NULL but {len} elements of {:?} are needed on rank {rank}",
@@ -200,9 +203,10 @@ impl Call {
         };
         match self.memory {
             Memory::Host => {
-                for (ptr, len, label) in
-                    [(self.send, s_len, "sendbuff"), (self.recv, r_len, "recvbuff")]
-                {
+                for (ptr, len, label) in [
+                    (self.send, s_len, "sendbuff"),
+                    (self.recv, r_len, "recvbuff"),
+                ] {
                     if len > 0 && ptr % esz != 0 {
                         return Err(Failure::invalid_argument(format!(
                             "{name}: {label} {ptr:#x} is not aligned to its {esz}-byte elements"

@@ -138,8 +138,8 @@ pub fn end() -> Result<(), Failure> {
                         // SAFETY: the address is a handle this library
                         // made for this init; handles are never freed.
                         let h = unsafe { &*(handle as *const Handle) };
-                        let made = Meeting::decode(&id)
-                            .and_then(|m| comm::init(&m, rank, size, config));
+                        let made =
+                            Meeting::decode(&id).and_then(|m| comm::init(&m, rank, size, config));
                         match made {
                             Ok(core) => {
                                 h.set_state(State::Ready(core));

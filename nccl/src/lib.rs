@@ -344,9 +344,15 @@ pub extern "C" fn ncclCommShrink(
 pub extern "C" fn ncclGetErrorString(code: c_int) -> *const c_char {
     let s: &CStr = match code {
         result::SUCCESS => c"no error",
-        result::UNHANDLED_CUDA_ERROR => c"unhandled cuda error (run with FERROCCL_DEBUG=INFO for details)",
-        result::SYSTEM_ERROR => c"unhandled system error (run with FERROCCL_DEBUG=INFO for details)",
-        result::INTERNAL_ERROR => c"internal error - please report this issue to the ferroccl developers",
+        result::UNHANDLED_CUDA_ERROR => {
+            c"unhandled cuda error (run with FERROCCL_DEBUG=INFO for details)"
+        }
+        result::SYSTEM_ERROR => {
+            c"unhandled system error (run with FERROCCL_DEBUG=INFO for details)"
+        }
+        result::INTERNAL_ERROR => {
+            c"internal error - please report this issue to the ferroccl developers"
+        }
         result::INVALID_ARGUMENT => c"invalid argument (see ncclGetLastError)",
         result::INVALID_USAGE => c"invalid usage (see ncclGetLastError)",
         result::REMOTE_ERROR => c"remote process exited or there was a network error",
