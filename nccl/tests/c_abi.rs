@@ -37,7 +37,16 @@ struct Built {
 fn built() -> &'static Built {
     static BUILT: OnceLock<Built> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let cdylib = profile_dir().join("libferroccl_nccl.so");
+        // `cargo test` builds the cdylib beside the test executable, in
+        // deps/, together with the rlib the test links (it copies it up to
+        // target/<profile> only for `cargo build`, so the copy there may
+        // be stale).
+        let deps = profile_dir().join("deps").join("libferroccl_nccl.so");
+        let cdylib = if deps.exists() {
+            deps
+        } else {
+            profile_dir().join("libferroccl_nccl.so")
+        };
         assert!(
             cdylib.exists(),
             "{} is missing: cargo builds it with the crate (crate-type cdylib)",
