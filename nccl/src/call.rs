@@ -381,17 +381,19 @@ unsafe fn host_typed<T: Scale>(comm: &Communicator, c: &Call) -> Result<(), Fail
             ),
         },
         Kind::Reduce => {
-            let recv: &mut [T] = if rank == c.root {
-                unsafe { write(c.recv, r_len) }
-            } else {
-                &mut []
-            };
+            // Off the root `r_len` is 0: NCCL's recvbuff is unused there
+            // (and may be NULL).
             match &scaled {
-                Some(v) => comm.reduce(v, recv, op, c.root),
+                Some(v) => comm.reduce(v, unsafe { write(c.recv, r_len) }, op, c.root),
                 None if c.send == c.recv => {
                     comm.reduce_in_place(unsafe { write::<T>(c.send, s_len) }, op, c.root)
                 }
-                None => comm.reduce(unsafe { read::<T>(c.send, s_len) }, recv, op, c.root),
+                None => comm.reduce(
+                    unsafe { read::<T>(c.send, s_len) },
+                    unsafe { write(c.recv, r_len) },
+                    op,
+                    c.root,
+                ),
             }
         }
         Kind::ReduceScatter => match &scaled {
@@ -443,6 +445,7 @@ unsafe fn host_typed<T: Scale>(comm: &Communicator, c: &Call) -> Result<(), Fail
 /// NCCL's contract for the buffers and the stream (the library's raw
 /// entry points say it in full).
 pub unsafe fn run_device(core: &Core, call: &Call) -> Result<(), Failure> {
+    refuse_capture(call)?;
     let comm = &core.comm;
     let (s, r) = (call.send as *const c_void, call.recv as *mut c_void);
     let stream = call.stream as *mut c_void;
@@ -476,6 +479,33 @@ pub unsafe fn run_device(core: &Core, call: &Call) -> Result<(), Failure> {
     }
     .map_err(Failure::from)?;
     *core.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some(work);
+    Ok(())
+}
+
+/// Refuse a call on a stream that is being captured into a CUDA graph:
+/// the device path synchronises with the host, which a graph cannot
+/// replay, so such a call would be corrupted rather than captured.
+fn refuse_capture(call: &Call) -> Result<(), Failure> {
+    use ferroccl::cuda::cudarc::driver::sys;
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: only reached with device buffers, so the driver library is
+    // loaded and new enough; the caller vouches that the stream is live
+    // (NULL is the legacy default stream); one status is written.
+    let rc = unsafe { sys::cuStreamIsCapturing(call.stream as sys::CUstream, &mut status) };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(Failure::invalid_argument(format!(
+            "{}: stream {:#x}: cuStreamIsCapturing failed ({rc:?})",
+            call.kind.name(),
+            call.stream
+        )));
+    }
+    if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Err(Failure::invalid_usage(format!(
+            "{}: stream {:#x} is being captured into a CUDA graph ({status:?}); ferroccl cannot              capture its calls yet: issue them outside the capture",
+            call.kind.name(),
+            call.stream
+        )));
+    }
     Ok(())
 }
 

@@ -145,7 +145,7 @@ fn env(name: &str) -> Option<String> {
 
 /// 64 random bits: from the kernel where it answers, else from the hash
 /// seed, the clock and the process id.
-fn random_token() -> u64 {
+pub fn random_token() -> u64 {
     use std::io::Read;
     let mut b = [0u8; 8];
     if std::fs::File::open("/dev/urandom")
