@@ -243,3 +243,91 @@ pub unsafe fn read_config(config: *const ConfigHead) -> Result<CommConfig, Failu
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config as a caller's header lays it out: the head, then
+    /// `size - 20` bytes of later fields.
+    #[repr(C, align(8))]
+    struct Raw([u8; 128]);
+
+    fn config(size: usize, magic: u32, version: u32, name: *const std::ffi::c_char) -> Raw {
+        let mut raw = Raw([0; 128]);
+        raw.0[..8].copy_from_slice(&size.to_ne_bytes());
+        raw.0[8..12].copy_from_slice(&magic.to_ne_bytes());
+        raw.0[12..16].copy_from_slice(&version.to_ne_bytes());
+        raw.0[16..20].copy_from_slice(&0i32.to_ne_bytes());
+        raw.0[COMM_NAME_OFFSET..COMM_NAME_OFFSET + 8]
+            .copy_from_slice(&(name as usize).to_ne_bytes());
+        raw
+    }
+
+    fn read(raw: &Raw) -> Result<CommConfig, Failure> {
+        // SAFETY: 128 readable bytes, aligned, every size tried is at most
+        // that; the name is NULL or a C string literal.
+        unsafe { read_config((raw as *const Raw).cast()) }
+    }
+
+    #[test]
+    fn configs_are_checked_by_magic_size_and_version_and_read_by_size() {
+        let name = c"trainer".as_ptr();
+        let good = read(&config(112, API_MAGIC, 22803, name)).unwrap();
+        assert!(good.nonblocking);
+        assert_eq!(good.name.as_deref(), Some("trainer"));
+        // NCCL 2.14's struct ends before commName: the pointer is not read.
+        let old = read(&config(40, API_MAGIC, 21400, name)).unwrap();
+        assert_eq!(old.name, None);
+        for (size, magic, version, field) in [
+            (112, 0xcafe_babe, 22803, "magic"),
+            (32, API_MAGIC, 22803, "size"),
+            (44, API_MAGIC, 22803, "size"),
+            (8192, API_MAGIC, 22803, "size"),
+            (112, API_MAGIC, 21304, "version"),
+        ] {
+            let e = read(&config(size, magic, version, name)).unwrap_err();
+            assert_eq!(e.code, result::INVALID_ARGUMENT, "{field}: {}", e.message);
+            assert!(e.message.contains(field), "{field}: {}", e.message);
+        }
+        // SAFETY: NULL is the documented "defaults".
+        let none = unsafe { read_config(std::ptr::null()) }.unwrap();
+        assert!(!none.nonblocking && none.name.is_none());
+    }
+
+    #[test]
+    fn data_types_and_operators_have_nccls_values() {
+        let expected = [
+            (0, DataType::I8),
+            (1, DataType::U8),
+            (2, DataType::I32),
+            (3, DataType::U32),
+            (4, DataType::I64),
+            (5, DataType::U64),
+            (6, DataType::F16),
+            (7, DataType::F32),
+            (8, DataType::F64),
+            (9, DataType::Bf16),
+        ];
+        for (value, dt) in expected {
+            assert_eq!(NcclType::from_c(value).unwrap().data_type(), dt);
+        }
+        for refused in [10, 11, 12, -1] {
+            let e = NcclType::from_c(refused).unwrap_err();
+            assert_eq!(e.code, result::INVALID_ARGUMENT);
+        }
+        let ops = [
+            ReduceOp::Sum,
+            ReduceOp::Prod,
+            ReduceOp::Max,
+            ReduceOp::Min,
+            ReduceOp::Avg,
+        ];
+        for (value, op) in ops.into_iter().enumerate() {
+            assert_eq!(builtin_op(value as c_int).unwrap(), Some(op));
+        }
+        assert_eq!(builtin_op(NUM_OPS).unwrap(), None);
+        assert!(builtin_op(-1).is_err());
+        assert_eq!(std::mem::size_of::<UniqueId>(), 128);
+    }
+}
