@@ -137,9 +137,19 @@ impl Handle {
         if let State::Ready(core) = old {
             if abort {
                 core.comm.abort();
+                // Dropping the communicator of the rank that hosts the
+                // rendezvous waits (bounded) for the other ranks to leave
+                // it: an abort returns at once and leaves that to a
+                // thread. (Where no thread can start, the core is dropped
+                // here with the closure.) A call still running on the
+                // communicator holds it until that call ends.
+                let _ = std::thread::Builder::new()
+                    .name("ferroccl-nccl-abort".into())
+                    .spawn(move || drop(core));
+            } else {
+                // The last call still running on it (if any) drops it.
+                drop(core);
             }
-            // The last call still running on it (if any) drops it.
-            drop(core);
         }
         Ok(())
     }

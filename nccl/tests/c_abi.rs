@@ -83,10 +83,14 @@ fn built() -> &'static Built {
 }
 
 /// Settings of every run: loopback, no calibration, small slots (so that
-/// the point-to-point tests span many), and a bound on every wait.
+/// the point-to-point tests span many), and a bound on every wait. The
+/// loader's path is ours alone: cargo puts target/<profile> on it, where a
+/// libnccl.so.2 of an earlier build (nccl/link-names.sh) would win over
+/// the program's RUNPATH.
 fn command(args: &[&str]) -> Command {
     let mut c = Command::new(&built().program);
     c.args(args)
+        .env("LD_LIBRARY_PATH", &built().lib_dir)
         .env("FERROCCL_SOCKET_IFNAME", "lo")
         .env("FERROCCL_CALIBRATE", "0")
         .env("FERROCCL_BUFFSIZE", "65536")
