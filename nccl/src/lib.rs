@@ -441,13 +441,12 @@ pub unsafe extern "C" fn ncclCommUserRank(comm: NcclComm, rank: *mut c_int) -> c
     })
 }
 
-/// A registration: accepted and remembered; the data path does not use
-/// it (registration is a hint in NCCL's API, never needed for
-/// correctness).
-struct Registration {
-    buff: usize,
-    size: usize,
-}
+/// Registrations, by handle: (handle, communicator handle, buffer). The
+/// data path does not use them (registration is a hint in NCCL's API,
+/// never needed for correctness); they are kept so that a handle
+/// `ncclCommRegister` did not give, or gave to another communicator, is
+/// refused.
+static REGISTRATIONS: Mutex<Vec<(usize, usize, usize)>> = Mutex::new(Vec::new());
 
 /// `ncclCommRegister`: a handle for `ncclCommDeregister`; no effect on the
 /// path calls take.
@@ -471,29 +470,38 @@ pub unsafe extern "C" fn ncclCommRegister(
                 "buff is NULL with size {size}"
             )));
         }
-        let reg = Box::into_raw(Box::new(Registration {
-            buff: buff as usize,
-            size,
-        }));
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+        // Handles are small numbers, never addresses: nothing to free.
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        REGISTRATIONS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id, comm as usize, buff as usize));
         // SAFETY: as the caller vouches.
-        unsafe { put(handle, "handle", reg.cast::<c_void>()) }
+        unsafe { put(handle, "handle", id as *mut c_void) }
     })
 }
 
 /// `ncclCommDeregister`.
 ///
 /// # Safety
-/// `comm` is NULL or an `ncclComm_t` of this library; `handle` NULL or
-/// a handle from `ncclCommRegister` not deregistered yet.
+/// `comm` is NULL or an `ncclComm_t` of this library.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommDeregister(comm: NcclComm, handle: *mut c_void) -> c_int {
     entry("ncclCommDeregister", || {
         // SAFETY: as the caller vouches.
         unsafe { live(comm)? };
-        let handle = out(handle, "handle")?;
-        // SAFETY: made by `ncclCommRegister` from a Box, as the caller vouches.
-        let reg = unsafe { Box::from_raw(handle.cast::<Registration>()) };
-        let _ = (reg.buff, reg.size);
+        let mut all = REGISTRATIONS.lock().unwrap_or_else(|p| p.into_inner());
+        let i = all
+            .iter()
+            .position(|&(id, c, _)| id == handle as usize && c == comm as usize)
+            .ok_or_else(|| {
+                Failure::invalid_argument(format!(
+                    "handle {handle:?} is not a registration of this communicator (or was \
+                     deregistered already)"
+                ))
+            })?;
+        all.swap_remove(i);
         Ok(result::SUCCESS)
     })
 }

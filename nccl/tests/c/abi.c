@@ -557,6 +557,7 @@ static int errors(const char* dir) {
   void* handle = NULL;
   NCCLOK(ncclCommRegister(comm, mem, 1000, &handle));
   NCCLOK(ncclCommDeregister(comm, handle));
+  expect_code(ncclCommDeregister(comm, handle), ncclInvalidArgument, "registration", "double deregister");
   NCCLOK(ncclMemFree(mem));
   expect_code(ncclMemFree(mem), ncclInvalidArgument, "ncclMemAlloc", "double free");
 
