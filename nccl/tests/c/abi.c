@@ -493,6 +493,17 @@ static int errors(const char* dir) {
   expect_code(ncclCommInitRank(&comm, 1, foreign, 0), ncclInvalidArgument, "ncclGetUniqueId", "foreign id");
   CHECK(comm == NULL, "a refused init wrote a communicator");
 
+  /* ncclCommInitRankScalable: the ids every rank passes alike */
+  expect_code(ncclCommInitRankScalable(&comm, 1, 0, 0, &id, NULL), ncclInvalidArgument, "nId 0", "no ids");
+  ncclUniqueId ids[2];
+  NCCLOK(ncclGetUniqueId(&ids[0]));
+  NCCLOK(ncclGetUniqueId(&ids[1]));
+  NCCLOK(ncclCommInitRankScalable(&comm, 1, 0, 2, ids, NULL));
+  int one = 0;
+  NCCLOK(ncclCommCount(comm, &one));
+  CHECK(one == 1, "scalable init: %d ranks", one);
+  NCCLOK(ncclCommDestroy(comm));
+
   /* a good one, of one rank */
   NCCLOK(ncclCommInitRankConfig(&comm, 1, id, 0, &config));
   float a[4] = {1, 2, 3, 4}, b[4];
