@@ -297,12 +297,12 @@ pub unsafe extern "C" fn ncclCommSplit(
         let newcomm = out(newcomm, "newcomm")?;
         // SAFETY: as the caller vouches.
         let (h, core) = unsafe { live(comm)? };
-        // SAFETY: as the caller vouches.
-        let config = unsafe { abi::read_config(config)? };
-        let config = if config.name.is_none() && !config.nonblocking {
+        // A NULL config inherits the parent's, as NCCL's does.
+        let config = if config.is_null() {
             core.config.clone()
         } else {
-            config
+            // SAFETY: as the caller vouches.
+            unsafe { abi::read_config(config)? }
         };
         if color < abi::SPLIT_NOCOLOR {
             return Err(Failure::invalid_argument(format!(
