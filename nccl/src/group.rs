@@ -93,6 +93,25 @@ pub fn submit(core: Arc<Core>, call: Call) -> Result<(), Failure> {
     unsafe { call::run(&core, &call) }
 }
 
+/// Run `calls` (the sends and receives one gather or scatter is made of)
+/// now, as one group of their own, or keep them for the end of the open
+/// group.
+pub fn submit_all(core: Arc<Core>, calls: Vec<Call>) -> Result<(), Failure> {
+    if open() {
+        GROUP.with(|g| {
+            let mut g = g.borrow_mut();
+            for call in calls {
+                g.calls.push(Deferred::Call {
+                    core: core.clone(),
+                    call,
+                });
+            }
+        });
+        return Ok(());
+    }
+    run_calls(&core, &calls)
+}
+
 /// `ncclGroupEnd`: run what the outermost group collected.
 pub fn end() -> Result<(), Failure> {
     let calls = GROUP.with(|g| {

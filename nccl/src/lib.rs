@@ -1016,6 +1016,186 @@ pub unsafe extern "C" fn ncclRecv(
     }
 }
 
+/// `ncclGather` (`gather`) or `ncclScatter`: the root's blocks as
+/// point-to-point calls in one group, so they run (and are checked) as
+/// grouped sends and receives do.
+///
+/// # Safety
+/// As [`ncclAllReduce`]: the root's `recvbuff` (gather) or `sendbuff`
+/// (scatter) holds `count * nranks` elements, every other buffer `count`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rooted(
+    name: &str,
+    gather: bool,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: *mut c_void,
+) -> c_int {
+    entry(name, || {
+        // SAFETY: as the caller vouches.
+        let (h, core) = unsafe { live(comm)? };
+        let dtype = NcclType::from_c(datatype)?;
+        let (me, n) = (h.rank, h.size);
+        if root < 0 || root as usize >= n {
+            return Err(Failure::invalid_argument(format!(
+                "{name}: root {root} is out of range for a communicator of {n} ranks"
+            )));
+        }
+        let root = root as usize;
+        let block = count
+            .checked_mul(dtype.size())
+            .filter(|b| {
+                b.checked_mul(n)
+                    .is_some_and(|all| all <= isize::MAX as usize)
+            })
+            .ok_or_else(|| {
+                Failure::invalid_argument(format!(
+                    "{name}: count {count} of {dtype:?} on {n} ranks overflows the address space"
+                ))
+            })?;
+        let (send, recv) = (send as usize, recv as usize);
+        let many = if gather { recv } else { send };
+        if me == root && count > 0 && many == 0 {
+            let what = if gather { "recvbuff" } else { "sendbuff" };
+            return Err(Failure::invalid_argument(format!(
+                "{name}: {what} is NULL on the root but {n} blocks of {count} are needed"
+            )));
+        }
+        let p2p = |kind, send, recv, peer| Call {
+            kind,
+            send,
+            recv,
+            count,
+            dtype,
+            op: Op::None,
+            root: peer,
+            memory: Memory::Host,
+            stream: stream as usize,
+        };
+        let mut calls = Vec::new();
+        if gather {
+            calls.push(p2p(Kind::Send, send, 0, root));
+            if me == root {
+                calls.extend((0..n).map(|q| p2p(Kind::Recv, 0, recv + q * block, q)));
+            }
+        } else {
+            if me == root {
+                calls.extend((0..n).map(|q| p2p(Kind::Send, send + q * block, 0, q)));
+            }
+            calls.push(p2p(Kind::Recv, 0, recv, root));
+        }
+        let calls = calls
+            .into_iter()
+            .map(|c| c.check(me, n))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|mut f| {
+                f.message = f
+                    .message
+                    .replace("ncclSend", name)
+                    .replace("ncclRecv", name);
+                f
+            })?;
+        group::submit_all(core, calls)?;
+        Ok(result::SUCCESS)
+    })
+}
+
+/// `ncclGather`: `count` elements from every rank into the root's
+/// `recvbuff`, rank `i`'s at block `i`.
+///
+/// # Safety
+/// As [`rooted`].
+#[no_mangle]
+pub unsafe extern "C" fn ncclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe {
+        rooted(
+            "ncclGather",
+            true,
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            root,
+            comm,
+            stream,
+        )
+    }
+}
+
+/// `ncclScatter`: block `i` of the root's `sendbuff` to rank `i`.
+///
+/// # Safety
+/// As [`rooted`].
+#[no_mangle]
+pub unsafe extern "C" fn ncclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: NcclComm,
+    stream: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe {
+        rooted(
+            "ncclScatter",
+            false,
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            root,
+            comm,
+            stream,
+        )
+    }
+}
+
+/// Entry points of newer NCCL headers that this library does not support:
+/// each returns `ncclInvalidUsage` and says so, so that a program linked
+/// against them loads and learns why.
+macro_rules! not_supported {
+    ($($name:ident ( $($arg:ident : $ty:ty),* ) => $why:literal;)*) => {$(
+        #[doc = concat!("`", stringify!($name), "`: not supported yet (", $why, ").")]
+        #[no_mangle]
+        pub extern "C" fn $name($($arg: $ty),*) -> c_int {
+            $(let _ = $arg;)*
+            unsupported(stringify!($name), $why)
+        }
+    )*};
+}
+
+not_supported! {
+    ncclCommRevoke(comm: NcclComm, flags: c_int) => "use ncclCommAbort";
+    ncclCommGetUniqueId(comm: NcclComm, id: *mut UniqueId) => "growing a communicator";
+    ncclCommGrow(comm: NcclComm, nranks: c_int, id: *const UniqueId, rank: c_int, newcomm: *mut NcclComm, config: *const ConfigHead) => "growing a communicator";
+    ncclCommSuspend(comm: NcclComm, flags: c_int) => "suspending a communicator";
+    ncclCommResume(comm: NcclComm) => "suspending a communicator";
+    ncclCommMemStats(comm: NcclComm, stat: c_int, value: *mut u64) => "memory statistics";
+    ncclWinGetUserPtr(comm: NcclComm, win: *mut c_void, ptr: *mut *mut c_void) => "symmetric memory windows";
+    ncclPutSignal(buf: *const c_void, count: usize, datatype: c_int, peer: c_int, win: *mut c_void, offset: usize, sig: c_int, ctx: c_int, flags: u32, comm: NcclComm, stream: *mut c_void) => "one-sided operations";
+    ncclSignal(peer: c_int, sig: c_int, ctx: c_int, flags: u32, comm: NcclComm, stream: *mut c_void) => "one-sided operations";
+    ncclWaitSignal(n: c_int, descs: *mut c_void, comm: NcclComm, stream: *mut c_void) => "one-sided operations";
+}
+
+/// `ncclResetDebugInit`: nothing to do (ferroccl reads FERROCCL_DEBUG once).
+#[no_mangle]
+pub extern "C" fn ncclResetDebugInit() {}
+
 /// `ncclGroupStart`.
 #[no_mangle]
 pub extern "C" fn ncclGroupStart() -> c_int {

@@ -325,6 +325,33 @@ static void movements(ncclComm_t comm, int rank, int n) {
     for (int q = 0; q < n; q++)
       for (size_t i = 0; i < COUNT; i++)
         expect("alltoall", t, -1, recv, q * COUNT + i, input(ncclSum, t, q * 7 + rank, i));
+    /* gather to the last rank (recvbuff NULL elsewhere), then in place */
+    int last = n - 1;
+    for (size_t i = 0; i < COUNT; i++) put(send, t, i, input(ncclSum, t, rank + 40, i));
+    memset(recv, 0, COUNT * n * es);
+    NCCLOK(ncclGather(send, rank == last ? recv : NULL, COUNT, (ncclDataType_t)t, last, comm, NULL));
+    if (rank == last)
+      for (int q = 0; q < n; q++)
+        for (size_t i = 0; i < COUNT; i++)
+          expect("gather", t, -1, recv, q * COUNT + i, input(ncclSum, t, q + 40, i));
+    if (rank == last) {
+      memset(recv, 0, COUNT * n * es);
+      for (size_t i = 0; i < COUNT; i++) put(recv, t, last * COUNT + i, input(ncclSum, t, rank + 40, i));
+    }
+    NCCLOK(ncclGather(rank == last ? (char*)recv + last * COUNT * es : send,
+                      rank == last ? recv : NULL, COUNT, (ncclDataType_t)t, last, comm, NULL));
+    if (rank == last)
+      for (int q = 0; q < n; q++)
+        for (size_t i = 0; i < COUNT; i++)
+          expect("gather in place", t, -1, recv, q * COUNT + i, input(ncclSum, t, q + 40, i));
+
+    /* scatter from rank 0 (sendbuff NULL elsewhere) */
+    if (rank == 0)
+      for (int q = 0; q < n; q++)
+        for (size_t i = 0; i < COUNT; i++) put(send, t, q * COUNT + i, input(ncclSum, t, q + 60, i));
+    memset(recv, 0, COUNT * n * es);
+    NCCLOK(ncclScatter(rank == 0 ? send : NULL, recv, COUNT, (ncclDataType_t)t, 0, comm, NULL));
+    for (size_t i = 0; i < COUNT; i++) expect("scatter", t, -1, recv, i, input(ncclSum, t, rank + 60, i));
     free(send);
     free(recv);
   }
@@ -558,6 +585,11 @@ static int errors(const char* dir) {
   expect_code(ncclCommWindowDeregister(comm, NULL), ncclInvalidUsage, "not supported", "WindowDeregister");
   expect_code(ncclDevCommCreate(comm, NULL, NULL), ncclInvalidUsage, "not supported", "DevCommCreate");
   expect_code(ncclDevCommDestroy(comm, NULL), ncclInvalidUsage, "not supported", "DevCommDestroy");
+  expect_code(ncclCommRevoke(comm, 0), ncclInvalidUsage, "not supported", "CommRevoke");
+  expect_code(ncclCommSuspend(comm, 0), ncclInvalidUsage, "not supported", "CommSuspend");
+  ncclResetDebugInit();
+  expect_code(ncclGather(a, NULL, 4, ncclFloat32, 0, comm, NULL), ncclInvalidArgument, "recvbuff is NULL", "gather without recvbuff");
+  expect_code(ncclScatter(a, b, 4, ncclFloat32, 1, comm, NULL), ncclInvalidArgument, "root 1", "scatter root");
   ncclSimInfo_t sim = {sizeof(ncclSimInfo_t), 0x74685283, NCCL_VERSION_CODE, NCCL_UNDEF_FLOAT};
   expect_code(ncclGroupSimulateEnd(&sim), ncclInvalidUsage, "not supported", "GroupSimulateEnd");
 
