@@ -59,7 +59,9 @@ fn built() -> &'static Built {
         let here = Path::new(env!("CARGO_MANIFEST_DIR"));
         let program = dir.join("abi");
         let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-            .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
+            // Warnings are not errors: another compiler version may add
+            // some, and must not fail CI for them.
+            .args(["-std=gnu11", "-O1", "-Wall", "-o"])
             .arg(&program)
             .arg(here.join("tests/c/abi.c"))
             .arg("-I")
