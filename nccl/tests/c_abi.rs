@@ -206,6 +206,17 @@ fn bad_arguments_configs_and_unsupported_calls_are_refused_by_name() {
 }
 
 #[test]
+fn an_init_whose_peer_never_comes_fails_at_the_timeout() {
+    let child = command(&["lonely"])
+        .env("FERROCCL_TIMEOUT", "2")
+        .spawn()
+        .expect("starting the program");
+    let (code, out) = finish(child, Duration::from_secs(120));
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("lonely OK"), "{out}");
+}
+
+#[test]
 fn the_38_symbols_pytorch_imports_resolve_and_the_soname_is_libnccl_so_2() {
     let lib = built().lib_dir.join("libnccl.so.2");
     let child = command(&["symbols", lib.to_str().expect("utf-8 path")])

@@ -7,6 +7,7 @@
  *   abi peerdeath   RANK NRANKS DIR   the last rank dies; the others must
  *                                     see it through ncclCommGetAsyncError
  *   abi errors                        bad arguments and configs, one rank
+ *   abi lonely                        rank 0 of 2 whose peer never comes
  *   abi symbols     LIBPATH           dlopen(RTLD_NOW), the 38 symbols
  *                                     PyTorch imports, and the SONAME
  *
@@ -486,6 +487,22 @@ static int peerdeath(int rank, int n, const char* dir) {
   return 0;
 }
 
+/* Rank 0 of 2 alone: its init must end with an error within
+ * FERROCCL_TIMEOUT, not wait forever. (The library's message names the
+ * rendezvous key of the missing rank, not the rank in words.) */
+static int lonely(void) {
+  ncclUniqueId id;
+  NCCLOK(ncclGetUniqueId(&id));
+  ncclComm_t comm = NULL;
+  ncclResult_t r = ncclCommInitRank(&comm, 2, id, 0);
+  const char* why = ncclGetLastError(NULL);
+  printf("init alone: %d (%s): %s\n", r, ncclGetErrorString(r), why);
+  CHECK(r != ncclSuccess && comm == NULL, "init without its peer returned %d", r);
+  CHECK(strstr(why, "timed out") != NULL, "the message says no timeout: %s", why);
+  printf("lonely OK\n");
+  return 0;
+}
+
 static void expect_code(ncclResult_t got, ncclResult_t want, const char* needle, const char* what) {
   const char* msg = ncclGetLastError(NULL);
   CHECK(got == want, "%s: returned %d, want %d (%s)", what, got, want, msg);
@@ -698,6 +715,7 @@ int main(int argc, char** argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (argc >= 2 && strcmp(argv[1], "errors") == 0) return errors(argc > 2 ? argv[2] : ".");
   if (argc == 3 && strcmp(argv[1], "symbols") == 0) return symbols(argv[2]);
+  if (argc == 2 && strcmp(argv[1], "lonely") == 0) return lonely();
   if (argc == 5) {
     g_rank = atoi(argv[2]);
     int n = atoi(argv[3]);
