@@ -347,6 +347,10 @@ pub unsafe fn run_host(comm: &Communicator, call: &Call) -> Result<(), Failure> 
     with_type!(call.dtype, host_typed, comm, call)
 }
 
+/// [`run_host`] for element type `T` (that of `c.dtype`).
+///
+/// # Safety
+/// As [`run_host`].
 unsafe fn host_typed<T: Scale>(comm: &Communicator, c: &Call) -> Result<(), Failure> {
     let (rank, size) = (comm.rank(), comm.size());
     let (s_len, r_len) = c.lengths(rank, size)?;
