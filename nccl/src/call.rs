@@ -465,7 +465,12 @@ pub unsafe fn run_device(core: &Core, call: &Call) -> Result<(), Failure> {
             Kind::AllReduce => comm.all_reduce_raw(s, r, call.count, dt, op, stream),
             Kind::ReduceScatter => comm.reduce_scatter_raw(s, r, call.count, dt, op, stream),
             Kind::AllGather => comm.all_gather_raw(s, r, call.count, dt, stream),
-            Kind::Broadcast => comm.broadcast_raw(s, r, call.count, dt, call.root, stream),
+            Kind::Broadcast => {
+                // Off the root NCCL allows a NULL sendbuff; in place there
+                // reads nothing.
+                let s = if s.is_null() { r as *const c_void } else { s };
+                comm.broadcast_raw(s, r, call.count, dt, call.root, stream)
+            }
             Kind::Reduce => {
                 // Off the root NCCL allows a NULL recvbuff; in place there
                 // leaves the input as it is.
