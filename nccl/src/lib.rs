@@ -16,6 +16,7 @@ pub mod abi;
 pub mod call;
 pub mod comm;
 pub mod group;
+pub mod profiling;
 pub mod status;
 pub mod uid;
 

@@ -707,6 +707,15 @@ static int symbols(const char* path) {
   ncclResult_t (*get_version)(int*) = (ncclResult_t(*)(int*))dlsym(lib, "ncclGetVersion");
   int v = 0;
   CHECK(get_version(&v) == ncclSuccess && v == NCCL_VERSION_CODE, "ncclGetVersion via dlsym: %d", v);
+  /* NCCL's profiling aliases: each p-name calls its entry point. */
+  char alias[64];
+  for (size_t i = 0; i < n; i++) {
+    snprintf(alias, sizeof alias, "p%s", TORCH_SYMBOLS[i]);
+    CHECK(dlsym(lib, alias), "missing %s", alias);
+  }
+  ncclResult_t (*p_get_version)(int*) = (ncclResult_t(*)(int*))dlsym(lib, "pncclGetVersion");
+  v = 0;
+  CHECK(p_get_version(&v) == ncclSuccess && v == NCCL_VERSION_CODE, "pncclGetVersion: %d", v);
   printf("symbols OK: %zu resolve, SONAME %s\n", n, strtab + soname);
   return 0;
 }
