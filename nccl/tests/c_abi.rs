@@ -136,7 +136,8 @@ fn finish(mut child: Child, limit: Duration) -> (Option<i32>, String) {
 
 /// Start `n` ranks of `mode` meeting in a fresh directory; their results.
 fn run_ranks(mode: &str, n: usize, extra_env: &[(&str, &str)]) -> Vec<(Option<i32>, String)> {
-    let dir = scratch(&format!("{mode}-{n}"));
+    let settings: Vec<String> = extra_env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let dir = scratch(&format!("{mode}-{n}-{}", settings.join(",")));
     let children: Vec<Child> = (0..n)
         .map(|r| {
             let mut c = command(&[
@@ -168,12 +169,22 @@ fn report(results: &[(Option<i32>, String)]) -> String {
 
 #[test]
 fn every_collective_type_and_op_on_1_to_4_processes() {
-    for n in 1..=4 {
-        let results = run_ranks("collectives", n, &[]);
+    // The transport chosen for one host (shared memory), then TCP, as
+    // between hosts.
+    let runs = [(1, None), (2, None), (3, None), (4, None), (3, Some("tcp"))];
+    for (n, transport) in runs {
+        let env: Vec<(&str, &str)> = transport
+            .map(|t| ("FERROCCL_TRANSPORT", t))
+            .into_iter()
+            .collect();
+        let results = run_ranks("collectives", n, &env);
         let all = report(&results);
         for (code, out) in &results {
-            assert_eq!(*code, Some(0), "{n} ranks:\n{all}");
-            assert!(out.contains("collectives OK"), "{n} ranks:\n{all}");
+            assert_eq!(*code, Some(0), "{n} ranks ({transport:?}):\n{all}");
+            assert!(
+                out.contains("collectives OK"),
+                "{n} ranks ({transport:?}):\n{all}"
+            );
         }
     }
 }
