@@ -152,10 +152,13 @@ fn run_ranks(mode: &str, n: usize, extra_env: &[(&str, &str)]) -> Vec<(Option<i3
             c.spawn().expect("starting a rank")
         })
         .collect();
-    children
+    let results = children
         .into_iter()
         .map(|c| finish(c, Duration::from_secs(120)))
-        .collect()
+        .collect();
+    // It held only the id file.
+    let _ = std::fs::remove_dir_all(&dir);
+    results
 }
 
 /// Every rank's output, for a failure message.
