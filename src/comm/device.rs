@@ -449,11 +449,20 @@ mod tests {
     fn executor_failure(abort: bool) -> Option<(Result<()>, Duration)> {
         let hook = crate::exec::program::host_launch::host_executor()?;
         let e = Arc::new(HostEngine::new().with_executor(hook));
+        // The timeout also bounds the first call's device set-up, which
+        // took over 2 s on a loaded 2-core machine (a test binary built
+        // beside three others): 8 s leaves it room.
+        let timeout = Duration::from_secs(if abort { 60 } else { 8 });
+        let stay = if abort {
+            Duration::from_secs(5)
+        } else {
+            timeout + Duration::from_secs(2)
+        };
         let results = run_ranks_with(
             2,
             |c| {
                 c.transport = Some("mem".into());
-                c.timeout = Duration::from_secs(if abort { 60 } else { 2 });
+                c.timeout = timeout;
             },
             |comm| {
                 let (on, call) = small_allreduce(&e, 1024);
@@ -463,8 +472,8 @@ mod tests {
                     .unwrap();
                 if comm.rank() == 1 {
                     // Never makes the second call; stays until rank 0 is
-                    // done with it.
-                    std::thread::sleep(Duration::from_secs(5));
+                    // done with it (past its timeout, or its abort).
+                    std::thread::sleep(stay);
                     return None;
                 }
                 let t = std::time::Instant::now();
