@@ -752,3 +752,32 @@ fn a_rank_busy_outside_the_library_is_named_by_every_other_rank() {
         }
     }
 }
+
+/// A rank that never joins the job is named when the others give up at
+/// set-up: a timeout naming rank 1 and the set-up, not a store key.
+#[test]
+fn a_rank_that_never_joins_is_named_at_set_up() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut config = Config::new(0, 2, "127.0.0.1", port, 11).expect("config");
+    config.timeout = Duration::from_secs(2);
+    let start = Instant::now();
+    let err = Communicator::init(config).expect_err("rank 1 never joined");
+    let took = start.elapsed();
+    match &err {
+        Error::Timeout {
+            peer: 1,
+            during,
+            what,
+            waited_ms,
+        } => {
+            assert!(during.contains("set-up"), "{err}");
+            assert!(what.contains("never joined"), "{err}");
+            assert!(*waited_ms >= 1000, "{err}");
+        }
+        other => panic!("expected a timeout naming rank 1, got {other:?}: {other}"),
+    }
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+}

@@ -197,7 +197,13 @@ impl Connector {
         store.set(&key(comm_id, "host", rank), host.host_id.as_bytes())?;
         let deadline = Instant::now() + timeout;
         for r in 0..size {
-            let id = watched_get(&**store, watch, &key(comm_id, "host", r), deadline)?;
+            let id = watched_get(
+                &**store,
+                watch,
+                &key(comm_id, "host", r),
+                deadline,
+                (r, "its host, at the rendezvous: the rank never joined"),
+            )?;
             hosts.push(HostInfo {
                 host_id: String::from_utf8_lossy(&id).into_owned(),
             });
@@ -275,6 +281,7 @@ impl Connector {
                 &self.watch,
                 &addr_key(comm_id, name, channel, peer),
                 deadline,
+                (peer, "its listening address, at the rendezvous"),
             )?;
             listener.connect(peer, &address, deadline)
         } else {
@@ -296,13 +303,26 @@ impl Connector {
 /// member that `watch` hears of. A wait that ends in an error of its own
 /// (the rendezvous gone, say) first gives a report a moment to arrive: when
 /// a member dies, rank 0 often exits on it and takes the rendezvous along.
+/// A wait that reaches the deadline is a timeout naming `of`'s rank and
+/// what was awaited from it.
 fn watched_get(
     store: &dyn Store,
     watch: &MemberWatch,
     key: &str,
     deadline: Instant,
+    of: (usize, &str),
 ) -> Result<Vec<u8>> {
-    watched_get_during(store, watch, key, deadline, "communicator set-up")
+    let started = Instant::now();
+    let during = "communicator set-up";
+    watched_get_during(store, watch, key, deadline, during).map_err(|err| match err {
+        Error::Bootstrap(_) if Instant::now() >= deadline => Error::Timeout {
+            peer: of.0,
+            during: during.to_string(),
+            what: of.1.to_string(),
+            waited_ms: started.elapsed().as_millis() as u64,
+        },
+        other => other,
+    })
 }
 
 /// [`watched_get`], with what the wait is part of for its errors.
