@@ -15,10 +15,11 @@
 use std::fmt;
 
 /// Shipped presets: name, file name under `bench/sim/`, and contents.
-pub const PRESETS: [(&str, &str, &str); 3] = [
+pub const PRESETS: [(&str, &str, &str); 4] = [
     ("h100", "h100.conf", include_str!("../../sim/h100.conf")),
     ("a100", "a100.conf", include_str!("../../sim/a100.conf")),
     ("cpu", "cpu.conf", include_str!("../../sim/cpu.conf")),
+    ("v100", "v100.conf", include_str!("../../sim/v100.conf")),
 ];
 
 /// How the ranks of one host reach each other.
@@ -92,7 +93,7 @@ pub struct Path {
 const NONE: usize = usize::MAX;
 
 impl Cluster {
-    /// A shipped preset by name (`h100`, `a100`, `cpu`).
+    /// A shipped preset by name (`h100`, `a100`, `cpu`, `v100`).
     pub fn preset(name: &str) -> Result<Cluster, String> {
         let (_, _, text) = PRESETS
             .iter()
