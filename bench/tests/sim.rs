@@ -8,7 +8,7 @@ use ferroccl::algo::{Algorithm, Prim, Schedule, Step, NO_PEER};
 use ferroccl_bench::coll::Coll;
 use ferroccl_bench::sim::engine::{simulate, Job};
 use ferroccl_bench::sim::model::{Cluster, Intra, PRESETS};
-use ferroccl_bench::sim::schedules::{algorithms, job};
+use ferroccl_bench::sim::schedules::{algorithms, job, job_within};
 
 /// A cluster with every cost but the ones a test sets turned off.
 fn plain(ranks_per_host: usize, intra: Intra) -> Cluster {
@@ -342,4 +342,22 @@ fn every_schedule_completes_on_every_preset() {
             assert!(t > 0.0, "{algo} {n}");
         }
     }
+}
+
+/// A job that would take more runs of steps than allowed is refused
+/// while it is built, not after memory ran out.
+#[test]
+fn a_job_past_its_memory_budget_is_refused() {
+    let c = plain(8, Intra::Switch);
+    // A ring allreduce of 8 ranks has 15 steps a rank and slice, in at
+    // least 5 runs (send, reduce-sends, reduce-copy-send, copy-sends,
+    // receive): 8 ranks need 40 or more.
+    let e = job_within(&c, Coll::AllReduce, Algorithm::Ring, (8, 8 * 1000, 4), 30)
+        .unwrap()
+        .unwrap_err();
+    assert!(e.contains("more than 30 runs"), "{e}");
+    let j = job_within(&c, Coll::AllReduce, Algorithm::Ring, (8, 8 * 1000, 4), 1000)
+        .unwrap()
+        .unwrap();
+    assert!(simulate(&c, &j).is_ok());
 }

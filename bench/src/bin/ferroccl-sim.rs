@@ -8,8 +8,9 @@ use ferroccl::DataType;
 use ferroccl_bench::coll::{bandwidth, Coll};
 use ferroccl_bench::options::parse_size;
 use ferroccl_bench::sim::engine::simulate;
+use ferroccl_bench::sim::engine::DEFAULT_MAX_RUNS;
 use ferroccl_bench::sim::model::{Cluster, PRESETS};
-use ferroccl_bench::sim::schedules::{algorithms, job};
+use ferroccl_bench::sim::schedules::{algorithms, job_within};
 use ferroccl_bench::sim::svg::{plot, Series};
 use std::io::Write;
 use std::time::Instant;
@@ -36,6 +37,8 @@ options:
   -a, --algo LIST           algorithms, comma separated, or all (default all)
       --max-direct-ranks N  simulate one_shot and two_shot up to N ranks
                             (default 512: their n^2 connections)
+      --max-runs N          refuse a job whose schedules take more than N runs
+                            of steps (default 30000000, about 1.7 GB)
       --csv FILE            also write one CSV row per result
       --svg-sizes FILE      draw busbw against size (one line per ranks x algo)
       --svg-ranks FILE      draw busbw against ranks at the size of --at
@@ -53,6 +56,7 @@ struct Args {
     dtype: DataType,
     algos: Option<Vec<Algorithm>>,
     max_direct: usize,
+    max_runs: usize,
     csv: Option<String>,
     svg_sizes: Option<String>,
     svg_ranks: Option<String>,
@@ -71,6 +75,7 @@ fn parse(argv: &[String]) -> Result<Option<Args>, String> {
         dtype: DataType::F32,
         algos: None,
         max_direct: 512,
+        max_runs: DEFAULT_MAX_RUNS,
         csv: None,
         svg_sizes: None,
         svg_ranks: None,
@@ -139,6 +144,11 @@ fn parse(argv: &[String]) -> Result<Option<Args>, String> {
                 a.max_direct = value()?
                     .parse()
                     .map_err(|_| "--max-direct-ranks: a number".to_string())?
+            }
+            "--max-runs" => {
+                a.max_runs = value()?
+                    .parse()
+                    .map_err(|_| "--max-runs: a number".to_string())?
             }
             "--csv" => a.csv = Some(value()?),
             "--svg-sizes" => a.svg_sizes = Some(value()?),
@@ -267,8 +277,12 @@ fn run(a: &Args) -> Result<(), String> {
                 let total = a.coll.total_count(block, n);
                 let size = total * elem;
                 let started = Instant::now();
-                let j = match job(&a.cluster, a.coll, algo, n, block, elem) {
-                    Some(j) => j?,
+                let j = match job_within(&a.cluster, a.coll, algo, (n, block, elem), a.max_runs) {
+                    Some(Ok(j)) => j,
+                    Some(Err(e)) => {
+                        println!("# {size} bytes: left out: {e}");
+                        continue;
+                    }
                     None => continue,
                 };
                 let out = simulate(&a.cluster, &j)

@@ -119,7 +119,14 @@ pub struct Job {
     pub channels: usize,
     /// One program per agent.
     pub programs: Vec<Program>,
+    /// Most runs of steps the job may hold (a run takes about 56 bytes):
+    /// [`Job::add`] refuses a schedule past it rather than exhaust memory.
+    pub max_runs: usize,
+    runs: usize,
 }
+
+/// [`Job::max_runs`] unless set: about 1.7 GB of runs.
+pub const DEFAULT_MAX_RUNS: usize = 30_000_000;
 
 impl Job {
     /// An empty job of `ranks` ranks on `channels` channels.
@@ -128,12 +135,14 @@ impl Job {
             ranks,
             channels,
             programs: vec![Program::default(); ranks * channels],
+            max_runs: DEFAULT_MAX_RUNS,
+            runs: 0,
         }
     }
 
     /// Add rank `rank`'s schedule, whose elements are `elem` bytes. Steps
     /// on channel `c` go to that rank's agent `c`; a step on a channel past
-    /// the job's is an error.
+    /// the job's is an error, and so is a job past [`Job::max_runs`].
     pub fn add(&mut self, rank: usize, schedule: &Schedule, elem: usize) -> Result<(), String> {
         for step in &schedule.steps {
             if step.channel >= self.channels {
@@ -143,6 +152,7 @@ impl Job {
                 ));
             }
             let p = &mut self.programs[rank * self.channels + step.channel];
+            let before = p.runs.len();
             let send_to = if step.prim.sends() {
                 step.send_to
             } else {
@@ -160,6 +170,16 @@ impl Job {
                 recv_from,
                 (step.len * elem) as u64,
             );
+            self.runs += p.runs.len() - before;
+            if self.runs > self.max_runs {
+                return Err(format!(
+                    "the schedules need more than {} runs of steps (about {} MB; rank {rank} of {}): \
+                     fewer ranks or bytes, or a larger --max-runs",
+                    self.max_runs,
+                    (self.max_runs * std::mem::size_of::<Run>()) >> 20,
+                    self.ranks
+                ));
+            }
         }
         Ok(())
     }
@@ -187,7 +207,12 @@ struct FastHash(u64);
 
 impl Hasher for FastHash {
     fn finish(&self) -> u64 {
-        self.0
+        // splitmix64's finaliser: the table indexes by the low bits, which
+        // a bare product leaves zero for keys whose low bits are zero.
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {

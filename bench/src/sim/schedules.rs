@@ -3,7 +3,7 @@
 //! and split over channels with `algo::channels::split`), for every rank
 //! of a simulated job.
 
-use super::engine::Job;
+use super::engine::{Job, DEFAULT_MAX_RUNS};
 use super::model::Cluster;
 use crate::coll::Coll;
 use ferroccl::algo::ring::RingParams;
@@ -72,6 +72,17 @@ pub fn job(
     count: usize,
     elem: usize,
 ) -> Option<Result<Job, String>> {
+    job_within(cluster, coll, algo, (ranks, count, elem), DEFAULT_MAX_RUNS)
+}
+
+/// [`job`] held to at most `max_runs` runs of steps ([`Job::max_runs`]).
+pub fn job_within(
+    cluster: &Cluster,
+    coll: Coll,
+    algo: Algorithm,
+    (ranks, count, elem): (usize, usize, usize),
+    max_runs: usize,
+) -> Option<Result<Job, String>> {
     let channels = if cluster.channels == 1 {
         1
     } else {
@@ -83,6 +94,7 @@ pub fn job(
         )
     };
     let mut job = Job::new(ranks, channels);
+    job.max_runs = max_runs;
     for rank in 0..ranks {
         let one = schedule(coll, algo, (rank, ranks), count, elem, cluster.chunk_bytes)?;
         let split = channels::split(&one, channels);
