@@ -260,7 +260,7 @@ impl DeviceChoice {
 /// Channels the device executor cuts a bulk call into: an allreduce
 /// (`all_reduce`) or a call on one block (allgather, reduce-scatter,
 /// broadcast, reduce) of `bytes` on `n` ranks, at most `max`
-/// ([`DeviceChoice::with_channels`]'s rule). Public through
+/// (`DeviceChoice::with_channels`'s rule). Public through
 /// `ferroccl::planner` so that `ferroccl-sim` splits schedules as the
 /// executor does.
 pub fn bulk_channels(all_reduce: bool, n: usize, bytes: usize, max: usize) -> usize {

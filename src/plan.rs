@@ -306,7 +306,7 @@ pub(crate) fn geometry(
 
 /// The largest slice, in elements, of an allreduce of `count` elements of
 /// `elem` bytes on `size` ranks run by `algorithm` over slots of
-/// `chunk_bytes`: [`geometry`]'s rule, public so that a tool builds the
+/// `chunk_bytes`: `geometry`'s rule, public so that a tool builds the
 /// schedules a call runs (`ferroccl-sim`) without a copy of the rule.
 pub fn all_reduce_slice(
     algorithm: Algorithm,
@@ -328,7 +328,7 @@ pub fn all_reduce_slice(
 
 /// The largest slice, in elements, of a ring reduce-scatter, allgather,
 /// broadcast or reduce whose per-rank block is `count` elements of `elem`
-/// bytes, over slots of `chunk_bytes` ([`geometry`]'s rule for them; public
+/// bytes, over slots of `chunk_bytes` (`geometry`'s rule for them; public
 /// for the same reason as [`all_reduce_slice`]).
 pub fn block_slice(count: usize, elem: usize, chunk_bytes: usize) -> usize {
     geometry(

@@ -179,7 +179,7 @@ pub(crate) fn choose(
 }
 
 /// The algorithm the tuner picks for an allreduce of `bytes` on `n` ranks
-/// under `model` ([`choose`] for allreduce): public so that a tool can
+/// under `model` (`choose` for allreduce): public so that a tool can
 /// set the tuner's choice beside a simulation of the same cluster
 /// (`ferroccl-sim`).
 pub fn choose_all_reduce(n: usize, bytes: usize, model: &LinkModel) -> Algorithm {
