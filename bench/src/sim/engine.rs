@@ -533,3 +533,85 @@ pub fn simulate(cluster: &Cluster, job: &Job) -> Result<Outcome, String> {
         steps,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferroccl::algo::ring::RingParams;
+    use ferroccl::algo::{channels, direct, ring, tree};
+
+    /// The runs of a program, expanded back into (prim, to, from, bytes).
+    fn expand(p: &Program, ranks: usize) -> Vec<(Prim, usize, usize, u64)> {
+        p.runs
+            .iter()
+            .flat_map(|r| {
+                (0..r.count).map(move |i| {
+                    (
+                        r.prim,
+                        peer_at(r.send_to, r.send_stride, i, ranks),
+                        peer_at(r.recv_from, r.recv_stride, i, ranks),
+                        r.bytes,
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Folding steps into runs loses nothing: every agent's runs expand to
+    /// exactly its channel's steps of the schedule, in order.
+    #[test]
+    fn runs_expand_to_the_schedule() {
+        type Build = fn(RingParams, usize) -> Schedule;
+        let builders: [(&str, Build); 5] = [
+            ("ring", ring::all_reduce),
+            ("tree", tree::all_reduce),
+            ("one_shot", direct::one_shot),
+            ("two_shot", direct::two_shot),
+            ("recursive_doubling", direct::recursive_doubling),
+        ];
+        for (name, build) in builders {
+            for n in [1usize, 2, 3, 5, 8, 13] {
+                for (count, slice) in [(1usize, 1usize), (37, 4), (1000, 64)] {
+                    for ch in [1usize, 3] {
+                        let mut job = Job::new(n, ch);
+                        let mut want = vec![Vec::new(); n * ch];
+                        for rank in 0..n {
+                            let p = RingParams {
+                                rank,
+                                size: n,
+                                slice,
+                            };
+                            let s = channels::split(&build(p, count), ch);
+                            job.add(rank, &s, 4).unwrap();
+                            for step in &s.steps {
+                                let to = if step.prim.sends() {
+                                    step.send_to
+                                } else {
+                                    NO_PEER
+                                };
+                                let from = if step.prim.receives() {
+                                    step.recv_from
+                                } else {
+                                    NO_PEER
+                                };
+                                want[rank * ch + step.channel].push((
+                                    step.prim,
+                                    to,
+                                    from,
+                                    (step.len * 4) as u64,
+                                ));
+                            }
+                        }
+                        for (a, w) in want.iter().enumerate() {
+                            assert_eq!(
+                                &expand(&job.programs[a], n),
+                                w,
+                                "{name} n={n} count={count} slice={slice} channels={ch} agent {a}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
