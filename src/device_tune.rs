@@ -257,6 +257,28 @@ impl DeviceChoice {
     }
 }
 
+/// Channels the device executor cuts a bulk call into: an allreduce
+/// (`all_reduce`) or a call on one block (allgather, reduce-scatter,
+/// broadcast, reduce) of `bytes` on `n` ranks, at most `max`
+/// (`DeviceChoice::with_channels`'s rule). Public through
+/// `ferroccl::planner` so that `ferroccl-sim` splits schedules as the
+/// executor does.
+pub fn bulk_channels(all_reduce: bool, n: usize, bytes: usize, max: usize) -> usize {
+    let kind = if all_reduce {
+        CollKind::AllReduce
+    } else {
+        CollKind::AllGather
+    };
+    DeviceChoice {
+        protocol: Protocol::Bulk,
+        chunk_bytes: BULK_CHUNK_BYTES,
+        channels: 1,
+        reason: String::new(),
+    }
+    .with_channels(kind, n, bytes, max)
+    .channels
+}
+
 /// Logs a choice at INFO, the way the host tuner logs its algorithm.
 pub(crate) fn log_choice(c: &DeviceChoice) {
     tracing::info!(

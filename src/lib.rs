@@ -37,6 +37,16 @@ mod transports;
 mod tune;
 mod window;
 
+/// What the planner decides for a call, for tools that build the very
+/// schedules a call runs (`ferroccl-sim`): the slice sizes schedules are
+/// cut with, the channels the device executor splits them over, and the
+/// tuner's allreduce choice. Pure functions, no I/O.
+pub mod planner {
+    pub use crate::device_tune::bulk_channels;
+    pub use crate::plan::{all_reduce_slice, block_slice};
+    pub use crate::tune::choose_all_reduce;
+}
+
 pub use comm::{Communicator, DeviceWork, Work};
 
 pub use algo::Algorithm;

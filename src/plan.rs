@@ -304,6 +304,44 @@ pub(crate) fn geometry(
     slices(rank, size, count, pieces, elem, chunk_bytes)
 }
 
+/// The largest slice, in elements, of an allreduce of `count` elements of
+/// `elem` bytes on `size` ranks run by `algorithm` over slots of
+/// `chunk_bytes`: `geometry`'s rule, public so that a tool builds the
+/// schedules a call runs (`ferroccl-sim`) without a copy of the rule.
+pub fn all_reduce_slice(
+    algorithm: Algorithm,
+    size: usize,
+    count: usize,
+    elem: usize,
+    chunk_bytes: usize,
+) -> usize {
+    geometry(
+        CollKind::AllReduce,
+        algorithm,
+        (0, size),
+        count,
+        elem,
+        chunk_bytes,
+    )
+    .slice
+}
+
+/// The largest slice, in elements, of a ring reduce-scatter, allgather,
+/// broadcast or reduce whose per-rank block is `count` elements of `elem`
+/// bytes, over slots of `chunk_bytes` (`geometry`'s rule for them; public
+/// for the same reason as [`all_reduce_slice`]).
+pub fn block_slice(count: usize, elem: usize, chunk_bytes: usize) -> usize {
+    geometry(
+        CollKind::AllGather,
+        Algorithm::Ring,
+        (0, 1),
+        count,
+        elem,
+        chunk_bytes,
+    )
+    .slice
+}
+
 /// Geometry of a call whose `count` elements are cut into `pieces`.
 pub(crate) fn slices(
     rank: usize,

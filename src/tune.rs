@@ -178,6 +178,14 @@ pub(crate) fn choose(
     (best, costs)
 }
 
+/// The algorithm the tuner picks for an allreduce of `bytes` on `n` ranks
+/// under `model` (`choose` for allreduce): public so that a tool can
+/// set the tuner's choice beside a simulation of the same cluster
+/// (`ferroccl-sim`).
+pub fn choose_all_reduce(n: usize, bytes: usize, model: &LinkModel) -> Algorithm {
+    choose(CollKind::AllReduce, n, bytes, model).0
+}
+
 /// Size class of a call for logging: its power-of-two bucket.
 pub(crate) fn size_class(bytes: usize) -> u32 {
     usize::BITS - bytes.leading_zeros()

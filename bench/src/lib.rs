@@ -7,3 +7,4 @@
 
 pub mod coll;
 pub mod options;
+pub mod sim;

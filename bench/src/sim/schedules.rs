@@ -1,0 +1,106 @@
+//! The schedules a call runs, built by the library's own code
+//! (`ferroccl::algo` builders, cut with `ferroccl::planner`'s slice rule
+//! and split over channels with `algo::channels::split`), for every rank
+//! of a simulated job.
+
+use super::engine::{Job, DEFAULT_MAX_RUNS};
+use super::model::Cluster;
+use crate::coll::Coll;
+use ferroccl::algo::ring::RingParams;
+use ferroccl::algo::{channels, direct, ring, tree, Algorithm, Schedule};
+use ferroccl::planner;
+
+/// The algorithms the library has for `coll`, in [`Algorithm::ALL`]'s
+/// order (the collectives without a choice run the ring).
+pub fn algorithms(coll: Coll) -> &'static [Algorithm] {
+    match coll {
+        Coll::AllReduce => &Algorithm::ALL,
+        Coll::Broadcast | Coll::Reduce => &[Algorithm::Ring, Algorithm::Tree],
+        Coll::ReduceScatter | Coll::AllGather => &[Algorithm::Ring],
+        Coll::AllToAll | Coll::SendRecv => &[],
+    }
+}
+
+/// Rank `rank`'s schedule of `coll` by `algo` on `ranks` ranks, for a
+/// block of `count` elements of `elem` bytes (the whole buffer for
+/// allreduce, broadcast and reduce; one rank's block for allgather and
+/// reduce-scatter), root 0, over slots of `chunk_bytes`. `None` where the
+/// library has no such schedule.
+pub fn schedule(
+    coll: Coll,
+    algo: Algorithm,
+    (rank, ranks): (usize, usize),
+    count: usize,
+    elem: usize,
+    chunk_bytes: usize,
+) -> Option<Schedule> {
+    let slice = match coll {
+        Coll::AllReduce => planner::all_reduce_slice(algo, ranks, count, elem, chunk_bytes),
+        _ => planner::block_slice(count, elem, chunk_bytes),
+    };
+    let p = RingParams {
+        rank,
+        size: ranks,
+        slice,
+    };
+    Some(match (coll, algo) {
+        (Coll::AllReduce, Algorithm::Ring) => ring::all_reduce(p, count),
+        (Coll::AllReduce, Algorithm::Tree) => tree::all_reduce(p, count),
+        (Coll::AllReduce, Algorithm::OneShot) => direct::one_shot(p, count),
+        (Coll::AllReduce, Algorithm::TwoShot) => direct::two_shot(p, count),
+        (Coll::AllReduce, Algorithm::RecursiveDoubling) => direct::recursive_doubling(p, count),
+        (Coll::ReduceScatter, Algorithm::Ring) => ring::reduce_scatter(p, count),
+        (Coll::AllGather, Algorithm::Ring) => ring::all_gather(p, count),
+        (Coll::Broadcast, Algorithm::Ring) => ring::broadcast(p, count, 0),
+        (Coll::Broadcast, Algorithm::Tree) => tree::broadcast(p, count, 0),
+        (Coll::Reduce, Algorithm::Ring) => ring::reduce(p, count, 0),
+        (Coll::Reduce, Algorithm::Tree) => tree::reduce(p, count, 0),
+        _ => return None,
+    })
+}
+
+/// Every rank's schedule of `coll` by `algo` on `ranks` ranks of
+/// `cluster`, for a block of `count` elements of `elem` bytes, split over
+/// channels as the device executor splits a bulk call (one per 128 KiB of
+/// a step, up to the cluster's `channels`; `channels = 1`, the host
+/// executor, keeps one). `None` where the library has no such schedule.
+pub fn job(
+    cluster: &Cluster,
+    coll: Coll,
+    algo: Algorithm,
+    ranks: usize,
+    count: usize,
+    elem: usize,
+) -> Option<Result<Job, String>> {
+    job_within(cluster, coll, algo, (ranks, count, elem), DEFAULT_MAX_RUNS)
+}
+
+/// [`job`] held to at most `max_runs` runs of steps ([`Job::max_runs`]).
+pub fn job_within(
+    cluster: &Cluster,
+    coll: Coll,
+    algo: Algorithm,
+    (ranks, count, elem): (usize, usize, usize),
+    max_runs: usize,
+) -> Option<Result<Job, String>> {
+    let channels = if cluster.channels == 1 {
+        1
+    } else {
+        planner::bulk_channels(
+            coll == Coll::AllReduce,
+            ranks,
+            count * elem,
+            cluster.channels,
+        )
+    };
+    let mut job = Job::new(ranks, channels);
+    job.max_runs = max_runs;
+    for rank in 0..ranks {
+        let one = schedule(coll, algo, (rank, ranks), count, elem, cluster.chunk_bytes)?;
+        let split = channels::split(&one, channels);
+        if let Err(e) = job.add(rank, &split, elem) {
+            return Some(Err(e));
+        }
+    }
+    Some(Ok(job))
+}
