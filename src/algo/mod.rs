@@ -8,6 +8,7 @@
 pub mod channels;
 pub mod direct;
 pub mod encode;
+pub mod hier;
 pub mod ring;
 pub mod tree;
 
