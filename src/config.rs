@@ -48,8 +48,9 @@ pub struct Config {
     /// (FERROCCL_SOCKET_IFNAME).
     pub socket_ifname: Option<String>,
     /// Force one algorithm for every collective that has it
-    /// (FERROCCL_ALGO: `ring`, `tree`, `one_shot`, `two_shot`, any case, so
-    /// NCCL's `Ring` and `Tree` work). A collective without the forced
+    /// (FERROCCL_ALGO: `ring`, `tree`, `one_shot`, `two_shot`,
+    /// `recursive_doubling`, `hierarchical` or `hier`, any case, so NCCL's
+    /// `Ring` and `Tree` work). A collective without the forced
     /// algorithm (one-shot broadcast, say) runs its ring. `None`: the
     /// library chooses.
     pub algorithm: Option<Algorithm>,
@@ -475,6 +476,8 @@ mod tests {
             ("recursive_doubling", Algorithm::RecursiveDoubling),
             ("RecursiveDoubling", Algorithm::RecursiveDoubling),
             (" tree ", Algorithm::Tree),
+            ("hier", Algorithm::Hierarchical),
+            ("Hierarchical", Algorithm::Hierarchical),
         ] {
             assert_eq!(
                 with(&[("FERROCCL_ALGO", v)]).unwrap().algorithm,

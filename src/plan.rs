@@ -17,7 +17,7 @@ use crate::algo::Algorithm;
 use crate::coll::{CollKind, Geometry};
 use crate::error::{Error, Result};
 use crate::reduce::Store;
-use crate::tune::{self, LinkModel};
+use crate::tune::{self, HostLinks, Layout};
 
 /// Calls whose input has at most this many bytes travel inline in the
 /// check-in (where the ranks share control pages and no algorithm is
@@ -62,6 +62,8 @@ pub(crate) struct Facts {
     /// FERROCCL_ALGO forces this algorithm (then no call skips its
     /// schedule: not inline, not by cross-memory attach).
     pub(crate) forced: Option<Algorithm>,
+    /// Hosts the ranks are on, and the largest host's rank count.
+    pub(crate) layout: Layout,
 }
 
 /// How a call starts, decided from the call alone.
@@ -271,17 +273,28 @@ pub(crate) fn direct_store(
 
 /// The algorithm a call of `bytes` runs when it goes through slots (the
 /// forced one, else the model's cheapest), with every candidate's modelled
-/// cost for the log.
+/// cost for the log. The hierarchical algorithm, forced or chosen, runs
+/// only where the ranks span hosts with several on some host, and only for
+/// the collectives it serves (allreduce, allgather): elsewhere, the ring,
+/// so that a one-host communicator keeps its path whatever FERROCCL_ALGO.
 pub(crate) fn algorithm(
     kind: CollKind,
     bytes: usize,
     facts: &Facts,
-    model: &LinkModel,
+    links: &HostLinks,
 ) -> (Algorithm, Vec<(Algorithm, f64)>) {
     match facts.forced {
+        Some(Algorithm::Hierarchical) if !hier_applies(kind, facts.layout) => {
+            (Algorithm::Ring, Vec::new())
+        }
         Some(forced) => (forced, Vec::new()),
-        None => tune::choose(kind, facts.size, bytes, model),
+        None => tune::choose_on(kind, facts.layout, facts.size, bytes, links),
     }
+}
+
+/// Whether the hierarchical algorithm serves `kind` on `layout`.
+pub(crate) fn hier_applies(kind: CollKind, layout: Layout) -> bool {
+    layout.hierarchical() && matches!(kind, CollKind::AllReduce | CollKind::AllGather)
 }
 
 /// Slice geometry of a call of `count` elements of `elem` bytes run by
@@ -297,7 +310,9 @@ pub(crate) fn geometry(
     chunk_bytes: usize,
 ) -> Geometry {
     let pieces = match (kind, algorithm) {
-        (CollKind::AllReduce, Algorithm::Ring | Algorithm::TwoShot) => size,
+        (CollKind::AllReduce, Algorithm::Ring | Algorithm::TwoShot | Algorithm::Hierarchical) => {
+            size
+        }
         (CollKind::AllReduce, Algorithm::Tree) => 2,
         _ => 1,
     };
@@ -372,6 +387,15 @@ pub(crate) fn explain(
     let route = route(kind, bytes, Memory::Host, facts).unwrap_or(Route::Slots { note: false });
     let how = match (route, facts.forced) {
         (Route::Inline, _) => route.explain().to_string(),
+        (_, Some(forced)) if forced != chosen => format!(
+            "{chosen} ({forced} forced by FERROCCL_ALGO does not apply: {}), {}",
+            if facts.layout.hierarchical() {
+                "not this collective"
+            } else {
+                "the ranks are not spread over hosts with several on one"
+            },
+            route.explain()
+        ),
         (_, Some(forced)) => format!("{} (forced by FERROCCL_ALGO), {}", forced, route.explain()),
         (_, None) => format!("{chosen}, {}", route.explain()),
     };
@@ -384,8 +408,16 @@ pub(crate) fn explain(
             .collect();
         format!(" (model: {})", listed.join(", "))
     };
+    let hosts = if facts.layout.hosts > 1 {
+        format!(
+            " over {} hosts (largest {} ranks)",
+            facts.layout.hosts, facts.layout.largest
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "{} of {bytes} bytes on {} ranks -> {how}{model}",
+        "{} of {bytes} bytes on {} ranks{hosts} -> {how}{model}",
         kind.name(),
         facts.size
     )
@@ -394,6 +426,7 @@ pub(crate) fn explain(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tune::LinkModel;
 
     fn facts() -> Facts {
         Facts {
@@ -402,7 +435,113 @@ mod tests {
             cma: true,
             windows: false,
             forced: None,
+            layout: Layout::one_host(4),
         }
+    }
+
+    fn links(intra: (f64, f64), inter: (f64, f64)) -> HostLinks {
+        let model = |(alpha_us, beta_gbps): (f64, f64)| LinkModel {
+            alpha_us,
+            beta_gbps,
+            reduce_gbps: 1000.0,
+        };
+        HostLinks {
+            intra: model(intra),
+            inter: model(inter),
+        }
+    }
+
+    /// On synthetic layouts: one host never takes the hierarchical
+    /// algorithm, chosen or forced; two hosts of two ranks with a fast
+    /// host and a 1 Gb/s network take it for a large allreduce and
+    /// allgather, with the cost the model's formula gives by hand; links
+    /// as slow inside as across keep the flat ring; one rank a host never
+    /// takes it; the reason is in the INFO line.
+    #[test]
+    fn hierarchical_only_over_hosts_and_where_the_model_says() {
+        let fast_host = links((2.0, 20.0), (50.0, 0.125));
+        let bytes = 64 << 20;
+        let spread = |hosts: usize, largest: usize| Facts {
+            size: hosts * largest,
+            control: false,
+            cma: false,
+            layout: Layout { hosts, largest },
+            ..facts()
+        };
+        // One host: never, whatever the sizes and links.
+        for n in [2, 4, 8] {
+            let f = Facts {
+                size: n,
+                layout: Layout::one_host(n),
+                ..facts()
+            };
+            for b in [8, 1 << 20, bytes] {
+                for kind in [CollKind::AllReduce, CollKind::AllGather] {
+                    let (a, costs) = algorithm(kind, b, &f, &fast_host);
+                    assert_ne!(a, Algorithm::Hierarchical);
+                    assert!(costs.iter().all(|c| c.0 != Algorithm::Hierarchical));
+                }
+            }
+            let forced = Facts {
+                forced: Some(Algorithm::Hierarchical),
+                ..f
+            };
+            let (a, _) = algorithm(CollKind::AllReduce, bytes, &forced, &fast_host);
+            assert_eq!(a, Algorithm::Ring, "forced on one host runs the ring");
+            let line = explain(CollKind::AllReduce, bytes, &forced, a, &[]);
+            assert!(line.contains("does not apply"), "{line}");
+        }
+        // Two hosts of two: 64 MiB. Ring: 6 hops of 50 us and 1.5 times
+        // the buffer at 125 MB/s. Hierarchical: inside, 2 hops of 2 us and
+        // the buffer once at 20 GB/s; across, 2 hops of 50 us and the
+        // buffer once at 125 MB/s (reductions at 1000 GB/s).
+        let b = bytes as f64;
+        let ring = 6.0 * 50.0 + 1.5 * b / 125.0 + 0.75 * b / 1e6;
+        let hier = 2.0 * 2.0 + b / 20e3 + 0.5 * b / 1e6 + 2.0 * 50.0 + b / 125.0 + 0.25 * b / 1e6;
+        let f = spread(2, 2);
+        let (a, costs) = algorithm(CollKind::AllReduce, bytes, &f, &fast_host);
+        assert_eq!(a, Algorithm::Hierarchical, "{costs:?}");
+        let got = |algo| costs.iter().find(|c| c.0 == algo).unwrap().1;
+        assert!(
+            (got(Algorithm::Ring) - ring).abs() < 1e-6 * ring,
+            "{costs:?}"
+        );
+        assert!(
+            (got(Algorithm::Hierarchical) - hier).abs() < 1e-6 * hier,
+            "{costs:?}"
+        );
+        let (a, _) = algorithm(CollKind::AllGather, bytes, &f, &fast_host);
+        assert_eq!(a, Algorithm::Hierarchical);
+        let line = explain(CollKind::AllReduce, bytes, &f, a, &costs);
+        assert!(
+            line.contains("over 2 hosts") && line.contains("hierarchical"),
+            "{line}"
+        );
+        // Links as slow inside as across: the host's extra pass costs
+        // more than the network bytes saved.
+        let flat_links = links((50.0, 0.125), (50.0, 0.125));
+        let (a, costs) = algorithm(CollKind::AllReduce, bytes, &f, &flat_links);
+        assert_eq!(a, Algorithm::Ring, "{costs:?}");
+        // One rank a host: nothing to do inside, never hierarchical.
+        let (a, costs) = algorithm(CollKind::AllReduce, bytes, &spread(4, 1), &fast_host);
+        assert_ne!(a, Algorithm::Hierarchical);
+        assert!(costs.iter().all(|c| c.0 != Algorithm::Hierarchical));
+        // Not a collective it serves: the broadcast keeps its choice.
+        let (a, _) = algorithm(CollKind::Broadcast, bytes, &f, &fast_host);
+        assert_ne!(a, Algorithm::Hierarchical);
+        // Forced over hosts: it runs.
+        let forced = Facts {
+            forced: Some(Algorithm::Hierarchical),
+            ..f
+        };
+        let (a, _) = algorithm(CollKind::AllReduce, 8, &forced, &fast_host);
+        assert_eq!(a, Algorithm::Hierarchical);
+        let (a, _) = algorithm(CollKind::ReduceScatter, bytes, &forced, &fast_host);
+        assert_eq!(
+            a,
+            Algorithm::Ring,
+            "reduce-scatter has no hierarchical schedule"
+        );
     }
 
     #[test]
@@ -584,7 +723,11 @@ mod tests {
             forced: Some(Algorithm::Tree),
             ..facts()
         };
-        let (a, costs) = algorithm(CollKind::AllReduce, 8, &forced, &LinkModel::DEFAULT);
+        let flat = HostLinks {
+            intra: LinkModel::DEFAULT,
+            inter: LinkModel::DEFAULT,
+        };
+        let (a, costs) = algorithm(CollKind::AllReduce, 8, &forced, &flat);
         assert_eq!(a, Algorithm::Tree);
         assert!(costs.is_empty());
         let line = explain(CollKind::AllReduce, 1 << 20, &forced, a, &costs);

@@ -48,6 +48,132 @@ impl LinkModel {
     };
 }
 
+/// Where a communicator's ranks sit: how many hosts, and the rank count
+/// of the largest (which sets the hierarchical schedules' classes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Hosts the ranks are on.
+    pub hosts: usize,
+    /// Ranks on the largest host.
+    pub largest: usize,
+}
+
+impl Layout {
+    /// All `n` ranks on one host.
+    pub fn one_host(n: usize) -> Layout {
+        Layout {
+            hosts: 1,
+            largest: n,
+        }
+    }
+
+    /// Whether the hierarchical algorithm applies: several hosts, several
+    /// ranks on some host.
+    pub fn hierarchical(self) -> bool {
+        self.hosts > 1 && self.largest > 1
+    }
+}
+
+/// The links of a communicator over hosts: `inter`, the slowest link of
+/// the whole ring (the network, once the ranks span hosts: what
+/// calibration measures), and `intra`, a link inside a host.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostLinks {
+    /// A link between ranks of one host.
+    pub intra: LinkModel,
+    /// A link between hosts (and the model of every flat algorithm).
+    pub inter: LinkModel,
+}
+
+/// Modelled time of the hierarchical algorithm for `coll` of `bytes` on
+/// `layout` over `links`, in microseconds; `None` where it does not
+/// apply (one host, one rank a host, a collective it does not serve).
+///
+/// Allreduce: reduce-scatter then allgather inside the host (the largest
+/// host's `m` ranks, `m - 1` hops each), and between them every class's
+/// ring across the `h` hosts; those `m` rings share the host's one
+/// network link, so together they move what one ring of the whole buffer
+/// would, `2 (h - 1) / h` of it, in `2 (h - 1)` hops. Allgather: the
+/// same across hosts (`(h - 1) / h` of the output), then inside.
+pub(crate) fn hier_cost_us(
+    coll: CollKind,
+    layout: Layout,
+    bytes: usize,
+    links: &HostLinks,
+) -> Option<f64> {
+    if !layout.hierarchical() {
+        return None;
+    }
+    let (i, e) = (&links.intra, &links.inter);
+    let (h, m) = (layout.hosts as f64, layout.largest as f64);
+    let b = bytes as f64;
+    let mv = |l: &LinkModel, x: f64| x / (l.beta_gbps * 1e3);
+    let red = |l: &LinkModel, x: f64| x / (l.reduce_gbps * 1e3);
+    match coll {
+        CollKind::AllReduce => {
+            let inside = 2.0 * (m - 1.0) * i.alpha_us
+                + 2.0 * (m - 1.0) / m * mv(i, b)
+                + (m - 1.0) / m * red(i, b);
+            let across = 2.0 * (h - 1.0) * e.alpha_us
+                + 2.0 * (h - 1.0) / h * mv(e, b)
+                + (h - 1.0) / h * red(e, b / m);
+            Some(inside + across)
+        }
+        CollKind::AllGather => Some(
+            (h - 1.0) * e.alpha_us
+                + (h - 1.0) / h * mv(e, b)
+                + (m - 1.0) * i.alpha_us
+                + (m - 1.0) / m * mv(i, b),
+        ),
+        _ => None,
+    }
+}
+
+/// [`choose`] on ranks spread as `layout`: the flat candidates under the
+/// inter-host model, and where the layout spans hosts with several ranks
+/// on one, the hierarchical algorithm too. On one host it is `choose`
+/// exactly.
+pub(crate) fn choose_on(
+    coll: CollKind,
+    layout: Layout,
+    n: usize,
+    bytes: usize,
+    links: &HostLinks,
+) -> (Algorithm, Vec<(Algorithm, f64)>) {
+    let (flat, mut costs) = choose(coll, n, bytes, &links.inter);
+    let Some(hier) = hier_cost_us(coll, layout, bytes, links) else {
+        return (flat, costs);
+    };
+    let best = costs
+        .iter()
+        .find(|c| c.0 == flat)
+        .map_or(f64::INFINITY, |c| c.1);
+    costs.push((Algorithm::Hierarchical, hier));
+    if hier < best {
+        (Algorithm::Hierarchical, costs)
+    } else {
+        (flat, costs)
+    }
+}
+
+/// Speed of a plain copy on this machine, GB/s, on a 256 KiB block (in
+/// cache, as slices are): what a shared-memory link inside a host is
+/// costed from (a frame is copied into a slot and out again). The caller
+/// agrees it with the other ranks.
+pub(crate) fn measure_copy_gbps() -> f64 {
+    let n = 256 << 10;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    dst.copy_from_slice(&src);
+    let start = std::time::Instant::now();
+    const REPS: u32 = 8;
+    for _ in 0..REPS {
+        std::hint::black_box(&mut dst).copy_from_slice(std::hint::black_box(&src));
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    n as f64 * f64::from(REPS) / secs / 1e9
+}
+
 /// Speed of the f32 sum kernel on this machine, GB/s of output, on a
 /// 256 KiB block (in cache, as slices are). The one measurement here: the
 /// caller agrees it with the other ranks.
@@ -150,10 +276,10 @@ fn candidates(coll: CollKind) -> &'static [Algorithm] {
     }
 }
 
-/// Whether the model chooses between algorithms for `coll` (else it runs
-/// its one algorithm, the ring).
-pub(crate) fn has_choice(coll: CollKind) -> bool {
-    candidates(coll).len() > 1
+/// Whether the model chooses between algorithms for `coll` on `layout`
+/// (else it runs its one algorithm, the ring).
+pub(crate) fn has_choice(coll: CollKind, layout: Layout) -> bool {
+    candidates(coll).len() > 1 || (layout.hierarchical() && matches!(coll, CollKind::AllGather))
 }
 
 /// The cheapest algorithm for the call, and each candidate's modelled cost.
@@ -184,6 +310,17 @@ pub(crate) fn choose(
 /// (`ferroccl-sim`).
 pub fn choose_all_reduce(n: usize, bytes: usize, model: &LinkModel) -> Algorithm {
     choose(CollKind::AllReduce, n, bytes, model).0
+}
+
+/// The tuner's allreduce choice on ranks spread as `layout` over `links`
+/// ([`choose_on`]), public for the same reason as [`choose_all_reduce`].
+pub fn choose_all_reduce_on(
+    layout: Layout,
+    n: usize,
+    bytes: usize,
+    links: &HostLinks,
+) -> Algorithm {
+    choose_on(CollKind::AllReduce, layout, n, bytes, links).0
 }
 
 /// Size class of a call for logging: its power-of-two bucket.

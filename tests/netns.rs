@@ -3,6 +3,11 @@
 //! Ranks that share a namespace must talk over shared memory, ranks in
 //! different namespaces over TCP, and every collective must check out.
 //!
+//! The same with the hierarchical algorithm forced (FERROCCL_ALGO=hier):
+//! allreduce and allgather then run inside each host over shared memory
+//! and between hosts over TCP, every type against the f64 reference of
+//! `ferroccl-check`.
+//!
 //! Needs root and `ip netns`; where either is missing the test says so and
 //! passes without running (it cannot create the hosts it is about).
 
@@ -65,10 +70,12 @@ impl Drop for Hosts {
     }
 }
 
-/// Start one node's launcher inside namespace `ns`.
-fn node(ns: &str, node_rank: usize, port: u16) -> std::process::Child {
+/// Start one node's launcher inside namespace `ns`, with `env` set for
+/// its ranks.
+fn node(ns: &str, node_rank: usize, port: u16, env: &[(&str, &str)]) -> std::process::Child {
     let run = ferroccl_run();
     Command::new("ip")
+        .envs(env.iter().copied())
         .args(["netns", "exec", ns, run, "-n", "2", "--nnodes", "2"])
         .args(["--node-rank", &node_rank.to_string()])
         .args([
@@ -121,8 +128,8 @@ fn shm_inside_each_host_and_tcp_between_them() {
         }
     };
     let port = 29_000 + (std::process::id() % 1000) as u16;
-    let a = node(&hosts.names[0], 0, port);
-    let b = node(&hosts.names[1], 1, port);
+    let a = node(&hosts.names[0], 0, port, &[]);
+    let b = node(&hosts.names[1], 1, port, &[]);
     let (ok_b, out_b) = wait(b, Duration::from_secs(120));
     let (ok_a, out_a) = wait(a, Duration::from_secs(120));
     let all = format!("{out_a}\n{out_b}");
@@ -151,4 +158,58 @@ fn shm_inside_each_host_and_tcp_between_them() {
         seen += 1;
     }
     assert_eq!(seen, 4, "every rank reports its transports:\n{all}");
+}
+
+/// Hierarchical allreduce and allgather across the two hosts: every check
+/// of `ferroccl-check` passes (each type and op against its f64
+/// reference), and the planner's INFO lines show that allreduce and
+/// allgather of the 4-rank communicator ran hierarchical while
+/// reduce-scatter, which has no hierarchical schedule, ran the ring.
+#[test]
+fn hierarchical_across_two_hosts() {
+    let tag = format!("{}h", std::process::id() % 100_000);
+    let hosts = match Hosts::create(&tag) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!(
+                "SKIPPED: cannot create network namespaces here ({e}); needs root and iproute2"
+            );
+            return;
+        }
+    };
+    let port = 29_500 + (std::process::id() % 400) as u16;
+    let env = [("FERROCCL_ALGO", "hier"), ("FERROCCL_DEBUG", "INFO")];
+    let a = node(&hosts.names[0], 0, port, &env);
+    let b = node(&hosts.names[1], 1, port, &env);
+    let (ok_b, out_b) = wait(b, Duration::from_secs(120));
+    let (ok_a, out_a) = wait(a, Duration::from_secs(120));
+    let all = format!("{out_a}\n{out_b}");
+    assert!(ok_a && ok_b, "a node failed:\n{all}");
+    assert!(
+        all.contains("checks passed on 4 ranks"),
+        "rank 0 did not report success:\n{all}"
+    );
+    // The 4-rank communicator's plans (`ferroccl-check` also splits off
+    // communicators of one rank a host, where the ring runs).
+    let plans = |kind: &str| -> Vec<&str> {
+        all.lines()
+            .filter(|l| l.contains("plan: ") && l.contains(&format!(" {kind} of ")))
+            .filter(|l| l.contains(" on 4 ranks"))
+            .collect()
+    };
+    for kind in ["all_reduce", "all_gather"] {
+        let lines = plans(kind);
+        assert!(!lines.is_empty(), "no plan line for {kind}:\n{all}");
+        for line in lines.iter().filter(|l| !l.contains(" of 0 bytes")) {
+            assert!(
+                line.contains("over 2 hosts") && line.contains("-> hierarchical (forced"),
+                "{kind} did not run hierarchical: {line}"
+            );
+        }
+    }
+    let rs = plans("reduce_scatter");
+    assert!(
+        rs.iter().all(|l| l.contains("-> ring")),
+        "reduce-scatter runs the ring: {rs:?}"
+    );
 }

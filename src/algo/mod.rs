@@ -8,6 +8,7 @@
 pub mod channels;
 pub mod direct;
 pub mod encode;
+pub mod hier;
 pub mod ring;
 pub mod tree;
 
@@ -32,16 +33,22 @@ pub enum Algorithm {
     /// each, the whole buffer every time: for small messages where
     /// one-shot's `n - 1` messages a rank cost more than its one round.
     RecursiveDoubling,
+    /// Allreduce and allgather over hosts (`hier`): the steps inside a
+    /// host on its fast links, each byte over the network once per host.
+    /// Only for communicators that span several hosts with several ranks
+    /// on some host; elsewhere, and for other collectives, the ring.
+    Hierarchical,
 }
 
 impl Algorithm {
     /// Every algorithm, in declaration order.
-    pub const ALL: [Algorithm; 5] = [
+    pub const ALL: [Algorithm; 6] = [
         Algorithm::Ring,
         Algorithm::Tree,
         Algorithm::OneShot,
         Algorithm::TwoShot,
         Algorithm::RecursiveDoubling,
+        Algorithm::Hierarchical,
     ];
 
     /// The name used in logs and by FERROCCL_ALGO.
@@ -52,18 +59,22 @@ impl Algorithm {
             Algorithm::OneShot => "one_shot",
             Algorithm::TwoShot => "two_shot",
             Algorithm::RecursiveDoubling => "recursive_doubling",
+            Algorithm::Hierarchical => "hierarchical",
         }
     }
 
     /// Parse a name in any case (NCCL spells them `Ring`, `Tree`); `-`, `_`
     /// and spaces are ignored, so `one_shot`, `OneShot` and `one-shot` all
-    /// name [`Algorithm::OneShot`].
+    /// name [`Algorithm::OneShot`]; `hier` is short for `hierarchical`.
     pub fn from_name(name: &str) -> Option<Algorithm> {
         let key: String = name
             .chars()
             .filter(|c| !matches!(c, '-' | '_' | ' '))
             .map(|c| c.to_ascii_lowercase())
             .collect();
+        if key == "hier" {
+            return Some(Algorithm::Hierarchical);
+        }
         Algorithm::ALL
             .into_iter()
             .find(|a| a.name().replace('_', "") == key)

@@ -18,6 +18,7 @@ pub(crate) fn broadcast(
         Algorithm::Ring
         | Algorithm::OneShot
         | Algorithm::TwoShot
-        | Algorithm::RecursiveDoubling => ring::broadcast(g.ring(), len, root),
+        | Algorithm::RecursiveDoubling
+        | Algorithm::Hierarchical => ring::broadcast(g.ring(), len, root),
     }))
 }

@@ -159,16 +159,30 @@ impl CollCall {
 }
 
 /// Check `call` and build this rank's plan for it, run by `algorithm`
-/// (collectives with a single algorithm ignore it) at slice geometry `g`.
+/// (collectives with a single algorithm ignore it) at slice geometry `g`,
+/// with every rank on one host.
 pub(crate) fn plan(call: &CollCall, g: Geometry, algorithm: Algorithm) -> Result<Plan> {
+    plan_on(call, g, algorithm, None)
+}
+
+/// [`plan`] for ranks spread over `hosts`: what the hierarchical
+/// algorithm runs on (allreduce, allgather); the others ignore it.
+pub(crate) fn plan_on(
+    call: &CollCall,
+    g: Geometry,
+    algorithm: Algorithm,
+    hosts: Option<&crate::algo::hier::HostMap>,
+) -> Result<Plan> {
     let c = call;
     let root = || c.root.unwrap_or(usize::MAX);
+    // Allgather has a hierarchical schedule but no other choice.
+    let gather_hosts = hosts.filter(|_| algorithm == Algorithm::Hierarchical);
     match c.kind {
-        CollKind::AllReduce => all_reduce(g, c.send_len, c.recv_len, algorithm),
+        CollKind::AllReduce => all_reduce(g, c.send_len, c.recv_len, algorithm, hosts),
         CollKind::ReduceScatter if c.in_place => reduce_scatter_in_place(g, c.send_len),
         CollKind::ReduceScatter => reduce_scatter(g, c.send_len, c.recv_len),
-        CollKind::AllGather if c.in_place => all_gather_in_place(g, c.recv_len),
-        CollKind::AllGather => all_gather(g, c.send_len, c.recv_len),
+        CollKind::AllGather if c.in_place => all_gather_in_place(g, c.recv_len, gather_hosts),
+        CollKind::AllGather => all_gather(g, c.send_len, c.recv_len, gather_hosts),
         CollKind::Broadcast => broadcast(g, c.send_len, root(), algorithm),
         CollKind::Reduce => reduce(g, c.send_len, c.recv_len, root(), algorithm),
         CollKind::SendRecv => {

@@ -29,7 +29,8 @@ pub(crate) fn reduce(
         Algorithm::Ring
         | Algorithm::OneShot
         | Algorithm::TwoShot
-        | Algorithm::RecursiveDoubling => ring::reduce(g.ring(), send_len, root),
+        | Algorithm::RecursiveDoubling
+        | Algorithm::Hierarchical => ring::reduce(g.ring(), send_len, root),
     };
     // A tree rank with two children keeps a partial result in its output,
     // which a non-root caller need not give (and in place must not see

@@ -119,12 +119,16 @@ impl Inner {
         let bytes = call.count * elem;
         // Only collectives with a choice ask the model (it allocates the
         // list of costs): the others run their one algorithm.
-        let (algorithm, costs) = if tune::has_choice(call.kind) || facts.forced.is_some() {
-            let model = *lock(&inner.model);
-            plan::algorithm(call.kind, bytes, &facts, &model)
-        } else {
-            (crate::algo::Algorithm::Ring, Vec::new())
-        };
+        let (algorithm, costs) =
+            if tune::has_choice(call.kind, facts.layout) || facts.forced.is_some() {
+                let links = tune::HostLinks {
+                    intra: *lock(&inner.intra_model),
+                    inter: *lock(&inner.model),
+                };
+                plan::algorithm(call.kind, bytes, &facts, &links)
+            } else {
+                (crate::algo::Algorithm::Ring, Vec::new())
+            };
         if tracing::enabled!(tracing::Level::INFO)
             && lock(&inner.tuned).insert((call.kind.code(), tune::size_class(bytes)))
         {
@@ -142,7 +146,7 @@ impl Inner {
             elem,
             chunk_bytes,
         );
-        let mut plan = coll::plan(call, geometry, algorithm)?;
+        let mut plan = coll::plan_on(call, geometry, algorithm, Some(&inner.hosts))?;
         // Without control pages a broadcast or reduce (or a call of no
         // elements) confirms through frames of its own; with them, through
         // the pages (`Inner::execute_checked`).
@@ -185,6 +189,10 @@ impl Inner {
             cma: control.is_some_and(|c| c.cma),
             windows: control.is_some_and(|c| c.windows.load(Ordering::Relaxed)),
             forced: self.config.algorithm,
+            layout: tune::Layout {
+                hosts: self.hosts.hosts(),
+                largest: self.hosts.largest(),
+            },
         }
     }
 

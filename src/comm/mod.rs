@@ -105,6 +105,11 @@ struct Inner {
     issued: Arc<AtomicU64>,
     /// The tuner's constants, agreed by every rank at creation.
     model: Mutex<LinkModel>,
+    /// The tuner's model of a link inside a host (the hierarchical
+    /// algorithm's inner steps), agreed by every rank at creation.
+    intra_model: Mutex<LinkModel>,
+    /// Which ranks share a host (the hierarchical algorithm's map).
+    hosts: Arc<crate::algo::hier::HostMap>,
     /// (collective, size class) pairs whose choice was already logged.
     tuned: Mutex<std::collections::HashSet<(u8, u32)>>,
     /// Recent plans by (collective, count, element size); see

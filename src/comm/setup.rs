@@ -188,6 +188,7 @@ impl Communicator {
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
         let abort_signal = abort.signal();
         let shared = crate::transports::shared_memory(&config);
+        let hosts = Arc::new(links.host_map());
         let inner = Arc::new(Inner {
             rank,
             size,
@@ -218,6 +219,8 @@ impl Communicator {
             splits: AtomicU64::new(0),
             issued: Arc::new(AtomicU64::new(0)),
             model: Mutex::new(LinkModel::DEFAULT),
+            intra_model: Mutex::new(LinkModel::DEFAULT),
+            hosts,
             tuned: Mutex::new(std::collections::HashSet::new()),
             plans: Mutex::new(Vec::new()),
             windows: Mutex::new(Windows::default()),
@@ -340,6 +343,7 @@ impl Communicator {
         let alpha_us = best_of(16, &mut one)? / hops;
 
         let reduce_gbps = tune::measure_reduce_gbps();
+        let copy_gbps = tune::measure_copy_gbps();
         let mut big = vec![0f32; (1 << 20) / 4];
         let bytes = (big.len() * 4) as f64;
         best_of(2, &mut big)?;
@@ -353,6 +357,7 @@ impl Communicator {
             alpha_us as f32,
             (1.0 / beta_gbps) as f32,
             (1.0 / reduce_gbps) as f32,
+            (1.0 / copy_gbps) as f32,
         ];
         ring(&mut agreed, ReduceOp::Max)?;
         let model = LinkModel {
@@ -361,6 +366,20 @@ impl Communicator {
             reduce_gbps: (1.0 / f64::from(agreed[2])).clamp(0.01, 1000.0),
         };
         *lock(&self.inner.model) = model;
+        // Inside a host a frame is copied into a slot and out again: half
+        // the copy speed. Its latency is not measured apart from the
+        // network's (the ring above mixes both), so it keeps the slowest
+        // link's: the model then favours the hierarchical algorithm by the
+        // bytes it keeps off the network, never by latency it assumes.
+        let intra = LinkModel {
+            beta_gbps: (0.5 / f64::from(agreed[3])).clamp(0.01, 1000.0),
+            ..model
+        };
+        *lock(&self.inner.intra_model) = if self.inner.hosts.hosts() > 1 {
+            intra
+        } else {
+            model
+        };
         // Plans chosen under the old model (none in practice) are stale.
         lock(&self.inner.plans).clear();
         tracing::info!(
@@ -374,6 +393,16 @@ impl Communicator {
             crate::reduce::SimdLevel::current(),
             crate::reduce::SimdLevel::detected()
         );
+        if self.inner.hosts.hosts() > 1 {
+            tracing::info!(
+                rank = self.inner.rank,
+                "tuner: ranks on {} hosts (largest {} ranks); a link inside a host costed at \
+                 {:.2} GB/s (half this machine's copy speed)",
+                self.inner.hosts.hosts(),
+                self.inner.hosts.largest(),
+                lock(&self.inner.intra_model).beta_gbps
+            );
+        }
         Ok(())
     }
     /// The tuner's constants (measured at creation, agreed by all ranks).

@@ -7,6 +7,7 @@
 //! further channels connect when a step first names them.
 
 use super::Call;
+use crate::algo::hier::HostMap;
 use crate::bootstrap::{FailureReport, Store};
 use crate::error::{Error, Result};
 use ferroccl_transport::{
@@ -256,6 +257,17 @@ impl Connector {
             })
     }
 
+    /// Which ranks share a host, from every rank's host identity. A rank
+    /// whose host is unknown (an empty identity) makes the whole map one
+    /// host, so that nothing is built on a guess.
+    fn host_map(&self) -> HostMap {
+        if self.hosts.iter().any(|h| h.host_id.is_empty()) {
+            return HostMap::single(self.hosts.len());
+        }
+        let ids: Vec<&str> = self.hosts.iter().map(|h| h.host_id.as_str()).collect();
+        HostMap::from_ids(&ids)
+    }
+
     /// Whether every rank of the communicator is on this rank's host.
     fn one_host(&self) -> bool {
         let me = &self.hosts[self.rank].host_id;
@@ -496,6 +508,11 @@ impl Links {
     /// that they can share memory).
     pub(crate) fn one_host(&self) -> bool {
         self.connector.one_host()
+    }
+
+    /// Which ranks share a host (see `Connector::host_map`).
+    pub(crate) fn host_map(&self) -> HostMap {
+        self.connector.host_map()
     }
 
     /// The transport each peer is connected over on channel 0 (None: not

@@ -1037,6 +1037,7 @@ mod tests {
             ],
             Algorithm::Tree => &[AllReduce, Broadcast, Reduce],
             Algorithm::OneShot | Algorithm::TwoShot | Algorithm::RecursiveDoubling => &[AllReduce],
+            Algorithm::Hierarchical => &[AllReduce, AllGather],
         }
     }
 

@@ -6,6 +6,7 @@
 use super::engine::{Job, DEFAULT_MAX_RUNS};
 use super::model::Cluster;
 use crate::coll::Coll;
+use ferroccl::algo::hier::{self, HostMap};
 use ferroccl::algo::ring::RingParams;
 use ferroccl::algo::{channels, direct, ring, tree, Algorithm, Schedule};
 use ferroccl::planner;
@@ -16,7 +17,8 @@ pub fn algorithms(coll: Coll) -> &'static [Algorithm] {
     match coll {
         Coll::AllReduce => &Algorithm::ALL,
         Coll::Broadcast | Coll::Reduce => &[Algorithm::Ring, Algorithm::Tree],
-        Coll::ReduceScatter | Coll::AllGather => &[Algorithm::Ring],
+        Coll::AllGather => &[Algorithm::Ring, Algorithm::Hierarchical],
+        Coll::ReduceScatter => &[Algorithm::Ring],
         Coll::AllToAll | Coll::SendRecv => &[],
     }
 }
@@ -25,7 +27,8 @@ pub fn algorithms(coll: Coll) -> &'static [Algorithm] {
 /// block of `count` elements of `elem` bytes (the whole buffer for
 /// allreduce, broadcast and reduce; one rank's block for allgather and
 /// reduce-scatter), root 0, over slots of `chunk_bytes`. `None` where the
-/// library has no such schedule.
+/// library has no such schedule. All ranks on one host (the hierarchical
+/// algorithm then runs inside it alone): [`schedule_on`] places them.
 pub fn schedule(
     coll: Coll,
     algo: Algorithm,
@@ -34,6 +37,28 @@ pub fn schedule(
     elem: usize,
     chunk_bytes: usize,
 ) -> Option<Schedule> {
+    schedule_on(coll, algo, (rank, ranks), count, elem, chunk_bytes, ranks)
+}
+
+/// [`schedule`] with the ranks on hosts of `per_host` ranks (rank `r` on
+/// host `r / per_host`, as the cluster model places them), which the
+/// hierarchical algorithm follows.
+pub fn schedule_on(
+    coll: Coll,
+    algo: Algorithm,
+    (rank, ranks): (usize, usize),
+    count: usize,
+    elem: usize,
+    chunk_bytes: usize,
+    per_host: usize,
+) -> Option<Schedule> {
+    let hosts = || {
+        let per_host = per_host.max(1);
+        let sizes: Vec<usize> = (0..ranks.div_ceil(per_host))
+            .map(|h| per_host.min(ranks - h * per_host))
+            .collect();
+        HostMap::from_sizes(&sizes)
+    };
     let slice = match coll {
         Coll::AllReduce => planner::all_reduce_slice(algo, ranks, count, elem, chunk_bytes),
         _ => planner::block_slice(count, elem, chunk_bytes),
@@ -51,6 +76,12 @@ pub fn schedule(
         (Coll::AllReduce, Algorithm::RecursiveDoubling) => direct::recursive_doubling(p, count),
         (Coll::ReduceScatter, Algorithm::Ring) => ring::reduce_scatter(p, count),
         (Coll::AllGather, Algorithm::Ring) => ring::all_gather(p, count),
+        (Coll::AllReduce, Algorithm::Hierarchical) => {
+            hier::all_reduce(&hosts(), rank, count, slice)
+        }
+        (Coll::AllGather, Algorithm::Hierarchical) => {
+            hier::all_gather(&hosts(), rank, count, slice)
+        }
         (Coll::Broadcast, Algorithm::Ring) => ring::broadcast(p, count, 0),
         (Coll::Broadcast, Algorithm::Tree) => tree::broadcast(p, count, 0),
         (Coll::Reduce, Algorithm::Ring) => ring::reduce(p, count, 0),
@@ -96,7 +127,15 @@ pub fn job_within(
     let mut job = Job::new(ranks, channels);
     job.max_runs = max_runs;
     for rank in 0..ranks {
-        let one = schedule(coll, algo, (rank, ranks), count, elem, cluster.chunk_bytes)?;
+        let one = schedule_on(
+            coll,
+            algo,
+            (rank, ranks),
+            count,
+            elem,
+            cluster.chunk_bytes,
+            cluster.ranks_per_host,
+        )?;
         let split = channels::split(&one, channels);
         if let Err(e) = job.add(rank, &split, elem) {
             return Some(Err(e));
