@@ -15,7 +15,7 @@
 //! `--layers` [3] linear layers, `--out` [8], `--lr` [0.05],
 //! `--strategy` full | grad-op | none | hybrid:G [full], `--precision`
 //! f32 | bf16 | f16 [f32] (the type parameters are gathered in and
-//! gradients reduced in), `--optimizer` sgd | adam [sgd], `--limit` [2]
+//! gradients reduced in), `--optimizer` sgd | adam [sgd], `--limit` [3]
 //! units gathered at once, `--keep-after-forward` (keep each layer's
 //! gathered parameters from forward to backward instead of gathering them
 //! again), `--clip` MAX (clip the gradient norm) [off], `--accumulate` K
@@ -38,7 +38,7 @@
 //! only), `ddp` (the whole model, `ddp::Reducer` with its default config,
 //! each layer's gradient handed over during backward), `ddp-after` (the
 //! same reducer, every gradient handed over after backward), `full`
-//! (FullShard, limit 2), `full-limit1` (limit 1: no prefetch),
+//! (FullShard, limit 3), `full-limit1` (limit 1: no prefetch),
 //! `full-serial` (limit 1, and every reduction waited for as soon as it is
 //! issued: all communication exposed), `full-keep`
 //! (`reshard_after_forward: false`), `grad-op`, `no-shard`. `--precision`
@@ -90,7 +90,7 @@ fn parse_args() -> Result<Args, String> {
         strategy: Strategy::FullShard,
         precision: Precision::F32,
         adam: false,
-        limit: 2,
+        limit: 3,
         keep_after_forward: false,
         clip: None,
         accumulate: 1,
@@ -610,7 +610,7 @@ struct VariantSpec {
 const DEFAULT_VARIANTS: &str = "none;ddp;ddp-after;full;full-serial;full-keep;grad-op;no-shard";
 
 /// Variants separated by `;`: `none`, `ddp`, `ddp-after`, `full` (FullShard
-/// with the default limit of 2), `full-limit1` (limit 1: no prefetch),
+/// with the default limit of 3), `full-limit1` (limit 1: no prefetch),
 /// `full-serial` (limit 1 and every reduction waited for at once),
 /// `full-keep` (`reshard_after_forward: false`), `grad-op`, `no-shard`.
 fn parse_variants(text: &str) -> Result<Vec<VariantSpec>, String> {
@@ -629,7 +629,7 @@ fn parse_variants(text: &str) -> Result<Vec<VariantSpec>, String> {
                 "none" => Kind::Alone,
                 "ddp" => Kind::Ddp { overlap: true },
                 "ddp-after" => Kind::Ddp { overlap: false },
-                "full" => fsdp(Strategy::FullShard, 2, false, false),
+                "full" => fsdp(Strategy::FullShard, 3, false, false),
                 "full-limit1" => fsdp(Strategy::FullShard, 1, false, false),
                 "full-serial" => fsdp(Strategy::FullShard, 1, false, true),
                 "full-keep" => fsdp(Strategy::FullShard, 2, true, false),

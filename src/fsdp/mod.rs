@@ -212,7 +212,9 @@ impl Default for FsdpConfig {
             param_dtype: Precision::F32,
             reduce_dtype: Precision::F32,
             reshard_after_forward: true,
-            limit_gathered: 2,
+            // The unit in use, the next one prefetched, and one gradient
+            // reduction in flight behind them.
+            limit_gathered: 3,
         }
     }
 }
@@ -556,6 +558,13 @@ pub struct Fsdp<'c> {
     world: usize,
     rank: usize,
     reducing: Vec<Reducing>,
+    /// The reductions in flight as every rank counts them: those issued
+    /// and not yet waited for by the limit or `finish_backward`. A rank
+    /// also folds in reductions that happen to be done early (fewer in
+    /// `reducing`), but that depends on timing, and what decides whether
+    /// a collective is issued (a prefetch) must be the same on every rank:
+    /// it reads this count, which is never below `reducing.len()`.
+    unforced: usize,
     /// `HybridShard`: reduced shards being summed across the groups.
     across: Vec<(usize, Work<Vec<f32>>)>,
     /// Buffers of finished collectives, for the next ones.
@@ -691,6 +700,7 @@ impl<'c> Fsdp<'c> {
             world,
             rank,
             reducing: Vec::new(),
+            unforced: 0,
             across: Vec::new(),
             pool: Pool {
                 f32: Vec::new(),
@@ -934,6 +944,14 @@ impl<'c> Fsdp<'c> {
         self.gathered_units() + self.reducing.len()
     }
 
+    /// [`Fsdp::alive`] as every rank counts it (reductions done early
+    /// still count until the limit or `finish_backward` waits for them):
+    /// what decides a prefetch, so that every rank issues the same
+    /// collectives in the same order.
+    fn alive_on_every_rank(&self) -> usize {
+        self.gathered_units() + self.unforced
+    }
+
     /// How many pooled buffers `limit_gathered` leaves room for once
     /// `need` more are in use.
     fn room(&self, need: usize) -> usize {
@@ -954,6 +972,8 @@ impl<'c> Fsdp<'c> {
         };
         let keep = self.config.limit_gathered.saturating_sub(gathered + need);
         self.retire(keep)?;
+        // Every rank has now waited for all but `keep` of them.
+        self.unforced = self.unforced.min(keep);
         self.pool.spare = self.room(need);
         Ok(())
     }
@@ -1011,7 +1031,7 @@ impl<'c> Fsdp<'c> {
         if let Some(v) = next {
             if matches!(self.units[v].full, Full::Absent)
                 && self.units[v].phase != Phase::Backward
-                && self.alive() < self.config.limit_gathered
+                && self.alive_on_every_rank() < self.config.limit_gathered
             {
                 self.start_gather(v)?;
             }
@@ -1226,6 +1246,7 @@ impl<'c> Fsdp<'c> {
             Precision::Bf16 => Pending::Bf16(reduce(by, self.comm, flat(pool, len, numel, total))?),
         };
         self.reducing.push(Reducing { unit: u, work });
+        self.unforced += 1;
         // Fold in the reductions that are done (make_room waited for the
         // ones the limit had no room for).
         self.retire(self.reducing.len())?;
@@ -1278,6 +1299,7 @@ impl<'c> Fsdp<'c> {
     /// Wait for the step's reductions and add them into the gradient shards.
     fn sum_reductions(&mut self) -> Result<()> {
         self.retire(0)?;
+        self.unforced = 0;
         for (unit, work) in std::mem::take(&mut self.across) {
             let part = work.wait()?;
             self.fold(unit, part);

@@ -1044,3 +1044,82 @@ fn one_ranks_misuse_fails_the_step_on_every_rank() {
         );
     }
 }
+
+/// Whether a prefetch is issued must not depend on timing: ranks whose
+/// reductions finish at different moments still issue the same
+/// collectives in the same order (a divergence is a mismatch error at
+/// once) and train what one process trains. Rank 0 pauses before each
+/// `post_backward`, so the others reach their next prefetch decision
+/// while the reduction rank 0 has not joined yet is still in flight,
+/// and rank 0 reaches its own after that reduction is done. Before
+/// reductions were counted alike on every rank, this failed with "rank 0
+/// called all_gather, rank 1 called reduce_scatter" (as a 4-rank run of
+/// `mlp_fsdp` did under load). Eight units of a quadratic loss, so that
+/// backward has prefetch decisions to make: rank r's gradient is
+/// `w - t_r`, and SGD in f64 on the mean target is the reference.
+#[test]
+fn prefetch_decisions_do_not_depend_on_timing() {
+    const N: usize = 8;
+    const LR: f64 = 0.25;
+    let steps = 3;
+    let spec =
+        |u: usize| UnitSpec::new(format!("u{u}"), vec![TensorSpec::new("w", &[37 + 11 * u])]);
+    let target = |r: usize, u: usize, i: usize| ((r + 1) * (i + 3) + u) % 7;
+    for limit in [2, 3, 4] {
+        for ranks in [2, 3] {
+            let config = FsdpConfig {
+                limit_gathered: limit,
+                ..FsdpConfig::default()
+            };
+            let got = run_ranks(ranks, |comm| {
+                let rank = comm.rank();
+                let units: Vec<UnitSpec> = (0..N).map(spec).collect();
+                let mut fsdp =
+                    Fsdp::new(&comm, units, config.clone(), |_, _, shard| shard.fill(1.0)).unwrap();
+                let sgd = Optimizer::Sgd { lr: LR as f32 };
+                for _ in 0..steps {
+                    for u in 0..N {
+                        fsdp.pre_forward(u).unwrap();
+                        fsdp.params(u).unwrap();
+                        fsdp.post_forward(u).unwrap();
+                    }
+                    for u in (0..N).rev() {
+                        fsdp.pre_backward(u).unwrap();
+                        let g: Vec<f32> = fsdp
+                            .params(u)
+                            .unwrap()
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &w)| w - 0.1 * target(rank, u, i) as f32)
+                            .collect();
+                        if rank == 0 {
+                            std::thread::sleep(std::time::Duration::from_millis(15));
+                        }
+                        fsdp.post_backward(u, &g).unwrap();
+                    }
+                    fsdp.finish_backward().unwrap();
+                    fsdp.step(&sgd).unwrap();
+                }
+                fsdp.full_state(0).unwrap()
+            });
+            let full = got[0].as_ref().expect("rank 0 holds the full state");
+            for (u, w) in full.iter().enumerate() {
+                for (i, &got) in w.iter().enumerate() {
+                    let t = (0..ranks)
+                        .map(|r| 0.1 * target(r, u, i) as f64)
+                        .sum::<f64>()
+                        / ranks as f64;
+                    let mut want = 1.0f64;
+                    for _ in 0..steps {
+                        want -= LR * (want - t);
+                    }
+                    let d = (f64::from(got) - want).abs();
+                    assert!(
+                        d <= 1e-5,
+                        "limit {limit}, {ranks} ranks, unit {u} element {i}: {got} against {want}"
+                    );
+                }
+            }
+        }
+    }
+}
