@@ -9,7 +9,9 @@ pub mod channels;
 pub mod direct;
 pub mod encode;
 pub mod ring;
+pub mod text;
 pub mod tree;
+pub mod user;
 
 /// The algorithms a collective can run on. Each collective supports a
 /// subset (see `coll`); a forced algorithm a collective does not support
@@ -306,7 +308,6 @@ pub fn slice_of(piece: (usize, usize), s: usize, slice: usize) -> (usize, usize)
     (piece.0 + start, len)
 }
 
-#[cfg(test)]
 pub(crate) mod sim;
 
 #[cfg(test)]
