@@ -260,3 +260,148 @@ pub fn write(algo: &UserAlgorithm) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const HEAD: &str = "algorithm t\ncollective allreduce\nranks 2\n";
+
+    #[test]
+    fn a_small_file_parses() {
+        let text = "# two ranks swap halves\nalgorithm swap   # a name\ncollective allreduce\n\n\
+                    ranks 2\nrank 0: send to 1 chunk 1 of 2\nrank 0 : recv_reduce_copy from 1 \
+                    chunks 0..1 of 2\nrank 1: send to 0 chunk 0 of 2\n\
+                    rank 1: recv_reduce_copy from 0 chunk 1 of 2 using input\n";
+        let algo = parse(text).unwrap();
+        assert_eq!(algo.name, "swap");
+        assert_eq!(algo.sizes().collect::<Vec<_>>(), [2]);
+        let s = algo.steps(2, 0).unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            (s[0].prim, s[0].to, s[0].line),
+            (Prim::Send, Some(1), Some(6))
+        );
+        assert_eq!(s[1].chunks, Chunks::one(0, 2));
+        // It is not a whole allreduce (no gather): the checker says so.
+        assert!(algo.check().is_err());
+    }
+
+    /// Each bad line after a good header is an error naming line 4 and
+    /// saying what is wrong.
+    #[test]
+    fn bad_lines_are_errors_naming_the_line() {
+        let cases = [
+            ("rank 0: send to 1", "needs 'chunk"),
+            ("rank 0: send to 1 chunk 0 of", "needs a value"),
+            ("rank 0: send to 1 chunk 2 of 2", "past the last chunk"),
+            ("rank 0: send to 1 chunks 1..1 of 2", "empty"),
+            ("rank 0: send to 1 chunks 1-2 of 2", "A..B"),
+            ("rank 0: send to 1 chunk 0 of 0", "0 chunks"),
+            ("rank 0: send to 1 chunk 0 of 99999999999", "at most"),
+            ("rank 0: send to 1 chunk 0 on 2", "of K"),
+            ("rank 0: sned to 1 chunk 0 of 2", "unknown primitive"),
+            ("rank 0: send from 1 chunk 0 of 2", "send takes"),
+            ("rank 0: recv to 1 chunk 0 of 2", "recv takes"),
+            (
+                "rank 0: recv_reduce_send from 1 chunk 0 of 2",
+                "takes 'from P to P'",
+            ),
+            (
+                "rank 0: recv from 1 chunk 0 of 2 using output",
+                "no local operand",
+            ),
+            ("rank 0: send to 1 chunk 0 of 2 using both", "using input"),
+            ("rank 0: send to 1 to 1 chunk 0 of 2", "twice"),
+            ("rank 0: send to x chunk 0 of 2", "a number"),
+            ("rank 0: send to -1 chunk 0 of 2", "a number"),
+            (
+                "rank 0: send to 99999999999999999999999 chunk 0 of 2",
+                "too large",
+            ),
+            ("rank 2: send to 1 chunk 0 of 2", "not a rank"),
+            ("rank 0 send to 1 chunk 0 of 2", "rank R:"),
+            ("rank :", "a number"),
+            ("rank 0:", "primitive"),
+            ("rank 0: send to 1 chunk 0 of 2 extra", "unexpected 'extra'"),
+            ("ranks 2", "second section"),
+            ("ranks 0", "outside"),
+            ("ranks 99999999", "outside"),
+            ("ranks", "ranks N"),
+            ("collective allgather", "second 'collective'"),
+            ("algorithm two words", "one word"),
+            ("sendto 1", "unknown line start"),
+        ];
+        for (line, says) in cases {
+            let err = parse(&format!("{HEAD}{line}\n")).unwrap_err();
+            assert_eq!(err.line, Some(4), "{line}: {err}");
+            let text = err.to_string();
+            assert!(text.starts_with("line 4: "), "{text}");
+            assert!(text.contains(says), "{line}: '{text}' lacks '{says}'");
+        }
+        // Header problems.
+        let err = parse("ranks 1\nrank 0: copy chunk 0 of 1\n").unwrap_err();
+        assert!(err.to_string().contains("collective"), "{err}");
+        let err = parse("collective allreduce\nrank 0: copy chunk 0 of 1\n").unwrap_err();
+        assert_eq!(err.line, Some(2));
+        let err = parse("collective reduce_scatter\n").unwrap_err();
+        assert_eq!(err.line, Some(1));
+    }
+
+    fn any_line() -> impl Strategy<Value = String> {
+        let word = prop_oneof![
+            Just("rank".to_string()),
+            Just("ranks".to_string()),
+            Just("0:".to_string()),
+            Just(":".to_string()),
+            Just("send".to_string()),
+            Just("recv_reduce_copy".to_string()),
+            Just("copy".to_string()),
+            Just("from".to_string()),
+            Just("to".to_string()),
+            Just("chunk".to_string()),
+            Just("chunks".to_string()),
+            Just("of".to_string()),
+            Just("using".to_string()),
+            Just("output".to_string()),
+            Just("0..1".to_string()),
+            Just("#".to_string()),
+            (0usize..5).prop_map(|n| n.to_string()),
+            any::<u64>().prop_map(|n| n.to_string()),
+            "[ -~]{0,6}",
+        ];
+        prop::collection::vec(word, 0..9).prop_map(|w| w.join(" "))
+    }
+
+    proptest! {
+        /// Any text: an algorithm or an error naming a line in the text
+        /// (or the missing header), never a panic; what parses, the checker
+        /// takes without panicking either.
+        #[test]
+        fn the_parser_is_total(lines in prop::collection::vec(any_line(), 0..12)) {
+            let text = format!("{HEAD}{}", lines.join("\n"));
+            match parse(&text) {
+                Ok(algo) => { let _ = algo.check(); }
+                Err(e) => {
+                    if let Some(line) = e.line {
+                        prop_assert!(line >= 1 && line <= text.lines().count());
+                    }
+                }
+            }
+        }
+
+        /// Lines of a good file with one character changed: never a panic.
+        #[test]
+        fn mutated_good_files_never_panic(at in 0usize..400, c in any::<char>()) {
+            let good = write(&super::super::user::examples::halving_doubling(4));
+            let mut chars: Vec<char> = good.chars().collect();
+            let at = at % chars.len();
+            chars[at] = c;
+            let text: String = chars.into_iter().collect();
+            if let Ok(algo) = parse(&text) {
+                let _ = algo.check();
+            }
+        }
+    }
+}

@@ -79,6 +79,11 @@ impl Chunks {
     pub fn problem(self) -> Option<String> {
         if self.of == 0 {
             Some("a buffer cut into 0 chunks".into())
+        } else if self.of > MAX_CHUNKS {
+            Some(format!(
+                "a buffer cut into {} chunks (at most {MAX_CHUNKS})",
+                self.of
+            ))
         } else if self.first >= self.end {
             Some(format!(
                 "chunks {}..{} is empty (the first must be below the end)",
@@ -107,6 +112,10 @@ impl std::fmt::Display for Chunks {
         }
     }
 }
+
+/// Most chunks a buffer may be cut into: the value check runs on buffers
+/// of about twice this many elements.
+pub const MAX_CHUNKS: usize = 1 << 20;
 
 /// One step of a user algorithm, for any element count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -671,7 +680,11 @@ impl UserAlgorithm {
             .map(|s| s.chunks.of)
             .max()
             .unwrap_or(1);
-        [1, 2 * most + 1, 7 * most + 3]
+        [
+            1,
+            2 * most.min(MAX_CHUNKS) + 1,
+            7 * most.min(MAX_CHUNKS) + 3,
+        ]
     }
 
     /// Run rank count `n` through the functional simulator with distinct
