@@ -560,7 +560,7 @@ impl UserAlgorithm {
             }
             active = still;
             if !active.is_empty() && !moved {
-                return Err(self.deadlock(n, &ranks, &pc, &fifo));
+                return Err(self.deadlock(n, ranks, &pc, &fifo));
             }
         }
         if let Some(((from, to), q)) = fifo
@@ -780,6 +780,62 @@ impl UserAlgorithm {
         let widths = self.widths(n);
         self.steps(n, rank)
             .map(|steps| instantiate(steps, count, slice, &widths).0)
+    }
+}
+
+/// A user algorithm restricted to one rank count and accepted by the
+/// checker there: what a communicator keeps.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    algo: UserAlgorithm,
+    size: usize,
+    verdict: Verdict,
+    widths: Vec<(usize, usize)>,
+    source: String,
+}
+
+impl Checked {
+    /// Check `algo` on `size` ranks; `source` says where it came from (a
+    /// file, the API) for logs.
+    pub fn new(algo: &UserAlgorithm, size: usize, source: String) -> Result<Checked, UserError> {
+        let algo = algo.for_size(size)?;
+        algo.check_matching(size)?;
+        let verdict = algo.check_values(size)?;
+        let widths = algo.widths(size);
+        Ok(Checked {
+            algo,
+            size,
+            verdict,
+            widths,
+            source,
+        })
+    }
+
+    /// The algorithm's name.
+    pub fn name(&self) -> &str {
+        &self.algo.name
+    }
+
+    /// The collective it implements.
+    pub fn collective(&self) -> Collective {
+        self.algo.collective
+    }
+
+    /// Where it came from (a file, the API).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// What the checker found.
+    pub fn verdict(&self) -> Verdict {
+        self.verdict
+    }
+
+    /// Rank `rank`'s schedule for `count` elements in frames of at most
+    /// `slice`.
+    pub fn schedule(&self, rank: usize, count: usize, slice: usize) -> Schedule {
+        let steps = self.algo.steps(self.size, rank).unwrap_or(&[]);
+        instantiate(steps, count, slice, &self.widths).0
     }
 }
 
