@@ -288,6 +288,17 @@ mod tests {
         assert!(algo.check().is_err());
     }
 
+    /// The example of docs/algorithms.md parses and passes the checker.
+    #[test]
+    fn the_documented_example_is_accepted() {
+        let doc = include_str!("../../docs/algorithms.md");
+        let start = doc.find("algorithm swap ").expect("the example");
+        let end = start + doc[start..].find("```").expect("its end");
+        let algo = parse(&doc[start..end]).unwrap();
+        assert_eq!(algo.name, "swap");
+        assert!(algo.check().unwrap().in_place);
+    }
+
     /// Each bad line after a good header is an error naming line 4 and
     /// saying what is wrong.
     #[test]
