@@ -2,8 +2,10 @@
 //! which part of which buffer, to and from which peer.
 //!
 //! Nothing here performs I/O, holds a clock or uses `unsafe`: a schedule for
-//! any rank count can be built and checked on a laptop (see `sim` in the
-//! tests). The executor (`exec`) interprets schedules over connections.
+//! any rank count can be built and checked on a laptop (`sim`, which the
+//! tests run on every builder's schedules and the checker of user-written
+//! algorithms, `user`, runs when a communicator is created). The executor
+//! (`exec`) interprets schedules over connections.
 
 pub mod channels;
 pub mod direct;
