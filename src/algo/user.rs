@@ -1290,6 +1290,38 @@ mod tests {
         }
     }
 
+    /// The schedules of both examples encode for the device executor and
+    /// decode to the same steps (they use only primitives it knows).
+    #[test]
+    fn user_schedules_encode_for_the_device() {
+        use super::super::encode::{decode, encode, Layout, ProgramMeta};
+        let algos = [
+            halving_doubling(8),
+            super::super::text::parse(TORUS).unwrap(),
+        ];
+        for algo in &algos {
+            for n in [2usize, 4, 6, 8]
+                .into_iter()
+                .filter(|n| algo.steps(*n, 0).is_some())
+            {
+                for r in 0..n {
+                    let schedule = algo.schedule(n, r, 1000, 100).unwrap();
+                    let meta = ProgramMeta {
+                        rank: r,
+                        ranks: n,
+                        dtype: crate::DataType::F32,
+                        op: Some(crate::ReduceOp::Sum),
+                        layout: Layout::Separate,
+                        finish: None,
+                    };
+                    let image = encode(&schedule, &meta)
+                        .unwrap_or_else(|e| panic!("{} n {n} rank {r}: {e}", algo.name));
+                    assert_eq!(decode(&image).unwrap().schedule(), schedule);
+                }
+            }
+        }
+    }
+
     /// The schedules a communicator runs, built at a slot-sized slice,
     /// through the crate's simulator with FIFOs of 2 and 8 slots: the
     /// checked algorithm stays right when sliced finer than the checker did.
