@@ -54,6 +54,15 @@ pub struct Config {
     /// algorithm (one-shot broadcast, say) runs its ring. `None`: the
     /// library chooses.
     pub algorithm: Option<Algorithm>,
+    /// A file of a user algorithm in the text format (FERROCCL_ALGO_FILE;
+    /// docs/algorithms.md): checked for the communicator's rank count when
+    /// it is created (an error there if it is refused), then run by every
+    /// call of its collective.
+    pub algorithm_file: Option<std::path::PathBuf>,
+    /// A user algorithm given in code (built with
+    /// `ferroccl::algo::user::UserAlgorithm::build`), checked and run like
+    /// [`Config::algorithm_file`]; setting both is an error.
+    pub user_algorithm: Option<crate::algo::user::UserAlgorithm>,
     /// Directory of shared-memory segments (FERROCCL_SHM_DIR; default
     /// /dev/shm). Segments are unlinked as soon as both ranks mapped them.
     pub shm_dir: Option<std::path::PathBuf>,
@@ -150,6 +159,8 @@ impl Config {
             nsocks_per_peer: DEFAULT_NSOCKS_PERPEER,
             socket_ifname: None,
             algorithm: None,
+            algorithm_file: None,
+            user_algorithm: None,
             calibrate: true,
             shm_dir: None,
             nt_store_bytes: DEFAULT_NT_STORE_BYTES,
@@ -186,8 +197,8 @@ impl Config {
     /// FERROCCL_IB_* (each else its NCCL_IB_ name),
     /// FERROCCL_P2P_DISABLE (else NCCL_P2P_DISABLE), FERROCCL_MAX_NCHANNELS
     /// (else NCCL_MAX_NCHANNELS), FERROCCL_SIMD and
-    /// FERROCCL_PROTO (else NCCL_PROTO) (checked only) and FERROCCL_ALGO
-    /// read through `get`; a value that does not
+    /// FERROCCL_PROTO (else NCCL_PROTO) (checked only), FERROCCL_ALGO and
+    /// FERROCCL_ALGO_FILE (read and checked at creation) read through `get`; a value that does not
     /// parse is an error naming it.
     pub fn from_env_overrides(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
         fn parse<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
@@ -281,6 +292,10 @@ impl Config {
                 )));
             }
         }
+        if let Some(v) = get("FERROCCL_ALGO_FILE") {
+            self.algorithm_file =
+                Some(std::path::PathBuf::from(v)).filter(|p| !p.as_os_str().is_empty());
+        }
         if let Some(v) = get("FERROCCL_ALGO") {
             self.algorithm = if v.trim().is_empty() {
                 None
@@ -295,6 +310,38 @@ impl Config {
             };
         }
         Ok(())
+    }
+
+    /// The user algorithm this communicator runs, checked for its rank
+    /// count: from [`Config::user_algorithm`] or read from
+    /// [`Config::algorithm_file`], with where it came from for the log.
+    /// A file that cannot be read or parsed, a rank count it does not
+    /// claim, or a refusal of the checker is an error naming the file and
+    /// the line, rank and step.
+    pub(crate) fn checked_user_algorithm(&self) -> Result<Option<crate::algo::user::Checked>> {
+        use crate::algo::user::Checked;
+        let (algo, source) = match (&self.user_algorithm, &self.algorithm_file) {
+            (None, None) => return Ok(None),
+            (Some(_), Some(path)) => {
+                return Err(Error::InvalidArgument(format!(
+                    "both Config::user_algorithm and an algorithm file ({}) are set: set one",
+                    path.display()
+                )))
+            }
+            (Some(algo), None) => (algo.clone(), "Config::user_algorithm".to_string()),
+            (None, Some(path)) => {
+                let source = format!("FERROCCL_ALGO_FILE={}", path.display());
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    Error::InvalidArgument(format!("{source}: cannot read it: {e}"))
+                })?;
+                let algo = crate::algo::text::parse(&text)
+                    .map_err(|e| Error::InvalidArgument(format!("{source}: {e}")))?;
+                (algo, source)
+            }
+        };
+        Checked::new(&algo, self.size, source.clone())
+            .map(Some)
+            .map_err(|e| Error::InvalidArgument(format!("{source}: refused: {e}")))
     }
 
     /// Bytes per slot.
@@ -398,6 +445,37 @@ mod tests {
         let mut c = Config::new(0, 2, "127.0.0.1", 1, 7)?;
         c.from_env_overrides(&|k| map.get(k).cloned())?;
         Ok(c)
+    }
+
+    #[test]
+    fn algorithm_file_is_read_from_the_environment_and_checked_at_creation() {
+        let c = with(&[("FERROCCL_ALGO_FILE", "/nowhere/x.algo")]).unwrap();
+        assert_eq!(
+            c.algorithm_file.as_deref(),
+            Some(std::path::Path::new("/nowhere/x.algo"))
+        );
+        let err = c.checked_user_algorithm().unwrap_err().to_string();
+        assert!(
+            err.contains("FERROCCL_ALGO_FILE=/nowhere/x.algo") && err.contains("cannot read"),
+            "{err}"
+        );
+        assert_eq!(
+            with(&[("FERROCCL_ALGO_FILE", "")]).unwrap().algorithm_file,
+            None
+        );
+        assert!(with(&[])
+            .unwrap()
+            .checked_user_algorithm()
+            .unwrap()
+            .is_none());
+        // Both ways at once is ambiguous.
+        let mut both = with(&[("FERROCCL_ALGO_FILE", "/nowhere/x.algo")]).unwrap();
+        both.user_algorithm = Some(crate::algo::user::examples::halving_doubling(2));
+        let err = both.checked_user_algorithm().unwrap_err().to_string();
+        assert!(err.contains("set one"), "{err}");
+        both.algorithm_file = None;
+        let checked = both.checked_user_algorithm().unwrap().unwrap();
+        assert_eq!(checked.name(), "halving_doubling");
     }
 
     #[test]

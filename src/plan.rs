@@ -64,6 +64,9 @@ pub(crate) struct Facts {
     pub(crate) forced: Option<Algorithm>,
     /// Hosts the ranks are on, and the largest host's rank count.
     pub(crate) layout: Layout,
+    /// A user algorithm runs every allreduce (`algo::user`): no allreduce
+    /// skips its schedule.
+    pub(crate) user: bool,
 }
 
 /// How a call starts, decided from the call alone.
@@ -128,6 +131,10 @@ pub(crate) fn route(
     // in (the others would wait for it).
     if kind == CollKind::SendRecv || !facts.control {
         return Ok(Route::Slots { note: false });
+    }
+    if facts.user && kind == CollKind::AllReduce {
+        // The user algorithm runs it, windows or not.
+        return Ok(Route::Slots { note: true });
     }
     let free = facts.forced.is_none();
     if free && in_bytes <= INLINE_BYTES {
@@ -375,6 +382,26 @@ pub(crate) fn slices(
     }
 }
 
+/// The INFO line for an allreduce of `bytes` that the user algorithm
+/// `user` runs.
+pub(crate) fn explain_user(
+    bytes: usize,
+    facts: &Facts,
+    user: &crate::algo::user::Checked,
+) -> String {
+    let route = route(CollKind::AllReduce, bytes, Memory::Host, facts)
+        .unwrap_or(Route::Slots { note: false });
+    format!(
+        "all_reduce of {bytes} bytes on {} ranks -> user algorithm '{}' ({}; the checker \
+         accepted it for {} ranks at creation, so the tuner does not choose), {}",
+        facts.size,
+        user.name(),
+        user.source(),
+        facts.size,
+        route.explain()
+    )
+}
+
 /// The INFO line for a call of `kind` and `bytes`: the route, and the
 /// algorithm where the call goes through slots.
 pub(crate) fn explain(
@@ -436,6 +463,7 @@ mod tests {
             windows: false,
             forced: None,
             layout: Layout::one_host(4),
+            user: false,
         }
     }
 
@@ -575,6 +603,20 @@ mod tests {
         assert_eq!(
             route(CollKind::AllReduce, 8, Memory::Host, &forced).unwrap(),
             Route::Slots { note: true }
+        );
+        // A user algorithm takes every allreduce, and only allreduces.
+        let user = Facts {
+            user: true,
+            windows: true,
+            ..f
+        };
+        assert_eq!(
+            route(CollKind::AllReduce, 8, Memory::Host, &user).unwrap(),
+            Route::Slots { note: true }
+        );
+        assert_eq!(
+            route(CollKind::AllGather, 8, Memory::Host, &user).unwrap(),
+            Route::Inline
         );
         // Send/recv never checks in.
         assert_eq!(

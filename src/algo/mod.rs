@@ -2,15 +2,19 @@
 //! which part of which buffer, to and from which peer.
 //!
 //! Nothing here performs I/O, holds a clock or uses `unsafe`: a schedule for
-//! any rank count can be built and checked on a laptop (see `sim` in the
-//! tests). The executor (`exec`) interprets schedules over connections.
+//! any rank count can be built and checked on a laptop (`sim`, which the
+//! tests run on every builder's schedules and the checker of user-written
+//! algorithms, `user`, runs when a communicator is created). The executor
+//! (`exec`) interprets schedules over connections.
 
 pub mod channels;
 pub mod direct;
 pub mod encode;
 pub mod hier;
 pub mod ring;
+pub mod text;
 pub mod tree;
+pub mod user;
 
 /// The algorithms a collective can run on. Each collective supports a
 /// subset (see `coll`); a forced algorithm a collective does not support
@@ -317,7 +321,6 @@ pub fn slice_of(piece: (usize, usize), s: usize, slice: usize) -> (usize, usize)
     (piece.0 + start, len)
 }
 
-#[cfg(test)]
 pub(crate) mod sim;
 
 #[cfg(test)]

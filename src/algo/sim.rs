@@ -21,6 +21,7 @@ pub(crate) fn run(
     run_with(schedules, inputs, outputs, in_place, cap, |a, b| a + b)
 }
 
+#[cfg(test)]
 /// f32 addition, rounding every combine: results then depend on the order
 /// of the combines, which lets a test check that ranks agree bit for bit.
 pub(crate) fn add_f32(acc: f64, x: f64) -> f64 {
@@ -171,6 +172,7 @@ fn drive<P>(
 /// `Ok(informed)`: `informed[r]` when what rank r knows links every rank
 /// to it, so that a mismatch anywhere would have failed its call. Frames
 /// run over bounded FIFOs of `cap`, as in [`run`]; tags are checked.
+#[cfg(test)]
 pub(crate) fn knowledge(schedules: &[Schedule], cap: usize) -> Result<Vec<bool>, String> {
     let n = schedules.len();
     // Known "same call" pairs, as an n x n adjacency bit set per rank.

@@ -16,6 +16,7 @@ mod knowledge_tests;
 mod point_to_point;
 mod reduce;
 mod reduce_scatter;
+mod user;
 
 pub(crate) use all_gather::{all_gather, all_gather_in_place};
 pub(crate) use all_reduce::all_reduce;
@@ -33,6 +34,8 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::plan::Memory;
 use std::ops::Range;
+
+pub(crate) use user::all_reduce as user_all_reduce;
 
 /// The kinds of call that carry a fingerprint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -117,6 +117,9 @@ impl Inner {
         let count = call.slice_count(inner.size);
         let facts = inner.facts();
         let bytes = call.count * elem;
+        if let (Some(user), CollKind::AllReduce, false) = (&inner.user, call.kind, call.internal) {
+            return inner.build_user_plan(call, user, (count, elem), chunk_bytes, &facts);
+        }
         // Only collectives with a choice ask the model (it allocates the
         // list of costs): the others run their one algorithm.
         let (algorithm, costs) =
@@ -161,6 +164,46 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// The plan of an allreduce the user algorithm `user` runs.
+    #[cold]
+    fn build_user_plan(
+        &self,
+        call: &CollCall,
+        user: &crate::algo::user::Checked,
+        (count, elem): (usize, usize),
+        chunk_bytes: usize,
+        facts: &Facts,
+    ) -> Result<Plan> {
+        let bytes = call.count * elem;
+        if tracing::enabled!(tracing::Level::INFO)
+            && lock(&self.tuned).insert((call.kind.code(), tune::size_class(bytes)))
+        {
+            tracing::info!(
+                rank = self.rank,
+                "plan: {}",
+                plan::explain_user(bytes, facts, user)
+            );
+        }
+        // Frames as large as the ring's: a pass of the algorithm per block.
+        let geometry = plan::geometry(
+            call.kind,
+            crate::algo::Algorithm::Ring,
+            (self.rank, self.size),
+            count,
+            elem,
+            chunk_bytes,
+        );
+        let mut plan = coll::user_all_reduce(geometry, call.send_len, call.recv_len, user)?;
+        let frames = !facts.control || call.memory != Memory::Host;
+        if frames && plan::confirms(call.kind, call.count, self.size) {
+            let confirm = coll::confirmation(call, geometry, crate::algo::Algorithm::Ring);
+            plan.schedule.steps.extend(confirm.steps);
+        }
+        Ok(plan)
+    }
+}
+
 impl Communicator {
     /// What a call carries besides its buffers, for its fingerprint.
     pub(super) fn spec<T: Element>(&self, call: &CollCall) -> CallSpec {
@@ -193,6 +236,7 @@ impl Inner {
                 hosts: self.hosts.hosts(),
                 largest: self.hosts.largest(),
             },
+            user: self.user.is_some(),
         }
     }
 
@@ -393,6 +437,46 @@ impl Communicator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With a user algorithm set, an allreduce's plan is its schedule
+    /// (halving-doubling on 4 ranks: rank r's first frame goes to r ^ 2,
+    /// where the ring's goes to r + 1), and other collectives keep theirs.
+    #[test]
+    fn a_user_algorithm_plans_every_allreduce() {
+        use crate::algo::user::examples::halving_doubling;
+        let firsts = crate::testing::run_ranks_with(
+            4,
+            |config| {
+                config.transport = Some("mem".into());
+                config.user_algorithm = Some(halving_doubling(8));
+            },
+            |comm| {
+                let inner = &comm.inner;
+                let first_send = |kind, len: usize| {
+                    let recv = if kind == CollKind::AllGather {
+                        4 * len
+                    } else {
+                        len
+                    };
+                    let call = CollCall::new(kind, len, len, recv);
+                    let plan = inner.build_plan_chunked::<f32>(&call, 1 << 20).unwrap();
+                    plan.schedule
+                        .steps
+                        .iter()
+                        .find(|s| s.prim.sends())
+                        .map(|s| s.send_to)
+                };
+                (
+                    first_send(CollKind::AllReduce, 4096),
+                    first_send(CollKind::AllGather, 4096),
+                )
+            },
+        );
+        for (r, (all_reduce, all_gather)) in firsts.into_iter().enumerate() {
+            assert_eq!(all_reduce, Some(r ^ 2), "rank {r}");
+            assert_eq!(all_gather, Some((r + 1) % 4), "rank {r}");
+        }
+    }
 
     /// A schedule over two channels, over the mem transport and slots
     /// (no check-in): rank 0 sends the first half of its input on channel

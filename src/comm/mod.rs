@@ -103,6 +103,9 @@ struct Inner {
     /// timed out ask it (through the store) to find the rank that never
     /// called.
     issued: Arc<AtomicU64>,
+    /// The user algorithm that runs every allreduce, checked for this
+    /// rank count at creation (`Config::checked_user_algorithm`).
+    user: Option<crate::algo::user::Checked>,
     /// The tuner's constants, agreed by every rank at creation.
     model: Mutex<LinkModel>,
     /// The tuner's model of a link inside a host (the hierarchical

@@ -104,6 +104,9 @@ impl Communicator {
     ) -> Result<Communicator> {
         crate::logging::init();
         let (rank, size) = (config.rank, config.size);
+        // Before any connection: every rank reads and checks the same
+        // algorithm alike, so a refusal is the same error on every rank.
+        let user = config.checked_user_algorithm()?;
         // Shared with the set-up watch thread below.
         let abort = Arc::new(AbortHandle::new());
         let transports = crate::transports::select(&config)?;
@@ -218,6 +221,7 @@ impl Communicator {
             watcher_stop: Mutex::new(Some(stop_tx)),
             splits: AtomicU64::new(0),
             issued: Arc::new(AtomicU64::new(0)),
+            user,
             model: Mutex::new(LinkModel::DEFAULT),
             intra_model: Mutex::new(LinkModel::DEFAULT),
             hosts,

@@ -10,7 +10,7 @@ use ferroccl_bench::options::parse_size;
 use ferroccl_bench::sim::engine::simulate;
 use ferroccl_bench::sim::engine::DEFAULT_MAX_RUNS;
 use ferroccl_bench::sim::model::{Cluster, PRESETS};
-use ferroccl_bench::sim::schedules::{algorithms, job_within};
+use ferroccl_bench::sim::schedules::{algorithms, job_within, user_job};
 use ferroccl_bench::sim::svg::{plot, Series};
 use std::io::Write;
 use std::time::Instant;
@@ -35,6 +35,9 @@ options:
   -f, --stepfactor F        multiply the size by F each row (default 2)
   -d, --datatype T          element type (default float)
   -a, --algo LIST           algorithms, comma separated, or all (default all)
+      --algo-file FILE      also time the user algorithm in FILE (allreduce;
+                            text format of docs/algorithms.md), checked for
+                            each rank count first
       --max-direct-ranks N  simulate one_shot and two_shot up to N ranks
                             (default 512: their n^2 connections)
       --max-runs N          refuse a job whose schedules take more than N runs
@@ -55,6 +58,7 @@ struct Args {
     factor: usize,
     dtype: DataType,
     algos: Option<Vec<Algorithm>>,
+    algo_file: Option<String>,
     max_direct: usize,
     max_runs: usize,
     csv: Option<String>,
@@ -74,6 +78,7 @@ fn parse(argv: &[String]) -> Result<Option<Args>, String> {
         factor: 2,
         dtype: DataType::F32,
         algos: None,
+        algo_file: None,
         max_direct: 512,
         max_runs: DEFAULT_MAX_RUNS,
         csv: None,
@@ -155,6 +160,7 @@ fn parse(argv: &[String]) -> Result<Option<Args>, String> {
             "--svg-ranks" => a.svg_ranks = Some(value()?),
             "--at" => a.at = Some(parse_size(&value()?)?),
             "--print-model" => a.print_model = true,
+            "--algo-file" => a.algo_file = Some(value()?),
             "--coll" | "--op" => {
                 let v = value()?;
                 a.coll = Coll::from_name(&v).ok_or_else(|| format!("unknown collective '{v}'"))?;
@@ -169,6 +175,9 @@ fn parse(argv: &[String]) -> Result<Option<Args>, String> {
     }
     if algorithms(a.coll).is_empty() {
         return Err(format!("{} has no schedule the simulator runs", a.coll));
+    }
+    if a.algo_file.is_some() && a.coll != Coll::AllReduce {
+        return Err("--algo-file: user algorithms implement allreduce".into());
     }
     if a.min > a.max {
         return Err("-b is above -e".into());
@@ -338,6 +347,9 @@ fn run(a: &Args) -> Result<(), String> {
             by_size.push((format!("{algo}, {n} ranks"), series));
         }
     }
+    if let Some(path) = &a.algo_file {
+        run_user(a, path)?;
+    }
     let title = |what: &str| format!("ferroccl-sim {}: {} ({what})", a.coll, a.cluster.name);
     if let Some(path) = &a.svg_sizes {
         std::fs::write(
@@ -354,6 +366,58 @@ fn run(a: &Args) -> Result<(), String> {
         let what = format!("predicted at {} bytes", at);
         std::fs::write(path, plot(&title(&what), "ranks", false, &series))
             .map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Time the user algorithm of `path` for every rank count (after the
+/// checker accepts it there), in the same columns.
+fn run_user(a: &Args, path: &str) -> Result<(), String> {
+    use ferroccl::algo::{text, user::Checked};
+    let source = std::fs::read_to_string(path).map_err(|e| format!("--algo-file {path}: {e}"))?;
+    let algo = text::parse(&source).map_err(|e| format!("--algo-file {path}: {e}"))?;
+    let elem = a.dtype.size();
+    for &n in &a.ranks {
+        let user = Checked::new(&algo, n, path.to_string())
+            .map_err(|e| format!("--algo-file {path}: refused: {e}"))?;
+        println!(
+            "# {} ranks ({} hosts), {}, user algorithm {} ({path})",
+            n,
+            n.div_ceil(a.cluster.ranks_per_host),
+            a.coll,
+            user.name()
+        );
+        println!(
+            "#{:>11} {:>12} {:>8} {:>6} {:>6} {:>12} {:>9} {:>9} {:>12}",
+            "size", "count", "type", "redop", "root", "time(us)", "algbw", "busbw", "steps"
+        );
+        for bytes in sizes(a) {
+            let count = a.coll.block_count(bytes, elem, n);
+            let size = count * elem;
+            let job = match user_job(&a.cluster, &user, (n, count, elem), a.max_runs) {
+                Ok(j) => j,
+                Err(e) => {
+                    println!("# {size} bytes: left out: {e}");
+                    continue;
+                }
+            };
+            let out = simulate(&a.cluster, &job)
+                .map_err(|e| format!("{n} ranks, {}, {size} bytes: {e}", user.name()))?;
+            let (algbw, busbw) = bandwidth(a.coll, n, size, out.time_us * 1e-6);
+            println!(
+                "{:>12} {:>12} {:>8} {:>6} {:>6} {:>12.2} {:>9.2} {:>9.2} {:>12}",
+                size,
+                count,
+                a.dtype.name(),
+                "sum",
+                "-1",
+                out.time_us,
+                algbw,
+                busbw,
+                out.steps
+            );
+        }
+        println!();
     }
     Ok(())
 }

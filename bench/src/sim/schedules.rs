@@ -143,3 +143,51 @@ pub fn job_within(
     }
     Some(Ok(job))
 }
+
+/// Every rank's schedule of an allreduce of `count` elements of `elem`
+/// bytes by the user algorithm `user` (checked for `ranks` ranks), cut as
+/// a communicator cuts it (frames of the ring's slice; one channel, as the
+/// host executor runs it).
+pub fn user_job(
+    cluster: &Cluster,
+    user: &ferroccl::algo::user::Checked,
+    (ranks, count, elem): (usize, usize, usize),
+    max_runs: usize,
+) -> Result<Job, String> {
+    let slice = planner::all_reduce_slice(Algorithm::Ring, ranks, count, elem, cluster.chunk_bytes);
+    let mut job = Job::new(ranks, 1);
+    job.max_runs = max_runs;
+    for rank in 0..ranks {
+        job.add(rank, &user.schedule(rank, count, slice), elem)?;
+    }
+    Ok(job)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::engine::simulate;
+    use ferroccl::algo::user::{examples::halving_doubling, Checked};
+
+    /// A user algorithm's job holds every step of every rank's schedule
+    /// (counted from the schedules the library builds) and simulates.
+    #[test]
+    fn a_user_algorithm_is_timed() {
+        let cluster = Cluster::preset("h100").unwrap();
+        let algo = halving_doubling(16);
+        for n in [2, 8, 16] {
+            let user = Checked::new(&algo, n, "test".into()).unwrap();
+            for count in [1usize, 1000, 1 << 20] {
+                let job = user_job(&cluster, &user, (n, count, 4), DEFAULT_MAX_RUNS).unwrap();
+                let out = simulate(&cluster, &job).unwrap();
+                let slice =
+                    planner::all_reduce_slice(Algorithm::Ring, n, count, 4, cluster.chunk_bytes);
+                let steps: usize = (0..n)
+                    .map(|r| user.schedule(r, count, slice).steps.len())
+                    .sum();
+                assert_eq!(out.steps as usize, steps, "n {n} count {count}");
+                assert!(out.time_us > 0.0);
+            }
+        }
+    }
+}
