@@ -380,12 +380,7 @@ fn check(ranks: usize, config: FsdpConfig, opt: Opt) {
         Precision::Bf16 => U_BF16,
     };
     let tol = tolerance(opt, ranks, steps, gmax, wmax, u);
-    let moved = want
-        .iter()
-        .flatten()
-        .zip(init_flat().iter().flatten())
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
+    let moved = max_diff(&narrow_all(&init_flat()), &want);
     assert!(
         moved > 4.0 * tol,
         "training moves the weights by {moved}, tolerance {tol}"
@@ -551,13 +546,7 @@ fn check_gathers(ranks: usize, config: FsdpConfig, opt: Opt, steps: usize) -> us
         reference.step_at(&at);
     }
     let tol = tolerance(opt, ranks, steps, reference.gmax, reference.wmax, u);
-    let moved = reference
-        .flat
-        .iter()
-        .flatten()
-        .zip(init_flat().iter().flatten())
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
+    let moved = max_diff(&narrow_all(&init_flat()), &reference.flat);
     assert!(
         moved > 4.0 * tol,
         "training moves the weights by {moved}, tolerance {tol}"

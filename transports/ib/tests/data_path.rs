@@ -2,86 +2,22 @@
 //! the conformance suite: credits with a slow receiver, a stale remote key,
 //! a host dying mid-transfer, and what crosses the fabric per frame.
 
-use ferroccl_ib::conn::{self, EndParts, Geometry, LocalRegions, CTS_ENTRY_BYTES};
-use ferroccl_ib::{Device, EmuDevice, EmuFabric, EmuQp, IbCloser, IbReceiver, IbSender};
-use ferroccl_transport::{
-    AbortHandle, FrameHeader, SlotReceiver, SlotSender, TransportError, HEADER_BYTES,
-};
+mod common;
+
+use common::{bounded, connect, header, soon};
+use ferroccl_ib::conn::{self, Geometry, CTS_ENTRY_BYTES};
+use ferroccl_ib::ZeroCopyConfig;
+use ferroccl_ib::{Device, EmuFabric};
+use ferroccl_transport::{AbortHandle, SlotReceiver, SlotSender, TransportError, HEADER_BYTES};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
-
-type End = (
-    IbSender<EmuDevice, EmuQp>,
-    IbReceiver<EmuDevice, EmuQp>,
-    Arc<IbCloser<EmuDevice, EmuQp>>,
-);
-
-/// Ranks 0 and 1 on devices of `fabric`, joined with geometry `g`; also
-/// returns both devices and rank 1's regions.
-fn connect(
-    fabric: &EmuFabric,
-    g: Geometry,
-    abort: &AbortHandle,
-) -> (End, End, [EmuDevice; 2], LocalRegions) {
-    let devs = [fabric.device(), fabric.device()];
-    let regions = [
-        LocalRegions::register(&devs[0], &g).unwrap(),
-        LocalRegions::register(&devs[1], &g).unwrap(),
-    ];
-    let mut out: [Vec<EmuQp>; 2] = [Vec::new(), Vec::new()];
-    let mut inq: [Vec<EmuQp>; 2] = [Vec::new(), Vec::new()];
-    for _ in 0..g.qps {
-        for from in 0..2 {
-            let (a, b) = fabric.connect(&devs[from], &devs[1 - from], g.queue_depth());
-            out[from].push(a);
-            inq[1 - from].push(b);
-        }
-    }
-    let [out0, out1] = out;
-    let [in0, in1] = inq;
-    let end = |rank: usize, out_qps, in_qps| {
-        conn::open(EndParts {
-            rank,
-            peer: 1 - rank,
-            geometry: g,
-            dev: devs[rank].clone(),
-            regions: regions[rank],
-            remote: regions[1 - rank].info(),
-            out_qps,
-            in_qps,
-            abort: abort.signal(),
-        })
-        .unwrap()
-    };
-    let e0 = end(0, out0, in0);
-    let e1 = end(1, out1, in1);
-    (e0, e1, devs.clone(), regions[1])
-}
 
 fn frame(i: usize, len: usize) -> Vec<u8> {
     (0..len)
         .map(|k| (i.wrapping_mul(131) ^ k.wrapping_mul(7)) as u8)
         .collect()
-}
-
-fn header(i: usize) -> FrameHeader {
-    FrameHeader::data(Default::default(), i as u32)
-}
-
-fn soon(ms: u64) -> Instant {
-    Instant::now() + Duration::from_millis(ms)
-}
-
-/// Runs `f` on a thread; fails the test if it takes over 20 s.
-fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(20))
-        .expect("test hung or panicked")
 }
 
 /// A receiver that takes its time: the sender is never more than `steps`
@@ -97,7 +33,8 @@ fn a_slow_receiver_holds_the_sender_to_its_credits() {
             steps: 3,
             qps: 1,
         };
-        let ((mut tx, _r0, _c0), (_s1, mut rx, _c1), _, _) = connect(&fabric, g, &abort);
+        let ((mut tx, _r0, _c0), (_s1, mut rx, _c1), _, _) =
+            connect(&fabric, g, ZeroCopyConfig::default(), &abort);
         let frames = 40;
         let received = Arc::new(AtomicU64::new(0));
         let seen = Arc::clone(&received);
@@ -148,7 +85,8 @@ fn a_stale_remote_key_fails_both_ends_naming_the_peer() {
             steps: 2,
             qps: 1,
         };
-        let ((mut tx, _r0, _c0), (_s1, mut rx, _c1), devs, slots1) = connect(&fabric, g, &abort);
+        let ((mut tx, _r0, _c0), (_s1, mut rx, _c1), devs, slots1) =
+            connect(&fabric, g, ZeroCopyConfig::default(), &abort);
         tx.send_from(header(0), soon(5_000), b"fine").unwrap();
         rx.recv_with(soon(5_000), &mut |_, b| {
             assert_eq!(b, b"fine");
@@ -186,7 +124,8 @@ fn a_host_dying_mid_transfer_ends_the_peers_waits() {
             steps: 4,
             qps: 2,
         };
-        let ((mut tx, mut rx0, _c0), (_s1, mut rx1, _c1), devs, _) = connect(&fabric, g, &abort);
+        let ((mut tx, mut rx0, _c0), (_s1, mut rx1, _c1), devs, _) =
+            connect(&fabric, g, ZeroCopyConfig::default(), &abort);
         // Rank 1 takes a few frames, then its host dies.
         let taker = thread::spawn(move || {
             for _ in 0..3 {
@@ -246,7 +185,8 @@ fn writes_and_bytes_per_frame_are_the_protocols() {
                 steps: 4,
                 qps,
             };
-            let ((mut tx, _r0, _c0), (_s1, mut rx, _c1), _, _) = connect(&fabric, g, &abort);
+            let ((mut tx, _r0, _c0), (_s1, mut rx, _c1), _, _) =
+                connect(&fabric, g, ZeroCopyConfig::default(), &abort);
             let frames = 10u64;
             for i in 0..frames as usize {
                 tx.send_from(header(i), soon(5_000), &frame(i, n)).unwrap();
