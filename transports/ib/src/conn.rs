@@ -804,6 +804,21 @@ impl<D: Device, Q: QueuePair> IbSender<D, Q> {
             .then(|| self.end.qp_error("sending to"))
     }
 
+    /// The next frame's clear-to-send entry (`wait_for_slot` made sure
+    /// there is one), checked to hold a frame of `total` bytes.
+    fn take_credit(&mut self, total: usize) -> Result<Cts, TransportError> {
+        let Some(cts) = self.credits.pop_front() else {
+            unreachable!("wait_for_slot returned with a credit");
+        };
+        if (cts.size as usize) < total {
+            return Err(self.end.protocol(format!(
+                "its clear-to-send entry offers {} bytes for a frame of {total}",
+                cts.size
+            )));
+        }
+        Ok(cts)
+    }
+
     /// Waits until the next frame has an entry and its staging slot is free.
     fn wait_for_slot(&mut self, deadline: Instant) -> Result<(), TransportError> {
         let start = Instant::now();
@@ -897,16 +912,8 @@ impl<D: Device, Q: QueuePair> IbSender<D, Q> {
                 self.end.peer
             )));
         }
-        let Some(cts) = self.credits.pop_front() else {
-            unreachable!("wait_for_slot returned with a credit");
-        };
         let total = HEADER_BYTES + n;
-        if (cts.size as usize) < total {
-            return Err(self.end.protocol(format!(
-                "its clear-to-send entry offers {} bytes for a frame of {total}",
-                cts.size
-            )));
-        }
+        let cts = self.take_credit(total)?;
         let post_by = deadline.max(Instant::now() + Duration::from_secs(1));
         // The header first on the first queue pair: RC puts it in place
         // before that queue pair's piece, whose immediate the receiver
@@ -1038,16 +1045,8 @@ where
             .dev
             .write_region(stage, base + HEADER_BYTES, &payload[..n])
             .map_err(io)?;
-        let Some(cts) = self.credits.pop_front() else {
-            unreachable!("wait_for_slot returned with a credit");
-        };
         let total = HEADER_BYTES + n;
-        if (cts.size as usize) < total {
-            return Err(self.end.protocol(format!(
-                "its clear-to-send entry offers {} bytes for a frame of {total}",
-                cts.size
-            )));
-        }
+        let cts = self.take_credit(total)?;
         let pieces = if total >= STRIPE_MIN_BYTES {
             geometry.qps
         } else {
