@@ -405,7 +405,8 @@ fn compare<T: Copy + Into<f64>>(
 ) -> Result<(), String> {
     for (i, &g) in got.iter().enumerate() {
         let (g, w) = (g.into(), want(i));
-        // Equal, or both NaN (no reference here is NaN).
+        // Exact: the inputs make every result exact (see `input`); a NaN
+        // (the receive buffers' fill) never equals a reference.
         if g != w {
             return Err(format!("{what}: element {i} is {g}, expected {w}"));
         }
