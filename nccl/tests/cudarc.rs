@@ -4,8 +4,8 @@
 //! own target directory, then run as 2 and 3 processes with only a
 //! `libnccl.so` link to the cdylib cargo just built on the loader's path.
 //! Every check is in the program: that cudarc's loader mapped this very
-//! file, that every NCCL function cudarc declares (up to NCCL 2.29) and
-//! every one the program uses resolves in it, and that cudarc's
+//! file, that every NCCL function cudarc declares (for NCCL 2.30, but
+//! 2.30's parameter API) and every one the program uses resolves in it, and that cudarc's
 //! result-level calls (NULL stream, host memory) give the f64 references.
 
 use std::path::{Path, PathBuf};
