@@ -8,7 +8,15 @@
 #    as 2 and 3 processes on the one GPU with LD_PRELOAD of our
 #    libnccl.so.2 (real NCCL refuses ranks sharing a GPU); the losses of
 #    every step must match the single process's within 1e-4 (relative).
-# 2. nccl-tests: all_reduce_perf built here from the carried source
+# 2. cudarc: bin/cudarc-nccl-check (nccl/cudarc-check), Candle's pattern
+#    (rank 0's Id::new shared through a file, Comm::from_rank on each
+#    rank's stream, all_reduce of CudaSlices, 1 to 4M+3 f32, then
+#    all_reduce_in_place, broadcast and all_gather) as 2 and 3 processes
+#    on the one GPU with LD_LIBRARY_PATH=lib (cudarc opens libnccl.so);
+#    every rank checks that cudarc mapped our library and compares each
+#    result with an f64 reference. Then its host mode (cudarc's
+#    result-level calls on host memory, as in CI) as 3 processes.
+# 3. nccl-tests: all_reduce_perf built here from the carried source
 #    against our header and library (needs nvcc), run with 2 thread ranks
 #    on the one GPU (-t 2 -g 1), 8 B to 64 MiB, its own correctness check
 #    on (-c 1); and torch's NCCL with 1 rank beside it for latency, where
@@ -45,6 +53,34 @@ if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
   done
 else
   echo "SKIP: no python3 with torch and a CUDA device"
+fi
+
+echo "== cudarc nccl (Candle's pattern) with LD_LIBRARY_PATH=$lib"
+if [ -x "$here/bin/cudarc-nccl-check" ] && command -v nvidia-smi >/dev/null; then
+  # Our library compiles its reduction kernels with NVRTC: PyPI's
+  # nvidia-cuda-nvrtc in the Python that holds PyTorch, or the toolkit's.
+  nvrtc_dir=${FERROCCL_NVRTC_DIR:-}
+  [ -n "$nvrtc_dir" ] || for root in "$(python3 -c 'import sys; print(sys.prefix)' 2>/dev/null)" /opt/torch/.venv /usr/local/cuda /usr/local/cuda-13.0; do
+    [ -n "$root" ] && [ -d "$root" ] || continue
+    hit=$(find "$root" -name 'libnvrtc.so*' -not -name '*builtins*' 2>/dev/null | head -1)
+    if [ -n "$hit" ]; then nvrtc_dir=$(dirname "$hit"); break; fi
+  done
+  echo "libnvrtc: ${nvrtc_dir:-not found}"
+  for run in gpu:2 gpu:3 host:3; do
+    mode=${run%:*} world=${run#*:}
+    log="$logs/cudarc-$mode-$world.log"
+    if LD_LIBRARY_PATH="$lib${nvrtc_dir:+:$nvrtc_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      FERROCCL_CHECK_EXPECT_LIB=$lib/libferroccl_nccl.so FERROCCL_TIMEOUT=60 \
+      CUDARC_CHECK_TIMEOUT=240 timeout 300 "$here/bin/cudarc-nccl-check" "$mode" "$world" >"$log" 2>&1; then
+      echo "cudarc $mode, $world processes: every rank OK"
+    else
+      echo "cudarc $mode, $world processes: FAILED (cudarc-$mode-$world.log):"
+      tail -20 "$log"
+      status=1
+    fi
+  done
+else
+  echo "SKIP: no bin/cudarc-nccl-check (nccl/gpu/collect.sh builds it) or no nvidia-smi"
 fi
 
 echo "== nccl-tests all_reduce_perf on ferroccl"
