@@ -26,8 +26,8 @@ COLLECTIVE: allreduce (default), reducescatter, allgather, broadcast, reduce
             (also --coll NAME or --op NAME)
 
 options:
-      --preset NAME         a shipped model: h100, a100, cpu, v100 (default
-                            h100)
+      --preset NAME         a shipped model: h100, a100, cpu, v100, summit
+                            (default h100)
       --model FILE          a model file (key = value; docs/sim.md)
       --ranks LIST          rank counts, comma separated (default 8)
   -b, --minbytes SIZE       smallest size (default 8); suffixes K, M, G

@@ -15,11 +15,16 @@
 use std::fmt;
 
 /// Shipped presets: name, file name under `bench/sim/`, and contents.
-pub const PRESETS: [(&str, &str, &str); 4] = [
+pub const PRESETS: [(&str, &str, &str); 5] = [
     ("h100", "h100.conf", include_str!("../../sim/h100.conf")),
     ("a100", "a100.conf", include_str!("../../sim/a100.conf")),
     ("cpu", "cpu.conf", include_str!("../../sim/cpu.conf")),
     ("v100", "v100.conf", include_str!("../../sim/v100.conf")),
+    (
+        "summit",
+        "summit.conf",
+        include_str!("../../sim/summit.conf"),
+    ),
 ];
 
 /// How the ranks of one host reach each other.
@@ -93,7 +98,7 @@ pub struct Path {
 const NONE: usize = usize::MAX;
 
 impl Cluster {
-    /// A shipped preset by name (`h100`, `a100`, `cpu`, `v100`).
+    /// A shipped preset by name (`h100`, `a100`, `cpu`, `v100`, `summit`).
     pub fn preset(name: &str) -> Result<Cluster, String> {
         let (_, _, text) = PRESETS
             .iter()
