@@ -95,6 +95,11 @@ pub struct HostLinks {
 /// network link, so together they move what one ring of the whole buffer
 /// would, `2 (h - 1) / h` of it, in `2 (h - 1)` hops. Allgather: the
 /// same across hosts (`(h - 1) / h` of the output), then inside.
+/// Reduce-scatter (`bytes` the whole input, as the flat ring's cost reads
+/// it): every destination's chain has the ring's `n - 1` hops, `h - 1` of
+/// them across hosts and `n - h` inside (`n = h m`); a host sends
+/// `(h - 1) / h` of the input out over its `m` connections, a link inside
+/// carries `(m - 1) / m` of it, and each rank combines `(n - 1) / n`.
 pub(crate) fn hier_cost_us(
     coll: CollKind,
     layout: Layout,
@@ -125,6 +130,16 @@ pub(crate) fn hier_cost_us(
                 + (m - 1.0) * i.alpha_us
                 + (m - 1.0) / m * mv(i, b),
         ),
+        CollKind::ReduceScatter => {
+            let n = h * m;
+            Some(
+                (h - 1.0) * e.alpha_us
+                    + (h - 1.0) / h * mv(e, b)
+                    + (n - h) * i.alpha_us
+                    + (m - 1.0) / m * mv(i, b)
+                    + (n - 1.0) / n * red(i, b),
+            )
+        }
         _ => None,
     }
 }
@@ -279,7 +294,8 @@ fn candidates(coll: CollKind) -> &'static [Algorithm] {
 /// Whether the model chooses between algorithms for `coll` on `layout`
 /// (else it runs its one algorithm, the ring).
 pub(crate) fn has_choice(coll: CollKind, layout: Layout) -> bool {
-    candidates(coll).len() > 1 || (layout.hierarchical() && matches!(coll, CollKind::AllGather))
+    candidates(coll).len() > 1
+        || (layout.hierarchical() && matches!(coll, CollKind::AllGather | CollKind::ReduceScatter))
 }
 
 /// The cheapest algorithm for the call, and each candidate's modelled cost.
