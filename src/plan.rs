@@ -579,11 +579,12 @@ mod tests {
         let (a, _) = algorithm(CollKind::ReduceScatter, 8, &forced, &fast_host);
         assert_eq!(a, Algorithm::Hierarchical);
         // Reduce-scatter of a 64 MiB input on two hosts of two. Ring: 3
-        // hops of 50 us, 3/4 of the input over the network and combined.
-        // Hierarchical: 1 hop across and 2 inside; half the input out of
-        // each host, half over a link inside; 3/4 combined.
-        let ring = 3.0 * 50.0 + 0.75 * b / 125.0 + 0.75 * b / 1e6;
-        let hier = 50.0 + 0.5 * b / 125.0 + 2.0 * 2.0 + 0.5 * b / 20e3 + 0.75 * b / 1e6;
+        // hops of 50 us, each a quarter of the input over the network (its
+        // combine, faster, overlaps). Hierarchical: 1 tick across, two
+        // blocks over the network at once, and 2 ticks inside, a block
+        // each at 20 GB/s.
+        let ring = 3.0 * 50.0 + 0.75 * b / 125.0;
+        let hier = 50.0 + 0.5 * b / 125.0 + 2.0 * (2.0 + 0.25 * b / 20e3);
         let (a, costs) = algorithm(CollKind::ReduceScatter, bytes, &f, &fast_host);
         assert_eq!(a, Algorithm::Hierarchical, "{costs:?}");
         let got = |algo| costs.iter().find(|c| c.0 == algo).unwrap().1;

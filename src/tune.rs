@@ -95,11 +95,13 @@ pub struct HostLinks {
 /// network link, so together they move what one ring of the whole buffer
 /// would, `2 (h - 1) / h` of it, in `2 (h - 1)` hops. Allgather: the
 /// same across hosts (`(h - 1) / h` of the output), then inside.
-/// Reduce-scatter (`bytes` the whole input, as the flat ring's cost reads
-/// it): every destination's chain has the ring's `n - 1` hops, `h - 1` of
-/// them across hosts and `n - h` inside (`n = h m`); a host sends
-/// `(h - 1) / h` of the input out over its `m` connections, a link inside
-/// carries `(m - 1) / m` of it, and each rank combines `(n - 1) / n`.
+/// Reduce-scatter (`bytes` the whole input, `n = h m` blocks, as the
+/// flat ring's cost reads it): the schedule runs in ticks of one block a
+/// rank (`hier::reduce_scatter`), `h - 1` of them across hosts, where all
+/// `m` ranks of a host send over its network link at once (`m` blocks),
+/// and `n - h` inside; a tick costs the slower of its transfer and its
+/// combine, since the two overlap within a tick but the network idles
+/// during the ticks inside a host.
 pub(crate) fn hier_cost_us(
     coll: CollKind,
     layout: Layout,
@@ -132,12 +134,10 @@ pub(crate) fn hier_cost_us(
         ),
         CollKind::ReduceScatter => {
             let n = h * m;
+            let block = b / n;
             Some(
-                (h - 1.0) * e.alpha_us
-                    + (h - 1.0) / h * mv(e, b)
-                    + (n - h) * i.alpha_us
-                    + (m - 1.0) / m * mv(i, b)
-                    + (n - 1.0) / n * red(i, b),
+                (h - 1.0) * (e.alpha_us + mv(e, m * block).max(red(e, block)))
+                    + (n - h) * (i.alpha_us + mv(i, block).max(red(i, block))),
             )
         }
         _ => None,
@@ -266,8 +266,11 @@ pub(crate) fn cost_us(
             d * a + 2.0 * mv(b) + r
         }
         (CollKind::AllGather, Algorithm::Ring) => (nf - 1.0) * a + (nf - 1.0) / nf * mv(b),
+        // Each of the n - 1 hops moves and combines a block; the
+        // pipelined slices overlap the two, so the slower one counts (the
+        // hierarchical schedule's ticks are costed alike).
         (CollKind::ReduceScatter, Algorithm::Ring) => {
-            (nf - 1.0) * a + (nf - 1.0) / nf * (mv(b) + red(b))
+            (nf - 1.0) * a + (nf - 1.0) / nf * mv(b).max(red(b))
         }
         (CollKind::AllToAll, Algorithm::Ring) => (nf - 1.0) * (a + mv(b / nf)),
         (CollKind::SendRecv, Algorithm::Ring) => a + mv(b),
@@ -337,6 +340,19 @@ pub fn choose_all_reduce_on(
     links: &HostLinks,
 ) -> Algorithm {
     choose_on(CollKind::AllReduce, layout, n, bytes, links).0
+}
+
+/// The tuner's reduce-scatter choice ([`choose_on`]) for an input of
+/// `bytes` (every rank's `n` blocks together) on ranks spread as `layout`
+/// over `links`: the ring or the hierarchical schedule; public for the
+/// same reason as [`choose_all_reduce`].
+pub fn choose_reduce_scatter_on(
+    layout: Layout,
+    n: usize,
+    bytes: usize,
+    links: &HostLinks,
+) -> Algorithm {
+    choose_on(CollKind::ReduceScatter, layout, n, bytes, links).0
 }
 
 /// Size class of a call for logging: its power-of-two bucket.
