@@ -296,6 +296,15 @@ pub(crate) fn algorithm(
             (Algorithm::Ring, Vec::new())
         }
         Some(forced) => (forced, Vec::new()),
+        // A reduce-scatter's call names one rank's output block; the
+        // model costs the whole input, `size` blocks.
+        None if kind == CollKind::ReduceScatter => tune::choose_on(
+            kind,
+            facts.layout,
+            facts.size,
+            bytes.saturating_mul(facts.size),
+            links,
+        ),
         None => tune::choose_on(kind, facts.layout, facts.size, bytes, links),
     }
 }
@@ -578,14 +587,15 @@ mod tests {
         assert_eq!(a, Algorithm::Hierarchical);
         let (a, _) = algorithm(CollKind::ReduceScatter, 8, &forced, &fast_host);
         assert_eq!(a, Algorithm::Hierarchical);
-        // Reduce-scatter of a 64 MiB input on two hosts of two. Ring: 3
+        // Reduce-scatter of a 64 MiB input (16 MiB a rank, the call's
+        // count) on two hosts of two. Ring: 3
         // hops of 50 us, each a quarter of the input over the network (its
         // combine, faster, overlaps). Hierarchical: 1 tick across, two
         // blocks over the network at once, and 2 ticks inside, a block
         // each at 20 GB/s.
         let ring = 3.0 * 50.0 + 0.75 * b / 125.0;
         let hier = 50.0 + 0.5 * b / 125.0 + 2.0 * (2.0 + 0.25 * b / 20e3);
-        let (a, costs) = algorithm(CollKind::ReduceScatter, bytes, &f, &fast_host);
+        let (a, costs) = algorithm(CollKind::ReduceScatter, bytes / 4, &f, &fast_host);
         assert_eq!(a, Algorithm::Hierarchical, "{costs:?}");
         let got = |algo| costs.iter().find(|c| c.0 == algo).unwrap().1;
         assert!(
@@ -603,7 +613,7 @@ mod tests {
         );
         // As slow inside as across: a link inside carries as much as the
         // network saves, and the ring keeps it.
-        let (a, costs) = algorithm(CollKind::ReduceScatter, bytes, &f, &flat_links);
+        let (a, costs) = algorithm(CollKind::ReduceScatter, bytes / 4, &f, &flat_links);
         assert_eq!(a, Algorithm::Ring, "{costs:?}");
         assert!(costs.iter().any(|c| c.0 == Algorithm::Hierarchical));
     }

@@ -6,13 +6,19 @@
 //! each rank's shard (a ring over one rank per host), allgather inside
 //! each host. Allgather: allgather across hosts (each rank gathers the
 //! blocks of the ranks with its local index on every host), then allgather
-//! inside each host. Reduce-scatter has no hierarchical schedule: its
-//! partial sums for other hosts' ranks need a scratch buffer of `hosts`
-//! blocks, and schedules address only the caller's two buffers; it runs
-//! the ring.
+//! inside each host. Reduce-scatter: reduce-scatter inside each host, then
+//! across hosts, pipelined through frames so that no scratch is needed
+//! (the partial sums for other hosts' ranks travel inside frames, as in a
+//! ring reduce-scatter): each destination's chain walks every host's ranks
+//! over the links inside it and crosses to the next host at the next local
+//! index (see [`reduce_scatter`]); a host sends `n - m` blocks out over
+//! its `m` ranks' connections, against the flat ring's `n - 1` through
+//! one rank.
 //!
-//! Uneven hosts (hosts of different rank counts) are handled, not refused:
-//! the data is cut into `P` classes, `P` the largest host's rank count;
+//! Uneven hosts (hosts of different rank counts) are handled, not refused.
+//! Reduce-scatter's chains then start at ticks found by search, so that
+//! no link carries two frames in one tick (`chain_starts`). Allreduce and
+//! allgather cut the data into `P` classes, `P` the largest host's rank count;
 //! on a host of `m` ranks, local rank `i` holds every class `c` with
 //! `c % m == i`, and class `c`'s ring across hosts runs through local rank
 //! `c % m` of every host. A rank of a small host then runs several rings

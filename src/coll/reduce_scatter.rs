@@ -50,3 +50,57 @@ pub(crate) fn reduce_scatter_in_place(
     plan.output_base = g.rank * count;
     Ok(plan)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{plan_on, CollCall, CollKind};
+    use super::*;
+    use crate::algo::Algorithm;
+
+    /// The planner passes the host map to every call: a reduce-scatter
+    /// runs the hierarchical schedule only when the algorithm is the
+    /// hierarchical one and the map covers the communicator, else exactly
+    /// the ring's schedule (one host, or the ring chosen), out of place
+    /// and in place.
+    #[test]
+    fn the_ring_unless_hierarchical_over_this_communicators_hosts() {
+        let two = HostMap::from_sizes(&[2, 2]);
+        let one = HostMap::single(4);
+        let count = 37;
+        for rank in 0..4 {
+            let g = Geometry {
+                rank,
+                size: 4,
+                slice: 8,
+            };
+            let ring = ring::reduce_scatter(g.ring(), count);
+            let hier = hier::reduce_scatter(&two, rank, count, 8);
+            assert_ne!(ring, hier);
+            let out = CollCall::new(CollKind::ReduceScatter, count, 4 * count, count);
+            let inp = CollCall {
+                in_place: true,
+                ..CollCall::new(CollKind::ReduceScatter, count, 4 * count, 4 * count)
+            };
+            for call in [out, inp] {
+                let plan = |algo, hosts| plan_on(&call, g, algo, hosts).unwrap();
+                assert_eq!(plan(Algorithm::Ring, Some(&two)).schedule, ring);
+                assert_eq!(plan(Algorithm::Ring, None).schedule, ring);
+                assert_eq!(plan(Algorithm::Hierarchical, Some(&two)).schedule, hier);
+                // A map of another size (a split communicator's parent).
+                let other = HostMap::from_sizes(&[2, 3]);
+                assert_eq!(plan(Algorithm::Hierarchical, Some(&other)).schedule, ring);
+                // One host: the hierarchical builder is the ring itself.
+                let single = plan(Algorithm::Hierarchical, Some(&one));
+                assert_eq!(
+                    single.output_base,
+                    if call.in_place { rank * count } else { 0 }
+                );
+                assert_eq!(
+                    single.schedule.steps.len(),
+                    ring.steps.len(),
+                    "one host: as many steps as the ring"
+                );
+            }
+        }
+    }
+}
