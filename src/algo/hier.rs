@@ -487,7 +487,7 @@ impl HostMap {
 ///
 /// On even hosts every chain starts at 0: rank `(g, i)` then serves at
 /// tick `k` exactly one chain (the one of local index `i - 1 - k mod m`,
-/// its host `k / m` hosts back), so it sends one frame a tick, and a link
+/// its host `k / m + 1` hosts back), so it sends one frame a tick, and a link
 /// carries at most one. On uneven hosts chains of destinations whose
 /// local indices agree modulo a small host would meet on that host's
 /// links; there each chain, in rank order, starts at the first tick at
