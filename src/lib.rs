@@ -44,7 +44,9 @@ mod window;
 pub mod planner {
     pub use crate::device_tune::bulk_channels;
     pub use crate::plan::{all_reduce_slice, block_slice};
-    pub use crate::tune::{choose_all_reduce, choose_all_reduce_on, HostLinks, Layout};
+    pub use crate::tune::{
+        choose_all_reduce, choose_all_reduce_on, choose_reduce_scatter_on, HostLinks, Layout,
+    };
 }
 
 pub use comm::{Communicator, DeviceWork, Work};

@@ -282,7 +282,8 @@ pub(crate) fn direct_store(
 /// forced one, else the model's cheapest), with every candidate's modelled
 /// cost for the log. The hierarchical algorithm, forced or chosen, runs
 /// only where the ranks span hosts with several on some host, and only for
-/// the collectives it serves (allreduce, allgather): elsewhere, the ring,
+/// the collectives it serves (allreduce, allgather, reduce-scatter):
+/// elsewhere, the ring,
 /// so that a one-host communicator keeps its path whatever FERROCCL_ALGO.
 pub(crate) fn algorithm(
     kind: CollKind,
@@ -295,13 +296,26 @@ pub(crate) fn algorithm(
             (Algorithm::Ring, Vec::new())
         }
         Some(forced) => (forced, Vec::new()),
+        // A reduce-scatter's call names one rank's output block; the
+        // model costs the whole input, `size` blocks.
+        None if kind == CollKind::ReduceScatter => tune::choose_on(
+            kind,
+            facts.layout,
+            facts.size,
+            bytes.saturating_mul(facts.size),
+            links,
+        ),
         None => tune::choose_on(kind, facts.layout, facts.size, bytes, links),
     }
 }
 
 /// Whether the hierarchical algorithm serves `kind` on `layout`.
 pub(crate) fn hier_applies(kind: CollKind, layout: Layout) -> bool {
-    layout.hierarchical() && matches!(kind, CollKind::AllReduce | CollKind::AllGather)
+    layout.hierarchical()
+        && matches!(
+            kind,
+            CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter
+        )
 }
 
 /// Slice geometry of a call of `count` elements of `elem` bytes run by
@@ -504,7 +518,11 @@ mod tests {
                 ..facts()
             };
             for b in [8, 1 << 20, bytes] {
-                for kind in [CollKind::AllReduce, CollKind::AllGather] {
+                for kind in [
+                    CollKind::AllReduce,
+                    CollKind::AllGather,
+                    CollKind::ReduceScatter,
+                ] {
                     let (a, costs) = algorithm(kind, b, &f, &fast_host);
                     assert_ne!(a, Algorithm::Hierarchical);
                     assert!(costs.iter().all(|c| c.0 != Algorithm::Hierarchical));
@@ -514,8 +532,11 @@ mod tests {
                 forced: Some(Algorithm::Hierarchical),
                 ..f
             };
+            for kind in [CollKind::AllReduce, CollKind::ReduceScatter] {
+                let (a, _) = algorithm(kind, bytes, &forced, &fast_host);
+                assert_eq!(a, Algorithm::Ring, "forced on one host runs the ring");
+            }
             let (a, _) = algorithm(CollKind::AllReduce, bytes, &forced, &fast_host);
-            assert_eq!(a, Algorithm::Ring, "forced on one host runs the ring");
             let line = explain(CollKind::AllReduce, bytes, &forced, a, &[]);
             assert!(line.contains("does not apply"), "{line}");
         }
@@ -564,12 +585,37 @@ mod tests {
         };
         let (a, _) = algorithm(CollKind::AllReduce, 8, &forced, &fast_host);
         assert_eq!(a, Algorithm::Hierarchical);
-        let (a, _) = algorithm(CollKind::ReduceScatter, bytes, &forced, &fast_host);
-        assert_eq!(
-            a,
-            Algorithm::Ring,
-            "reduce-scatter has no hierarchical schedule"
+        let (a, _) = algorithm(CollKind::ReduceScatter, 8, &forced, &fast_host);
+        assert_eq!(a, Algorithm::Hierarchical);
+        // Reduce-scatter of a 64 MiB input (16 MiB a rank, the call's
+        // count) on two hosts of two. Ring: 3
+        // hops of 50 us, each a quarter of the input over the network (its
+        // combine, faster, overlaps). Hierarchical: 1 tick across, two
+        // blocks over the network at once, and 2 ticks inside, a block
+        // each at 20 GB/s.
+        let ring = 3.0 * 50.0 + 0.75 * b / 125.0;
+        let hier = 50.0 + 0.5 * b / 125.0 + 2.0 * (2.0 + 0.25 * b / 20e3);
+        let (a, costs) = algorithm(CollKind::ReduceScatter, bytes / 4, &f, &fast_host);
+        assert_eq!(a, Algorithm::Hierarchical, "{costs:?}");
+        let got = |algo| costs.iter().find(|c| c.0 == algo).unwrap().1;
+        assert!(
+            (got(Algorithm::Ring) - ring).abs() < 1e-6 * ring,
+            "{costs:?}"
         );
+        assert!(
+            (got(Algorithm::Hierarchical) - hier).abs() < 1e-6 * hier,
+            "{costs:?}"
+        );
+        let line = explain(CollKind::ReduceScatter, bytes, &f, a, &costs);
+        assert!(
+            line.contains("reduce_scatter of") && line.contains("-> hierarchical"),
+            "{line}"
+        );
+        // As slow inside as across: a link inside carries as much as the
+        // network saves, and the ring keeps it.
+        let (a, costs) = algorithm(CollKind::ReduceScatter, bytes / 4, &f, &flat_links);
+        assert_eq!(a, Algorithm::Ring, "{costs:?}");
+        assert!(costs.iter().any(|c| c.0 == Algorithm::Hierarchical));
     }
 
     #[test]

@@ -95,6 +95,13 @@ pub struct HostLinks {
 /// network link, so together they move what one ring of the whole buffer
 /// would, `2 (h - 1) / h` of it, in `2 (h - 1)` hops. Allgather: the
 /// same across hosts (`(h - 1) / h` of the output), then inside.
+/// Reduce-scatter (`bytes` the whole input, `n = h m` blocks, as the
+/// flat ring's cost reads it): the schedule runs in ticks of one block a
+/// rank (`hier::reduce_scatter`), `h - 1` of them across hosts, where all
+/// `m` ranks of a host send over its network link at once (`m` blocks),
+/// and `n - h` inside; a tick costs the slower of its transfer and its
+/// combine, since the two overlap within a tick but the network idles
+/// during the ticks inside a host.
 pub(crate) fn hier_cost_us(
     coll: CollKind,
     layout: Layout,
@@ -125,6 +132,14 @@ pub(crate) fn hier_cost_us(
                 + (m - 1.0) * i.alpha_us
                 + (m - 1.0) / m * mv(i, b),
         ),
+        CollKind::ReduceScatter => {
+            let n = h * m;
+            let block = b / n;
+            Some(
+                (h - 1.0) * (e.alpha_us + mv(e, m * block).max(red(e, block)))
+                    + (n - h) * (i.alpha_us + mv(i, block).max(red(i, block))),
+            )
+        }
         _ => None,
     }
 }
@@ -251,8 +266,11 @@ pub(crate) fn cost_us(
             d * a + 2.0 * mv(b) + r
         }
         (CollKind::AllGather, Algorithm::Ring) => (nf - 1.0) * a + (nf - 1.0) / nf * mv(b),
+        // Each of the n - 1 hops moves and combines a block; the
+        // pipelined slices overlap the two, so the slower one counts (the
+        // hierarchical schedule's ticks are costed alike).
         (CollKind::ReduceScatter, Algorithm::Ring) => {
-            (nf - 1.0) * a + (nf - 1.0) / nf * (mv(b) + red(b))
+            (nf - 1.0) * a + (nf - 1.0) / nf * mv(b).max(red(b))
         }
         (CollKind::AllToAll, Algorithm::Ring) => (nf - 1.0) * (a + mv(b / nf)),
         (CollKind::SendRecv, Algorithm::Ring) => a + mv(b),
@@ -279,7 +297,8 @@ fn candidates(coll: CollKind) -> &'static [Algorithm] {
 /// Whether the model chooses between algorithms for `coll` on `layout`
 /// (else it runs its one algorithm, the ring).
 pub(crate) fn has_choice(coll: CollKind, layout: Layout) -> bool {
-    candidates(coll).len() > 1 || (layout.hierarchical() && matches!(coll, CollKind::AllGather))
+    candidates(coll).len() > 1
+        || (layout.hierarchical() && matches!(coll, CollKind::AllGather | CollKind::ReduceScatter))
 }
 
 /// The cheapest algorithm for the call, and each candidate's modelled cost.
@@ -321,6 +340,19 @@ pub fn choose_all_reduce_on(
     links: &HostLinks,
 ) -> Algorithm {
     choose_on(CollKind::AllReduce, layout, n, bytes, links).0
+}
+
+/// The tuner's reduce-scatter choice ([`choose_on`]) for an input of
+/// `bytes` (every rank's `n` blocks together) on ranks spread as `layout`
+/// over `links`: the ring or the hierarchical schedule; public for the
+/// same reason as [`choose_all_reduce`].
+pub fn choose_reduce_scatter_on(
+    layout: Layout,
+    n: usize,
+    bytes: usize,
+    links: &HostLinks,
+) -> Algorithm {
+    choose_on(CollKind::ReduceScatter, layout, n, bytes, links).0
 }
 
 /// Size class of a call for logging: its power-of-two bucket.

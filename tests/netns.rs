@@ -4,9 +4,9 @@
 //! different namespaces over TCP, and every collective must check out.
 //!
 //! The same with the hierarchical algorithm forced (FERROCCL_ALGO=hier):
-//! allreduce and allgather then run inside each host over shared memory
-//! and between hosts over TCP, every type against the f64 reference of
-//! `ferroccl-check`.
+//! allreduce, allgather and reduce-scatter then run inside each host over
+//! shared memory and between hosts over TCP, every type (and every op for
+//! the reducing ones) against the f64 reference of `ferroccl-check`.
 //!
 //! Needs root and `ip netns`; where either is missing the test says so and
 //! passes without running (it cannot create the hosts it is about).
@@ -171,11 +171,11 @@ fn shm_inside_each_host_and_tcp_between_them() {
     assert_eq!(seen, 4, "every rank reports its transports:\n{all}");
 }
 
-/// Hierarchical allreduce and allgather across the two hosts: every check
-/// of `ferroccl-check` passes (each type and op against its f64
-/// reference), and the planner's INFO lines show that allreduce and
-/// allgather of the 4-rank communicator ran hierarchical while
-/// reduce-scatter, which has no hierarchical schedule, ran the ring.
+/// Hierarchical allreduce, allgather and reduce-scatter across the two
+/// hosts: every check of `ferroccl-check` passes (each type and op
+/// against its f64 reference), and the planner's INFO lines show that all
+/// three ran hierarchical on the 4-rank communicator, while a collective
+/// with no hierarchical schedule (broadcast) ran its own.
 #[test]
 fn hierarchical_across_two_hosts() {
     let tag = format!("{}h", std::process::id() % 100_000);
@@ -192,7 +192,7 @@ fn hierarchical_across_two_hosts() {
             .filter(|l| l.contains(" on 4 ranks"))
             .collect()
     };
-    for kind in ["all_reduce", "all_gather"] {
+    for kind in ["all_reduce", "all_gather", "reduce_scatter"] {
         let lines = plans(kind);
         assert!(!lines.is_empty(), "no plan line for {kind}:\n{all}");
         for line in lines.iter().filter(|l| !l.contains(" of 0 bytes")) {
@@ -202,9 +202,12 @@ fn hierarchical_across_two_hosts() {
             );
         }
     }
-    let rs = plans("reduce_scatter");
+    let bcast = plans("broadcast");
     assert!(
-        rs.iter().all(|l| l.contains("-> ring")),
-        "reduce-scatter runs the ring: {rs:?}"
+        !bcast.is_empty()
+            && bcast
+                .iter()
+                .all(|l| l.contains("-> ring (hierarchical forced")),
+        "broadcast has no hierarchical schedule: {bcast:?}"
     );
 }

@@ -6,13 +6,19 @@
 //! each rank's shard (a ring over one rank per host), allgather inside
 //! each host. Allgather: allgather across hosts (each rank gathers the
 //! blocks of the ranks with its local index on every host), then allgather
-//! inside each host. Reduce-scatter has no hierarchical schedule: its
-//! partial sums for other hosts' ranks need a scratch buffer of `hosts`
-//! blocks, and schedules address only the caller's two buffers; it runs
-//! the ring.
+//! inside each host. Reduce-scatter: reduce-scatter inside each host, then
+//! across hosts, pipelined through frames so that no scratch is needed
+//! (the partial sums for other hosts' ranks travel inside frames, as in a
+//! ring reduce-scatter): each destination's chain walks every host's ranks
+//! over the links inside it and crosses to the next host at the next local
+//! index (see [`reduce_scatter`]); a host sends `n - m` blocks out over
+//! its `m` ranks' connections, against the flat ring's `n - 1` through
+//! one rank.
 //!
-//! Uneven hosts (hosts of different rank counts) are handled, not refused:
-//! the data is cut into `P` classes, `P` the largest host's rank count;
+//! Uneven hosts (hosts of different rank counts) are handled, not refused.
+//! Reduce-scatter's chains then start at ticks found by search, so that
+//! no link carries two frames in one tick (`chain_starts`). Allreduce and
+//! allgather cut the data into `P` classes, `P` the largest host's rank count;
 //! on a host of `m` ranks, local rank `i` holds every class `c` with
 //! `c % m == i`, and class `c`'s ring across hosts runs through local rank
 //! `c % m` of every host. A rank of a small host then runs several rings
@@ -25,7 +31,7 @@
 //!
 //! Pure data, like the rest of `algo`: no I/O, no clocks, no `unsafe`.
 
-use super::{partition, slice_of, Operand, Prim, Schedule, Step, NO_PEER};
+use super::{partition, slice_of, Operand, Prim, Schedule, Step, Timeline, NO_PEER};
 
 /// Which ranks share a host. Hosts are numbered in order of their first
 /// rank; a host's ranks are listed in rank order (local index = place in
@@ -390,6 +396,210 @@ pub fn all_gather(map: &HostMap, rank: usize, count: usize, slice: usize) -> Sch
     out
 }
 
+/// Tag base of the reduce-scatter's transfers (a frame's tag is this plus
+/// the tick it is sent at).
+const TAG_SCATTER: u32 = 0x4000_0000;
+
+/// Where rank `rank` stands in the chain of destination `d` of a
+/// reduce-scatter on `map`: the chain starts on the host after `d`'s,
+/// walks every host in host order and ends at `d`; on each host it enters
+/// at local index `j + 1` and leaves from local index `j` (both modulo the
+/// host's rank count), `j` being `d`'s local index, walking the host's
+/// ranks in local order in between. `prefix[x]` is the rank count of
+/// hosts `0..x` (one more entry than hosts).
+struct ChainPos {
+    /// Hop number: the chain's `k`-th rank (0 sends first, `n - 1` is `d`).
+    k: usize,
+    /// The rank before, or [`NO_PEER`] at the start.
+    prev: usize,
+    /// The rank after, or [`NO_PEER`] at the end.
+    next: usize,
+}
+
+impl HostMap {
+    /// Ranks of the hosts strictly between host `from` and host `to`
+    /// going forward (`from + 1 ..= to - 1`, modulo the host count).
+    fn ranks_between(&self, prefix: &[usize], from: usize, to: usize) -> usize {
+        let h = self.hosts();
+        let n = self.ranks();
+        let (a, b) = ((from + 1) % h, to % h);
+        // Hosts a..b (exclusive of b) in cyclic order.
+        if a <= b {
+            prefix[b] - prefix[a]
+        } else {
+            n - prefix[a] + prefix[b]
+        }
+    }
+
+    fn chain_pos(&self, prefix: &[usize], d: usize, rank: usize) -> ChainPos {
+        let n = self.ranks();
+        let h = self.hosts();
+        let (hd, j) = (self.host_of[d], self.local[d]);
+        let (g, i) = (self.host_of[rank], self.local[rank]);
+        let m = self.members[g].len();
+        // Ranks walked before entering host g.
+        let before = if g == hd {
+            n - m
+        } else {
+            self.ranks_between(prefix, hd, g)
+        };
+        let t = (i + m - (j + 1) % m) % m;
+        let k = before + t;
+        let next = if k + 1 == n {
+            NO_PEER
+        } else if t + 1 < m {
+            self.members[g][(i + 1) % m]
+        } else {
+            let nh = (g + 1) % h;
+            let nm = self.members[nh].len();
+            self.members[nh][(j + 1) % nm]
+        };
+        let prev = if k == 0 {
+            NO_PEER
+        } else if t > 0 {
+            self.members[g][(i + m - 1) % m]
+        } else {
+            let ph = (g + h - 1) % h;
+            let pm = self.members[ph].len();
+            self.members[ph][j % pm]
+        };
+        ChainPos { k, prev, next }
+    }
+
+    fn prefix(&self) -> Vec<usize> {
+        let mut prefix = vec![0];
+        for m in &self.members {
+            prefix.push(prefix.last().copied().unwrap_or(0) + m.len());
+        }
+        prefix
+    }
+
+    /// Whether every host has the same rank count.
+    fn even(&self) -> bool {
+        self.members.iter().all(|m| m.len() == self.largest())
+    }
+}
+
+/// The tick each destination's chain starts at in a reduce-scatter on
+/// `map` (hop `k` of chain `d` runs at tick `start[d] + k`), chosen so
+/// that no link carries two frames in one tick: `Timeline`'s condition
+/// for running on slots of two frames without deadlock.
+///
+/// On even hosts every chain starts at 0: rank `(g, i)` then serves at
+/// tick `k` exactly one chain (the one of local index `i - 1 - k mod m`,
+/// its host `k / m + 1` hosts back), so it sends one frame a tick, and a link
+/// carries at most one. On uneven hosts chains of destinations whose
+/// local indices agree modulo a small host would meet on that host's
+/// links; there each chain, in rank order, starts at the first tick at
+/// which none of its hops meets a hop already placed (`O(n^2)` to build,
+/// against `O(n)` a slice on even hosts).
+fn chain_starts(map: &HostMap, prefix: &[usize]) -> Vec<u64> {
+    if map.even() {
+        return vec![0; map.ranks()];
+    }
+    first_free_starts(map, prefix)
+}
+
+/// [`chain_starts`] by search alone: each chain, in rank order, at the
+/// first tick where none of its hops meets one placed before.
+fn first_free_starts(map: &HostMap, prefix: &[usize]) -> Vec<u64> {
+    let n = map.ranks();
+    let mut busy: std::collections::HashSet<(usize, usize, u64)> = std::collections::HashSet::new();
+    let mut starts = Vec::with_capacity(n);
+    for d in 0..n {
+        // The chain's links, in hop order.
+        let mut order = vec![0usize; n];
+        for r in 0..n {
+            order[map.chain_pos(prefix, d, r).k] = r;
+        }
+        let links: Vec<(usize, usize)> = order.windows(2).map(|w| (w[0], w[1])).collect();
+        let mut start = 0u64;
+        while links
+            .iter()
+            .enumerate()
+            .any(|(k, &(a, b))| busy.contains(&(a, b, start + k as u64)))
+        {
+            start += 1;
+        }
+        for (k, &(a, b)) in links.iter().enumerate() {
+            busy.insert((a, b, start + k as u64));
+        }
+        starts.push(start);
+    }
+    starts
+}
+
+/// Reduce-scatter on rank `rank` of `map`: the input holds one block of
+/// `count` elements per rank, and rank `d`'s output gets the reduction of
+/// every rank's block `d`; slices of at most `slice` elements. In place
+/// the caller points the output at block `rank` of the one buffer (as for
+/// the ring): a rank reads block `d` only in `d`'s chain, where `d` itself
+/// comes last.
+///
+/// Every destination `d` has a chain through all ranks that ends at `d`,
+/// carrying the partial sum inside frames (`RecvReduceSend`), so nothing
+/// needs scratch space. The chain of a destination of local index `j`
+/// enters every host at local index `j + 1`, walks the host's ranks over
+/// the links inside it and leaves from local index `j` for the next host
+/// (see `ChainPos`): it is the ring reduce-scatter's chain on a ring `R_j`
+/// whose host segments start at `j + 1` and end at `j`. On `h` hosts of
+/// `m` ranks the chains of `R_j` cross the network from `(g, j)` to
+/// `(g + 1, j + 1)`, one connection per local index, and together a host
+/// sends `n - m` blocks out (the least a reduce-scatter can: one partial
+/// sum for every rank elsewhere), where the flat ring sends `n - 1`
+/// through one rank at the host's edge. It is reduce-scatter inside each
+/// host, then across hosts, pipelined, with the ring's `n - 1` hops.
+pub fn reduce_scatter(map: &HostMap, rank: usize, count: usize, slice: usize) -> Schedule {
+    let n = map.ranks();
+    let slice = slice.max(1);
+    let slices = count.div_ceil(slice);
+    let mut out = Schedule::default();
+    if n == 1 {
+        if count > 0 {
+            out.push(Step::local(Prim::Copy, Operand::Input, 0, 0, count));
+        }
+        return out;
+    }
+    let prefix = map.prefix();
+    let starts = chain_starts(map, &prefix);
+    // Ticks one slice's pass spans; passes run one after the other.
+    let span = starts.iter().copied().max().unwrap_or(0) + n as u64;
+    let pos: Vec<ChainPos> = (0..n).map(|d| map.chain_pos(&prefix, d, rank)).collect();
+    let mut timeline = Timeline::default();
+    for s in 0..slices {
+        let (rel, len) = slice_of((0, count), s, slice);
+        for (d, p) in pos.iter().enumerate() {
+            let tick = s as u64 * span + starts[d] + p.k as u64;
+            let prim = if p.k == 0 {
+                Prim::Send
+            } else if p.k + 1 == n {
+                Prim::RecvReduceCopy
+            } else {
+                Prim::RecvReduceSend
+            };
+            let tag = |t: u64| TAG_SCATTER.wrapping_add(t as u32);
+            timeline.at(
+                tick,
+                0,
+                d,
+                Step {
+                    prim,
+                    local: Operand::Input,
+                    send_to: p.next,
+                    recv_from: p.prev,
+                    input: d * count + rel,
+                    output: rel,
+                    len,
+                    send_tag: tag(tick),
+                    recv_tag: tag(tick.wrapping_sub(1)),
+                    channel: 0,
+                },
+            );
+        }
+    }
+    timeline.into_schedule()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -616,5 +826,127 @@ mod tests {
         let hosts = 2;
         assert_eq!(leaving(0), 2 * (hosts - 1) * count / hosts);
         assert_eq!(leaving(1), leaving(0));
+    }
+
+    /// Block `d` of rank `r`'s reduce-scatter input: the test's values
+    /// at the element's place in the whole input.
+    fn scatter_want(n: usize, count: usize, d: usize, i: usize) -> f64 {
+        (0..n).map(|r| value(r, d * count + i)).sum()
+    }
+
+    /// Reduce-scatter on `map` for `count` elements a rank: every rank's
+    /// result (out of place: its output; in place: block `rank` of its
+    /// buffer, where the caller points the output) against the f64 sum.
+    fn check_reduce_scatter(map: &HostMap, count: usize, slice: usize, in_place: bool, ch: usize) {
+        let n = map.ranks();
+        let build = |r: usize| {
+            let mut s = reduce_scatter(map, r, count, slice);
+            if in_place {
+                for step in &mut s.steps {
+                    step.output += r * count;
+                }
+            }
+            s
+        };
+        let what = format!("{map:?} count {count} slice {slice} in place {in_place} channels {ch}");
+        let outs = run(map, build, count * n, count, in_place, ch)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (r, o) in outs.iter().enumerate() {
+            let at = if in_place { r * count } else { 0 };
+            for i in 0..count {
+                assert_eq!(
+                    o[at + i],
+                    scatter_want(n, count, r, i),
+                    "{what}: rank {r} element {i}"
+                );
+            }
+        }
+    }
+
+    /// Reduce-scatter on every layout: rank r's result is the f64 sum of
+    /// every rank's block r (values exact in f32), out of place, in place
+    /// and over 3 channels, with no deadlock on FIFOs of two frames.
+    #[test]
+    fn reduce_scatter_sums_each_block_on_every_layout() {
+        for sizes in layouts() {
+            let map = HostMap::from_sizes(&sizes);
+            for count in [0usize, 1, 7, 40] {
+                for slice in [1usize, 3, 1000] {
+                    for (in_place, ch) in [(false, 1), (true, 1), (false, 3)] {
+                        check_reduce_scatter(&map, count, slice, in_place, ch);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Interleaved hosts, and larger layouts sampled (even ones up to 256
+    /// ranks, uneven ones up to 100), a few slices each.
+    #[test]
+    fn reduce_scatter_on_interleaved_and_larger_layouts() {
+        let interleaved = HostMap::from_ids(&[0, 1, 0, 1, 2, 0, 2]);
+        for (in_place, ch) in [(false, 1), (true, 1), (false, 2)] {
+            check_reduce_scatter(&interleaved, 9, 4, in_place, ch);
+        }
+        let mixed = HostMap::from_ids(&[3, 1, 1, 2, 3, 3, 0, 2, 1, 3, 0]);
+        check_reduce_scatter(&mixed, 5, 2, true, 1);
+        for sizes in [
+            vec![8; 32],
+            vec![32; 8],
+            vec![2; 100],
+            vec![20, 13, 31, 7, 25],
+            vec![1, 40, 3, 40],
+        ] {
+            check_reduce_scatter(&HostMap::from_sizes(&sizes), 3, 2, false, 1);
+        }
+    }
+
+    /// The chain starts the proof gives on even hosts (all 0) are what the
+    /// search finds too: no two hops of one link share a tick.
+    #[test]
+    fn even_hosts_need_no_search() {
+        for sizes in layouts() {
+            let map = HostMap::from_sizes(&sizes);
+            if map.even() {
+                let prefix = map.prefix();
+                assert_eq!(
+                    first_free_starts(&map, &prefix),
+                    vec![0; map.ranks()],
+                    "{sizes:?}"
+                );
+            }
+        }
+    }
+
+    /// What leaves each host in a reduce-scatter: one partial sum for each
+    /// rank elsewhere, `n - m` blocks (the flat ring sends `n - 1`), over
+    /// one connection per local index on even hosts.
+    #[test]
+    fn reduce_scatter_sends_each_host_n_minus_m_blocks() {
+        for sizes in layouts() {
+            let map = HostMap::from_sizes(&sizes);
+            let n = map.ranks();
+            let count = 10;
+            for h in 0..map.hosts() {
+                let steps: Vec<Step> = map
+                    .members(h)
+                    .iter()
+                    .flat_map(|&r| reduce_scatter(&map, r, count, 3).steps)
+                    .filter(|s| s.prim.sends() && map.host_of[s.send_to] != h)
+                    .collect();
+                let m = map.members(h).len();
+                let sent: usize = steps.iter().map(|s| s.len).sum();
+                assert_eq!(sent, (n - m) * count, "{sizes:?} host {h}");
+                if map.even() && map.hosts() > 1 {
+                    let mut senders: Vec<usize> = steps
+                        .iter()
+                        .map(|s| map.local[s.send_to] + m * map.host_of[s.send_to])
+                        .collect();
+                    senders.sort_unstable();
+                    senders.dedup();
+                    assert_eq!(senders.len(), m, "{sizes:?} host {h}: connections");
+                }
+            }
+        }
     }
 }

@@ -37,8 +37,9 @@ pub enum Algorithm {
     /// each, the whole buffer every time: for small messages where
     /// one-shot's `n - 1` messages a rank cost more than its one round.
     RecursiveDoubling,
-    /// Allreduce and allgather over hosts (`hier`): the steps inside a
-    /// host on its fast links, each byte over the network once per host.
+    /// Allreduce, allgather and reduce-scatter over hosts (`hier`): the
+    /// steps inside a host on its fast links, each byte over the network
+    /// once per host.
     /// Only for communicators that span several hosts with several ranks
     /// on some host; elsewhere, and for other collectives, the ring.
     Hierarchical,

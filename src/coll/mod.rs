@@ -169,7 +169,8 @@ pub(crate) fn plan(call: &CollCall, g: Geometry, algorithm: Algorithm) -> Result
 }
 
 /// [`plan`] for ranks spread over `hosts`: what the hierarchical
-/// algorithm runs on (allreduce, allgather); the others ignore it.
+/// algorithm runs on (allreduce, allgather, reduce-scatter); the others
+/// ignore it.
 pub(crate) fn plan_on(
     call: &CollCall,
     g: Geometry,
@@ -178,12 +179,15 @@ pub(crate) fn plan_on(
 ) -> Result<Plan> {
     let c = call;
     let root = || c.root.unwrap_or(usize::MAX);
-    // Allgather has a hierarchical schedule but no other choice.
+    // Allgather and reduce-scatter have a hierarchical schedule but no
+    // other choice.
     let gather_hosts = hosts.filter(|_| algorithm == Algorithm::Hierarchical);
     match c.kind {
         CollKind::AllReduce => all_reduce(g, c.send_len, c.recv_len, algorithm, hosts),
-        CollKind::ReduceScatter if c.in_place => reduce_scatter_in_place(g, c.send_len),
-        CollKind::ReduceScatter => reduce_scatter(g, c.send_len, c.recv_len),
+        CollKind::ReduceScatter if c.in_place => {
+            reduce_scatter_in_place(g, c.send_len, gather_hosts)
+        }
+        CollKind::ReduceScatter => reduce_scatter(g, c.send_len, c.recv_len, gather_hosts),
         CollKind::AllGather if c.in_place => all_gather_in_place(g, c.recv_len, gather_hosts),
         CollKind::AllGather => all_gather(g, c.send_len, c.recv_len, gather_hosts),
         CollKind::Broadcast => broadcast(g, c.send_len, root(), algorithm),

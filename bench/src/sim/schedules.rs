@@ -18,7 +18,7 @@ pub fn algorithms(coll: Coll) -> &'static [Algorithm] {
         Coll::AllReduce => &Algorithm::ALL,
         Coll::Broadcast | Coll::Reduce => &[Algorithm::Ring, Algorithm::Tree],
         Coll::AllGather => &[Algorithm::Ring, Algorithm::Hierarchical],
-        Coll::ReduceScatter => &[Algorithm::Ring],
+        Coll::ReduceScatter => &[Algorithm::Ring, Algorithm::Hierarchical],
         Coll::AllToAll | Coll::SendRecv => &[],
     }
 }
@@ -81,6 +81,9 @@ pub fn schedule_on(
         }
         (Coll::AllGather, Algorithm::Hierarchical) => {
             hier::all_gather(&hosts(), rank, count, slice)
+        }
+        (Coll::ReduceScatter, Algorithm::Hierarchical) => {
+            hier::reduce_scatter(&hosts(), rank, count, slice)
         }
         (Coll::Broadcast, Algorithm::Ring) => ring::broadcast(p, count, 0),
         (Coll::Broadcast, Algorithm::Tree) => tree::broadcast(p, count, 0),
