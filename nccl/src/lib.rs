@@ -606,12 +606,16 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> c_int {
     })
 }
 
-/// `ncclRedOpCreatePreMulSum`.
+/// `ncclRedOpCreatePreMulSum`: `ncclScalarHostImmediate` reads the
+/// scalar now; `ncclScalarDevice` reads it at each call: a host address
+/// when the call is made, a device address on the stream when the stream
+/// reaches the call (device buffers only).
 ///
 /// # Safety
 /// `op` is NULL or writable; `scalar` NULL or a readable value of
 /// `datatype` (for `ncclScalarDevice`, readable at every call that uses
-/// the operator); `comm` NULL or an `ncclComm_t` of this library.
+/// the operator, on the device until the stream has passed the call);
+/// `comm` NULL or an `ncclComm_t` of this library.
 #[no_mangle]
 pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
     op: *mut c_int,
@@ -646,12 +650,7 @@ pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
                 };
                 Scalar::Value(bytes)
             }
-            0 if on_device => {
-                return Err(Failure::invalid_usage(
-                    "ncclScalarDevice with a scalar in device memory is not supported yet \
-                     (a host scalar, read at each call, is)",
-                ))
-            }
+            0 if on_device => Scalar::DevicePtr(scalar_ptr),
             0 => Scalar::HostPtr(scalar_ptr),
             other => {
                 return Err(Failure::invalid_argument(format!(
