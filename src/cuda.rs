@@ -1231,13 +1231,53 @@ mod tests {
     #[test]
     fn raw_calls_on_the_stand_in_match_the_reference() {
         for n in [1, 2, 3, 4] {
-            raw_calls::<f32>(n, 0.5);
-            raw_calls::<half::bf16>(n, 0.5);
-            raw_calls::<i32>(n, 3.0);
+            let own = |rank: usize| Arc::new(StandIn::new(rank as u64 + 11, 5));
+            raw_calls::<f32>(n, 0.5, &own);
+            raw_calls::<half::bf16>(n, 0.5, &own);
+            raw_calls::<i32>(n, 3.0, &own);
         }
     }
 
-    fn raw_calls<T: Element>(n: usize, scalar: f64) {
+    /// The same calls where the ranks are threads on one stand-in device
+    /// that runs the device executor's kernel (its CUDA source built for
+    /// the host): every collective goes to the executor (the launches are
+    /// counted), with the in-place all-to-all's copy and PreMulSum's
+    /// products made on the stream before it.
+    #[test]
+    fn raw_calls_run_by_the_executor_on_a_shared_device() {
+        let Some(hook) = crate::exec::program::host_launch::host_executor() else {
+            return;
+        };
+        for n in [2, 3] {
+            let launches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counted = launches.clone();
+            let hook = hook.clone();
+            let mut dev = StandIn::new(n as u64, 5);
+            dev.engine = Arc::new(
+                HostEngine::with_delays(Duration::from_micros(100), n as u64).with_executor(
+                    Arc::new(move |l: &ferroccl_cuda::executor::ExecLaunch| {
+                        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        hook(l)
+                    }),
+                ),
+            );
+            let dev = Arc::new(dev);
+            raw_calls::<f32>(n, 0.5, &|_| dev.clone());
+            // 13 collectives on every rank (sends and receives are
+            // staged), all by the executor.
+            assert_eq!(
+                launches.load(std::sync::atomic::Ordering::Relaxed),
+                13 * n,
+                "{n} ranks: the executor did not run every collective"
+            );
+        }
+    }
+
+    fn raw_calls<T: Element>(
+        n: usize,
+        scalar: f64,
+        device: &(dyn Fn(usize) -> Arc<StandIn> + Sync),
+    ) {
         let c = 37;
         run_ranks_with(
             n,
@@ -1249,7 +1289,7 @@ mod tests {
             |comm| {
                 let (rank, size) = (comm.rank(), comm.size());
                 let dt = T::DTYPE;
-                let dev = StandIn::new(rank as u64 + 11, 5);
+                let dev = device(rank);
                 let stream = dev.engine.stream().unwrap();
                 let elem = std::mem::size_of::<T>();
                 let input = |len: usize| (0..len).map(|i| value(rank, i)).collect::<Vec<f64>>();
@@ -1467,8 +1507,8 @@ mod tests {
                         stream: stream.0,
                         ..case.raw
                     };
-                    let work =
-                        run_raw_on::<T>(&comm, raw, &dev).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let work = run_raw_on::<T>(&comm, raw, &*dev)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
                     let got = case
                         .want
                         .as_ref()
