@@ -271,8 +271,13 @@ fn run_splits(parent: usize, all: Vec<SplitArgs>) -> Result<(), Failure> {
                 Ok(())
             }
             (None, None) => Ok(()),
-            _ => Err(Failure::internal(format!(
-                "ncclCommSplit with color {color} gave no communicator"
+            (made, _) => Err(Failure::internal(format!(
+                "ncclCommSplit with color {color}: the split gave {}, against its color",
+                if made.is_some() {
+                    "a communicator"
+                } else {
+                    "no communicator"
+                }
             ))),
         });
         if let Err(f) = made {
