@@ -136,7 +136,7 @@ typedef enum {
 } ncclDataType_t;
 
 typedef enum {
-  ncclScalarDevice = 0,       /* read at each call (ferroccl: host memory only) */
+  ncclScalarDevice = 0,       /* read at each call (ferroccl: device scalars on device buffers only) */
   ncclScalarHostImmediate = 1 /* read once, by ncclRedOpCreatePreMulSum */
 } ncclScalarResidence_t;
 

@@ -6,6 +6,7 @@
 use crate::abi::NcclType;
 use crate::comm::Core;
 use crate::status::Failure;
+use ferroccl::cuda::{PreMulScalar, RawOp};
 use ferroccl::{Communicator, Element, ReduceOp};
 use std::ffi::c_void;
 
@@ -52,6 +53,9 @@ pub enum Scalar {
     Value([u8; 8]),
     /// Read at each call (`ncclScalarDevice` given a host address).
     HostPtr(usize),
+    /// In CUDA device memory (`ncclScalarDevice`): read on the stream
+    /// when it reaches each call; device calls only.
+    DevicePtr(usize),
 }
 
 /// A user operator: multiply each input by the scalar, then sum.
@@ -228,18 +232,14 @@ impl Call {
                     )));
                 }
             }
-            Memory::Device => {
-                if self.kind == Kind::AllToAll {
-                    return Err(Failure::invalid_usage(
-                        "ncclAlltoAll: device memory is not supported yet (host memory is)",
-                    ));
-                }
-                if matches!(self.op, Op::PreMul(_)) {
-                    return Err(Failure::invalid_usage(format!(
-                        "{name}: PreMulSum operators on device memory are not supported yet \
-                         (host memory is)"
-                    )));
-                }
+            Memory::Device => {}
+        }
+        if let (Memory::Host, Op::PreMul(p)) = (self.memory, self.op) {
+            if let Scalar::DevicePtr(at) = p.scalar {
+                return Err(Failure::invalid_usage(format!(
+                    "{name}: the PreMulSum operator's scalar is in device memory ({at:#x}) and \
+                     the buffers in host memory: use a host scalar for host buffers"
+                )));
             }
         }
         Ok(self)
@@ -329,11 +329,17 @@ unsafe fn write<'a, T>(ptr: usize, len: usize) -> &'a mut [T] {
 ///
 /// # Safety
 /// A `Scalar::HostPtr` points at a readable `T`.
-unsafe fn scalar<T: Element>(s: Scalar) -> T {
+unsafe fn scalar<T: Element>(s: Scalar) -> Result<T, Failure> {
     match s {
-        Scalar::Value(bytes) => bytemuck::pod_read_unaligned(&bytes[..std::mem::size_of::<T>()]),
+        Scalar::Value(bytes) => Ok(bytemuck::pod_read_unaligned(
+            &bytes[..std::mem::size_of::<T>()],
+        )),
         // SAFETY: as the caller vouches; read unaligned, so any address works.
-        Scalar::HostPtr(p) => unsafe { std::ptr::read_unaligned(p as *const T) },
+        Scalar::HostPtr(p) => Ok(unsafe { std::ptr::read_unaligned(p as *const T) }),
+        // `check` refuses such an operator on host buffers first.
+        Scalar::DevicePtr(p) => Err(Failure::invalid_usage(format!(
+            "a PreMulSum scalar in device memory ({p:#x}) on a host call"
+        ))),
     }
 }
 
@@ -359,10 +365,9 @@ unsafe fn host_typed<T: Scale>(comm: &Communicator, c: &Call) -> Result<(), Fail
     // that copy (the caller's input stays as it was).
     let (op, scaled) = match c.op {
         Op::PreMul(p) => {
-            // SAFETY: the operator's scalar pointer was checked to be host
-            // memory when the operator was made; the input as the caller
-            // vouches.
-            let (s, input) = unsafe { (scalar::<T>(p.scalar), read::<T>(c.send, s_len)) };
+            // SAFETY: a host scalar pointer was checked to be host memory
+            // when the operator was made; the input as the caller vouches.
+            let (s, input) = unsafe { (scalar::<T>(p.scalar)?, read::<T>(c.send, s_len)) };
             let v: Vec<T> = input.iter().map(|&x| x.scale(s)).collect();
             (ReduceOp::Sum, Some(v))
         }
@@ -455,8 +460,21 @@ pub unsafe fn run_device(core: &Core, call: &Call) -> Result<(), Failure> {
     let stream = call.stream as *mut c_void;
     let dt = call.dtype.data_type();
     let op = match call.op {
-        Op::Builtin(op) => op,
-        _ => ReduceOp::Sum,
+        Op::Builtin(op) => RawOp::Builtin(op),
+        Op::None => RawOp::Builtin(ReduceOp::Sum),
+        Op::PreMul(p) => RawOp::PreMulSum(match p.scalar {
+            Scalar::Value(v) => PreMulScalar::Value(v),
+            // Read now, when the call is enqueued.
+            Scalar::HostPtr(at) => {
+                let mut v = [0u8; 8];
+                let n = call.dtype.size();
+                // SAFETY: the operator's creator vouched for a readable
+                // element of its type at `at` for every call that uses it.
+                unsafe { std::ptr::copy_nonoverlapping(at as *const u8, v.as_mut_ptr(), n) };
+                PreMulScalar::Value(v)
+            }
+            Scalar::DevicePtr(at) => PreMulScalar::Device(at as u64),
+        }),
     };
     // SAFETY (each call): forwarded from the caller; the library checks
     // the pointers and stream with the driver before enqueueing.
@@ -479,11 +497,7 @@ pub unsafe fn run_device(core: &Core, call: &Call) -> Result<(), Failure> {
             }
             Kind::Send => comm.send_raw(s, call.count, dt, call.root, stream),
             Kind::Recv => comm.recv_raw(r, call.count, dt, call.root, stream),
-            Kind::AllToAll => {
-                return Err(Failure::invalid_usage(
-                    "ncclAlltoAll: device memory is not supported yet",
-                ))
-            }
+            Kind::AllToAll => comm.all_to_all_raw(s, r, call.count, dt, stream),
         }
     }
     .map_err(Failure::from)?;

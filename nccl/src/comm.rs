@@ -14,14 +14,14 @@ use crate::uid::Meeting;
 use ferroccl::{Communicator, Config, DeviceWork};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 const LIVE: u64 = 0x6665_7272_6f63_636c;
 const GONE: u64 = 0x676f_6e65_676f_6e65;
 
 /// The state of a communicator the handle stands for.
 pub enum State {
-    /// Initialisation deferred to `ncclGroupEnd`.
+    /// Initialisation (or a split) deferred to `ncclGroupEnd`.
     Pending,
     /// Usable.
     Ready(Arc<Core>),
@@ -46,10 +46,9 @@ pub struct Core {
 /// What an `ncclComm_t` points at.
 pub struct Handle {
     magic: AtomicU64,
-    /// Rank in the communicator.
-    pub rank: usize,
-    /// Ranks in the communicator.
-    pub size: usize,
+    /// Rank in the communicator and ranks in it: known at creation for
+    /// an init, at `ncclGroupEnd` for a split deferred there.
+    place: OnceLock<(usize, usize)>,
     /// `ncclCommCuDevice`.
     pub device: c_int,
     state: Mutex<State>,
@@ -65,11 +64,42 @@ impl Handle {
     pub fn new_raw(rank: usize, size: usize, device: c_int, state: State) -> *mut Handle {
         Box::into_raw(Box::new(Handle {
             magic: AtomicU64::new(LIVE),
-            rank,
-            size,
+            place: OnceLock::from((rank, size)),
             device,
             state: Mutex::new(state),
         }))
+    }
+
+    /// A handle for a split deferred to `ncclGroupEnd`: pending, its
+    /// rank and size not known yet ([`Handle::set_split`] sets them).
+    pub fn new_split_raw(device: c_int) -> *mut Handle {
+        Box::into_raw(Box::new(Handle {
+            magic: AtomicU64::new(LIVE),
+            place: OnceLock::new(),
+            device,
+            state: Mutex::new(State::Pending),
+        }))
+    }
+
+    /// Rank and size, or why they are not known yet.
+    pub fn place(&self) -> Result<(usize, usize), Failure> {
+        self.place.get().copied().ok_or_else(|| {
+            Failure::invalid_usage(
+                "the communicator is not made yet: its ncclCommSplit is in a group that has \
+                 not ended (call ncclGroupEnd first)",
+            )
+        })
+    }
+
+    /// The outcome of a deferred split: the communicator made.
+    pub fn set_split(&self, core: Arc<Core>) {
+        let _ = self.place.set((core.comm.rank(), core.comm.size()));
+        self.set_state(State::Ready(core));
+    }
+
+    /// Whether the handle waits for `ncclGroupEnd`.
+    pub fn pending(&self) -> bool {
+        matches!(*lock(&self.state), State::Pending)
     }
 
     /// The handle behind a C `ncclComm_t`.
@@ -99,8 +129,8 @@ impl Handle {
         match &*lock(&self.state) {
             State::Ready(core) => Ok(core.clone()),
             State::Pending => Err(Failure::invalid_usage(
-                "the communicator is not initialised yet: its ncclCommInitRank is in a group \
-                 that has not ended (call ncclGroupEnd first)",
+                "the communicator is not initialised yet: its ncclCommInitRank or \
+                 ncclCommSplit is in a group that has not ended (call ncclGroupEnd first)",
             )),
             State::Failed(f) => Err(f.clone()),
             State::Gone(why) => Err(Failure::invalid_usage(format!("comm was {why}"))),

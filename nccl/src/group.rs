@@ -3,6 +3,10 @@
 //!
 //! - Deferred `ncclCommInitRank`s run at the end, each on a thread of its
 //!   own, so that one thread can create every rank of a communicator.
+//! - Then deferred `ncclCommSplit`s: those of one parent in issue order,
+//!   each parent on a thread of its own (a split is a collective of its
+//!   parent), so that one thread can split every rank it holds; a parent
+//!   may be an init of the same group.
 //! - Calls on several communicators run on one thread per communicator,
 //!   so that one thread can drive every rank (`ncclCommInitAll`'s users).
 //! - On each communicator the calls run in issue order; a run of
@@ -21,6 +25,7 @@ use crate::comm::{self, Core, Handle, State};
 use crate::status::Failure;
 use crate::uid::Meeting;
 use std::cell::RefCell;
+use std::ffi::c_int;
 use std::sync::Arc;
 
 /// A call deferred to the end of the group.
@@ -32,6 +37,16 @@ enum Deferred {
         rank: usize,
         size: usize,
         config: crate::abi::CommConfig,
+    },
+    /// `ncclCommSplit` of the handle at `parent`; `child` is the pending
+    /// handle it fills (`None` for `NCCL_SPLIT_NOCOLOR`, which takes part
+    /// and gets no communicator).
+    Split {
+        parent: usize,
+        color: c_int,
+        key: c_int,
+        child: Option<usize>,
+        config: Option<crate::abi::CommConfig>,
     },
     /// A checked collective or point-to-point call.
     Call { core: Arc<Core>, call: Call },
@@ -71,6 +86,25 @@ pub fn defer_init(
             id,
             rank,
             size,
+            config,
+        })
+    });
+}
+
+/// Keep a split for the end of the group.
+pub fn defer_split(
+    parent: *mut Handle,
+    color: c_int,
+    key: c_int,
+    child: Option<*mut Handle>,
+    config: Option<crate::abi::CommConfig>,
+) {
+    GROUP.with(|g| {
+        g.borrow_mut().calls.push(Deferred::Split {
+            parent: parent as usize,
+            color,
+            key,
+            child: child.map(|c| c as usize),
             config,
         })
     });
@@ -129,6 +163,7 @@ pub fn end() -> Result<(), Failure> {
         })
     })?;
     let mut inits = Vec::new();
+    let mut splits: Vec<(usize, Vec<SplitArgs>)> = Vec::new();
     let mut per_comm: Vec<(Arc<Core>, Vec<Call>)> = Vec::new();
     for d in calls {
         match d {
@@ -139,6 +174,19 @@ pub fn end() -> Result<(), Failure> {
                 size,
                 config,
             } => inits.push((handle, id, rank, size, config)),
+            Deferred::Split {
+                parent,
+                color,
+                key,
+                child,
+                config,
+            } => {
+                let args = (color, key, child, config);
+                match splits.iter_mut().find(|(p, _)| *p == parent) {
+                    Some((_, all)) => all.push(args),
+                    None => splits.push((parent, vec![args])),
+                }
+            }
             Deferred::Call { core, call } => {
                 match per_comm.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &core)) {
                     Some((_, calls)) => calls.push(call),
@@ -176,6 +224,16 @@ pub fn end() -> Result<(), Failure> {
         });
         first = results.into_iter().find_map(Result::err);
     }
+    if !splits.is_empty() {
+        let results: Vec<Result<(), Failure>> = std::thread::scope(|s| {
+            let threads: Vec<_> = splits
+                .into_iter()
+                .map(|(parent, all)| s.spawn(move || run_splits(parent, all)))
+                .collect();
+            threads.into_iter().map(join).collect()
+        });
+        first = first.or_else(|| results.into_iter().find_map(Result::err));
+    }
     let results: Vec<Result<(), Failure>> = if per_comm.len() == 1 {
         let (core, calls) = &per_comm[0];
         vec![run_calls(core, calls)]
@@ -192,6 +250,44 @@ pub fn end() -> Result<(), Failure> {
         Some(f) => Err(f),
         None => Ok(()),
     }
+}
+
+/// A deferred split's color, key, child handle and config.
+type SplitArgs = (c_int, c_int, Option<usize>, Option<crate::abi::CommConfig>);
+
+/// The deferred splits of the parent handle at `parent`, in issue order;
+/// each child gets its communicator or the failure. The first failure.
+fn run_splits(parent: usize, all: Vec<SplitArgs>) -> Result<(), Failure> {
+    // SAFETY: the address is a handle this library made (checked when the
+    // split was deferred); handles are never freed.
+    let parent = unsafe { &*(parent as *const Handle) };
+    let mut first = None;
+    for (color, key, child, config) in all {
+        // SAFETY: as above, a pending handle made for this split.
+        let child = child.map(|c| unsafe { &*(c as *const Handle) });
+        let made = crate::split(parent, color, key, config).and_then(|core| match (core, child) {
+            (Some(core), Some(child)) => {
+                child.set_split(core);
+                Ok(())
+            }
+            (None, None) => Ok(()),
+            (made, _) => Err(Failure::internal(format!(
+                "ncclCommSplit with color {color}: the split gave {}, against its color",
+                if made.is_some() {
+                    "a communicator"
+                } else {
+                    "no communicator"
+                }
+            ))),
+        });
+        if let Err(f) = made {
+            if let Some(child) = child {
+                child.set_state(State::Failed(f.clone()));
+            }
+            first.get_or_insert(f);
+        }
+    }
+    first.map_or(Ok(()), Err)
 }
 
 fn join(t: std::thread::ScopedJoinHandle<'_, Result<(), Failure>>) -> Result<(), Failure> {

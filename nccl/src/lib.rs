@@ -281,7 +281,10 @@ pub unsafe extern "C" fn ncclCommAbort(comm: NcclComm) -> c_int {
     })
 }
 
-/// `ncclCommSplit`: `NCCL_SPLIT_NOCOLOR` gives NULL.
+/// `ncclCommSplit`: `NCCL_SPLIT_NOCOLOR` gives NULL. Inside a group it
+/// is deferred to `ncclGroupEnd`, as NCCL's is (so that one thread can
+/// split every rank it holds): `*newcomm` is written now, a handle that
+/// is pending until then (NULL for `NCCL_SPLIT_NOCOLOR`).
 ///
 /// # Safety
 /// `comm` is NULL or an `ncclComm_t` of this library; `newcomm` NULL or
@@ -297,31 +300,56 @@ pub unsafe extern "C" fn ncclCommSplit(
     entry("ncclCommSplit", || {
         let newcomm = out(newcomm, "newcomm")?;
         // SAFETY: as the caller vouches.
-        let (h, core) = unsafe { live(comm)? };
+        let h = unsafe { Handle::from_c(comm)? };
         // A NULL config inherits the parent's, as NCCL's does.
         let config = if config.is_null() {
-            core.config.clone()
+            None
         } else {
             // SAFETY: as the caller vouches.
-            unsafe { abi::read_config(config)? }
+            Some(unsafe { abi::read_config(config)? })
         };
         if color < abi::SPLIT_NOCOLOR {
             return Err(Failure::invalid_argument(format!(
                 "color {color} must be at least 0, or NCCL_SPLIT_NOCOLOR (-1)"
             )));
         }
-        let made = core.comm.split(color, key)?;
-        let value = match made {
+        if group::open() {
+            // The parent may be an init of the same group, still pending;
+            // any other state that is not a live communicator is refused
+            // now.
+            if !h.pending() {
+                h.core()?;
+            }
+            let child = (color != abi::SPLIT_NOCOLOR).then(|| Handle::new_split_raw(h.device));
+            group::defer_split(comm, color, key, child, config);
+            // SAFETY: checked non-NULL; the caller vouches it is writable.
+            unsafe { newcomm.write(child.unwrap_or(std::ptr::null_mut())) };
+            return Ok(result::SUCCESS);
+        }
+        let value = match split(h, color, key, config)? {
             None => std::ptr::null_mut(),
-            Some(c) => {
-                let (rank, size) = (c.rank(), c.size());
-                Handle::new_raw(rank, size, h.device, State::Ready(Core::new(c, config)))
+            Some(core) => {
+                let (rank, size) = (core.comm.rank(), core.comm.size());
+                Handle::new_raw(rank, size, h.device, State::Ready(core))
             }
         };
         // SAFETY: checked non-NULL; the caller vouches it is writable.
         unsafe { newcomm.write(value) };
         Ok(result::SUCCESS)
     })
+}
+
+/// Split the live communicator of `parent`: the child's core, or `None`
+/// for `NCCL_SPLIT_NOCOLOR` (`config` `None`: the parent's).
+pub(crate) fn split(
+    parent: &Handle,
+    color: c_int,
+    key: c_int,
+    config: Option<abi::CommConfig>,
+) -> Result<Option<Arc<Core>>, Failure> {
+    let core = parent.core()?;
+    let config = config.unwrap_or_else(|| core.config.clone());
+    Ok(core.comm.split(color, key)?.map(|c| Core::new(c, config)))
 }
 
 /// `ncclCommShrink`: not supported yet.
@@ -407,7 +435,9 @@ pub unsafe extern "C" fn ncclCommCount(comm: NcclComm, count: *mut c_int) -> c_i
         // SAFETY: as the caller vouches.
         let h = unsafe { Handle::from_c(comm)? };
         // SAFETY: as the caller vouches.
-        unsafe { put(count, "count", h.size as c_int) }
+        let (_, size) = h.place()?;
+        // SAFETY: as the caller vouches.
+        unsafe { put(count, "count", size as c_int) }
     })
 }
 
@@ -438,7 +468,9 @@ pub unsafe extern "C" fn ncclCommUserRank(comm: NcclComm, rank: *mut c_int) -> c
         // SAFETY: as the caller vouches.
         let h = unsafe { Handle::from_c(comm)? };
         // SAFETY: as the caller vouches.
-        unsafe { put(rank, "rank", h.rank as c_int) }
+        let (me, _) = h.place()?;
+        // SAFETY: as the caller vouches.
+        unsafe { put(rank, "rank", me as c_int) }
     })
 }
 
@@ -606,12 +638,16 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> c_int {
     })
 }
 
-/// `ncclRedOpCreatePreMulSum`.
+/// `ncclRedOpCreatePreMulSum`: `ncclScalarHostImmediate` reads the
+/// scalar now; `ncclScalarDevice` reads it at each call: a host address
+/// when the call is made, a device address on the stream when the stream
+/// reaches the call (device buffers only).
 ///
 /// # Safety
 /// `op` is NULL or writable; `scalar` NULL or a readable value of
 /// `datatype` (for `ncclScalarDevice`, readable at every call that uses
-/// the operator); `comm` NULL or an `ncclComm_t` of this library.
+/// the operator, on the device until the stream has passed the call);
+/// `comm` NULL or an `ncclComm_t` of this library.
 #[no_mangle]
 pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
     op: *mut c_int,
@@ -646,12 +682,7 @@ pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
                 };
                 Scalar::Value(bytes)
             }
-            0 if on_device => {
-                return Err(Failure::invalid_usage(
-                    "ncclScalarDevice with a scalar in device memory is not supported yet \
-                     (a host scalar, read at each call, is)",
-                ))
-            }
+            0 if on_device => Scalar::DevicePtr(scalar_ptr),
             0 => Scalar::HostPtr(scalar_ptr),
             other => {
                 return Err(Failure::invalid_argument(format!(
@@ -704,7 +735,7 @@ unsafe fn collective(
 ) -> c_int {
     entry(name, || {
         // SAFETY: as the caller vouches.
-        let (h, core) = unsafe { live(comm)? };
+        let (_, core) = unsafe { live(comm)? };
         let dtype = NcclType::from_c(datatype)?;
         let op = match op {
             None => Op::None,
@@ -734,7 +765,7 @@ unsafe fn collective(
             memory: Memory::Host,
             stream: stream as usize,
         }
-        .check(h.rank, h.size)?;
+        .check(core.comm.rank(), core.comm.size())?;
         group::submit(core, call)?;
         Ok(result::SUCCESS)
     })
@@ -1038,9 +1069,9 @@ unsafe fn rooted(
 ) -> c_int {
     entry(name, || {
         // SAFETY: as the caller vouches.
-        let (h, core) = unsafe { live(comm)? };
+        let (_, core) = unsafe { live(comm)? };
         let dtype = NcclType::from_c(datatype)?;
-        let (me, n) = (h.rank, h.size);
+        let (me, n) = (core.comm.rank(), core.comm.size());
         if root < 0 || root as usize >= n {
             return Err(Failure::invalid_argument(format!(
                 "{name}: root {root} is out of range for a communicator of {n} ranks"

@@ -223,6 +223,16 @@ fn bad_arguments_configs_and_unsupported_calls_are_refused_by_name() {
 }
 
 #[test]
+fn splits_in_a_group_run_at_group_end_so_one_thread_splits_every_rank() {
+    let child = command(&["groupsplit"])
+        .spawn()
+        .expect("starting the program");
+    let (code, out) = finish(child, Duration::from_secs(120));
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("groupsplit OK"), "{out}");
+}
+
+#[test]
 fn an_init_whose_peer_never_comes_fails_at_the_timeout() {
     let child = command(&["lonely"])
         .env("FERROCCL_TIMEOUT", "2")

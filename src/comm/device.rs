@@ -20,7 +20,9 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::{AvgFinish, DeviceBuffers, DeviceIo, ExecIo, Io};
 use crate::plan::Memory;
-use ferroccl_cuda::staging::{DeviceBuf, DevicePtr, Engine, Event, Gate, StagePool, Stream};
+use ferroccl_cuda::staging::{
+    DeviceBuf, DevicePtr, Engine, Event, Gate, PinnedBuf, StagePool, Stream,
+};
 use std::sync::Arc;
 
 /// Where a device call's buffers are, and what moves them.
@@ -70,12 +72,24 @@ impl DeviceWork {
     }
 }
 
+/// Buffers that work enqueued on the caller's stream before a device call
+/// uses (a raw PreMulSum's scaled input and its scalar), kept until the
+/// call ends and then freed with the call's own scratch.
+#[derive(Default)]
+pub(crate) struct Keep {
+    /// Device buffers.
+    pub(crate) device: Vec<DeviceBuf>,
+    /// Pinned host buffers.
+    pub(crate) pinned: Vec<PinnedBuf>,
+}
+
 /// What a device call holds until it ends: its scratch, the event of the
 /// caller's earlier work, and its place at the gate, raised when this is
 /// dropped (the call ended, or its job was dropped unrun).
 struct Held {
     engine: Arc<dyn Engine>,
     scratch: Vec<DeviceBuf>,
+    pinned: Vec<PinnedBuf>,
     ready: Option<Event>,
     gate: Option<(Gate, u32)>,
 }
@@ -86,6 +100,9 @@ impl Drop for Held {
         // waits for them, also when it fails) or never started.
         for s in self.scratch.drain(..) {
             self.engine.free_device(s);
+        }
+        for p in self.pinned.drain(..) {
+            self.engine.free_pinned(p);
         }
         if let Some(e) = self.ready.take() {
             self.engine.free_event(e);
@@ -145,6 +162,17 @@ impl Communicator {
         call: &CollCall,
         on: &OnDevice,
     ) -> Result<DeviceWork> {
+        self.device_collective_keeping::<T>(call, on, Keep::default())
+    }
+
+    /// [`Communicator::device_collective`], keeping `keep` until the call
+    /// ends (freed then, or at once if the call is refused).
+    pub(crate) fn device_collective_keeping<T: Element>(
+        &self,
+        call: &CollCall,
+        on: &OnDevice,
+        keep: Keep,
+    ) -> Result<DeviceWork> {
         let call = CollCall {
             memory: Memory::Device {
                 ordinal: on.ordinal,
@@ -157,7 +185,8 @@ impl Communicator {
         let device_err = |e| Error::Io(format!("{} on device memory: {e}", call.kind.name()));
         let mut held = Held {
             engine: engine.clone(),
-            scratch: Vec::new(),
+            scratch: keep.device,
+            pinned: keep.pinned,
             ready: None,
             gate: None,
         };
@@ -173,10 +202,14 @@ impl Communicator {
         };
         // A schedule that reads its input after writing its output at the
         // same place runs in place from a copy of the input (as on the
-        // host), made on the caller's stream, after its earlier work.
+        // host), made on the caller's stream, after its earlier work. An
+        // all-to-all in place (NCCL's `sendbuff == recvbuff`, which the
+        // host API has no verb for) is such a schedule: a block received
+        // may land where a block not yet sent lies.
+        let copies_input = plan.copies_input || call.kind == crate::coll::CollKind::AllToAll;
         let copy = if call.in_place
             && scratch.is_none()
-            && plan.copies_input
+            && copies_input
             && plan.input_base == 0
             && plan.output_base == 0
         {

@@ -720,18 +720,106 @@ static int symbols(const char* path) {
   return 0;
 }
 
+/* ncclCommSplit inside a group is deferred to ncclGroupEnd, as NCCL's is:
+ * one thread splits every rank of ncclCommInitAll (each split is a
+ * collective of its parent, so run one at a time they would wait for each
+ * other forever), and a split may take a parent initialised in the same
+ * group. */
+static int groupsplit(void) {
+  enum { N = 4 };
+  ncclComm_t all[N], sub[N];
+  NCCLOK(ncclCommInitAll(all, N, NULL));
+  /* Rank 0 takes no part; the others by parity, ordered by descending
+   * rank (key -r): color 1 is {3, 1}, color 0 is {2}. */
+  NCCLOK(ncclGroupStart());
+  expect_code(ncclCommSplit(all[1], -7, 0, &sub[1], NULL), ncclInvalidArgument, "color -7", "bad color in a group");
+  for (int r = 0; r < N; r++) {
+    sub[r] = (ncclComm_t)(uintptr_t)1;
+    NCCLOK(ncclCommSplit(all[r], r == 0 ? NCCL_SPLIT_NOCOLOR : r % 2, -r, &sub[r], NULL));
+  }
+  CHECK(sub[0] == NULL, "NOCOLOR in a group gave a communicator");
+  /* Not made until the group ends: refused by name, and in progress. */
+  int count = -1, me = -1;
+  expect_code(ncclCommCount(sub[1], &count), ncclInvalidUsage, "ncclGroupEnd", "count of a pending split");
+  ncclResult_t async = ncclSuccess;
+  NCCLOK(ncclCommGetAsyncError(sub[3], &async));
+  CHECK(async == ncclInProgress, "a pending split's async error is %d", async);
+  NCCLOK(ncclGroupEnd());
+  int want_count[N] = {0, 2, 1, 2}, want_rank[N] = {0, 1, 0, 0};
+  for (int r = 1; r < N; r++) {
+    NCCLOK(ncclCommCount(sub[r], &count));
+    NCCLOK(ncclCommUserRank(sub[r], &me));
+    CHECK(count == want_count[r] && me == want_rank[r], "rank %d: split rank %d of %d, want %d of %d", r, me,
+          count, want_rank[r], want_count[r]);
+  }
+  int64_t v[N], total[N];
+  NCCLOK(ncclGroupStart());
+  for (int r = 1; r < N; r++) {
+    v[r] = 10 + r;
+    NCCLOK(ncclAllReduce(&v[r], &total[r], 1, ncclInt64, ncclSum, sub[r], NULL));
+  }
+  NCCLOK(ncclGroupEnd());
+  CHECK(total[1] == 24 && total[3] == 24 && total[2] == 12, "split sums %lld %lld %lld", (long long)total[1],
+        (long long)total[2], (long long)total[3]);
+  /* The parents still work. */
+  NCCLOK(ncclGroupStart());
+  for (int r = 0; r < N; r++) {
+    v[r] = r + 1;
+    NCCLOK(ncclAllReduce(&v[r], &total[r], 1, ncclInt64, ncclProd, all[r], NULL));
+  }
+  NCCLOK(ncclGroupEnd());
+  for (int r = 0; r < N; r++) CHECK(total[r] == 24, "parent prod on %d: %lld", r, (long long)total[r]);
+  for (int r = N - 1; r >= 1; r--) NCCLOK(ncclCommDestroy(sub[r]));
+  for (int r = N - 1; r >= 0; r--) NCCLOK(ncclCommDestroy(all[r]));
+
+  /* Inits and splits of them in one group, two splits of each parent (in
+   * issue order on every rank), a NULL config inherited. */
+  ncclUniqueId id;
+  NCCLOK(ncclGetUniqueId(&id));
+  ncclComm_t g[2], same[2], swapped[2];
+  NCCLOK(ncclGroupStart());
+  for (int r = 0; r < 2; r++) NCCLOK(ncclCommInitRank(&g[r], 2, id, r));
+  for (int r = 0; r < 2; r++) NCCLOK(ncclCommSplit(g[r], 0, r, &same[r], NULL));
+  for (int r = 0; r < 2; r++) NCCLOK(ncclCommSplit(g[r], 5, -r, &swapped[r], NULL));
+  NCCLOK(ncclGroupEnd());
+  for (int r = 0; r < 2; r++) {
+    NCCLOK(ncclCommUserRank(same[r], &me));
+    CHECK(me == r, "same order: rank %d became %d", r, me);
+    NCCLOK(ncclCommUserRank(swapped[r], &me));
+    CHECK(me == 1 - r, "swapped order: rank %d became %d", r, me);
+  }
+  /* Gathered by new rank: block k comes from the rank that became k. */
+  int32_t mine[2], got[2][2];
+  NCCLOK(ncclGroupStart());
+  for (int r = 0; r < 2; r++) {
+    mine[r] = r;
+    NCCLOK(ncclAllGather(&mine[r], got[r], 1, ncclInt32, swapped[r], NULL));
+  }
+  NCCLOK(ncclGroupEnd());
+  for (int r = 0; r < 2; r++)
+    CHECK(got[r][0] == 1 && got[r][1] == 0, "swapped allgather on %d: %d %d", r, got[r][0], got[r][1]);
+  for (int r = 1; r >= 0; r--) {
+    NCCLOK(ncclCommDestroy(swapped[r]));
+    NCCLOK(ncclCommDestroy(same[r]));
+  }
+  for (int r = 1; r >= 0; r--) NCCLOK(ncclCommDestroy(g[r]));
+  printf("groupsplit OK\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (argc >= 2 && strcmp(argv[1], "errors") == 0) return errors(argc > 2 ? argv[2] : ".");
   if (argc == 3 && strcmp(argv[1], "symbols") == 0) return symbols(argv[2]);
   if (argc == 2 && strcmp(argv[1], "lonely") == 0) return lonely();
+  if (argc == 2 && strcmp(argv[1], "groupsplit") == 0) return groupsplit();
   if (argc == 5) {
     g_rank = atoi(argv[2]);
     int n = atoi(argv[3]);
     if (strcmp(argv[1], "collectives") == 0) return collectives(g_rank, n, argv[4]);
     if (strcmp(argv[1], "peerdeath") == 0) return peerdeath(g_rank, n, argv[4]);
   }
-  fprintf(stderr, "usage: abi collectives|peerdeath RANK NRANKS DIR | errors | symbols LIB\n");
+  fprintf(stderr, "usage: abi collectives|peerdeath RANK NRANKS DIR | errors | groupsplit | symbols LIB\n");
   (void)g_failures;
   return 2;
 }
