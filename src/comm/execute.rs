@@ -483,10 +483,9 @@ mod tests {
     }
 
     /// With user algorithms for allgather and reduce-scatter too, their
-    /// plans are theirs (recursive doubling: rank r's first frame goes to
-    /// r ^ 1; pairwise: to r + 1, whose block it is, where the ring's
-    /// reduce-scatter first sends block r - 1), in place as out of place,
-    /// and the allreduce's stays the user's.
+    /// plans are theirs (the peers each rank sends to, in order, where the
+    /// ring sends to r + 1 only), in place (at the rank's block) as out of
+    /// place, and the allreduce's stays the user's.
     #[test]
     fn user_algorithms_plan_allgather_and_reduce_scatter() {
         use crate::algo::user::examples::{
@@ -517,12 +516,13 @@ mod tests {
                         CollCall::new(kind, 1000, send, recv)
                     };
                     let plan = inner.build_plan_chunked::<f32>(&call, 1 << 20).unwrap();
-                    let to = plan
+                    let to: Vec<usize> = plan
                         .schedule
                         .steps
                         .iter()
-                        .find(|s| s.prim.sends())
-                        .map(|s| s.send_to);
+                        .filter(|s| s.prim.sends())
+                        .map(|s| s.send_to)
+                        .collect();
                     (to, plan.input_base, plan.output_base)
                 };
                 [
@@ -535,18 +535,15 @@ mod tests {
             },
         );
         for (r, got) in firsts.into_iter().enumerate() {
-            let next = (r + 1) % 4;
-            assert_eq!(
-                got,
-                [
-                    (Some(r ^ 2), 0, 0),
-                    (Some(r ^ 1), 0, 0),
-                    (Some(r ^ 1), r * 1000, 0),
-                    (Some(next), 0, 0),
-                    (Some(next), 0, r * 1000),
-                ],
-                "rank {r}"
-            );
+            // Halving-doubling: r ^ 2, r ^ 1, then back: r ^ 1, r ^ 2.
+            assert_eq!(got[0], (vec![r ^ 2, r ^ 1, r ^ 1, r ^ 2], 0, 0), "rank {r}");
+            // Recursive doubling: r ^ 1, r ^ 2 (the ring: r + 1 three times).
+            assert_eq!(got[1], (vec![r ^ 1, r ^ 2], 0, 0), "rank {r}");
+            assert_eq!(got[2], (vec![r ^ 1, r ^ 2], r * 1000, 0), "rank {r}");
+            // Pairwise: r + 1, r + 2, r + 3 (the ring: r + 1 three times).
+            let pairwise: Vec<usize> = (1..4).map(|k| (r + k) % 4).collect();
+            assert_eq!(got[3], (pairwise.clone(), 0, 0), "rank {r}");
+            assert_eq!(got[4], (pairwise, 0, r * 1000), "rank {r}");
         }
     }
 
