@@ -1173,6 +1173,9 @@ fn run_groups(steps: &[UserStep], blocks: usize) -> Vec<(usize, usize)> {
     out
 }
 
+/// A step's peers, `(from, to)`: what names its stream in a run group.
+type Peers = (Option<usize>, Option<usize>);
+
 /// The order a rank runs its frames in: group by group, the streams of a
 /// group taking turns one frame at a time (each stream's frames in step
 /// order, `parts(step)` frames a step), so that a rank that sends several
@@ -1188,7 +1191,7 @@ fn run_order(
 ) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     for &(start, end) in groups {
-        let mut streams: Vec<((Option<usize>, Option<usize>), Vec<(usize, usize)>)> = Vec::new();
+        let mut streams: Vec<(Peers, Vec<(usize, usize)>)> = Vec::new();
         for (i, s) in steps.iter().enumerate().take(end).skip(start) {
             let key = (s.from, s.to);
             let frames = (0..parts(i)).map(|j| (i, j));
@@ -2064,15 +2067,10 @@ mod tests {
                             .collect();
                         super::super::sim::run(&based, &inputs, &mut whole, true, cap)
                             .unwrap_or_else(|e| panic!("{} n {n} in place: {e}", algo.name));
-                        for r in 0..n {
-                            for j in 0..out_len {
+                        for (r, got) in out.iter().enumerate() {
+                            for (j, v) in got.iter().enumerate() {
                                 let at = if gather { j } else { r * count + j };
-                                assert_eq!(
-                                    out[r][j],
-                                    want(r, j),
-                                    "{} n {n} r {r} j {j}",
-                                    algo.name
-                                );
+                                assert_eq!(*v, want(r, j), "{} n {n} r {r} j {j}", algo.name);
                                 assert_eq!(whole[r][at], want(r, j), "{} in place", algo.name);
                             }
                         }
