@@ -411,7 +411,8 @@ fn run_user(a: &Args, path: &str) -> Result<(), String> {
         );
         for bytes in sizes(a) {
             let count = a.coll.block_count(bytes, elem, n);
-            let size = count * elem;
+            let total = a.coll.total_count(count, n);
+            let size = total * elem;
             let job = match user_job(&a.cluster, &user, (n, count, elem), a.max_runs) {
                 Ok(j) => j,
                 Err(e) => {
@@ -425,7 +426,7 @@ fn run_user(a: &Args, path: &str) -> Result<(), String> {
             println!(
                 "{:>12} {:>12} {:>8} {:>6} {:>6} {:>12.2} {:>9.2} {:>9.2} {:>12}",
                 size,
-                count,
+                total,
                 a.dtype.name(),
                 if a.coll.reduces() { "sum" } else { "none" },
                 "-1",
