@@ -54,15 +54,20 @@ pub struct Config {
     /// algorithm (one-shot broadcast, say) runs its ring. `None`: the
     /// library chooses.
     pub algorithm: Option<Algorithm>,
-    /// A file of a user algorithm in the text format (FERROCCL_ALGO_FILE;
-    /// docs/algorithms.md): checked for the communicator's rank count when
-    /// it is created (an error there if it is refused), then run by every
-    /// call of its collective.
+    /// A file of user algorithms in the text format (FERROCCL_ALGO_FILE;
+    /// docs/algorithms.md): one algorithm, or several for different
+    /// collectives (allreduce, allgather, reduce-scatter), each checked for
+    /// the communicator's rank count when it is created (an error there if
+    /// one is refused), then run by every call of its collective.
     pub algorithm_file: Option<std::path::PathBuf>,
     /// A user algorithm given in code (built with
     /// `ferroccl::algo::user::UserAlgorithm::build`), checked and run like
-    /// [`Config::algorithm_file`]; setting both is an error.
+    /// [`Config::algorithm_file`]; setting it and the file is an error.
     pub user_algorithm: Option<crate::algo::user::UserAlgorithm>,
+    /// More user algorithms given in code, for other collectives than
+    /// [`Config::user_algorithm`]'s (at most one per collective in all);
+    /// setting them and the file is an error.
+    pub user_algorithms: Vec<crate::algo::user::UserAlgorithm>,
     /// Directory of shared-memory segments (FERROCCL_SHM_DIR; default
     /// /dev/shm). Segments are unlinked as soon as both ranks mapped them.
     pub shm_dir: Option<std::path::PathBuf>,
@@ -161,6 +166,7 @@ impl Config {
             algorithm: None,
             algorithm_file: None,
             user_algorithm: None,
+            user_algorithms: Vec::new(),
             calibrate: true,
             shm_dir: None,
             nt_store_bytes: DEFAULT_NT_STORE_BYTES,
@@ -312,36 +318,53 @@ impl Config {
         Ok(())
     }
 
-    /// The user algorithm this communicator runs, checked for its rank
-    /// count: from [`Config::user_algorithm`] or read from
-    /// [`Config::algorithm_file`], with where it came from for the log.
-    /// A file that cannot be read or parsed, a rank count it does not
-    /// claim, or a refusal of the checker is an error naming the file and
-    /// the line, rank and step.
-    pub(crate) fn checked_user_algorithm(&self) -> Result<Option<crate::algo::user::Checked>> {
-        use crate::algo::user::Checked;
-        let (algo, source) = match (&self.user_algorithm, &self.algorithm_file) {
-            (None, None) => return Ok(None),
-            (Some(_), Some(path)) => {
+    /// The user algorithms this communicator runs, checked for its rank
+    /// count: from [`Config::user_algorithm`] and
+    /// [`Config::user_algorithms`], or read from
+    /// [`Config::algorithm_file`], each with where it came from for the
+    /// log. A file that cannot be read or parsed, two algorithms for one
+    /// collective, a rank count one does not claim, or a refusal of the
+    /// checker is an error naming the file and the line, rank and step.
+    pub(crate) fn checked_user_algorithms(&self) -> Result<crate::algo::user::Installed> {
+        use crate::algo::user::{Checked, Installed};
+        let in_code = self.user_algorithm.iter().chain(&self.user_algorithms);
+        let (algos, source): (Vec<crate::algo::user::UserAlgorithm>, String) =
+            match &self.algorithm_file {
+                None => (in_code.cloned().collect(), "Config::user_algorithm".into()),
+                Some(path) if in_code.count() > 0 => {
+                    return Err(Error::InvalidArgument(format!(
+                        "both Config::user_algorithm(s) and an algorithm file ({}) are set: set \
+                         one",
+                        path.display()
+                    )))
+                }
+                Some(path) => {
+                    let source = format!("FERROCCL_ALGO_FILE={}", path.display());
+                    let text = std::fs::read_to_string(path).map_err(|e| {
+                        Error::InvalidArgument(format!("{source}: cannot read it: {e}"))
+                    })?;
+                    let algos = crate::algo::text::parse_all(&text)
+                        .map_err(|e| Error::InvalidArgument(format!("{source}: {e}")))?;
+                    (algos.into_iter().map(|(a, _)| a).collect(), source)
+                }
+            };
+        let mut installed = Installed::default();
+        for algo in &algos {
+            if let Some(other) = installed.get(algo.collective) {
                 return Err(Error::InvalidArgument(format!(
-                    "both Config::user_algorithm and an algorithm file ({}) are set: set one",
-                    path.display()
-                )))
+                    "{source}: two user algorithms for {}: '{}' and '{}' (give one per \
+                     collective)",
+                    algo.collective,
+                    other.name(),
+                    algo.name
+                )));
             }
-            (Some(algo), None) => (algo.clone(), "Config::user_algorithm".to_string()),
-            (None, Some(path)) => {
-                let source = format!("FERROCCL_ALGO_FILE={}", path.display());
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    Error::InvalidArgument(format!("{source}: cannot read it: {e}"))
-                })?;
-                let algo = crate::algo::text::parse(&text)
-                    .map_err(|e| Error::InvalidArgument(format!("{source}: {e}")))?;
-                (algo, source)
-            }
-        };
-        Checked::new(&algo, self.size, source.clone())
-            .map(Some)
-            .map_err(|e| Error::InvalidArgument(format!("{source}: refused: {e}")))
+            let checked = Checked::new(algo, self.size, source.clone()).map_err(|e| {
+                Error::InvalidArgument(format!("{source}: '{}' refused: {e}", algo.name))
+            })?;
+            installed.add(checked);
+        }
+        Ok(installed)
     }
 
     /// Bytes per slot.
@@ -454,7 +477,7 @@ mod tests {
             c.algorithm_file.as_deref(),
             Some(std::path::Path::new("/nowhere/x.algo"))
         );
-        let err = c.checked_user_algorithm().unwrap_err().to_string();
+        let err = c.checked_user_algorithms().unwrap_err().to_string();
         assert!(
             err.contains("FERROCCL_ALGO_FILE=/nowhere/x.algo") && err.contains("cannot read"),
             "{err}"
@@ -465,17 +488,50 @@ mod tests {
         );
         assert!(with(&[])
             .unwrap()
-            .checked_user_algorithm()
+            .checked_user_algorithms()
             .unwrap()
-            .is_none());
+            .is_empty());
         // Both ways at once is ambiguous.
         let mut both = with(&[("FERROCCL_ALGO_FILE", "/nowhere/x.algo")]).unwrap();
         both.user_algorithm = Some(crate::algo::user::examples::halving_doubling(2));
-        let err = both.checked_user_algorithm().unwrap_err().to_string();
+        let err = both.checked_user_algorithms().unwrap_err().to_string();
         assert!(err.contains("set one"), "{err}");
         both.algorithm_file = None;
-        let checked = both.checked_user_algorithm().unwrap().unwrap();
+        let installed = both.checked_user_algorithms().unwrap();
+        let checked = installed
+            .get(crate::algo::user::Collective::AllReduce)
+            .unwrap();
         assert_eq!(checked.name(), "halving_doubling");
+        assert!(installed
+            .get(crate::algo::user::Collective::AllGather)
+            .is_none());
+    }
+
+    /// Several algorithms in code: one per collective, each checked;
+    /// two for one collective are refused naming both.
+    #[test]
+    fn several_user_algorithms_one_per_collective() {
+        use crate::algo::user::examples::{
+            halving_doubling, pairwise_reduce_scatter, recursive_doubling_allgather,
+        };
+        use crate::algo::user::Collective;
+        let mut c = with(&[]).unwrap();
+        c.user_algorithm = Some(halving_doubling(2));
+        c.user_algorithms = vec![recursive_doubling_allgather(2), pairwise_reduce_scatter(2)];
+        let installed = c.checked_user_algorithms().unwrap();
+        for (collective, name) in [
+            (Collective::AllReduce, "halving_doubling"),
+            (Collective::AllGather, "recursive_doubling_allgather"),
+            (Collective::ReduceScatter, "pairwise_reduce_scatter"),
+        ] {
+            assert_eq!(installed.get(collective).unwrap().name(), name);
+        }
+        c.user_algorithms.push(pairwise_reduce_scatter(4));
+        let err = c.checked_user_algorithms().unwrap_err().to_string();
+        assert!(
+            err.contains("two user algorithms for reduce_scatter"),
+            "{err}"
+        );
     }
 
     #[test]

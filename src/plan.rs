@@ -64,8 +64,8 @@ pub(crate) struct Facts {
     pub(crate) forced: Option<Algorithm>,
     /// Hosts the ranks are on, and the largest host's rank count.
     pub(crate) layout: Layout,
-    /// A user algorithm runs every allreduce (`algo::user`): no allreduce
-    /// skips its schedule.
+    /// A user algorithm runs the call being routed (`algo::user`: an
+    /// allreduce, allgather or reduce-scatter): it skips no schedule.
     pub(crate) user: bool,
 }
 
@@ -132,7 +132,12 @@ pub(crate) fn route(
     if kind == CollKind::SendRecv || !facts.control {
         return Ok(Route::Slots { note: false });
     }
-    if facts.user && kind == CollKind::AllReduce {
+    if facts.user
+        && matches!(
+            kind,
+            CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter
+        )
+    {
         // The user algorithm runs it, windows or not.
         return Ok(Route::Slots { note: true });
     }
@@ -396,18 +401,19 @@ pub(crate) fn slices(
     }
 }
 
-/// The INFO line for an allreduce of `bytes` that the user algorithm
-/// `user` runs.
+/// The INFO line for a call of `kind` (allreduce, allgather or
+/// reduce-scatter) of `bytes` that the user algorithm `user` runs.
 pub(crate) fn explain_user(
+    kind: CollKind,
     bytes: usize,
     facts: &Facts,
     user: &crate::algo::user::Checked,
 ) -> String {
-    let route = route(CollKind::AllReduce, bytes, Memory::Host, facts)
-        .unwrap_or(Route::Slots { note: false });
+    let route = route(kind, bytes, Memory::Host, facts).unwrap_or(Route::Slots { note: false });
     format!(
-        "all_reduce of {bytes} bytes on {} ranks -> user algorithm '{}' ({}; the checker \
-         accepted it for {} ranks at creation, so the tuner does not choose), {}",
+        "{} of {bytes} bytes on {} ranks -> user algorithm '{}' ({}; the checker accepted it \
+         for {} ranks at creation, so the tuner does not choose), {}",
+        kind.name(),
         facts.size,
         user.name(),
         user.source(),
@@ -650,18 +656,25 @@ mod tests {
             route(CollKind::AllReduce, 8, Memory::Host, &forced).unwrap(),
             Route::Slots { note: true }
         );
-        // A user algorithm takes every allreduce, and only allreduces.
+        // A user algorithm takes every call of its collective
+        // (allreduce, allgather, reduce-scatter), and only those.
         let user = Facts {
             user: true,
             windows: true,
             ..f
         };
+        for kind in [
+            CollKind::AllReduce,
+            CollKind::AllGather,
+            CollKind::ReduceScatter,
+        ] {
+            assert_eq!(
+                route(kind, 8, Memory::Host, &user).unwrap(),
+                Route::Slots { note: true }
+            );
+        }
         assert_eq!(
-            route(CollKind::AllReduce, 8, Memory::Host, &user).unwrap(),
-            Route::Slots { note: true }
-        );
-        assert_eq!(
-            route(CollKind::AllGather, 8, Memory::Host, &user).unwrap(),
+            route(CollKind::Broadcast, 8, Memory::Host, &user).unwrap(),
             Route::Inline
         );
         // Send/recv never checks in.

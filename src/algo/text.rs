@@ -14,12 +14,31 @@ pub const MAX_RANKS: usize = 1 << 20;
 
 /// Parse an algorithm from `text`. Every rank count it claims is a
 /// `ranks N` section; the checker still has to accept it
-/// ([`UserAlgorithm::check`]).
+/// ([`UserAlgorithm::check`]). Text of several algorithms is refused here
+/// (read it with [`parse_all`]).
 pub fn parse(text: &str) -> Result<UserAlgorithm, UserError> {
-    let mut name: Option<String> = None;
-    let mut collective: Option<Collective> = None;
-    let mut sections: BTreeMap<usize, Vec<Vec<UserStep>>> = BTreeMap::new();
-    let mut current: Option<usize> = None;
+    let mut all = parse_all(text)?;
+    if all.len() > 1 {
+        let (_, line) = &all[1];
+        return Err(UserError::at_line(
+            *line,
+            format!(
+                "a second 'algorithm' line: this text holds {} algorithms where one is expected",
+                all.len()
+            ),
+        ));
+    }
+    Ok(all.remove(0).0)
+}
+
+/// Parse every algorithm of `text`, each with the line it starts on: an
+/// `algorithm NAME` line starts each one after the first (the first may
+/// leave it out, then its name is `user`), and each declares its
+/// collective. What a communicator reads from FERROCCL_ALGO_FILE, which
+/// may hold one algorithm per collective. Never an empty list.
+pub fn parse_all(text: &str) -> Result<Vec<(UserAlgorithm, usize)>, UserError> {
+    let mut done = Vec::new();
+    let mut cur = Draft::default();
     for (index, raw) in text.lines().enumerate() {
         let line = index + 1;
         let err = |what: String| UserError::at_line(line, what);
@@ -33,24 +52,34 @@ pub fn parse(text: &str) -> Result<UserAlgorithm, UserError> {
                 if words.len() != 2 {
                     return Err(err("expected 'algorithm NAME' (one word)".into()));
                 }
-                if name.is_some() {
-                    return Err(err("a second 'algorithm' line".into()));
+                // A name after a header line of its own belongs to it.
+                if cur.name.is_some() || !cur.sections.is_empty() {
+                    done.push(std::mem::take(&mut cur).finish()?);
                 }
-                name = Some(words[1].to_string());
+                cur.name = Some(words[1].to_string());
+                cur.start.get_or_insert(line);
             }
             "collective" => {
-                if collective.is_some() {
-                    return Err(err("a second 'collective' line".into()));
+                if cur.collective.is_some() {
+                    return Err(err(
+                        "a second 'collective' line (start another algorithm with an \
+                         'algorithm NAME' line)"
+                            .into(),
+                    ));
                 }
-                collective = match words.get(1..) {
-                    Some(["allreduce"]) => Some(Collective::AllReduce),
-                    _ => {
-                        return Err(err(format!(
-                            "expected 'collective allreduce', got '{}'",
-                            body.trim()
-                        )))
-                    }
+                let names: Vec<&str> = Collective::ALL.iter().map(|c| c.name()).collect();
+                cur.collective = match words.get(1..) {
+                    Some([name]) => Collective::from_name(name),
+                    _ => None,
                 };
+                if cur.collective.is_none() {
+                    return Err(err(format!(
+                        "expected 'collective C' with C one of {}, got '{}'",
+                        names.join(", "),
+                        body.trim()
+                    )));
+                }
+                cur.start.get_or_insert(line);
             }
             "ranks" => {
                 if words.len() != 2 {
@@ -60,14 +89,15 @@ pub fn parse(text: &str) -> Result<UserAlgorithm, UserError> {
                 if n == 0 || n > MAX_RANKS {
                     return Err(err(format!("rank count {n} is outside 1..={MAX_RANKS}")));
                 }
-                if sections.contains_key(&n) {
+                if cur.sections.contains_key(&n) {
                     return Err(err(format!("a second section for {n} ranks")));
                 }
-                sections.insert(n, vec![Vec::new(); n]);
-                current = Some(n);
+                cur.sections.insert(n, vec![Vec::new(); n]);
+                cur.current = Some(n);
+                cur.start.get_or_insert(line);
             }
             "rank" => {
-                let Some(n) = current else {
+                let Some(n) = cur.current else {
                     return Err(err(
                         "a step before any 'ranks N' line says how many ranks it is for".into(),
                     ));
@@ -79,7 +109,7 @@ pub fn parse(text: &str) -> Result<UserAlgorithm, UserError> {
                         n - 1
                     )));
                 }
-                if let Some(ranks) = sections.get_mut(&n) {
+                if let Some(ranks) = cur.sections.get_mut(&n) {
                     ranks[rank].push(step);
                 }
             }
@@ -90,18 +120,40 @@ pub fn parse(text: &str) -> Result<UserAlgorithm, UserError> {
             }
         }
     }
-    let collective = collective.ok_or_else(|| UserError {
-        size: None,
-        rank: None,
-        step: None,
-        line: None,
-        what: "no 'collective' line (say 'collective allreduce')".into(),
-    })?;
-    let mut algo = UserAlgorithm::new(name.unwrap_or_else(|| "user".into()), collective);
-    for (n, ranks) in sections {
-        algo.set_size(n, ranks);
+    done.push(cur.finish()?);
+    Ok(done)
+}
+
+/// An algorithm being read.
+#[derive(Default)]
+struct Draft {
+    name: Option<String>,
+    collective: Option<Collective>,
+    sections: BTreeMap<usize, Vec<Vec<UserStep>>>,
+    current: Option<usize>,
+    /// Its first line.
+    start: Option<usize>,
+}
+
+impl Draft {
+    fn finish(self) -> Result<(UserAlgorithm, usize), UserError> {
+        let name = self.name.unwrap_or_else(|| "user".into());
+        let collective = self.collective.ok_or_else(|| UserError {
+            size: None,
+            rank: None,
+            step: None,
+            line: self.start,
+            what: format!(
+                "algorithm '{name}' has no 'collective' line (say 'collective allreduce', \
+                 'collective allgather' or 'collective reduce_scatter')"
+            ),
+        })?;
+        let mut algo = UserAlgorithm::new(name, collective);
+        for (n, ranks) in self.sections {
+            algo.set_size(n, ranks);
+        }
+        Ok((algo, self.start.unwrap_or(1)))
     }
-    Ok(algo)
 }
 
 fn number(word: &str, what: &str) -> Result<usize, String> {
@@ -261,6 +313,12 @@ pub fn write(algo: &UserAlgorithm) -> String {
     out
 }
 
+/// The text of several algorithms, which [`parse_all`] reads back.
+pub fn write_all<'a>(algos: impl IntoIterator<Item = &'a UserAlgorithm>) -> String {
+    let texts: Vec<String> = algos.into_iter().map(write).collect();
+    texts.join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,7 +414,7 @@ mod tests {
         assert!(err.to_string().contains("collective"), "{err}");
         let err = parse("collective allreduce\nrank 0: copy chunk 0 of 1\n").unwrap_err();
         assert_eq!(err.line, Some(2));
-        let err = parse("collective reduce_scatter\n").unwrap_err();
+        let err = parse("collective scatter\n").unwrap_err();
         assert_eq!(err.line, Some(1));
     }
 

@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::plan::Memory;
 use std::ops::Range;
 
-pub(crate) use user::all_reduce as user_all_reduce;
+pub(crate) use user::{collective_of as user_collective, plan as user_plan};
 
 /// The kinds of call that carry a fingerprint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -115,10 +115,12 @@ impl Inner {
         let inner = self;
         let elem = std::mem::size_of::<T>();
         let count = call.slice_count(inner.size);
-        let facts = inner.facts();
+        let facts = inner.facts(call.kind);
         let bytes = call.count * elem;
-        if let (Some(user), CollKind::AllReduce, false) = (&inner.user, call.kind, call.internal) {
-            return inner.build_user_plan(call, user, (count, elem), chunk_bytes, &facts);
+        if !inner.user.is_empty() && !call.internal {
+            if let Some(user) = coll::user_collective(call.kind).and_then(|c| inner.user.get(c)) {
+                return inner.build_user_plan(call, user, (count, elem), chunk_bytes, &facts);
+            }
         }
         // Only collectives with a choice ask the model (it allocates the
         // list of costs): the others run their one algorithm.
@@ -165,7 +167,8 @@ impl Inner {
 }
 
 impl Inner {
-    /// The plan of an allreduce the user algorithm `user` runs.
+    /// The plan of an allreduce, allgather or reduce-scatter the user
+    /// algorithm `user` runs.
     #[cold]
     fn build_user_plan(
         &self,
@@ -182,7 +185,7 @@ impl Inner {
             tracing::info!(
                 rank = self.rank,
                 "plan: {}",
-                plan::explain_user(bytes, facts, user)
+                plan::explain_user(call.kind, bytes, facts, user)
             );
         }
         // Frames as large as the ring's: a pass of the algorithm per block.
@@ -194,7 +197,7 @@ impl Inner {
             elem,
             chunk_bytes,
         );
-        let mut plan = coll::user_all_reduce(geometry, call.send_len, call.recv_len, user)?;
+        let mut plan = coll::user_plan(call, geometry, user)?;
         let frames = !facts.control || call.memory != Memory::Host;
         if frames && plan::confirms(call.kind, call.count, self.size) {
             let confirm = coll::confirmation(call, geometry, crate::algo::Algorithm::Ring);
@@ -221,10 +224,10 @@ impl Communicator {
 }
 
 impl Inner {
-    /// The facts the planner routes this communicator's calls by (the same
-    /// on every rank).
+    /// The facts the planner routes this communicator's calls of `kind`
+    /// by (the same on every rank).
     #[inline]
-    pub(super) fn facts(&self) -> Facts {
+    pub(super) fn facts(&self, kind: CollKind) -> Facts {
         let control = self.control.get();
         Facts {
             size: self.size,
@@ -236,7 +239,8 @@ impl Inner {
                 hosts: self.hosts.hosts(),
                 largest: self.hosts.largest(),
             },
-            user: self.user.is_some(),
+            user: !self.user.is_empty()
+                && coll::user_collective(kind).is_some_and(|c| self.user.get(c).is_some()),
         }
     }
 
@@ -279,7 +283,7 @@ impl Inner {
             call.kind,
             in_bytes::<T>(call, self.size),
             io.memory(),
-            &self.facts(),
+            &self.facts(call.kind),
         )?;
         let Io::Host(mut io) = io else {
             return Err(plan::device_unsupported(call.kind, io.memory()));
@@ -475,6 +479,71 @@ mod tests {
         for (r, (all_reduce, all_gather)) in firsts.into_iter().enumerate() {
             assert_eq!(all_reduce, Some(r ^ 2), "rank {r}");
             assert_eq!(all_gather, Some((r + 1) % 4), "rank {r}");
+        }
+    }
+
+    /// With user algorithms for allgather and reduce-scatter too, their
+    /// plans are theirs (the peers each rank sends to, in order, where the
+    /// ring sends to r + 1 only), in place (at the rank's block) as out of
+    /// place, and the allreduce's stays the user's.
+    #[test]
+    fn user_algorithms_plan_allgather_and_reduce_scatter() {
+        use crate::algo::user::examples::{
+            halving_doubling, pairwise_reduce_scatter, recursive_doubling_allgather,
+        };
+        let firsts = crate::testing::run_ranks_with(
+            4,
+            |config| {
+                config.transport = Some("mem".into());
+                config.user_algorithm = Some(halving_doubling(8));
+                config.user_algorithms =
+                    vec![recursive_doubling_allgather(8), pairwise_reduce_scatter(8)];
+            },
+            |comm| {
+                let inner = &comm.inner;
+                let first = |kind, in_place: bool| {
+                    let (send, recv) = match kind {
+                        CollKind::AllGather => (1000, 4000),
+                        CollKind::ReduceScatter => (4000, 1000),
+                        _ => (1000, 1000),
+                    };
+                    let call = if in_place {
+                        CollCall {
+                            in_place: true,
+                            ..CollCall::new(kind, 1000, 4000, 4000)
+                        }
+                    } else {
+                        CollCall::new(kind, 1000, send, recv)
+                    };
+                    let plan = inner.build_plan_chunked::<f32>(&call, 1 << 20).unwrap();
+                    let to: Vec<usize> = plan
+                        .schedule
+                        .steps
+                        .iter()
+                        .filter(|s| s.prim.sends())
+                        .map(|s| s.send_to)
+                        .collect();
+                    (to, plan.input_base, plan.output_base)
+                };
+                [
+                    first(CollKind::AllReduce, false),
+                    first(CollKind::AllGather, false),
+                    first(CollKind::AllGather, true),
+                    first(CollKind::ReduceScatter, false),
+                    first(CollKind::ReduceScatter, true),
+                ]
+            },
+        );
+        for (r, got) in firsts.into_iter().enumerate() {
+            // Halving-doubling: r ^ 2, r ^ 1, then back: r ^ 1, r ^ 2.
+            assert_eq!(got[0], (vec![r ^ 2, r ^ 1, r ^ 1, r ^ 2], 0, 0), "rank {r}");
+            // Recursive doubling: r ^ 1, r ^ 2 (the ring: r + 1 three times).
+            assert_eq!(got[1], (vec![r ^ 1, r ^ 2], 0, 0), "rank {r}");
+            assert_eq!(got[2], (vec![r ^ 1, r ^ 2], r * 1000, 0), "rank {r}");
+            // Pairwise: r + 1, r + 2, r + 3 (the ring: r + 1 three times).
+            let pairwise: Vec<usize> = (1..4).map(|k| (r + k) % 4).collect();
+            assert_eq!(got[3], (pairwise.clone(), 0, 0), "rank {r}");
+            assert_eq!(got[4], (pairwise, 0, r * 1000), "rank {r}");
         }
     }
 

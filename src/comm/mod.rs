@@ -103,9 +103,10 @@ struct Inner {
     /// timed out ask it (through the store) to find the rank that never
     /// called.
     issued: Arc<AtomicU64>,
-    /// The user algorithm that runs every allreduce, checked for this
-    /// rank count at creation (`Config::checked_user_algorithm`).
-    user: Option<crate::algo::user::Checked>,
+    /// The user algorithms that run every allreduce, allgather or
+    /// reduce-scatter (one per collective, where given), checked for this
+    /// rank count at creation (`Config::checked_user_algorithms`).
+    user: crate::algo::user::Installed,
     /// The tuner's constants, agreed by every rank at creation.
     model: Mutex<LinkModel>,
     /// The tuner's model of a link inside a host (the hierarchical

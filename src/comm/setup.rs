@@ -106,7 +106,7 @@ impl Communicator {
         let (rank, size) = (config.rank, config.size);
         // Before any connection: every rank reads and checks the same
         // algorithm alike, so a refusal is the same error on every rank.
-        let user = config.checked_user_algorithm()?;
+        let user = config.checked_user_algorithms()?;
         // Shared with the set-up watch thread below.
         let abort = Arc::new(AbortHandle::new());
         let transports = crate::transports::select(&config)?;

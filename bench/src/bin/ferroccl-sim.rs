@@ -35,7 +35,8 @@ options:
   -f, --stepfactor F        multiply the size by F each row (default 2)
   -d, --datatype T          element type (default float)
   -a, --algo LIST           algorithms, comma separated, or all (default all)
-      --algo-file FILE      also time the user algorithm in FILE (allreduce;
+      --algo-file FILE      also time the user algorithm in FILE for the
+                            collective (allreduce, allgather, reducescatter;
                             text format of docs/algorithms.md), checked for
                             each rank count first
       --max-direct-ranks N  simulate one_shot and two_shot up to N ranks
@@ -176,8 +177,15 @@ fn parse(argv: &[String]) -> Result<Option<Args>, String> {
     if algorithms(a.coll).is_empty() {
         return Err(format!("{} has no schedule the simulator runs", a.coll));
     }
-    if a.algo_file.is_some() && a.coll != Coll::AllReduce {
-        return Err("--algo-file: user algorithms implement allreduce".into());
+    if a.algo_file.is_some()
+        && !matches!(
+            a.coll,
+            Coll::AllReduce | Coll::AllGather | Coll::ReduceScatter
+        )
+    {
+        return Err(
+            "--algo-file: user algorithms implement allreduce, allgather and reducescatter".into(),
+        );
     }
     if a.min > a.max {
         return Err("-b is above -e".into());
@@ -373,9 +381,19 @@ fn run(a: &Args) -> Result<(), String> {
 /// Time the user algorithm of `path` for every rank count (after the
 /// checker accepts it there), in the same columns.
 fn run_user(a: &Args, path: &str) -> Result<(), String> {
-    use ferroccl::algo::{text, user::Checked};
+    use ferroccl::algo::text;
+    use ferroccl::algo::user::{Checked, Collective};
     let source = std::fs::read_to_string(path).map_err(|e| format!("--algo-file {path}: {e}"))?;
-    let algo = text::parse(&source).map_err(|e| format!("--algo-file {path}: {e}"))?;
+    let all = text::parse_all(&source).map_err(|e| format!("--algo-file {path}: {e}"))?;
+    let want = match a.coll {
+        Coll::AllGather => Collective::AllGather,
+        Coll::ReduceScatter => Collective::ReduceScatter,
+        _ => Collective::AllReduce,
+    };
+    let (algo, _) = all
+        .into_iter()
+        .find(|(algo, _)| algo.collective == want)
+        .ok_or_else(|| format!("--algo-file {path}: no {want} algorithm in the file"))?;
     let elem = a.dtype.size();
     for &n in &a.ranks {
         let user = Checked::new(&algo, n, path.to_string())
@@ -393,7 +411,8 @@ fn run_user(a: &Args, path: &str) -> Result<(), String> {
         );
         for bytes in sizes(a) {
             let count = a.coll.block_count(bytes, elem, n);
-            let size = count * elem;
+            let total = a.coll.total_count(count, n);
+            let size = total * elem;
             let job = match user_job(&a.cluster, &user, (n, count, elem), a.max_runs) {
                 Ok(j) => j,
                 Err(e) => {
@@ -407,9 +426,9 @@ fn run_user(a: &Args, path: &str) -> Result<(), String> {
             println!(
                 "{:>12} {:>12} {:>8} {:>6} {:>6} {:>12.2} {:>9.2} {:>9.2} {:>12}",
                 size,
-                count,
+                total,
                 a.dtype.name(),
-                "sum",
+                if a.coll.reduces() { "sum" } else { "none" },
                 "-1",
                 out.time_us,
                 algbw,

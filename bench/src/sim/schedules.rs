@@ -147,9 +147,10 @@ pub fn job_within(
     Some(Ok(job))
 }
 
-/// Every rank's schedule of an allreduce of `count` elements of `elem`
-/// bytes by the user algorithm `user` (checked for `ranks` ranks), cut as
-/// a communicator cuts it (frames of the ring's slice; one channel, as the
+/// Every rank's schedule of a call of `count` elements of `elem` bytes
+/// (an allreduce's buffer, an allgather's or reduce-scatter's block) by
+/// the user algorithm `user` (checked for `ranks` ranks), cut as a
+/// communicator cuts it (frames of the ring's slice; one channel, as the
 /// host executor runs it).
 pub fn user_job(
     cluster: &Cluster,
@@ -157,7 +158,12 @@ pub fn user_job(
     (ranks, count, elem): (usize, usize, usize),
     max_runs: usize,
 ) -> Result<Job, String> {
-    let slice = planner::all_reduce_slice(Algorithm::Ring, ranks, count, elem, cluster.chunk_bytes);
+    let slice = match user.collective() {
+        ferroccl::algo::user::Collective::AllReduce => {
+            planner::all_reduce_slice(Algorithm::Ring, ranks, count, elem, cluster.chunk_bytes)
+        }
+        _ => planner::block_slice(count, elem, cluster.chunk_bytes),
+    };
     let mut job = Job::new(ranks, 1);
     job.max_runs = max_runs;
     for rank in 0..ranks {
@@ -171,6 +177,42 @@ mod tests {
     use super::*;
     use crate::sim::engine::simulate;
     use ferroccl::algo::user::{examples::halving_doubling, Checked};
+
+    /// An allgather and a reduce-scatter written by users are timed too,
+    /// each frame cut to the ring's block slice.
+    #[test]
+    fn user_allgather_and_reduce_scatter_are_timed() {
+        use ferroccl::algo::user::examples::{
+            pairwise_reduce_scatter, recursive_doubling_allgather,
+        };
+        let cluster = Cluster::preset("h100").unwrap();
+        for algo in [
+            recursive_doubling_allgather(16),
+            pairwise_reduce_scatter(16),
+        ] {
+            for n in [2, 8, 16] {
+                let user = Checked::new(&algo, n, "test".into()).unwrap();
+                for count in [1usize, 1000, 1 << 20] {
+                    let job = user_job(&cluster, &user, (n, count, 4), DEFAULT_MAX_RUNS).unwrap();
+                    let out = simulate(&cluster, &job).unwrap();
+                    let slice = planner::block_slice(count, 4, cluster.chunk_bytes);
+                    let schedules: Vec<_> =
+                        (0..n).map(|r| user.schedule(r, count, slice)).collect();
+                    let steps: usize = schedules.iter().map(|s| s.steps.len()).sum();
+                    assert_eq!(
+                        out.steps as usize, steps,
+                        "{} n {n} count {count}",
+                        algo.name
+                    );
+                    assert!(schedules
+                        .iter()
+                        .flat_map(|s| &s.steps)
+                        .all(|s| s.len <= slice));
+                    assert!(out.time_us > 0.0);
+                }
+            }
+        }
+    }
 
     /// A user algorithm's job holds every step of every rank's schedule
     /// (counted from the schedules the library builds) and simulates.
