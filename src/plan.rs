@@ -301,9 +301,10 @@ pub(crate) fn algorithm(
             (Algorithm::Ring, Vec::new())
         }
         Some(forced) => (forced, Vec::new()),
-        // A reduce-scatter's call names one rank's output block; the
-        // model costs the whole input, `size` blocks.
-        None if kind == CollKind::ReduceScatter => tune::choose_on(
+        // A reduce-scatter's call names one rank's output block, an
+        // allgather's one rank's input block; the model costs the whole
+        // buffer, `size` blocks.
+        None if matches!(kind, CollKind::ReduceScatter | CollKind::AllGather) => tune::choose_on(
             kind,
             facts.layout,
             facts.size,
