@@ -167,20 +167,28 @@ fn a_refused_file_fails_creation_on_every_rank_naming_the_mistake() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The torus script's text for rank counts `sizes`.
-fn torus_text(sizes: &str) -> String {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/algorithms/torus.py");
+/// The text the example script `examples/algorithms/<script>` writes for
+/// rank counts `sizes`.
+fn script_text(script: &str, sizes: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/algorithms")
+        .join(script);
     let out = std::process::Command::new("python3")
-        .arg(&script)
+        .arg(&path)
         .arg(sizes)
         .output()
-        .expect("python3 runs examples/algorithms/torus.py");
+        .unwrap_or_else(|e| panic!("python3 runs examples/algorithms/{script}: {e}"));
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// The torus script's text for rank counts `sizes`.
+fn torus_text(sizes: &str) -> String {
+    script_text("torus.py", sizes)
 }
 
 /// The shipped file is what the script writes, and the script's torus
@@ -402,18 +410,7 @@ fn refused_allgather_and_reduce_scatter_files_name_the_mistake() {
 
 /// The Bruck script's text for rank counts `sizes`.
 fn bruck_text(sizes: &str) -> String {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/algorithms/bruck.py");
-    let out = std::process::Command::new("python3")
-        .arg(&script)
-        .arg(sizes)
-        .output()
-        .expect("python3 runs examples/algorithms/bruck.py");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    script_text("bruck.py", sizes)
 }
 
 /// The shipped file is what the script writes; the script's Bruck passes

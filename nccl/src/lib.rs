@@ -579,12 +579,24 @@ pub extern "C" fn ncclDevCommDestroy(_comm: NcclComm, _dev_comm: *const c_void) 
     unsupported("ncclDevCommDestroy", "NCCL's device-side communication API")
 }
 
-/// Allocations of `ncclMemAlloc`: address and layout.
-static ALLOCATIONS: Mutex<Vec<(usize, std::alloc::Layout)>> = Mutex::new(Vec::new());
+/// Where an allocation of `ncclMemAlloc` lives.
+#[derive(Clone, Copy)]
+enum Allocation {
+    /// Page-aligned host memory of this layout (no CUDA device usable).
+    Host(std::alloc::Layout),
+    /// Device memory of the context current at the call (`cuMemAlloc`).
+    Device,
+}
 
-/// `ncclMemAlloc`: page-aligned host memory where no CUDA device can be
-/// used (host buffers are what this library then serves); with CUDA,
-/// refused (device allocation through the ABI is not implemented yet).
+/// Allocations of `ncclMemAlloc`: address and kind.
+static ALLOCATIONS: Mutex<Vec<(usize, Allocation)>> = Mutex::new(Vec::new());
+
+/// `ncclMemAlloc`: with a CUDA device, device memory of the calling
+/// thread's current context (`cuMemAlloc`, as `cudaMalloc` gives; the
+/// device path needs no special memory, so NCCL's registration-friendly
+/// allocation brings nothing more here); where no CUDA device can be
+/// used, page-aligned host memory (host buffers are what this library
+/// then serves).
 ///
 /// # Safety
 /// `ptr` is NULL or writable.
@@ -592,29 +604,56 @@ static ALLOCATIONS: Mutex<Vec<(usize, std::alloc::Layout)>> = Mutex::new(Vec::ne
 pub unsafe extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> c_int {
     entry("ncclMemAlloc", || {
         out(ptr, "ptr")?;
-        if ferroccl::cuda::device_count().is_ok_and(|n| n > 0) {
-            return Err(Failure::invalid_usage(
-                "ncclMemAlloc on a CUDA machine: device allocation through this ABI is not \
-                 implemented yet; allocate with cudaMalloc",
-            ));
-        }
-        let layout = std::alloc::Layout::from_size_align(size.max(1), 4096)
-            .map_err(|e| Failure::invalid_argument(format!("size {size}: {e}")))?;
-        // SAFETY: the layout has a non-zero size.
-        let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        if p.is_null() {
-            return Err(Failure {
-                code: result::SYSTEM_ERROR,
-                message: format!("out of memory allocating {size} bytes"),
-            });
-        }
+        let (p, kind) = if ferroccl::cuda::device_count().is_ok_and(|n| n > 0) {
+            (device_alloc(size)?, Allocation::Device)
+        } else {
+            let layout = std::alloc::Layout::from_size_align(size.max(1), 4096)
+                .map_err(|e| Failure::invalid_argument(format!("size {size}: {e}")))?;
+            // SAFETY: the layout has a non-zero size.
+            let p = unsafe { std::alloc::alloc_zeroed(layout) };
+            if p.is_null() {
+                return Err(Failure {
+                    code: result::SYSTEM_ERROR,
+                    message: format!("out of memory allocating {size} bytes"),
+                });
+            }
+            (p as usize, Allocation::Host(layout))
+        };
         ALLOCATIONS
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push((p as usize, layout));
+            .push((p, kind));
         // SAFETY: as the caller vouches.
-        unsafe { put(ptr, "ptr", p.cast::<c_void>()) }
+        unsafe { put(ptr, "ptr", p as *mut c_void) }
     })
+}
+
+/// `size` bytes of device memory in the calling thread's current CUDA
+/// context.
+fn device_alloc(size: usize) -> Result<usize, Failure> {
+    use ferroccl::cuda::cudarc::driver::result as cu;
+    match cu::ctx::get_current() {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            return Err(Failure::invalid_usage(
+                "ncclMemAlloc: no CUDA context is current on this thread (select a device                  first, as with cudaSetDevice)",
+            ))
+        }
+        Err(e) => {
+            return Err(Failure {
+                code: result::UNHANDLED_CUDA_ERROR,
+                message: format!("ncclMemAlloc: cuCtxGetCurrent: {e}"),
+            })
+        }
+    }
+    // SAFETY: a context is current on this thread (checked above); the
+    // driver returns a fresh allocation of at least one byte, freed only
+    // by `ncclMemFree`.
+    let p = unsafe { cu::malloc_sync(size.max(1)) }.map_err(|e| Failure {
+        code: result::UNHANDLED_CUDA_ERROR,
+        message: format!("ncclMemAlloc: cuMemAlloc of {size} bytes: {e}"),
+    })?;
+    Ok(p as usize)
 }
 
 /// `ncclMemFree`: only what `ncclMemAlloc` returned.
@@ -630,10 +669,21 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> c_int {
                     "ptr {ptr:?} was not returned by ncclMemAlloc (or was freed already)"
                 ))
             })?;
-        let (p, layout) = all.swap_remove(i);
-        // SAFETY: allocated by `ncclMemAlloc` with exactly this layout and
-        // not freed since (it was still listed).
-        unsafe { std::alloc::dealloc(p as *mut u8, layout) };
+        let (p, kind) = all.swap_remove(i);
+        match kind {
+            // SAFETY: allocated by `ncclMemAlloc` with exactly this layout
+            // and not freed since (it was still listed).
+            Allocation::Host(layout) => unsafe { std::alloc::dealloc(p as *mut u8, layout) },
+            Allocation::Device => {
+                use ferroccl::cuda::cudarc::driver::result as cu;
+                // SAFETY: allocated by `cuMemAlloc` in `ncclMemAlloc` and
+                // not freed since (it was still listed).
+                unsafe { cu::free_sync(p as _) }.map_err(|e| Failure {
+                    code: result::UNHANDLED_CUDA_ERROR,
+                    message: format!("ncclMemFree: cuMemFree: {e}"),
+                })?;
+            }
+        }
         Ok(result::SUCCESS)
     })
 }

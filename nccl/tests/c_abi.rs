@@ -8,14 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// target/<profile>: the test executable sits in its deps/.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>")
-        .to_path_buf()
-}
+mod common;
+use common::{cdylib, profile_dir};
 
 /// A scratch directory of this test process.
 fn scratch(name: &str) -> PathBuf {
@@ -37,21 +31,7 @@ struct Built {
 fn built() -> &'static Built {
     static BUILT: OnceLock<Built> = OnceLock::new();
     BUILT.get_or_init(|| {
-        // `cargo test` builds the cdylib beside the test executable, in
-        // deps/, together with the rlib the test links (it copies it up to
-        // target/<profile> only for `cargo build`, so the copy there may
-        // be stale).
-        let deps = profile_dir().join("deps").join("libferroccl_nccl.so");
-        let cdylib = if deps.exists() {
-            deps
-        } else {
-            profile_dir().join("libferroccl_nccl.so")
-        };
-        assert!(
-            cdylib.exists(),
-            "{} is missing: cargo builds it with the crate (crate-type cdylib)",
-            cdylib.display()
-        );
+        let cdylib = cdylib();
         let dir = scratch("build");
         for name in ["libnccl.so", "libnccl.so.2"] {
             std::os::unix::fs::symlink(&cdylib, dir.join(name)).expect("symlink");

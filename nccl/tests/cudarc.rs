@@ -12,14 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-/// target/<profile>: the test executable sits in its deps/.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>")
-        .to_path_buf()
-}
+mod common;
+use common::{cdylib, profile_dir};
 
 struct Built {
     /// Holds only `libnccl.so`, a link to the cdylib.
@@ -32,19 +26,10 @@ struct Built {
 fn built() -> &'static Built {
     static BUILT: OnceLock<Built> = OnceLock::new();
     BUILT.get_or_init(|| {
-        // As in c_abi.rs: `cargo test` builds the cdylib in deps/.
-        let deps = profile_dir().join("deps").join("libferroccl_nccl.so");
-        let cdylib = if deps.exists() {
-            deps
-        } else {
-            profile_dir().join("libferroccl_nccl.so")
-        };
-        let cdylib = std::fs::canonicalize(&cdylib).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (cargo builds it with the crate, crate-type cdylib)",
-                cdylib.display()
-            )
-        });
+        // Canonical: the name the kernel shows in /proc/self/maps.
+        let cdylib = cdylib();
+        let cdylib =
+            std::fs::canonicalize(&cdylib).unwrap_or_else(|e| panic!("{}: {e}", cdylib.display()));
         let lib_dir = profile_dir()
             .join("nccl-abi-tests")
             .join(format!("{}-cudarc-lib", std::process::id()));

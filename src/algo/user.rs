@@ -1866,30 +1866,35 @@ mod tests {
     /// decode to the same steps (they use only primitives it knows).
     #[test]
     fn user_schedules_encode_for_the_device() {
-        use super::super::encode::{decode, encode, Layout, ProgramMeta};
-        let algos = [
+        for algo in [
             halving_doubling(8),
             super::super::text::parse(TORUS).unwrap(),
-        ];
-        for algo in &algos {
-            for n in [2usize, 4, 6, 8]
-                .into_iter()
-                .filter(|n| algo.steps(*n, 0).is_some())
-            {
-                for r in 0..n {
-                    let schedule = algo.schedule(n, r, 1000, 100).unwrap();
-                    let meta = ProgramMeta {
-                        rank: r,
-                        ranks: n,
-                        dtype: crate::DataType::F32,
-                        op: Some(crate::ReduceOp::Sum),
-                        layout: Layout::Separate,
-                        finish: None,
-                    };
-                    let image = encode(&schedule, &meta)
-                        .unwrap_or_else(|e| panic!("{} n {n} rank {r}: {e}", algo.name));
-                    assert_eq!(decode(&image).unwrap().schedule(), schedule);
-                }
+        ] {
+            assert_encodes_for_the_device(&algo);
+        }
+    }
+
+    /// Every rank's schedule of `algo` on 2, 4, 6 and 8 ranks (those it
+    /// claims) encodes for the device executor and decodes to itself.
+    fn assert_encodes_for_the_device(algo: &UserAlgorithm) {
+        use super::super::encode::{decode, encode, Layout, ProgramMeta};
+        for n in [2usize, 4, 6, 8]
+            .into_iter()
+            .filter(|n| algo.steps(*n, 0).is_some())
+        {
+            for r in 0..n {
+                let schedule = algo.schedule(n, r, 1000, 100).unwrap();
+                let meta = ProgramMeta {
+                    rank: r,
+                    ranks: n,
+                    dtype: crate::DataType::F32,
+                    op: Some(crate::ReduceOp::Sum),
+                    layout: Layout::Separate,
+                    finish: None,
+                };
+                let image = encode(&schedule, &meta)
+                    .unwrap_or_else(|e| panic!("{} n {n} rank {r}: {e}", algo.name));
+                assert_eq!(decode(&image).unwrap().schedule(), schedule);
             }
         }
     }
@@ -2251,31 +2256,12 @@ mod tests {
 
     #[test]
     fn allgather_and_reduce_scatter_schedules_encode_for_the_device() {
-        use super::super::encode::{decode, encode, Layout, ProgramMeta};
         for algo in [
             recursive_doubling_allgather(8),
             bruck(),
             pairwise_reduce_scatter(8),
         ] {
-            for n in [2usize, 4, 6, 8]
-                .into_iter()
-                .filter(|n| algo.steps(*n, 0).is_some())
-            {
-                for r in 0..n {
-                    let schedule = algo.schedule(n, r, 1000, 100).unwrap();
-                    let meta = ProgramMeta {
-                        rank: r,
-                        ranks: n,
-                        dtype: crate::DataType::F32,
-                        op: Some(crate::ReduceOp::Sum),
-                        layout: Layout::Separate,
-                        finish: None,
-                    };
-                    let image = encode(&schedule, &meta)
-                        .unwrap_or_else(|e| panic!("{} n {n} rank {r}: {e}", algo.name));
-                    assert_eq!(decode(&image).unwrap().schedule(), schedule);
-                }
-            }
+            assert_encodes_for_the_device(&algo);
         }
     }
 }
