@@ -100,7 +100,17 @@ pub fn entry(name: &str, body: impl FnOnce() -> Result<c_int, Failure>) -> c_int
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         Ok(Ok(code)) => code,
         Ok(Err(failure)) => {
-            set_last_error(format!("{name}: {}", failure.message));
+            // Messages built from a call's description already name the
+            // entry point: name it once.
+            let named = failure
+                .message
+                .strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(':'));
+            set_last_error(if named {
+                failure.message
+            } else {
+                format!("{name}: {}", failure.message)
+            });
             failure.code
         }
         Err(panic) => {

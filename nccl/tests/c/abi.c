@@ -507,6 +507,15 @@ static void expect_code(ncclResult_t got, ncclResult_t want, const char* needle,
   const char* msg = ncclGetLastError(NULL);
   CHECK(got == want, "%s: returned %d, want %d (%s)", what, got, want, msg);
   CHECK(strstr(msg, needle) != NULL, "%s: message '%s' does not mention '%s'", what, msg, needle);
+  /* It names its entry point once, first ("ncclX: ..."). */
+  const char* colon = strchr(msg, ':');
+  CHECK(strncmp(msg, "nccl", 4) == 0 && colon != NULL, "%s: message '%s' names no entry point", what, msg);
+  char entry[128];
+  size_t len = (size_t)(colon - msg) + 1;
+  CHECK(len < sizeof entry, "%s: message '%s'", what, msg);
+  memcpy(entry, msg, len);
+  entry[len] = '\0';
+  CHECK(strstr(colon + 1, entry) == NULL, "%s: message '%s' names %s twice", what, msg, entry);
 }
 
 static int errors(const char* dir) {
