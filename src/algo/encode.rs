@@ -70,18 +70,7 @@ pub fn opcode(prim: Prim) -> u8 {
 
 /// The primitive of opcode `code`, if there is one.
 pub fn prim_of(code: u8) -> Option<Prim> {
-    const ALL: [Prim; 9] = [
-        Prim::Send,
-        Prim::Recv,
-        Prim::RecvReduceSend,
-        Prim::RecvReduceCopySend,
-        Prim::RecvCopySend,
-        Prim::RecvReduceCopy,
-        Prim::CopySend,
-        Prim::Copy,
-        Prim::Reduce,
-    ];
-    ALL.into_iter().find(|&p| opcode(p) == code)
+    Prim::ALL.into_iter().find(|&p| opcode(p) == code)
 }
 
 /// The record's flags of `prim`: what it does, spelt out for a generic

@@ -120,6 +120,19 @@ pub enum Prim {
 }
 
 impl Prim {
+    /// Every primitive, in declaration order.
+    pub const ALL: [Prim; 9] = [
+        Prim::Send,
+        Prim::Recv,
+        Prim::RecvReduceSend,
+        Prim::RecvReduceCopySend,
+        Prim::RecvCopySend,
+        Prim::RecvReduceCopy,
+        Prim::CopySend,
+        Prim::Copy,
+        Prim::Reduce,
+    ];
+
     /// Whether the primitive receives a frame.
     pub fn receives(self) -> bool {
         !matches!(

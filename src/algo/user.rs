@@ -315,22 +315,9 @@ pub fn prim_name(prim: Prim) -> &'static str {
     }
 }
 
-/// Every primitive, for [`prim_from_name`].
-const PRIMS: [Prim; 9] = [
-    Prim::Send,
-    Prim::Recv,
-    Prim::RecvReduceSend,
-    Prim::RecvReduceCopySend,
-    Prim::RecvCopySend,
-    Prim::RecvReduceCopy,
-    Prim::CopySend,
-    Prim::Copy,
-    Prim::Reduce,
-];
-
 /// The primitive a text name means.
 pub fn prim_from_name(name: &str) -> Option<Prim> {
-    PRIMS.into_iter().find(|p| prim_name(*p) == name)
+    Prim::ALL.into_iter().find(|p| prim_name(*p) == name)
 }
 
 /// The steps of one rank, written in order: what the builder closure of
