@@ -476,6 +476,12 @@ mod tests {
     use super::*;
     use crate::tune::LinkModel;
 
+    /// `costs` prices `algo` at `want` microseconds (to a part in a million).
+    fn assert_cost(costs: &[(Algorithm, f64)], algo: Algorithm, want: f64) {
+        let got = costs.iter().find(|c| c.0 == algo).unwrap().1;
+        assert!((got - want).abs() < 1e-6 * want, "{algo}: {costs:?}");
+    }
+
     fn facts() -> Facts {
         Facts {
             size: 4,
@@ -557,15 +563,8 @@ mod tests {
         let f = spread(2, 2);
         let (a, costs) = algorithm(CollKind::AllReduce, bytes, &f, &fast_host);
         assert_eq!(a, Algorithm::Hierarchical, "{costs:?}");
-        let got = |algo| costs.iter().find(|c| c.0 == algo).unwrap().1;
-        assert!(
-            (got(Algorithm::Ring) - ring).abs() < 1e-6 * ring,
-            "{costs:?}"
-        );
-        assert!(
-            (got(Algorithm::Hierarchical) - hier).abs() < 1e-6 * hier,
-            "{costs:?}"
-        );
+        assert_cost(&costs, Algorithm::Ring, ring);
+        assert_cost(&costs, Algorithm::Hierarchical, hier);
         let (a, _) = algorithm(CollKind::AllGather, bytes, &f, &fast_host);
         assert_eq!(a, Algorithm::Hierarchical);
         let line = explain(CollKind::AllReduce, bytes, &f, a, &costs);
@@ -604,15 +603,8 @@ mod tests {
         let hier = 50.0 + 0.5 * b / 125.0 + 2.0 * (2.0 + 0.25 * b / 20e3);
         let (a, costs) = algorithm(CollKind::ReduceScatter, bytes / 4, &f, &fast_host);
         assert_eq!(a, Algorithm::Hierarchical, "{costs:?}");
-        let got = |algo| costs.iter().find(|c| c.0 == algo).unwrap().1;
-        assert!(
-            (got(Algorithm::Ring) - ring).abs() < 1e-6 * ring,
-            "{costs:?}"
-        );
-        assert!(
-            (got(Algorithm::Hierarchical) - hier).abs() < 1e-6 * hier,
-            "{costs:?}"
-        );
+        assert_cost(&costs, Algorithm::Ring, ring);
+        assert_cost(&costs, Algorithm::Hierarchical, hier);
         let line = explain(CollKind::ReduceScatter, bytes, &f, a, &costs);
         assert!(
             line.contains("reduce_scatter of") && line.contains("-> hierarchical"),

@@ -18,14 +18,8 @@ use ferroccl_bench::sim::engine::simulate;
 use ferroccl_bench::sim::model::Cluster;
 use ferroccl_bench::sim::schedules::job;
 
-fn sim_us(c: &Cluster, algo: Algorithm, n: usize, bytes: usize) -> f64 {
-    let j = job(c, Coll::AllReduce, algo, n, bytes / 4, 4)
-        .expect("allreduce has every algorithm")
-        .expect("one channel");
-    simulate(c, &j)
-        .unwrap_or_else(|e| panic!("{algo} on {n} ranks, {bytes} B: {e}"))
-        .time_us
-}
+mod sim_grid;
+use sim_grid::{sim_us, simulated_all};
 
 fn links(c: &Cluster) -> HostLinks {
     let alpha = c.step_us + c.nic_latency_us + c.switch_latency_us;
@@ -178,20 +172,7 @@ fn the_tuner_picks_the_hierarchy_where_the_simulator_finds_it_faster() {
                 largest: c.ranks_per_host.min(n),
             };
             for bytes in [1usize << 10, 256 << 10, 4 << 20, 64 << 20] {
-                let times: Vec<(Algorithm, f64)> = Algorithm::ALL
-                    .iter()
-                    .map(|&a| (a, sim_us(&c, a, n, bytes)))
-                    .collect();
-                let best = times
-                    .iter()
-                    .copied()
-                    .fold((Algorithm::Ring, f64::INFINITY), |b, x| {
-                        if x.1 < b.1 {
-                            x
-                        } else {
-                            b
-                        }
-                    });
+                let (times, best) = simulated_all(&c, n, bytes);
                 let pick = choose_all_reduce_on(layout, n, bytes, &l);
                 let t_pick = times.iter().find(|x| x.0 == pick).expect("listed").1;
                 let ratio = t_pick / best.1;

@@ -18,22 +18,12 @@
 //! best one at the large sizes where bandwidth decides. A tuner change that
 //! made either worse fails here.
 
-use ferroccl::algo::Algorithm;
 use ferroccl::planner::choose_all_reduce;
 use ferroccl::LinkModel;
-use ferroccl_bench::coll::Coll;
-use ferroccl_bench::sim::engine::simulate;
 use ferroccl_bench::sim::model::Cluster;
-use ferroccl_bench::sim::schedules::job;
 
-fn sim_us(c: &Cluster, algo: Algorithm, n: usize, bytes: usize) -> f64 {
-    let j = job(c, Coll::AllReduce, algo, n, bytes / 4, 4)
-        .expect("allreduce has every algorithm")
-        .expect("one channel");
-    simulate(c, &j)
-        .unwrap_or_else(|e| panic!("{algo} on {n} ranks, {bytes} B: {e}"))
-        .time_us
-}
+mod sim_grid;
+use sim_grid::simulated_all;
 
 #[test]
 fn the_tuner_picks_what_the_simulator_finds_fastest_or_close() {
@@ -50,20 +40,7 @@ fn the_tuner_picks_what_the_simulator_finds_fastest_or_close() {
     let mut differ = Vec::new();
     for n in [2usize, 3, 4, 8, 16, 32] {
         for bytes in [8usize, 1 << 10, 16 << 10, 256 << 10, 4 << 20, 64 << 20] {
-            let times: Vec<(Algorithm, f64)> = Algorithm::ALL
-                .iter()
-                .map(|&a| (a, sim_us(&c, a, n, bytes)))
-                .collect();
-            let best = times
-                .iter()
-                .copied()
-                .fold((Algorithm::Ring, f64::INFINITY), |b, x| {
-                    if x.1 < b.1 {
-                        x
-                    } else {
-                        b
-                    }
-                });
+            let (times, best) = simulated_all(&c, n, bytes);
             let pick = choose_all_reduce(n, bytes, &m);
             let t_pick = times.iter().find(|x| x.0 == pick).expect("listed").1;
             let ratio = t_pick / best.1;

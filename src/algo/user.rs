@@ -1699,13 +1699,19 @@ mod tests {
         let text = super::super::text::write(&algo);
         let back = super::super::text::parse(&text).unwrap();
         assert_eq!(back.name, algo.name);
+        assert_same_steps(&back, &algo);
+    }
+
+    /// `back` has `algo`'s steps on every rank of every count it claims
+    /// (but for the text lines `back` came from).
+    fn assert_same_steps(back: &UserAlgorithm, algo: &UserAlgorithm) {
+        let strip = |s: &[UserStep]| {
+            s.iter()
+                .map(|s| UserStep { line: None, ..*s })
+                .collect::<Vec<_>>()
+        };
         for n in algo.sizes() {
             for r in 0..n {
-                let strip = |s: &[UserStep]| {
-                    s.iter()
-                        .map(|s| UserStep { line: None, ..*s })
-                        .collect::<Vec<_>>()
-                };
                 assert_eq!(
                     strip(back.steps(n, r).unwrap()),
                     strip(algo.steps(n, r).unwrap())
@@ -2079,19 +2085,7 @@ mod tests {
             assert!(text.contains(&format!("collective {}", algo.collective)));
             let back = super::super::text::parse(&text).unwrap();
             assert_eq!(back.collective, algo.collective);
-            for n in algo.sizes() {
-                for r in 0..n {
-                    let strip = |s: &[UserStep]| {
-                        s.iter()
-                            .map(|s| UserStep { line: None, ..*s })
-                            .collect::<Vec<_>>()
-                    };
-                    assert_eq!(
-                        strip(back.steps(n, r).unwrap()),
-                        strip(algo.steps(n, r).unwrap())
-                    );
-                }
-            }
+            assert_same_steps(&back, &algo);
         }
     }
 
