@@ -3,7 +3,7 @@
 # A, B, ... for every case, so that load from other work on the machine
 # falls on both alike, and the spread of the A runs gives the run-to-run
 # noise. Used to check
-# that a change costs no speed (docs/performance.md, "Restructuring check").
+# that a change costs no speed (docs/performance-log.md, "Restructuring check").
 #
 #   bench/ab.sh A_PERF B_PERF [OUT_DIR]
 # Environment:

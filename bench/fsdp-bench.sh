@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Step time and memory per rank of the FSDP layer against the DDP layer on
-# the same model (examples/mlp_fsdp.rs --mode compare): compute only
+# the same model (examples/mlp_fsdp/, --mode compare): compute only
 # (none), the DDP reducer during and after backward, FullShard (prefetch,
 # serial, kept after forward), ShardGradOp and NoShard, for 2 and 4 ranks,
-# with SGD and with Adam. Prints the markdown tables for docs/performance.md
+# with SGD and with Adam. Prints the markdown tables for docs/performance-log.md
 # ("FSDP against DDP") and draws the step times as an SVG.
 #
 #   bench/fsdp-bench.sh [ranks...]            default: 2 4

@@ -23,7 +23,7 @@
 //! sharded gradients and optimizer state, and the master weights, are
 //! saved. A framework with per-layer hooks and re-materialisation (as
 //! PyTorch's FSDP has) can free a layer's weights between forward and
-//! backward; `examples/mlp_fsdp.rs` does, with a hand-written backward.
+//! backward; `examples/mlp_fsdp/` does, with a hand-written backward.
 //!
 //! Flags: `--steps` [50], `--batch` [32] global, `--hidden` [64], `--lr`
 //! [0.01], `--optimizer` adam | sgd [adam], `--strategy` full | grad-op |

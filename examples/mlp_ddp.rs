@@ -16,7 +16,19 @@
 //! `--prefix-chunk-mb` [off], `--hook` allreduce | fp16 | bf16
 //! [allreduce], `--no-rebuild`, `--plain-buckets` (buckets in ordinary
 //! memory instead of windows), `--accumulate` K (K-1 `no_sync`
-//! micro-steps before each synchronised one) [1].
+//! micro-steps before each synchronised one) [1], `--elastic` (go on
+//! after a rank fails; below), `--die-rank R --die-step K` (rank R kills
+//! itself with SIGKILL in step K, once its first buckets are on the wire).
+//!
+//! `--elastic`: when a step fails (a rank died), every survivor drops the
+//! step (weights as before it: a survivor whose step completed before it
+//! heard rolls it back, so all agree), shrinks the communicator
+//! (`Communicator::shrink_failed`), re-shards the global batch over the
+//! survivors and trains on from that step. The loss is a mean over the
+//! global batch, so the weights equal those of a run with the fewer ranks
+//! from that step on (the same for any rank count, up to f32
+//! reassociation). Run it under `ferroccl-run` with
+//! `FERROCCL_RUN_SETTLE_S` long enough for the survivors to finish.
 //!
 //! Modes: `reducer` hands each layer's gradients over during backward;
 //! `after-backward` hands all of them over once backward is done (the same
@@ -151,6 +163,9 @@ struct Args {
     windows: bool,
     accumulate: usize,
     variants: Vec<VariantSpec>,
+    elastic: bool,
+    /// (job rank, step) at which that rank kills itself mid-step.
+    die: Option<(usize, usize)>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -172,6 +187,8 @@ fn parse_args() -> Result<Args, String> {
         windows: true,
         accumulate: 1,
         variants: parse_variants(DEFAULT_VARIANTS)?,
+        elastic: false,
+        die: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -193,6 +210,15 @@ fn parse_args() -> Result<Args, String> {
             "--hook" => a.hook = value()?,
             "--no-rebuild" => a.rebuild = false,
             "--plain-buckets" => a.windows = false,
+            "--elastic" => a.elastic = true,
+            "--die-rank" => {
+                let r = num(value()?)? as usize;
+                a.die = Some((r, a.die.map_or(usize::MAX, |d| d.1)));
+            }
+            "--die-step" => {
+                let k = num(value()?)? as usize;
+                a.die = Some((a.die.map_or(usize::MAX, |d| d.0), k));
+            }
             "--variants" => a.variants = parse_variants(&value()?)?,
             "--mode" => {
                 a.mode = match value()?.as_str() {
@@ -208,6 +234,12 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.layers == 0 || a.batch == 0 {
         return Err("--layers and --batch must be positive".into());
+    }
+    if matches!(a.die, Some((usize::MAX, _)) | Some((_, usize::MAX))) {
+        return Err("--die-rank and --die-step go together".into());
+    }
+    if a.elastic && (a.mode != Mode::Reducer || a.accumulate != 1) {
+        return Err("--elastic runs the reducer mode without --accumulate".into());
     }
     Ok(a)
 }
@@ -231,6 +263,7 @@ impl Rng {
 }
 
 /// One linear layer: `y = W x + b`, W stored row-major as out × in.
+#[derive(Clone)]
 struct Linear {
     d_in: usize,
     d_out: usize,
@@ -335,6 +368,9 @@ fn main() {
 }
 
 fn run(args: &Args) -> ferroccl::Result<()> {
+    if args.elastic {
+        return run_elastic(args);
+    }
     let comm = Communicator::from_env()?;
     let (rank, size) = (comm.rank(), comm.size());
     if !args.batch.is_multiple_of(size) {
@@ -347,24 +383,7 @@ fn run(args: &Args) -> ferroccl::Result<()> {
 
     // Each rank draws its own initial weights; the broadcast from rank 0
     // makes them one model, as DDP does at construction.
-    let mut rng = Rng(0xface ^ rank as u64);
-    let mut layers: Vec<Linear> = (0..args.layers)
-        .map(|l| {
-            let d_in = if l == 0 { args.d_in } else { args.hidden };
-            let d_out = if l + 1 == args.layers {
-                args.d_out
-            } else {
-                args.hidden
-            };
-            let scale = (3.0 / d_in as f32).sqrt();
-            Linear {
-                d_in,
-                d_out,
-                w: (0..d_in * d_out).map(|_| rng.uniform() * scale).collect(),
-                b: vec![0.0; d_out],
-            }
-        })
-        .collect();
+    let mut layers = init_layers(args, rank);
     {
         let mut views: Vec<&mut [f32]> = Vec::new();
         for l in &mut layers {
@@ -459,12 +478,7 @@ fn run(args: &Args) -> ferroccl::Result<()> {
     // weights (equal on every rank when training is synchronised).
     let mut loss = [last_loss];
     comm.all_reduce_in_place(&mut loss, ReduceOp::Avg)?;
-    let checksum: f64 = layers
-        .iter()
-        .flat_map(|l| l.w.iter().chain(&l.b))
-        .enumerate()
-        .map(|(i, &v)| f64::from(v) * (1.0 + (i % 7) as f64))
-        .sum();
+    let checksum = checksum(&layers);
     if rank != 0 {
         return Ok(());
     }
@@ -521,6 +535,199 @@ fn run(args: &Args) -> ferroccl::Result<()> {
         args.steps
     );
     Ok(())
+}
+
+/// The model of `args`: each rank draws its own weights (the broadcast
+/// from rank 0 makes them one model).
+fn init_layers(args: &Args, rank: usize) -> Vec<Linear> {
+    let mut rng = Rng(0xface ^ rank as u64);
+    (0..args.layers)
+        .map(|l| {
+            let d_in = if l == 0 { args.d_in } else { args.hidden };
+            let d_out = if l + 1 == args.layers {
+                args.d_out
+            } else {
+                args.hidden
+            };
+            let scale = (3.0 / d_in as f32).sqrt();
+            Linear {
+                d_in,
+                d_out,
+                w: (0..d_in * d_out).map(|_| rng.uniform() * scale).collect(),
+                b: vec![0.0; d_out],
+            }
+        })
+        .collect()
+}
+
+/// Weighted sum of every weight: equal on every rank when training is
+/// synchronised, and the example tests' measure of "the same model".
+fn checksum(layers: &[Linear]) -> f64 {
+    layers
+        .iter()
+        .flat_map(|l| l.w.iter().chain(&l.b))
+        .enumerate()
+        .map(|(i, &v)| f64::from(v) * (1.0 + (i % 7) as f64))
+        .sum()
+}
+
+/// `--elastic`: train through the loss of ranks (module docs).
+fn run_elastic(args: &Args) -> ferroccl::Result<()> {
+    let mut comm = Communicator::from_env()?;
+    let job_rank = comm.rank();
+    let mut layers = init_layers(args, job_rank);
+    {
+        let mut views: Vec<&mut [f32]> = Vec::new();
+        for l in &mut layers {
+            views.push(&mut l.w);
+            views.push(&mut l.b);
+        }
+        broadcast_parameters(&comm, &mut views)?;
+    }
+    let specs: Vec<ParamSpec> = layers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, l)| {
+            [
+                ParamSpec::new(format!("fc{i}.weight"), l.w.len()),
+                ParamSpec::new(format!("fc{i}.bias"), l.b.len()),
+            ]
+        })
+        .collect();
+    let mib = |x: f64| (x * (1 << 20) as f64) as usize;
+    let config = ReducerConfig {
+        bucket_cap_bytes: mib(args.bucket_mb),
+        first_bucket_cap_bytes: mib(args.first_bucket_mb),
+        prefix_chunk_bytes: args.prefix_chunk_mb.map(mib),
+        rebuild_buckets: args.rebuild,
+        find_unused_parameters: false,
+        windows: args.windows,
+    };
+    let total = args.warmup + args.steps;
+    let mut grads: Vec<Vec<f32>> = specs.iter().map(|s| vec![0.0; s.len]).collect();
+    let mut step = 0;
+    let mut last_loss = 0f64;
+    let mut recoveries = 0;
+    // The weights before the last step this rank completed (see below).
+    let mut prev: Option<Vec<Linear>> = None;
+    loop {
+        let (rank, size) = (comm.rank(), comm.size());
+        if !args.batch.is_multiple_of(size) {
+            return Err(ferroccl::Error::InvalidArgument(format!(
+                "--batch {} is not divisible by the {size} ranks left",
+                args.batch
+            )));
+        }
+        let shard = args.batch / size;
+        let mut reducer = Reducer::with_hook(&comm, &specs, config.clone(), AllReduceHook)?;
+        let mut failed = None;
+        while step < total {
+            // Kept until the step is known to be done everywhere.
+            let before = layers.clone();
+            let dies = args.die == Some((job_rank, step));
+            let outcome = if dies {
+                train_step_then_die(&mut layers, args, &mut reducer, step, rank, shard)
+            } else {
+                train_step(
+                    &mut layers,
+                    args,
+                    Mode::Reducer,
+                    Some(&mut reducer),
+                    &mut grads,
+                    step,
+                    rank,
+                    shard,
+                )
+            };
+            match outcome {
+                Ok(loss) => {
+                    last_loss = loss;
+                    prev = Some(before);
+                    step += 1;
+                }
+                Err(e) => {
+                    failed = Some((e, before));
+                    break;
+                }
+            }
+        }
+        let Some((err, before)) = failed else {
+            break;
+        };
+        drop(reducer);
+        let since = Instant::now();
+        eprintln!("mlp_ddp: rank {job_rank}: step {step} failed: {err}");
+        let survivors = comm.shrink_failed()?;
+        // A survivor may have finished the failed step before it heard of
+        // the failure (its last collective completed): all go back to the
+        // earliest step any of them is at, which is this one or the one
+        // before.
+        let mut at = [step as u64];
+        survivors.all_reduce_in_place(&mut at, ReduceOp::Min)?;
+        let resume = at[0] as usize;
+        layers = match (resume + 1 == step, prev.take()) {
+            // This rank completed the step the others dropped: undo it.
+            (true, Some(prev)) => prev,
+            _ if resume == step => before,
+            _ => {
+                return Err(ferroccl::Error::InvalidArgument(format!(
+                    "elastic: survivors are at steps {resume} and {step}"
+                )))
+            }
+        };
+        step = resume;
+        recoveries += 1;
+        eprintln!(
+            "mlp_ddp: rank {job_rank}: went on as rank {} of {} from step {step} ({} ms after \
+             the failure)",
+            survivors.rank(),
+            survivors.size(),
+            since.elapsed().as_millis()
+        );
+        comm = survivors;
+    }
+    let mut loss = [last_loss];
+    comm.all_reduce_in_place(&mut loss, ReduceOp::Avg)?;
+    if comm.rank() == 0 {
+        println!(
+            "mode=elastic ranks={} recoveries={recoveries} steps={step} loss={:.6} \
+             checksum={:.6}",
+            comm.size(),
+            loss[0],
+            checksum(&layers)
+        );
+    }
+    Ok(())
+}
+
+/// `--die-rank`/`--die-step`: start the step, hand the last layer's
+/// gradients to the reducer (its first bucket goes on the wire), then kill
+/// this process with SIGKILL: the other ranks are inside that collective.
+fn train_step_then_die(
+    layers: &mut [Linear],
+    args: &Args,
+    reducer: &mut Reducer<'_, f32>,
+    step: usize,
+    rank: usize,
+    shard: usize,
+) -> ferroccl::Result<f64> {
+    let first = step * args.batch + rank * shard;
+    let (x, _) = batch(first, shard, args.d_in, args.d_out);
+    let l = layers.len() - 1;
+    let mut input = x;
+    for layer in &layers[..l] {
+        input = forward(layer, &input, shard);
+    }
+    let dy = vec![0f32; shard * layers[l].d_out];
+    let (gw, gb) = layer_backward(&layers[l], &input, &dy, shard);
+    reducer.mark_ready(2 * l, &gw)?;
+    reducer.mark_ready(2 * l + 1, &gb)?;
+    eprintln!("mlp_ddp: killing this process (rank {rank}) with SIGKILL in step {step}");
+    let pid = std::process::id().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &pid])
+        .status();
+    std::process::abort();
 }
 
 /// One optimizer step (with its micro-steps) of `mode`; returns the loss.

@@ -173,7 +173,7 @@ impl Config {
             checkin: true,
             cma: true,
             p2p: true,
-            max_channels: crate::device_tune::DEFAULT_CHANNELS,
+            max_channels: crate::plan::device::DEFAULT_CHANNELS,
             ib: ferroccl_ib::IbConfig::default(),
         };
         config.from_env_overrides(&|k| std::env::var(k).ok())?;
@@ -278,12 +278,12 @@ impl Config {
         if let Some(disabled) = crate::gpu_path::p2p_disabled_from_env(get)? {
             self.p2p = !disabled;
         }
-        if let Some(c) = crate::device_tune::max_channels_from_env(get)? {
+        if let Some(c) = crate::plan::device::max_channels_from_env(get)? {
             self.max_channels = c;
         }
         // FERROCCL_PROTO (else NCCL_PROTO) narrows the device executor's
         // protocols; checked here so that a bad value fails at creation.
-        crate::device_tune::allowed_from_env(get)?;
+        crate::plan::device::allowed_from_env(get)?;
         // The kernels read FERROCCL_SIMD themselves (once per process, for
         // every communicator); here a value they would not know is an error.
         if let Some(v) = get("FERROCCL_SIMD") {

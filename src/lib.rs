@@ -16,12 +16,14 @@
 
 pub mod algo;
 pub mod bootstrap;
+mod call;
+#[cfg(feature = "candle")]
+pub mod candle;
 mod coll;
 mod comm;
 mod config;
 pub mod cuda;
 pub mod ddp;
-mod device_tune;
 mod element;
 mod error;
 mod exec;
@@ -42,7 +44,7 @@ mod window;
 /// cut with, the channels the device executor splits them over, and the
 /// tuner's allreduce choice. Pure functions, no I/O.
 pub mod planner {
-    pub use crate::device_tune::bulk_channels;
+    pub use crate::plan::device::bulk_channels;
     pub use crate::plan::{all_reduce_slice, block_slice};
     pub use crate::tune::{
         choose_all_reduce, choose_all_reduce_on, choose_reduce_scatter_on, HostLinks, Layout,

@@ -37,10 +37,10 @@ pub fn run_ranks_with<R: Send>(
                         let mut config = Config::new(rank, n, "127.0.0.1", 0, token)
                             .expect("FERROCCL_* environment is valid");
                         configure(&mut config);
-                        let rendezvous = Arc::new(Rendezvous {
-                            store,
-                            _server: None,
-                        });
+                        let rendezvous = Arc::new(
+                            Rendezvous::new(store, None, rank)
+                                .expect("the in-memory rendezvous takes every key"),
+                        );
                         let comm = Communicator::build(config, rendezvous, (0..n).collect(), 1)
                             .unwrap_or_else(|e| {
                                 panic!("rank {rank}: communicator set-up failed: {e}")

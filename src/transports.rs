@@ -1,6 +1,8 @@
 //! Which transports a communicator may use, in preference order
-//! (cuda-ipc > shm > ib > tcp, of those compiled in and present), or the one
-//! FERROCCL_TRANSPORT forces. `ib` needs feature `ib` and an RDMA port;
+//! (shm > ib > tcp, of those compiled in and present), or the one
+//! FERROCCL_TRANSPORT forces (also `mem` and `ib-emu` for ranks that are
+//! threads). cuda-ipc is not among them: it shares the device executor's
+//! FIFO memory (`comm::device_share`) and carries no frames. `ib` needs feature `ib` and an RDMA port;
 //! without them it falls back to TCP with one INFO line (DEBUG in builds
 //! without the feature), or, forced, is an error naming what is missing.
 

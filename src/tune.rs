@@ -9,7 +9,7 @@
 //! kernel timing in `measure_reduce_gbps`.
 
 use crate::algo::Algorithm;
-use crate::coll::CollKind;
+use crate::call::CollKind;
 
 /// Smallest slice worth a frame of its own: below this the per-frame cost
 /// dominates.
@@ -332,7 +332,7 @@ pub fn choose_all_reduce(n: usize, bytes: usize, model: &LinkModel) -> Algorithm
 }
 
 /// The tuner's allreduce choice on ranks spread as `layout` over `links`
-/// ([`choose_on`]), public for the same reason as [`choose_all_reduce`].
+/// (`choose_on`), public for the same reason as [`choose_all_reduce`].
 pub fn choose_all_reduce_on(
     layout: Layout,
     n: usize,
@@ -342,7 +342,7 @@ pub fn choose_all_reduce_on(
     choose_on(CollKind::AllReduce, layout, n, bytes, links).0
 }
 
-/// The tuner's reduce-scatter choice ([`choose_on`]) for an input of
+/// The tuner's reduce-scatter choice (`choose_on`) for an input of
 /// `bytes` (every rank's `n` blocks together) on ranks spread as `layout`
 /// over `links`: the ring or the hierarchical schedule; public for the
 /// same reason as [`choose_all_reduce`].

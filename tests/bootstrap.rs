@@ -252,12 +252,23 @@ fn raw_watcher(addr: std::net::SocketAddr, rank: u32) -> TcpStream {
     raw
 }
 
+/// A request connection for `rank` opened by hand.
+fn raw_request(addr: std::net::SocketAddr, rank: u32) -> TcpStream {
+    let mut raw = TcpStream::connect(addr).unwrap();
+    raw.write_all(&hello(TOKEN, rank, 0)).unwrap();
+    let mut ok = [0u8; 5];
+    raw.read_exact(&mut ok).unwrap();
+    assert_eq!(ok[0], 0x81, "the server did not accept the request hello");
+    raw
+}
+
 /// A hello that promises heartbeats every `beat_ms` (0: none).
 fn hello_beating(token: u64, rank: u32, kind: u8, beat_ms: u32) -> Vec<u8> {
     let mut p = vec![0x01];
     p.extend_from_slice(&23u32.to_le_bytes());
     p.extend_from_slice(&u32::from_be_bytes(*b"FCCL").to_le_bytes());
-    p.extend_from_slice(&2u16.to_le_bytes());
+    // The protocol's version (3: RELEASE).
+    p.extend_from_slice(&3u16.to_le_bytes());
     p.push(kind);
     p.extend_from_slice(&rank.to_le_bytes());
     p.extend_from_slice(&token.to_le_bytes());
@@ -604,6 +615,7 @@ fn a_mismatch_report_reaches_every_client_whole() {
     let report = FailureReport {
         rank: 2,
         reason: "collective mismatch".into(),
+        comm: None,
         mismatch: Some(MismatchReport {
             comm_id: 0xfeed_0000_0000_0001,
             seq: 3,
@@ -668,4 +680,49 @@ fn garbage_on_a_watch_connection_reports_that_rank_and_nothing_else() {
     a.set("still", b"here").unwrap();
     assert_eq!(a.get("still", in_secs(5)).unwrap(), b"here");
     a.goodbye();
+}
+
+/// Keys of a scope stay until every party has released it (a late party
+/// still reads them), then the server holds nothing of it; another scope
+/// is untouched, and a malformed RELEASE (no parties) ends only its own
+/// connection.
+#[test]
+fn released_scopes_leave_nothing_on_the_server() {
+    let srv = server(3);
+    let addr = srv.local_addr();
+    let stores: Vec<TcpStore> = (0..3).map(|r| client(addr, r)).collect();
+    for (r, s) in stores.iter().enumerate() {
+        s.set(&format!("comm/0007/addr/{r}"), b"a").unwrap();
+    }
+    stores[0].set("comm/0008/addr/0", b"other").unwrap();
+    let (held, _) = srv.held();
+    stores[0].release("comm/0007/", 3);
+    stores[1].release("comm/0007/", 3);
+    assert_eq!(srv.held(), (held, 1));
+    for r in 0..3 {
+        assert_eq!(
+            stores[2]
+                .get(&format!("comm/0007/addr/{r}"), in_secs(5))
+                .unwrap(),
+            b"a"
+        );
+    }
+    stores[2].release("comm/0007/", 3);
+    assert_eq!(srv.held(), (held - 3, 0));
+    let soon = Instant::now() + Duration::from_millis(50);
+    assert!(stores[1].get("comm/0007/addr/0", soon).is_err());
+    assert_eq!(
+        stores[1].get("comm/0008/addr/0", in_secs(5)).unwrap(),
+        b"other"
+    );
+    // RELEASE (0x09) for 0 parties: refused, the server goes on.
+    let mut raw = raw_request(addr, 0);
+    raw.write_all(&[0x09, 5, 0, 0, 0, 0, 0, 0, 0, b'c'])
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert_eq!(raw.read(&mut byte).unwrap_or(0), 0, "the connection ends");
+    assert_eq!(srv.held(), (held - 3, 0));
+    for s in &stores {
+        s.goodbye();
+    }
 }

@@ -7,11 +7,13 @@
 //! `FERROCCL_GPU_PROCESS_TESTS=1` says MPS is on (`cuda/gpu/run.sh
 //! processes`).
 
+mod common;
+
 use ferroccl::cuda::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
 use ferroccl::testing::run_ranks_with;
 use ferroccl::{DataType, Element, ReduceOp};
-use ferroccl_cuda::engine::CudaEngine;
-use ferroccl_cuda::staging::{self, DeviceBuf, Engine, Stream};
+use ferroccl_cuda::cuda_engine::CudaEngine;
+use ferroccl_cuda::device::{self, DeviceBuf, Engine, Stream};
 use half::{bf16, f16};
 use std::sync::Arc;
 use std::time::Duration;
@@ -295,7 +297,7 @@ fn stream_order_on_a_gpu() {
             use ferroccl::cuda::cudarc::driver::DevicePtr;
             let (b, _b) = buf.device_ptr(&stream);
             let (d, _d) = doubled.device_ptr(&stream);
-            let at = |p: u64| staging::DevicePtr::new(DeviceBuf(p));
+            let at = |p: u64| device::DevicePtr::new(DeviceBuf(p));
             let s = Stream(stream.cu_stream() as u64);
             engine
                 .reduce(
@@ -411,25 +413,24 @@ fn in_processes(mode: &str, size: usize) -> Vec<(std::process::ExitStatus, Strin
                 .expect("a child rank starts")
         })
         .collect();
-    // Each child is bounded by its communicator's timeout; each is waited
-    // for on a thread of its own that reads both its pipes to the end, so
-    // that no child stops on a full pipe while another is waited for.
+    // Each child is bounded by its communicator's timeout, and killed
+    // past LIMIT should that fail; each is waited for on a thread of its
+    // own (which reads both its pipes to the end), so that no child stops
+    // on a full pipe while another is waited for.
+    const LIMIT: Duration = Duration::from_secs(300);
     let waits: Vec<_> = children
         .into_iter()
-        .map(|c| std::thread::spawn(move || c.wait_with_output()))
+        .map(|c| std::thread::spawn(move || common::process::wait_bounded(c, LIMIT)))
         .collect();
     waits
         .into_iter()
         .map(|w| {
-            let out = w
-                .join()
-                .expect("the waiting thread")
-                .expect("the child's output");
-            (
-                out.status,
-                String::from_utf8_lossy(&out.stdout).into_owned(),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            )
+            let done = w.join().expect("the waiting thread");
+            let mut stderr = done.stderr;
+            if done.killed {
+                stderr.push_str(&format!("\n(killed: still ran after {LIMIT:?})"));
+            }
+            (done.status, done.stdout, stderr)
         })
         .collect()
 }

@@ -631,6 +631,22 @@ fn bad_configuration_is_refused() {
         }
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
+    // Port 0 is refused at once on every rank (it used to wait the whole
+    // timeout for a rendezvous nobody could reach).
+    for rank in [0, 1] {
+        let mut config = Config::new(rank, 2, "127.0.0.1", 0, 7).expect("config");
+        // Short, so that a regression ends in a rendezvous error, fast.
+        config.timeout = Duration::from_secs(2);
+        match Communicator::init(config) {
+            Err(Error::InvalidArgument(msg)) => {
+                assert!(
+                    msg.contains(&format!("rank {rank}: rendezvous port 0")),
+                    "{msg}"
+                )
+            }
+            other => panic!("rank {rank}, port 0: expected InvalidArgument, got {other:?}"),
+        }
+    }
     let mut config = Config::new(0, 2, "127.0.0.1", 1, 7).expect("config");
     for bad in ["soon", "-3", "0", "NaN"] {
         let before = config.timeout;

@@ -735,7 +735,7 @@ fn garbage_variants() -> Vec<Vec<u8>> {
     // A well-formed hello with a wrong token (the job's is secret).
     let mut hello = vec![0x01, 23, 0, 0, 0];
     hello.extend_from_slice(&u32::from_be_bytes(*b"FCCL").to_le_bytes());
-    hello.extend_from_slice(&2u16.to_le_bytes());
+    hello.extend_from_slice(&3u16.to_le_bytes());
     hello.push(1);
     hello.extend_from_slice(&1u32.to_le_bytes());
     hello.extend_from_slice(&0xdead_beef_u64.to_le_bytes());
@@ -968,4 +968,127 @@ fn a_refused_argument_ends_the_call_on_every_rank_at_once() {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------- shrink
+
+/// `ferroccl-check --survive` with ranks killed (kill -9) before given
+/// collective calls (`kills`: job rank, call), one after the other: every
+/// survivor names the first victim, shrinks after each kill (renumbered in
+/// job-rank order), and every check of ferroccl-check (every collective and
+/// type against its f64 reference) passes on the last communicator.
+fn survive_case(transport: &str, n: usize, kills: &[(usize, u64)]) {
+    let what = format!("{transport}, {n} ranks, kills {kills:?}");
+    eprintln!("{what}");
+    let shm = if transport == "shm" {
+        match ShmDir::new(&format!("survive{n}")) {
+            Some(d) => Some(d),
+            None => {
+                eprintln!("{what}: /dev/shm is not writable here; case skipped");
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    let marker = format!("survive-{transport}-{n}-{}", std::process::id());
+    let mut env = vec![
+        ("FERROCCL_TIMEOUT", "10"),
+        // The survivors go on: the launcher must not stop them.
+        ("FERROCCL_RUN_SETTLE_S", "100"),
+        ("FERROCCL_TRANSPORT", transport),
+    ];
+    let dir = shm.as_ref().map(ShmDir::path);
+    if let Some(d) = &dir {
+        env.push(("FERROCCL_SHM_DIR", d));
+    }
+    let kill_args: Vec<String> = kills
+        .iter()
+        .flat_map(|(r, k)| {
+            [
+                "--die-rank".to_string(),
+                r.to_string(),
+                "--die-at".to_string(),
+                k.to_string(),
+            ]
+        })
+        .collect();
+    let mut args = vec!["--survive", "--count", "64"];
+    args.extend(kill_args.iter().map(String::as_str));
+    let f = launch_marked(n, &env, &args, Duration::from_secs(120), &marker);
+    let first = kills[0].0;
+    assert!(
+        f.stderr.contains(&format!(
+            "ferroccl-run: rank {first} was killed by signal 9"
+        )),
+        "{what}\n{}",
+        f.all()
+    );
+    let mut alive: Vec<usize> = (0..n).collect();
+    for (round, &(victim, _)) in kills.iter().enumerate() {
+        alive.retain(|&r| r != victim);
+        for (new_rank, &r) in alive.iter().enumerate() {
+            let went = format!("went on as rank {new_rank} of {} ", alive.len());
+            let said = f
+                .prefixed()
+                .into_iter()
+                .filter(|(pr, line)| *pr == r && line.starts_with(&format!("rank {r}: went on")))
+                .nth(round)
+                .map(|(_, line)| line)
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{what}: rank {r} did not go on after kill {round}\n{}",
+                        f.all()
+                    )
+                });
+            assert!(
+                said.contains(&went),
+                "{what}: rank {r}: {said}, expected {went}"
+            );
+        }
+    }
+    // Every survivor of the first kill (later victims included) names it
+    // first; later victims are named in their communicator's own ranks.
+    for r in (0..n).filter(|&r| r != first) {
+        let own = format!("rank {r}: ");
+        let e = f
+            .prefixed()
+            .into_iter()
+            .filter(|(pr, line)| {
+                *pr == r && !line.contains(" went on ") && !line.contains("killing")
+            })
+            .find_map(|(_, line)| line.strip_prefix(&own).map(str::to_string))
+            .unwrap_or_else(|| panic!("{what}: rank {r} printed no error\n{}", f.all()));
+        assert!(
+            blames(&e, first) && has_numbered_call(&e),
+            "{what}: rank {r}: {e}"
+        );
+    }
+    for &r in &alive {
+        assert!(
+            f.prefixed()
+                .iter()
+                .any(|(pr, line)| *pr == r && line.contains("checks passed (")),
+            "{what}: rank {r} did not pass its checks\n{}",
+            f.all()
+        );
+    }
+    assert!(
+        f.stdout
+            .contains(&format!("checks passed on {} ranks", alive.len())),
+        "{what}\n{}",
+        f.all()
+    );
+    assert_nothing_left(&marker, shm.as_ref(), &f);
+}
+
+/// The covering set (not every combination; CI has two cores): shared
+/// memory with rank 0 (the rendezvous host) killed first and then two more
+/// down to one rank, TCP with a middle rank on 3 ranks, TCP with rank 0
+/// and another on 5 ranks.
+#[test]
+fn survivors_of_killed_ranks_shrink_and_pass_every_check() {
+    survive_case("shm", 4, &[(0, 5), (2, 100), (1, 200)]);
+    survive_case("tcp", 3, &[(1, 5)]);
+    survive_case("tcp", 5, &[(0, 5), (3, 100)]);
 }

@@ -1,4 +1,4 @@
-//! The validation of docs/performance.md ("Simulator validation"): what the
+//! The validation of docs/performance-log.md ("Simulator validation"): what the
 //! published sources say in words, held against the simulator on the
 //! preset of the machine they measured. The numbers compared are in the
 //! document; these tests check the shape the sources state, which the

@@ -1,57 +1,68 @@
 #!/usr/bin/env bash
-# Build, here, everything the GPU run needs and gather it into gpu-run/ at
-# the repository root (ignored by git): the test binaries of ferroccl-cuda
-# (and of every crate with device tests), the benchmark binaries, and
-# run.sh, the one command to run on the GPU machine from that folder:
+# Build, here, what the first GPU run (cuda/gpu/run.sh) runs, and gather
+# it into gpu-run/ at the repository root (ignored by git): only those
+# binaries, stripped, the NCCL ABI library for the DDP step, and the
+# scripts. It must stay under 48 MiB (the device tool carries 64 MiB):
+# the size is printed, and the build fails above it.
 #
-#   cuda/gpu/collect.sh            # here (needs the Rust toolchain)
-#   cd gpu-run && ./run.sh         # there (CUDA driver, no toolchain)
+#   cuda/gpu/collect.sh                 # here (needs the Rust toolchain)
+#   gpu-run/run.sh --dry                # here: every step without a GPU
+#   run(command="gpu-run/run.sh", carry=["gpu-run"], timeout_s=480)
 #
-# With the device tool: run collect.sh here, then
-#   run(command="cd gpu-run && ./run.sh", carry=["gpu-run"])
-# and copy the table it prints into docs/hardware.md.
+# docs/hardware.md ("The next GPU run") has the exact call.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=gpu-run
 tdir=${CARGO_TARGET_DIR:-target}
-rm -rf "$out" && mkdir -p "$out/bin"
+rm -rf "$out" && mkdir -p "$out/bin" "$out/nccl/lib"
 
-# Test binaries: every test target of the crates that have device tests
-# (ferroccl-bench: perf_device runs `ferroccl-perf --device cuda`, which it
-# finds beside itself in bin/).
-# `--no-run --message-format=json` names each executable cargo built.
-crates=(-p ferroccl-cuda -p ferroccl-cuda-ipc -p ferroccl-bench)
-# ferroccl itself: only its device test (tests/cuda.rs); its host tests
-# run in CI.
+# Test binaries by target: `--no-run --message-format=json` names each
+# executable cargo built. name -> bin/test-<name>.
+tests() {
+  cargo test --release --no-run "$@" --message-format=json 2>/dev/null |
+    jq -r 'select(.reason == "compiler-artifact" and .profile.test == true and .executable != null)
+           | "\(.target.name) \(.executable)"'
+}
 {
-  cargo test --release --no-run "${crates[@]}" --message-format=json 2>/dev/null
-  cargo test --release --no-run -p ferroccl --test cuda --message-format=json 2>/dev/null
-} |
-  jq -r 'select(.reason == "compiler-artifact" and .profile.test == true and .executable != null)
-         | "\(.target.name) \(.executable)"' |
-  while read -r name exe; do
-    # Two targets may share a name (a crate's lib and its test file).
-    dest="$out/bin/test-$name"
-    [ -e "$dest" ] && dest="$dest-${exe##*-}"
-    objcopy --strip-debug "$exe" "$dest"
-  done
+  tests -p ferroccl-cuda --test engine
+  tests -p ferroccl-cuda-ipc --lib
+  tests -p ferroccl --test cuda
+} | while read -r name exe; do
+  objcopy --strip-all "$exe" "$out/bin/test-$name"
+done
+# ferroccl's library tests, of which run.sh runs only the executor
+# kernels' GPU test (exec::oracle::kernel_gpu).
+lib=$(tests -p ferroccl --lib | awk '{ print $2 }' | head -1)
+objcopy --strip-all "$lib" "$out/bin/test-ferroccl-lib"
 
-# ferroccl's library tests, of which run.sh runs only the device
-# executor's GPU test (exec::program::kernel_gpu): the rest run in CI.
-lib=$(cargo test --release --no-run -p ferroccl --lib --message-format=json 2>/dev/null |
-  jq -r 'select(.reason == "compiler-artifact" and .profile.test == true and .executable != null) | .executable' |
-  head -1)
-objcopy --strip-debug "$lib" "$out/bin/test-ferroccl-lib"
-
-# Benchmarks (they print nccl-tests tables).
-cargo build --release -p ferroccl-bench --bins
+cargo build --release -p ferroccl-bench --bin ferroccl-perf
 cargo build --release -p ferroccl-cuda --bins
-for b in ferroccl-perf ferroccl-kernel-bench; do
-  objcopy --strip-debug "$tdir/release/$b" "$out/bin/$b"
+for b in ferroccl-perf ferroccl-kernel-bench ferroccl-sync-probe; do
+  objcopy --strip-all "$tdir/release/$b" "$out/bin/$b"
 done
 
+# The NCCL ABI for the DDP step (nccl/gpu/run.sh's `ddp` part).
+cargo build --release -p ferroccl-nccl
+objcopy --strip-all "$tdir/release/libferroccl_nccl.so" "$out/nccl/lib/libferroccl_nccl.so"
+ln -sf libferroccl_nccl.so "$out/nccl/lib/libnccl.so.2"
+ln -sf libferroccl_nccl.so "$out/nccl/lib/libnccl.so"
+cp nccl/gpu/run.sh nccl/gpu/ddp_losses.py "$out/nccl/"
+
+# The torch backend's GPU check (python/gpu/run.sh): the package laid out
+# as Python imports it, the extension under the name abi3 gives it.
+cargo build --release -p ferroccl-python
+mkdir -p "$out/python/pkg/ferroccl"
+cp -r python/gpu "$out/python/gpu"
+cp python/ferroccl/*.py "$out/python/pkg/ferroccl/"
+objcopy --strip-all "$tdir/release/lib_ferroccl.so" "$out/python/pkg/ferroccl/_ferroccl.abi3.so"
+
 cp cuda/gpu/run.sh "$out/run.sh"
-chmod +x "$out/run.sh"
-git rev-parse HEAD >"$out/commit"
-du -sh "$out"
+chmod +x "$out/run.sh" "$out/nccl/run.sh"
+git rev-parse --short HEAD >"$out/commit"
 ls -la "$out/bin"
+size=$(du -sm "$out" | cut -f1)
+echo "gpu-run/: $size MiB"
+if [ "$size" -gt 48 ]; then
+  echo "gpu-run/ is over 48 MiB: the device tool carries 64 MiB in all" >&2
+  exit 1
+fi

@@ -9,7 +9,7 @@
 // kernel per (protocol, op, type). The same text is also built by the
 // host's C++ compiler under kernels/host_emulation.h, every thread of
 // every block of every rank a host thread, and must then give the host
-// executor's results bit for bit (src/exec/program/kernel_host.rs): the
+// executor's results bit for bit (src/exec/oracle/kernel_host.rs): the
 // only lines that differ between the two builds are the few memory
 // primitives in the FERROCCL_HOST_EMULATION switch below.
 //

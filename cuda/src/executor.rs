@@ -9,7 +9,7 @@
 //! the launcher shares with them ([`Conn`], [`Control`]) laid out as the
 //! kernel's C structs are: their sizes and every field's offset are checked
 //! against the C compiler's in the host run of the kernels (ferroccl's
-//! `exec::program` tests) and here against the documented numbers.
+//! `exec::oracle` tests) and here against the documented numbers.
 //!
 //! Signature of every kernel (`T` the element):
 //!
@@ -234,7 +234,7 @@ impl Control {
 }
 
 /// One launch of the device executor's kernel: what
-/// [`Engine::launch_executor`](crate::staging::Engine::launch_executor)
+/// [`Engine::launch_executor`](crate::device::Engine::launch_executor)
 /// enqueues. Every address is in the kernels' address space (device
 /// pointers; the stand-in's are host addresses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,8 +8,9 @@
 //! Without a device it says why and passes, unless FERROCCL_REQUIRE_DEVICE=1
 //! (the GPU run, `cuda/gpu/run.sh`), where it fails.
 
-use ferroccl_cuda::engine::CudaEngine;
-use ferroccl_cuda::staging::{DevicePtr, Engine, HostEngine};
+use ferroccl_cuda::cuda_engine::CudaEngine;
+use ferroccl_cuda::device::{DevicePtr, Engine};
+use ferroccl_cuda::host_engine::HostEngine;
 use ferroccl_cuda::{CudaError, Op, Ty};
 use std::time::Duration;
 

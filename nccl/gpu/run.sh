@@ -21,24 +21,44 @@
 #    on the one GPU (-t 2 -g 1), 8 B to 64 MiB, its own correctness check
 #    on (-c 1); and torch's NCCL with 1 rank beside it for latency, where
 #    that library can be found.
+#
+# FERROCCL_NCCL_STEPS (ddp,cudarc,nccl-tests; all when unset) picks the
+# parts: cuda/gpu/run.sh runs `ddp` alone, 2 processes, in its budget.
+# FERROCCL_NCCL_WORLDS (default "2 3") are DDP's process counts.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 logs=${OUT:-$here/logs}
 mkdir -p "$logs"
 lib=$here/lib
 status=0
+steps=${FERROCCL_NCCL_STEPS:-ddp,cudarc,nccl-tests}
+wants() { [[ ",$steps," == *",$1,"* ]]; }
 
+# Our library compiles its reduction kernels with NVRTC: PyPI's
+# nvidia-cuda-nvrtc in the Python that holds PyTorch, or the toolkit's.
+# Every part gets its folder added to the loader's path (never in place
+# of what is there: torch's own libraries are found through it).
+nvrtc_dir=${FERROCCL_NVRTC_DIR:-}
+[ -n "$nvrtc_dir" ] || for root in "$(python3 -c 'import sys; print(sys.prefix)' 2>/dev/null)" /opt/torch/.venv /usr/local/cuda /usr/local/cuda-13.0; do
+  [ -n "$root" ] && [ -d "$root" ] || continue
+  hit=$(find "$root" -name 'libnvrtc.so*' -not -name '*builtins*' 2>/dev/null | head -1)
+  if [ -n "$hit" ]; then nvrtc_dir=$(dirname "$hit"); break; fi
+done
+echo "libnvrtc: ${nvrtc_dir:-not found}"
+with_nvrtc="${nvrtc_dir:+$nvrtc_dir:}${LD_LIBRARY_PATH:-}"
+
+if wants ddp; then
 echo "== PyTorch DDP with LD_PRELOAD=$lib/libnccl.so.2"
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   python3 "$here/ddp_losses.py" --world 1 --out "$logs/ddp-1.json" >"$logs/ddp-1.log" 2>&1 ||
     { echo "single-process run failed (see ddp-1.log)"; status=1; }
-  for world in 2 3; do
+  for world in ${FERROCCL_NCCL_WORLDS:-2 3}; do
     port=$((29500 + world))
     pids=()
     for ((r = 0; r < world; r++)); do
-      LD_PRELOAD=$lib/libnccl.so.2 FERROCCL_TIMEOUT=60 RANK=$r WORLD_SIZE=$world \
+      LD_PRELOAD=$lib/libnccl.so.2 LD_LIBRARY_PATH="$with_nvrtc" FERROCCL_TIMEOUT=60 RANK=$r WORLD_SIZE=$world \
         MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-        timeout 600 python3 "$here/ddp_losses.py" --world "$world" --out "$logs/ddp-$world.json" \
+        timeout 300 python3 "$here/ddp_losses.py" --world "$world" --out "$logs/ddp-$world.json" \
         >"$logs/ddp-$world-rank$r.log" 2>&1 &
       pids+=($!)
     done
@@ -54,22 +74,15 @@ if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 else
   echo "SKIP: no python3 with torch and a CUDA device"
 fi
+fi
 
+if wants cudarc; then
 echo "== cudarc nccl (Candle's pattern) with LD_LIBRARY_PATH=$lib"
 if [ -x "$here/bin/cudarc-nccl-check" ] && command -v nvidia-smi >/dev/null; then
-  # Our library compiles its reduction kernels with NVRTC: PyPI's
-  # nvidia-cuda-nvrtc in the Python that holds PyTorch, or the toolkit's.
-  nvrtc_dir=${FERROCCL_NVRTC_DIR:-}
-  [ -n "$nvrtc_dir" ] || for root in "$(python3 -c 'import sys; print(sys.prefix)' 2>/dev/null)" /opt/torch/.venv /usr/local/cuda /usr/local/cuda-13.0; do
-    [ -n "$root" ] && [ -d "$root" ] || continue
-    hit=$(find "$root" -name 'libnvrtc.so*' -not -name '*builtins*' 2>/dev/null | head -1)
-    if [ -n "$hit" ]; then nvrtc_dir=$(dirname "$hit"); break; fi
-  done
-  echo "libnvrtc: ${nvrtc_dir:-not found}"
   for run in gpu:2 gpu:3 host:3; do
     mode=${run%:*} world=${run#*:}
     log="$logs/cudarc-$mode-$world.log"
-    if LD_LIBRARY_PATH="$lib${nvrtc_dir:+:$nvrtc_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    if LD_LIBRARY_PATH="$lib:$with_nvrtc" \
       FERROCCL_CHECK_EXPECT_LIB=$lib/libferroccl_nccl.so FERROCCL_TIMEOUT=60 \
       CUDARC_CHECK_TIMEOUT=240 timeout 300 "$here/bin/cudarc-nccl-check" "$mode" "$world" >"$log" 2>&1; then
       echo "cudarc $mode, $world processes: every rank OK"
@@ -82,20 +95,27 @@ if [ -x "$here/bin/cudarc-nccl-check" ] && command -v nvidia-smi >/dev/null; the
 else
   echo "SKIP: no bin/cudarc-nccl-check (nccl/gpu/collect.sh builds it) or no nvidia-smi"
 fi
+fi
 
+if wants nccl-tests; then
 echo "== nccl-tests all_reduce_perf on ferroccl"
 if [ -d "$here/nccl-tests" ] && command -v nvcc >/dev/null; then
   home=$here/nccl-home
   mkdir -p "$home"
   ln -sfn "$here/include" "$home/include"
   ln -sfn "$lib" "$home/lib"
-  if make -C "$here/nccl-tests" -j8 NCCL_HOME="$home" MPI=0 >"$logs/nccl-tests-build.log" 2>&1; then
-    LD_LIBRARY_PATH=$lib FERROCCL_TIMEOUT=60 timeout 600 \
+  # all_reduce_perf alone, for this GPU's architecture alone (every
+  # test for every architecture takes many minutes).
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
+  if make -C "$here/nccl-tests/src" -j8 NCCL_HOME="$home" MPI=0 BUILDDIR="$here/nccl-tests/build" \
+    ${cc:+NVCC_GENCODE="-gencode=arch=compute_$cc,code=sm_$cc"} \
+    "$here/nccl-tests/build/all_reduce_perf" >"$logs/nccl-tests-build.log" 2>&1; then
+    LD_LIBRARY_PATH="$lib:$with_nvrtc" FERROCCL_TIMEOUT=60 timeout 300 \
       "$here/nccl-tests/build/all_reduce_perf" -b 8 -e 64M -f 4 -t 2 -g 1 -c 1 \
       | tee "$logs/all_reduce_perf-ferroccl.txt" || status=1
     torch_nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null || true)
     if [ -n "$torch_nccl" ] && [ -e "$torch_nccl/libnccl.so.2" ]; then
-      LD_LIBRARY_PATH=$torch_nccl timeout 600 \
+      LD_LIBRARY_PATH="$torch_nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 300 \
         "$here/nccl-tests/build/all_reduce_perf" -b 8 -e 64M -f 4 -t 1 -g 1 -c 1 \
         | tee "$logs/all_reduce_perf-nccl-1rank.txt"
     fi
@@ -105,5 +125,6 @@ if [ -d "$here/nccl-tests" ] && command -v nvcc >/dev/null; then
   fi
 else
   echo "SKIP: no nccl-tests source carried (NCCL_TESTS_SRC at collect time) or no nvcc"
+fi
 fi
 exit $status

@@ -1,35 +1,18 @@
 //! The values and layouts of NCCL's C API that callers compiled against
 //! NCCL's header depend on: result codes, data types, reduction operators,
 //! the 128-byte unique id and the versioned config struct. Read off NCCL's
-//! public header; nothing here moves data.
+//! public header; nothing here moves data. The result codes are defined
+//! in `status` (beside the failure that carries one) and re-exported here;
+//! a PreMulSum operator ([`PreMul`]) is here so that `comm` keeps them
+//! without importing `call`.
 
 use crate::status::Failure;
 use ferroccl::{DataType, ReduceOp};
 use std::ffi::c_int;
 
-/// `ncclResult_t` values.
-pub mod result {
-    use std::ffi::c_int;
-    /// `ncclSuccess`
-    pub const SUCCESS: c_int = 0;
-    /// `ncclUnhandledCudaError`
-    pub const UNHANDLED_CUDA_ERROR: c_int = 1;
-    /// `ncclSystemError`
-    pub const SYSTEM_ERROR: c_int = 2;
-    /// `ncclInternalError`
-    pub const INTERNAL_ERROR: c_int = 3;
-    /// `ncclInvalidArgument`
-    pub const INVALID_ARGUMENT: c_int = 4;
-    /// `ncclInvalidUsage`
-    pub const INVALID_USAGE: c_int = 5;
-    /// `ncclRemoteError`
-    pub const REMOTE_ERROR: c_int = 6;
-    /// `ncclInProgress`
-    pub const IN_PROGRESS: c_int = 7;
-    /// `ncclTimeout` (newer headers only; this library reports a peer that
-    /// did not answer as `ncclRemoteError`, which every caller knows).
-    pub const TIMEOUT: c_int = 8;
-}
+/// `ncclResult_t` values (defined beside `Failure`, which carries one,
+/// so that status needs nothing of this module).
+pub use crate::status::result;
 
 /// The version this library reports (`ncclGetVersion`): the ABI of NCCL
 /// 2.28, whose symbols PyTorch 2.11 imports.
@@ -40,6 +23,10 @@ pub const API_MAGIC: u32 = 0xcafe_beef;
 
 /// `NCCL_SPLIT_NOCOLOR`.
 pub const SPLIT_NOCOLOR: c_int = -1;
+/// `NCCL_SHRINK_DEFAULT`: the parent is left as it is.
+pub const SHRINK_DEFAULT: c_int = 0x00;
+/// `NCCL_SHRINK_ABORT`: the parent's calls in flight are ended first.
+pub const SHRINK_ABORT: c_int = 0x01;
 
 /// `ncclNumOps`: the first value of a user-created operator.
 pub const NUM_OPS: c_int = 5;
@@ -242,6 +229,27 @@ pub unsafe fn read_config(config: *const ConfigHead) -> Result<CommConfig, Failu
         }
     }
     Ok(out)
+}
+
+/// A `ncclRedOpCreatePreMulSum` operator's scalar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scalar {
+    /// Read at creation (`ncclScalarHostImmediate`): the value's bytes.
+    Value([u8; 8]),
+    /// Read at each call (`ncclScalarDevice` given a host address).
+    HostPtr(usize),
+    /// In CUDA device memory (`ncclScalarDevice`): read on the stream
+    /// when it reaches each call; device calls only.
+    DevicePtr(usize),
+}
+
+/// A user operator: multiply each input by the scalar, then sum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PreMul {
+    /// The only type it may be used with.
+    pub dtype: NcclType,
+    /// The scalar.
+    pub scalar: Scalar,
 }
 
 #[cfg(test)]

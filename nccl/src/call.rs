@@ -3,6 +3,8 @@
 //! API, on device memory through its raw device entry points on the
 //! caller's stream.
 
+pub use crate::abi::{PreMul, Scalar};
+
 use crate::abi::NcclType;
 use crate::comm::Core;
 use crate::status::Failure;
@@ -44,27 +46,6 @@ impl Kind {
             Kind::Recv => "ncclRecv",
         }
     }
-}
-
-/// A `ncclRedOpCreatePreMulSum` operator's scalar.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scalar {
-    /// Read at creation (`ncclScalarHostImmediate`): the value's bytes.
-    Value([u8; 8]),
-    /// Read at each call (`ncclScalarDevice` given a host address).
-    HostPtr(usize),
-    /// In CUDA device memory (`ncclScalarDevice`): read on the stream
-    /// when it reaches each call; device calls only.
-    DevicePtr(usize),
-}
-
-/// A user operator: multiply each input by the scalar, then sum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PreMul {
-    /// The only type it may be used with.
-    pub dtype: NcclType,
-    /// The scalar.
-    pub scalar: Scalar,
 }
 
 /// The reduction of a call.
@@ -116,7 +97,7 @@ fn overlap(a: usize, a_len: usize, b: usize, b_len: usize) -> bool {
 
 /// Whether `ptr` is CUDA device memory; without a usable driver nothing is.
 fn is_device(ptr: usize) -> bool {
-    ptr != 0 && ferroccl_cuda::engine::pointer_info(ptr as u64).is_ok()
+    ptr != 0 && ferroccl_cuda::cuda_engine::pointer_info(ptr as u64).is_ok()
 }
 
 impl Call {

@@ -7,8 +7,7 @@
 //! of reading freed memory. What stays behind is a few words per
 //! communicator.
 
-use crate::abi::CommConfig;
-use crate::call::PreMul;
+use crate::abi::{CommConfig, PreMul};
 use crate::status::Failure;
 use crate::uid::Meeting;
 use ferroccl::{Communicator, Config, DeviceWork};

@@ -2,9 +2,32 @@
 //! `ncclGetLastError`, and the guard that keeps panics on this side of the
 //! C boundary.
 
-use crate::abi::result;
 use std::ffi::{c_char, c_int, CString};
 use std::sync::Mutex;
+
+/// `ncclResult_t` values.
+pub mod result {
+    use std::ffi::c_int;
+    /// `ncclSuccess`
+    pub const SUCCESS: c_int = 0;
+    /// `ncclUnhandledCudaError`
+    pub const UNHANDLED_CUDA_ERROR: c_int = 1;
+    /// `ncclSystemError`
+    pub const SYSTEM_ERROR: c_int = 2;
+    /// `ncclInternalError`
+    pub const INTERNAL_ERROR: c_int = 3;
+    /// `ncclInvalidArgument`
+    pub const INVALID_ARGUMENT: c_int = 4;
+    /// `ncclInvalidUsage`
+    pub const INVALID_USAGE: c_int = 5;
+    /// `ncclRemoteError`
+    pub const REMOTE_ERROR: c_int = 6;
+    /// `ncclInProgress`
+    pub const IN_PROGRESS: c_int = 7;
+    /// `ncclTimeout` (newer headers only; this library reports a peer that
+    /// did not answer as `ncclRemoteError`, which every caller knows).
+    pub const TIMEOUT: c_int = 8;
+}
 
 /// A refused or failed call: NCCL's code and the message for
 /// `ncclGetLastError`.

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
 use common::{cdylib, profile_dir};
@@ -85,32 +85,14 @@ fn command(args: &[&str]) -> Command {
 }
 
 /// Wait for `child`, killing it past `limit` (a hung run fails, not
-/// hangs the suite); its exit status and output.
-fn finish(mut child: Child, limit: Duration) -> (Option<i32>, String) {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("waiting for a rank") {
-            let out = child.wait_with_output().expect("rank output");
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            return (status.code(), text);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("rank output");
-            return (
-                None,
-                format!(
-                    "killed after {limit:?}\n{}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                ),
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+/// hangs the suite); its exit status (None if killed) and output.
+fn finish(child: Child, limit: Duration) -> (Option<i32>, String) {
+    let done = common::process::wait_bounded(child, limit);
+    let text = format!("{}{}", done.stdout, done.stderr);
+    if done.killed {
+        (None, format!("killed after {limit:?}\n{text}"))
+    } else {
+        (done.status.code(), text)
     }
 }
 

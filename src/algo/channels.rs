@@ -15,7 +15,7 @@
 //! run in no order between them). `encode` refuses a schedule where a
 //! piece of one channel writes what another channel touches, so a
 //! schedule that breaks this never reaches a device; the tests
-//! (`exec::program`) show which algorithms keep it (all of the planner's,
+//! (`exec::oracle`) show which algorithms keep it (all of the planner's,
 //! at every count and rank count of their grid).
 //!
 //! Empty steps (the tokens of confirmations and barriers) stay whole on

@@ -127,7 +127,7 @@ pub fn two_shot(p: RingParams, count: usize) -> Schedule {
 /// the rank whose number differs in bit `j` and combining the two; one
 /// message a rank a round, where one-shot sends `n - 1` at once (with more
 /// ranks than cores each message costs its receiver a wake-up:
-/// docs/performance.md, "TCP small messages"). Ranks past `p` fold in
+/// docs/performance-log.md, "TCP small messages"). Ranks past `p` fold in
 /// first (rank `p + i` sends its input to rank `i`, which combines it) and
 /// get the result back at the end: two rounds more.
 ///

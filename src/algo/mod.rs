@@ -6,6 +6,15 @@
 //! tests run on every builder's schedules and the checker of user-written
 //! algorithms, `user`, runs when a communicator is created). The executor
 //! (`exec`) interprets schedules over connections.
+//!
+//! The builders: `ring`, `tree`, `direct` (one-shot, two-shot, recursive
+//! doubling), `hier` (over several hosts); `user`, algorithms written by
+//! users (the builder, the checker, the lowering to a schedule), and `text`
+//! their text format. Over a built schedule: `channels` cuts it over
+//! several channels, `encode` turns it into the device program the device
+//! executor's kernel reads, and `sim` runs it on f64 data. This file holds
+//! the vocabulary (`Schedule`, `Step`, `Prim`, `Operand`) and `Timeline`,
+//! the tick order the pipelined builders share.
 
 pub mod channels;
 pub mod direct;

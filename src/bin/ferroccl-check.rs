@@ -20,6 +20,14 @@
 //! `--kill-rank R --kill-after-ms M` kills it with SIGKILL M ms after it
 //! joined, wherever it is then, and `--mismatch-rank R --mismatch-at K`
 //! makes it issue an extra all_reduce that no other rank issues.
+//! `--die-rank`/`--die-at` may be given several times (pairs in order;
+//! ranks are the job's, as the launcher numbers them). `--survive` makes
+//! the survivors of a failure go on: each prints its error, shrinks the
+//! communicator (`Communicator::shrink_failed`), runs one allreduce on the
+//! new one and prints `rank R: went on as rank r of n ...` with the wall
+//! clock of that first collective (the dying rank prints the wall clock of
+//! its kill: their difference is the time to recover), then runs every
+//! check again on the new communicator, down to one rank.
 //! `--wrong CASE` runs one call in which rank 1 passes an argument that
 //! differs from the other ranks' (`root`: a broadcast of `--count` u32 from
 //! root 1 where the others name root 0; `op`: a reduce to root 0 with Max
@@ -48,7 +56,10 @@ options:
       --iters K        run the whole set K times (default 1)
       --delay-ms M     sleep M milliseconds before every collective call
       --die-rank R     with --die-at K: rank R kills itself with SIGKILL
-      --die-at K         right before its K-th collective call (1-based)
+      --die-at K         right before its K-th collective call (1-based);
+                         the pair may be repeated (job ranks)
+      --survive        on a failure, the survivors shrink the communicator
+                       and run the checks again on the new one
       --hang-rank R    with --hang-at K: rank R sleeps for an hour right
       --hang-at K        before its K-th collective call (1-based)
       --stop-rank R    with --stop-at K: rank R stops itself with SIGSTOP
@@ -71,8 +82,10 @@ struct Options {
     count: usize,
     iters: usize,
     delay: Duration,
-    /// (rank, call) at which that rank kills itself.
-    die: Option<(usize, u64)>,
+    /// (job rank, call) pairs at which that rank kills itself.
+    die: Vec<(usize, u64)>,
+    /// Survivors of a failure shrink the communicator and go on.
+    survive: bool,
     /// (rank, call) at which that rank hangs.
     hang: Option<(usize, u64)>,
     /// (rank, call) at which that rank stops itself (SIGSTOP).
@@ -91,10 +104,11 @@ struct Options {
 fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
     let mut count = 1000usize;
     let mut windows = false;
+    let mut survive = false;
+    let (mut die_ranks, mut die_ats) = (Vec::new(), Vec::new());
     let mut wrong = None;
     let mut iters = 1usize;
     let mut delay_ms = 0u64;
-    let (mut die_rank, mut die_at) = (None, None);
     let (mut hang_rank, mut hang_at) = (None, None);
     let (mut stop_rank, mut stop_at) = (None, None);
     let (mut kill_rank, mut kill_after) = (None, None);
@@ -110,6 +124,10 @@ fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
         }
         if name == "--windows" && inline.is_none() {
             windows = true;
+            continue;
+        }
+        if name == "--survive" && inline.is_none() {
+            survive = true;
             continue;
         }
         if name == "--wrong" {
@@ -160,8 +178,8 @@ fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
             "--count" => count = n as usize,
             "--iters" => iters = n as usize,
             "--delay-ms" => delay_ms = n,
-            "--die-rank" => die_rank = Some(n as usize),
-            "--die-at" => die_at = Some(n),
+            "--die-rank" => die_ranks.push(n as usize),
+            "--die-at" => die_ats.push(n),
             "--hang-rank" => hang_rank = Some(n as usize),
             "--hang-at" => hang_at = Some(n),
             "--stop-rank" => stop_rank = Some(n as usize),
@@ -183,7 +201,17 @@ fn parse_options(args: &[String]) -> Result<Option<Options>, String> {
         count,
         iters,
         delay: Duration::from_millis(delay_ms),
-        die: pair("die", die_rank, die_at)?,
+        die: {
+            if die_ranks.len() != die_ats.len() {
+                return Err("--die-rank and --die-at go together".into());
+            }
+            let mut die = Vec::new();
+            for (r, k) in die_ranks.into_iter().zip(die_ats) {
+                die.extend(pair("die", Some(r), Some(k))?);
+            }
+            die
+        },
+        survive,
         hang: pair("hang", hang_rank, hang_at)?,
         stop: pair("stop", stop_rank, stop_at)?,
         kill: match (kill_rank, kill_after) {
@@ -347,8 +375,12 @@ fn exact(_: f64) -> f64 {
 struct Checker<'a> {
     comm: &'a Communicator,
     opts: &'a Options,
-    /// Collective calls made so far on this rank (for the fault injection).
+    /// Collective calls made so far on this rank (for the fault injection),
+    /// over every communicator it went on with.
     calls: u64,
+    /// This rank in the job (the launcher's), whatever communicator it is
+    /// on now.
+    job_rank: usize,
     /// Checks passed on this rank.
     passed: usize,
     /// Rotates the reduction operator from one reducing check to the next.
@@ -378,10 +410,12 @@ impl Checker<'_> {
         if !self.opts.delay.is_zero() {
             std::thread::sleep(self.opts.delay);
         }
-        if self.opts.die == Some((rank, k)) {
+        if self.opts.die.contains(&(self.job_rank, k)) {
+            let rank = self.job_rank;
             say_err(&format!(
                 "rank {rank}: killing this process with SIGKILL before collective call {k} \
-                 (--die-at)"
+                 (--die-at) at unix_us {}",
+                unix_us()
             ));
             let pid = std::process::id().to_string();
             // `kill` the program, or the shell's builtin where there is none.
@@ -673,7 +707,13 @@ impl Checker<'_> {
     }
 }
 
-/// Print a line on stdout now (the launcher may stop this process soon).
+/// Microseconds since the Unix epoch (ranks of one host share the clock).
+fn unix_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
+}
+
 /// Send `signal` (a name `kill` knows: STOP, KILL) to this process with
 /// the `kill` program, or the shell's builtin where there is none.
 fn signal_self(signal: &str) -> bool {
@@ -724,7 +764,7 @@ fn main() {
     let opts = tool::options_or_exit("ferroccl-check", USAGE, parse_options);
     let started = Instant::now();
     let comm = tool::join_or_exit("ferroccl-check");
-    let (rank, size) = (comm.rank(), comm.size());
+    let rank = comm.rank();
     if let Some((victim, ms)) = opts.kill {
         if victim == rank {
             std::thread::spawn(move || {
@@ -754,23 +794,65 @@ fn main() {
         ));
         return;
     }
-    let mut checker = Checker {
-        comm: &comm,
-        opts: &opts,
-        calls: 0,
-        passed: 0,
-        op_turn: 0,
-    };
-    if let Err(failure) = checker.run_all() {
+    let mut comm = comm;
+    let mut calls = 0;
+    let (passed, calls) = loop {
+        let mut checker = Checker {
+            comm: &comm,
+            opts: &opts,
+            calls,
+            passed: 0,
+            op_turn: 0,
+            job_rank: rank,
+        };
+        let failure = match checker.run_all() {
+            Ok(()) => break (checker.passed, checker.calls),
+            Err(failure) => failure,
+        };
+        calls = checker.calls;
         // Print first, then leave at once: a launcher stops the other ranks
         // when one fails, and the error is what the user needs. Dropping
         // the (failed) communicator first is quick and lets it remove
         // shared-memory segments a dead peer left for it.
         say_err(&format!("rank {rank}: {failure}"));
-        drop(comm);
-        std::process::exit(1);
-    }
-    let passed = checker.passed;
+        if !opts.survive || !matches!(failure, Failure::Comm(_)) || comm.size() == 1 {
+            drop(comm);
+            std::process::exit(1);
+        }
+        let since = Instant::now();
+        let shrunk = comm.shrink_failed().and_then(|shrunk| {
+            let mut one = [1u32];
+            shrunk.all_reduce_in_place(&mut one, ReduceOp::Sum)?;
+            if one[0] as usize != shrunk.size() {
+                return Err(Error::InvalidArgument(format!(
+                    "the first allreduce on the shrunken communicator gave {}, not {}",
+                    one[0],
+                    shrunk.size()
+                )));
+            }
+            Ok(shrunk)
+        });
+        match shrunk {
+            Ok(shrunk) => {
+                say(&format!(
+                    "rank {rank}: went on as rank {} of {} (failed: {:?}), first collective at \
+                     unix_us {} ({} ms after its error)",
+                    shrunk.rank(),
+                    shrunk.size(),
+                    comm.failed_ranks(),
+                    unix_us(),
+                    since.elapsed().as_millis()
+                ));
+                comm = shrunk;
+            }
+            Err(e) => {
+                say_err(&format!("rank {rank}: shrink: {e}"));
+                drop(comm);
+                std::process::exit(1);
+            }
+        }
+    };
+    let (rank, size) = (comm.rank(), comm.size());
     // Which transport reaches each peer (all pairs are connected by now:
     // all_to_all touches every one).
     let links: Vec<String> = comm
@@ -786,7 +868,7 @@ fn main() {
     say(&format!(
         "ferroccl-check: rank {rank}: {passed} checks passed ({} collective calls checked, {} \
          calls without slots, {:.2} s)",
-        checker.calls,
+        calls,
         comm.direct_window_calls(),
         started.elapsed().as_secs_f64()
     ));

@@ -3,10 +3,10 @@
 //! It owns a map and the list of failure reports, nothing else; it never
 //! touches sockets or the environment. Tests and `testing::run_ranks` use it.
 
-use super::{lock, FailureBook, FailureReport, Progress, ProgressBook, Store};
+use super::{
+    lock, FailureBook, FailureFeed, FailureReport, KeyBook, Progress, ProgressBook, Store,
+};
 use crate::error::{Error, Result};
-use crossbeam_channel::Receiver;
-use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Instant;
@@ -14,7 +14,7 @@ use std::time::Instant;
 /// A [`Store`] held in memory, shared by threads of one process.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    values: Mutex<HashMap<String, Vec<u8>>>,
+    values: Mutex<KeyBook>,
     changed: Condvar,
     failures: Mutex<FailureBook>,
     progress: Mutex<ProgressBook>,
@@ -25,11 +25,16 @@ impl MemoryStore {
     pub fn new() -> Arc<MemoryStore> {
         Arc::new(MemoryStore::default())
     }
+
+    /// How many keys the store holds (for tests of [`Store::release`]).
+    pub fn key_count(&self) -> usize {
+        lock(&self.values).sizes().0
+    }
 }
 
 impl Store for MemoryStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        lock(&self.values).insert(key.to_string(), value.to_vec());
+        lock(&self.values).set(key, value);
         self.changed.notify_all();
         Ok(())
     }
@@ -60,11 +65,15 @@ impl Store for MemoryStore {
         lock(&self.failures).publish(report);
     }
 
-    fn failures(&self) -> Receiver<FailureReport> {
+    fn failures(&self) -> FailureFeed {
         lock(&self.failures).subscribe()
     }
 
     fn goodbye(&self) {}
+
+    fn release(&self, scope: &str, parties: usize) {
+        lock(&self.values).release(scope, parties);
+    }
 
     fn register_progress(&self, comm_id: u64, rank: usize, issued: Weak<AtomicU64>) {
         lock(&self.progress).register(comm_id, rank, issued);
@@ -123,5 +132,50 @@ mod tests {
                 FailureReport::failed(3, "also gone")
             ]
         );
+    }
+
+    #[test]
+    fn dropped_feeds_are_forgotten() {
+        let store = MemoryStore::new();
+        let kept = store.failures();
+        for _ in 0..100 {
+            drop(store.failures());
+        }
+        // The next subscription forgets the dropped ones, not the kept one.
+        let other = store.failures();
+        assert_eq!(lock(&store.failures).subscribers(), 2);
+        store.report_failure(1, "gone");
+        assert_eq!(kept.try_recv(), Ok(FailureReport::failed(1, "gone")));
+        assert_eq!(other.try_recv(), Ok(FailureReport::failed(1, "gone")));
+    }
+
+    #[test]
+    fn a_scope_goes_when_its_last_party_releases_it() {
+        let store = MemoryStore::new();
+        let far = Instant::now() + Duration::from_secs(5);
+        for r in 0..3 {
+            store.set(&format!("comm/00a1/host/{r}"), b"h").unwrap();
+        }
+        // A sibling scope that shares the prefix as text, and another.
+        store.set("comm/00a10/host/0", b"x").unwrap();
+        store.set("comm/00b2/host/0", b"y").unwrap();
+        store.release("comm/00a1/", 3);
+        store.release("comm/00a1/", 3);
+        // Two of three: a late party still reads every key.
+        for r in 0..3 {
+            assert_eq!(
+                store.get(&format!("comm/00a1/host/{r}"), far).unwrap(),
+                b"h"
+            );
+        }
+        assert_eq!(store.key_count(), 5);
+        store.release("comm/00a1/", 3);
+        assert_eq!(store.key_count(), 2);
+        let soon = Instant::now() + Duration::from_millis(20);
+        assert!(store.get("comm/00a1/host/0", soon).is_err());
+        assert_eq!(store.get("comm/00a10/host/0", far).unwrap(), b"x");
+        assert_eq!(store.get("comm/00b2/host/0", far).unwrap(), b"y");
+        // Nothing is remembered of a scope once released.
+        assert_eq!(lock(&store.values).sizes(), (2, 0));
     }
 }

@@ -4,10 +4,16 @@
 //! gate for the call (`Engine::stream_wait_gate`), so later work on it
 //! sees the result, and the progress thread carries the call out: it waits
 //! for the stream's earlier work (an event recorded at the call), runs the
-//! schedule through the staged executor (`exec::staged`), which returns
-//! once every copy and kernel has finished, then raises the gate. The gate
-//! is raised however the call ends (an error, a failed communicator, a job
-//! dropped unrun), so a stream never waits on a call that will not come.
+//! call by the device executor (`device_exec`: a kernel per rank, GPU to
+//! GPU, which raises the gate on the device) or through the staged
+//! executor (`exec::staged`, which returns once every copy and kernel has
+//! finished). The gate is raised however the call ends (an error, a
+//! failed communicator, a job dropped unrun), so a stream never waits on a
+//! call that will not come. A call that must set something up first (the
+//! communicator's first on an engine, or one needing kernels not yet
+//! loaded) does not park the stream: its caller waits on the host for it
+//! instead, because set-up waits for every stream (the device rule,
+//! docs/staging.md).
 //!
 //! The public entry points (`crate::cuda`: cudarc slices and a stream, and
 //! raw pointers) are built on `device_collective`; the tests drive it with
@@ -20,10 +26,11 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::{AvgFinish, DeviceBuffers, DeviceIo, ExecIo, Io};
 use crate::plan::Memory;
-use ferroccl_cuda::staging::{
-    DeviceBuf, DevicePtr, Engine, Event, Gate, PinnedBuf, StagePool, Stream,
-};
-use std::sync::Arc;
+use ferroccl_cuda::device::{DeviceBuf, DevicePtr, Engine, Event, Gate, Stream};
+use ferroccl_cuda::stager::StagePool;
+use ferroccl_cuda::{Op, Ty};
+use std::collections::HashSet;
+use std::sync::{mpsc, Arc};
 
 /// Where a device call's buffers are, and what moves them.
 #[derive(Clone)]
@@ -49,6 +56,9 @@ pub(super) struct DeviceGate {
     pool: Arc<StagePool>,
     /// The number of the last call issued on this engine.
     issued: u32,
+    /// The executor kernels (op, type) loaded for this communicator's
+    /// calls: a call that needs another one does not park its stream.
+    prepared: HashSet<(Option<Op>, Ty)>,
 }
 
 /// A host wait for a device call: `wait()` blocks until the progress
@@ -74,24 +84,35 @@ impl DeviceWork {
 
 /// Buffers that work enqueued on the caller's stream before a device call
 /// uses (a raw PreMulSum's scaled input and its scalar), kept until the
-/// call ends and then freed with the call's own scratch.
+/// call ends and then freed with the call's own scratch. Device memory
+/// only, allocated in the caller's stream's order: a pinned buffer made
+/// for a call would wait for every stream (the device rule).
 #[derive(Default)]
 pub(crate) struct Keep {
-    /// Device buffers.
+    /// Device buffers, from `Engine::alloc_device_async` on the caller's
+    /// stream.
     pub(crate) device: Vec<DeviceBuf>,
-    /// Pinned host buffers.
-    pub(crate) pinned: Vec<PinnedBuf>,
 }
 
 /// What a device call holds until it ends: its scratch, the event of the
 /// caller's earlier work, and its place at the gate, raised when this is
 /// dropped (the call ended, or its job was dropped unrun).
+///
+/// Nothing here waits for other streams (the device rule): this is dropped
+/// on the progress thread before the gate is raised, with the caller's
+/// stream parked at it. Scratch was allocated in the caller's stream's
+/// order and is freed in it (after the gate, or after the call's own work,
+/// which has ended).
 struct Held {
     engine: Arc<dyn Engine>,
+    /// The caller's stream.
+    stream: Stream,
     scratch: Vec<DeviceBuf>,
-    pinned: Vec<PinnedBuf>,
     ready: Option<Event>,
     gate: Option<(Gate, u32)>,
+    /// Dropped last: the caller of a call that does not park its stream
+    /// waits for this.
+    ended: Option<mpsc::Sender<()>>,
 }
 
 impl Drop for Held {
@@ -99,10 +120,9 @@ impl Drop for Held {
         // Every copy and kernel of the call has finished (the staged run
         // waits for them, also when it fails) or never started.
         for s in self.scratch.drain(..) {
-            self.engine.free_device(s);
-        }
-        for p in self.pinned.drain(..) {
-            self.engine.free_pinned(p);
+            if let Err(e) = self.engine.free_device_async(self.stream, s) {
+                tracing::warn!("device scratch {:#x} not freed: {e}", s.0);
+            }
         }
         if let Some(e) = self.ready.take() {
             self.engine.free_event(e);
@@ -110,28 +130,71 @@ impl Drop for Held {
         if let Some((gate, value)) = self.gate.take() {
             self.engine.raise_gate(gate, value);
         }
+        self.ended.take();
     }
 }
 
+/// What a device call needs made before it may park the caller's stream.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SetUp {
+    /// Nothing: it parks the stream and returns at once.
+    None,
+    /// The communicator's first call on the engine, which warmed the
+    /// staging pool: it does not park the stream (a peer sharing the
+    /// device may be warming its own, waiting for every stream).
+    First,
+    /// The executor's set-up (the communicator's first collective on the
+    /// engine) or kernels not yet loaded (`DeviceIo::prepare`): it is
+    /// carried out without parking the stream, and the caller waits.
+    Executor,
+}
+
 impl Inner {
-    /// Make this communicator's gate on `engine` at its first call there;
-    /// its staging pool.
-    fn open_gate(&self, engine: &Arc<dyn Engine>) -> Result<Arc<StagePool>> {
+    /// Make this communicator's gate on `engine` at its first call there,
+    /// with its staging pool warmed for every call's chunks (the device
+    /// rule: a call that parks a stream allocates nothing); the pool, and
+    /// what the call of `op` on `ty` needs set up first.
+    fn open_gate(
+        &self,
+        engine: &Arc<dyn Engine>,
+        collective: bool,
+        op: Option<Op>,
+        ty: Ty,
+    ) -> Result<(Arc<StagePool>, SetUp)> {
         let mut gates = lock(&self.gates);
-        if let Some(g) = gates.iter().find(|g| Arc::ptr_eq(&g.engine, engine)) {
-            return Ok(g.pool.clone());
-        }
-        let gate = engine
-            .gate()
-            .map_err(|e| Error::Io(format!("device gate: {e}")))?;
-        let pool = Arc::new(StagePool::new(engine.clone()));
-        gates.push(DeviceGate {
-            engine: engine.clone(),
-            gate,
-            pool: pool.clone(),
-            issued: 0,
-        });
-        Ok(pool)
+        let mut fresh = false;
+        let at = match gates.iter().position(|g| Arc::ptr_eq(&g.engine, engine)) {
+            Some(at) => at,
+            None => {
+                fresh = true;
+                let gate = engine
+                    .gate()
+                    .map_err(|e| Error::Io(format!("device gate: {e}")))?;
+                let pool = Arc::new(StagePool::new(engine.clone()));
+                // Staged chunks are at most a slot (`plan::geometry`).
+                pool.warm(self.config.chunk_bytes(), crate::exec::STAGE_DEPTH)
+                    .map_err(|e| Error::Io(format!("device staging set-up: {e}")))?;
+                gates.push(DeviceGate {
+                    engine: engine.clone(),
+                    gate,
+                    pool,
+                    issued: 0,
+                    prepared: HashSet::new(),
+                });
+                gates.len() - 1
+            }
+        };
+        // Decided here, on the caller's thread, in issue order: every rank
+        // decides alike whatever its progress thread has done so far.
+        let g = &mut gates[at];
+        let setup = if collective && g.engine.runs_executor() && g.prepared.insert((op, ty)) {
+            SetUp::Executor
+        } else if fresh {
+            SetUp::First
+        } else {
+            SetUp::None
+        };
+        Ok((g.pool.clone(), setup))
     }
 
     /// The gate on `engine` and the number of the next call there; called
@@ -183,19 +246,23 @@ impl Communicator {
         let elem = std::mem::size_of::<T>();
         let engine = on.engine.clone();
         let device_err = |e| Error::Io(format!("{} on device memory: {e}", call.kind.name()));
+        let (ended, call_ended) = mpsc::channel::<()>();
         let mut held = Held {
             engine: engine.clone(),
+            stream: on.stream,
             scratch: keep.device,
-            pinned: keep.pinned,
             ready: None,
             gate: None,
+            ended: Some(ended),
         };
         // A schedule that keeps partial results in an output the caller did
         // not give (a tree reduce's inner ranks) gets device scratch.
         let scratch = match plan.scratch_output {
             0 => None,
             n => {
-                let s = engine.alloc_device(n * elem).map_err(device_err)?;
+                let s = engine
+                    .alloc_device_async(on.stream, n * elem)
+                    .map_err(device_err)?;
                 held.scratch.push(s);
                 Some(s)
             }
@@ -214,7 +281,9 @@ impl Communicator {
             && plan.output_base == 0
         {
             let bytes = call.send_len * elem;
-            let made = engine.alloc_device(bytes).map_err(device_err)?;
+            let made = engine
+                .alloc_device_async(on.stream, bytes)
+                .map_err(device_err)?;
             held.scratch.push(made);
             engine
                 .d2d(on.stream, DevicePtr::new(made), on.send, bytes)
@@ -258,7 +327,12 @@ impl Communicator {
                 range: range.start.saturating_sub(base)..range.end.saturating_sub(base),
                 ranks: self.size(),
             });
-        let pool = self.inner.open_gate(&engine)?;
+        let collective = crate::plan::device::takes_executor(&call);
+        let (kop, kty) = (
+            call.op.map(crate::exec::cuda_op),
+            crate::exec::cuda_ty(T::DTYPE),
+        );
+        let (pool, setup) = self.inner.open_gate(&engine, collective, kop, kty)?;
         // The caller's work so far (and the input copy above), which the
         // progress thread waits for before the call's first copy.
         let ready = engine.event().map_err(device_err)?;
@@ -276,6 +350,7 @@ impl Communicator {
                 base: on.send,
             },
             gate: None,
+            prepare: (setup == SetUp::Executor).then_some((kop, kty)),
         };
         // Issue: the job is queued under the issue lock, where the call
         // also gets its number at the gate.
@@ -299,10 +374,20 @@ impl Communicator {
         })?;
         let during = work.during.clone();
         let (gate, value) = gated.ok_or_else(|| Error::Io(format!("{during}: no device gate")))?;
+        let limit = self.inner.config.timeout.saturating_mul(4);
+        if setup != SetUp::None {
+            // The device rule: set-up allocates, maps and loads modules,
+            // which wait for every stream; so the stream is not parked, and
+            // the caller waits for the call (bounded: every wait in it is).
+            // Later work on the stream sees the result: the call has ended.
+            match call_ended.recv_timeout(limit) {
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(DeviceWork(work)),
+                Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+        }
         // After the issue: the job may already have raised the gate past
         // this number, and then the wait passes at once. Bounded for
         // engines that wait on the host: every call before this one is.
-        let limit = self.inner.config.timeout.saturating_mul(4);
         engine
             .stream_wait_gate(on.stream, gate, value, limit)
             .map_err(|e| {
@@ -321,7 +406,7 @@ mod tests {
     use crate::coll::CollKind;
     use crate::element::DataType;
     use crate::testing::run_ranks_with;
-    use ferroccl_cuda::staging::HostEngine;
+    use ferroccl_cuda::host_engine::HostEngine;
     use std::time::Duration;
 
     fn config(c: &mut crate::Config) {
@@ -346,28 +431,24 @@ mod tests {
             .collect()
     }
 
-    /// Put `data` in device memory by work enqueued on `stream` (a copy
-    /// from pinned memory, which the stand-in may delay) without waiting
-    /// for it: the call must wait for it itself.
+    /// Put `data` in device memory by work enqueued on `stream` (which
+    /// the stand-in may delay) without waiting for it: the call must wait
+    /// for it itself.
     fn enqueue_write(e: &HostEngine, stream: Stream, at: DevicePtr, data: &[u8]) {
-        let pin = e.alloc_pinned(data.len().max(1)).unwrap();
-        e.with_pinned(pin, &mut |m| m[..data.len()].copy_from_slice(data))
-            .unwrap();
-        e.h2d(stream, at, pin, 0, data.len()).unwrap();
+        e.enqueue_write(stream, at, data).unwrap();
     }
 
     /// Read `bytes` at `at` by work enqueued on `stream` after the call,
-    /// waiting only for that work: the call's result must be there.
+    /// waiting only for that work: the call's result must be there. No
+    /// call so far broke the device rule.
     fn read_after(e: &HostEngine, stream: Stream, at: DevicePtr, bytes: usize) -> Vec<u8> {
-        let pin = e.alloc_pinned(bytes.max(1)).unwrap();
-        e.d2h(stream, pin, 0, at, bytes).unwrap();
-        let done = e.event().unwrap();
-        e.record(done, stream).unwrap();
-        e.host_wait(done, Duration::from_secs(30)).unwrap();
-        let mut out = Vec::new();
-        e.with_pinned(pin, &mut |m| out = m[..bytes].to_vec())
+        let got = e.enqueue_read(stream, at, bytes).unwrap();
+        let got = got
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the stream got to the read")
             .unwrap();
-        out
+        assert_eq!(e.violations(), Vec::<String>::new(), "the device rule");
+        got
     }
 
     /// Every collective of the staged path through the communicator, in
@@ -393,13 +474,13 @@ mod tests {
 
     /// The same calls where the ranks share one stand-in device that runs
     /// the device executor's kernel (its CUDA source built for the host,
-    /// `exec::program::host_launch`): every rank of the communicator is a
+    /// `exec::oracle::host_launch`): every rank of the communicator is a
     /// thread of this process on one "GPU", so the launcher takes the
     /// executor for every collective (the launches are counted) instead of
     /// staging, and the results must be the same.
     #[test]
     fn device_calls_run_by_the_executor_on_a_shared_device() {
-        let Some(hook) = crate::exec::program::host_launch::host_executor() else {
+        let Some(hook) = crate::exec::oracle::host_launch::host_executor() else {
             return;
         };
         for n in [1, 2, 3, 4] {
@@ -458,7 +539,8 @@ mod tests {
     /// its own: the call and where it runs.
     fn small_allreduce(e: &Arc<HostEngine>, count: usize) -> (OnDevice, CollCall) {
         let stream = e.stream().unwrap();
-        let buf = DevicePtr::new(e.alloc_device(count * 4).unwrap());
+        // In the stream's order: the other rank's stream may be parked.
+        let buf = DevicePtr::new(e.alloc_device_async(stream, count * 4).unwrap());
         e.write_device(buf, &vec![0u8; count * 4]).unwrap();
         let on = OnDevice {
             ordinal: 0,
@@ -475,12 +557,96 @@ mod tests {
         (on, call)
     }
 
+    /// What the test forces the stand-in to call under a held gate.
+    const FORCED: &str = "cuMemFreeHost (forced by the test)";
+
+    /// Two thread ranks, each on a stand-in of its own or both on one
+    /// (`shared`), staged: after a first call, rank 0's stand-in is made
+    /// to free pinned memory on the next host wait made while a gate is
+    /// held, which its progress thread makes in the second call, with the
+    /// caller's stream parked at the gate that thread is to raise: on a
+    /// GPU, a deadlock. Each rank's result of the second call.
+    fn forced_deadlock(shared: bool) -> Vec<std::result::Result<(), String>> {
+        let sync_limit = Duration::from_millis(500);
+        let one = Arc::new(HostEngine::new().with_sync_limit(sync_limit));
+        let between = std::sync::Barrier::new(2);
+        run_ranks_with(
+            2,
+            |c| {
+                config(c);
+                c.timeout = Duration::from_secs(20);
+                // Many chunks: the staged call waits on the host often.
+                c.buffsize = 256;
+                c.steps = 2;
+            },
+            |comm| {
+                let e = match shared {
+                    true => one.clone(),
+                    false => Arc::new(HostEngine::new().with_sync_limit(sync_limit)),
+                };
+                let (on, call) = small_allreduce(&e, 4096);
+                comm.device_collective::<f32>(&call, &on)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                between.wait();
+                if comm.rank() == 0 {
+                    e.force_sync_at_next_host_wait(FORCED);
+                }
+                between.wait();
+                // The call's wait for the stream's earlier work ends only
+                // once the stream is parked at the gate.
+                let hold = e.hold_stream(on.stream).unwrap();
+                let work = comm.device_collective::<f32>(&call, &on);
+                drop(hold);
+                let result = work.and_then(|w| w.wait()).map_err(|e| e.to_string());
+                if comm.rank() == 0 || shared {
+                    assert!(
+                        e.violations().iter().any(|v| v.contains(FORCED)),
+                        "rank {}: {:?}",
+                        comm.rank(),
+                        e.violations()
+                    );
+                }
+                result
+            },
+        )
+    }
+
+    /// A deadlock the stand-in reports (a synchronizing call under a held
+    /// gate waited past its limit) ends as an error on every rank, naming
+    /// the call where the rank shares the stand-in, and naming the call or
+    /// rank 0 where it has a stand-in of its own; the ranks return
+    /// (bounded here so that a hang fails the test).
+    #[test]
+    fn a_deadlock_the_stand_in_reports_is_an_error_on_every_rank() {
+        for shared in [false, true] {
+            let (done, results) = mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = done.send(forced_deadlock(shared));
+            });
+            let results = results
+                .recv_timeout(Duration::from_secs(300))
+                .unwrap_or_else(|_| panic!("shared {shared}: the ranks never returned"));
+            for (rank, result) in results.iter().enumerate() {
+                let err = match result {
+                    Ok(()) => panic!("shared {shared}: rank {rank} succeeded"),
+                    Err(err) => err,
+                };
+                let named =
+                    err.contains(FORCED) && (rank != 0 || shared || err.contains("deadlock"));
+                let names_rank_0 = rank != 0 && !shared && err.contains("rank 0");
+                assert!(named || names_rank_0, "shared {shared}: rank {rank}: {err}");
+            }
+        }
+    }
+
     /// Two thread ranks on one executor device: one call sets the
     /// executor up; in the next, rank 1 never calls (`silent`) or rank 0
     /// is aborted while its kernel waits (`abort`). Rank 0's result and
     /// how long the call took.
     fn executor_failure(abort: bool) -> Option<(Result<()>, Duration)> {
-        let hook = crate::exec::program::host_launch::host_executor()?;
+        let hook = crate::exec::oracle::host_launch::host_executor()?;
         let e = Arc::new(HostEngine::new().with_executor(hook));
         // The timeout also bounds the first call's device set-up, which
         // took over 2 s on a loaded 2-core machine (a test binary built
@@ -634,7 +800,7 @@ mod tests {
     /// here and loaded by each; what each child left, by rank. `None`
     /// (skip) without a C++ compiler.
     fn across_processes(mode: &str, size: usize) -> Option<Vec<Finished>> {
-        let lib = crate::exec::program::host_launch::library_path()?;
+        let lib = crate::exec::oracle::host_launch::library_path()?;
         let free = || {
             std::net::TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
@@ -686,7 +852,7 @@ mod tests {
         };
         let (rank, size): (usize, usize) = (rank.parse().unwrap(), size.parse().unwrap());
         let token: u64 = token.parse().unwrap();
-        let hook = crate::exec::program::host_launch::host_executor().expect("the library");
+        let hook = crate::exec::oracle::host_launch::host_executor().expect("the library");
         let launches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let widest = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let (counted, wide) = (launches.clone(), widest.clone());
@@ -879,8 +1045,12 @@ mod tests {
             // This rank's input: in place, where the collective
             // reads it (an allgather's own block).
             let input: Vec<T> = (0..send_len).map(|i| T::from_f64(value(rank, i))).collect();
-            let send = DevicePtr::new(e.alloc_device(buf_len * elem).unwrap());
-            let recv = DevicePtr::new(e.alloc_device(buf_len * elem).unwrap());
+            // In the stream's order, as PyTorch's caching allocator gives
+            // memory: ranks sharing a device may have streams parked at
+            // their gates, and a plain allocation would wait for them (the
+            // device rule holds for the caller too, as NCCL's for cudaFree).
+            let send = DevicePtr::new(e.alloc_device_async(stream, buf_len * elem).unwrap());
+            let recv = DevicePtr::new(e.alloc_device_async(stream, buf_len * elem).unwrap());
             let at = if in_place && kind == CollKind::AllGather {
                 send.add(rank * block * elem)
             } else {
@@ -946,8 +1116,8 @@ mod tests {
                     T::DTYPE
                 );
             }
-            e.free_device(send.buf);
-            e.free_device(recv.buf);
+            e.free_device_async(stream, send.buf).unwrap();
+            e.free_device_async(stream, recv.buf).unwrap();
         }
     }
 
@@ -968,10 +1138,6 @@ mod tests {
             let n = 1000;
             let buf = DevicePtr::new(e.alloc_device(n * 4).unwrap());
             let input: Vec<f32> = (0..n).map(|i| value(rank, i) as f32).collect();
-            let hold = e.gate().unwrap();
-            e.stream_wait_gate(stream, hold, 1, Duration::from_secs(30))
-                .unwrap();
-            enqueue_write(&e, stream, buf, &bytes_of(&input));
             let engine: Arc<dyn Engine> = e.clone();
             let on = OnDevice {
                 ordinal: 0,
@@ -980,6 +1146,23 @@ mod tests {
                 send: buf,
                 recv: buf,
             };
+            // The communicator's first call on the engine sets up its
+            // staging (allocations wait for the device's work, the device
+            // rule): made first, so that the calls below allocate nothing.
+            let warm = CollCall {
+                op: Some(ReduceOp::Sum),
+                in_place: true,
+                ..CollCall::new(CollKind::AllReduce, 1, 1, 1)
+            };
+            comm.device_collective::<f32>(&warm, &on)
+                .unwrap()
+                .wait()
+                .unwrap();
+            // The stream is held by earlier work that is slow (not a
+            // gate: a test's gate would be one the library's calls must
+            // not allocate under).
+            let hold = e.hold_stream(stream).unwrap();
+            enqueue_write(&e, stream, buf, &bytes_of(&input));
             let sum = CollCall {
                 op: Some(ReduceOp::Sum),
                 in_place: true,
@@ -998,7 +1181,7 @@ mod tests {
                 !first.is_complete(),
                 "the call ran before the stream's earlier work"
             );
-            e.raise_gate(hold, 1);
+            hold.send(()).unwrap();
             let got = elems::<f32>(&read_after(&e, stream, buf, n * 4));
             first.wait().unwrap();
             second.wait().unwrap();
@@ -1017,6 +1200,148 @@ mod tests {
                     .unwrap();
             }
             assert_eq!(e.pinned_allocations(), made, "pinned buffers not reused");
+        });
+    }
+
+    /// The device rule on the stand-in that synchronizes as CUDA does:
+    /// device calls that need scratch (an all-to-all in place copies its
+    /// input; a tree reduce keeps partial results on inner ranks), issued
+    /// back to back on one stream without a host wait, so that a call's
+    /// stream is parked at its gate while the progress thread carries out
+    /// the call before it and sets up its staging. Any call on the
+    /// progress thread that waits for every stream (a free, an
+    /// allocation, a module load) waits for the parked stream, which waits
+    /// for the progress thread: the stand-in gives up after 3 s and says
+    /// so, and names any such call made while a gate is held. Every call
+    /// must end well, with the right result.
+    #[test]
+    fn device_calls_under_a_gate_never_wait_for_the_parked_stream() {
+        run_ranks_with(3, config, |comm| {
+            let (rank, size) = (comm.rank(), comm.size());
+            let e = Arc::new(
+                HostEngine::with_delays(Duration::from_micros(100), 11 + rank as u64)
+                    .with_sync_limit(Duration::from_secs(3)),
+            );
+            let stream = e.stream().unwrap();
+            let n = 64;
+            let a2a = DevicePtr::new(e.alloc_device(n * size * 4).unwrap());
+            let red = DevicePtr::new(e.alloc_device(n * 4).unwrap());
+            let out = DevicePtr::new(e.alloc_device(n * 4).unwrap());
+            let input: Vec<f32> = (0..n * size).map(|i| value(rank, i) as f32).collect();
+            e.enqueue_write(stream, a2a, &bytes_of(&input)).unwrap();
+            e.enqueue_write(stream, red, &bytes_of(&input[..n]))
+                .unwrap();
+            let engine: Arc<dyn Engine> = e.clone();
+            let on = |send, recv| OnDevice {
+                ordinal: 0,
+                engine: engine.clone(),
+                stream,
+                send,
+                recv,
+            };
+            let all_to_all = CollCall {
+                in_place: true,
+                ..CollCall::new(CollKind::AllToAll, n * size, n * size, n * size)
+            };
+            let reduce = CollCall {
+                op: Some(ReduceOp::Sum),
+                root: Some(0),
+                ..CollCall::new(CollKind::Reduce, n, n, n)
+            };
+            let mut works = Vec::new();
+            for _ in 0..3 {
+                works.push(
+                    comm.device_collective::<f32>(&all_to_all, &on(a2a, a2a))
+                        .unwrap(),
+                );
+                works.push(
+                    comm.device_collective::<f32>(&reduce, &on(red, out))
+                        .unwrap(),
+                );
+            }
+            let got = elems::<f32>(&read_after(&e, stream, a2a, n * size * 4));
+            let reduced = elems::<f32>(&read_after(&e, stream, out, n * 4));
+            for w in works {
+                w.wait().unwrap();
+            }
+            // Three all-to-alls in place: block r of the result is block
+            // `rank` of rank r's input, applied three times, which is a
+            // transpose of the blocks done an odd number of times.
+            let want: Vec<f64> = (0..n * size)
+                .map(|j| value(j / n, rank * n + j % n))
+                .collect();
+            assert_eq!(got, want, "rank {rank}");
+            if rank == 0 {
+                let want: Vec<f64> = (0..n)
+                    .map(|i| (0..size).map(|r| value(r, i)).sum())
+                    .collect();
+                assert_eq!(reduced, want, "rank {rank}");
+            }
+            assert_eq!(e.violations(), Vec::<String>::new(), "the device rule");
+        });
+    }
+
+    /// Device calls on the legacy default stream (PyTorch's default
+    /// stream), on a non-blocking stream (`torch.cuda.Stream()`: PyTorch's
+    /// pool makes its streams non-blocking) and on a blocking stream
+    /// (`cudaStreamCreate`'s default, as other libraries make them), each
+    /// after its input was written on another stream: the legacy stream
+    /// follows a blocking writer implicitly, a blocking stream follows the
+    /// legacy writer implicitly, and the non-blocking stream follows the
+    /// legacy writer through an event (`wait_stream`), as PyTorch orders
+    /// them. The results are checked against the f64 reference and no
+    /// call breaks the device rule.
+    #[test]
+    fn device_calls_on_the_legacy_and_torch_like_streams() {
+        use ferroccl_cuda::device::LEGACY_STREAM;
+        run_ranks_with(2, config, |comm| {
+            let (rank, size) = (comm.rank(), comm.size());
+            let e = Arc::new(HostEngine::with_delays(
+                Duration::from_micros(100),
+                21 + rank as u64,
+            ));
+            let blocking = e.blocking_stream().unwrap();
+            let torch_side = e.stream().unwrap();
+            let n = 257;
+            let streams = [LEGACY_STREAM, torch_side, blocking];
+            for (k, stream) in streams.into_iter().chain(streams).enumerate() {
+                // The writer: a blocking stream for the legacy stream's
+                // call, the legacy stream for the others.
+                let writer = match stream {
+                    LEGACY_STREAM => blocking,
+                    _ => LEGACY_STREAM,
+                };
+                let buf = DevicePtr::new(e.alloc_device_async(writer, n * 4).unwrap());
+                let input: Vec<f32> = (0..n).map(|i| value(rank + k, i) as f32).collect();
+                e.enqueue_write(writer, buf, &bytes_of(&input)).unwrap();
+                // Only the non-blocking stream needs the event; the
+                // legacy stream's implicit order covers the others.
+                if stream == torch_side {
+                    let written = e.event().unwrap();
+                    e.record(written, writer).unwrap();
+                    e.stream_wait(stream, written).unwrap();
+                }
+                let engine: Arc<dyn Engine> = e.clone();
+                let on = OnDevice {
+                    ordinal: 0,
+                    engine,
+                    stream,
+                    send: buf,
+                    recv: buf,
+                };
+                let call = CollCall {
+                    op: Some(ReduceOp::Sum),
+                    in_place: true,
+                    ..CollCall::new(CollKind::AllReduce, n, n, n)
+                };
+                let work = comm.device_collective::<f32>(&call, &on).unwrap();
+                let got = elems::<f32>(&read_after(&e, stream, buf, n * 4));
+                work.wait().unwrap();
+                let want: Vec<f64> = (0..n)
+                    .map(|i| (0..size).map(|r| value(r + k, i)).sum())
+                    .collect();
+                assert_eq!(got, want, "rank {rank} call {k}");
+            }
         });
     }
 

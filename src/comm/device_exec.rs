@@ -19,7 +19,7 @@
 //!   with the reason at INFO. Point-to-point calls always stay staged (two
 //!   ranks cannot hold the all-rank rounds).
 //! - **A call.** The progress thread, in the call's turn: chooses protocol
-//!   and chunk (`device_tune`, INFO), plans the schedule with frames of
+//!   and chunk (`plan::device::for_call`, its `plan:` line at INFO), plans the schedule with frames of
 //!   that chunk, encodes this rank's program (`algo::encode`), and enqueues
 //!   on the communicator's own stream: a wait for the caller's earlier
 //!   work, the image and a fresh `Control`, the kernel, the raise of the
@@ -40,17 +40,17 @@
 use super::device_share::{self, FdServer, PeerRegion, Share};
 use super::Inner;
 use crate::algo::encode::{self, Layout, ProgramMeta};
-use crate::coll::{self, CollCall, CollKind, Plan};
-use crate::device_tune::{self, Allowed, DeviceLink};
+use crate::coll::{self, CollCall, Plan};
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::exec::{Call, DeviceIo, Links};
-use crate::gpu_path::{self, GpuIdentity, GpuPath, PathChoice};
+use crate::gpu_path::{self, GpuIdentity};
+use crate::plan::device::{self as device_plan, decide, Allowed, FifoGeometry, Offer};
+use ferroccl_cuda::device::{DeviceBuf, DevicePtr, Engine, Event, Gate, PinnedBuf, Stream};
 use ferroccl_cuda::error::CudaError;
 use ferroccl_cuda::executor::{
-    self, Conn, Control, ExecFault, ExecLaunch, Protocol, CONTROL_BYTES, LL_CLEAN_FRAMES,
+    self, Conn, Control, ExecFault, ExecLaunch, CONTROL_BYTES, LL_CLEAN_FRAMES,
 };
-use ferroccl_cuda::staging::{DeviceBuf, DevicePtr, Engine, Event, Gate, PinnedBuf, Stream};
 use std::time::{Duration, Instant};
 
 /// How long a kernel may go on after its abort word was set before the
@@ -63,47 +63,13 @@ const SPIN_CHECK: u32 = 1 << 10;
 /// The wire version of the rounds.
 const ROUND_VERSION: u8 = 2;
 
-/// The FIFOs of one (sender, receiver, channel): their sizes, and where
-/// each part lies in a region (bytes from its start). Every rank uses the
-/// same geometry, so a rank finds a part in a peer's memory from the
-/// peer's base address alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FifoGeometry {
-    pub(crate) slots: u32,
-    pub(crate) slot_bytes: u32,
-    pub(crate) ll_slots: u32,
-    pub(crate) ll_lines: u32,
-}
-
 /// Counters sit 128 bytes apart: a writer on one GPU and a poller on
 /// another never share a line.
 const WORD_GAP: u64 = 128;
 
+/// Where each part of a (sender, receiver, channel)'s FIFOs lies in a
+/// region, in bytes from its start (the sizes: `plan::device`).
 impl FifoGeometry {
-    /// As NCCL_BUFFSIZE and NCCL_STEPS size NCCL's buffers: `steps` bulk
-    /// slots (at least two: a schedule may count on two frames of room)
-    /// of `slot_bytes` (`Config::chunk_bytes`, FERROCCL_BUFFSIZE /
-    /// FERROCCL_STEPS: 8 of 512 KiB by default); eight LL slots of the
-    /// tuner's LL chunk, or of a bulk slot where that is smaller (a header
-    /// line, then 8 bytes a line).
-    pub(crate) fn new(slot_bytes: usize, steps: usize) -> FifoGeometry {
-        let slot_bytes = slot_bytes.min(u32::MAX as usize) & !7;
-        FifoGeometry {
-            slots: steps.clamp(2, 1 << 16) as u32,
-            slot_bytes: slot_bytes as u32,
-            ll_slots: 8,
-            ll_lines: 1 + (device_tune::LL_CHUNK_BYTES.min(slot_bytes) / 8) as u32,
-        }
-    }
-
-    /// The largest frame `protocol` carries.
-    pub(crate) fn room(&self, protocol: Protocol) -> usize {
-        match protocol {
-            Protocol::Bulk => self.slot_bytes as usize,
-            Protocol::LowLatency => (self.ll_lines as usize - 1) * 8,
-        }
-    }
-
     fn meta(&self) -> u64 {
         self.slots as u64 * self.slot_bytes as u64
     }
@@ -172,24 +138,8 @@ pub(crate) fn conn_table(
     table
 }
 
-/// What a rank says in the first round.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Offer {
-    /// Its engine runs the executor's kernels.
-    pub(crate) runs: bool,
-    /// P2P on (`Config::p2p`).
-    pub(crate) p2p: bool,
-    /// The protocols FERROCCL_PROTO (or NCCL_PROTO) allows.
-    pub(crate) allowed: Allowed,
-    /// Its FIFO geometry (from its `Config`): every rank's must be equal.
-    pub(crate) geometry: FifoGeometry,
-    /// The most channels it allows (FERROCCL_MAX_NCHANNELS): the
-    /// communicator takes the fewest of every rank's.
-    pub(crate) channels: u8,
-    /// Its GPU, where it could be told.
-    pub(crate) gpu: Option<GpuIdentity>,
-}
-
+/// A rank's offer on the wire (the decision from every rank's:
+/// `plan::device::decide`).
 impl Offer {
     fn to_bytes(&self) -> Result<Vec<u8>> {
         let flags = self.runs as u8
@@ -235,7 +185,7 @@ impl Offer {
         let Some((&channels, rest)) = rest.split_first() else {
             return Err(bad("too short"));
         };
-        if channels == 0 || channels as usize > device_tune::CHANNEL_LIMIT {
+        if channels == 0 || channels as usize > device_plan::CHANNEL_LIMIT {
             return Err(bad(&format!("{channels} channels")));
         }
         let gpu = if flags & 16 != 0 {
@@ -257,78 +207,6 @@ impl Offer {
             gpu,
         })
     }
-}
-
-/// The communicator-wide decision from every rank's offer and, where
-/// every rank has a GPU identity, every rank's peer-access row
-/// (`access[i][j]`: rank `i`'s answer for rank `j`): `Ok(protocols)` for
-/// the executor, `Err(reason)` for staging; and this rank's per-peer
-/// choices for the INFO lines. The same on every rank.
-pub(crate) fn decide(
-    rank: usize,
-    offers: &[Offer],
-    access: Option<&[Vec<Option<bool>>]>,
-) -> (std::result::Result<Allowed, String>, Vec<PathChoice>) {
-    let n = offers.len();
-    if let Some(r) = offers.iter().position(|o| !o.p2p) {
-        return (Err(format!("P2P is off on rank {r}")), Vec::new());
-    }
-    if let Some(r) = offers.iter().position(|o| !o.runs) {
-        return (
-            Err(format!(
-                "rank {r}'s device does not run the executor's kernels"
-            )),
-            Vec::new(),
-        );
-    }
-    if let Some(r) = offers.iter().position(|o| o.geometry != offers[0].geometry) {
-        let (a, b) = (offers[0].geometry, offers[r].geometry);
-        return (
-            Err(format!(
-                "ranks 0 and {r} size their FIFOs differently ({} x {} bytes against {} x {}: \
-                 FERROCCL_BUFFSIZE and FERROCCL_STEPS must be the same on every rank)",
-                a.slots, a.slot_bytes, b.slots, b.slot_bytes
-            )),
-            Vec::new(),
-        );
-    }
-    let allowed = Allowed {
-        bulk: offers.iter().all(|o| o.allowed.bulk),
-        ll: offers.iter().all(|o| o.allowed.ll),
-    };
-    if !allowed.bulk && !allowed.ll {
-        return (
-            Err("the ranks' FERROCCL_PROTO leave no protocol they all allow".into()),
-            Vec::new(),
-        );
-    }
-    let gpus: Option<Vec<GpuIdentity>> = offers.iter().map(|o| o.gpu.clone()).collect();
-    let (Some(gpus), Some(access)) = (gpus, access) else {
-        let r = offers.iter().position(|o| o.gpu.is_none()).unwrap_or(0);
-        return (Err(format!("rank {r} could not tell its GPU")), Vec::new());
-    };
-    let agreed = |i: usize, j: usize| gpu_path::agree(access[i][j], access[j][i]);
-    // Ranks of one process use each other's pointers; ranks of other
-    // processes map each other's FIFOs (cuda-ipc, `device_share`).
-    let choices_of = |r: usize| gpu_path::select_all(r, &gpus, &agreed, false, true);
-    let mine = choices_of(rank);
-    for i in 0..n {
-        if let Some(c) = choices_of(i)
-            .into_iter()
-            .find(|c| c.path == GpuPath::Staged)
-        {
-            let lo = i.min(c.peer);
-            let hi = i.max(c.peer);
-            return (
-                Err(format!(
-                    "ranks {lo} and {hi} have no GPU path ({})",
-                    c.reason
-                )),
-                mine,
-            );
-        }
-    }
-    (Ok(allowed), mine)
 }
 
 /// A rank's peer-access row on the wire: one byte a rank, 0 no, 1 yes,
@@ -392,9 +270,17 @@ pub(super) struct Ready {
     abort: Gate,
     abort_addr: u64,
     conns: DeviceBuf,
+    /// What the connection table is uploaded through (made before the
+    /// set-up's rounds).
+    conns_pinned: PinnedBuf,
     ctl: DeviceBuf,
     ctl_pinned: PinnedBuf,
-    image: Option<(DeviceBuf, PinnedBuf, usize)>,
+    /// The program image's device memory (stream-ordered) and its size.
+    image: (DeviceBuf, usize),
+    /// What images are uploaded through, [`IMAGE_PIECE`] bytes.
+    image_pinned: PinnedBuf,
+    /// Recorded after each piece of an image is sent.
+    image_sent: Event,
     end: Event,
     allowed: Allowed,
     geometry: FifoGeometry,
@@ -460,8 +346,9 @@ fn parse_fifo_entry(rank: usize, b: &[u8]) -> Result<Option<FifoEntry>> {
 
 /// What a communicator's device path on one engine is.
 pub(super) enum ExecPath {
-    /// Staged, for the reason given (at INFO once).
-    Staged,
+    /// Staged, for this reason (at INFO once, and on each call's
+    /// `plan:` line).
+    Staged(String),
     /// The executor.
     Ready(Box<Ready>),
 }
@@ -486,12 +373,12 @@ impl Inner {
         let offer = Offer {
             runs: engine.runs_executor(),
             p2p: self.config.p2p,
-            allowed: device_tune::allowed_from_env(&|k| std::env::var(k).ok())?,
+            allowed: device_plan::allowed_from_env(&|k| std::env::var(k).ok())?,
             geometry: FifoGeometry::new(self.config.chunk_bytes(), self.config.steps),
             channels: self
                 .config
                 .max_channels
-                .clamp(1, device_tune::CHANNEL_LIMIT) as u8,
+                .clamp(1, device_plan::CHANNEL_LIMIT) as u8,
             gpu: gpu.ok(),
         };
         let offers: Vec<Offer> = links
@@ -529,7 +416,7 @@ impl Inner {
                     rank = self.rank,
                     "device calls staged through host memory: {why}"
                 );
-                return Ok(ExecPath::Staged);
+                return Ok(ExecPath::Staged(why));
             }
         };
         // The FIFOs: made here, then every rank's base address (and, for
@@ -578,12 +465,12 @@ impl Inner {
                         (Err(e), true) => format!(": {e}"),
                         _ => String::new(),
                     };
+                    let why = format!("rank {r} could not make its executor FIFOs{why}");
                     tracing::info!(
                         rank = self.rank,
-                        "device calls staged through host memory: rank {r} could not make its \
-                         executor FIFOs{why}"
+                        "device calls staged through host memory: {why}"
                     );
-                    return Ok(ExecPath::Staged);
+                    return Ok(ExecPath::Staged(why));
                 }
             }
         }
@@ -620,12 +507,12 @@ impl Inner {
                         _ => Some((r, format!("an answer of {} bytes", b.len()))),
                     })
             {
+                let why = format!("rank {r} could not map its peers' executor FIFOs: {why}");
                 tracing::info!(
                     rank = self.rank,
-                    "device calls staged through host memory: rank {r} could not map its peers' \
-                     executor FIFOs: {why}"
+                    "device calls staged through host memory: {why}"
                 );
-                return Ok(ExecPath::Staged);
+                return Ok(ExecPath::Staged(why));
             }
             for (r, region) in mapped.expect("every rank said yes") {
                 addresses[r] = region.address();
@@ -640,10 +527,14 @@ impl Inner {
             &geometry,
             LL_CLEAN_FRAMES,
         );
-        upload(
+        // Through pinned memory made before the rounds: a peer sharing the
+        // device may have launched its kernel already, and an allocation
+        // would wait for it (the device rule).
+        upload_through(
             engine,
             ready.stream,
             ready.conns,
+            ready.conns_pinned,
             &executor::conns_to_bytes(&table),
         )?;
         ready.allowed = allowed;
@@ -687,21 +578,32 @@ impl Inner {
         };
         let abort = engine.gate().map_err(err)?;
         let abort_addr = engine.gate_device_address(abort).map_err(err)?;
-        let conns = engine
-            .alloc_device((channels * n * executor::CONN_BYTES).max(16))
-            .map_err(err)?;
+        let conns_bytes = (channels * n * executor::CONN_BYTES).max(16);
+        let conns = engine.alloc_device(conns_bytes).map_err(err)?;
+        let conns_pinned = engine.alloc_pinned(conns_bytes).map_err(err)?;
         let ctl = engine.alloc_device(CONTROL_BYTES).map_err(err)?;
         let ctl_pinned = engine.alloc_pinned(CONTROL_BYTES).map_err(err)?;
         let end = engine.event().map_err(err)?;
+        // The program image: device memory in the stream's order (it
+        // grows in it too, under a parked stream), uploaded through a
+        // pinned buffer made here and never replaced (the device rule).
+        let image = engine
+            .alloc_device_async(stream, IMAGE_START)
+            .map_err(err)?;
+        let image_pinned = engine.alloc_pinned(IMAGE_PIECE).map_err(err)?;
+        let image_sent = engine.event().map_err(err)?;
         Ok((
             Box::new(Ready {
                 stream,
                 abort,
                 abort_addr,
                 conns,
+                conns_pinned,
                 ctl,
                 ctl_pinned,
-                image: None,
+                image: (image, IMAGE_START),
+                image_pinned,
+                image_sent,
                 end,
                 allowed: Allowed::default(),
                 geometry: *g,
@@ -798,26 +700,29 @@ impl Inner {
         }
         let elem = std::mem::size_of::<T>();
         let n = self.size;
-        let choice = device_tune::choose(
+        let bytes = coll.count * elem;
+        let choice = device_plan::for_call(
             coll.kind,
             n,
-            coll.count * elem,
+            bytes,
             ready.allowed,
-            &DeviceLink::default(),
-        )
-        .with_channels(coll.kind, n, coll.count * elem, ready.channels);
-        let class = crate::tune::size_class(coll.count * elem);
+            ready.channels,
+            &ready.geometry,
+        );
         if tracing::enabled!(tracing::Level::INFO)
-            && super::lock(&self.tuned).insert((coll.kind.code() | 0x80, class))
+            && super::lock(&self.tuned)
+                .insert((coll.kind.code() | 0x80, crate::tune::size_class(bytes)))
         {
-            device_tune::log_choice(&choice);
+            let algorithm = self.algorithm_name(coll, bytes);
+            tracing::info!(
+                rank = self.rank,
+                "plan: {}",
+                device_plan::explain(coll.kind, bytes, n, &algorithm, &choice)
+            );
         }
-        // Frames of the tuner's chunk, or of a slot where that is smaller
-        // (FERROCCL_BUFFSIZE / FERROCCL_STEPS).
         // The plan's frames hold `channels` pieces of a chunk each
         // (`algo::channels::split` cuts every step alike).
-        let chunk = choice.chunk_bytes.min(ready.geometry.room(choice.protocol));
-        let plan = self.build_plan_chunked::<T>(coll, chunk * choice.channels)?;
+        let plan = self.build_plan_chunked::<T>(coll, choice.chunk_bytes * choice.channels)?;
         if (
             plan.scratch_output,
             plan.copies_input,
@@ -862,7 +767,7 @@ impl Inner {
                 engine.device_address(device.bufs.output),
             ),
         };
-        let program = ready.image_for(engine, &image).map_err(err)?;
+        let program = ready.image_for(engine, &image, call.timeout).map_err(err)?;
         let s = ready.stream;
         let ctl = Control {
             abort: ready.abort_addr,
@@ -952,10 +857,15 @@ impl Inner {
                 Ok(()) => return Ok(raised.map(|(why, _)| why)),
                 Err(CudaError::Timeout { .. }) => {}
                 Err(e) => {
+                    // The engine failed (a stand-in's deadlock report, a
+                    // sticky CUDA error): the kernel is told to stop, so
+                    // that it does not spin on for peers that will not
+                    // come, and the call ends with the engine's error.
+                    engine.raise_gate(ready.abort, 1);
                     return Err(Error::Io(format!(
                         "{}: device executor: {e}",
                         call.during()
-                    )))
+                    )));
                 }
             }
             match raised {
@@ -1035,64 +945,81 @@ fn upload(engine: &dyn Engine, stream: Stream, dst: DeviceBuf, bytes: &[u8]) -> 
         return Ok(());
     }
     let pinned = engine.alloc_pinned(bytes.len()).map_err(err)?;
-    let done = (|| {
-        engine.with_pinned(pinned, &mut |p| p.copy_from_slice(bytes))?;
+    let done = upload_through(engine, stream, dst, pinned, bytes);
+    engine.free_pinned(pinned);
+    done
+}
+
+/// Copy `bytes` to the start of `dst` through `pinned` (at least as
+/// large), and wait for the copy alone.
+fn upload_through(
+    engine: &dyn Engine,
+    stream: Stream,
+    dst: DeviceBuf,
+    pinned: PinnedBuf,
+    bytes: &[u8],
+) -> Result<()> {
+    let err = |e: CudaError| Error::Io(format!("device executor set-up: {e}"));
+    (|| {
+        engine.with_pinned(pinned, &mut |p| p[..bytes.len()].copy_from_slice(bytes))?;
         engine.h2d(stream, DevicePtr::new(dst), pinned, 0, bytes.len())?;
         let ev = engine.event()?;
         engine.record(ev, stream)?;
         let waited = engine.host_wait(ev, Duration::from_secs(60));
         engine.free_event(ev);
         waited
-    })();
-    engine.free_pinned(pinned);
-    done.map_err(err)
+    })()
+    .map_err(err)
 }
 
+/// Bytes of program image device memory made at set-up.
+const IMAGE_START: usize = 4096;
+/// Bytes of the pinned buffer images are uploaded through, a piece at a
+/// time.
+const IMAGE_PIECE: usize = 64 << 10;
+
 impl Ready {
-    /// The program image in device memory, copied there on the stream
-    /// (the buffers grow to the next power of two; the previous call's
-    /// copy has ended: the call waited for its work).
+    /// The program image in device memory, copied there on the stream.
+    /// Called under a parked stream (the call's gate), so nothing here
+    /// waits for other streams (the device rule): the device memory grows
+    /// to the next power of two in the stream's order (`cuMemAllocAsync`,
+    /// `cuMemFreeAsync`), and an image larger than the pinned buffer goes
+    /// up in pieces, each waited for on this stream alone. The previous
+    /// call's copy has ended: the call waited for its work.
     fn image_for(
         &mut self,
         engine: &dyn Engine,
         image: &[u8],
+        timeout: Duration,
     ) -> ferroccl_cuda::error::Result<u64> {
-        let want = image.len().next_power_of_two().max(4096);
-        match self.image {
-            Some((_, _, cap)) if cap >= image.len() => {}
-            _ => {
-                if let Some((d, p, _)) = self.image.take() {
-                    engine.free_device(d);
-                    engine.free_pinned(p);
-                }
-                let d = engine.alloc_device(want)?;
-                let p = match engine.alloc_pinned(want) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        engine.free_device(d);
-                        return Err(e);
-                    }
-                };
-                self.image = Some((d, p, want));
-            }
+        let (mut d, cap) = self.image;
+        if cap < image.len() {
+            let want = image.len().next_power_of_two();
+            let grown = engine.alloc_device_async(self.stream, want)?;
+            engine.free_device_async(self.stream, d)?;
+            self.image = (grown, want);
+            d = grown;
         }
-        let (d, p, _) = self.image.expect("made above");
-        engine.with_pinned(p, &mut |m| m[..image.len()].copy_from_slice(image))?;
-        engine.h2d(self.stream, DevicePtr::new(d), p, 0, image.len())?;
+        for (k, piece) in image.chunks(IMAGE_PIECE).enumerate() {
+            if k > 0 {
+                engine.host_wait(self.image_sent, timeout)?;
+            }
+            engine.with_pinned(self.image_pinned, &mut |m| {
+                m[..piece.len()].copy_from_slice(piece)
+            })?;
+            let at = DevicePtr::new(d).add(k * IMAGE_PIECE);
+            engine.h2d(self.stream, at, self.image_pinned, 0, piece.len())?;
+            engine.record(self.image_sent, self.stream)?;
+        }
         Ok(engine.device_address(DevicePtr::new(d)))
     }
-}
-
-/// Whether a call may take the executor: collectives only (the rounds
-/// need every rank; point-to-point calls stay staged).
-pub(super) fn is_collective(coll: &CollCall) -> bool {
-    coll.p2p.is_none() && coll.kind != CollKind::SendRecv
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferroccl_transport::HostInfo;
+    use crate::plan::device::tests::offer;
+    use ferroccl_cuda::executor::Protocol;
     use std::collections::HashSet;
 
     /// Every sender's words are its receiver's, each word of each pair
@@ -1220,36 +1147,8 @@ mod tests {
             assert_eq!(w % WORD_GAP, 0);
         }
         // An LL slot holds the tuner's LL chunk after its header line.
-        assert!((g.ll_lines as usize - 1) * 8 >= device_tune::LL_CHUNK_BYTES);
-        assert!(g.slot_bytes as usize >= device_tune::BULK_CHUNK_BYTES);
-    }
-
-    fn gpu(uuid: u8, pid: u32) -> GpuIdentity {
-        GpuIdentity {
-            uuid: [uuid; 16],
-            pci_bus_id: format!("0000:{uuid:02x}:00.0"),
-            numa_node: None,
-            ordinal: uuid as u32,
-            host: HostInfo {
-                host_id: "host-a".into(),
-            },
-            pid,
-        }
-    }
-
-    fn offer(uuid: u8, pid: u32) -> Offer {
-        Offer {
-            runs: true,
-            p2p: true,
-            allowed: Allowed::default(),
-            geometry: FifoGeometry::new(4096, 4),
-            channels: 8,
-            gpu: Some(gpu(uuid, pid)),
-        }
-    }
-
-    fn all_yes(n: usize) -> Vec<Vec<Option<bool>>> {
-        vec![vec![Some(true); n]; n]
+        assert!((g.ll_lines as usize - 1) * 8 >= device_plan::LL_CHUNK_BYTES);
+        assert!(g.slot_bytes as usize >= device_plan::BULK_CHUNK_BYTES);
     }
 
     #[test]
@@ -1296,106 +1195,6 @@ mod tests {
             row_from_bytes(1, 3, &row_to_bytes(&[Some(false), Some(true), None])).unwrap(),
             vec![Some(false), Some(true), None]
         );
-    }
-
-    /// Ranks of one process on one GPU, or of processes on GPUs that reach
-    /// each other, take the executor; every rank decides the same; a pair
-    /// without a GPU path stages every call, with the reason.
-    #[test]
-    fn the_decision_is_the_communicators_and_says_why() {
-        let same: Vec<Offer> = (0..4).map(|_| offer(1, 7)).collect();
-        for r in 0..4 {
-            let (d, mine) = decide(r, &same, Some(&all_yes(4)));
-            assert_eq!(d, Ok(Allowed::default()));
-            assert_eq!(mine.len(), 3);
-            assert!(mine.iter().all(|c| c.path == GpuPath::SameProcess));
-        }
-        // Two GPUs of one process with peer access: executor.
-        let two = vec![offer(1, 7), offer(2, 7)];
-        assert!(decide(0, &two, Some(&all_yes(2))).0.is_ok());
-        // Without peer access (rank 1 says no): staged on both ranks.
-        let mut rows = all_yes(2);
-        rows[1][0] = Some(false);
-        for r in 0..2 {
-            let why = decide(r, &two, Some(&rows)).0.unwrap_err();
-            assert!(
-                why.contains("ranks 0 and 1") && why.contains("cannot access"),
-                "{why}"
-            );
-        }
-        // Another process on the same GPU: cuda-ipc to it, the
-        // same-process path between ranks 0 and 2, and the executor.
-        let procs = vec![offer(1, 7), offer(1, 8), offer(1, 7)];
-        for r in 0..3 {
-            let (d, mine) = decide(r, &procs, Some(&all_yes(3)));
-            assert!(d.is_ok(), "{d:?}");
-            for c in mine {
-                let want = match procs[c.peer].gpu.as_ref().unwrap().pid
-                    == procs[r].gpu.as_ref().unwrap().pid
-                {
-                    true => GpuPath::SameProcess,
-                    false => GpuPath::CudaIpc,
-                };
-                assert_eq!(c.path, want, "rank {r} to {}", c.peer);
-            }
-        }
-        // Other processes on two GPUs without peer access: staged, for
-        // every rank.
-        let far = vec![offer(1, 7), offer(2, 8)];
-        let mut rows = all_yes(2);
-        rows[0][1] = Some(false);
-        for r in 0..2 {
-            let why = decide(r, &far, Some(&rows)).0.unwrap_err();
-            assert!(why.contains("ranks 0 and 1 have no GPU path"), "{why}");
-        }
-        // P2P off on one rank, an engine without the executor, a rank
-        // without a GPU identity, protocols that leave nothing.
-        let mut off = same.clone();
-        off[2].p2p = false;
-        assert!(decide(0, &off, None)
-            .0
-            .unwrap_err()
-            .contains("P2P is off on rank 2"));
-        let mut runs = same.clone();
-        runs[3].runs = false;
-        assert!(decide(1, &runs, None).0.unwrap_err().contains("rank 3"));
-        let mut blind = same.clone();
-        blind[1].gpu = None;
-        assert!(decide(0, &blind, None)
-            .0
-            .unwrap_err()
-            .contains("rank 1 could not tell"));
-        let mut proto = same.clone();
-        proto[0].allowed = Allowed {
-            bulk: false,
-            ll: true,
-        };
-        proto[1].allowed = Allowed {
-            bulk: true,
-            ll: false,
-        };
-        assert!(decide(0, &proto, Some(&all_yes(4)))
-            .0
-            .unwrap_err()
-            .contains("FERROCCL_PROTO"));
-        proto[1].allowed = Allowed::default();
-        assert_eq!(
-            decide(0, &proto, Some(&all_yes(4))).0,
-            Ok(Allowed {
-                bulk: false,
-                ll: true
-            })
-        );
-        // FIFOs sized differently: staged, saying how.
-        let mut sizes = same.clone();
-        sizes[3].geometry = FifoGeometry::new(8192, 4);
-        let why = decide(2, &sizes, Some(&all_yes(4))).0.unwrap_err();
-        assert!(
-            why.contains("ranks 0 and 3") && why.contains("FERROCCL_BUFFSIZE"),
-            "{why}"
-        );
-        // One rank alone: the executor, no peers.
-        assert!(decide(0, &same[..1], Some(&all_yes(1))).0.is_ok());
     }
 
     #[test]

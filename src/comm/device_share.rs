@@ -26,7 +26,7 @@
 //!   goes in the `Conn` table in place of the owner's.
 
 use crate::error::{Error, Result};
-use ferroccl_cuda::staging::Engine;
+use ferroccl_cuda::device::Engine;
 use ferroccl_cuda_ipc::{
     fdpass, HostMapped, HostShared, Mapped, Mechanism, ShareHandle, SharedAlloc,
 };
@@ -57,6 +57,12 @@ impl Share {
         if engine.stand_in_uuid().is_some() {
             let r = HostShared::new(bytes)
                 .map_err(|e| Error::Io(format!("a shared FIFO region of {bytes} bytes: {e}")))?;
+            // A GPU's region is zeroed and the context synchronized
+            // (`SharedAlloc::zero`): the stand-in synchronizes as it does,
+            // so a region made while a gate is held is caught.
+            engine
+                .synchronize("cuCtxSynchronize (zeroing shared FIFO memory)")
+                .map_err(|e| Error::Io(format!("a shared FIFO region: {e}")))?;
             return Ok(Share::StandIn(r));
         }
         let cuda = |e: ferroccl_cuda::CudaError| {
@@ -388,7 +394,7 @@ pub(crate) fn answer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferroccl_cuda::staging::HostEngine;
+    use ferroccl_cuda::host_engine::HostEngine;
 
     fn deadline() -> Instant {
         Instant::now() + Duration::from_secs(10)

@@ -1,7 +1,12 @@
 //! Carrying a call out: its plan (the planner's algorithm and slice
 //! geometry, allreduce plans cached), the facts the planner routes it by,
-//! and the hand-over to `exec`, which runs it. The route itself, and every
-//! threshold behind it, is `crate::plan`'s.
+//! and the hand-over to `exec`, which runs it. The route of a host call,
+//! and every threshold behind it, is `plan::host`'s; a device call's path
+//! is `plan::device`'s: `Inner::execute_on_device` runs it by the device
+//! executor where `plan::device::takes_executor` allows it and
+//! `plan::device::decide` chose the executor for the engine (at its set-up
+//! in `comm::device_exec`), else through the staged executor
+//! (`exec::staged`).
 
 use super::{lock, CallSpec, Communicator, Inner};
 use crate::coll::{self, CollCall, CollKind, Plan};
@@ -167,6 +172,29 @@ impl Inner {
 }
 
 impl Inner {
+    /// The name of the algorithm `build_plan_chunked` runs `call` (of
+    /// `bytes`) by, for the device executor's `plan:` line.
+    pub(super) fn algorithm_name(&self, call: &CollCall, bytes: usize) -> String {
+        let facts = self.facts(call.kind);
+        if !self.user.is_empty() && !call.internal {
+            if let Some(user) = coll::user_collective(call.kind).and_then(|c| self.user.get(c)) {
+                return format!("user algorithm '{}'", user.name());
+            }
+        }
+        if tune::has_choice(call.kind, facts.layout) || facts.forced.is_some() {
+            let links = tune::HostLinks {
+                intra: *lock(&self.intra_model),
+                inter: *lock(&self.model),
+            };
+            let (algorithm, _) = plan::algorithm(call.kind, bytes, &facts, &links);
+            format!("{algorithm} (the host model's)")
+        } else {
+            crate::algo::Algorithm::Ring.to_string()
+        }
+    }
+}
+
+impl Inner {
     /// The plan of an allreduce, allgather or reduce-scatter the user
     /// algorithm `user` runs.
     #[cold]
@@ -277,7 +305,7 @@ impl Inner {
         call: &Call,
     ) -> Result<()> {
         if let Io::Device(device) = io {
-            return self.execute_staged::<T>(plan, device, call);
+            return self.execute_on_device::<T>(plan, device, call);
         }
         let route = plan::route(
             call.kind,
@@ -327,21 +355,60 @@ impl Inner {
         }
     }
 
-    /// Run a call on device buffers: after the caller's stream's earlier
-    /// work (the event recorded at the call), its schedule through slots by the staged executor, which
-    /// returns once every copy and kernel has finished (so later work on
-    /// the caller's stream sees the result).
-    fn execute_staged<T: Element>(
+    /// Run a call on device buffers by the path `plan::device` gives it:
+    /// the device executor where the communicator set that up for the
+    /// engine, else, after the caller's stream's earlier work (the event
+    /// recorded at the call), its schedule through slots by the staged
+    /// executor, which returns once every copy and kernel has finished (so
+    /// later work on the caller's stream sees the result).
+    fn execute_on_device<T: Element>(
         &self,
         plan: &Plan,
         device: exec::DeviceIo,
         call: &Call,
     ) -> Result<()> {
         let engine = device.pool.engine().clone();
-        if super::device_exec::is_collective(&device.exec.coll) {
+        let coll = device.exec.coll;
+        let mut staged_why = "point-to-point calls stay staged".to_string();
+        if plan::device::takes_executor(&coll) {
             let links = lock(&self.links);
             let mut paths = lock(&self.exec_paths);
-            let at = match paths.iter().position(|(e, _)| Arc::ptr_eq(e, &engine)) {
+            let known = paths.iter().position(|(e, _)| Arc::ptr_eq(e, &engine));
+            // The device rule with ranks sharing a device: a module load
+            // waits for every kernel of the device, and a peer's kernel
+            // may wait for this rank; so the kernels are loaded before a
+            // round every rank holds (the set-up's, or one of its own),
+            // which no rank passes to launch before every rank has loaded.
+            if let Some((op, ty)) = device.prepare {
+                // First a round: every rank's earlier calls have ended, so
+                // no stream of this communicator waits at a gate.
+                if known.is_some() {
+                    let setup = self.exec_setups.fetch_add(1, Ordering::Relaxed);
+                    let deadline = std::time::Instant::now() + call.timeout;
+                    links.exchange(
+                        &format!("gpu-exec/{setup}/loading"),
+                        &[1],
+                        deadline,
+                        &call.during(),
+                    )?;
+                }
+                for protocol in ferroccl_cuda::executor::Protocol::ALL {
+                    engine
+                        .prepare_executor(protocol, op, ty)
+                        .map_err(|e| exec::staged_error(call, e))?;
+                }
+                if known.is_some() {
+                    let setup = self.exec_setups.fetch_add(1, Ordering::Relaxed);
+                    let deadline = std::time::Instant::now() + call.timeout;
+                    links.exchange(
+                        &format!("gpu-exec/{setup}/loaded"),
+                        &[1],
+                        deadline,
+                        &call.during(),
+                    )?;
+                }
+            }
+            let at = match known {
                 Some(at) => at,
                 None => {
                     let setup = self.exec_setups.fetch_add(1, Ordering::Relaxed);
@@ -351,10 +418,22 @@ impl Inner {
                 }
             };
             drop(links);
-            if let super::device_exec::ExecPath::Ready(ready) = &mut paths[at].1 {
-                let coll = device.exec.coll;
-                return self.exec_run::<T>(ready, &device, call, &coll, plan);
+            match &mut paths[at].1 {
+                super::device_exec::ExecPath::Ready(ready) => {
+                    return self.exec_run::<T>(ready, &device, call, &coll, plan);
+                }
+                super::device_exec::ExecPath::Staged(why) => staged_why.clone_from(why),
             }
+        }
+        let bytes = coll.count * std::mem::size_of::<T>();
+        if tracing::enabled!(tracing::Level::INFO)
+            && lock(&self.tuned).insert((coll.kind.code() | 0x80, tune::size_class(bytes)))
+        {
+            tracing::info!(
+                rank = self.rank,
+                "plan: {}",
+                plan::device::explain_staged(coll.kind, bytes, self.size, &staged_why)
+            );
         }
         let engine = &*engine;
         let before = engine.host_wait(device.ready, call.timeout);

@@ -137,6 +137,7 @@ impl Inner {
         self.rendezvous.store.report(FailureReport {
             rank: me,
             reason: format!("it refused {}: {err}", call.during()),
+            comm: None,
             mismatch: Some(MismatchReport {
                 comm_id: self.comm_id,
                 seq: call.order,
@@ -341,6 +342,18 @@ impl Inner {
         self.fail_with(err, blame, how);
     }
     pub(super) fn fail_with(&self, err: Error, blame: Option<usize>, broadcast: Broadcast) {
+        // A rank blamed for a broken connection or a timeout is one a
+        // shrink leaves out; one that called differently, or aborted this
+        // communicator (to shrink it, say), is alive.
+        if let Some(b) = blame.filter(|&b| b != self.rank) {
+            let aborted = matches!(&err, Error::PeerFailed { reason, .. } if left_by_abort(reason));
+            if !aborted
+                && !matches!(err, Error::Mismatch { .. })
+                && !matches!(broadcast, Broadcast::Went(_))
+            {
+                lock(&self.known_failed).insert(b);
+            }
+        }
         {
             let mut failure = lock(&self.failure);
             if failure.is_some() {
@@ -371,15 +384,24 @@ impl Inner {
         if let Some(&global) = self.global_ranks.get(blamed) {
             match broadcast {
                 Broadcast::No => {}
-                Broadcast::Failed => self.rendezvous.store.report_failure(global, &reason),
+                // Scoped to this communicator: the blamed rank's other
+                // communicators go on (its process, if gone, is reported
+                // by the rendezvous for all of them).
+                Broadcast::Failed => {
+                    self.rendezvous
+                        .store
+                        .report_failure_in(self.comm_id, global, &reason)
+                }
                 Broadcast::Went(m) => self.rendezvous.store.report(FailureReport {
                     rank: global,
                     reason: reason.clone(),
+                    comm: None,
                     mismatch: Some(m),
                 }),
                 Broadcast::Mismatch(mismatch) => self.rendezvous.store.report(FailureReport {
                     rank: global,
                     reason: reason.clone(),
+                    comm: mismatch.is_none().then_some(self.comm_id),
                     mismatch,
                 }),
             }
@@ -493,13 +515,14 @@ pub(super) enum Broadcast {
 pub(super) fn spawn_watcher(
     inner: &Arc<Inner>,
     stop: crossbeam_channel::Receiver<()>,
-) -> Result<()> {
-    let reports = inner.rendezvous.store.failures();
+) -> Result<std::thread::JoinHandle<()>> {
+    let feed = inner.rendezvous.store.failures();
     let weak: Weak<Inner> = Arc::downgrade(inner);
     let rank = inner.rank;
     std::thread::Builder::new()
         .name(format!("ferroccl-watch-{rank}"))
         .spawn(move || loop {
+            let reports = feed.receiver();
             crossbeam_channel::select! {
                 recv(reports) -> report => {
                     let Ok(report) = report else { return };
@@ -513,7 +536,10 @@ pub(super) fn spawn_watcher(
                     let Some(inner) = weak.upgrade() else { return };
                     let local_of = |g: usize| inner.global_ranks.iter().position(|&x| x == g);
                     let Some(local) = local_of(report.rank) else { continue };
-                    if local == inner.rank {
+                    // A report about another communicator of the same
+                    // ranks (an abort there, a timeout there) leaves this
+                    // one alone.
+                    if local == inner.rank || !report.concerns(inner.comm_id) {
                         continue;
                     }
                     match &report.mismatch {
@@ -546,6 +572,9 @@ pub(super) fn spawn_watcher(
                             }
                         }
                         None => {
+                            if !left_by_abort(&report.reason) {
+                                lock(&inner.known_failed).insert(local);
+                            }
                             // After a mismatch report, ranks leave on the
                             // mismatch: their going is its echo, not news.
                             let heard = lock(&inner.mismatch_heard).clone();
@@ -565,8 +594,17 @@ pub(super) fn spawn_watcher(
                 }
                 recv(stop) -> _ => return,
             }
-        })?;
-    Ok(())
+        })
+        .map_err(Into::into)
+}
+
+/// What `abort()` says of itself (its error, and the reason its peers
+/// hear): a rank that aborted is alive and may shrink with the others.
+pub(super) const ABORT_SAYS: &str = "abort() was called on this rank";
+
+/// Whether a failure's reason is a peer's `abort()`.
+fn left_by_abort(reason: &str) -> bool {
+    reason.contains(ABORT_SAYS)
 }
 
 /// What a rank that made its call `call` says where rank `refuser` refused

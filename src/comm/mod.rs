@@ -12,9 +12,20 @@
 //! - `shared`: memory every rank of a host maps (control pages, windows)
 //!   and the probe of cross-memory attach;
 //! - `failure`: what a failed call does to the communicator, blame, the
-//!   spreading of failures and mismatches to every rank.
+//!   spreading of failures and mismatches to every rank;
+//! - `shrink`: the survivors' new communicator after a failure;
+//! - `device`: calls on device buffers (the public entry points are in
+//!   `crate::cuda`): the gate the caller's stream waits at, scratch, the
+//!   issue onto the progress thread;
+//! - `device_exec`: the device executor's launcher: whether a
+//!   communicator's device calls run GPU to GPU or stay staged, and each
+//!   call's program, launch and watchdog;
+//! - `device_share`: the executor's FIFO memory shared with ranks of other
+//!   processes (cuda-ipc handles, descriptors over Unix sockets).
 //!
-//! It never touches sockets or shared memory itself.
+//! Host data never passes through a socket or shared memory here: the
+//! transports and `exec` move it. The one socket of its own is
+//! `device_share`'s Unix socket, which carries descriptors, not data.
 
 pub(crate) mod device;
 mod device_exec;
@@ -24,6 +35,7 @@ mod failure;
 mod order;
 mod setup;
 mod shared;
+mod shrink;
 
 pub use device::DeviceWork;
 pub(crate) use setup::Rendezvous;
@@ -98,7 +110,19 @@ struct Inner {
     progress: Mutex<Option<crossbeam_channel::Sender<Job>>>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
     watcher_stop: Mutex<Option<crossbeam_channel::Sender<()>>>,
+    /// The thread that hears the job's failure reports (joined on drop).
+    watcher_thread: Mutex<Option<JoinHandle<()>>>,
     splits: AtomicU64,
+    /// The communicators split from this one on this rank (weakly: they
+    /// live on their own), for `abort_with_splits`.
+    children: Mutex<Vec<std::sync::Weak<Inner>>>,
+    /// Shrinks asked of this communicator so far: numbers them alike on
+    /// every survivor.
+    shrinks: AtomicU64,
+    /// Ranks of this communicator known to have failed: reported gone by
+    /// the job, or blamed for this communicator's failure (what
+    /// `Communicator::shrink` leaves out besides the ranks it is given).
+    known_failed: Mutex<std::collections::BTreeSet<usize>>,
     /// Sequence number of the last collective issued here: peers whose call
     /// timed out ask it (through the store) to find the rank that never
     /// called.
@@ -127,7 +151,7 @@ struct Inner {
     /// ran on (`device_exec`): the executor, set up, or staging.
     exec_paths: Mutex<
         Vec<(
-            Arc<dyn ferroccl_cuda::staging::Engine>,
+            Arc<dyn ferroccl_cuda::device::Engine>,
             device_exec::ExecPath,
         )>,
     >,
@@ -470,14 +494,25 @@ impl Communicator {
 
     /// End every in-flight and queued call of this communicator with
     /// `Error::Aborted`, from any thread, and close its connections. The
-    /// communicator stays unusable afterwards.
+    /// communicator stays unusable afterwards; the other communicators of
+    /// this rank (its parent, its splits) go on, and so do those of the
+    /// other ranks, which hear of the abort in this communicator only.
     pub fn abort(&self) {
-        self.inner.fail(
-            Error::Aborted(Some("abort() was called on this rank".into())),
-            None,
-            true,
-        );
+        self.inner
+            .fail(Error::Aborted(Some(failure::ABORT_SAYS.into())), None, true);
     }
+
+    /// [`abort`](Communicator::abort) this communicator and every
+    /// communicator split from it on this rank (and split from those),
+    /// still alive. `abort` alone ends only this one: its splits go on.
+    pub fn abort_with_splits(&self) {
+        let mut todo = vec![self.inner.clone()];
+        while let Some(inner) = todo.pop() {
+            inner.fail(Error::Aborted(Some(failure::ABORT_SAYS.into())), None, true);
+            todo.extend(lock(&inner.children).iter().filter_map(|c| c.upgrade()));
+        }
+    }
+
     /// Every collective: plan `call` (arguments checked before anything
     /// else happens), wait for its turn, run it on `bufs`, and finish it
     /// (Avg's division on the ranks that hold a result).
@@ -485,7 +520,7 @@ impl Communicator {
     /// Inlined into every public collective, so that each gets a copy
     /// with its own `CollCall` constants folded (which buffers, which
     /// kind): measured on 2-rank allreduces of 8 B-1 KiB, about 2-3% of the
-    /// call (docs/performance.md, restructuring check).
+    /// call (docs/performance-log.md, restructuring check).
     #[inline(always)]
     fn collective<T: Element>(&self, call: &CollCall, bufs: Buffers<'_, T>) -> Result<()> {
         let plan = self.plan::<T>(call)?;

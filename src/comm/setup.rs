@@ -29,6 +29,48 @@ use std::time::Instant;
 pub(crate) struct Rendezvous {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) _server: Option<bootstrap::TcpStoreServer>,
+    /// Where each member of this rendezvous (by global rank) can be met
+    /// again without it (`Communicator::shrink`), read when a communicator
+    /// is built; `None` where that rank has no meeting point.
+    pub(crate) meeting: Mutex<std::collections::HashMap<usize, Option<std::net::SocketAddr>>>,
+}
+impl Rendezvous {
+    /// A rendezvous over `store` (and, on its host, `server`) for global
+    /// rank `rank`, which publishes where this process can be met again.
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        server: Option<bootstrap::TcpStoreServer>,
+        rank: usize,
+    ) -> Result<Rendezvous> {
+        let address = match bootstrap::recovery::meeting_point() {
+            Ok(point) => point.address(store.local_ip()).to_string(),
+            Err(e) => {
+                tracing::warn!(rank, "no meeting point for shrink: {e}");
+                String::new()
+            }
+        };
+        store.set(&bootstrap::recovery::key(rank), address.as_bytes())?;
+        Ok(Rendezvous {
+            store,
+            _server: server,
+            meeting: Mutex::new(std::collections::HashMap::new()),
+        })
+    }
+
+    /// Read the meeting points of `members` (global ranks) not read yet.
+    fn learn_meeting_points(&self, members: &[usize], deadline: Instant) -> Result<()> {
+        for &g in members {
+            if lock(&self.meeting).contains_key(&g) {
+                continue;
+            }
+            let value = self.store.get(&bootstrap::recovery::key(g), deadline)?;
+            let addr = std::str::from_utf8(&value)
+                .ok()
+                .and_then(|s| s.parse().ok());
+            lock(&self.meeting).insert(g, addr);
+        }
+        Ok(())
+    }
 }
 impl Drop for Rendezvous {
     fn drop(&mut self) {
@@ -41,6 +83,16 @@ impl Communicator {
     pub fn init(config: Config) -> Result<Communicator> {
         crate::logging::init();
         config.validate()?;
+        if config.master_port == 0 {
+            // Rank 0 would listen on a port of the kernel's choosing that
+            // no rank can know, and every rank would wait its whole
+            // timeout to reach port 0.
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: rendezvous port 0 at {}: name the port rank 0 listens on \
+                 (MASTER_PORT), one free on its host",
+                config.rank, config.master_addr
+            )));
+        }
         let deadline = Instant::now() + config.timeout;
         let addr = crate::config::resolve(&config.master_addr, config.master_port)?;
         let server = if config.rank == 0 {
@@ -67,10 +119,7 @@ impl Communicator {
             deadline,
             config.heartbeat_interval(),
         )?;
-        let rendezvous = Arc::new(Rendezvous {
-            store: Arc::new(store),
-            _server: server,
-        });
+        let rendezvous = Arc::new(Rendezvous::new(Arc::new(store), server, config.rank)?);
         let global: Vec<usize> = (0..config.size).collect();
         Self::build(config, rendezvous, global, 1)
     }
@@ -126,11 +175,12 @@ impl Communicator {
         // communicator's abort (ending transport waits) when it hears.
         let watch = Arc::new(MemberWatch::new(
             &*rendezvous.store,
+            comm_id,
             rank,
             global_ranks.clone(),
         ));
         let (setup_done, setup_running) = crossbeam_channel::bounded::<()>(0);
-        {
+        let setup_thread = {
             let (watch, abort) = (watch.clone(), abort.clone());
             std::thread::Builder::new()
                 .name(format!("ferroccl-setup-{rank}"))
@@ -144,8 +194,8 @@ impl Communicator {
                         }
                         _ => return,
                     }
-                })?;
-        }
+                })?
+        };
         let closers = Arc::new(Mutex::new(Vec::new()));
         let set_up = || -> Result<Links> {
             let connector = Connector::new(
@@ -175,6 +225,15 @@ impl Communicator {
         };
         let links = set_up();
         drop(setup_done);
+        // It returns at once now; joined, so that no thread of a set-up
+        // outlives it.
+        let _ = setup_thread.join();
+        // Where the members can be met again should the rendezvous go
+        // (shrink); read now, while it is surely there.
+        let links = links.and_then(|links| {
+            rendezvous.learn_meeting_points(&global_ranks, Instant::now() + config.timeout)?;
+            Ok(links)
+        });
         let links = links.map_err(|err| {
             watch
                 .error_within("communicator set-up", exec::WAIT_SLICE)
@@ -219,7 +278,11 @@ impl Communicator {
             progress: Mutex::new(Some(job_tx)),
             progress_thread: Mutex::new(Some(progress_thread)),
             watcher_stop: Mutex::new(Some(stop_tx)),
+            watcher_thread: Mutex::new(None),
             splits: AtomicU64::new(0),
+            shrinks: AtomicU64::new(0),
+            children: Mutex::new(Vec::new()),
+            known_failed: Mutex::new(std::collections::BTreeSet::new()),
             issued: Arc::new(AtomicU64::new(0)),
             user,
             model: Mutex::new(LinkModel::DEFAULT),
@@ -243,7 +306,8 @@ impl Communicator {
                 Arc::downgrade(&inner.issued),
             );
         }
-        spawn_watcher(&inner, stop_rx)?;
+        let watcher = spawn_watcher(&inner, stop_rx)?;
+        *lock(&inner.watcher_thread) = Some(watcher);
         let comm = Communicator { inner };
         if comm.inner.config.calibrate && comm.inner.size > 1 {
             comm.calibrate()?;
@@ -297,7 +361,13 @@ impl Communicator {
         let mut config = self.inner.config.clone();
         config.rank = rank;
         config.size = members.len();
-        Self::build(config, self.inner.rendezvous.clone(), global, comm_id).map(Some)
+        let child = Self::build(config, self.inner.rendezvous.clone(), global, comm_id)?;
+        // Kept weakly, for `abort_with_splits` only: the child lives on
+        // its own.
+        let mut splits = lock(&self.inner.children);
+        splits.retain(|c| c.strong_count() > 0);
+        splits.push(Arc::downgrade(&child.inner));
+        Ok(Some(child))
     }
     /// Measure this communicator's links and agree on the tuner's constants:
     /// the latency of a one-element ring allreduce, the bandwidth of a
@@ -437,6 +507,14 @@ impl Drop for Inner {
             }
         }
         lock(&self.watcher_stop).take();
+        // The watcher holds the communicator only weakly, so it is not
+        // working on it now unless this drop runs on it (its upgrade was
+        // the last reference); else it returns at the stop.
+        if let Some(handle) = lock(&self.watcher_thread).take() {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
         lock(&self.progress).take();
         if let Some(handle) = lock(&self.progress_thread).take() {
             if handle.thread().id() != std::thread::current().id() {
@@ -455,5 +533,143 @@ impl Drop for Inner {
         // peer (shm frames the peer has not mapped yet) can wait for it.
         lock(&self.closers).clear();
         self.abort.abort();
+        // This member is done with the communicator's rendezvous keys; the
+        // last member's release removes them (docs/reliability.md,
+        // "What a communicator holds"). After a failure a member may never
+        // release, so the keys stay, and the rendezvous may be gone: no
+        // round trip to it then.
+        if !self.has_failed() {
+            self.rendezvous
+                .store
+                .release(&exec::key_scope(self.comm_id), self.size);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The release of a communicator's rendezvous keys against the order
+    //! in which its members come and go.
+    use super::*;
+    use crate::bootstrap::{FailureFeed, FailureReport, MemoryStore, Progress};
+    use std::sync::Weak;
+    use std::time::Duration;
+
+    /// A store whose reads of host identities wait until `open` is set:
+    /// the rank that uses it is held in its set-up, after it published its
+    /// own keys and before it read the others'.
+    struct LateStore {
+        store: Arc<MemoryStore>,
+        open: Arc<(Mutex<bool>, Condvar)>,
+    }
+
+    impl Store for LateStore {
+        fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+            self.store.set(key, value)
+        }
+        fn get(&self, key: &str, deadline: Instant) -> Result<Vec<u8>> {
+            if key.contains("/host/") {
+                let (open, turned) = &*self.open;
+                let mut is_open = lock(open);
+                while !*is_open {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Error::Bootstrap("the gate never opened".into()));
+                    }
+                    is_open = turned.wait_timeout(is_open, left).unwrap().0;
+                }
+            }
+            self.store.get(key, deadline)
+        }
+        fn report(&self, report: FailureReport) {
+            self.store.report(report)
+        }
+        fn failures(&self) -> FailureFeed {
+            self.store.failures()
+        }
+        fn goodbye(&self) {}
+        fn release(&self, scope: &str, parties: usize) {
+            self.store.release(scope, parties)
+        }
+        fn register_progress(&self, comm_id: u64, rank: usize, issued: Weak<AtomicU64>) {
+            self.store.register_progress(comm_id, rank, issued)
+        }
+        fn ask_progress(&self, comm_id: u64, members: &[usize], deadline: Instant) -> Progress {
+            self.store.ask_progress(comm_id, members, deadline)
+        }
+    }
+
+    /// Members 0 and 1 of a 4-rank communicator finish their set-up and
+    /// drop it while member 2 has not yet read the others' host identities
+    /// (member 3 waits for member 2's connection): member 2 still finds
+    /// every key, both late members finish their set-up, and the keys go
+    /// only when the last member drops the communicator.
+    #[test]
+    fn a_late_member_finds_the_keys_of_members_that_left() {
+        let store = MemoryStore::new();
+        let open = Arc::new((Mutex::new(false), Condvar::new()));
+        let (left_tx, left_rx) = crossbeam_channel::unbounded::<usize>();
+        let n = 4;
+        let config = |rank: usize| {
+            let mut c = Config::new(rank, n, "127.0.0.1", 0, 0x1a7e).expect("config");
+            // TCP: its listener's own thread takes a handshake, so members
+            // 0 and 1 connect to member 2 while it is held.
+            c.transport = Some("tcp".into());
+            c.calibrate = false;
+            // The control pages are made together (a collective): off, so
+            // that set-up is connections alone.
+            c.checkin = false;
+            c.timeout = Duration::from_secs(30);
+            c
+        };
+        std::thread::scope(|s| {
+            let late: Vec<_> = (2..n)
+                .map(|rank| {
+                    let store: Arc<dyn Store> = if rank == 2 {
+                        Arc::new(LateStore {
+                            store: store.clone(),
+                            open: open.clone(),
+                        })
+                    } else {
+                        store.clone()
+                    };
+                    let config = config(rank);
+                    s.spawn(move || {
+                        let rendezvous = Arc::new(Rendezvous::new(store, None, rank)?);
+                        Communicator::build(config, rendezvous, (0..n).collect(), 7)
+                            .map(|comm| (comm.rank(), comm.size()))
+                    })
+                })
+                .collect();
+            for rank in 0..2 {
+                let (store, config, left) = (store.clone(), config(rank), left_tx.clone());
+                s.spawn(move || {
+                    let rendezvous =
+                        Arc::new(Rendezvous::new(store, None, rank).expect("a rendezvous"));
+                    let comm = Communicator::build(config, rendezvous, (0..n).collect(), 7)
+                        .expect("an early member's set-up");
+                    drop(comm);
+                    left.send(rank).unwrap();
+                });
+            }
+            for _ in 0..2 {
+                left_rx
+                    .recv_timeout(Duration::from_secs(60))
+                    .expect("members 0 and 1 finish and leave");
+            }
+            // Two of four released: every key is there (a host identity and
+            // a TCP address of each member), beside the job-wide meeting
+            // point of each process (shrink), which no communicator owns.
+            assert_eq!(store.key_count(), 2 * n + n);
+            *lock(&open.0) = true;
+            open.1.notify_all();
+            for (i, h) in late.into_iter().enumerate() {
+                let got = h.join().unwrap().expect("a late member's set-up");
+                assert_eq!(got, (2 + i, n));
+            }
+        });
+        // Every member dropped the communicator: nothing of it is left,
+        // only each process's meeting point.
+        assert_eq!(store.key_count(), n);
     }
 }

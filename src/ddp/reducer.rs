@@ -176,6 +176,63 @@ impl<'c, T: Element> Reducer<'c, T> {
         Ok(reducer)
     }
 
+    /// Go on after a failure with the survivors' communicator `comm` (from
+    /// [`Communicator::shrink`]): the step in progress is dropped (chunks
+    /// in flight are waited out; they end on the old communicator's
+    /// failure), and the parameters, settings, hook and bucket layout are
+    /// kept; the next step averages over `comm`'s ranks. Gradients read
+    /// before the next [`finish`](Reducer::finish) are not valid. A
+    /// collective of `comm`: every survivor calls it, and the model is
+    /// agreed again (a survivor with another model is named).
+    ///
+    /// Buckets in windows of the old communicator become plain buffers.
+    pub fn rebind<'d>(mut self, comm: &'d Communicator) -> Result<Reducer<'d, T>>
+    where
+        'c: 'd,
+    {
+        // Errors expected: this is the failed step.
+        let _ = self.wait_all();
+        for c in 0..self.chunks.len() {
+            let state = std::mem::replace(&mut self.chunks[c], ChunkState::Idle(Vec::new().into()));
+            if let ChunkState::Idle(buf) = state {
+                let plain: Bucket<T> = buf.into_vec().into();
+                self.chunks[c] = ChunkState::Idle(plain);
+            }
+        }
+        agree_on_model(
+            comm,
+            &self.specs,
+            &self.config,
+            self.hook.name(),
+            T::DTYPE.name(),
+        )?;
+        let hook: Box<dyn CommHook<T> + 'd> = self.hook;
+        let mut reducer = Reducer {
+            comm,
+            specs: self.specs,
+            config: self.config,
+            hook,
+            layout: self.layout,
+            chunks: self.chunks,
+            pending: self.pending,
+            next_launch: 0,
+            marked: self.marked,
+            touched: self.touched,
+            used: self.used,
+            order: self.order,
+            fault: None,
+            launch_error: None,
+            sync: self.sync,
+            rebuilt: self.rebuilt,
+            step: self.step,
+            grads_valid: false,
+            globally_unused: self.globally_unused,
+        };
+        reducer.reset_step();
+        reducer.touched.fill(false);
+        Ok(reducer)
+    }
+
     /// Number of parameters.
     pub fn num_params(&self) -> usize {
         self.specs.len()

@@ -1,15 +1,15 @@
 //! The buffers of a call and where they live. `Io` says whether a call's
 //! memory is the host's (slices the CPU reads and writes: `HostIo`, which the
 //! host interpreter and the direct window kernels work on) or a device's
-//! (`DeviceIo`: addresses the CPU must not touch, moved only by a device
-//! executor, which comes with the CUDA support; until then the planner
-//! refuses such calls before anything moves). This module owns the
+//! (`DeviceIo`: addresses the CPU must not touch, moved by the staged
+//! executor, `staged`, or by the device executor's kernel, which
+//! `comm::device_exec` launches from `ExecIo`). This module owns the
 //! offset arithmetic over a call's buffers, in place and out of place; it
 //! knows nothing of peers or transports.
 
 use crate::algo::{Operand, Step};
+use crate::call::Memory;
 use crate::element::{Element, ReduceOp};
-use crate::plan::Memory;
 use crate::reduce::{
     reduce_into, reduce_into_both, reduce_to_both, reduce_to_output, store, Store,
 };
@@ -63,17 +63,20 @@ pub(crate) struct DeviceIo {
     /// Where the schedule's input and output start.
     pub(crate) bufs: super::staged::DeviceBuffers,
     /// The device's engine with the communicator's staging resources.
-    pub(crate) pool: std::sync::Arc<ferroccl_cuda::staging::StagePool>,
+    pub(crate) pool: std::sync::Arc<ferroccl_cuda::stager::StagePool>,
     /// Recorded on the caller's stream at the call: its earlier work,
     /// which the call waits for before its first copy.
-    pub(crate) ready: ferroccl_cuda::staging::Event,
+    pub(crate) ready: ferroccl_cuda::device::Event,
     /// Avg's division, where this rank holds a result.
     pub(crate) avg: Option<super::staged::AvgFinish>,
     /// What the device executor needs besides (`comm::device_exec`).
     pub(crate) exec: ExecIo,
     /// The caller's gate and the call's number there: the executor raises
     /// it in stream order after its kernel.
-    pub(crate) gate: Option<(ferroccl_cuda::staging::Gate, u32)>,
+    pub(crate) gate: Option<(ferroccl_cuda::device::Gate, u32)>,
+    /// The executor kernels (op, type) this call loads before it runs: a
+    /// call that does this does not park its stream (the device rule).
+    pub(crate) prepare: Option<(Option<ferroccl_cuda::Op>, ferroccl_cuda::Ty)>,
 }
 
 /// How a device call's buffers lie for the device executor's program.
@@ -85,7 +88,7 @@ pub(crate) struct ExecIo {
     /// plan's bases.
     pub(crate) layout: crate::algo::encode::Layout,
     /// In place on one buffer: where it starts.
-    pub(crate) base: ferroccl_cuda::staging::DevicePtr,
+    pub(crate) base: ferroccl_cuda::device::DevicePtr,
 }
 
 /// The buffers of a call. Offsets in a schedule are relative to the input

@@ -3,12 +3,15 @@
 //! accepts), and the sending and receiving halves the executor uses, by
 //! channel and peer. A channel is a set of connections of its own (its own
 //! FIFOs) to the same peers, so that a schedule may run several rings or
-//! trees at once (NCCL's channels); today's schedules use channel 0, and
-//! further channels connect when a step first names them.
+//! trees at once (NCCL's channels); the host schedules use channel 0, and
+//! further channels connect when a step first names them. The device
+//! executor's channels are not these: it makes FIFOs of its own in device
+//! memory (`comm::device_exec`); it uses this module's rendezvous
+//! `exchange` for its set-up rounds.
 
 use super::Call;
 use crate::algo::hier::HostMap;
-use crate::bootstrap::{FailureReport, Store};
+use crate::bootstrap::{FailureFeed, Store};
 use crate::error::{Error, Result};
 use ferroccl_transport::{
     lock, AbortSignal, ConnectionCloser, FifoDescriptor, HostInfo, HostPath, ListenConfig,
@@ -23,9 +26,11 @@ use std::time::{Duration, Instant};
 /// ranks, instead of leaving the others to wait out the timeout.
 pub(crate) struct MemberWatch {
     rank: usize,
+    /// The communicator: reports scoped to another one are not about it.
+    comm_id: u64,
     /// Job rank of each rank of the communicator.
     members: Vec<usize>,
-    reports: crossbeam_channel::Receiver<FailureReport>,
+    reports: FailureFeed,
     failed: Mutex<Option<(usize, String)>>,
     /// The rendezvous host went away (it need not be a member: every
     /// communicator's set-up goes through it).
@@ -36,9 +41,10 @@ impl MemberWatch {
     /// Watch the reports of `store` (those made before included) for the
     /// members `members` (job ranks, by communicator rank); `rank` is this
     /// rank in the communicator.
-    pub(crate) fn new(store: &dyn Store, rank: usize, members: Vec<usize>) -> Self {
+    pub(crate) fn new(store: &dyn Store, comm_id: u64, rank: usize, members: Vec<usize>) -> Self {
         MemberWatch {
             rank,
+            comm_id,
             members,
             reports: store.failures(),
             failed: Mutex::new(None),
@@ -53,7 +59,7 @@ impl MemberWatch {
         let mut failed = lock(&self.failed);
         if failed.is_none() {
             for report in self.reports.try_iter() {
-                if report.mismatch.is_some() {
+                if report.mismatch.is_some() || !report.concerns(self.comm_id) {
                     continue;
                 }
                 let local = self.members.iter().position(|&g| g == report.rank);
@@ -135,8 +141,14 @@ pub(crate) struct Connector {
     timeout: Duration,
 }
 
+/// The prefix of every rendezvous key of communicator `comm_id`: what its
+/// members release when they drop it ([`crate::bootstrap::Store::release`]).
+pub(crate) fn key_scope(comm_id: u64) -> String {
+    format!("comm/{comm_id:016x}/")
+}
+
 fn key(comm_id: u64, what: &str, rank: usize) -> String {
-    format!("comm/{comm_id:016x}/{what}/{rank}")
+    format!("{}{what}/{rank}", key_scope(comm_id))
 }
 
 /// The rendezvous name of a listener's address: channel 0 keeps the name

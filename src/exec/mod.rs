@@ -3,22 +3,31 @@
 //! slots; it decides nothing about which path a call takes.
 //!
 //! - `io`: a call's buffers and where they live (host slices; device
-//!   pointers, refused by the planner until a device executor exists).
+//!   addresses, with what the staged executor and the device executor's
+//!   launcher need).
 //! - `interp`: the host interpreter of a schedule's primitives over the
 //!   transports' host data path.
 //! - `verify`: the one comparison of a peer's view of the call with this
 //!   rank's, used by frames and check-ins alike.
 //! - `links`: the connections of a communicator, by channel and peer.
 //! - `checkin`: the control-page protocol (announce, compare, finish) that
-//!   the paths below start with; `inline`: small calls carried in it;
+//!   the paths below start with; `checked_in`: a call's route carried out
+//!   over it (the one place that picks among them); `inline`: small calls
+//!   carried in it;
 //!   `direct`: collectives directly between windows; `pull`: allgathers and
 //!   all-to-alls out of the peers' processes (cross-memory attach).
 //! - `staged`: a schedule on device buffers over the host transports,
-//!   through pinned bounce buffers (ferroccl-cuda's `Stager`); not yet
-//!   reached by the communicator.
-//! - `program`: the host interpreter of encoded device programs
-//!   (`algo::encode`), which proves the encoding against `interp` (tests).
+//!   through pinned bounce buffers (ferroccl-cuda's `Stager`): the path of
+//!   every device call that the device executor does not take
+//!   (`comm::device_exec` launches that one; `Inner::execute_on_device`
+//!   takes the path `plan::device` decides).
+//! - `oracle` (tests only): the test oracle of the device executor, not an
+//!   executor. It runs encoded device programs (`algo::encode`) on the host
+//!   and proves them against `interp`; its `oracle/` files run the
+//!   executor's kernel source built for the host, or on a GPU, against the
+//!   same results.
 
+mod checked_in;
 mod checkin;
 mod direct;
 mod inline;
@@ -26,18 +35,18 @@ mod interp;
 mod io;
 mod links;
 #[cfg(test)]
-pub(crate) mod program;
+pub(crate) mod oracle;
 mod pull;
 mod staged;
 mod verify;
 
-pub(crate) use checkin::{
-    confirm, leave, run as run_checked_in, Ctx, CONTROL_MAGIC, W_MAGIC, W_PID, W_PROBE,
-};
+pub(crate) use checked_in::run as run_checked_in;
+pub(crate) use checkin::{confirm, leave, Ctx, CONTROL_MAGIC, W_MAGIC, W_PID, W_PROBE};
 pub(crate) use interp::run;
 pub(crate) use io::{DeviceIo, ExecIo};
 pub(crate) use io::{HostIo, Io};
-pub(crate) use links::{Connector, Links, MemberWatch, WAIT_SLICE};
+pub(crate) use links::{key_scope, Connector, Links, MemberWatch, WAIT_SLICE};
+pub(crate) use staged::DEPTH as STAGE_DEPTH;
 pub(crate) use staged::{
     device_error as staged_error, op as cuda_op, run as run_staged, ty as cuda_ty, AvgFinish,
     DeviceBuffers, Resources,

@@ -9,8 +9,10 @@
 //! later chunks overlap the transfer of earlier ones; landing and reducing
 //! a chunk never blocks the host. docs/staging.md has the design.
 //!
-//! Not wired into the communicator yet: the device entry points are being
-//! designed; the tests run it at this level on the host stand-in.
+//! The communicator runs every device call here that the device executor
+//! does not take (`Inner::execute_on_device` in comm/execute.rs: send and
+//! receive always, collectives where not every pair of ranks has a GPU
+//! path); the tests also run it at this level on the host stand-in.
 
 use super::interp::{deadline, finish_recv};
 use super::verify;
@@ -18,7 +20,8 @@ use super::{Call, Links};
 use crate::algo::{Operand, Prim, Schedule, Step, NO_PEER};
 use crate::element::{DataType, Element, ReduceOp};
 use crate::error::{Error, Result};
-use ferroccl_cuda::staging::{DevicePtr, Engine, Outgoing, StageConfig, StagePool, Stager};
+use ferroccl_cuda::device::{DevicePtr, Engine};
+use ferroccl_cuda::stager::{Outgoing, StageConfig, StagePool, Stager};
 use ferroccl_cuda::{CudaError, Op, Ty};
 use ferroccl_transport::{FrameHeader, TransportError};
 use std::collections::VecDeque;
@@ -373,7 +376,7 @@ mod tests {
     use crate::algo::Algorithm;
     use crate::coll::{self, CollCall, CollKind, Plan};
     use crate::comm::Communicator;
-    use ferroccl_cuda::staging::HostEngine;
+    use ferroccl_cuda::host_engine::HostEngine;
     use half::{bf16, f16};
     use std::time::Duration;
 

@@ -3,9 +3,10 @@
 //! the call arrives from. The host interpreter finds it in the header of
 //! every frame; a check-in in the peer's announcement on its control page
 //! (so that calls that never read a frame on the host, inline, direct
-//! between windows, by cross-memory attach, and the device paths to come,
-//! compare calls before anything moves); a transport without a host data
-//! path (RDMA) will carry it in a per-call header. Everything here is pure.
+//! between windows, by cross-memory attach, compare calls before anything
+//! moves); the staged executor in the headers of the frames it receives
+//! into bounce buffers. The device executor's kernel checks each frame's
+//! tag and length itself. Everything here is pure.
 
 use super::Call;
 use crate::algo::Step;

@@ -42,182 +42,27 @@
 //! [`Communicator::all_gather_async`] and
 //! [`Communicator::reduce_scatter_async`], `all_reduce_async`, `split`):
 //! no unsafe code, nothing of transports. `docs/fsdp.md` is the guide.
+//!
+//! The layer is cut where its work is: `spec` what a user describes,
+//! `unit` what is kept per unit, `pool` the buffers in flight and kept,
+//! `gather` the gathering side of a step (limit, prefetch), `grad` the
+//! gradient side (reduction, accumulation, optimizer step); this file
+//! holds [`Fsdp`], its construction and the per-unit protocol calls.
 
+mod gather;
+mod grad;
 mod optim;
+mod pool;
+mod spec;
+mod unit;
 
 pub use optim::Optimizer;
+pub use spec::{FsdpConfig, Precision, Strategy, TensorSpec, UnitSpec};
 
 use crate::Work;
-use crate::{Communicator, Element, Error, ReduceOp, Result};
-use half::{bf16, f16};
-
-/// One tensor of a unit: a name for errors and its shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorSpec {
-    /// Shown in errors, e.g. `weight`.
-    pub name: String,
-    /// Dimensions; the tensor has their product of elements.
-    pub shape: Vec<usize>,
-}
-
-impl TensorSpec {
-    /// A tensor called `name` of `shape`.
-    pub fn new(name: impl Into<String>, shape: &[usize]) -> Self {
-        TensorSpec {
-            name: name.into(),
-            shape: shape.to_vec(),
-        }
-    }
-
-    /// Elements of the tensor.
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-}
-
-/// A unit: tensors flattened one after the other into one flat parameter,
-/// gathered and freed together.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnitSpec {
-    /// Shown in errors, e.g. `encoder.layer3`.
-    pub name: String,
-    /// The unit's tensors, in flat order.
-    pub tensors: Vec<TensorSpec>,
-}
-
-impl UnitSpec {
-    /// A unit called `name` made of `tensors`.
-    pub fn new(name: impl Into<String>, tensors: Vec<TensorSpec>) -> Self {
-        UnitSpec {
-            name: name.into(),
-            tensors,
-        }
-    }
-
-    /// Elements of the flat parameter.
-    pub fn numel(&self) -> usize {
-        self.tensors.iter().map(TensorSpec::numel).sum()
-    }
-
-    /// Where each tensor lies in the flat parameter.
-    pub fn offsets(&self) -> Vec<std::ops::Range<usize>> {
-        let mut at = 0;
-        self.tensors
-            .iter()
-            .map(|t| {
-                let r = at..at + t.numel();
-                at = r.end;
-                r
-            })
-            .collect()
-    }
-}
-
-/// How parameters, gradients and optimizer state are spread over ranks
-/// (PyTorch's `ShardingStrategy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    /// Parameters, gradients and optimizer state sharded over every rank;
-    /// parameters gathered before forward and again before backward.
-    FullShard,
-    /// Gradients and optimizer state sharded; parameters kept whole on
-    /// every rank (ZeRO-2): after each step every rank's updated shard is
-    /// gathered into the whole copy, once per unit.
-    ShardGradOp,
-    /// Nothing sharded: plain data parallel through the same interface
-    /// (gradients averaged by allreduce).
-    NoShard,
-    /// Full sharding inside groups of `group` consecutive ranks (a host,
-    /// say), replicated across groups: gradients are reduce-scattered
-    /// inside the group, then each shard is allreduced across groups.
-    /// `group` must divide the number of ranks.
-    HybridShard {
-        /// Ranks per sharding group.
-        group: usize,
-    },
-}
-
-impl Strategy {
-    fn code(self) -> u64 {
-        match self {
-            Strategy::FullShard => 1,
-            Strategy::ShardGradOp => 2,
-            Strategy::NoShard => 3,
-            Strategy::HybridShard { group } => 4 | (group as u64) << 8,
-        }
-    }
-}
-
-/// The type parameters travel in (gathered) or gradients are reduced in;
-/// shards and optimizer state are always f32.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
-    /// Full precision.
-    F32,
-    /// IEEE half precision.
-    F16,
-    /// bfloat16.
-    Bf16,
-}
-
-impl Precision {
-    fn code(self) -> u64 {
-        match self {
-            Precision::F32 => 1,
-            Precision::F16 => 2,
-            Precision::Bf16 => 3,
-        }
-    }
-
-    /// `v` as this type would hold it.
-    pub fn round(self, v: f32) -> f32 {
-        match self {
-            Precision::F32 => v,
-            Precision::F16 => f16::from_f32(v).to_f32(),
-            Precision::Bf16 => bf16::from_f32(v).to_f32(),
-        }
-    }
-}
-
-/// How [`Fsdp`] shards and communicates. Every rank must use the same
-/// settings and units (checked at construction).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FsdpConfig {
-    /// What is sharded.
-    pub strategy: Strategy,
-    /// Type parameters are gathered in (FSDP's `param_dtype`): the
-    /// parameters a unit computes with are the shards rounded to it.
-    pub param_dtype: Precision,
-    /// Type gradients are reduced in (`reduce_dtype`); the average is
-    /// taken in f32 after the reduction.
-    pub reduce_dtype: Precision,
-    /// Free a unit's gathered parameters after forward and gather again
-    /// for backward (FSDP's `reshard_after_forward`); `false` keeps them
-    /// from forward to backward, one gather per step.
-    pub reshard_after_forward: bool,
-    /// Most whole-unit buffers a rank may hold at once (FSDP's
-    /// `limit_all_gathers`, widened to every buffer of a unit's size):
-    /// gathered parameters, gradients being reduced, and freed buffers kept
-    /// for reuse together. A prefetch waits for room; a gather that
-    /// `pre_forward`/`pre_backward` needs and a new reduction first wait
-    /// for the oldest reductions to end. Only units the caller keeps
-    /// (`reshard_after_forward: false`) go past it.
-    pub limit_gathered: usize,
-}
-
-impl Default for FsdpConfig {
-    fn default() -> Self {
-        FsdpConfig {
-            strategy: Strategy::FullShard,
-            param_dtype: Precision::F32,
-            reduce_dtype: Precision::F32,
-            reshard_after_forward: true,
-            // The unit in use, the next one prefetched, and one gradient
-            // reduction in flight behind them.
-            limit_gathered: 3,
-        }
-    }
-}
+use crate::{Communicator, Error, Result};
+use pool::Pool;
+use unit::{Fault, Full, Layout, Phase, Reducing, Unit};
 
 /// Bytes a rank holds for the model, by the layer's own accounting
 /// ([`Fsdp::memory`]).
@@ -265,282 +110,6 @@ impl Memory {
             + self.reducing
             + self.pooled
     }
-}
-
-/// A flat buffer in flight, in the type it travels in.
-enum Pending {
-    F32(Work<Vec<f32>>),
-    F16(Work<Vec<f16>>),
-    Bf16(Work<Vec<bf16>>),
-}
-
-impl Pending {
-    fn bytes(&self, len: usize) -> usize {
-        len * match self {
-            Pending::F32(_) => 4,
-            Pending::F16(_) | Pending::Bf16(_) => 2,
-        }
-    }
-
-    fn is_complete(&self) -> bool {
-        match self {
-            Pending::F32(w) => w.is_complete(),
-            Pending::F16(w) => w.is_complete(),
-            Pending::Bf16(w) => w.is_complete(),
-        }
-    }
-
-    /// Wait, and give the whole buffer as f32: an f32 one as it is (padded
-    /// length), a 16-bit one converted into a pooled f32 buffer of `len`
-    /// and handed back to the pool.
-    fn into_f32(self, pool: &mut Pool, len: usize) -> Result<Vec<f32>> {
-        match self {
-            Pending::F32(w) => w.wait(),
-            sixteen => sixteen.block(pool, 0..len),
-        }
-    }
-
-    /// Wait, add elements `range` times `scale` into `into`, and give the
-    /// whole buffer back to the pool (no copy of the block is made).
-    fn add_block(
-        self,
-        pool: &mut Pool,
-        range: std::ops::Range<usize>,
-        into: &mut [f32],
-        scale: f32,
-    ) -> Result<()> {
-        fn add<T: Pooled>(
-            v: Vec<T>,
-            pool: &mut Pool,
-            r: std::ops::Range<usize>,
-            into: &mut [f32],
-            scale: f32,
-        ) {
-            for (g, x) in into.iter_mut().zip(&v[r]) {
-                *g += x.to_f64() as f32 * scale;
-            }
-            pool.give(v);
-        }
-        match self {
-            Pending::F32(w) => add(w.wait()?, pool, range, into, scale),
-            Pending::F16(w) => add(w.wait()?, pool, range, into, scale),
-            Pending::Bf16(w) => add(w.wait()?, pool, range, into, scale),
-        }
-        Ok(())
-    }
-
-    /// Wait, and give elements `range` as a pooled f32 buffer; the whole
-    /// buffer goes back to the pool.
-    fn block(self, pool: &mut Pool, range: std::ops::Range<usize>) -> Result<Vec<f32>> {
-        fn cut<T: Pooled>(v: Vec<T>, pool: &mut Pool, range: std::ops::Range<usize>) -> Vec<f32> {
-            let mut out = pool.take::<f32>(range.len());
-            for (o, x) in out.iter_mut().zip(&v[range]) {
-                *o = x.to_f64() as f32;
-            }
-            pool.give(v);
-            out
-        }
-        Ok(match self {
-            Pending::F32(w) => cut(w.wait()?, pool, range),
-            Pending::F16(w) => cut(w.wait()?, pool, range),
-            Pending::Bf16(w) => cut(w.wait()?, pool, range),
-        })
-    }
-}
-
-/// Buffers of finished collectives, kept for the next ones. A fresh zeroed
-/// buffer for every gather and reduction made the allocator hand whole
-/// units' memory back to the kernel and fault it in again every step
-/// (1.6 million minor page faults in a 20-step FullShard run of
-/// `mlp_fsdp`, docs/performance.md). The owner trims it to the room its
-/// limit leaves ([`Pool::trim`]); `memory()` counts it.
-struct Pool {
-    f32: Vec<Vec<f32>>,
-    f16: Vec<Vec<f16>>,
-    bf16: Vec<Vec<bf16>>,
-    /// Most buffers to keep while a new one is taken (set by the owner).
-    spare: usize,
-}
-
-/// The element types the pool keeps.
-trait Pooled: Element {
-    fn list(pool: &mut Pool) -> &mut Vec<Vec<Self>>;
-}
-
-impl Pooled for f32 {
-    fn list(pool: &mut Pool) -> &mut Vec<Vec<Self>> {
-        &mut pool.f32
-    }
-}
-
-impl Pooled for f16 {
-    fn list(pool: &mut Pool) -> &mut Vec<Vec<Self>> {
-        &mut pool.f16
-    }
-}
-
-impl Pooled for bf16 {
-    fn list(pool: &mut Pool) -> &mut Vec<Vec<Self>> {
-        &mut pool.bf16
-    }
-}
-
-impl Pool {
-    /// A buffer of `len` elements, contents unspecified (zero if new).
-    /// The pool keeps at most `spare` buffers besides: it drops buffers
-    /// before a new one is allocated, so the owner's count holds even then.
-    fn take<T: Pooled>(&mut self, len: usize) -> Vec<T> {
-        let list = T::list(self);
-        let found = list
-            .iter()
-            .position(|v| v.len() == len)
-            .map(|i| list.swap_remove(i));
-        self.trim(self.spare);
-        found.unwrap_or_else(|| vec![T::from_f64(0.0); len])
-    }
-
-    fn give<T: Pooled>(&mut self, v: Vec<T>) {
-        T::list(self).push(v);
-    }
-
-    fn len(&self) -> usize {
-        self.f32.len() + self.f16.len() + self.bf16.len()
-    }
-
-    /// Keep at most `keep` buffers, dropping the smallest first (the large
-    /// ones are the costly ones to fault in again).
-    fn trim(&mut self, keep: usize) {
-        fn smallest<T>(list: &[Vec<T>], size: usize, kind: u8) -> Option<(usize, u8, usize)> {
-            let (i, v) = list.iter().enumerate().min_by_key(|(_, v)| v.len())?;
-            Some((size * v.len(), kind, i))
-        }
-        while self.len() > keep {
-            let least = [
-                smallest(&self.f32, 4, 0),
-                smallest(&self.f16, 2, 1),
-                smallest(&self.bf16, 2, 2),
-            ]
-            .into_iter()
-            .flatten()
-            .min();
-            match least {
-                Some((_, 0, i)) => drop(self.f32.swap_remove(i)),
-                Some((_, 1, i)) => drop(self.f16.swap_remove(i)),
-                Some((_, _, i)) => drop(self.bf16.swap_remove(i)),
-                None => break,
-            }
-        }
-    }
-
-    fn bytes(&self) -> usize {
-        self.f32.iter().map(|v| 4 * v.capacity()).sum::<usize>()
-            + self.f16.iter().map(|v| 2 * v.capacity()).sum::<usize>()
-            + self.bf16.iter().map(|v| 2 * v.capacity()).sum::<usize>()
-    }
-}
-
-/// Where a unit's whole parameter is.
-enum Full {
-    Absent,
-    Pending(Pending),
-    Ready(Vec<f32>),
-}
-
-/// Where a unit is in the step's protocol.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Idle,
-    Forward,
-    AfterForward,
-    Backward,
-}
-
-/// A misuse of the protocol on this rank, remembered for the step's end
-/// so that every rank can name it (`finish_backward`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
-    GatheredTwice,
-    NotGatheredForBackward,
-    WrongLength,
-    ParamsOutside,
-    PostForwardWithout,
-}
-
-impl Fault {
-    const ALL: [Fault; 5] = [
-        Fault::GatheredTwice,
-        Fault::NotGatheredForBackward,
-        Fault::WrongLength,
-        Fault::ParamsOutside,
-        Fault::PostForwardWithout,
-    ];
-
-    fn what(self) -> &'static str {
-        match self {
-            Fault::GatheredTwice => {
-                "gathered twice: pre_forward or pre_backward while the unit is still in use \
-                 (call post_forward or post_backward first)"
-            }
-            Fault::NotGatheredForBackward => {
-                "gradient for a unit that was not gathered for backward (call pre_backward first)"
-            }
-            Fault::WrongLength => "gradient of the wrong length",
-            Fault::ParamsOutside => {
-                "params asked outside pre_forward..post_forward or pre_backward..post_backward"
-            }
-            Fault::PostForwardWithout => "post_forward without pre_forward",
-        }
-    }
-
-    /// `code << 32 | unit`, plus one so that 0 means "nothing".
-    fn encode(self, unit: usize) -> u64 {
-        let code = Fault::ALL.iter().position(|&f| f == self).unwrap_or(0) as u64;
-        (code << 32 | (unit as u64 & 0xffff_ffff)) + 1
-    }
-
-    fn decode(v: u64) -> Option<(Fault, usize)> {
-        let v = v.checked_sub(1)?;
-        let fault = *Fault::ALL.get((v >> 32) as usize)?;
-        Some((fault, (v & 0xffff_ffff) as usize))
-    }
-}
-
-/// Sizes of one unit's flat parameter.
-#[derive(Debug, Clone, Copy)]
-struct Layout {
-    numel: usize,
-    /// Elements of each rank's shard (the flat parameter padded to a
-    /// multiple of the sharding group).
-    shard: usize,
-}
-
-impl Layout {
-    /// The elements of the flat parameter that the shard at place
-    /// `shard_rank` holds, without the padding (empty past the end).
-    fn own(&self, shard_rank: usize) -> std::ops::Range<usize> {
-        let start = (shard_rank * self.shard).min(self.numel);
-        start..(start + self.shard).min(self.numel)
-    }
-}
-
-struct Unit {
-    spec: UnitSpec,
-    layout: Layout,
-    /// This rank's shard of the parameters (the whole padded parameter
-    /// under `NoShard`).
-    shard: Vec<f32>,
-    grad: Vec<f32>,
-    state: Vec<f32>,
-    full: Full,
-    phase: Phase,
-    /// Gradients kept while synchronisation is off (`set_sync(false)`).
-    acc: Option<Vec<f32>>,
-}
-
-/// A gradient reduction in flight: the unit, and the collective.
-struct Reducing {
-    unit: usize,
-    work: Pending,
 }
 
 /// The sharded data-parallel state of one rank. See the module docs.
@@ -861,6 +430,65 @@ impl<'c> Fsdp<'c> {
         self.units[u].layout.numel
     }
 
+    /// Go on after a failure with the survivors' communicator `survivors`
+    /// (from [`Communicator::shrink`]). Under [`Strategy::NoShard`] every
+    /// rank holds the whole model: it is re-made over `survivors` from
+    /// this rank's parameters (optimizer state starts afresh, as after
+    /// [`load_full_state`](Fsdp::load_full_state)). Under every sharded
+    /// strategy the failed ranks held the only copy of their shards
+    /// (parameters under `FullShard`, optimizer state under `ShardGradOp`;
+    /// `HybridShard`'s copies in other groups are not recovered from): an
+    /// error names the ranks and the lost elements of each unit, before
+    /// anything moves. A collective of `survivors` where it succeeds.
+    pub fn rebind<'d>(self, survivors: &'d Communicator) -> Result<Fsdp<'d>>
+    where
+        'c: 'd,
+    {
+        let mut lost = self.comm.failed_ranks();
+        if lost.is_empty() && survivors.size() < self.world {
+            // Left out by the caller: which ones is not known here.
+            lost = (survivors.size()..self.world).collect();
+        }
+        if self.config.strategy != Strategy::NoShard {
+            let what = match self.config.strategy {
+                Strategy::FullShard => "parameters and optimizer state",
+                Strategy::ShardGradOp => "optimizer state",
+                _ => "parameters and optimizer state (copies in other groups are not used)",
+            };
+            let units: Vec<String> = self
+                .units
+                .iter()
+                .map(|u| {
+                    let ranges: Vec<String> = lost
+                        .iter()
+                        .filter(|&&r| r < self.world)
+                        .map(|&r| {
+                            let at = (r % self.shard_ranks) * u.layout.shard;
+                            let end = (at + u.layout.shard).min(u.layout.numel);
+                            format!("{}..{}", at.min(end), end)
+                        })
+                        .collect();
+                    format!("'{}' elements {}", u.spec.name, ranges.join(", "))
+                })
+                .collect();
+            return Err(Error::InvalidArgument(format!(
+                "fsdp on rank {}: cannot go on without rank(s) {lost:?}: under {:?} they held \
+                 the only copy of their shards' {what} ({}); restart the survivors from a \
+                 checkpoint (full_state, then load_full_state) or use Strategy::NoShard",
+                self.rank,
+                self.config.strategy,
+                units.join("; ")
+            )));
+        }
+        let full: Vec<Vec<f32>> = self
+            .units
+            .iter()
+            .map(|u| u.shard[..u.layout.numel].to_vec())
+            .collect();
+        let units: Vec<UnitSpec> = self.units.iter().map(|u| u.spec.clone()).collect();
+        Fsdp::from_full(survivors, units, self.config.clone(), &full)
+    }
+
     /// The units, as given.
     pub fn units(&self) -> impl Iterator<Item = &UnitSpec> {
         self.units.iter().map(|x| &x.spec)
@@ -893,160 +521,6 @@ impl<'c> Fsdp<'c> {
     /// Optimizer steps taken.
     pub fn steps(&self) -> u64 {
         self.steps
-    }
-
-    /// Gather unit `u`'s parameters in `param_dtype`, without waiting.
-    fn start_gather(&mut self, u: usize) -> Result<()> {
-        let dtype = self.config.param_dtype;
-        let Some(comm) = shard_comm(self.config.strategy, self.comm, self.intra.as_ref()) else {
-            // Not sharded: the whole copy is the shard, rounded.
-            let unit = &mut self.units[u];
-            let whole = unit.shard[..unit.layout.numel]
-                .iter()
-                .map(|&v| dtype.round(v))
-                .collect();
-            unit.full = Full::Ready(whole);
-            return Ok(());
-        };
-        let (s, n) = (self.units[u].layout.shard, self.shard_ranks);
-        let at = self.shard_rank * s;
-        self.pool.spare = self.room(1);
-        /// A pooled buffer of the whole unit with this rank's shard in
-        /// place (the other blocks are overwritten by the allgather).
-        fn place<T: Pooled>(pool: &mut Pool, shard: &[f32], n: usize, at: usize) -> Vec<T> {
-            let mut buf = pool.take::<T>(shard.len() * n);
-            for (d, v) in buf[at..at + shard.len()].iter_mut().zip(shard) {
-                *d = T::from_f64(f64::from(*v));
-            }
-            buf
-        }
-        let shard = &self.units[u].shard;
-        let pool = &mut self.pool;
-        let pending = match dtype {
-            Precision::F32 => {
-                Pending::F32(comm.all_gather_async(place::<f32>(pool, shard, n, at))?)
-            }
-            Precision::F16 => {
-                Pending::F16(comm.all_gather_async(place::<f16>(pool, shard, n, at))?)
-            }
-            Precision::Bf16 => {
-                Pending::Bf16(comm.all_gather_async(place::<bf16>(pool, shard, n, at))?)
-            }
-        };
-        self.units[u].full = Full::Pending(pending);
-        self.note();
-        Ok(())
-    }
-
-    /// Whole-unit buffers in use: gathered units, and gradient reductions
-    /// in flight.
-    fn alive(&self) -> usize {
-        self.gathered_units() + self.reducing.len()
-    }
-
-    /// [`Fsdp::alive`] as every rank counts it (reductions done early
-    /// still count until the limit or `finish_backward` waits for them):
-    /// what decides a prefetch, so that every rank issues the same
-    /// collectives in the same order.
-    fn alive_on_every_rank(&self) -> usize {
-        self.gathered_units() + self.unforced
-    }
-
-    /// How many pooled buffers `limit_gathered` leaves room for once
-    /// `need` more are in use.
-    fn room(&self, need: usize) -> usize {
-        self.config
-            .limit_gathered
-            .saturating_sub(self.alive() + need)
-    }
-
-    /// Wait for the oldest reductions until `need` more whole-unit buffers
-    /// fit in `limit_gathered` (or none is left in flight). Units kept
-    /// from forward to backward by `reshard_after_forward: false` are the
-    /// caller's choice and do not take the reductions' room.
-    fn make_room(&mut self, need: usize) -> Result<()> {
-        let gathered = if self.config.reshard_after_forward {
-            self.gathered_units()
-        } else {
-            0
-        };
-        let keep = self.config.limit_gathered.saturating_sub(gathered + need);
-        self.retire(keep)?;
-        // Every rank has now waited for all but `keep` of them.
-        self.unforced = self.unforced.min(keep);
-        self.pool.spare = self.room(need);
-        Ok(())
-    }
-
-    /// After a call: trim the pool to the room the limit leaves, and note
-    /// the peaks.
-    fn note(&mut self) {
-        let room = self.room(0);
-        self.pool.trim(room);
-        let m = self.memory();
-        self.peak_gathered = self.peak_gathered.max(m.gathered);
-        self.peak_gathered_units = self.peak_gathered_units.max(self.gathered_units());
-        let working = m.gathered + m.reducing + m.pooled;
-        self.peak_working = self.peak_working.max(working);
-        let buffers = self.alive() + self.pool.len();
-        self.peak_working_buffers = self.peak_working_buffers.max(buffers);
-    }
-
-    /// Note a moment inside a call when `buffers` buffers of `bytes`
-    /// together exist besides what `memory()` sees (a buffer being
-    /// converted or cut, and its result).
-    fn note_transient(&mut self, buffers: usize, bytes: usize) {
-        let m = self.memory();
-        let working = m.gathered + m.reducing + m.pooled + bytes;
-        self.peak_working = self.peak_working.max(working);
-        let count = self.alive() + self.pool.len() + buffers;
-        self.peak_working_buffers = self.peak_working_buffers.max(count);
-    }
-
-    fn gathered_units(&self) -> usize {
-        if self.keeps_whole() {
-            return 0;
-        }
-        self.units
-            .iter()
-            .filter(|x| !matches!(x.full, Full::Absent))
-            .count()
-    }
-
-    /// Make sure unit `u`'s gather is issued or done, waiting for old
-    /// reductions first if the limit is reached.
-    fn ensure_gathered(&mut self, u: usize) -> Result<()> {
-        if matches!(self.units[u].full, Full::Absent) {
-            self.make_room(1)?;
-            self.start_gather(u)?;
-        }
-        Ok(())
-    }
-
-    /// Issue the gather of `next` ahead of its use if the limit allows.
-    fn prefetch(&mut self, next: Option<usize>) -> Result<()> {
-        if self.keeps_whole() {
-            return Ok(());
-        }
-        if let Some(v) = next {
-            if matches!(self.units[v].full, Full::Absent)
-                && self.units[v].phase != Phase::Backward
-                && self.alive_on_every_rank() < self.config.limit_gathered
-            {
-                self.start_gather(v)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The unit after `u` in `order` (or in `default` before the first
-    /// step has taught one).
-    fn next_in(order: &[usize], u: usize, default: Option<usize>, learned: bool) -> Option<usize> {
-        if !learned {
-            return default;
-        }
-        let i = order.iter().position(|&x| x == u)?;
-        order.get(i + 1).copied()
     }
 
     /// Before unit `u`'s forward: gather its parameters (unless prefetched)
@@ -1084,46 +558,6 @@ impl<'c> Fsdp<'c> {
             Full::Ready(v) => Ok(&v[..self.units[u].layout.numel]),
             _ => Err(self.err(u, "parameters not gathered (internal)")),
         }
-    }
-
-    fn wait_full(&mut self, u: usize) -> Result<()> {
-        match std::mem::replace(&mut self.units[u].full, Full::Absent) {
-            Full::Pending(p) => {
-                let len = self.units[u].layout.shard * self.shard_ranks;
-                // A 16-bit gather's f32 copy is one buffer more while both
-                // exist (p is no longer counted as alive here): the pool
-                // makes what room it can, and the moment counts in the
-                // peaks.
-                self.pool.spare = self.room(2);
-                if !matches!(p, Pending::F32(_)) {
-                    self.pool.trim(self.pool.spare);
-                    self.note_transient(2, p.bytes(len) + 4 * len);
-                }
-                self.units[u].full = Full::Ready(p.into_f32(&mut self.pool, len)?);
-                self.note();
-            }
-            other => self.units[u].full = other,
-        }
-        Ok(())
-    }
-
-    /// Free unit `u`'s gathered copy, where the strategy gathers per use.
-    fn free_full(&mut self, u: usize) -> Result<()> {
-        if !self.keeps_whole() {
-            self.release(u)?;
-        }
-        Ok(())
-    }
-
-    /// Drop unit `u`'s whole copy, whatever the strategy, its buffer to
-    /// the pool (a gather still in flight ends first).
-    fn release(&mut self, u: usize) -> Result<()> {
-        self.wait_full(u)?;
-        if let Full::Ready(v) = std::mem::replace(&mut self.units[u].full, Full::Absent) {
-            self.pool.give(v);
-            self.note();
-        }
-        Ok(())
     }
 
     /// After unit `u`'s forward: free its gathered parameters
@@ -1168,292 +602,6 @@ impl<'c> Fsdp<'c> {
         let default = u.checked_sub(1);
         let next = Self::next_in(&self.backward_order, u, default, self.learned);
         self.prefetch(next)
-    }
-
-    /// Unit `u`'s gradient (`unit_len(u)` elements, of this rank's local
-    /// loss) is ready: start its reduction (reduce-scatter into the
-    /// gradient shards, averaged over every rank), free its gathered
-    /// parameters. With synchronisation off (`set_sync(false)`) the
-    /// gradient is only accumulated here. `InvalidArgument` if `u` was not
-    /// gathered for backward.
-    pub fn post_backward(&mut self, u: usize, grad: &[f32]) -> Result<()> {
-        self.check_unit(u)?;
-        if self.units[u].phase != Phase::Backward {
-            return Err(self.fault(u, Fault::NotGatheredForBackward, ""));
-        }
-        let numel = self.units[u].layout.numel;
-        let mut wrong = None;
-        let zeros;
-        let grad = if grad.len() == numel {
-            grad
-        } else {
-            // Still reduce (zeros), so that every rank's collectives stay
-            // the same; the step fails everywhere at finish_backward.
-            let detail = format!("{} elements where the unit has {numel}", grad.len());
-            wrong = Some(self.fault(u, Fault::WrongLength, &detail));
-            zeros = vec![0f32; numel];
-            &zeros[..]
-        };
-        self.free_full(u)?;
-        self.units[u].phase = Phase::Idle;
-        if !self.sync {
-            let acc = self.units[u].acc.get_or_insert_with(|| vec![0f32; numel]);
-            for (a, g) in acc.iter_mut().zip(grad) {
-                *a += g;
-            }
-            return wrong.map_or(Ok(()), Err);
-        }
-        let acc = self.units[u].acc.take();
-        // 16-bit sums divide by the rank count first, so that a sum over
-        // many ranks cannot overflow (f16 ends at 65504); f32 after.
-        let pre = self.pre_scale();
-        let total = |i: usize| (grad[i] + acc.as_ref().map_or(0.0, |a| a[i])) * pre;
-        let s = self.units[u].layout.shard;
-        let n = self.shard_ranks;
-        /// A pooled buffer of the padded unit: the gradient, then zeros.
-        fn flat<T: Pooled>(
-            pool: &mut Pool,
-            len: usize,
-            numel: usize,
-            total: impl Fn(usize) -> f32,
-        ) -> Vec<T> {
-            let mut buf = pool.take::<T>(len);
-            for (i, d) in buf[..numel].iter_mut().enumerate() {
-                *d = T::from_f64(f64::from(total(i)));
-            }
-            buf[numel..].fill(T::from_f64(0.0));
-            buf
-        }
-        /// Reduce-scatter over the shard's ranks, or (not sharded) an
-        /// allreduce over every rank; a sum either way.
-        fn reduce<T: Pooled>(
-            shard_comm: Option<&Communicator>,
-            comm: &Communicator,
-            buf: Vec<T>,
-        ) -> Result<Work<Vec<T>>> {
-            match shard_comm {
-                Some(c) => c.reduce_scatter_async(buf, ReduceOp::Sum),
-                None => comm.all_reduce_async(buf, ReduceOp::Sum),
-            }
-        }
-        let len = s * n;
-        self.make_room(1)?;
-        let by = shard_comm(self.config.strategy, self.comm, self.intra.as_ref());
-        let pool = &mut self.pool;
-        let work = match self.config.reduce_dtype {
-            Precision::F32 => Pending::F32(reduce(by, self.comm, flat(pool, len, numel, total))?),
-            Precision::F16 => Pending::F16(reduce(by, self.comm, flat(pool, len, numel, total))?),
-            Precision::Bf16 => Pending::Bf16(reduce(by, self.comm, flat(pool, len, numel, total))?),
-        };
-        self.reducing.push(Reducing { unit: u, work });
-        self.unforced += 1;
-        // Fold in the reductions that are done (make_room waited for the
-        // ones the limit had no room for).
-        self.retire(self.reducing.len())?;
-        self.note();
-        wrong.map_or(Ok(()), Err)
-    }
-
-    /// Wait for every gradient reduction of this step and add the averages
-    /// into the gradient shards (under `HybridShard`, after an allreduce of
-    /// each shard across the groups). A unit without a gradient this step
-    /// keeps a zero one. A collective (one small allreduce besides the
-    /// reductions): if any rank misused the protocol in this step (a unit
-    /// gathered twice, a gradient of the wrong length, ...), every rank
-    /// gets `InvalidArgument` naming that rank and unit, and the step's
-    /// gradients are dropped everywhere.
-    pub fn finish_backward(&mut self) -> Result<()> {
-        // Every rank learns every rank's first misuse of this step (one
-        // small allreduce, issued after the reductions).
-        let size = self.comm.size();
-        let mut status = vec![0u64; size];
-        status[self.rank] = self.fault.take().map_or(0, |(u, f)| f.encode(u));
-        let told = self.comm.all_reduce_in_place(&mut status, ReduceOp::Sum);
-        let summed = self.sum_reductions();
-        told?;
-        if let Some((r, (fault, u))) = status
-            .iter()
-            .enumerate()
-            .find_map(|(r, &v)| Fault::decode(v).map(|f| (r, f)))
-        {
-            // The step is void on every rank: no gradient of it is kept,
-            // and the next step starts with every unit idle.
-            for x in 0..self.units.len() {
-                self.free_full(x)?;
-                let unit = &mut self.units[x];
-                unit.grad.iter_mut().for_each(|g| *g = 0.0);
-                unit.acc = None;
-                unit.phase = Phase::Idle;
-            }
-            let name = self.units.get(u).map_or("?", |x| x.spec.name.as_str());
-            return Err(Error::InvalidArgument(format!(
-                "fsdp: rank {r} misused unit `{name}` (#{u}) in this step: {} \
-                 (seen on rank {}; the step's gradients are dropped on every rank)",
-                fault.what(),
-                self.rank
-            )));
-        }
-        summed
-    }
-
-    /// Wait for the step's reductions and add them into the gradient shards.
-    fn sum_reductions(&mut self) -> Result<()> {
-        self.retire(0)?;
-        self.unforced = 0;
-        for (unit, work) in std::mem::take(&mut self.across) {
-            let part = work.wait()?;
-            self.fold(unit, part);
-        }
-        self.note();
-        if !self.learned && self.sync {
-            self.learned = true;
-        }
-        Ok(())
-    }
-
-    /// Fold finished reductions, oldest first, into the gradient shards
-    /// (under `HybridShard`, start their allreduce across the groups
-    /// instead), waiting while more than `keep` are in flight.
-    fn retire(&mut self, keep: usize) -> Result<()> {
-        while let Some(front) = self.reducing.first() {
-            if self.reducing.len() <= keep && !front.work.is_complete() {
-                break;
-            }
-            let Reducing { unit, work } = self.reducing.remove(0);
-            // This rank's block (the whole buffer, not sharded, is block 0).
-            let mine = self.shard_range(unit);
-            match &self.inter {
-                // Sum the group's shard over the replicas, in f32: the
-                // block is copied out (a shard, counted as reducing until
-                // it is folded in) while the whole buffer still exists.
-                Some(_) => {
-                    self.pool.spare = self.room(1);
-                    let whole = self.units[unit].layout.shard * self.shard_ranks;
-                    self.pool.trim(self.pool.spare);
-                    self.note_transient(1, work.bytes(whole) + 4 * mine.len());
-                    let part = work.block(&mut self.pool, mine)?;
-                    if let Some(inter) = &self.inter {
-                        let sum = inter.all_reduce_async(part, ReduceOp::Sum)?;
-                        self.across.push((unit, sum));
-                    }
-                }
-                None => {
-                    let scale = self.fold_scale();
-                    let grad = &mut self.units[unit].grad;
-                    work.add_block(&mut self.pool, mine, grad, scale)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Add a reduced sum of this rank's shard of `unit` into its gradient
-    /// shard as an average, and pool the buffer.
-    fn fold(&mut self, unit: usize, part: Vec<f32>) {
-        let scale = self.fold_scale();
-        for (g, v) in self.units[unit].grad.iter_mut().zip(&part) {
-            *g += v * scale;
-        }
-        self.pool.give(part);
-    }
-
-    /// What a reduced sum is multiplied by to give the average.
-    fn fold_scale(&self) -> f32 {
-        1.0 / (self.world as f32 * self.pre_scale())
-    }
-
-    /// Turn gradient synchronisation off (`false`, PyTorch's `no_sync`) or
-    /// back on: while off, `post_backward` only accumulates each unit's
-    /// whole gradient on this rank (memory of the unit's size), and the
-    /// next synchronised `post_backward` of the unit reduces the sum.
-    pub fn set_sync(&mut self, sync: bool) {
-        self.sync = sync;
-    }
-
-    /// Scale every gradient shard so that the norm of the whole model's
-    /// gradient (over all units, all ranks' shards) is at most `max_norm`,
-    /// and return the norm before scaling (`clip_grad_norm_`). A
-    /// collective: every rank calls it after `finish_backward`.
-    pub fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64> {
-        if !self.reducing.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "fsdp on rank {}: clip_grad_norm before finish_backward",
-                self.rank
-            )));
-        }
-        let local: f64 = self
-            .units
-            .iter()
-            .flat_map(|x| x.grad.iter())
-            .map(|&g| f64::from(g) * f64::from(g))
-            .sum();
-        let mut total = [local];
-        if let Some(comm) = self.shard_comm() {
-            comm.all_reduce_in_place(&mut total, ReduceOp::Sum)?;
-        }
-        let norm = total[0].sqrt();
-        if norm > max_norm && norm > 0.0 {
-            let c = (max_norm / (norm + 1e-6)) as f32;
-            for g in self.units.iter_mut().flat_map(|x| x.grad.iter_mut()) {
-                *g *= c;
-            }
-        }
-        Ok(norm)
-    }
-
-    /// Update every shard from its gradient shard with `optimizer` (its
-    /// state is sharded the same way), then zero the gradients. Under
-    /// `ShardGradOp` the updated shards are then gathered into the whole
-    /// copies (issued here, waited for at the next use).
-    pub fn step(&mut self, optimizer: &Optimizer) -> Result<()> {
-        if !self.reducing.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "fsdp on rank {}: step with gradient reductions in flight (call finish_backward)",
-                self.rank
-            )));
-        }
-        if let Some(u) = self
-            .units
-            .iter()
-            .position(|x| x.phase != Phase::Idle && x.phase != Phase::AfterForward)
-        {
-            return Err(self.err(u, "step while the unit is still gathered for use"));
-        }
-        // Gathered copies (a prefetch that was never used, a unit kept
-        // from a forward without backward) hold the old values: drop them.
-        for u in 0..self.units.len() {
-            self.free_full(u)?;
-        }
-        self.steps += 1;
-        self.optimizer_steps += 1;
-        let per = optimizer.state_per_element();
-        for unit in &mut self.units {
-            if unit.state.len() != per * unit.shard.len() {
-                unit.state = vec![0f32; per * unit.shard.len()];
-            }
-            optimizer.update(
-                &mut unit.shard,
-                &unit.grad,
-                &mut unit.state,
-                self.optimizer_steps,
-            );
-            unit.grad.iter_mut().for_each(|g| *g = 0.0);
-            unit.phase = Phase::Idle;
-        }
-        self.refresh_whole()
-    }
-
-    /// Under `ShardGradOp` and `NoShard`, bring the whole copies up to the
-    /// shards; nothing otherwise.
-    fn refresh_whole(&mut self) -> Result<()> {
-        if self.keeps_whole() {
-            for u in 0..self.units.len() {
-                // The old whole copy's buffer serves the new gather.
-                self.release(u)?;
-                self.start_gather(u)?;
-            }
-        }
-        Ok(())
     }
 
     /// Bytes this rank holds for the model now.

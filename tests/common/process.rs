@@ -1,10 +1,16 @@
 //! Running real processes in tests: a command cleared of launcher and
 //! ferroccl settings from the test's own environment, run to its end or
 //! killed past a limit (so a bug fails the test instead of hanging CI), and
-//! what it left; and where the `ferroccl-run` launcher is.
+//! what it left; where cargo put this test (target/<profile>) and the
+//! `ferroccl-run` launcher.
+//!
+//! The one runner of the workspace's tests: std only, so that the tests of
+//! other crates of the workspace (nccl/) include this file with
+//! `#[path]` instead of writing a runner again.
 
 use std::io::Read;
-use std::process::{Command, ExitStatus, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -14,6 +20,8 @@ pub struct Finished {
     pub stdout: String,
     pub stderr: String,
     pub elapsed: Duration,
+    /// It ran past its limit and was killed (`status` is the kill's).
+    pub killed: bool,
 }
 
 impl Finished {
@@ -76,8 +84,23 @@ pub fn clean(program: &str) -> Command {
 /// Run `cmd` to its end; kill it (and fail) if it runs past `limit`.
 /// Killing `ferroccl-run` also ends its ranks (their parent-death signal).
 pub fn run_bounded(mut cmd: Command, limit: Duration) -> Finished {
+    let child = cmd.spawn().expect("cannot start the process");
+    let done = wait_bounded(child, limit);
+    if done.killed {
+        panic!(
+            "{cmd:?} still ran after {limit:?}; killed it\n{}",
+            done.all()
+        );
+    }
+    done
+}
+
+/// Wait for `child` (its output piped) to end, killing it past `limit`
+/// (`killed` says so): a hung process fails its test instead of hanging
+/// the suite. Both pipes are read on threads of their own, so a child
+/// never stops on a full pipe while it is waited for.
+pub fn wait_bounded(mut child: Child, limit: Duration) -> Finished {
     let start = Instant::now();
-    let mut child = cmd.spawn().expect("cannot start the process");
     let pipe = |r: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut b = Vec::new();
@@ -89,18 +112,15 @@ pub fn run_bounded(mut cmd: Command, limit: Duration) -> Finished {
     };
     let out = pipe(child.stdout.take().map(|p| Box::new(p) as _));
     let err = pipe(child.stderr.take().map(|p| Box::new(p) as _));
+    let mut killed = false;
     let status = loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
             break status;
         }
         if start.elapsed() > limit {
             let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{cmd:?} still ran after {limit:?}; killed it\n--- stdout\n{}--- stderr\n{}",
-                out.join().unwrap_or_default(),
-                err.join().unwrap_or_default()
-            );
+            killed = true;
+            break child.wait().expect("waiting for the killed process");
         }
         std::thread::sleep(Duration::from_millis(10));
     };
@@ -110,7 +130,18 @@ pub fn run_bounded(mut cmd: Command, limit: Duration) -> Finished {
         stdout: out.join().unwrap_or_default(),
         stderr: err.join().unwrap_or_default(),
         elapsed,
+        killed,
     }
+}
+
+/// target/<profile>, where cargo put this test: the test executable sits
+/// in its deps/.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
 }
 
 /// The `ferroccl-run` binary. It belongs to another package of the
@@ -121,11 +152,7 @@ pub fn run_bounded(mut cmd: Command, limit: Duration) -> Finished {
 pub fn ferroccl_run() -> &'static str {
     static PATH: OnceLock<String> = OnceLock::new();
     PATH.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test path");
-        let profile_dir = exe
-            .parent()
-            .and_then(|d| d.parent())
-            .expect("target/<profile>");
+        let profile_dir = profile_dir();
         let path = profile_dir.join(format!("ferroccl-run{}", std::env::consts::EXE_SUFFIX));
         if !path.exists() {
             let mut cmd = Command::new(env!("CARGO"));

@@ -218,3 +218,51 @@ fn a_hook_failing_on_one_rank_fails_the_step_everywhere_within_the_timeout() {
         start.elapsed()
     );
 }
+
+/// A rank leaves in the middle of a step: the survivors' step fails naming
+/// it, they shrink the communicator and rebind their reducers to it; the
+/// next step averages over the survivors (checked against the mean of
+/// their inputs), on the same bucket layout.
+#[test]
+fn a_reducer_rebound_to_the_shrunken_communicator_averages_over_the_survivors() {
+    run_ranks_with(
+        3,
+        |c| c.timeout = Duration::from_secs(10),
+        |comm| {
+            let rank = comm.rank();
+            let mut r = Reducer::<f32>::new(&comm, &specs(6), small_buckets()).unwrap();
+            mark_all_but(&mut r, None);
+            r.finish().unwrap();
+            let layout = r.bucket_layout();
+            if rank == 1 {
+                // Half a step, then gone: its first buckets are on the wire.
+                r.mark_ready(5, &vec![9.0; LENS[5]]).unwrap();
+                return;
+            }
+            for p in (0..6).rev() {
+                r.mark_ready(p, &vec![rank as f32; LENS[p]]).unwrap();
+            }
+            let err = r.finish().expect_err("rank 1 left mid-step");
+            assert!(
+                matches!(err, Error::PeerFailed { rank: 1, .. }),
+                "rank {rank}: {err:?}"
+            );
+            let survivors = comm.shrink(&[1]).expect("shrink");
+            let mut r = r.rebind(&survivors).expect("rebind");
+            assert_eq!(r.bucket_layout(), layout, "the layout is kept");
+            assert!(r.grad(0).is_none(), "the dropped step's gradients are gone");
+            let mine = (rank * 10 + 1) as f32;
+            for p in (0..6).rev() {
+                r.mark_ready(p, &vec![mine; LENS[p]]).unwrap();
+            }
+            r.finish().unwrap();
+            // Ranks 0 and 2 gave 1 and 21: their mean, not a third's.
+            for p in 0..6 {
+                assert!(
+                    r.grad(p).unwrap().iter().all(|&v| v == 11.0),
+                    "rank {rank}: parameter {p}"
+                );
+            }
+        },
+    );
+}

@@ -6,11 +6,7 @@ use crate::common;
 /// Path of example `name` built with this test's profile, building it (with
 /// `features`) if it is not there yet.
 fn example(name: &str, features: &[&str]) -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("test path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>");
+    let profile_dir = common::process::profile_dir();
     let path = profile_dir.join("examples").join(name);
     if !path.exists() {
         let mut cmd = std::process::Command::new(env!("CARGO"));
@@ -62,6 +58,29 @@ fn run_example(
         .collect()
 }
 
+/// The `mlp_ddp` run both MLP tests train: a small model, 4 steps, buckets
+/// small enough that the gradients fill several.
+const MLP_ARGS: [&str; 18] = [
+    "--steps",
+    "4",
+    "--warmup",
+    "0",
+    "--batch",
+    "12",
+    "--in",
+    "24",
+    "--hidden",
+    "48",
+    "--layers",
+    "3",
+    "--lr",
+    "0.1",
+    "--bucket-mb",
+    "0.01",
+    "--first-bucket-mb",
+    "0.002",
+];
+
 /// The weights of the example's f32 model after training on 2 and 3 ranks
 /// match one process on the whole batch. The checksum weighs every weight
 /// by 1..7; f32 reassociation in the sums over samples and ranks moves it
@@ -70,26 +89,7 @@ fn run_example(
 #[test]
 fn the_mlp_example_trains_the_same_model_on_1_2_and_3_ranks() {
     let exe = example("mlp_ddp", &[]);
-    let args = [
-        "--steps",
-        "4",
-        "--warmup",
-        "0",
-        "--batch",
-        "12",
-        "--in",
-        "24",
-        "--hidden",
-        "48",
-        "--layers",
-        "3",
-        "--lr",
-        "0.1",
-        "--bucket-mb",
-        "0.01",
-        "--first-bucket-mb",
-        "0.002",
-    ];
+    let args = MLP_ARGS;
     let one = run_example(1, &exe, &args);
     let want: f64 = one["checksum"].parse().unwrap();
     let init = run_example(
@@ -127,6 +127,32 @@ fn the_candle_example_trains_the_same_model_on_1_and_2_ranks() {
         (got - want).abs() <= 1e-4 * want.abs().max(1.0),
         "2 ranks: {got}, one process {want}"
     );
+}
+
+/// The Candle tensor-parallel block (feature `candle`): on 1, 2 and 4
+/// processes (heads and hidden features split 4, 2 and 1 per rank) its
+/// output matches the same block computed unsplit in f64. The tolerance:
+/// the block is about ten chained f32 operations (six matrix products,
+/// two RMS norms, softmax, GELU), each a sum of at most D_FF = 32 terms
+/// plus, after a row-parallel product, the all-reduce's sum over the
+/// ranks; each adds at most (32 + ranks + 4) roundings of u = 2^-24
+/// relative to the values it combines, which stay within the output's
+/// scale (inputs and weights are O(1), the norms keep them so). A missing
+/// or doubled all-reduce changes outputs at the scale itself.
+#[cfg(feature = "candle")]
+#[test]
+fn the_candle_tensor_parallel_block_matches_one_process() {
+    let exe = example("candle_tp", &["candle"]);
+    for ranks in [1, 2, 4] {
+        let run = run_example(ranks, &exe, &[]);
+        let (err, scale) = (number(&run, "max_err"), number(&run, "scale"));
+        let tol = 10.0 * (32.0 + ranks as f64 + 4.0) * 5.960464477539063e-8 * scale.max(1.0);
+        assert!(scale > 0.1, "the block's output is not trivial: {run:?}");
+        assert!(
+            err <= tol,
+            "{ranks} ranks: max error {err} against f64, tolerance {tol}"
+        );
+    }
 }
 
 /// The Candle FSDP example (feature `candle`): one process and 2 ranks
@@ -243,4 +269,58 @@ fn the_fsdp_example_accumulates_the_same_under_full_and_no_sharding() {
         (got - want).abs() <= 1e-4 * want.abs().max(1.0),
         "accumulating: FullShard checksum {got}, NoShard {want}"
     );
+}
+
+/// `mlp_ddp --elastic`: a rank killed (kill -9) mid-step, rank 0 (the
+/// rendezvous host) in one run and another rank in the other: the
+/// survivors drop the step, shrink, re-shard the batch and train on; the
+/// weights equal a plain run on the fewer ranks (the loss is a mean over
+/// the global batch, so any rank count trains the same model), within the
+/// bound of the test above.
+#[test]
+fn the_mlp_example_goes_on_after_a_rank_is_killed_mid_step() {
+    let exe = example("mlp_ddp", &[]);
+    let args = MLP_ARGS;
+    let plain = run_example(3, &exe, &args);
+    let want: f64 = plain["checksum"].parse().unwrap();
+    for (victim, at) in [("0", "1"), ("2", "2")] {
+        let out = std::process::Command::new(common::process::ferroccl_run())
+            .args(["-n", "4", "--"])
+            .arg(&exe)
+            .args(args)
+            .args(["--elastic", "--die-rank", victim, "--die-step", at])
+            .env("FERROCCL_CALIBRATE", "0")
+            .env_remove("FERROCCL_TOKEN")
+            .env_remove("FERROCCL_TRANSPORT")
+            .env("FERROCCL_TIMEOUT", "30")
+            // The survivors go on: the launcher must let them finish.
+            .env("FERROCCL_RUN_SETTLE_S", "100")
+            .output()
+            .expect("cannot run ferroccl-run");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        let all = format!("{stdout}\n{stderr}");
+        assert!(
+            stderr.contains(&format!("rank {victim} was killed by signal 9")),
+            "{all}"
+        );
+        let line = stdout
+            .lines()
+            .find(|l| l.contains("checksum="))
+            .unwrap_or_else(|| panic!("no summary\n{all}"));
+        let got: std::collections::HashMap<&str, &str> = line
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .collect();
+        assert_eq!(got["ranks"], "3", "{all}");
+        assert_eq!(got["recoveries"], "1", "{all}");
+        assert_eq!(got["steps"], "4", "{all}");
+        let g: f64 = got["checksum"].parse().unwrap();
+        assert!(
+            (g - want).abs() <= 1e-4 * want.abs().max(1.0),
+            "rank {victim} killed in step {at}: checksum {g}, a plain 3-rank run {want}\n{all}"
+        );
+    }
 }

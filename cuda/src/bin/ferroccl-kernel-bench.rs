@@ -9,8 +9,8 @@
 //! warm-up; three buffers per size, filled with random bits (never zeros).
 
 use cudarc::driver::{result, sys};
-use ferroccl_cuda::engine::CudaEngine;
-use ferroccl_cuda::staging::{DevicePtr, Engine, Stream};
+use ferroccl_cuda::cuda_engine::CudaEngine;
+use ferroccl_cuda::device::{DeviceBuf, DevicePtr, Engine, Stream};
 use ferroccl_cuda::{Op, Ty};
 use std::time::Duration;
 
@@ -88,12 +88,7 @@ fn main() {
 }
 
 /// Random bits in every buffer, through a pinned staging buffer.
-fn fill_random(
-    e: &CudaEngine,
-    s: Stream,
-    bufs: &[ferroccl_cuda::staging::DeviceBuf],
-    bytes: usize,
-) {
+fn fill_random(e: &CudaEngine, s: Stream, bufs: &[DeviceBuf], bytes: usize) {
     let chunk = bytes.min(64 << 20);
     let pin = e.alloc_pinned(chunk).expect("pinned memory");
     let mut x = 0x2545_F491_4F6C_DD1Du64;

@@ -5,7 +5,8 @@
  *   abi collectives RANK NRANKS DIR   every collective x type x op, groups,
  *                                     split, PreMulSum, abort
  *   abi peerdeath   RANK NRANKS DIR   the last rank dies; the others must
- *                                     see it through ncclCommGetAsyncError
+ *                                     see it through ncclCommGetAsyncError,
+ *                                     then shrink and go on (ncclCommShrink)
  *   abi errors                        bad arguments and configs, one rank
  *   abi lonely                        rank 0 of 2 whose peer never comes
  *   abi symbols     LIBPATH           dlopen(RTLD_NOW), the 38 symbols
@@ -482,7 +483,18 @@ static int peerdeath(int rank, int n, const char* dir) {
   /* A later call fails instead of hanging. */
   ncclResult_t r = ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, comm, NULL);
   CHECK(r != ncclSuccess, "allreduce after the death succeeded");
+  /* The survivors go on without the dead rank (NCCL 2.27's recovery). */
+  int dead = n - 1, shrunk_n = 0, shrunk_rank = -1;
+  ncclComm_t shrunk = NULL;
+  NCCLOK(ncclCommShrink(comm, &dead, 1, &shrunk, NULL, NCCL_SHRINK_ABORT));
+  NCCLOK(ncclCommCount(shrunk, &shrunk_n));
+  NCCLOK(ncclCommUserRank(shrunk, &shrunk_rank));
+  CHECK(shrunk_n == n - 1 && shrunk_rank == rank, "shrunk to rank %d of %d", shrunk_rank, shrunk_n);
+  x = (float)(rank + 1);
+  NCCLOK(ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, shrunk, NULL));
+  CHECK(y == (float)((n - 1) * n / 2), "allreduce on the shrunken comm: got %g", y);
   NCCLOK(ncclCommAbort(comm));
+  NCCLOK(ncclCommDestroy(shrunk));
   printf("rank %d: peer death seen, OK\n", rank);
   return 0;
 }
@@ -603,9 +615,24 @@ static int errors(const char* dir) {
   NCCLOK(ncclGroupEnd());
   CHECK(b[0] == 1 && b[3] == 4, "self send/recv in a group: %g %g", b[0], b[3]);
 
-  /* what is not supported says so */
+  /* shrink: bad arguments are refused; a one-rank communicator shrinks to itself */
   ncclComm_t other = NULL;
-  expect_code(ncclCommShrink(comm, NULL, 0, &other, NULL, 0), ncclInvalidUsage, "not supported", "CommShrink");
+  int self_rank = 0, nine = 9;
+  expect_code(ncclCommShrink(comm, NULL, -1, &other, NULL, 0), ncclInvalidArgument, "negative", "shrink count");
+  expect_code(ncclCommShrink(comm, NULL, 1, &other, NULL, 0), ncclInvalidArgument, "NULL", "shrink list");
+  expect_code(ncclCommShrink(comm, &nine, 1, &other, NULL, 0), ncclInvalidArgument, "rank 9", "shrink rank");
+  expect_code(ncclCommShrink(comm, NULL, 0, &other, NULL, 7), ncclInvalidArgument, "shrinkFlags", "shrink flags");
+  expect_code(ncclCommShrink(comm, &self_rank, 1, &other, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument, "left out", "shrink self");
+  NCCLOK(ncclCommShrink(comm, NULL, 0, &other, NULL, NCCL_SHRINK_DEFAULT));
+  int shrunk_size = 0;
+  NCCLOK(ncclCommCount(other, &shrunk_size));
+  CHECK(shrunk_size == 1, "shrunk size %d", shrunk_size);
+  NCCLOK(ncclAllReduce(a, b, 4, ncclFloat32, ncclSum, other, NULL));
+  CHECK(b[0] == 1 && b[3] == 4, "allreduce on the shrunken communicator");
+  NCCLOK(ncclCommDestroy(other));
+  other = NULL;
+
+  /* what is not supported says so */
   ncclWindow_t win;
   expect_code(ncclCommWindowRegister(comm, a, sizeof a, &win, 0), ncclInvalidUsage, "not supported", "WindowRegister");
   expect_code(ncclCommWindowDeregister(comm, NULL), ncclInvalidUsage, "not supported", "WindowDeregister");

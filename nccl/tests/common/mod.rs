@@ -1,15 +1,14 @@
-//! What the ABI's test programs share: where cargo put the library.
+//! What the ABI's test programs share: where cargo put the library, and
+//! the workspace's one bounded process runner (tests/common/process.rs,
+//! included rather than written again).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-/// target/<profile>: the test executable sits in its deps/.
-pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>")
-        .to_path_buf()
-}
+#[path = "../../../tests/common/process.rs"]
+#[allow(dead_code)]
+pub mod process;
+
+pub use process::profile_dir;
 
 /// The cdylib `cargo test` built. It lies beside the test executable, in
 /// deps/, together with the rlib the test links (cargo copies it up to

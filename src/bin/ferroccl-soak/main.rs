@@ -11,7 +11,10 @@
 //! (skewed towards 0, 1, the rank count, odd numbers and powers of two give
 //! or take one, sometimes up to `--max-count`), root, and every so often a
 //! split into sub-communicators with random colors (negative: left out) and
-//! keys, a few operations on them, and back to the parent. About one call
+//! keys, a few operations on them, and back to the parent; and as often a
+//! create/drop cycle: a split whose communicators do one operation and are
+//! dropped at once (what `new_group`, pipeline stages and recoveries do),
+//! so that a communicator's teardown runs amid everything else. About one call
 //! in four puts its buffers in windows (`Communicator::alloc_window`, made
 //! for the call on every rank, the buffer at an offset of 0 to 64 elements,
 //! the same on every rank or not), so the direct paths between windows run

@@ -117,6 +117,36 @@ impl Soak {
                     });
                     (desc, r)
                 }
+                Step::Cycle { plan, actions } => {
+                    *tally.entry("create/drop cycle".into()).or_default() += 1;
+                    let mut desc = format!(
+                        "create/drop cycle (split #{}: colors {:?} keys {:?})",
+                        plan.index, plan.colors, plan.keys
+                    );
+                    self.announce(rank, i, &desc);
+                    for (_, a) in actions {
+                        count_action(tally, a);
+                    }
+                    let mut r = self.split(world, plan);
+                    if let Ok(Some((mine, comm))) = &r {
+                        for (color, a) in actions {
+                            if color == mine {
+                                desc += &format!(
+                                    ", color {color}, rank {} of {}: {}",
+                                    comm.rank(),
+                                    comm.size(),
+                                    a.describe()
+                                );
+                                if let Err(e) = self.action(comm, a) {
+                                    r = Err(e);
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    // The communicator is dropped here, at once.
+                    (desc, r.map(drop))
+                }
                 Step::Sub { actions, last } => {
                     let mut desc = String::from("no part in this step of the split");
                     let mut r = Ok(());

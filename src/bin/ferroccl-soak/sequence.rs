@@ -216,6 +216,13 @@ pub(crate) enum Step {
         actions: Vec<(i32, Action)>,
         last: bool,
     },
+    /// A communicator that comes and goes: every rank calls split, the
+    /// members of each color do one action on theirs and drop it at once
+    /// (as `new_group`, a pipeline stage's group or a recovery would).
+    Cycle {
+        plan: SplitPlan,
+        actions: Vec<(i32, Action)>,
+    },
 }
 
 /// Draws the sequence; every rank runs one, in step.
@@ -262,29 +269,44 @@ impl Generator {
             }
             return Step::Sub { actions, last };
         }
-        if self.splits && self.rng.chance(6) {
-            let n = self.size;
-            let ncolors = 1 + self.rng.below(n.min(3));
-            let colors = (0..n)
-                .map(|_| {
-                    if self.rng.chance(15) {
-                        -1 - self.rng.below(2) as i32
-                    } else {
-                        self.rng.below(ncolors) as i32
-                    }
-                })
+        if self.splits && self.rng.chance(8) {
+            let plan = self.split_plan();
+            let actions = plan
+                .groups()
+                .into_iter()
+                .map(|c| (c, self.action(plan.members(c).len())))
                 .collect();
-            let keys = (0..n).map(|_| self.rng.below(5) as i32 - 2).collect();
-            let plan = SplitPlan {
-                index: self.splits_made,
-                colors,
-                keys,
-            };
-            self.splits_made += 1;
+            return Step::Cycle { plan, actions };
+        }
+        if self.splits && self.rng.chance(6) {
+            let plan = self.split_plan();
             self.split = Some((plan.clone(), 1 + self.rng.below(6)));
             return Step::Split(plan);
         }
         Step::World(self.action(self.size))
+    }
+
+    /// Random colors (some negative: left out) and keys for every rank.
+    fn split_plan(&mut self) -> SplitPlan {
+        let n = self.size;
+        let ncolors = 1 + self.rng.below(n.min(3));
+        let colors = (0..n)
+            .map(|_| {
+                if self.rng.chance(15) {
+                    -1 - self.rng.below(2) as i32
+                } else {
+                    self.rng.below(ncolors) as i32
+                }
+            })
+            .collect();
+        let keys = (0..n).map(|_| self.rng.below(5) as i32 - 2).collect();
+        let plan = SplitPlan {
+            index: self.splits_made,
+            colors,
+            keys,
+        };
+        self.splits_made += 1;
+        plan
     }
 
     /// An action for a communicator of `n` ranks.
@@ -395,6 +417,30 @@ mod tests {
         };
         assert_eq!(steps(5), steps(5));
         assert_ne!(steps(5), steps(6));
+    }
+
+    #[test]
+    fn create_drop_cycles_give_one_action_to_each_color() {
+        let cycles = |args: &[&str]| {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            let opts = parse_options(&args).unwrap().unwrap();
+            let mut g = Generator::new(3, 4, &opts);
+            let mut made = 0;
+            for _ in 0..500 {
+                if let Step::Cycle { plan, actions } = g.next_step() {
+                    made += 1;
+                    let colors: Vec<i32> = actions.iter().map(|(c, _)| *c).collect();
+                    assert_eq!(colors, plan.groups());
+                    assert!(plan
+                        .colors
+                        .iter()
+                        .all(|&c| c >= 0 || colors.iter().all(|&g| g != c)));
+                }
+            }
+            made
+        };
+        assert!(cycles(&[]) > 10);
+        assert_eq!(cycles(&["--no-splits"]), 0);
     }
 
     #[test]

@@ -9,17 +9,17 @@
 
 use super::wire::{
     ask_payload, clip, clip_reason, failure_payload, hello_payload, parse_ask, parse_failure,
-    progress_key, progress_payload, read_frame, write_frame, FrameReader, ProgressAnswer,
-    ReadError, HEARTBEAT_RANGE, KIND_REQUEST, KIND_WATCH, MAX_KEY_LEN, MAX_VALUE_LEN, OP_ASK,
-    OP_ASKED, OP_BEAT, OP_CLOSING, OP_FAILURE, OP_GET, OP_GOODBYE, OP_HEARTBEAT, OP_HELLO,
-    OP_MISSING, OP_OK, OP_PROGRESS, OP_REFUSED, OP_REPORT, OP_SET, OP_VALUE,
+    progress_key, progress_payload, read_frame, release_payload, write_frame, FrameReader,
+    ProgressAnswer, ReadError, HEARTBEAT_RANGE, KIND_REQUEST, KIND_WATCH, MAX_KEY_LEN,
+    MAX_VALUE_LEN, OP_ASK, OP_ASKED, OP_BEAT, OP_CLOSING, OP_FAILURE, OP_GET, OP_GOODBYE,
+    OP_HEARTBEAT, OP_HELLO, OP_MISSING, OP_OK, OP_PROGRESS, OP_REFUSED, OP_RELEASE, OP_REPORT,
+    OP_SET, OP_VALUE,
 };
 use super::{Due, Pulse, PUSH_TIMEOUT};
 use crate::bootstrap::{
-    lock, FailureBook, FailureReport, Heartbeat, Progress, ProgressBook, Store,
+    lock, FailureBook, FailureFeed, FailureReport, Heartbeat, Progress, ProgressBook, Store,
 };
 use crate::error::{Error, Result};
-use crossbeam_channel::Receiver;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -438,8 +438,12 @@ impl Store for TcpStore {
         }
     }
 
-    fn failures(&self) -> Receiver<FailureReport> {
+    fn failures(&self) -> FailureFeed {
         lock(&self.book).subscribe()
+    }
+
+    fn local_ip(&self) -> Option<std::net::IpAddr> {
+        lock(&self.watch).local_addr().ok().map(|a| a.ip())
     }
 
     fn goodbye(&self) {
@@ -449,6 +453,21 @@ impl Store for TcpStore {
         let mut watch = lock(&self.watch);
         let _ = write_frame(&mut *watch, OP_GOODBYE, &[]);
         let _ = watch.shutdown(Shutdown::Write);
+    }
+
+    fn release(&self, scope: &str, parties: usize) {
+        if check_key(scope).is_err() {
+            return;
+        }
+        let what = format!("release of scope '{scope}'");
+        let payload = release_payload(parties, scope);
+        match self.request(OP_RELEASE, &[&payload], SHORT_REPLY, &what) {
+            Ok((OP_OK, _)) => {}
+            Ok((op, _)) => debug!("rendezvous: unexpected reply 0x{op:02x} to {what}"),
+            // The rendezvous is gone or busy: it keeps the keys, which is
+            // all this costs.
+            Err(e) => debug!("{e}"),
+        }
     }
 
     fn register_progress(&self, comm_id: u64, rank: usize, issued: Weak<AtomicU64>) {

@@ -7,13 +7,14 @@
 //! (the protocol) or in the parent module (the heartbeat rule).
 
 use super::wire::{
-    failure_payload, parse_ask, parse_failure, parse_get, parse_hello, parse_progress, parse_set,
-    progress_key, read_frame, write_frame, FrameReader, Hello, ReadError, KIND_REQUEST, KIND_WATCH,
-    OP_ASK, OP_ASKED, OP_BEAT, OP_CLOSING, OP_FAILURE, OP_GET, OP_GOODBYE, OP_HEARTBEAT, OP_HELLO,
-    OP_MISSING, OP_OK, OP_PROGRESS, OP_REFUSED, OP_REPORT, OP_SET, OP_VALUE, VERSION,
+    failure_payload, parse_ask, parse_failure, parse_get, parse_hello, parse_progress,
+    parse_release, parse_set, progress_key, read_frame, write_frame, FrameReader, Hello, ReadError,
+    KIND_REQUEST, KIND_WATCH, OP_ASK, OP_ASKED, OP_BEAT, OP_CLOSING, OP_FAILURE, OP_GET,
+    OP_GOODBYE, OP_HEARTBEAT, OP_HELLO, OP_MISSING, OP_OK, OP_PROGRESS, OP_REFUSED, OP_RELEASE,
+    OP_REPORT, OP_SET, OP_VALUE, VERSION,
 };
 use super::{Due, Pulse, PUSH_TIMEOUT};
-use crate::bootstrap::{lock, FailureReport};
+use crate::bootstrap::{lock, FailureReport, KeyBook};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::io;
@@ -47,7 +48,7 @@ pub struct TcpStoreServer {
 struct ServerShared {
     token: u64,
     world_size: usize,
-    values: Mutex<HashMap<String, Vec<u8>>>,
+    values: Mutex<KeyBook>,
     value_set: Condvar,
     book: Mutex<ServerBook>,
     watchers_changed: Condvar,
@@ -100,7 +101,7 @@ impl TcpStoreServer {
         let shared = Arc::new(ServerShared {
             token,
             world_size,
-            values: Mutex::new(HashMap::new()),
+            values: Mutex::new(KeyBook::default()),
             value_set: Condvar::new(),
             book: Mutex::new(ServerBook::default()),
             watchers_changed: Condvar::new(),
@@ -127,6 +128,13 @@ impl TcpStoreServer {
     /// port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// (keys held, scopes released by some but not all of their users):
+    /// what the rendezvous keeps, for tests that it keeps only what live
+    /// communicators need.
+    pub fn held(&self) -> (usize, usize) {
+        lock(&self.shared.values).sizes()
     }
 
     /// How long shutdown waits for clients to say goodbye (default 10 s).
@@ -359,6 +367,13 @@ fn serve_requests(sh: &ServerShared, mut stream: TcpStream, peer: SocketAddr, ra
         let reply = match op {
             OP_SET => handle_set(sh, &p),
             OP_GET => handle_get(sh, &p),
+            OP_RELEASE => parse_release(&p).map(|(parties, scope)| {
+                let removed = lock(&sh.values).release(scope, parties);
+                if removed > 0 {
+                    debug!(scope, removed, "rendezvous: every user released a scope");
+                }
+                (OP_OK, Vec::new())
+            }),
             OP_REPORT => parse_failure(&p).map(|report| {
                 debug!(by = rank, failed = report.rank, reason = %report.reason, "failure reported");
                 broadcast_failure(sh, report);
@@ -384,7 +399,7 @@ fn serve_requests(sh: &ServerShared, mut stream: TcpStream, peer: SocketAddr, ra
 }
 
 fn store_value(sh: &ServerShared, key: &str, value: &[u8]) {
-    lock(&sh.values).insert(key.to_string(), value.to_vec());
+    lock(&sh.values).set(key, value);
     sh.value_set.notify_all();
 }
 

@@ -18,7 +18,7 @@
 //!
 //! | op   | name      | payload                                                    |
 //! |------|-----------|------------------------------------------------------------|
-//! | 0x01 | HELLO     | magic `u32` (`"FCCL"`), version `u16` (2), kind `u8` (0 request, 1 watch), rank `u32`, token `u64`, heartbeat interval in ms `u32` (0: none) |
+//! | 0x01 | HELLO     | magic `u32` (`"FCCL"`), version `u16` (3), kind `u8` (0 request, 1 watch), rank `u32`, token `u64`, heartbeat interval in ms `u32` (0: none) |
 //! | 0x02 | SET       | key length `u32`, key, value (the rest; key ≤ 4 KiB, value ≤ 64 MiB) |
 //! | 0x03 | GET       | wait in ms `u64`, key (the rest)                           |
 //! | 0x04 | REPORT    | a failure report (below)                                   |
@@ -26,12 +26,13 @@
 //! | 0x06 | HEARTBEAT | empty; only on a watch connection                          |
 //! | 0x07 | ASK       | communicator `u64`, question id `u64`: how far are its members? |
 //! | 0x08 | PROGRESS  | communicator `u64`, question id `u64`, rank `u32`, last issued call `u64`; only on a watch connection |
+//! | 0x09 | RELEASE   | parties `u32` (≥ 1), scope (the rest, ≤ 4 KiB): one of `parties` users is done with every key that starts with scope; the last one's RELEASE removes them |
 //!
 //! Server to client:
 //!
 //! | op   | name    | payload                                              |
 //! |------|---------|------------------------------------------------------|
-//! | 0x81 | OK      | empty: hello accepted, SET, REPORT or ASK done       |
+//! | 0x81 | OK      | empty: hello accepted, SET, REPORT, ASK or RELEASE done |
 //! | 0x82 | VALUE   | the value asked for by GET                           |
 //! | 0x83 | MISSING | empty: the key did not appear within the wait        |
 //! | 0x84 | REFUSED | reason (UTF-8): wrong token, version or rank         |
@@ -61,7 +62,7 @@ pub(super) const HEARTBEAT_RANGE: (Duration, Duration) =
     (Duration::from_millis(10), Duration::from_secs(3600));
 
 const MAGIC: u32 = u32::from_be_bytes(*b"FCCL");
-pub(super) const VERSION: u16 = 2;
+pub(super) const VERSION: u16 = 3;
 const HELLO_LEN: usize = 4 + 2 + 1 + 4 + 8 + 4;
 /// The longest description of a call in a mismatch report.
 const MAX_CALL_LEN: usize = 1 << 10;
@@ -81,6 +82,7 @@ pub(super) const OP_GOODBYE: u8 = 0x05;
 pub(super) const OP_HEARTBEAT: u8 = 0x06;
 pub(super) const OP_ASK: u8 = 0x07;
 pub(super) const OP_PROGRESS: u8 = 0x08;
+pub(super) const OP_RELEASE: u8 = 0x09;
 pub(super) const OP_OK: u8 = 0x81;
 pub(super) const OP_VALUE: u8 = 0x82;
 pub(super) const OP_MISSING: u8 = 0x83;
@@ -97,6 +99,8 @@ const REPORT_FAILED: u8 = 0;
 const REPORT_MISMATCH: u8 = 1;
 /// Laid out as a mismatch: the reporter refused its call.
 const REPORT_REFUSED: u8 = 2;
+/// A failure in one communicator: its id (`u64`) follows the kind.
+const REPORT_FAILED_IN: u8 = 3;
 
 /// Memory read at a time from a payload, so that memory follows the bytes
 /// that arrived rather than the length a frame claims.
@@ -113,6 +117,7 @@ fn max_payload(op: u8, to_server: bool) -> Option<usize> {
             OP_GOODBYE | OP_HEARTBEAT => Some(0),
             OP_ASK => Some(ASK_LEN),
             OP_PROGRESS => Some(PROGRESS_LEN),
+            OP_RELEASE => Some(4 + MAX_KEY_LEN),
             _ => None,
         }
     } else {
@@ -325,7 +330,13 @@ pub(super) fn failure_payload(report: &FailureReport) -> Vec<u8> {
     let mut p = Vec::with_capacity(64 + report.reason.len());
     p.extend_from_slice(&(report.rank as u32).to_le_bytes());
     match &report.mismatch {
-        None => p.push(REPORT_FAILED),
+        None => match report.comm {
+            None => p.push(REPORT_FAILED),
+            Some(comm) => {
+                p.push(REPORT_FAILED_IN);
+                p.extend_from_slice(&comm.to_le_bytes());
+            }
+        },
         Some(m) => {
             p.push(if m.refused {
                 REPORT_REFUSED
@@ -363,8 +374,16 @@ pub(super) fn parse_failure(p: &[u8]) -> Option<FailureReport> {
         return None;
     }
     let rank = u32_at(p, 0) as usize;
+    let mut comm = None;
     let (mismatch, reason) = match p[4] {
         REPORT_FAILED => (None, &p[5..]),
+        REPORT_FAILED_IN => {
+            if p.len() < 5 + 8 {
+                return None;
+            }
+            comm = Some(u64_at(p, 5));
+            (None, &p[13..])
+        }
         kind @ (REPORT_MISMATCH | REPORT_REFUSED) => {
             if p.len() < 5 + 8 + 8 + 4 {
                 return None;
@@ -390,6 +409,7 @@ pub(super) fn parse_failure(p: &[u8]) -> Option<FailureReport> {
     Some(FailureReport {
         rank,
         reason: String::from_utf8_lossy(reason).into_owned(),
+        comm,
         mismatch,
     })
 }
@@ -476,6 +496,24 @@ pub(super) fn parse_get(p: &[u8]) -> Option<(Duration, &str)> {
         return None;
     }
     Some((Duration::from_millis(u64_at(p, 0)), parse_key(&p[8..])?))
+}
+
+/// The payload of a RELEASE: one of `parties` users is done with `scope`.
+pub(super) fn release_payload(parties: usize, scope: &str) -> Vec<u8> {
+    let mut p = Vec::with_capacity(4 + scope.len());
+    p.extend_from_slice(&(parties.min(u32::MAX as usize) as u32).to_le_bytes());
+    p.extend_from_slice(scope.as_bytes());
+    p
+}
+
+/// (parties, scope) of a RELEASE; parties is at least 1.
+pub(super) fn parse_release(p: &[u8]) -> Option<(usize, &str)> {
+    if p.len() < 4 {
+        return None;
+    }
+    let parties = u32_at(p, 0) as usize;
+    (parties >= 1).then_some(())?;
+    Some((parties, parse_key(&p[4..])?))
 }
 
 /// The payload of an ASK (and of the server's pushed copy of it).
@@ -570,6 +608,7 @@ pub fn fuzz_store_bytes(data: &[u8]) -> usize {
                         OP_REPORT | OP_FAILURE => drop(parse_failure(&p)),
                         OP_ASK | OP_ASKED => drop(parse_ask(&p)),
                         OP_PROGRESS => drop(parse_progress(&p)),
+                        OP_RELEASE => drop(parse_release(&p)),
                         _ => {}
                     }
                 }
@@ -586,6 +625,7 @@ pub fn fuzz_store_bytes(data: &[u8]) -> usize {
     // Every payload parser on the raw bytes too.
     let _ = (parse_hello(data), parse_set(data), parse_get(data));
     let _ = (parse_failure(data), parse_ask(data), parse_progress(data));
+    let _ = parse_release(data);
     frames
 }
 
@@ -643,9 +683,12 @@ mod tests {
     fn reports_hellos_and_progress_round_trip() {
         let plain = FailureReport::failed(3, "gone");
         assert_eq!(parse_failure(&failure_payload(&plain)), Some(plain));
+        let scoped = FailureReport::failed_in(0xfeed, 3, "aborted");
+        assert_eq!(parse_failure(&failure_payload(&scoped)), Some(scoped));
         let mismatch = FailureReport {
             rank: 1,
             reason: "mismatch".into(),
+            comm: None,
             mismatch: Some(MismatchReport {
                 comm_id: 9,
                 seq: 4,
@@ -682,6 +725,15 @@ mod tests {
         };
         assert_eq!(parse_progress(&progress_payload(&a)), Some(a));
         assert_eq!(parse_ask(&ask_payload(7, u64::MAX)), Some((7, u64::MAX)));
+        assert_eq!(
+            parse_release(&release_payload(3, "comm/00ab/")),
+            Some((3, "comm/00ab/"))
+        );
+        // No parties, a short payload, a scope past the key limit: refused.
+        assert_eq!(parse_release(&release_payload(0, "comm/")), None);
+        assert_eq!(parse_release(&[1, 0]), None);
+        let long = "k".repeat(MAX_KEY_LEN + 1);
+        assert_eq!(parse_release(&release_payload(2, &long)), None);
     }
 
     #[test]
@@ -753,10 +805,11 @@ mod tests {
 
         /// Reports survive the wire with any rank and reason.
         #[test]
-        fn reports_round_trip(rank in 0u32..u32::MAX, reason in ".{0,40}", comm in proptest::prelude::any::<u64>(), mismatch in proptest::prelude::any::<bool>(), refused in proptest::prelude::any::<bool>()) {
+        fn reports_round_trip(rank in 0u32..u32::MAX, reason in ".{0,40}", comm in proptest::prelude::any::<u64>(), mismatch in proptest::prelude::any::<bool>(), refused in proptest::prelude::any::<bool>(), scoped in proptest::prelude::any::<bool>()) {
             let report = FailureReport {
                 rank: rank as usize,
                 reason,
+                comm: (scoped && !mismatch).then_some(comm ^ 1),
                 mismatch: mismatch.then(|| MismatchReport {
                     comm_id: comm,
                     seq: comm / 3,

@@ -3,8 +3,13 @@
 //! A host executor needs none of it (it moves bytes through the
 //! [`HostPath`](crate::HostPath) halves); a GPU kernel that writes a peer's
 //! FIFO or an RDMA engine needs exactly this, and transports of that kind
-//! have no host path at all. Plain data: nothing here reads or writes the
-//! memory it describes.
+//! would have no host path at all. None exists yet: shm describes its
+//! segments exactly; tcp and mem say their FIFO is internal; ib describes
+//! its registered slots (`Registered`) with internal counters, its RDMA
+//! writes posted by its host path; and the device executor makes its
+//! FIFOs itself (ferroccl's `comm::device_exec`), so `MemoryKind::Device`
+//! is never built. Plain data: nothing here reads or writes the memory it
+//! describes.
 //!
 //! Counters count frames since the connection was made (they never wrap in
 //! practice: 2^64 frames). Frame `k` travels in slot `k % slot_count`; the

@@ -1,5 +1,7 @@
-//! The transport seam of ferroccl: what every transport (tcp, shm, cuda-ipc,
-//! ib) implements, and the wire header they all carry.
+//! The transport seam of ferroccl: what every transport (shm, tcp, ib, and
+//! the in-process `mem`) implements, and the wire header they all carry.
+//! (cuda-ipc implements no transport yet: the device executor makes its
+//! FIFOs itself and shares them through `ferroccl-cuda-ipc`.)
 //!
 //! A connection between two ranks is a FIFO of `steps` slots of `chunk_bytes`
 //! each, in each direction. The sender fills a free slot and publishes it;

@@ -1,5 +1,5 @@
 //! Memory shared between processes for the host stand-in of a GPU
-//! (`ferroccl_cuda::staging::HostEngine`): what [`SharedAlloc`] and
+//! (`ferroccl_cuda::host_engine::HostEngine`): what [`SharedAlloc`] and
 //! [`Mapped`] are for a real device, with an anonymous shared file
 //! (`memfd_create`) in place of device memory.
 //!

@@ -1,5 +1,9 @@
-//! ferroccl-cuda-ipc: the memory-sharing half of the cuda-ipc transport,
-//! for ranks whose buffers are on GPUs of one host.
+//! ferroccl-cuda-ipc: device memory shared between the processes of one
+//! host, for ranks whose buffers are on GPUs there. It implements no
+//! transport of its own (no `Transport` from `ferroccl-transport`): the
+//! library's device executor maps its FIFOs with it
+//! (`ferroccl::comm::device_share`), and the design below is that of those
+//! FIFOs.
 //!
 //! # The design
 //!

@@ -23,10 +23,10 @@
 //!   process share the pointer instead).
 //!
 //! Every call runs in the device's primary context (retained at its first
-//! use here and kept for the process's life, as `ferroccl_cuda::engine`
+//! use here and kept for the process's life, as `ferroccl_cuda::cuda_engine`
 //! does), made current on the calling thread first. Every public function
 //! checks its arguments that need no driver first, then asks
-//! [`probe::driver`]: without a driver it is [`CudaError::NoDevice`],
+//! `ferroccl_cuda::probe::driver`: without a driver it is [`CudaError::NoDevice`],
 //! never a cudarc panic.
 //!
 //! Sizes are rounded up to the allocation granularity (VMM: what

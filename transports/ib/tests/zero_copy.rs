@@ -672,12 +672,12 @@ fn caller_memory_on_the_emulated_device() {
 }
 
 // ---------------------------------------------------------------------
-// The counts of docs/performance.md.
+// The counts of docs/performance-log.md.
 
 /// Per frame, staged against zero copy, for a few sizes on 1 and 2 queue
 /// pairs: what the CPU copied and what crossed the fabric, counted by the
 /// emulation over 20 frames each and checked against [`per_frame`];
-/// printed as the table of docs/performance.md (`--nocapture`).
+/// printed as the table of docs/performance-log.md (`--nocapture`).
 #[test]
 fn counts_per_frame_staged_and_zero_copy() {
     println!("| qps | payload | path | CPU bytes/frame | CPU copies/frame | messages/frame | wire bytes/frame |");

@@ -109,7 +109,7 @@ const SPIN: Duration = Duration::from_micros(5);
 /// a yielding one gives its core to whoever can use it, often the rank it
 /// waits for, and reads as soon as it is back. Open MPI's TCP path yields
 /// the same way, without a bound. Measured on 2 cores, 4 ranks over TCP
-/// (docs/performance.md, "yield before sleeping", medians of five
+/// (docs/performance-log.md, "yield before sleeping", medians of five
 /// rounds): 8 B-2 KiB allreduce 57-61 us -> 41-49 us, large messages up to
 /// 2.3x faster; 2 ranks 10.1-10.5 us -> 9.0-9.7 us. Bounded so that a
 /// rank whose peers are far behind (a slow step, a stall) goes back to
@@ -441,6 +441,7 @@ pub(crate) fn establish(
         halves: AtomicUsize::new(2),
     });
 
+    let mut readers = Vec::with_capacity(nsocks);
     for i in 0..nsocks {
         let suffix = if nsocks > 1 {
             format!("/{i}")
@@ -452,17 +453,20 @@ pub(crate) fn establish(
             .name(format!("ferroccl-tcp-rx-{peer}{suffix}"))
             .stack_size(READER_STACK)
             .spawn(move || run_background_reader(&r_shared, i));
-        if let Err(e) = spawned {
-            // Readers already started end once the connection is fatal.
-            let e = io("spawning a reader thread", e);
-            shared.set_fatal(e.clone());
-            shared.shutdown(Shutdown::Both);
-            return Err(e);
+        match spawned {
+            Ok(handle) => readers.push(handle),
+            Err(e) => {
+                // Readers already started end once the connection is fatal.
+                let e = io("spawning a reader thread", e);
+                shared.set_fatal(e.clone());
+                shared.shutdown(Shutdown::Both);
+                return Err(e);
+            }
         }
     }
 
     let sender = TcpSender::new(shared.clone(), abort.clone());
-    let receiver = TcpReceiver::new(shared.clone(), steps % nsocks, abort.clone());
+    let receiver = TcpReceiver::new(shared.clone(), steps % nsocks, abort.clone(), readers);
     // Receive slots move between free lists, queues and the reader, and
     // the bytes of a frame sit in socket buffers on the way: no slot has a
     // fixed place and no counter lives in memory.

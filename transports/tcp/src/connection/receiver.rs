@@ -32,6 +32,9 @@ pub(super) struct TcpReceiver {
     abort: AbortSignal,
     /// How this half ended, repeated to every later call.
     ended: Option<TransportError>,
+    /// The background readers, joined when this half drops: they hold the
+    /// connection's slots and sockets, which must not outlive it.
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 /// Where the consumer wants the next payload.
@@ -56,13 +59,19 @@ enum Got {
 impl TcpReceiver {
     /// The receiving half; the first released slot goes to socket
     /// `release_to` (`steps % nsocks`).
-    pub(super) fn new(shared: Arc<ConnShared>, release_to: usize, abort: AbortSignal) -> Self {
+    pub(super) fn new(
+        shared: Arc<ConnShared>,
+        release_to: usize,
+        abort: AbortSignal,
+        readers: Vec<std::thread::JoinHandle<()>>,
+    ) -> Self {
         TcpReceiver {
             shared,
             next: 0,
             release_to,
             abort,
             ended: None,
+            readers,
         }
     }
 
@@ -357,6 +366,11 @@ impl Drop for TcpReceiver {
             rx.wake.notify_all();
         }
         self.shared.shutdown(Shutdown::Read);
+        // Each reader sees the flag at its next look: woken above, or
+        // within one poll slice (the shut-down socket ends that poll too).
+        for reader in self.readers.drain(..) {
+            let _ = reader.join();
+        }
         self.shared.half_dropped();
     }
 }

@@ -1,0 +1,248 @@
+//! Which CUDA driver calls wait for a stream parked at a gate, on this GPU
+//! and driver: the device rule's facts (docs/staging.md), checked against
+//! the hardware in the first step of the GPU run (cuda/gpu/run.sh).
+//!
+//! For each call: a stream (non-blocking, or the legacy default stream) is
+//! parked at a word of mapped pinned memory (`cuStreamWaitValue32`, as a
+//! device call's gate), the call is made on another thread, and if it has
+//! not returned after a second it "waits for the parked stream"; then the
+//! word is raised, and the call must return. One line per call and stream
+//! kind: `| call | parked stream | waits? |`. Without a device it says why
+//! and exits 0 (1 with FERROCCL_REQUIRE_DEVICE=1).
+
+use cudarc::driver::{result, sys};
+use ferroccl_cuda::probe;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How long a call may take before it counts as waiting.
+const PATIENCE: Duration = Duration::from_secs(1);
+/// How long a waiting call may take once the stream is let go.
+const AFTER: Duration = Duration::from_secs(10);
+
+/// A tiny kernel, for the module load.
+const KERNEL: &str = "extern \"C\" __global__ void ferroccl_probe(int *p) { if (p) *p = 1; }";
+
+fn main() {
+    let require = std::env::var("FERROCCL_REQUIRE_DEVICE").as_deref() == Ok("1");
+    let driver = match probe::driver() {
+        Ok(d) => d,
+        Err(e) => {
+            println!("sync probe: no device: {e}");
+            std::process::exit(i32::from(require));
+        }
+    };
+    if let Err(e) = run(driver.version) {
+        println!("sync probe: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Driver handles and addresses as plain bits, so they can cross to the
+/// calling thread.
+#[derive(Clone, Copy)]
+struct Bits(u64, u64);
+
+fn run(version: i32) -> Result<(), String> {
+    let e = |what: &'static str| move |err: cudarc::driver::DriverError| format!("{what}: {err:?}");
+    let dev = result::device::get(0).map_err(e("cuDeviceGet"))?;
+    // SAFETY: the device handle the driver just returned.
+    let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(e("cuDevicePrimaryCtxRetain"))?;
+    let bind = move || {
+        // SAFETY: the primary context retained above, kept for the
+        // process's life.
+        unsafe { result::ctx::set_current(ctx) }.map_err(e("cuCtxSetCurrent"))
+    };
+    bind()?;
+    // SAFETY: the device handle from above.
+    let major = unsafe {
+        result::device::get_attribute(
+            dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        )
+    }
+    .map_err(e("cuDeviceGetAttribute"))?;
+    // SAFETY: as above.
+    let minor = unsafe {
+        result::device::get_attribute(
+            dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        )
+    }
+    .map_err(e("cuDeviceGetAttribute"))?;
+    let arch = format!("sm_{major}{minor}");
+    let cubin = ferroccl_cuda::nvrtc::compile(KERNEL, &arch, &[])
+        .map(|c| {
+            let mut image = c.image;
+            image.push(0);
+            image
+        })
+        .map_err(|err| println!("sync probe: no module load row: {err}"))
+        .ok();
+    // The gate word: mapped pinned memory, never freed.
+    // SAFETY: page-locked host memory of the current context, mapped.
+    let host = unsafe { result::malloc_host(4096, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+        .map_err(e("cuMemHostAlloc(DEVICEMAP)"))?;
+    // SAFETY: the page just allocated, 4096 bytes, 4-byte aligned.
+    let word = unsafe { &*host.cast::<AtomicU32>() };
+    word.store(0, Ordering::Release);
+    let mut gate: sys::CUdeviceptr = 0;
+    // SAFETY: `host` is mapped memory of this context.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut gate, host, 0) }
+        .result()
+        .map_err(e("cuMemHostGetDevicePointer"))?;
+    println!("sync probe: {arch}, driver {version}");
+    println!("| call | parked stream | waits for it? |");
+    println!("|---|---|---|");
+    let mut value = 0u32;
+    for legacy in [false, true] {
+        let kind = if legacy {
+            "legacy default"
+        } else {
+            "non-blocking"
+        };
+        for call in CALLS {
+            if *call == "cuModuleLoadData" && cubin.is_none() {
+                continue;
+            }
+            // What the call frees or uses, made before the stream parks.
+            let made = prepare(call).map_err(|err| format!("{call}: set-up: {err}"))?;
+            let parked = if legacy {
+                std::ptr::null_mut()
+            } else {
+                result::stream::create(result::stream::StreamKind::NonBlocking)
+                    .map_err(e("cuStreamCreate"))?
+            };
+            value += 1;
+            // SAFETY: a stream of this context and the device mapping of
+            // the gate word, which is never freed.
+            unsafe {
+                sys::cuStreamWaitValue32_v2(
+                    parked,
+                    gate,
+                    value,
+                    sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                )
+            }
+            .result()
+            .map_err(e("cuStreamWaitValue32"))?;
+            let (done, ended) = mpsc::channel();
+            let image = cubin.clone();
+            let name = *call;
+            let ctx_bits = Bits(ctx as u64, 0);
+            std::thread::spawn(move || {
+                let ctx = ctx_bits;
+                // SAFETY: the primary context retained above, kept for the
+                // process's life.
+                let r = unsafe { result::ctx::set_current(ctx.0 as sys::CUcontext) }
+                    .map_err(|err| format!("cuCtxSetCurrent: {err:?}"))
+                    .and_then(|()| make_call(name, made, image.as_deref()));
+                let _ = done.send(r);
+            });
+            let waits = match ended.recv_timeout(PATIENCE) {
+                Ok(r) => r.map(|()| "no").unwrap_or("error"),
+                Err(_) => "WAITS",
+            };
+            word.store(value, Ordering::Release);
+            let after = if waits == "WAITS" {
+                match ended.recv_timeout(AFTER) {
+                    Ok(Ok(())) => "",
+                    Ok(Err(_)) => " (then failed)",
+                    Err(_) => " (and still waits after the stream was let go)",
+                }
+            } else {
+                ""
+            };
+            println!("| {call} | {kind} | {waits}{after} |");
+            if !legacy {
+                // SAFETY: the stream made above; its wait has passed.
+                let _ = unsafe { result::stream::destroy(parked) };
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The calls probed: those the device rule names, and the stream-ordered
+/// ones it uses instead.
+const CALLS: &[&str] = &[
+    "cuMemAlloc",
+    "cuMemFree",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
+    "cuMemsetD8",
+    "cuMemcpyHtoD",
+    "cuStreamCreate",
+    "cuStreamDestroy",
+    "cuEventCreate",
+    "cuModuleLoadData",
+    "cuCtxSynchronize",
+];
+
+/// What `call` needs made first (a device buffer, pinned memory, a
+/// stream), made while no stream is parked: (buffer, stream) bits.
+fn prepare(call: &str) -> Result<Bits, String> {
+    let e = |err: cudarc::driver::DriverError| format!("{err:?}");
+    let stream = || result::stream::create(result::stream::StreamKind::NonBlocking).map_err(e);
+    Ok(match call {
+        // SAFETY: a plain allocation in the current context, used by this
+        // probe call alone.
+        "cuMemFree" | "cuMemsetD8" | "cuMemcpyHtoD" => {
+            Bits(unsafe { result::malloc_sync(1 << 20) }.map_err(e)?, 0)
+        }
+        // SAFETY: as above, pinned.
+        "cuMemFreeHost" => Bits(
+            unsafe { result::malloc_host(1 << 20, 0) }.map_err(e)? as u64,
+            0,
+        ),
+        "cuStreamDestroy" | "cuMemAllocAsync" => Bits(0, stream()? as u64),
+        "cuMemFreeAsync" => {
+            let s = stream()?;
+            // SAFETY: `s` is the stream just made; the allocation is its.
+            let b = unsafe { result::malloc_async(s, 1 << 20) }.map_err(e)?;
+            // SAFETY: as above; waits for the allocation alone.
+            unsafe { result::stream::synchronize(s) }.map_err(e)?;
+            Bits(b, s as u64)
+        }
+        _ => Bits(0, 0),
+    })
+}
+
+/// Make `call` (on the calling thread, its context current).
+fn make_call(call: &str, made: Bits, image: Option<&[u8]>) -> Result<(), String> {
+    let e = |err: cudarc::driver::DriverError| format!("{err:?}");
+    // SAFETY (each arm): the call's documented arguments: buffers and
+    // streams made by `prepare` for this call alone, sizes within them.
+    unsafe {
+        match call {
+            "cuMemAlloc" => result::malloc_sync(1 << 20).map(|_| ()).map_err(e),
+            "cuMemFree" => result::free_sync(made.0).map_err(e),
+            "cuMemHostAlloc" => result::malloc_host(1 << 20, 0).map(|_| ()).map_err(e),
+            "cuMemFreeHost" => result::free_host(made.0 as *mut std::ffi::c_void).map_err(e),
+            "cuMemAllocAsync" => result::malloc_async(made.1 as sys::CUstream, 1 << 20)
+                .map(|_| ())
+                .map_err(e),
+            "cuMemFreeAsync" => result::free_async(made.0, made.1 as sys::CUstream).map_err(e),
+            "cuMemsetD8" => result::memset_d8_sync(made.0, 0, 1 << 20).map_err(e),
+            "cuMemcpyHtoD" => result::memcpy_htod_sync(made.0, &[0u8; 4096][..]).map_err(e),
+            "cuStreamCreate" => result::stream::create(result::stream::StreamKind::NonBlocking)
+                .map(|_| ())
+                .map_err(e),
+            "cuStreamDestroy" => result::stream::destroy(made.1 as sys::CUstream).map_err(e),
+            "cuEventCreate" => result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map(|_| ())
+                .map_err(e),
+            "cuModuleLoadData" => match image {
+                Some(image) => result::module::load_data(image.as_ptr().cast())
+                    .map(|_| ())
+                    .map_err(e),
+                None => Ok(()),
+            },
+            "cuCtxSynchronize" => result::ctx::synchronize().map_err(e),
+            other => Err(format!("no call {other}")),
+        }
+    }
+}

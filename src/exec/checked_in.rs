@@ -1,0 +1,110 @@
+//! A call while the ranks of one host share control pages: carries out
+//! the planner's route for it (note a call through slots, or check in and
+//! run it inline, directly between windows or out of the peers'
+//! processes). Apart from `checkin`, the page protocol that `inline`,
+//! `direct` and `pull` build on, so that none of them imports back.
+
+use super::checkin::{
+    announce, finish, lock, note_slot_call, read_announcement, Ctx, Deadline, Place,
+};
+use super::io::HostIo;
+use super::{direct, inline, pull, Call};
+use crate::element::Element;
+use crate::error::Result;
+use crate::plan::{self, Direct, Route};
+use std::sync::atomic::Ordering;
+
+/// Carry out `route` (the planner's, from the call alone) for a call
+/// while the ranks share control pages: note a call that goes through
+/// slots, or check in and run the call inline, directly between windows
+/// or out of the peers' processes, as the planner decides from every
+/// rank's announcement. `Ok(true)`: done (results in place on every
+/// rank); `Ok(false)`: run the schedule through slots.
+pub(crate) fn run<T: Element>(
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    call: &Call,
+    route: Route,
+) -> Result<bool> {
+    let fp = call.fingerprint;
+    let cma = match route {
+        Route::Slots { note: false } => return Ok(false),
+        Route::Slots { note: true } => {
+            note_slot_call(ctx, call)?;
+            return Ok(false);
+        }
+        Route::Inline => false,
+        Route::CheckIn { cma } => cma,
+    };
+    let kind = call.kind;
+    let elem = std::mem::size_of::<T>();
+    let (in_len, out_len) = kind.extents(fp.count as usize, ctx.size);
+    let turn = ctx.control.checkins.fetch_add(1, Ordering::Relaxed);
+    let deadline = Deadline::new(call.timeout);
+    if route == Route::Inline {
+        inline::run(ctx, io, call, in_len, turn, &deadline)?;
+        return Ok(true);
+    }
+    let (in_addr, out_addr) = io.addresses();
+    let place = {
+        let windows = lock(ctx.windows);
+        let locate = |addr: usize, len: usize| {
+            windows
+                .find(addr, len * elem)
+                .filter(|&(_, off)| off % elem == 0)
+                .map_or((0, 0), |(id, off)| (id, off as u64))
+        };
+        let (in_win, in_off) = locate(in_addr, in_len);
+        let (out_win, out_off) = locate(out_addr, out_len);
+        Place {
+            in_win,
+            in_off,
+            out_win,
+            out_off,
+        }
+    };
+    // The input's address only where a peer may read from it: it lies in
+    // the announcement's second cache line, which the other check-ins
+    // leave alone.
+    announce(ctx, turn, call, &place, cma.then_some(in_addr as u64))?;
+    let mut places = vec![place; ctx.size];
+    for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
+        places[peer] = read_announcement(ctx, turn, peer, &deadline, call)?;
+    }
+    let same = |w: fn(&Place) -> u64| {
+        let first = w(&places[0]);
+        (first != 0 && places.iter().all(|p| w(p) == first)).then_some(first)
+    };
+    let direct = plan::after_check_in(kind, same(|p| p.in_win), same(|p| p.out_win), cma);
+    let buffers = (in_len + out_len) * elem * ctx.size;
+    let mode = plan::direct_store(
+        matches!(io, HostIo::OutOfPlace { .. }),
+        buffers,
+        call.nt_store_bytes,
+    );
+    let kernel = direct::Kernel {
+        rank: ctx.rank,
+        size: ctx.size,
+        elem,
+        places: &places,
+        call,
+        op: call.op,
+        mode,
+    };
+    match direct {
+        Direct::Done => return Ok(true),
+        Direct::Slots => return Ok(false),
+        Direct::AllReduce { input, output } => {
+            direct::all_reduce(&kernel, ctx, io, (input, output), (in_len, out_len))?
+        }
+        Direct::AllGather { output } => {
+            direct::all_gather(&kernel, ctx, io, output, (in_len, out_len))?
+        }
+        Direct::ReduceScatter { input } => {
+            direct::reduce_scatter(&kernel, ctx, io, input, (in_len, out_len))?
+        }
+        Direct::Pull => pull::run(&kernel, ctx, io, turn, in_len)?,
+    }
+    finish(ctx, call.order, &deadline, call)?;
+    Ok(true)
+}

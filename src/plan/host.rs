@@ -1,0 +1,818 @@
+//! The host half of the planner: for a call in host memory, which
+//! algorithm it runs, how its slices are cut, and whether its bytes go
+//! through the transport's slots, inline in a check-in on the shared
+//! control pages, directly between windows, or straight out of the peers'
+//! processes (cross-memory attach); and, for each decision, the reason it
+//! gives at FERROCCL_DEBUG=INFO. The algorithm and slices serve device
+//! calls too (the device executor runs the same schedules).
+//!
+//! Every decision here is a pure function of the call (kind, bytes, where
+//! its memory lives), of facts every rank of the communicator shares (rank
+//! count, control pages, cross-memory attach, windows, a forced algorithm,
+//! the agreed link model) and, after a check-in, of what every rank
+//! announced. So every rank decides alike, without talking. `exec` carries a
+//! decision out and decides nothing; `tune` holds the cost model this module
+//! asks about algorithms. No I/O, no clock, no `unsafe`.
+
+use crate::algo::Algorithm;
+use crate::call::{CollKind, Geometry, Memory};
+use crate::error::{Error, Result};
+use crate::reduce::Store;
+use crate::tune::{self, HostLinks, Layout};
+
+/// Calls whose input has at most this many bytes travel inline in the
+/// check-in (where the ranks share control pages and no algorithm is
+/// forced). The control page's inline area holds exactly this much
+/// (`exec::checkin::INLINE_CAPACITY`).
+pub(crate) const INLINE_BYTES: usize = 4096;
+
+/// Allgathers and all-to-alls whose blocks have at least this many bytes
+/// copy from the peers by cross-memory attach where the ranks may. Below
+/// it the slots win or tie (each `process_vm_readv` pins the peer's pages,
+/// and the check-in and completion wait cost a round trip each): measured
+/// on 2 ranks from blocks of 64 KiB (allgather 9.4-9.6 against 4.4-6.5
+/// GB/s at 128 KiB gathered) and on 4 ranks from about 64 KiB blocks
+/// (below that slower; docs/performance-history.md).
+pub(crate) const CMA_MIN_BYTES: usize = 64 << 10;
+
+/// What the communicator knows about its ranks that every rank knows
+/// alike: the facts a route depends on besides the call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Facts {
+    /// Ranks in the communicator.
+    pub(crate) size: usize,
+    /// The ranks share control pages (one host, shared memory allowed).
+    pub(crate) control: bool,
+    /// Every rank may read every other's memory (`process_vm_readv`).
+    pub(crate) cma: bool,
+    /// The communicator has a shared window: any call may lie in one.
+    pub(crate) windows: bool,
+    /// FERROCCL_ALGO forces this algorithm (then no call skips its
+    /// schedule: not inline, not by cross-memory attach).
+    pub(crate) forced: Option<Algorithm>,
+    /// Hosts the ranks are on, and the largest host's rank count.
+    pub(crate) layout: Layout,
+    /// A user algorithm runs the call being routed (`algo::user`: an
+    /// allreduce, allgather or reduce-scatter): it skips no schedule.
+    pub(crate) user: bool,
+}
+
+/// How a call starts, decided from the call alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Through the transport's slots by its schedule; `note`: first say
+    /// so on this rank's control page, so that a peer that checks in for
+    /// this call instead (it was given another call) reports the mismatch
+    /// instead of waiting for the timeout.
+    Slots {
+        /// Store the call's fingerprint on the control page first.
+        note: bool,
+    },
+    /// All in one check-in: the input travels on the control page.
+    Inline,
+    /// Check in, then decide from every rank's announcement
+    /// ([`after_check_in`]); `cma`: announce the input's address, the
+    /// peers may copy out of this process.
+    CheckIn {
+        /// The call may run by cross-memory attach.
+        cma: bool,
+    },
+}
+
+impl Route {
+    /// Why, in words, for the INFO log.
+    pub(crate) fn explain(self) -> &'static str {
+        match self {
+            Route::Slots { note: false } => "through the transport's slots",
+            Route::Slots { note: true } => {
+                "through the transport's slots (noted on the shared control page for mismatch \
+                 checks)"
+            }
+            Route::Inline => "inline in the check-in on the shared control pages, one exchange",
+            Route::CheckIn { cma: true } => {
+                "check-in, then straight out of the peers' processes (cross-memory attach) or \
+                 directly between windows"
+            }
+            Route::CheckIn { cma: false } => {
+                "check-in, then directly between windows where every rank's buffers lie in one"
+            }
+        }
+    }
+}
+
+/// The route of a call of `kind` whose input has `in_bytes` bytes in
+/// `memory`. Device memory takes `plan::device`'s path, never a route: here
+/// it is an error before any byte moves.
+#[inline]
+pub(crate) fn route(
+    kind: CollKind,
+    in_bytes: usize,
+    memory: Memory,
+    facts: &Facts,
+) -> Result<Route> {
+    if let Memory::Device { .. } = memory {
+        // Device calls take the device half's path
+        // (`plan::device::path`) before a route is asked for.
+        return Err(device_unsupported(kind, memory));
+    }
+    // Send/recv involves two ranks, not the communicator: it never checks
+    // in (the others would wait for it).
+    if kind == CollKind::SendRecv || !facts.control {
+        return Ok(Route::Slots { note: false });
+    }
+    if facts.user
+        && matches!(
+            kind,
+            CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter
+        )
+    {
+        // The user algorithm runs it, windows or not.
+        return Ok(Route::Slots { note: true });
+    }
+    let free = facts.forced.is_none();
+    if free && in_bytes <= INLINE_BYTES {
+        return Ok(Route::Inline);
+    }
+    let cma = free && facts.cma && takes_cma(kind, in_bytes, facts.size);
+    if cma || facts.windows {
+        return Ok(Route::CheckIn { cma });
+    }
+    Ok(Route::Slots { note: true })
+}
+
+pub(crate) fn device_unsupported(kind: CollKind, memory: Memory) -> Error {
+    Error::InvalidArgument(format!(
+        "{}: buffers in {memory:?} reached a path that moves host memory only",
+        kind.name()
+    ))
+}
+
+/// Whether a call of `kind` whose input has `in_bytes` may run by
+/// cross-memory attach on `size` ranks: an allgather or all-to-all whose
+/// blocks (an allgather's whole input, one of an all-to-all's `size`) have
+/// at least `CMA_MIN_BYTES`. Not a broadcast: through slots the root's copy
+/// into a slot and the receiver's copy out of it run at once on two cores,
+/// and one kernel copy on the receiver alone was slower from 2 MiB (7-9
+/// against 13-14 GB/s on 2 ranks).
+fn takes_cma(kind: CollKind, in_bytes: usize, size: usize) -> bool {
+    let block = match kind {
+        CollKind::AllGather => in_bytes,
+        CollKind::AllToAll => in_bytes / size.max(1),
+        _ => return false,
+    };
+    block >= CMA_MIN_BYTES
+}
+
+/// How a checked-in call runs, decided from every rank's announcement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direct {
+    /// The check-in was the whole call (a barrier).
+    Done,
+    /// Rank r reduces piece r of every input (window `input`) into piece r
+    /// of every output (window `output`).
+    AllReduce {
+        /// The window every rank's input lies in.
+        input: u64,
+        /// The window every rank's output lies in.
+        output: u64,
+    },
+    /// Rank r writes its input into block r of every output.
+    AllGather {
+        /// The window every rank's output lies in.
+        output: u64,
+    },
+    /// Rank r reduces block r of every input into its output.
+    ReduceScatter {
+        /// The window every rank's input lies in.
+        input: u64,
+    },
+    /// Each rank copies what it needs out of the peers' processes.
+    Pull,
+    /// The buffers do not allow a direct path: the schedule, through slots.
+    Slots,
+}
+
+/// The direct path of a checked-in call of `kind`: `inputs` / `outputs`
+/// is the window every rank's input / output lies in (None: some rank's is
+/// in no window, or they differ), `cma` what [`route`] said.
+pub(crate) fn after_check_in(
+    kind: CollKind,
+    inputs: Option<u64>,
+    outputs: Option<u64>,
+    cma: bool,
+) -> Direct {
+    match (kind, inputs, outputs) {
+        (CollKind::Barrier, _, _) => Direct::Done,
+        (CollKind::AllReduce, Some(input), Some(output)) => Direct::AllReduce { input, output },
+        (CollKind::AllGather, _, Some(output)) => Direct::AllGather { output },
+        (CollKind::AllGather, _, None) if cma => Direct::Pull,
+        (CollKind::AllToAll, _, _) if cma => Direct::Pull,
+        (CollKind::ReduceScatter, Some(input), _) => Direct::ReduceScatter { input },
+        _ => Direct::Slots,
+    }
+}
+
+/// Whether a call of `kind` on `count` elements (the fingerprint's) on
+/// `size` ranks that runs through slots must end with a confirmation, so
+/// that a mismatch fails the call itself on every rank.
+///
+/// Every rank checks every frame it receives against its own call before
+/// it uses the frame or sends anything derived from it. So a rank knows
+/// that every rank ran its call once its output depends on every rank's
+/// input: every such dependency is a chain of frames, each checked by its
+/// receiver. That holds for an allreduce, reduce-scatter, allgather and
+/// all-to-all of any algorithm, and for the barrier's two laps. It does not
+/// hold for a broadcast (the root only sends; a rank hears only from the
+/// ranks on its path from the root), a reduce (only the root hears from
+/// everyone) or a call of no elements (no frames at all): those confirm.
+/// `algo::sim::knowledge` checks this rule on every schedule. Send/recv
+/// never confirms: a send returns once its data is handed to the
+/// transport, and only the receiver checks it.
+pub(crate) fn confirms(kind: CollKind, count: usize, size: usize) -> bool {
+    size > 1
+        && match kind {
+            CollKind::Broadcast | CollKind::Reduce => true,
+            CollKind::SendRecv | CollKind::Barrier => false,
+            _ => count == 0,
+        }
+}
+
+/// How a call through slots writes its output: a large output of its own
+/// (out of place, at least `nt_store_bytes`; 0 turns it off) with
+/// streaming stores: it would not stay in cache anyway, and ordinary stores
+/// would read every line first. In place, the lines written were just read
+/// as input and are in cache: streaming them out measured 30-40% slower
+/// (docs/performance-history.md).
+#[inline]
+pub(crate) fn slot_store(out_of_place: bool, out_bytes: usize, nt_store_bytes: usize) -> Store {
+    if out_of_place && nt_store_bytes > 0 && out_bytes >= nt_store_bytes {
+        Store::Streaming
+    } else {
+        Store::Cached
+    }
+}
+
+/// How a call directly between windows writes its outputs: streaming
+/// stores, out of place, once the buffers of all ranks together (what the
+/// direct kernels stream through: `buffer_bytes`) reach twice the
+/// threshold: a 2-rank allreduce from 16 MiB (64 MiB of buffers; measured
+/// 8.6-10.1 GB/s against 3.6-11.1 with ordinary stores), an allgather from
+/// 32 MiB (48 MiB of buffers at 16 MiB measured better with ordinary
+/// stores).
+pub(crate) fn direct_store(
+    out_of_place: bool,
+    buffer_bytes: usize,
+    nt_store_bytes: usize,
+) -> Store {
+    if out_of_place && nt_store_bytes > 0 && buffer_bytes >= nt_store_bytes.saturating_mul(2) {
+        Store::Streaming
+    } else {
+        Store::Cached
+    }
+}
+
+/// The algorithm a call of `bytes` runs when it goes through slots (the
+/// forced one, else the model's cheapest), with every candidate's modelled
+/// cost for the log. The hierarchical algorithm, forced or chosen, runs
+/// only where the ranks span hosts with several on some host, and only for
+/// the collectives it serves (allreduce, allgather, reduce-scatter):
+/// elsewhere, the ring,
+/// so that a one-host communicator keeps its path whatever FERROCCL_ALGO.
+pub(crate) fn algorithm(
+    kind: CollKind,
+    bytes: usize,
+    facts: &Facts,
+    links: &HostLinks,
+) -> (Algorithm, Vec<(Algorithm, f64)>) {
+    match facts.forced {
+        Some(Algorithm::Hierarchical) if !hier_applies(kind, facts.layout) => {
+            (Algorithm::Ring, Vec::new())
+        }
+        Some(forced) => (forced, Vec::new()),
+        // A reduce-scatter's call names one rank's output block, an
+        // allgather's one rank's input block; the model costs the whole
+        // buffer, `size` blocks.
+        None if matches!(kind, CollKind::ReduceScatter | CollKind::AllGather) => tune::choose_on(
+            kind,
+            facts.layout,
+            facts.size,
+            bytes.saturating_mul(facts.size),
+            links,
+        ),
+        None => tune::choose_on(kind, facts.layout, facts.size, bytes, links),
+    }
+}
+
+/// Whether the hierarchical algorithm serves `kind` on `layout`.
+pub(crate) fn hier_applies(kind: CollKind, layout: Layout) -> bool {
+    layout.hierarchical()
+        && matches!(
+            kind,
+            CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter
+        )
+}
+
+/// Slice geometry of a call of `count` elements of `elem` bytes run by
+/// `algorithm`, over slots of `chunk_bytes`: slices are cut from the pieces
+/// the algorithm moves (a ring moves 1/n of the data per hop, each of the
+/// two trees half, one-shot all).
+pub(crate) fn geometry(
+    kind: CollKind,
+    algorithm: Algorithm,
+    (rank, size): (usize, usize),
+    count: usize,
+    elem: usize,
+    chunk_bytes: usize,
+) -> Geometry {
+    let pieces = match (kind, algorithm) {
+        (CollKind::AllReduce, Algorithm::Ring | Algorithm::TwoShot | Algorithm::Hierarchical) => {
+            size
+        }
+        (CollKind::AllReduce, Algorithm::Tree) => 2,
+        _ => 1,
+    };
+    slices(rank, size, count, pieces, elem, chunk_bytes)
+}
+
+/// The largest slice, in elements, of an allreduce of `count` elements of
+/// `elem` bytes on `size` ranks run by `algorithm` over slots of
+/// `chunk_bytes`: `geometry`'s rule, public so that a tool builds the
+/// schedules a call runs (`ferroccl-sim`) without a copy of the rule.
+pub fn all_reduce_slice(
+    algorithm: Algorithm,
+    size: usize,
+    count: usize,
+    elem: usize,
+    chunk_bytes: usize,
+) -> usize {
+    geometry(
+        CollKind::AllReduce,
+        algorithm,
+        (0, size),
+        count,
+        elem,
+        chunk_bytes,
+    )
+    .slice
+}
+
+/// The largest slice, in elements, of a ring reduce-scatter, allgather,
+/// broadcast or reduce whose per-rank block is `count` elements of `elem`
+/// bytes, over slots of `chunk_bytes` (`geometry`'s rule for them; public
+/// for the same reason as [`all_reduce_slice`]).
+pub fn block_slice(count: usize, elem: usize, chunk_bytes: usize) -> usize {
+    geometry(
+        CollKind::AllGather,
+        Algorithm::Ring,
+        (0, 1),
+        count,
+        elem,
+        chunk_bytes,
+    )
+    .slice
+}
+
+/// Geometry of a call whose `count` elements are cut into `pieces`.
+pub(crate) fn slices(
+    rank: usize,
+    size: usize,
+    count: usize,
+    pieces: usize,
+    elem: usize,
+    chunk_bytes: usize,
+) -> Geometry {
+    let piece_bytes = count / pieces.max(1) * elem;
+    let slice_bytes = tune::slice_bytes(piece_bytes, chunk_bytes);
+    Geometry {
+        rank,
+        size,
+        slice: (slice_bytes / elem.max(1)).max(1),
+    }
+}
+
+/// The INFO line for a call of `kind` (allreduce, allgather or
+/// reduce-scatter) of `bytes` that the user algorithm `user` runs.
+pub(crate) fn explain_user(
+    kind: CollKind,
+    bytes: usize,
+    facts: &Facts,
+    user: &crate::algo::user::Checked,
+) -> String {
+    let route = route(kind, bytes, Memory::Host, facts).unwrap_or(Route::Slots { note: false });
+    format!(
+        "{} of {bytes} bytes on {} ranks -> user algorithm '{}' ({}; the checker accepted it \
+         for {} ranks at creation, so the tuner does not choose), {}",
+        kind.name(),
+        facts.size,
+        user.name(),
+        user.source(),
+        facts.size,
+        route.explain()
+    )
+}
+
+/// The INFO line for a call of `kind` and `bytes`: the route, and the
+/// algorithm where the call goes through slots.
+pub(crate) fn explain(
+    kind: CollKind,
+    bytes: usize,
+    facts: &Facts,
+    chosen: Algorithm,
+    costs: &[(Algorithm, f64)],
+) -> String {
+    let route = route(kind, bytes, Memory::Host, facts).unwrap_or(Route::Slots { note: false });
+    let how = match (route, facts.forced) {
+        (Route::Inline, _) => route.explain().to_string(),
+        (_, Some(forced)) if forced != chosen => format!(
+            "{chosen} ({forced} forced by FERROCCL_ALGO does not apply: {}), {}",
+            if facts.layout.hierarchical() {
+                "not this collective"
+            } else {
+                "the ranks are not spread over hosts with several on one"
+            },
+            route.explain()
+        ),
+        (_, Some(forced)) => format!("{} (forced by FERROCCL_ALGO), {}", forced, route.explain()),
+        (_, None) => format!("{chosen}, {}", route.explain()),
+    };
+    let model = if costs.is_empty() {
+        String::new()
+    } else {
+        let listed: Vec<String> = costs
+            .iter()
+            .map(|(a, c)| format!("{} {c:.1} us", a.name()))
+            .collect();
+        format!(" (model: {})", listed.join(", "))
+    };
+    let hosts = if facts.layout.hosts > 1 {
+        format!(
+            " over {} hosts (largest {} ranks)",
+            facts.layout.hosts, facts.layout.largest
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{} of {bytes} bytes on {} ranks{hosts} -> {how}{model}",
+        kind.name(),
+        facts.size
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tune::LinkModel;
+
+    /// `costs` prices `algo` at `want` microseconds (to a part in a million).
+    fn assert_cost(costs: &[(Algorithm, f64)], algo: Algorithm, want: f64) {
+        let got = costs.iter().find(|c| c.0 == algo).unwrap().1;
+        assert!((got - want).abs() < 1e-6 * want, "{algo}: {costs:?}");
+    }
+
+    fn facts() -> Facts {
+        Facts {
+            size: 4,
+            control: true,
+            cma: true,
+            windows: false,
+            forced: None,
+            layout: Layout::one_host(4),
+            user: false,
+        }
+    }
+
+    fn links(intra: (f64, f64), inter: (f64, f64)) -> HostLinks {
+        let model = |(alpha_us, beta_gbps): (f64, f64)| LinkModel {
+            alpha_us,
+            beta_gbps,
+            reduce_gbps: 1000.0,
+        };
+        HostLinks {
+            intra: model(intra),
+            inter: model(inter),
+        }
+    }
+
+    /// On synthetic layouts: one host never takes the hierarchical
+    /// algorithm, chosen or forced; two hosts of two ranks with a fast
+    /// host and a 1 Gb/s network take it for a large allreduce and
+    /// allgather, with the cost the model's formula gives by hand; links
+    /// as slow inside as across keep the flat ring; one rank a host never
+    /// takes it; the reason is in the INFO line.
+    #[test]
+    fn hierarchical_only_over_hosts_and_where_the_model_says() {
+        let fast_host = links((2.0, 20.0), (50.0, 0.125));
+        let bytes = 64 << 20;
+        let spread = |hosts: usize, largest: usize| Facts {
+            size: hosts * largest,
+            control: false,
+            cma: false,
+            layout: Layout { hosts, largest },
+            ..facts()
+        };
+        // One host: never, whatever the sizes and links.
+        for n in [2, 4, 8] {
+            let f = Facts {
+                size: n,
+                layout: Layout::one_host(n),
+                ..facts()
+            };
+            for b in [8, 1 << 20, bytes] {
+                for kind in [
+                    CollKind::AllReduce,
+                    CollKind::AllGather,
+                    CollKind::ReduceScatter,
+                ] {
+                    let (a, costs) = algorithm(kind, b, &f, &fast_host);
+                    assert_ne!(a, Algorithm::Hierarchical);
+                    assert!(costs.iter().all(|c| c.0 != Algorithm::Hierarchical));
+                }
+            }
+            let forced = Facts {
+                forced: Some(Algorithm::Hierarchical),
+                ..f
+            };
+            for kind in [CollKind::AllReduce, CollKind::ReduceScatter] {
+                let (a, _) = algorithm(kind, bytes, &forced, &fast_host);
+                assert_eq!(a, Algorithm::Ring, "forced on one host runs the ring");
+            }
+            let (a, _) = algorithm(CollKind::AllReduce, bytes, &forced, &fast_host);
+            let line = explain(CollKind::AllReduce, bytes, &forced, a, &[]);
+            assert!(line.contains("does not apply"), "{line}");
+        }
+        // Two hosts of two: 64 MiB. Ring: 6 hops of 50 us and 1.5 times
+        // the buffer at 125 MB/s. Hierarchical: inside, 2 hops of 2 us and
+        // the buffer once at 20 GB/s; across, 2 hops of 50 us and the
+        // buffer once at 125 MB/s (reductions at 1000 GB/s).
+        let b = bytes as f64;
+        let ring = 6.0 * 50.0 + 1.5 * b / 125.0 + 0.75 * b / 1e6;
+        let hier = 2.0 * 2.0 + b / 20e3 + 0.5 * b / 1e6 + 2.0 * 50.0 + b / 125.0 + 0.25 * b / 1e6;
+        let f = spread(2, 2);
+        let (a, costs) = algorithm(CollKind::AllReduce, bytes, &f, &fast_host);
+        assert_eq!(a, Algorithm::Hierarchical, "{costs:?}");
+        assert_cost(&costs, Algorithm::Ring, ring);
+        assert_cost(&costs, Algorithm::Hierarchical, hier);
+        let (a, _) = algorithm(CollKind::AllGather, bytes, &f, &fast_host);
+        assert_eq!(a, Algorithm::Hierarchical);
+        let line = explain(CollKind::AllReduce, bytes, &f, a, &costs);
+        assert!(
+            line.contains("over 2 hosts") && line.contains("hierarchical"),
+            "{line}"
+        );
+        // Links as slow inside as across: the host's extra pass costs
+        // more than the network bytes saved.
+        let flat_links = links((50.0, 0.125), (50.0, 0.125));
+        let (a, costs) = algorithm(CollKind::AllReduce, bytes, &f, &flat_links);
+        assert_eq!(a, Algorithm::Ring, "{costs:?}");
+        // One rank a host: nothing to do inside, never hierarchical.
+        let (a, costs) = algorithm(CollKind::AllReduce, bytes, &spread(4, 1), &fast_host);
+        assert_ne!(a, Algorithm::Hierarchical);
+        assert!(costs.iter().all(|c| c.0 != Algorithm::Hierarchical));
+        // Not a collective it serves: the broadcast keeps its choice.
+        let (a, _) = algorithm(CollKind::Broadcast, bytes, &f, &fast_host);
+        assert_ne!(a, Algorithm::Hierarchical);
+        // Forced over hosts: it runs.
+        let forced = Facts {
+            forced: Some(Algorithm::Hierarchical),
+            ..f
+        };
+        let (a, _) = algorithm(CollKind::AllReduce, 8, &forced, &fast_host);
+        assert_eq!(a, Algorithm::Hierarchical);
+        let (a, _) = algorithm(CollKind::ReduceScatter, 8, &forced, &fast_host);
+        assert_eq!(a, Algorithm::Hierarchical);
+        // Reduce-scatter of a 64 MiB input (16 MiB a rank, the call's
+        // count) on two hosts of two. Ring: 3
+        // hops of 50 us, each a quarter of the input over the network (its
+        // combine, faster, overlaps). Hierarchical: 1 tick across, two
+        // blocks over the network at once, and 2 ticks inside, a block
+        // each at 20 GB/s.
+        let ring = 3.0 * 50.0 + 0.75 * b / 125.0;
+        let hier = 50.0 + 0.5 * b / 125.0 + 2.0 * (2.0 + 0.25 * b / 20e3);
+        let (a, costs) = algorithm(CollKind::ReduceScatter, bytes / 4, &f, &fast_host);
+        assert_eq!(a, Algorithm::Hierarchical, "{costs:?}");
+        assert_cost(&costs, Algorithm::Ring, ring);
+        assert_cost(&costs, Algorithm::Hierarchical, hier);
+        let line = explain(CollKind::ReduceScatter, bytes, &f, a, &costs);
+        assert!(
+            line.contains("reduce_scatter of") && line.contains("-> hierarchical"),
+            "{line}"
+        );
+        // As slow inside as across: a link inside carries as much as the
+        // network saves, and the ring keeps it.
+        let (a, costs) = algorithm(CollKind::ReduceScatter, bytes / 4, &f, &flat_links);
+        assert_eq!(a, Algorithm::Ring, "{costs:?}");
+        assert!(costs.iter().any(|c| c.0 == Algorithm::Hierarchical));
+    }
+
+    #[test]
+    fn small_calls_go_inline_only_with_control_pages_and_no_forced_algorithm() {
+        let f = facts();
+        for kind in [
+            CollKind::AllReduce,
+            CollKind::AllGather,
+            CollKind::Broadcast,
+            CollKind::Barrier,
+        ] {
+            assert_eq!(route(kind, 8, Memory::Host, &f).unwrap(), Route::Inline);
+            assert_eq!(
+                route(kind, INLINE_BYTES + 1, Memory::Host, &f).unwrap(),
+                Route::Slots { note: true },
+                "{kind:?}"
+            );
+        }
+        let no_pages = Facts {
+            control: false,
+            ..f
+        };
+        assert_eq!(
+            route(CollKind::AllReduce, 8, Memory::Host, &no_pages).unwrap(),
+            Route::Slots { note: false }
+        );
+        let forced = Facts {
+            forced: Some(Algorithm::Ring),
+            ..f
+        };
+        assert_eq!(
+            route(CollKind::AllReduce, 8, Memory::Host, &forced).unwrap(),
+            Route::Slots { note: true }
+        );
+        // A user algorithm takes every call of its collective
+        // (allreduce, allgather, reduce-scatter), and only those.
+        let user = Facts {
+            user: true,
+            windows: true,
+            ..f
+        };
+        for kind in [
+            CollKind::AllReduce,
+            CollKind::AllGather,
+            CollKind::ReduceScatter,
+        ] {
+            assert_eq!(
+                route(kind, 8, Memory::Host, &user).unwrap(),
+                Route::Slots { note: true }
+            );
+        }
+        assert_eq!(
+            route(CollKind::Broadcast, 8, Memory::Host, &user).unwrap(),
+            Route::Inline
+        );
+        // Send/recv never checks in.
+        assert_eq!(
+            route(CollKind::SendRecv, 8, Memory::Host, &f).unwrap(),
+            Route::Slots { note: false }
+        );
+    }
+
+    #[test]
+    fn cross_memory_attach_from_its_block_size_for_allgather_and_all_to_all_only() {
+        let f = facts();
+        let big = CMA_MIN_BYTES;
+        assert_eq!(
+            route(CollKind::AllGather, big, Memory::Host, &f).unwrap(),
+            Route::CheckIn { cma: true }
+        );
+        assert_eq!(
+            route(CollKind::AllGather, big - 1, Memory::Host, &f).unwrap(),
+            Route::Slots { note: true }
+        );
+        // An all-to-all's block is a quarter of its input on 4 ranks.
+        assert_eq!(
+            route(CollKind::AllToAll, 4 * big, Memory::Host, &f).unwrap(),
+            Route::CheckIn { cma: true }
+        );
+        assert_eq!(
+            route(CollKind::AllToAll, 4 * big - 4, Memory::Host, &f).unwrap(),
+            Route::Slots { note: true }
+        );
+        for kind in [CollKind::Broadcast, CollKind::AllReduce, CollKind::Reduce] {
+            assert_eq!(
+                route(kind, 1 << 24, Memory::Host, &f).unwrap(),
+                Route::Slots { note: true }
+            );
+        }
+        let no_cma = Facts { cma: false, ..f };
+        assert_eq!(
+            route(CollKind::AllGather, big, Memory::Host, &no_cma).unwrap(),
+            Route::Slots { note: true }
+        );
+    }
+
+    #[test]
+    fn with_a_window_every_large_collective_checks_in() {
+        let f = Facts {
+            windows: true,
+            cma: false,
+            ..facts()
+        };
+        for kind in [
+            CollKind::AllReduce,
+            CollKind::ReduceScatter,
+            CollKind::Broadcast,
+        ] {
+            assert_eq!(
+                route(kind, 1 << 20, Memory::Host, &f).unwrap(),
+                Route::CheckIn { cma: false }
+            );
+        }
+    }
+
+    /// No host route takes device memory (the staged executor takes it
+    /// before a route is asked for).
+    #[test]
+    fn no_host_route_takes_device_memory() {
+        let err = route(
+            CollKind::AllReduce,
+            8,
+            Memory::Device { ordinal: 3 },
+            &facts(),
+        )
+        .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        assert!(err.to_string().contains("ordinal: 3"), "{err}");
+    }
+
+    #[test]
+    fn direct_paths_need_every_rank_in_one_window() {
+        use CollKind::*;
+        assert_eq!(
+            after_check_in(AllReduce, Some(1), Some(2), false),
+            Direct::AllReduce {
+                input: 1,
+                output: 2
+            }
+        );
+        assert_eq!(
+            after_check_in(AllReduce, None, Some(2), true),
+            Direct::Slots
+        );
+        assert_eq!(
+            after_check_in(AllGather, None, Some(2), true),
+            Direct::AllGather { output: 2 }
+        );
+        assert_eq!(after_check_in(AllGather, None, None, true), Direct::Pull);
+        assert_eq!(after_check_in(AllGather, None, None, false), Direct::Slots);
+        assert_eq!(
+            after_check_in(AllToAll, Some(1), Some(1), true),
+            Direct::Pull
+        );
+        assert_eq!(
+            after_check_in(ReduceScatter, Some(5), None, false),
+            Direct::ReduceScatter { input: 5 }
+        );
+        assert_eq!(after_check_in(Barrier, None, None, false), Direct::Done);
+        assert_eq!(
+            after_check_in(Broadcast, Some(1), Some(1), false),
+            Direct::Slots
+        );
+    }
+
+    #[test]
+    fn streaming_stores_only_out_of_place_from_the_threshold() {
+        let nt = 32 << 20;
+        assert_eq!(slot_store(true, nt, nt), Store::Streaming);
+        assert_eq!(slot_store(true, nt - 1, nt), Store::Cached);
+        assert_eq!(slot_store(false, 4 * nt, nt), Store::Cached);
+        assert_eq!(slot_store(true, 4 * nt, 0), Store::Cached);
+        assert_eq!(direct_store(true, 2 * nt, nt), Store::Streaming);
+        assert_eq!(direct_store(true, 2 * nt - 1, nt), Store::Cached);
+        assert_eq!(direct_store(false, 4 * nt, nt), Store::Cached);
+    }
+
+    #[test]
+    fn slices_follow_the_pieces_each_algorithm_moves() {
+        let chunk = 1 << 20;
+        let ring = geometry(
+            CollKind::AllReduce,
+            Algorithm::Ring,
+            (0, 4),
+            1 << 22,
+            4,
+            chunk,
+        );
+        let one = geometry(
+            CollKind::AllReduce,
+            Algorithm::OneShot,
+            (0, 4),
+            1 << 22,
+            4,
+            chunk,
+        );
+        assert!(ring.slice <= one.slice);
+        assert!(ring.slice * 4 <= chunk && one.slice * 4 <= chunk);
+        let forced = Facts {
+            forced: Some(Algorithm::Tree),
+            ..facts()
+        };
+        let flat = HostLinks {
+            intra: LinkModel::DEFAULT,
+            inter: LinkModel::DEFAULT,
+        };
+        let (a, costs) = algorithm(CollKind::AllReduce, 8, &forced, &flat);
+        assert_eq!(a, Algorithm::Tree);
+        assert!(costs.is_empty());
+        let line = explain(CollKind::AllReduce, 1 << 20, &forced, a, &costs);
+        assert!(line.contains("forced"), "{line}");
+    }
+}

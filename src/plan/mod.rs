@@ -1,0 +1,29 @@
+//! The one place that decides the path of a call, for host and device
+//! memory alike: which algorithm it runs, how its slices are cut, and
+//! which way its bytes go, with the reason each decision gives at
+//! FERROCCL_DEBUG=INFO (`plan: ...` lines, once per collective and size
+//! class).
+//!
+//! - [`host`] (re-exported here): calls in host memory: the algorithm
+//!   (from `tune`'s host link model), slices, the route (slots, inline,
+//!   check-in, windows, cross-memory attach), confirmations, store modes.
+//! - [`device`]: calls in device memory: the executor or staging, the
+//!   FIFO sizes, the executor's protocol, chunk and channels (its own
+//!   link model), and the INFO line; the GPU path per peer it takes from
+//!   `gpu_path::select`. The executor's algorithm and slices are still
+//!   the host half's.
+//!
+//! Every decision is a pure function of described facts that every rank
+//! holds alike; the executing code (`comm`, `exec`) gathers the facts and
+//! carries the decision out. No I/O, no clock, no `unsafe`.
+
+pub(crate) mod device;
+pub(crate) mod host;
+
+// The call's vocabulary: `Memory` stays nameable as `plan::Memory`.
+pub(crate) use crate::call::Memory;
+pub(crate) use host::{
+    after_check_in, algorithm, confirms, device_unsupported, direct_store, explain, explain_user,
+    geometry, route, slot_store, Direct, Facts, Route, CMA_MIN_BYTES, INLINE_BYTES,
+};
+pub use host::{all_reduce_slice, block_slice};
