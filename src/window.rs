@@ -244,6 +244,9 @@ pub(crate) fn region_name(
     )
 }
 
-/// Bytes of a control page: announcements, then the inline data of small
-/// calls (`exec::checkin`, `exec::inline`).
-pub(crate) const CONTROL_BYTES: usize = 16384;
+/// Bytes of a control page: 4 KiB of announcements, then the inline data
+/// of calls that run in the check-in, two areas of the planner's largest
+/// (`exec::checkin`, `exec::inline`). The pages are files on a memory file
+/// system (or zeroed allocations for threads): only what calls touch
+/// becomes resident.
+pub(crate) const CONTROL_BYTES: usize = 4096 + 2 * crate::plan::INLINE_MAX_BYTES;

@@ -1,6 +1,7 @@
 //! The check-in on shared control pages for plain buffers: every collective
-//! with an input of at most 4 KiB runs inline in it (one exchange) on ranks
-//! of one host, larger ones go through slots; results against the f64
+//! with an input of at most 4 KiB (on 2 ranks 16 KiB, 8 KiB for allgather
+//! and all-to-all) runs inline in it (one exchange) on ranks of one host,
+//! larger ones go through slots; results against the f64
 //! reference, how many calls ran inline counted, the switch
 //! (FERROCCL_CHECKIN=0, a forced algorithm) honoured, and calls that differ
 //! between ranks caught as mismatches whichever way each rank sends them.
@@ -15,7 +16,17 @@ use ferroccl::testing::run_ranks_with;
 use ferroccl::{Algorithm, Communicator, Config, Element, Error, ReduceOp};
 use std::time::Duration;
 
-const INLINE_BYTES: usize = 4096;
+/// The largest input, in bytes, of a `kind` call that runs inline on `n`
+/// ranks (docs/architecture.md, the check-in): 4 KiB, and on 2 ranks
+/// 16 KiB, 8 KiB for the allgather and all-to-all (whose output is larger
+/// than their input).
+fn inline_limit(kind: &str, n: usize) -> usize {
+    match (n, kind) {
+        (2, "all_gather" | "all_to_all") => 8 << 10,
+        (2, _) => 16 << 10,
+        _ => 4096,
+    }
+}
 
 fn quick(c: &mut Config) {
     c.timeout = Duration::from_secs(20);
@@ -26,7 +37,7 @@ fn quick(c: &mut Config) {
 fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
     let (rank, n, dt) = (comm.rank(), comm.size(), T::DTYPE);
     let elem = std::mem::size_of::<T>();
-    let small = |elements: usize| u64::from(elements * elem <= INLINE_BYTES);
+    let small = |kind: &str, elements: usize| u64::from(elements * elem <= inline_limit(kind, n));
     let mut inline = 0;
     for op in ReduceOp::ALL {
         let what = |name: &str| format!("{name} {dt} {op} n={n} count={count} rank={rank}");
@@ -40,10 +51,10 @@ fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
         let mut buf = input.clone();
         comm.all_reduce_in_place(&mut buf, op).unwrap();
         check(&what("all_reduce_in_place"), &buf, |i| want[i], tol);
-        inline += 2 * small(count);
+        inline += 2 * small("all_reduce", count);
 
         check_reduce_scatter::<T>(comm, count, op, tol, &what);
-        inline += 2 * small(count * n);
+        inline += 2 * small("reduce_scatter", count * n);
 
         let root = (count + 1) % n;
         let mut out = vec![T::from_f64(-99.0); if rank == root { count } else { 0 }];
@@ -60,21 +71,29 @@ fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
                 what("reduce")
             );
         }
-        inline += 2 * small(count);
+        inline += 2 * small("reduce", count);
     }
     let what = |name: &str| format!("{name} {dt} n={n} count={count} rank={rank}");
     check_moving_collectives::<T>(comm, count, &what);
     // all_gather twice and broadcast at `count`, all_to_all at `count * n`.
-    inline += 3 * small(count) + small(count * n);
+    inline +=
+        2 * small("all_gather", count) + small("broadcast", count) + small("all_to_all", count * n);
 
     comm.barrier().unwrap();
     inline + 1
 }
 
-/// Counts around the 4 KiB limit for each collective's input.
+/// Counts around each limit for each collective's input.
 fn counts(n: usize, elem: usize) -> Vec<usize> {
-    let limit = INLINE_BYTES / elem;
-    let mut c = vec![0, 1, 3, limit / n, limit / n + 1, limit, limit + 1];
+    let mut c = vec![0, 1, 3];
+    let limits: &[usize] = if n == 2 {
+        &[4096, 8 << 10, 16 << 10]
+    } else {
+        &[4096]
+    };
+    for limit in limits.iter().map(|l| l / elem) {
+        c.extend([limit / n, limit / n + 1, limit, limit + 1]);
+    }
     c.sort_unstable();
     c.dedup();
     c
@@ -178,12 +197,19 @@ fn two_small_calls_that_differ_are_a_mismatch_on_both_ranks() {
 }
 
 /// A long random sequence of collectives, small (inline) and large (slots)
-/// mixed, on 3 ranks, each result checked: the check-in counters and the
+/// mixed, on 2 and 3 ranks, each result checked: the check-in counters and the
 /// slot sequence numbers stay in step however the two ways interleave.
 #[test]
 fn random_mixtures_of_inline_and_slot_calls_stay_in_step() {
+    // 2 ranks: the larger inline limits; 3: the 4 KiB one.
+    for n in [2, 3] {
+        random_mixture(n);
+    }
+}
+
+fn random_mixture(ranks: usize) {
     let seed = 0x00C0_FFEE_u64;
-    run_ranks_with(3, quick, |comm| {
+    run_ranks_with(ranks, quick, |comm| {
         let (rank, n) = (comm.rank(), comm.size());
         let mut rng = SplitMix(seed);
         let op = ReduceOp::Sum;

@@ -220,10 +220,11 @@ impl Communicator {
         }));
         tracing::info!(
             rank = inner.rank,
-            "control pages shared by {} ranks: collectives of at most {} bytes run inline in \
-             the check-in",
+            "control pages shared by {} ranks: collectives of at most {} bytes (on 2 ranks \
+             without windows up to {}) run inline in the check-in",
             inner.size,
-            crate::plan::INLINE_BYTES
+            crate::plan::INLINE_BYTES,
+            crate::plan::INLINE_MAX_BYTES
         );
         // The pages just set (or, had another thread set some first, those).
         Ok(inner.control.get().cloned())

@@ -47,8 +47,8 @@
 //!  word 52  note of a call through slots at an odd position
 //!           each: +0 position (stored last, Release), +1 as above,
 //!                 +2 count, +3 number
-//!  word 512   inline input of an even check-in (4 KiB)
-//!  word 1024  inline input of an odd check-in (4 KiB)
+//!  word 512   inline input of an even check-in (`INLINE_CAPACITY`, 16 KiB)
+//!  word 2560  inline input of an odd check-in (as much)
 //! ```
 //!
 //! Positions (`Call::order`) count every collective call of the
@@ -114,12 +114,14 @@ pub(super) const E_IN_ADDR: usize = 8;
 const E_NUM: usize = 9;
 
 /// Where the inline data of the two announcement slots start (in words),
-/// and how much each holds: the planner's inline limit
-/// (`plan::INLINE_BYTES`) must fit.
+/// and how much each holds: the planner's largest inline call
+/// (`plan::INLINE_MAX_BYTES`) must fit, and both areas must lie in the
+/// page (`window::CONTROL_BYTES`).
 pub(super) const W_INLINE: usize = 512;
-pub(super) const INLINE_CAPACITY: usize = 4096;
+pub(super) const INLINE_CAPACITY: usize = plan::INLINE_MAX_BYTES;
 pub(super) const INLINE_WORDS: usize = INLINE_CAPACITY / 8;
-const _: () = assert!(plan::INLINE_BYTES <= INLINE_CAPACITY);
+const _: () = assert!(plan::INLINE_MAX_BYTES <= INLINE_CAPACITY);
+const _: () = assert!(W_INLINE * 8 + 2 * INLINE_CAPACITY <= crate::window::CONTROL_BYTES);
 
 /// Spins of a check-in wait before it yields, when every rank has a core
 /// (the rest of the rhythm is the transport core's `Waiter`).

@@ -1,5 +1,5 @@
 //! Small calls all in one check-in: each rank puts its input (at most
-//! `plan::INLINE_BYTES`; a broadcast's root only) on its control page with
+//! `plan::inline_limit`, 4 to 16 KiB; a broadcast's root only) on its control page with
 //! its announcement (up to 8 bytes in the announcement's own cache line,
 //! else in the page's inline area), reads every peer's announcement, then
 //! takes what it needs from the peers' pages: allreduce reduces every input
@@ -18,7 +18,7 @@ use crate::algo::{Operand, Prim, Step};
 use crate::coll::CollKind;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::reduce::{reduce_into, Store};
+use crate::reduce::{reduce_into, reduce_to, Store};
 use std::sync::atomic::Ordering;
 
 fn inline_at(turn: u64) -> usize {
@@ -72,8 +72,11 @@ fn peer_inline<'x, T: Element>(
 
 /// `output[..len] = input_0 op input_1 op ...` over elements
 /// `off..off + len` of the inline inputs of check-in `turn` (`total`
-/// elements each; this rank's own from its buffer), in rank order, so
-/// that every rank gets the same bits.
+/// elements each), in rank order, so that every rank gets the same bits.
+/// Every input is read from its rank's page, this rank's own too (it put
+/// it there), so the output, which may be this rank's buffer (in place),
+/// is no input: it is written in one pass over the first two inputs, then
+/// reduced into with the others.
 fn reduce_inline<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
@@ -82,36 +85,25 @@ fn reduce_inline<T: Element>(
     off: usize,
     len: usize,
 ) -> Result<()> {
-    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
-    // Zeroing 4 KiB of stack costs more than an 8-byte allreduce.
-    let mut small_acc = [0u64; 8];
-    let mut big;
-    let acc: &mut [u64] = if words <= small_acc.len() {
-        &mut small_acc[..words]
-    } else {
-        big = [0u64; INLINE_WORDS];
-        &mut big[..words]
-    };
-    let sum: &mut [T] = &mut bytemuck::cast_slice_mut(acc)[..len];
-    for j in 0..ctx.size {
-        let mut small = [0u64; 1];
-        let x = if j == ctx.rank {
-            io.input(off, len)
-        } else {
-            peer_inline(ctx, j, turn, total, (off, len), &mut small)?
-        };
-        if j == 0 {
-            sum.copy_from_slice(x);
-        } else {
-            reduce_into(op, sum, x);
-        }
+    let (mut s0, mut s1) = ([0u64; 1], [0u64; 1]);
+    let x0 = peer_inline(ctx, 0, turn, total, (off, len), &mut s0)?;
+    let out = io.output(0, len);
+    if ctx.size == 1 {
+        out.copy_from_slice(x0);
+        return Ok(());
     }
-    io.output(0, len).copy_from_slice(sum);
+    let x1 = peer_inline(ctx, 1, turn, total, (off, len), &mut s1)?;
+    reduce_to(op, out, x0, x1);
+    for j in 2..ctx.size {
+        let mut small = [0u64; 1];
+        let x = peer_inline(ctx, j, turn, total, (off, len), &mut small)?;
+        reduce_into(op, out, x);
+    }
     Ok(())
 }
 
 /// A small call, all in check-in `turn`: each rank puts its input (at most
-/// `INLINE_BYTES`; a broadcast's root only) on its page with its
+/// `plan::inline_limit`; a broadcast's root only) on its page with its
 /// announcement, reads every peer's announcement, then takes what it needs
 /// from the peers' pages. Nobody touches another rank's buffers, so there
 /// is no completion wait: one exchange in all.

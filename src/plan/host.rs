@@ -21,10 +21,44 @@ use crate::reduce::Store;
 use crate::tune::{self, HostLinks, Layout};
 
 /// Calls whose input has at most this many bytes travel inline in the
-/// check-in (where the ranks share control pages and no algorithm is
-/// forced). The control page's inline area holds exactly this much
-/// (`exec::checkin::INLINE_CAPACITY`).
+/// check-in, where the ranks share control pages and no algorithm is
+/// forced: every call on more than 2 ranks, and every call while the
+/// communicator has shared windows (calls in windows run directly between
+/// them from here on). See [`inline_limit`].
 pub(crate) const INLINE_BYTES: usize = 4096;
+
+/// The largest input any call runs inline with: the control page's inline
+/// areas hold this much each (`exec::checkin::INLINE_CAPACITY`).
+pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
+
+/// The largest input of a `kind` call that runs inline in the check-in,
+/// given `facts`: one exchange, each rank copying its input onto its page
+/// and reading what it needs from the peers' pages (`exec::inline`), in
+/// place of a schedule through slots.
+///
+/// On 2 ranks inline wins past 4 KiB (`ferroccl-perf --ranks 2`, a
+/// build whose limit was 512 KiB for every call beside one whose limit was
+/// 4 KiB, turn by turn; docs/performance.md, "Inline up to 16 KiB on 2
+/// ranks"): allreduce at 8 KiB
+/// 1.3-1.6 against 1.9-2.1 us through slots, broadcast and reduce-scatter
+/// at 16 KiB 1.9-2.1 against 2.1-6.0; level at 32 KiB, behind from 64 KiB
+/// (one rank reads all of the other's input across cores). An allgather's
+/// output is twice its input, so it stops at 8 KiB of input (16 KiB
+/// gathered: 2.1 against 2.3-3.0 us; 32 KiB gathered: 11-12 against
+/// 3.5-4.6). On more ranks each rank reads every peer's input in full,
+/// and nothing past 4 KiB was measured better.
+pub(crate) fn inline_limit(kind: CollKind, size: usize, facts: &Facts) -> usize {
+    if facts.windows || size != 2 {
+        return INLINE_BYTES;
+    }
+    match kind {
+        CollKind::AllReduce | CollKind::Reduce | CollKind::Broadcast | CollKind::ReduceScatter => {
+            INLINE_MAX_BYTES
+        }
+        CollKind::AllGather | CollKind::AllToAll => 8 << 10,
+        CollKind::Barrier | CollKind::SendRecv => INLINE_BYTES,
+    }
+}
 
 /// Allgathers and all-to-alls whose blocks have at least this many bytes
 /// copy from the peers by cross-memory attach where the ranks may. Below
@@ -130,7 +164,7 @@ pub(crate) fn route(
         return Ok(Route::Slots { note: true });
     }
     let free = facts.forced.is_none();
-    if free && in_bytes <= INLINE_BYTES {
+    if free && in_bytes <= inline_limit(kind, facts.size, facts) {
         return Ok(Route::Inline);
     }
     let cma = free && facts.cma && takes_cma(kind, in_bytes, facts.size);
@@ -603,6 +637,51 @@ mod tests {
         let (a, costs) = algorithm(CollKind::ReduceScatter, bytes / 4, &f, &flat_links);
         assert_eq!(a, Algorithm::Ring, "{costs:?}");
         assert!(costs.iter().any(|c| c.0 == Algorithm::Hierarchical));
+    }
+
+    #[test]
+    fn two_ranks_run_larger_calls_inline_unless_the_communicator_has_windows() {
+        let two = Facts {
+            size: 2,
+            layout: Layout::one_host(2),
+            ..facts()
+        };
+        let windows = Facts {
+            windows: true,
+            ..two
+        };
+        let limits = [
+            (CollKind::AllReduce, 16 << 10),
+            (CollKind::Reduce, 16 << 10),
+            (CollKind::Broadcast, 16 << 10),
+            (CollKind::ReduceScatter, 16 << 10),
+            (CollKind::AllGather, 8 << 10),
+            (CollKind::AllToAll, 8 << 10),
+        ];
+        for (kind, limit) in limits {
+            assert!(limit <= INLINE_MAX_BYTES, "{kind:?}: the page holds it");
+            assert_eq!(
+                route(kind, limit, Memory::Host, &two).unwrap(),
+                Route::Inline
+            );
+            assert_ne!(
+                route(kind, limit + 1, Memory::Host, &two).unwrap(),
+                Route::Inline,
+                "{kind:?}"
+            );
+            // With windows, and on more ranks, the 4 KiB limit.
+            for f in [&windows, &facts()] {
+                assert_eq!(
+                    route(kind, INLINE_BYTES, Memory::Host, f).unwrap(),
+                    Route::Inline
+                );
+                assert_ne!(
+                    route(kind, INLINE_BYTES + 1, Memory::Host, f).unwrap(),
+                    Route::Inline,
+                    "{kind:?} {f:?}"
+                );
+            }
+        }
     }
 
     #[test]
