@@ -275,7 +275,7 @@ impl Config {
         if let Some(v) = get("FERROCCL_CMA") {
             self.cma = parse_flag("FERROCCL_CMA", &v)?;
         }
-        if let Some(disabled) = crate::gpu_path::p2p_disabled_from_env(get)? {
+        if let Some(disabled) = crate::plan::gpu_path::p2p_disabled_from_env(get)? {
             self.p2p = !disabled;
         }
         if let Some(c) = crate::plan::device::max_channels_from_env(get)? {

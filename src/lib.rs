@@ -29,7 +29,6 @@ mod error;
 mod exec;
 mod fingerprint;
 pub mod fsdp;
-mod gpu_path;
 mod logging;
 mod plan;
 pub mod reduce;

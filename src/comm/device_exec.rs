@@ -7,7 +7,7 @@
 //!   every rank takes part, in the call's turn, in rounds through the
 //!   rendezvous store: what it can do (the engine runs the executor, P2P
 //!   on, the protocols FERROCCL_PROTO allows) and its GPU's identity
-//!   (`gpu_path`); its peer-access answers; and, where the executor is
+//!   (`plan::gpu_path`); its peer-access answers; and, where the executor is
 //!   chosen, its FIFO memory: the device address, and for ranks with peers
 //!   in other processes the handle to map it by (`device_share`). The
 //!   choice is made from every rank's answers, so every rank makes the
@@ -44,8 +44,8 @@ use crate::coll::{self, CollCall, Plan};
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::exec::{Call, DeviceIo, Links};
-use crate::gpu_path::{self, GpuIdentity};
 use crate::plan::device::{self as device_plan, decide, Allowed, FifoGeometry, Offer};
+use crate::plan::gpu_path::{self, GpuIdentity};
 use ferroccl_cuda::device::{DeviceBuf, DevicePtr, Engine, Event, Gate, PinnedBuf, Stream};
 use ferroccl_cuda::error::CudaError;
 use ferroccl_cuda::executor::{
@@ -240,6 +240,41 @@ fn row_from_bytes(rank: usize, n: usize, b: &[u8]) -> Result<Vec<Option<bool>>> 
         .collect()
 }
 
+/// This process's identity on device `ordinal`. `Error::NoDevice`
+/// (with the reason) without a driver or device.
+fn probe(ordinal: u32) -> Result<GpuIdentity> {
+    let dev = ferroccl_cuda::topo::identity(ordinal).map_err(crate::cuda::from_cuda)?;
+    Ok(GpuIdentity {
+        uuid: dev.uuid,
+        pci_bus_id: dev.pci_bus_id,
+        numa_node: dev.numa_node,
+        ordinal: dev.ordinal,
+        host: crate::topo::host_info(),
+        pid: std::process::id(),
+    })
+}
+
+/// This process's answer to "can `me`'s GPU and `peer`'s access each
+/// other's memory", both ways: `None` where it cannot ask (other host, or
+/// the peer's GPU is not visible here); one GPU is `Some(true)`. Calls the
+/// driver (after its probe).
+fn peer_access(me: &GpuIdentity, peer: &GpuIdentity) -> Result<Option<bool>> {
+    use ferroccl_cuda::topo;
+    if !me.same_host(peer) {
+        return Ok(None);
+    }
+    if me.uuid == peer.uuid {
+        return Ok(Some(true));
+    }
+    let from_cuda = crate::cuda::from_cuda;
+    let Some(theirs) = topo::local_ordinal(&peer.uuid).map_err(from_cuda)? else {
+        return Ok(None);
+    };
+    let there = topo::can_access_peer(me.ordinal, theirs).map_err(from_cuda)?;
+    let back = topo::can_access_peer(theirs, me.ordinal).map_err(from_cuda)?;
+    Ok(Some(there && back))
+}
+
 /// The identity of the engine's device: a stand-in's own, a GPU's probed.
 fn identity(engine: &dyn Engine, ordinal: u32) -> Result<GpuIdentity> {
     match engine.stand_in_uuid() {
@@ -251,7 +286,7 @@ fn identity(engine: &dyn Engine, ordinal: u32) -> Result<GpuIdentity> {
             host: crate::topo::host_info(),
             pid: std::process::id(),
         }),
-        None => GpuIdentity::probe(ordinal),
+        None => probe(ordinal),
     }
 }
 
@@ -261,7 +296,7 @@ fn access(engine: &dyn Engine, me: &GpuIdentity, peer: &GpuIdentity) -> Result<O
     if engine.stand_in_uuid().is_some() {
         return Ok(Some(me.same_host(peer) && me.uuid == peer.uuid));
     }
-    gpu_path::peer_access(me, peer)
+    peer_access(me, peer)
 }
 
 /// A communicator's executor on one engine, once chosen and set up.
@@ -1258,5 +1293,27 @@ mod tests {
         assert!(fault_error(None, &odd, None, "x", t)
             .to_string()
             .contains("fault code 99"));
+    }
+
+    /// Here (no driver) the probe says NoDevice; on a GPU it describes
+    /// device 0 of this process and host.
+    #[test]
+    fn probing_says_no_device_or_describes_this_process() {
+        match probe(0) {
+            Err(Error::NoDevice(why)) => {
+                assert!(!why.is_empty());
+                assert!(std::env::var("FERROCCL_REQUIRE_DEVICE").as_deref() != Ok("1"));
+            }
+            Ok(id) => {
+                assert_eq!(id.pid, std::process::id());
+                assert_eq!(id.host, crate::topo::host_info());
+                assert_eq!(
+                    GpuIdentity::from_bytes(&id.to_bytes().unwrap()).unwrap(),
+                    id
+                );
+                assert_eq!(peer_access(&id, &id), Ok(Some(true)));
+            }
+            Err(other) => panic!("expected NoDevice, got {other}"),
+        }
     }
 }

@@ -25,9 +25,9 @@
 //! offer, its peer-access answers, the call) and carries out what this
 //! module returns.
 
+use super::gpu_path::{self, GpuIdentity, GpuPath, PathChoice};
 use crate::call::{CollCall, CollKind};
 use crate::error::{Error, Result};
-use crate::gpu_path::{self, GpuIdentity, GpuPath, PathChoice};
 use ferroccl_cuda::executor::Protocol;
 
 /// The variable that narrows the protocols (`LL`, `Simple` or `bulk`, a

@@ -9,15 +9,17 @@
 //!   check-in, windows, cross-memory attach), confirmations, store modes.
 //! - [`device`]: calls in device memory: the executor or staging, the
 //!   FIFO sizes, the executor's protocol, chunk and channels (its own
-//!   link model), and the INFO line; the GPU path per peer it takes from
-//!   `gpu_path::select`. The executor's algorithm and slices are still
-//!   the host half's.
+//!   link model), and the INFO line. The executor's algorithm and slices
+//!   are still the host half's.
+//! - [`gpu_path`]: the GPU path per pair of ranks (same process, cuda-ipc,
+//!   staged), which `device` asks for every pair.
 //!
 //! Every decision is a pure function of described facts that every rank
 //! holds alike; the executing code (`comm`, `exec`) gathers the facts and
 //! carries the decision out. No I/O, no clock, no `unsafe`.
 
 pub(crate) mod device;
+pub(crate) mod gpu_path;
 pub(crate) mod host;
 
 // The call's vocabulary: `Memory` stays nameable as `plan::Memory`.

@@ -1,15 +1,16 @@
 //! Which path device data between this rank's GPU and each peer's would
 //! take, and why: the same-process path (raw device pointers), cuda-ipc
 //! (one host, GPUs that reach each other), or staging through host memory
-//! (`exec::staged`).
+//! (`exec::staged`). The planner's part for device calls that is per pair
+//! of ranks; `plan::device::decide` asks it for every pair.
 //!
 //! Owns what each rank publishes about its GPU ([`GpuIdentity`] and its
 //! wire form), the decision from described facts ([`select`]), the
-//! FERROCCL_P2P_DISABLE switch and the INFO line per peer. It moves no
-//! bytes and calls the driver only in [`GpuIdentity::probe`] and
-//! [`peer_access`]; the decision is pure, so every topology can be
-//! described and tested without a GPU. The device executor's launcher
-//! (`comm::device_exec`) calls it at the first collective device call.
+//! FERROCCL_P2P_DISABLE switch and the INFO line per peer. Pure, as the
+//! whole planner: the facts (a GPU's identity, peer access) are asked of
+//! the driver by the device executor's set-up (`comm::device_exec`, at the
+//! first collective device call), so every topology can be described and
+//! tested without a GPU.
 
 use crate::error::{Error, Result};
 use ferroccl_cuda::topo::normalize_pci_bus_id;
@@ -54,20 +55,6 @@ const MAX_BUS_ID: usize = 32;
 const MAX_HOST_ID: usize = 4096;
 
 impl GpuIdentity {
-    /// This process's identity on device `ordinal`. `Error::NoDevice`
-    /// (with the reason) without a driver or device.
-    pub(crate) fn probe(ordinal: u32) -> Result<GpuIdentity> {
-        let dev = ferroccl_cuda::topo::identity(ordinal).map_err(crate::cuda::from_cuda)?;
-        Ok(GpuIdentity {
-            uuid: dev.uuid,
-            pci_bus_id: dev.pci_bus_id,
-            numa_node: dev.numa_node,
-            ordinal: dev.ordinal,
-            host: crate::topo::host_info(),
-            pid: std::process::id(),
-        })
-    }
-
     /// The wire form, version [`WIRE_VERSION`], little endian:
     ///
     /// | bytes | field |
@@ -259,7 +246,8 @@ pub(crate) struct PathFacts {
     /// One GPU: equal UUIDs on one host.
     pub(crate) same_gpu: bool,
     /// Whether each GPU can access the other's memory
-    /// (`cuDeviceCanAccessPeer`, both ways: [`peer_access`], then
+    /// (`cuDeviceCanAccessPeer`, both ways: `comm::device_exec`'s
+    /// `peer_access`, then
     /// [`agree`] between the two ranks' answers). `None`: unknown (the
     /// GPUs are on other hosts, or a rank does not see the other's GPU).
     pub(crate) can_access_peer: Option<bool>,
@@ -404,27 +392,6 @@ pub(crate) fn agree(mine: Option<bool>, theirs: Option<bool>) -> Option<bool> {
         (Some(true), Some(true)) => Some(true),
         _ => None,
     }
-}
-
-/// This process's answer to "can `me`'s GPU and `peer`'s access each
-/// other's memory", both ways: `None` where it cannot ask (other host, or
-/// the peer's GPU is not visible here); one GPU is `Some(true)`. Calls the
-/// driver (after its probe).
-pub(crate) fn peer_access(me: &GpuIdentity, peer: &GpuIdentity) -> Result<Option<bool>> {
-    use ferroccl_cuda::topo;
-    if !me.same_host(peer) {
-        return Ok(None);
-    }
-    if me.uuid == peer.uuid {
-        return Ok(Some(true));
-    }
-    let from_cuda = crate::cuda::from_cuda;
-    let Some(theirs) = topo::local_ordinal(&peer.uuid).map_err(from_cuda)? else {
-        return Ok(None);
-    };
-    let there = topo::can_access_peer(me.ordinal, theirs).map_err(from_cuda)?;
-    let back = topo::can_access_peer(theirs, me.ordinal).map_err(from_cuda)?;
-    Ok(Some(there && back))
 }
 
 /// The choice for every peer of rank `rank` among `gpus` (every rank's
@@ -993,27 +960,5 @@ mod tests {
             "{}",
             got[1]
         );
-    }
-
-    /// Here (no driver) the probe says NoDevice; on a GPU it describes
-    /// device 0 of this process and host.
-    #[test]
-    fn probing_says_no_device_or_describes_this_process() {
-        match GpuIdentity::probe(0) {
-            Err(Error::NoDevice(why)) => {
-                assert!(!why.is_empty());
-                assert!(std::env::var("FERROCCL_REQUIRE_DEVICE").as_deref() != Ok("1"));
-            }
-            Ok(id) => {
-                assert_eq!(id.pid, std::process::id());
-                assert_eq!(id.host, crate::topo::host_info());
-                assert_eq!(
-                    GpuIdentity::from_bytes(&id.to_bytes().unwrap()).unwrap(),
-                    id
-                );
-                assert_eq!(peer_access(&id, &id), Ok(Some(true)));
-            }
-            Err(other) => panic!("expected NoDevice, got {other}"),
-        }
     }
 }
