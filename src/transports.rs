@@ -2,7 +2,7 @@
 //! (shm > ib > tcp, of those compiled in and present), or the one
 //! FERROCCL_TRANSPORT forces (also `mem` and `ib-emu` for ranks that are
 //! threads). cuda-ipc is not among them: it shares the device executor's
-//! FIFO memory (`comm::device_share`) and carries no frames. `ib` needs feature `ib` and an RDMA port;
+//! FIFO memory (`comm::device_exec::share`) and carries no frames. `ib` needs feature `ib` and an RDMA port;
 //! without them it falls back to TCP with one INFO line (DEBUG in builds
 //! without the feature), or, forced, is an error naming what is missing.
 

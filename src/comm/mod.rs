@@ -18,18 +18,17 @@
 //!   `crate::cuda`): the gate the caller's stream waits at, scratch, the
 //!   issue onto the progress thread;
 //! - `device_exec`: the device executor's launcher: whether a
-//!   communicator's device calls run GPU to GPU or stay staged, and each
-//!   call's program, launch and watchdog;
-//! - `device_share`: the executor's FIFO memory shared with ranks of other
-//!   processes (cuda-ipc handles, descriptors over Unix sockets).
+//!   communicator's device calls run GPU to GPU or stay staged (`setup`),
+//!   each call's program, launch and watchdog (`launch`), the rounds' wire
+//!   forms (`wire`), and the FIFO memory shared with ranks of other
+//!   processes (`share`: cuda-ipc handles, descriptors over Unix sockets).
 //!
 //! Host data never passes through a socket or shared memory here: the
 //! transports and `exec` move it. The one socket of its own is
-//! `device_share`'s Unix socket, which carries descriptors, not data.
+//! `device_exec::share`'s Unix socket, which carries descriptors, not data.
 
 pub(crate) mod device;
 mod device_exec;
-mod device_share;
 mod execute;
 mod failure;
 mod order;

@@ -405,7 +405,7 @@ pub(crate) fn decide(
     };
     let agreed = |i: usize, j: usize| gpu_path::agree(access[i][j], access[j][i]);
     // Ranks of one process use each other's pointers; ranks of other
-    // processes map each other's FIFOs (cuda-ipc, `device_share`).
+    // processes map each other's FIFOs (cuda-ipc, `comm::device_exec::share`).
     let choices_of = |r: usize| gpu_path::select_all(r, &gpus, &agreed, false, true);
     let mine = choices_of(rank);
     for i in 0..n {
@@ -498,7 +498,7 @@ pub(crate) mod tests {
     }
 
     /// An offer of a rank that can do everything, on GPU `uuid` in
-    /// process `pid` (also the wire tests' in `comm::device_exec`).
+    /// process `pid` (also the wire tests' in `comm::device_exec::wire`).
     pub(crate) fn offer(uuid: u8, pid: u32) -> Offer {
         Offer {
             runs: true,

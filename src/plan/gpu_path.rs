@@ -255,7 +255,7 @@ pub(crate) struct PathFacts {
     /// NCCL_P2P_DISABLE=1).
     pub(crate) p2p_disabled: bool,
     /// Device memory can be shared across processes (the launcher maps
-    /// peers' FIFOs with cuda-ipc, `comm::device_share`): the launcher
+    /// peers' FIFOs with cuda-ipc, `comm::device_exec::share`): the launcher
     /// says true; false describes a build or caller without it, whose
     /// cross-process pairs are staged. The same-process path needs
     /// nothing of it.

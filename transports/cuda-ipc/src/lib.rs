@@ -2,7 +2,7 @@
 //! host, for ranks whose buffers are on GPUs there. It implements no
 //! transport of its own (no `Transport` from `ferroccl-transport`): the
 //! library's device executor maps its FIFOs with it
-//! (`ferroccl::comm::device_share`), and the design below is that of those
+//! (`ferroccl::comm::device_exec::share`), and the design below is that of those
 //! FIFOs.
 //!
 //! # The design
