@@ -1,6 +1,6 @@
 //! The check-in on shared control pages for plain buffers: every collective
-//! with an input of at most 4 KiB (on 2 ranks 16 KiB, 8 KiB for allgather
-//! and all-to-all) runs inline in it (one exchange) on ranks of one host,
+//! with an input of at most 4 KiB (on 2 ranks 16 KiB for allreduce,
+//! reduce and broadcast, 8 KiB for allgather and all-to-all) runs inline in it (one exchange) on ranks of one host,
 //! larger ones go through slots; results against the f64
 //! reference, how many calls ran inline counted, the switch
 //! (FERROCCL_CHECKIN=0, a forced algorithm) honoured, and calls that differ
@@ -18,12 +18,12 @@ use std::time::Duration;
 
 /// The largest input, in bytes, of a `kind` call that runs inline on `n`
 /// ranks (docs/architecture.md, the check-in): 4 KiB, and on 2 ranks
-/// 16 KiB, 8 KiB for the allgather and all-to-all (whose output is larger
-/// than their input).
+/// 16 KiB for allreduce, reduce and broadcast, 8 KiB for allgather and
+/// all-to-all (whose output is larger than their input).
 fn inline_limit(kind: &str, n: usize) -> usize {
     match (n, kind) {
+        (2, "all_reduce" | "reduce" | "broadcast") => 16 << 10,
         (2, "all_gather" | "all_to_all") => 8 << 10,
-        (2, _) => 16 << 10,
         _ => 4096,
     }
 }

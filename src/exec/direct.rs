@@ -295,7 +295,7 @@ impl Kernel<'_> {
         let k = tmp.len();
         let first = self.input(io, maps, 0, start, k)?;
         if self.size == 1 {
-            tmp.copy_from_slice(first);
+            crate::reduce::copy(tmp, first);
             return Ok(());
         }
         reduce_to(self.op, tmp, first, self.input(io, maps, 1, start, k)?);

@@ -18,7 +18,7 @@ use crate::algo::{Operand, Prim, Step};
 use crate::coll::CollKind;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::reduce::{reduce_into, reduce_to, Store};
+use crate::reduce::{copy, reduce_into, reduce_to, Store};
 use std::sync::atomic::Ordering;
 
 fn inline_at(turn: u64) -> usize {
@@ -37,8 +37,8 @@ fn write_inline(ctx: &Ctx<'_>, turn: u64, bytes: &[u8]) -> Result<()> {
     }
     let mut own = lock(&ctx.control.own);
     own.slice_mut(inline_at(turn), bytes.len())
-        .map_err(|e| Error::Io(format!("window control page: {e}")))?
-        .copy_from_slice(bytes);
+        .map_err(|e| Error::Io(format!("window control page: {e}")))
+        .map(|slot| copy(slot, bytes))?;
     Ok(())
 }
 
@@ -89,7 +89,7 @@ fn reduce_inline<T: Element>(
     let x0 = peer_inline(ctx, 0, turn, total, (off, len), &mut s0)?;
     let out = io.output(0, len);
     if ctx.size == 1 {
-        out.copy_from_slice(x0);
+        copy(out, x0);
         return Ok(());
     }
     let x1 = peer_inline(ctx, 1, turn, total, (off, len), &mut s1)?;
@@ -143,7 +143,7 @@ pub(super) fn run<T: Element>(
         }
         let mut small = [0u64; 1];
         let x = peer_inline(ctx, j, turn, in_len, from, &mut small)?;
-        io.output(to, from.1).copy_from_slice(x);
+        copy(io.output(to, from.1), x);
         Ok(())
     };
     match kind {

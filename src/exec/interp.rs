@@ -30,7 +30,7 @@ fn fill_slot<T: Element>(slot: &mut [u8], len: usize, make: impl FnOnce(&mut [T]
         Err(_) => {
             let mut tmp = vec![T::zeroed(); len];
             make(&mut tmp);
-            slot[..bytes].copy_from_slice(bytemuck::cast_slice(&tmp));
+            crate::reduce::copy(&mut slot[..bytes], bytemuck::cast_slice(&tmp));
         }
     }
     bytes
@@ -193,7 +193,7 @@ fn run_step<T: Element>(
                                 fill_slot::<T>(slot, len, |dst| copy_to_both(mode, out, dst, data))
                             })?;
                         } else {
-                            io.output(step.output, len).copy_from_slice(data);
+                            crate::reduce::copy(io.output(step.output, len), data);
                             // Forward the received bytes themselves, not the copy.
                             sender.send_from_until(
                                 header,

@@ -36,27 +36,25 @@ pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 /// and reading what it needs from the peers' pages (`exec::inline`), in
 /// place of a schedule through slots.
 ///
-/// On 2 ranks inline wins past 4 KiB (`ferroccl-perf --ranks 2`, a
-/// build whose limit was 512 KiB for every call beside one whose limit was
-/// 4 KiB, turn by turn; docs/performance.md, "Inline up to 16 KiB on 2
-/// ranks"): allreduce at 8 KiB
-/// 1.3-1.6 against 1.9-2.1 us through slots, broadcast and reduce-scatter
-/// at 16 KiB 1.9-2.1 against 2.1-6.0; level at 32 KiB, behind from 64 KiB
-/// (one rank reads all of the other's input across cores). An allgather's
-/// output is twice its input, so it stops at 8 KiB of input (16 KiB
-/// gathered: 2.1 against 2.3-3.0 us; 32 KiB gathered: 11-12 against
-/// 3.5-4.6). On more ranks each rank reads every peer's input in full,
-/// and nothing past 4 KiB was measured better.
+/// On 2 ranks inline wins past 4 KiB for some calls (`bench/ab.sh`, this
+/// build against the one before, 2 ranks, turn by turn; docs/performance.md,
+/// "Inline up to 16 KiB on 2 ranks"): allreduce 1.3-1.5x faster out of
+/// place and 2.4-2.5x in place at 8 and 16 KiB, reduce 1.2-1.3x and
+/// broadcast 1.15-1.2x there, allgather 1.3-1.8x at 16 KiB gathered (8 KiB
+/// of input); level from 32 KiB, behind from 64 KiB (one rank reads all
+/// of the other's input across cores). An allgather's output is twice its
+/// input, so it stops at 8 KiB of input, and a reduce-scatter (whose
+/// input is the whole vector) was 0.8-0.9x at 8 and 16 KiB, so it keeps
+/// 4 KiB. On more ranks each rank reads every peer's input in full, and
+/// nothing past 4 KiB was measured better.
 pub(crate) fn inline_limit(kind: CollKind, size: usize, facts: &Facts) -> usize {
     if facts.windows || size != 2 {
         return INLINE_BYTES;
     }
     match kind {
-        CollKind::AllReduce | CollKind::Reduce | CollKind::Broadcast | CollKind::ReduceScatter => {
-            INLINE_MAX_BYTES
-        }
+        CollKind::AllReduce | CollKind::Reduce | CollKind::Broadcast => INLINE_MAX_BYTES,
         CollKind::AllGather | CollKind::AllToAll => 8 << 10,
-        CollKind::Barrier | CollKind::SendRecv => INLINE_BYTES,
+        CollKind::ReduceScatter | CollKind::Barrier | CollKind::SendRecv => INLINE_BYTES,
     }
 }
 
@@ -654,7 +652,7 @@ mod tests {
             (CollKind::AllReduce, 16 << 10),
             (CollKind::Reduce, 16 << 10),
             (CollKind::Broadcast, 16 << 10),
-            (CollKind::ReduceScatter, 16 << 10),
+            (CollKind::ReduceScatter, INLINE_BYTES),
             (CollKind::AllGather, 8 << 10),
             (CollKind::AllToAll, 8 << 10),
         ];

@@ -53,10 +53,19 @@ pub(crate) enum Store {
     Streaming,
 }
 
+/// `dst.copy_from_slice(src)` through the transport core's byte copy,
+/// which keeps its speed whatever the two slices' alignment
+/// (`ferroccl_transport::copy_bytes`: glibc's copy crawls on some CPUs
+/// when they are not aligned alike).
+#[inline]
+pub(crate) fn copy<T: Element>(dst: &mut [T], src: &[T]) {
+    ferroccl_transport::copy_bytes(bytemuck::cast_slice_mut(dst), bytemuck::cast_slice(src));
+}
+
 /// `dst = src` in the given store mode.
 pub(crate) fn store<T: Element>(mode: Store, dst: &mut [T], src: &[T]) {
     match mode {
-        Store::Cached => dst.copy_from_slice(src),
+        Store::Cached => copy(dst, src),
         Store::Streaming => nt::copy_nt(bytemuck::cast_slice_mut(dst), bytemuck::cast_slice(src)),
     }
 }
@@ -134,7 +143,7 @@ pub(crate) fn copy_to_both<T: Element>(mode: Store, out: &mut [T], copy: &mut [T
         .zip(copy.chunks_mut(PAIR_BLOCK))
         .zip(src.chunks(PAIR_BLOCK));
     for ((out, copy), src) in blocks {
-        copy.copy_from_slice(src);
+        self::copy(copy, src);
         store(mode, out, copy);
     }
 }

@@ -7,7 +7,8 @@
 //! each, in each direction. The sender fills a free slot and publishes it;
 //! the receiver consumes a filled slot and releases it. Nothing here knows
 //! about collectives, element types or algorithms: that is the executor's
-//! business, one layer up. This crate holds no `unsafe`.
+//! business, one layer up. This crate's one `unsafe` is the vector loop of
+//! its byte copy (`copy`, [`copy_bytes`]).
 //!
 //! - [`Transport`] and [`Listener`] are the set-up half: a connection comes
 //!   back as a [`Connection`] that describes each direction's FIFO
@@ -26,6 +27,7 @@ mod abort;
 mod arrivals;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod copy;
 mod fifo;
 mod frame;
 pub mod mem;
@@ -37,6 +39,7 @@ use std::time::{Duration, Instant};
 
 pub use abort::{AbortHandle, AbortSignal};
 pub use arrivals::Arrivals;
+pub use copy::{copy_bytes, VECTOR_MIN};
 pub use fifo::{Counter, FifoDescriptor, InlinePayload, Mapping, MemoryKind, SlotLayout};
 pub use frame::{Fingerprint, FrameHeader, FrameKind, HEADER_BYTES, MAGIC};
 pub use shared::{SharedMemory, SharedRegion};
@@ -334,7 +337,7 @@ pub fn send_from_via_slot<S: SlotSender + ?Sized>(
         )));
     }
     sender.send_with(header, deadline, &mut |slot| {
-        slot[..n].copy_from_slice(bytes);
+        copy_bytes(&mut slot[..n], bytes);
         n
     })
 }
@@ -437,7 +440,7 @@ pub fn deliver_into(
             ),
         });
     }
-    dst.copy_from_slice(bytes);
+    copy_bytes(dst, bytes);
     Ok(())
 }
 
