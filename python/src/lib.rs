@@ -4,6 +4,11 @@
 //! tensor's storage) is used in place, and device buffers go to the raw
 //! device entry points on the caller's stream.
 //!
+//! Why one file of about 980 lines: PyO3 takes one `#[pymethods]` block
+//! per Python class (several need its `multiple-pymethods` feature and the
+//! `inventory` crate), and the `Communicator` class's methods are most of
+//! this file; the Python side of the package is in `ferroccl/*.py`.
+//!
 //! It owns the ordering of a Python communicator's calls: async calls run
 //! one at a time, in issue order, on one worker thread per communicator;
 //! a blocking call waits for the queue to drain and then runs on the

@@ -5,6 +5,11 @@
 //! every field first. `docs/device-executor.md` describes the format for
 //! the kernel's author.
 //!
+//! Why one file of about 1,060 lines before its tests: it is one binary
+//! format, and each record's encoding, decoding and field checks sit side
+//! by side, so that a change to the layout is made in one place; the
+//! kernel's reader is `cuda/kernels/executor.cu`.
+//!
 //! Each channel's records keep the schedule's order; channels are separate
 //! streams of work (one thread block each on the device), so the encoder
 //! refuses a schedule whose channels touch the same memory where one of

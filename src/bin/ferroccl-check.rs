@@ -1,5 +1,9 @@
 //! `ferroccl-check`: check a ferroccl installation under any launcher.
 //!
+//! Why one file of about 880 lines: it is one program, the check matrix
+//! and the fault-injection options the test suite drives, and every part
+//! of it runs in each invocation.
+//!
 //! ```text
 //! ferroccl-run -n 4 -- ferroccl-check
 //! torchrun --nproc-per-node 4 --no-python ferroccl-check

@@ -8,6 +8,11 @@
 //! same inputs: equal bits prove that the encoding carries everything a
 //! schedule says, without a GPU.
 //!
+//! Why one file of about 1,580 lines: compiled for tests only, it is one
+//! interpreter (its FIFOs, per-channel streams and the launcher decisions
+//! around a program) whose parts share one state; its kernel runners,
+//! which are separable, are already in `oracle/`.
+//!
 //! It also holds, for these tests, what a launcher decides around a
 //! program (how a call's buffers are laid out for its schedule, Avg's
 //! division), as the communicator decides it for the host executor; the

@@ -1,5 +1,10 @@
 //! Device memory another process can map.
 //!
+//! Why one file of about 900 lines before its tests: the two mechanisms
+//! below sit behind one type each ([`SharedAlloc`], [`Mapped`]), and every
+//! driver call of sharing device memory between processes is here, in one
+//! reviewable place.
+//!
 //! The owner makes a [`SharedAlloc`] on its device, sends its
 //! [`ShareHandle`] (and, for VMM, the fd of [`SharedAlloc::export_fd`]
 //! beside it over a Unix socket, `crate::fdpass`) to the peer process,

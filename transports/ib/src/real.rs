@@ -2,6 +2,12 @@
 //! libibverbs, through the raw bindings `ibverbs-sys` (those of the
 //! `ibverbs` crate 0.9, which does not re-export them).
 //!
+//! Why one file of about 1,250 lines: it is the whole binding to
+//! libibverbs, and every `unsafe` block of the crate is here (each verbs
+//! object's creation, use and destruction is an FFI call), kept in one
+//! place so that the FFI surface and the owners' drop order read
+//! together; the safe transport above it (`conn/`) holds none.
+//!
 //! Why raw calls and not `ibverbs`'s safe types: those borrow one another
 //! (`ProtectionDomain<'ctx>`, `QueuePair<'res>`), so a type holding a
 //! context, its protection domain and its queue pairs together would be
