@@ -47,8 +47,8 @@ pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 /// input is the whole vector) was 0.8-0.9x at 8 and 16 KiB, so it keeps
 /// 4 KiB. On more ranks each rank reads every peer's input in full, and
 /// nothing past 4 KiB was measured better.
-pub(crate) fn inline_limit(kind: CollKind, size: usize, facts: &Facts) -> usize {
-    if facts.windows || size != 2 {
+pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
+    if facts.windows || facts.size != 2 {
         return INLINE_BYTES;
     }
     match kind {
@@ -162,7 +162,7 @@ pub(crate) fn route(
         return Ok(Route::Slots { note: true });
     }
     let free = facts.forced.is_none();
-    if free && in_bytes <= inline_limit(kind, facts.size, facts) {
+    if free && in_bytes <= inline_limit(kind, facts) {
         return Ok(Route::Inline);
     }
     let cma = free && facts.cma && takes_cma(kind, in_bytes, facts.size);
