@@ -302,8 +302,8 @@ fn stream_order_on_a_gpu() {
             engine
                 .reduce(
                     s,
-                    ferroccl_cuda::Op::Sum,
-                    ferroccl_cuda::Ty::F32,
+                    ferroccl_cuda::ReduceOp::Sum,
+                    ferroccl_cuda::DataType::F32,
                     at(d),
                     at(b),
                     at(b),

@@ -28,7 +28,7 @@ use crate::device::{
 use crate::error::{CudaError, Result};
 use crate::executor::{self, ExecLaunch, Protocol, EXEC_THREADS};
 use crate::kernels::{self, BLOCK_THREADS};
-use crate::{nvrtc, probe, Op, Ty};
+use crate::{nvrtc, probe, DataType, ReduceOp};
 use cudarc::driver::{result, sys, DriverError};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
@@ -226,8 +226,8 @@ fn executor_function(
     ordinal: usize,
     arch: &str,
     protocol: Protocol,
-    op: Option<Op>,
-    ty: Ty,
+    op: Option<ReduceOp>,
+    ty: DataType,
     before_load: &dyn Fn(),
 ) -> Result<sys::CUfunction> {
     static FUNCTIONS: OnceLock<Mutex<HashMap<(usize, String), usize>>> = OnceLock::new();
@@ -564,7 +564,12 @@ impl Engine for CudaEngine {
         result::ctx::synchronize().map_err(driver_err("cuCtxSynchronize"))
     }
 
-    fn prepare_executor(&self, protocol: Protocol, op: Option<Op>, ty: Ty) -> Result<()> {
+    fn prepare_executor(
+        &self,
+        protocol: Protocol,
+        op: Option<ReduceOp>,
+        ty: DataType,
+    ) -> Result<()> {
         self.bind()?;
         executor_function(self.ordinal, &self.loaded.arch, protocol, op, ty, &|| {
             self.check_quiet("cuModuleLoadData (the executor kernel)")
@@ -779,8 +784,8 @@ impl Engine for CudaEngine {
     fn reduce(
         &self,
         stream: Stream,
-        op: Op,
-        ty: Ty,
+        op: ReduceOp,
+        ty: DataType,
         dst: DevicePtr,
         a: DevicePtr,
         b: DevicePtr,
@@ -800,7 +805,7 @@ impl Engine for CudaEngine {
     fn avg_finish(
         &self,
         stream: Stream,
-        ty: Ty,
+        ty: DataType,
         buf: DevicePtr,
         count: usize,
         ranks: usize,

@@ -12,7 +12,7 @@
 
 use crate::error::{CudaError, Result};
 use crate::executor::{ExecLaunch, Protocol};
-use crate::{Op, Ty};
+use crate::{DataType, ReduceOp};
 use std::time::Duration;
 
 /// A device allocation (opaque to the caller).
@@ -158,8 +158,8 @@ pub trait Engine: Send + Sync {
     fn reduce(
         &self,
         stream: Stream,
-        op: Op,
-        ty: Ty,
+        op: ReduceOp,
+        ty: DataType,
         dst: DevicePtr,
         a: DevicePtr,
         b: DevicePtr,
@@ -171,7 +171,7 @@ pub trait Engine: Send + Sync {
     fn avg_finish(
         &self,
         stream: Stream,
-        ty: Ty,
+        ty: DataType,
         buf: DevicePtr,
         count: usize,
         ranks: usize,
@@ -226,7 +226,12 @@ pub trait Engine: Send + Sync {
     /// Load the executor kernel for (`protocol`, `op`, `ty`) now (a module
     /// load waits for the device's streams): at set-up, or before a call
     /// parks its stream, never while the call holds a gate.
-    fn prepare_executor(&self, protocol: Protocol, op: Option<Op>, ty: Ty) -> Result<()> {
+    fn prepare_executor(
+        &self,
+        protocol: Protocol,
+        op: Option<ReduceOp>,
+        ty: DataType,
+    ) -> Result<()> {
         let _ = (protocol, op, ty);
         Ok(())
     }

@@ -22,7 +22,7 @@
 //! Avg runs the Sum kernel (the program's finish divides); calls that
 //! reduce nothing run the Sum kernel of their type too.
 
-use crate::{kernels, Op, Ty};
+use crate::{kernels, DataType, ReduceOp};
 use std::sync::OnceLock;
 
 /// The executor's part of the source.
@@ -242,9 +242,9 @@ pub struct ExecLaunch {
     /// The protocol of the kernel.
     pub protocol: Protocol,
     /// The reduction (`None`: a call that reduces nothing runs Sum's).
-    pub op: Option<Op>,
+    pub op: Option<ReduceOp>,
     /// The element type.
-    pub ty: Ty,
+    pub ty: DataType,
     /// Blocks: the program's channels (at least 1).
     pub channels: u32,
     /// The program image.
@@ -327,24 +327,24 @@ impl ExecFault {
 }
 
 /// The ops that have kernels of their own (Avg runs Sum's).
-pub const KERNEL_OPS: [Op; 4] = [Op::Sum, Op::Prod, Op::Min, Op::Max];
+pub const KERNEL_OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max];
 
 /// The op whose kernel a call runs: its combining op (Avg combines as
 /// Sum), and Sum for a call that reduces nothing.
-pub fn kernel_op(op: Option<Op>) -> Op {
-    op.map_or(Op::Sum, kernels::combining)
+pub fn kernel_op(op: Option<ReduceOp>) -> ReduceOp {
+    op.map_or(ReduceOp::Sum, kernels::combining)
 }
 
 /// Name of the kernel of (protocol, op, type), e.g.
 /// `ferroccl_exec_ll_sum_bf16`; `None` (a call that reduces nothing) and
 /// Avg name the Sum kernel.
-pub fn kernel_name(protocol: Protocol, op: Option<Op>, ty: Ty) -> String {
+pub fn kernel_name(protocol: Protocol, op: Option<ReduceOp>, ty: DataType) -> String {
     let op = kernel_op(op);
     format!(
         "ferroccl_exec_{}_{}_{}",
         protocol.name(),
         op.name(),
-        ty.name()
+        ty.short_name()
     )
 }
 
@@ -355,7 +355,7 @@ pub fn names() -> &'static [String] {
         let mut v = Vec::new();
         for p in Protocol::ALL {
             for op in KERNEL_OPS {
-                for ty in Ty::ALL {
+                for ty in DataType::ALL {
                     v.push(kernel_name(p, Some(op), ty));
                 }
             }
@@ -366,12 +366,12 @@ pub fn names() -> &'static [String] {
 
 /// The element struct of `reduce.cu` that a type's kernels use
 /// (`EF32`, `EBF16`, ...), for code that calls the kernels by type.
-pub fn element_struct(ty: Ty) -> &'static str {
+pub fn element_struct(ty: DataType) -> &'static str {
     kernels::element(ty)
 }
 
 /// The `extern "C"` line of one kernel.
-pub fn entry_point(protocol: Protocol, op: Op, ty: Ty) -> String {
+pub fn entry_point(protocol: Protocol, op: ReduceOp, ty: DataType) -> String {
     let (e, c) = (kernels::element(ty), kernels::combiner(op));
     format!(
         "extern \"C\" __global__ void __launch_bounds__({EXEC_THREADS}, 1) {name}(\
@@ -390,7 +390,7 @@ pub fn entry_points() -> &'static str {
         let mut s = String::new();
         for p in Protocol::ALL {
             for op in KERNEL_OPS {
-                for ty in Ty::ALL {
+                for ty in DataType::ALL {
                     s.push_str(&entry_point(p, op, ty));
                 }
             }
@@ -402,7 +402,7 @@ pub fn entry_points() -> &'static str {
 /// The source of the executor with only the given kernels: what a
 /// launcher compiles on first use of a (protocol, op, type), and what the
 /// host run of the kernels builds.
-pub fn source_for(kernels: &[(Protocol, Op, Ty)]) -> String {
+pub fn source_for(kernels: &[(Protocol, ReduceOp, DataType)]) -> String {
     let mut s = format!("{}\n{EXECUTOR_CU}\n", kernels::KERNELS_CU);
     for &(p, op, ty) in kernels {
         s.push_str(&entry_point(p, op, ty));
@@ -438,18 +438,18 @@ mod tests {
     #[test]
     fn every_kernel_is_defined_once() {
         let n = names();
-        assert_eq!(n.len(), 2 * 4 * Ty::ALL.len());
+        assert_eq!(n.len(), 2 * 4 * DataType::ALL.len());
         assert_eq!(n.iter().collect::<HashSet<_>>().len(), n.len());
         let src = source();
         for name in n {
             assert_eq!(src.matches(&format!(" {name}(")).count(), 1, "{name}");
         }
         assert_eq!(
-            kernel_name(Protocol::LowLatency, Some(Op::Avg), Ty::Bf16),
+            kernel_name(Protocol::LowLatency, Some(ReduceOp::Avg), DataType::Bf16),
             "ferroccl_exec_ll_sum_bf16"
         );
         assert_eq!(
-            kernel_name(Protocol::Bulk, None, Ty::U8),
+            kernel_name(Protocol::Bulk, None, DataType::U8),
             "ferroccl_exec_bulk_sum_u8"
         );
         assert!(!EXECUTOR_CU

@@ -24,7 +24,7 @@ use crate::device::{
 };
 use crate::error::{CudaError, Result};
 use crate::executor::{ExecLaunch, Protocol};
-use crate::{bad, lock, scalar, Op, Ty};
+use crate::{bad, lock, scalar, DataType, ReduceOp};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -233,7 +233,7 @@ struct State {
     /// Synchronizing calls made while a gate was held (the device rule).
     violations: Mutex<Vec<String>>,
     /// Executor kernels loaded (a module load synchronizes).
-    loaded: Mutex<std::collections::HashSet<(Protocol, Option<Op>, Ty)>>,
+    loaded: Mutex<std::collections::HashSet<(Protocol, Option<ReduceOp>, DataType)>>,
     /// Executor kernels launched and not ended: a kernel may wait for a
     /// peer's kernel that a host thread has yet to launch, so while any
     /// is in flight nothing may wait for every stream (the device rule).
@@ -765,7 +765,12 @@ impl Engine for HostEngine {
         self.synchronizing(call)
     }
 
-    fn prepare_executor(&self, protocol: Protocol, op: Option<Op>, ty: Ty) -> Result<()> {
+    fn prepare_executor(
+        &self,
+        protocol: Protocol,
+        op: Option<ReduceOp>,
+        ty: DataType,
+    ) -> Result<()> {
         if self.executor.is_none() {
             return Err(no_executor("prepare"));
         }
@@ -921,8 +926,8 @@ impl Engine for HostEngine {
     fn reduce(
         &self,
         stream: Stream,
-        op: Op,
-        ty: Ty,
+        op: ReduceOp,
+        ty: DataType,
         dst: DevicePtr,
         a: DevicePtr,
         b: DevicePtr,
@@ -951,7 +956,7 @@ impl Engine for HostEngine {
     fn avg_finish(
         &self,
         stream: Stream,
-        ty: Ty,
+        ty: DataType,
         buf: DevicePtr,
         count: usize,
         ranks: usize,
@@ -1337,8 +1342,8 @@ mod tests {
     fn launch(channels: u32) -> ExecLaunch {
         ExecLaunch {
             protocol: crate::executor::Protocol::Bulk,
-            op: Some(Op::Sum),
-            ty: Ty::F32,
+            op: Some(ReduceOp::Sum),
+            ty: DataType::F32,
             channels,
             program: 0,
             input: 0,

@@ -3,8 +3,8 @@
 //! device's own architecture.
 //!
 //! The `.cu` file defines each op once and each element type once; the
-//! `extern "C"` kernels are one line each, generated here from [`Op::ALL`]
-//! and [`Ty::ALL`] and appended to the file's text ([`source`]), so the
+//! `extern "C"` kernels are one line each, generated here from [`ReduceOp::ALL`]
+//! and [`DataType::ALL`] and appended to the file's text ([`source`]), so the
 //! table below and the compiled module cannot disagree.
 //!
 //! Per type there are five kernels: `ferroccl_reduce_{sum,prod,min,max}_T`,
@@ -20,7 +20,7 @@
 //! Every kernel is a grid-stride loop: launch [`BLOCK_THREADS`] threads per
 //! block and any number of blocks (a few per multiprocessor is enough).
 
-use crate::{Op, Ty};
+use crate::{DataType, ReduceOp};
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 
@@ -33,8 +33,8 @@ pub const BLOCK_THREADS: u32 = 256;
 /// The kernels one (op, type) runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Kernels {
-    pub op: Op,
-    pub ty: Ty,
+    pub op: ReduceOp,
+    pub ty: DataType,
     /// The combining kernel (for Avg, the Sum kernel of the type).
     pub reduce: String,
     /// The finishing kernel, for Avg only: divides by the rank count.
@@ -42,67 +42,71 @@ pub struct Kernels {
 }
 
 /// The element struct of the `.cu` source for a type.
-pub(crate) const fn element(ty: Ty) -> &'static str {
+pub(crate) const fn element(ty: DataType) -> &'static str {
     match ty {
-        Ty::F32 => "EF32",
-        Ty::F64 => "EF64",
-        Ty::F16 => "EF16",
-        Ty::Bf16 => "EBF16",
-        Ty::I8 => "EI8",
-        Ty::U8 => "EU8",
-        Ty::I32 => "EI32",
-        Ty::U32 => "EU32",
-        Ty::I64 => "EI64",
-        Ty::U64 => "EU64",
+        DataType::F32 => "EF32",
+        DataType::F64 => "EF64",
+        DataType::F16 => "EF16",
+        DataType::Bf16 => "EBF16",
+        DataType::I8 => "EI8",
+        DataType::U8 => "EU8",
+        DataType::I32 => "EI32",
+        DataType::U32 => "EU32",
+        DataType::I64 => "EI64",
+        DataType::U64 => "EU64",
     }
 }
 
 /// The op struct of the `.cu` source that combines for an op.
-pub(crate) const fn combiner(op: Op) -> &'static str {
+pub(crate) const fn combiner(op: ReduceOp) -> &'static str {
     match op {
-        Op::Sum | Op::Avg => "OpSum",
-        Op::Prod => "OpProd",
-        Op::Min => "OpMin",
-        Op::Max => "OpMax",
+        ReduceOp::Sum | ReduceOp::Avg => "OpSum",
+        ReduceOp::Prod => "OpProd",
+        ReduceOp::Min => "OpMin",
+        ReduceOp::Max => "OpMax",
     }
 }
 
 /// The op whose kernel combines for `op` (Avg combines as Sum).
-pub(crate) const fn combining(op: Op) -> Op {
+pub(crate) const fn combining(op: ReduceOp) -> ReduceOp {
     match op {
-        Op::Avg => Op::Sum,
+        ReduceOp::Avg => ReduceOp::Sum,
         other => other,
     }
 }
 
 /// Name of the combining kernel of (op, type), e.g. `ferroccl_reduce_sum_f32`.
-pub fn reduce_name(op: Op, ty: Ty) -> String {
-    format!("ferroccl_reduce_{}_{}", combining(op).name(), ty.name())
+pub fn reduce_name(op: ReduceOp, ty: DataType) -> String {
+    format!(
+        "ferroccl_reduce_{}_{}",
+        combining(op).name(),
+        ty.short_name()
+    )
 }
 
 /// Name of the Avg finishing kernel of a type, e.g. `ferroccl_avg_finish_bf16`.
-pub fn finish_name(ty: Ty) -> String {
-    format!("ferroccl_avg_finish_{}", ty.name())
+pub fn finish_name(ty: DataType) -> String {
+    format!("ferroccl_avg_finish_{}", ty.short_name())
 }
 
 /// The kernels of (op, type).
-pub fn kernels(op: Op, ty: Ty) -> Kernels {
+pub fn kernels(op: ReduceOp, ty: DataType) -> Kernels {
     Kernels {
         op,
         ty,
         reduce: reduce_name(op, ty),
-        finish: (op == Op::Avg).then(|| finish_name(ty)),
+        finish: (op == ReduceOp::Avg).then(|| finish_name(ty)),
     }
 }
 
-/// The table: the kernels of every (op, type), ops in [`Op::ALL`] order,
-/// types in [`Ty::ALL`] order within each.
+/// The table: the kernels of every (op, type), ops in [`ReduceOp::ALL`] order,
+/// types in [`DataType::ALL`] order within each.
 pub fn table() -> &'static [Kernels] {
     static TABLE: OnceLock<Vec<Kernels>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        Op::ALL
+        ReduceOp::ALL
             .iter()
-            .flat_map(|&op| Ty::ALL.iter().map(move |&ty| kernels(op, ty)))
+            .flat_map(|&op| DataType::ALL.iter().map(move |&ty| kernels(op, ty)))
             .collect()
     })
 }
@@ -113,8 +117,8 @@ pub fn names() -> &'static [String] {
     static NAMES: OnceLock<Vec<String>> = OnceLock::new();
     NAMES.get_or_init(|| {
         let mut v = Vec::new();
-        for ty in Ty::ALL {
-            for op in Op::ALL.into_iter().filter(|&op| combining(op) == op) {
+        for ty in DataType::ALL {
+            for op in ReduceOp::ALL.into_iter().filter(|&op| combining(op) == op) {
                 v.push(reduce_name(op, ty));
             }
             v.push(finish_name(ty));
@@ -135,9 +139,9 @@ pub fn source() -> &'static str {
     SOURCE.get_or_init(|| {
         let mut s = String::from(KERNELS_CU);
         s.push('\n');
-        for ty in Ty::ALL {
+        for ty in DataType::ALL {
             let e = element(ty);
-            for op in Op::ALL.into_iter().filter(|&op| combining(op) == op) {
+            for op in ReduceOp::ALL.into_iter().filter(|&op| combining(op) == op) {
                 let _ = writeln!(
                     s,
                     "extern \"C\" __global__ void __launch_bounds__({BLOCK_THREADS}) {name}(\
@@ -168,15 +172,18 @@ mod tests {
     #[test]
     fn table_covers_every_op_and_type_once() {
         let t = table();
-        assert_eq!(t.len(), Op::ALL.len() * Ty::ALL.len());
-        let pairs: HashSet<(Op, Ty)> = t.iter().map(|k| (k.op, k.ty)).collect();
+        assert_eq!(t.len(), ReduceOp::ALL.len() * DataType::ALL.len());
+        let pairs: HashSet<(ReduceOp, DataType)> = t.iter().map(|k| (k.op, k.ty)).collect();
         assert_eq!(pairs.len(), t.len(), "a pair appears twice");
-        for op in Op::ALL {
-            for ty in Ty::ALL {
+        for op in ReduceOp::ALL {
+            for ty in DataType::ALL {
                 let k = t.iter().find(|k| k.op == op && k.ty == ty).unwrap();
                 assert_eq!(*k, kernels(op, ty));
-                assert!(k.reduce.ends_with(&format!("_{}", ty.name())), "{k:?}");
-                assert_eq!(k.finish.is_some(), op == Op::Avg, "{k:?}");
+                assert!(
+                    k.reduce.ends_with(&format!("_{}", ty.short_name())),
+                    "{k:?}"
+                );
+                assert_eq!(k.finish.is_some(), op == ReduceOp::Avg, "{k:?}");
                 assert!(exists(&k.reduce), "{k:?}");
                 if let Some(f) = &k.finish {
                     assert!(exists(f), "{k:?}");
@@ -184,20 +191,23 @@ mod tests {
             }
         }
         assert_eq!(
-            kernels(Op::Avg, Ty::Bf16).reduce,
+            kernels(ReduceOp::Avg, DataType::Bf16).reduce,
             "ferroccl_reduce_sum_bf16"
         );
         assert_eq!(
-            kernels(Op::Avg, Ty::Bf16).finish.as_deref(),
+            kernels(ReduceOp::Avg, DataType::Bf16).finish.as_deref(),
             Some("ferroccl_avg_finish_bf16")
         );
-        assert_eq!(kernels(Op::Min, Ty::I8).reduce, "ferroccl_reduce_min_i8");
+        assert_eq!(
+            kernels(ReduceOp::Min, DataType::I8).reduce,
+            "ferroccl_reduce_min_i8"
+        );
     }
 
     #[test]
     fn names_are_distinct_and_each_is_defined_once_in_the_source() {
         let n = names();
-        assert_eq!(n.len(), 5 * Ty::ALL.len());
+        assert_eq!(n.len(), 5 * DataType::ALL.len());
         assert_eq!(n.iter().collect::<HashSet<_>>().len(), n.len());
         let used: HashSet<&str> = table()
             .iter()
@@ -224,7 +234,7 @@ mod tests {
         for op in ["OpSum", "OpProd", "OpMin", "OpMax"] {
             assert_eq!(cu.matches(&format!("struct {op} ")).count(), 1, "{op}");
         }
-        for ty in Ty::ALL {
+        for ty in DataType::ALL {
             assert!(cu.contains(element(ty)), "{ty:?}");
         }
     }

@@ -25,7 +25,7 @@
 //!   whether two devices reach each other, for the library's `gpu_path`.
 //!
 //! The crate does not depend on `ferroccl`: the library maps its element
-//! types and ops to [`Ty`] and [`Op`] and its errors from [`CudaError`].
+//! types and ops to [`DataType`] and [`ReduceOp`] and its errors from [`CudaError`].
 
 pub mod cuda_engine;
 pub mod device;
@@ -58,91 +58,9 @@ pub(crate) fn bad(what: String) -> CudaError {
     CudaError::InvalidArgument(what)
 }
 
-/// An element type the kernels reduce.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Ty {
-    F32,
-    F64,
-    F16,
-    Bf16,
-    I8,
-    U8,
-    I32,
-    U32,
-    I64,
-    U64,
-}
-
-impl Ty {
-    /// Every type, in the order of the kernel table.
-    pub const ALL: [Ty; 10] = [
-        Ty::F32,
-        Ty::F64,
-        Ty::F16,
-        Ty::Bf16,
-        Ty::I8,
-        Ty::U8,
-        Ty::I32,
-        Ty::U32,
-        Ty::I64,
-        Ty::U64,
-    ];
-
-    /// Bytes per element.
-    pub const fn size(self) -> usize {
-        match self {
-            Ty::I8 | Ty::U8 => 1,
-            Ty::F16 | Ty::Bf16 => 2,
-            Ty::F32 | Ty::I32 | Ty::U32 => 4,
-            Ty::F64 | Ty::I64 | Ty::U64 => 8,
-        }
-    }
-
-    /// The short name used in kernel names and messages (`f32`, `bf16`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Ty::F32 => "f32",
-            Ty::F64 => "f64",
-            Ty::F16 => "f16",
-            Ty::Bf16 => "bf16",
-            Ty::I8 => "i8",
-            Ty::U8 => "u8",
-            Ty::I32 => "i32",
-            Ty::U32 => "u32",
-            Ty::I64 => "i64",
-            Ty::U64 => "u64",
-        }
-    }
-
-    /// Whether the type is a floating-point one (has NaN).
-    pub const fn is_float(self) -> bool {
-        matches!(self, Ty::F32 | Ty::F64 | Ty::F16 | Ty::Bf16)
-    }
-}
-
-/// A reduction the kernels perform. `Avg` reduces as `Sum`; the division
-/// by the rank count is done once, on the GPU, by the finishing kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Op {
-    Sum,
-    Prod,
-    Min,
-    Max,
-    Avg,
-}
-
-impl Op {
-    /// Every op, in the order of the kernel table.
-    pub const ALL: [Op; 5] = [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::Avg];
-
-    /// The short name used in kernel names and messages.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Op::Sum => "sum",
-            Op::Prod => "prod",
-            Op::Min => "min",
-            Op::Max => "max",
-            Op::Avg => "avg",
-        }
-    }
-}
+/// The element types and operators the kernels know: the one vocabulary
+/// of every ferroccl crate (`ferroccl-types`). The kernel table is in the
+/// order of `DataType::ALL` and `ReduceOp::ALL`; `Avg` reduces as `Sum`,
+/// and the division by the rank count is done once, on the GPU, by the
+/// finishing kernel.
+pub use ferroccl_types::{DataType, ReduceOp};

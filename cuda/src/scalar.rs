@@ -7,7 +7,7 @@
 //! reduce, divide) so that the stand-in agrees with the host reduce to the
 //! bit.
 
-use crate::{Op, Ty};
+use crate::{DataType, ReduceOp};
 use half::{bf16, f16};
 
 /// The canonical NaNs Min and Max give.
@@ -44,31 +44,31 @@ macro_rules! float_minmax {
 float_minmax!(min32, max32, f32, F32_NAN);
 float_minmax!(min64, max64, f64, F64_NAN);
 
-fn f32_op(op: Op, x: f32, y: f32) -> f32 {
+fn f32_op(op: ReduceOp, x: f32, y: f32) -> f32 {
     match op {
-        Op::Sum | Op::Avg => x + y,
-        Op::Prod => x * y,
-        Op::Min => min32(x, y),
-        Op::Max => max32(x, y),
+        ReduceOp::Sum | ReduceOp::Avg => x + y,
+        ReduceOp::Prod => x * y,
+        ReduceOp::Min => min32(x, y),
+        ReduceOp::Max => max32(x, y),
     }
 }
 
-fn f64_op(op: Op, x: f64, y: f64) -> f64 {
+fn f64_op(op: ReduceOp, x: f64, y: f64) -> f64 {
     match op {
-        Op::Sum | Op::Avg => x + y,
-        Op::Prod => x * y,
-        Op::Min => min64(x, y),
-        Op::Max => max64(x, y),
+        ReduceOp::Sum | ReduceOp::Avg => x + y,
+        ReduceOp::Prod => x * y,
+        ReduceOp::Min => min64(x, y),
+        ReduceOp::Max => max64(x, y),
     }
 }
 
 macro_rules! int_op {
     ($op:expr, $x:expr, $y:expr) => {
         match $op {
-            Op::Sum | Op::Avg => $x.wrapping_add($y),
-            Op::Prod => $x.wrapping_mul($y),
-            Op::Min => Ord::min($x, $y),
-            Op::Max => Ord::max($x, $y),
+            ReduceOp::Sum | ReduceOp::Avg => $x.wrapping_add($y),
+            ReduceOp::Prod => $x.wrapping_mul($y),
+            ReduceOp::Min => Ord::min($x, $y),
+            ReduceOp::Max => Ord::max($x, $y),
         }
     };
 }
@@ -93,7 +93,7 @@ fn each<const N: usize>(
 }
 
 /// `out = a op b` over elements of `ty` (all three of one length).
-pub fn reduce(op: Op, ty: Ty, out: &mut [u8], a: &[u8], b: &[u8]) {
+pub fn reduce(op: ReduceOp, ty: DataType, out: &mut [u8], a: &[u8], b: &[u8]) {
     macro_rules! int {
         ($t:ty, $n:literal) => {
             each::<$n>(out, a, b, |x, y| {
@@ -103,31 +103,31 @@ pub fn reduce(op: Op, ty: Ty, out: &mut [u8], a: &[u8], b: &[u8]) {
         };
     }
     match ty {
-        Ty::F32 => each::<4>(out, a, b, |x, y| {
+        DataType::F32 => each::<4>(out, a, b, |x, y| {
             f32_op(op, f32::from_ne_bytes(x), f32::from_ne_bytes(y)).to_ne_bytes()
         }),
-        Ty::F64 => each::<8>(out, a, b, |x, y| {
+        DataType::F64 => each::<8>(out, a, b, |x, y| {
             f64_op(op, f64::from_ne_bytes(x), f64::from_ne_bytes(y)).to_ne_bytes()
         }),
-        Ty::F16 => each::<2>(out, a, b, |x, y| {
+        DataType::F16 => each::<2>(out, a, b, |x, y| {
             let (x, y) = (f16::from_ne_bytes(x), f16::from_ne_bytes(y));
             f16::from_f32(f32_op(op, x.to_f32(), y.to_f32())).to_ne_bytes()
         }),
-        Ty::Bf16 => each::<2>(out, a, b, |x, y| {
+        DataType::Bf16 => each::<2>(out, a, b, |x, y| {
             let (x, y) = (bf16::from_ne_bytes(x), bf16::from_ne_bytes(y));
             bf16::from_f32(f32_op(op, x.to_f32(), y.to_f32())).to_ne_bytes()
         }),
-        Ty::I8 => int!(i8, 1),
-        Ty::U8 => int!(u8, 1),
-        Ty::I32 => int!(i32, 4),
-        Ty::U32 => int!(u32, 4),
-        Ty::I64 => int!(i64, 8),
-        Ty::U64 => int!(u64, 8),
+        DataType::I8 => int!(i8, 1),
+        DataType::U8 => int!(u8, 1),
+        DataType::I32 => int!(i32, 4),
+        DataType::U32 => int!(u32, 4),
+        DataType::I64 => int!(i64, 8),
+        DataType::U64 => int!(u64, 8),
     }
 }
 
 /// Avg's end: divide each element of `ty` in `buf` by `ranks`.
-pub fn divide(ty: Ty, buf: &mut [u8], ranks: usize) {
+pub fn divide(ty: DataType, buf: &mut [u8], ranks: usize) {
     macro_rules! int {
         ($t:ty, $n:literal) => {
             for c in buf.chunks_exact_mut($n) {
@@ -149,51 +149,57 @@ pub fn divide(ty: Ty, buf: &mut [u8], ranks: usize) {
     }
     let n = ranks;
     match ty {
-        Ty::F32 => float!(f32, 4, |v: f32| v / n as f32),
-        Ty::F64 => float!(f64, 8, |v: f64| v / n as f64),
-        Ty::F16 => float!(f16, 2, |v: f16| f16::from_f32(v.to_f32() / n as f32)),
-        Ty::Bf16 => float!(bf16, 2, |v: bf16| bf16::from_f32(v.to_f32() / n as f32)),
-        Ty::I8 => int!(i8, 1),
-        Ty::U8 => int!(u8, 1),
-        Ty::I32 => int!(i32, 4),
-        Ty::U32 => int!(u32, 4),
-        Ty::I64 => int!(i64, 8),
-        Ty::U64 => int!(u64, 8),
+        DataType::F32 => float!(f32, 4, |v: f32| v / n as f32),
+        DataType::F64 => float!(f64, 8, |v: f64| v / n as f64),
+        DataType::F16 => float!(f16, 2, |v: f16| f16::from_f32(v.to_f32() / n as f32)),
+        DataType::Bf16 => float!(bf16, 2, |v: bf16| bf16::from_f32(v.to_f32() / n as f32)),
+        DataType::I8 => int!(i8, 1),
+        DataType::U8 => int!(u8, 1),
+        DataType::I32 => int!(i32, 4),
+        DataType::U32 => int!(u32, 4),
+        DataType::I64 => int!(i64, 8),
+        DataType::U64 => int!(u64, 8),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Op, Ty};
+    use crate::{DataType, ReduceOp};
 
     #[test]
     fn scalar_semantics() {
         use half::{bf16, f16};
         let mut out = [0u8; 1];
-        reduce(Op::Sum, Ty::U8, &mut out, &[200], &[100]);
+        reduce(ReduceOp::Sum, DataType::U8, &mut out, &[200], &[100]);
         assert_eq!(out, [44]);
         let mut b = [44u8];
-        divide(Ty::U8, &mut b, 2);
+        divide(DataType::U8, &mut b, 2);
         assert_eq!(b, [22]);
         let mut i = (-3i8).to_ne_bytes();
-        divide(Ty::I8, &mut i, 2);
+        divide(DataType::I8, &mut i, 2);
         assert_eq!(i8::from_ne_bytes(i), -1);
         let nan = f32::from_bits(0xffc0_0001).to_ne_bytes();
         let mut o = [0u8; 4];
-        reduce(Op::Min, Ty::F32, &mut o, &nan, &1f32.to_ne_bytes());
+        reduce(
+            ReduceOp::Min,
+            DataType::F32,
+            &mut o,
+            &nan,
+            &1f32.to_ne_bytes(),
+        );
         assert_eq!(u32::from_ne_bytes(o), 0x7fc0_0000);
         reduce(
-            Op::Max,
-            Ty::F32,
+            ReduceOp::Max,
+            DataType::F32,
             &mut o,
             &(-0f32).to_ne_bytes(),
             &0f32.to_ne_bytes(),
         );
         assert_eq!(u32::from_ne_bytes(o), 0);
         reduce(
-            Op::Min,
-            Ty::F32,
+            ReduceOp::Min,
+            DataType::F32,
             &mut o,
             &0f32.to_ne_bytes(),
             &(-0f32).to_ne_bytes(),
@@ -202,11 +208,11 @@ mod tests {
         let mut h = [0u8; 2];
         let x = f16::from_f32(1.0).to_ne_bytes();
         let y = f16::from_f32(f32::NAN).to_ne_bytes();
-        reduce(Op::Max, Ty::F16, &mut h, &x, &y);
+        reduce(ReduceOp::Max, DataType::F16, &mut h, &x, &y);
         assert_eq!(u16::from_ne_bytes(h), 0x7e00);
         let x = bf16::from_f32(-1.0).to_ne_bytes();
         let y = bf16::from_f32(f32::NAN).to_ne_bytes();
-        reduce(Op::Min, Ty::Bf16, &mut h, &x, &y);
+        reduce(ReduceOp::Min, DataType::Bf16, &mut h, &x, &y);
         assert_eq!(u16::from_ne_bytes(h), 0x7fc0);
     }
 }

@@ -13,7 +13,7 @@
 
 use crate::device::{DeviceBuf, DevicePtr, Engine, Event, PinnedBuf, Retired, Stream};
 use crate::error::Result;
-use crate::{bad, lock, Op, Ty};
+use crate::{bad, lock, DataType, ReduceOp};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -231,8 +231,8 @@ impl Drop for StagePool {
 /// where nothing depends on it.
 pub struct Stager<'e> {
     engine: &'e dyn Engine,
-    ty: Ty,
-    op: Op,
+    ty: DataType,
+    op: ReduceOp,
     timeout: Duration,
     chunk_bytes: usize,
     inbound: Stream,
@@ -264,21 +264,31 @@ pub struct Stager<'e> {
 impl<'e> Stager<'e> {
     /// Allocate the pipeline's streams, events, pinned buffers and device
     /// scratch for chunks of `ty`, reduced with `op` (freed at the end).
-    pub fn new(engine: &'e dyn Engine, ty: Ty, op: Op, config: StageConfig) -> Result<Self> {
+    pub fn new(
+        engine: &'e dyn Engine,
+        ty: DataType,
+        op: ReduceOp,
+        config: StageConfig,
+    ) -> Result<Self> {
         Self::build(engine, None, ty, op, config)
     }
 
     /// As [`Stager::new`], with the resources taken from `pool` (whose
     /// engine this runs on) and given back when the call ends cleanly.
-    pub fn new_in(pool: &'e StagePool, ty: Ty, op: Op, config: StageConfig) -> Result<Self> {
+    pub fn new_in(
+        pool: &'e StagePool,
+        ty: DataType,
+        op: ReduceOp,
+        config: StageConfig,
+    ) -> Result<Self> {
         Self::build(&**pool.engine(), Some(pool), ty, op, config)
     }
 
     fn build(
         engine: &'e dyn Engine,
         pool: Option<&'e StagePool>,
-        ty: Ty,
-        op: Op,
+        ty: DataType,
+        op: ReduceOp,
         config: StageConfig,
     ) -> Result<Self> {
         if config.depth < 2 {
@@ -611,7 +621,7 @@ mod tests {
                 depth: 3,
                 timeout: T,
             };
-            let mut stager = Stager::new(&engine, Ty::U32, Op::Sum, config).unwrap();
+            let mut stager = Stager::new(&engine, DataType::U32, ReduceOp::Sum, config).unwrap();
             for off in (0..n).step_by(chunk) {
                 let len = chunk.min(n - off) * 4;
                 let at = off * 4;

@@ -11,7 +11,7 @@
 use ferroccl_cuda::cuda_engine::CudaEngine;
 use ferroccl_cuda::device::{DevicePtr, Engine};
 use ferroccl_cuda::host_engine::HostEngine;
-use ferroccl_cuda::{CudaError, Op, Ty};
+use ferroccl_cuda::{CudaError, DataType, ReduceOp};
 use std::time::Duration;
 
 fn engine() -> Option<CudaEngine> {
@@ -40,13 +40,13 @@ impl Rng {
 
 /// `count` elements of `ty` as bytes: random, with special values mixed in
 /// for the floats (NaN of several payloads, both zeros, infinities).
-fn data(ty: Ty, count: usize, rng: &mut Rng) -> Vec<u8> {
+fn data(ty: DataType, count: usize, rng: &mut Rng) -> Vec<u8> {
     let mut out = Vec::with_capacity(count * ty.size());
     for i in 0..count {
         let r = rng.next();
         let special = ty.is_float() && r.is_multiple_of(7);
         let bytes: Vec<u8> = match ty {
-            Ty::F32 => {
+            DataType::F32 => {
                 let v = if special {
                     [
                         f32::NAN,
@@ -60,7 +60,7 @@ fn data(ty: Ty, count: usize, rng: &mut Rng) -> Vec<u8> {
                 };
                 v.to_le_bytes().to_vec()
             }
-            Ty::F64 => {
+            DataType::F64 => {
                 let v = if special {
                     [f64::NAN, -0.0, 0.0, f64::NEG_INFINITY][i % 4]
                 } else {
@@ -69,7 +69,7 @@ fn data(ty: Ty, count: usize, rng: &mut Rng) -> Vec<u8> {
                 v.to_le_bytes().to_vec()
             }
             // Raw halves: every bit pattern, NaN and zeros included.
-            Ty::F16 | Ty::Bf16 => (r as u16).to_le_bytes().to_vec(),
+            DataType::F16 | DataType::Bf16 => (r as u16).to_le_bytes().to_vec(),
             _ => r.to_le_bytes()[..ty.size()].to_vec(),
         };
         out.extend_from_slice(&bytes);
@@ -82,8 +82,8 @@ fn data(ty: Ty, count: usize, rng: &mut Rng) -> Vec<u8> {
 /// 0xA5, and return the whole output allocation.
 fn reduce_via<E: Engine>(
     e: &E,
-    op: Op,
-    ty: Ty,
+    op: ReduceOp,
+    ty: DataType,
     a: &[u8],
     b: &[u8],
     skew: usize,
@@ -112,7 +112,7 @@ fn reduce_via<E: Engine>(
     e.with_pinned(pin, &mut |m| m.fill(0xA5)).unwrap();
     e.h2d(s, DevicePtr::new(dev[2]), pin, 0, total).unwrap();
     e.reduce(s, op, ty, at(2), at(0), at(1), count).unwrap();
-    if op == Op::Avg {
+    if op == ReduceOp::Avg {
         e.avg_finish(s, ty, at(2), count, ranks).unwrap();
     }
     e.d2h(s, pin, 0, DevicePtr::new(dev[2]), total).unwrap();
@@ -136,8 +136,8 @@ fn every_kernel_matches_the_stand_in_bit_for_bit() {
     let host = HostEngine::new();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut checked = 0;
-    for ty in Ty::ALL {
-        for op in Op::ALL {
+    for ty in DataType::ALL {
+        for op in ReduceOp::ALL {
             for (count, skew) in [(1, 0), (7, 1), (1000, 0), (65_537, 3), (1 << 20, 0)] {
                 let a = data(ty, count, &mut rng);
                 let b = data(ty, count, &mut rng);
@@ -153,7 +153,7 @@ fn every_kernel_matches_the_stand_in_bit_for_bit() {
                         "{} {}: {count} elements, skew {skew}: byte {i} ({}) differs: GPU \
                          {:02x?}, stand-in {:02x?} (inputs {:02x?} and {:02x?})",
                         op.name(),
-                        ty.name(),
+                        ty.short_name(),
                         if inside {
                             format!("element {el}")
                         } else {
@@ -189,8 +189,11 @@ fn the_harness_runs_on_the_stand_in() {
         .iter()
         .flat_map(|v| v.to_le_bytes())
         .collect();
-    let out = reduce_via(&slow, Op::Sum, Ty::F32, &a, &b, 1, 3);
-    assert_eq!(out, reduce_via(&calm, Op::Sum, Ty::F32, &a, &b, 1, 3));
+    let out = reduce_via(&slow, ReduceOp::Sum, DataType::F32, &a, &b, 1, 3);
+    assert_eq!(
+        out,
+        reduce_via(&calm, ReduceOp::Sum, DataType::F32, &a, &b, 1, 3)
+    );
     let sums: Vec<f32> = out[4..16]
         .chunks(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
@@ -201,13 +204,13 @@ fn the_harness_runs_on_the_stand_in() {
         "poison overwritten"
     );
     let mut rng = Rng(5);
-    for ty in Ty::ALL {
+    for ty in DataType::ALL {
         let (a, b) = (data(ty, 33, &mut rng), data(ty, 33, &mut rng));
         assert_eq!(
-            reduce_via(&slow, Op::Avg, ty, &a, &b, 3, 2),
-            reduce_via(&calm, Op::Avg, ty, &a, &b, 3, 2),
+            reduce_via(&slow, ReduceOp::Avg, ty, &a, &b, 3, 2),
+            reduce_via(&calm, ReduceOp::Avg, ty, &a, &b, 3, 2),
             "{}",
-            ty.name()
+            ty.short_name()
         );
     }
 }

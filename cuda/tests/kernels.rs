@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
 }
 "#;
 
-use ferroccl_cuda::{Op, Ty};
+use ferroccl_cuda::{DataType, ReduceOp};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -296,7 +296,7 @@ fn build_host_module(dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// Element bits (in a u64) of one type.
-fn bits_of(ty: Ty, raw: &[u8]) -> Vec<u64> {
+fn bits_of(ty: DataType, raw: &[u8]) -> Vec<u64> {
     raw.chunks(ty.size())
         .map(|c| {
             let mut b = [0u8; 8];
@@ -306,13 +306,13 @@ fn bits_of(ty: Ty, raw: &[u8]) -> Vec<u64> {
         .collect()
 }
 
-fn raw_of(ty: Ty, bits: &[u64]) -> Vec<u8> {
+fn raw_of(ty: DataType, bits: &[u64]) -> Vec<u8> {
     bits.iter()
         .flat_map(|b| b.to_le_bytes()[..ty.size()].to_vec())
         .collect()
 }
 
-fn mask(ty: Ty) -> u64 {
+fn mask(ty: DataType) -> u64 {
     if ty.size() == 8 {
         u64::MAX
     } else {
@@ -320,31 +320,31 @@ fn mask(ty: Ty) -> u64 {
     }
 }
 
-fn is_nan(ty: Ty, b: u64) -> bool {
+fn is_nan(ty: DataType, b: u64) -> bool {
     match ty {
-        Ty::F32 => (b & 0x7fff_ffff) > 0x7f80_0000,
-        Ty::F64 => (b & 0x7fff_ffff_ffff_ffff) > 0x7ff0_0000_0000_0000,
-        Ty::F16 => (b & 0x7fff) > 0x7c00,
-        Ty::Bf16 => (b & 0x7fff) > 0x7f80,
+        DataType::F32 => (b & 0x7fff_ffff) > 0x7f80_0000,
+        DataType::F64 => (b & 0x7fff_ffff_ffff_ffff) > 0x7ff0_0000_0000_0000,
+        DataType::F16 => (b & 0x7fff) > 0x7c00,
+        DataType::Bf16 => (b & 0x7fff) > 0x7f80,
         _ => false,
     }
 }
 
-fn canonical_nan(ty: Ty) -> u64 {
+fn canonical_nan(ty: DataType) -> u64 {
     match ty {
-        Ty::F32 => 0x7fc0_0000,
-        Ty::F64 => 0x7ff8_0000_0000_0000,
-        Ty::F16 => 0x7e00,
-        Ty::Bf16 => 0x7fc0,
+        DataType::F32 => 0x7fc0_0000,
+        DataType::F64 => 0x7ff8_0000_0000_0000,
+        DataType::F16 => 0x7e00,
+        DataType::Bf16 => 0x7fc0,
         _ => unreachable!(),
     }
 }
 
 /// (mantissa bits, exponent bias) of a half type.
-fn half_format(ty: Ty) -> (u32, i32) {
+fn half_format(ty: DataType) -> (u32, i32) {
     match ty {
-        Ty::F16 => (10, 15),
-        Ty::Bf16 => (7, 127),
+        DataType::F16 => (10, 15),
+        DataType::Bf16 => (7, 127),
         _ => unreachable!(),
     }
 }
@@ -352,7 +352,7 @@ fn half_format(ty: Ty) -> (u32, i32) {
 /// The value of a non-negative half bit pattern, finite or the first
 /// pattern past the largest finite one (Inf), which stands for 2^(emax+1):
 /// rounding to it is overflow.
-fn half_magnitude(ty: Ty, h: u64) -> f64 {
+fn half_magnitude(ty: DataType, h: u64) -> f64 {
     let (m, bias) = half_format(ty);
     let e = (h >> m) as i32;
     let man = (h & ((1 << m) - 1)) as f64;
@@ -363,11 +363,11 @@ fn half_magnitude(ty: Ty, h: u64) -> f64 {
     }
 }
 
-fn half_to_f32(ty: Ty, h: u64) -> f32 {
+fn half_to_f32(ty: DataType, h: u64) -> f32 {
     if is_nan(ty, h) {
         return f32::NAN;
     }
-    let inf = if ty == Ty::F16 { 0x7c00 } else { 0x7f80 };
+    let inf = if ty == DataType::F16 { 0x7c00 } else { 0x7f80 };
     let v = if h & 0x7fff == inf {
         f32::INFINITY
     } else {
@@ -382,13 +382,13 @@ fn half_to_f32(ty: Ty, h: u64) -> f32 {
 
 /// Round an f32 to the nearest half value, ties to the even pattern, by
 /// search over the ordered patterns (not the kernels' bit arithmetic).
-fn f32_to_half(ty: Ty, x: f32) -> u64 {
+fn f32_to_half(ty: DataType, x: f32) -> u64 {
     if x.is_nan() {
         return canonical_nan(ty); // any NaN: compared as NaN
     }
     let sign = if x.is_sign_negative() { 0x8000 } else { 0 };
     let ax = (x as f64).abs();
-    let inf = if ty == Ty::F16 { 0x7c00 } else { 0x7f80 };
+    let inf = if ty == DataType::F16 { 0x7c00 } else { 0x7f80 };
     if ax.is_infinite() {
         return sign | inf;
     }
@@ -416,54 +416,57 @@ fn f32_to_half(ty: Ty, x: f32) -> u64 {
 }
 
 /// A float element as f64 (exact), for comparisons.
-fn float_value(ty: Ty, b: u64) -> f64 {
+fn float_value(ty: DataType, b: u64) -> f64 {
     match ty {
-        Ty::F32 => f32::from_bits(b as u32) as f64,
-        Ty::F64 => f64::from_bits(b),
+        DataType::F32 => f32::from_bits(b as u32) as f64,
+        DataType::F64 => f64::from_bits(b),
         _ => half_to_f32(ty, b) as f64,
     }
 }
 
 /// An integer element, sign-extended for signed types.
-fn int_value(ty: Ty, b: u64) -> i128 {
+fn int_value(ty: DataType, b: u64) -> i128 {
     let bits = 8 * ty.size() as u32;
     match ty {
-        Ty::I8 | Ty::I32 | Ty::I64 => ((b << (64 - bits)) as i64 >> (64 - bits)) as i128,
+        DataType::I8 | DataType::I32 | DataType::I64 => {
+            ((b << (64 - bits)) as i64 >> (64 - bits)) as i128
+        }
         _ => b as i128,
     }
 }
 
 /// What `a op b` must be (float NaN results of Sum and Prod: any NaN).
-fn expect_reduce(op: Op, ty: Ty, a: u64, b: u64) -> u64 {
+fn expect_reduce(op: ReduceOp, ty: DataType, a: u64, b: u64) -> u64 {
     if !ty.is_float() {
         let (x, y) = (int_value(ty, a), int_value(ty, b));
         let r = match op {
-            Op::Sum | Op::Avg => x.wrapping_add(y),
-            Op::Prod => x.wrapping_mul(y),
-            Op::Min => x.min(y),
-            Op::Max => x.max(y),
+            ReduceOp::Sum | ReduceOp::Avg => x.wrapping_add(y),
+            ReduceOp::Prod => x.wrapping_mul(y),
+            ReduceOp::Min => x.min(y),
+            ReduceOp::Max => x.max(y),
         };
         return r as u64 & mask(ty);
     }
-    if matches!(op, Op::Min | Op::Max) {
+    if matches!(op, ReduceOp::Min | ReduceOp::Max) {
         if is_nan(ty, a) || is_nan(ty, b) {
             return canonical_nan(ty);
         }
         let (x, y) = (float_value(ty, a), float_value(ty, b));
         return match (op, x.partial_cmp(&y).unwrap()) {
-            (Op::Min, std::cmp::Ordering::Less) | (Op::Max, std::cmp::Ordering::Greater) => a,
-            (_, std::cmp::Ordering::Equal) if op == Op::Min => a | b,
+            (ReduceOp::Min, std::cmp::Ordering::Less)
+            | (ReduceOp::Max, std::cmp::Ordering::Greater) => a,
+            (_, std::cmp::Ordering::Equal) if op == ReduceOp::Min => a | b,
             (_, std::cmp::Ordering::Equal) => a & b,
             _ => b,
         };
     }
-    let mul = op == Op::Prod;
+    let mul = op == ReduceOp::Prod;
     match ty {
-        Ty::F32 => {
+        DataType::F32 => {
             let (x, y) = (f32::from_bits(a as u32), f32::from_bits(b as u32));
             (if mul { x * y } else { x + y }).to_bits() as u64
         }
-        Ty::F64 => {
+        DataType::F64 => {
             let (x, y) = (f64::from_bits(a), f64::from_bits(b));
             (if mul { x * y } else { x + y }).to_bits()
         }
@@ -475,18 +478,18 @@ fn expect_reduce(op: Op, ty: Ty, a: u64, b: u64) -> u64 {
 }
 
 /// What the Avg finish must make of `v` on `n` ranks.
-fn expect_finish(ty: Ty, v: u64, n: u64) -> u64 {
+fn expect_finish(ty: DataType, v: u64, n: u64) -> u64 {
     match ty {
-        Ty::F32 => (f32::from_bits(v as u32) / n as f32).to_bits() as u64,
-        Ty::F64 => (f64::from_bits(v) / n as f64).to_bits(),
-        Ty::F16 | Ty::Bf16 => f32_to_half(ty, half_to_f32(ty, v) / n as f32),
+        DataType::F32 => (f32::from_bits(v as u32) / n as f32).to_bits() as u64,
+        DataType::F64 => (f64::from_bits(v) / n as f64).to_bits(),
+        DataType::F16 | DataType::Bf16 => f32_to_half(ty, half_to_f32(ty, v) / n as f32),
         _ => (int_value(ty, v) / n as i128) as u64 & mask(ty),
     }
 }
 
-fn specials(ty: Ty) -> Vec<u64> {
+fn specials(ty: DataType) -> Vec<u64> {
     match ty {
-        Ty::F32 => vec![
+        DataType::F32 => vec![
             0,
             0x8000_0000,
             0x3f80_0000,
@@ -507,7 +510,7 @@ fn specials(ty: Ty) -> Vec<u64> {
             0x4b00_0001,
             0x3400_0000,
         ],
-        Ty::F64 => vec![
+        DataType::F64 => vec![
             0,
             1 << 63,
             0x3ff0 << 48,
@@ -527,11 +530,11 @@ fn specials(ty: Ty) -> Vec<u64> {
             (0x3ff0 << 48) | 1,
             0x3ca0 << 48,
         ],
-        Ty::F16 => vec![
+        DataType::F16 => vec![
             0, 0x8000, 0x3c00, 0xbc00, 0x3e00, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e00, 0xfe01,
             0x7c01, 1, 0x8001, 0x03ff, 0x0400, 0x3c01, 0x7bfe, 0x1400, 0x6800,
         ],
-        Ty::Bf16 => vec![
+        DataType::Bf16 => vec![
             0, 0x8000, 0x3f80, 0xbf80, 0x3fc0, 0x7f7f, 0xff7f, 0x7f80, 0xff80, 0x7fc0, 0xffc1,
             0x7f81, 1, 0x8001, 0x007f, 0x0080, 0x3f81, 0x7f7e, 0x3b80,
         ],
@@ -558,7 +561,7 @@ fn specials(ty: Ty) -> Vec<u64> {
 
 /// Random element bits: half of them raw, half (floats) of moderate
 /// magnitude, where sums and products round.
-fn random_bits(ty: Ty, state: &mut u64) -> u64 {
+fn random_bits(ty: DataType, state: &mut u64) -> u64 {
     *state = state
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
@@ -567,15 +570,15 @@ fn random_bits(ty: Ty, state: &mut u64) -> u64 {
         return (r >> 1) & mask(ty);
     }
     match ty {
-        Ty::F32 => (r >> 1) & 0x807f_ffff | ((124 + (r >> 40) % 8) << 23),
-        Ty::F64 => (r >> 1) & 0x800f_ffff_ffff_ffff | ((1020 + (r >> 40) % 8) << 52),
-        Ty::F16 => (r >> 1) & 0x83ff | ((12 + (r >> 40) % 8) << 10),
+        DataType::F32 => (r >> 1) & 0x807f_ffff | ((124 + (r >> 40) % 8) << 23),
+        DataType::F64 => (r >> 1) & 0x800f_ffff_ffff_ffff | ((1020 + (r >> 40) % 8) << 52),
+        DataType::F16 => (r >> 1) & 0x83ff | ((12 + (r >> 40) % 8) << 10),
         _ => (r >> 1) & 0x807f | ((124 + (r >> 40) % 8) << 7),
     }
 }
 
 /// Inputs: every pair of the specials, then random elements.
-fn inputs(ty: Ty, seed: u64) -> (Vec<u64>, Vec<u64>) {
+fn inputs(ty: DataType, seed: u64) -> (Vec<u64>, Vec<u64>) {
     let s = specials(ty);
     let mut a = Vec::new();
     let mut b = Vec::new();
@@ -593,14 +596,19 @@ fn inputs(ty: Ty, seed: u64) -> (Vec<u64>, Vec<u64>) {
     (a, b)
 }
 
-fn parse_kernel(name: &str) -> (Option<Op>, Ty) {
-    let ty_of = |t: &str| Ty::ALL.into_iter().find(|ty| ty.name() == t).unwrap();
+fn parse_kernel(name: &str) -> (Option<ReduceOp>, DataType) {
+    let ty_of = |t: &str| {
+        DataType::ALL
+            .into_iter()
+            .find(|ty| ty.short_name() == t)
+            .unwrap()
+    };
     if let Some(t) = name.strip_prefix("ferroccl_avg_finish_") {
         return (None, ty_of(t));
     }
     let rest = name.strip_prefix("ferroccl_reduce_").unwrap();
     let (op, t) = rest.split_once('_').unwrap();
-    let op = Op::ALL.into_iter().find(|o| o.name() == op).unwrap();
+    let op = ReduceOp::ALL.into_iter().find(|o| o.name() == op).unwrap();
     (Some(op), ty_of(t))
 }
 
@@ -711,7 +719,7 @@ fn every_kernel_computes_the_host_results_bit_for_bit() {
                     Some(op) => expect_reduce(op, ty, a[i], b[i]),
                     None => expect_finish(ty, a[i], case.n),
                 };
-                let exact = matches!(op, Some(Op::Min | Op::Max)) || !is_nan(ty, want);
+                let exact = matches!(op, Some(ReduceOp::Min | ReduceOp::Max)) || !is_nan(ty, want);
                 let ok = if exact {
                     got[i] == want
                 } else {
@@ -734,23 +742,35 @@ fn every_kernel_computes_the_host_results_bit_for_bit() {
 #[test]
 fn the_reference_rounds_halves_to_nearest_even() {
     // f16: 1 + 2^-11 is the tie between 1 and 1 + 2^-10: to the even, 1.
-    assert_eq!(f32_to_half(Ty::F16, 1.0 + 2f32.powi(-11)), 0x3c00);
-    assert_eq!(f32_to_half(Ty::F16, 1.0 + 3.0 * 2f32.powi(-11)), 0x3c02);
-    assert_eq!(f32_to_half(Ty::F16, 65504.0), 0x7bff);
-    assert_eq!(f32_to_half(Ty::F16, 65519.0), 0x7bff);
-    assert_eq!(f32_to_half(Ty::F16, 65520.0), 0x7c00);
-    assert_eq!(f32_to_half(Ty::F16, -(2f32.powi(-24))), 0x8001);
-    assert_eq!(f32_to_half(Ty::F16, 2f32.powi(-25)), 0);
-    assert_eq!(f32_to_half(Ty::F16, 1.5 * 2f32.powi(-25)), 1);
-    assert_eq!(f32_to_half(Ty::Bf16, 1.0 + 2f32.powi(-8)), 0x3f80);
-    assert_eq!(f32_to_half(Ty::Bf16, f32::MAX), 0x7f80);
-    assert_eq!(half_to_f32(Ty::F16, 0x0001), 2f32.powi(-24));
-    assert_eq!(half_to_f32(Ty::Bf16, 0xbf80), -1.0);
-    assert_eq!(half_to_f32(Ty::F16, 0xfc00), f32::NEG_INFINITY);
-    assert_eq!(half_to_f32(Ty::Bf16, 0x7f80), f32::INFINITY);
-    assert_eq!(expect_finish(Ty::U8, 44, 2), 22);
-    assert_eq!(expect_finish(Ty::I8, 0xfd, 2), 0xff); // -3 / 2 = -1
-    assert_eq!(expect_reduce(Op::Min, Ty::F32, 0, 0x8000_0000), 0x8000_0000);
-    assert_eq!(expect_reduce(Op::Max, Ty::F32, 0x8000_0000, 0), 0);
-    assert_eq!(expect_reduce(Op::Max, Ty::Bf16, 0x3f80, 0xffc1), 0x7fc0);
+    assert_eq!(f32_to_half(DataType::F16, 1.0 + 2f32.powi(-11)), 0x3c00);
+    assert_eq!(
+        f32_to_half(DataType::F16, 1.0 + 3.0 * 2f32.powi(-11)),
+        0x3c02
+    );
+    assert_eq!(f32_to_half(DataType::F16, 65504.0), 0x7bff);
+    assert_eq!(f32_to_half(DataType::F16, 65519.0), 0x7bff);
+    assert_eq!(f32_to_half(DataType::F16, 65520.0), 0x7c00);
+    assert_eq!(f32_to_half(DataType::F16, -(2f32.powi(-24))), 0x8001);
+    assert_eq!(f32_to_half(DataType::F16, 2f32.powi(-25)), 0);
+    assert_eq!(f32_to_half(DataType::F16, 1.5 * 2f32.powi(-25)), 1);
+    assert_eq!(f32_to_half(DataType::Bf16, 1.0 + 2f32.powi(-8)), 0x3f80);
+    assert_eq!(f32_to_half(DataType::Bf16, f32::MAX), 0x7f80);
+    assert_eq!(half_to_f32(DataType::F16, 0x0001), 2f32.powi(-24));
+    assert_eq!(half_to_f32(DataType::Bf16, 0xbf80), -1.0);
+    assert_eq!(half_to_f32(DataType::F16, 0xfc00), f32::NEG_INFINITY);
+    assert_eq!(half_to_f32(DataType::Bf16, 0x7f80), f32::INFINITY);
+    assert_eq!(expect_finish(DataType::U8, 44, 2), 22);
+    assert_eq!(expect_finish(DataType::I8, 0xfd, 2), 0xff); // -3 / 2 = -1
+    assert_eq!(
+        expect_reduce(ReduceOp::Min, DataType::F32, 0, 0x8000_0000),
+        0x8000_0000
+    );
+    assert_eq!(
+        expect_reduce(ReduceOp::Max, DataType::F32, 0x8000_0000, 0),
+        0
+    );
+    assert_eq!(
+        expect_reduce(ReduceOp::Max, DataType::Bf16, 0x3f80, 0xffc1),
+        0x7fc0
+    );
 }

@@ -42,84 +42,37 @@ pub struct UniqueId {
     pub internal: [u8; UNIQUE_ID_BYTES],
 }
 
-/// `ncclDataType_t` values this library carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NcclType {
-    /// `ncclInt8` (0)
-    I8,
-    /// `ncclUint8` (1)
-    U8,
-    /// `ncclInt32` (2)
-    I32,
-    /// `ncclUint32` (3)
-    U32,
-    /// `ncclInt64` (4)
-    I64,
-    /// `ncclUint64` (5)
-    U64,
-    /// `ncclFloat16` (6)
-    F16,
-    /// `ncclFloat32` (7)
-    F32,
-    /// `ncclFloat64` (8)
-    F64,
-    /// `ncclBfloat16` (9)
-    Bf16,
-}
-
-impl NcclType {
-    /// The type of a C `ncclDataType_t`; fp8 (10, 11) and anything else
-    /// are refused.
-    pub fn from_c(value: c_int) -> Result<NcclType, Failure> {
-        Ok(match value {
-            0 => NcclType::I8,
-            1 => NcclType::U8,
-            2 => NcclType::I32,
-            3 => NcclType::U32,
-            4 => NcclType::I64,
-            5 => NcclType::U64,
-            6 => NcclType::F16,
-            7 => NcclType::F32,
-            8 => NcclType::F64,
-            9 => NcclType::Bf16,
-            10 | 11 => {
-                return Err(Failure::invalid_argument(format!(
-                    "datatype {value} ({}) is not supported yet",
-                    if value == 10 {
-                        "ncclFloat8e4m3"
-                    } else {
-                        "ncclFloat8e5m2"
-                    }
-                )))
-            }
-            other => {
-                return Err(Failure::invalid_argument(format!(
-                    "datatype {other} is not an ncclDataType_t (0 to 11)"
-                )))
-            }
-        })
-    }
-
-    /// The library's element type.
-    pub fn data_type(self) -> DataType {
-        match self {
-            NcclType::I8 => DataType::I8,
-            NcclType::U8 => DataType::U8,
-            NcclType::I32 => DataType::I32,
-            NcclType::U32 => DataType::U32,
-            NcclType::I64 => DataType::I64,
-            NcclType::U64 => DataType::U64,
-            NcclType::F16 => DataType::F16,
-            NcclType::F32 => DataType::F32,
-            NcclType::F64 => DataType::F64,
-            NcclType::Bf16 => DataType::Bf16,
+/// The element type of a C `ncclDataType_t` (the library's one
+/// vocabulary, `ferroccl-types`); fp8 (10, 11) and anything else are
+/// refused.
+pub fn data_type(value: c_int) -> Result<DataType, Failure> {
+    Ok(match value {
+        0 => DataType::I8,
+        1 => DataType::U8,
+        2 => DataType::I32,
+        3 => DataType::U32,
+        4 => DataType::I64,
+        5 => DataType::U64,
+        6 => DataType::F16,
+        7 => DataType::F32,
+        8 => DataType::F64,
+        9 => DataType::Bf16,
+        10 | 11 => {
+            return Err(Failure::invalid_argument(format!(
+                "datatype {value} ({}) is not supported yet",
+                if value == 10 {
+                    "ncclFloat8e4m3"
+                } else {
+                    "ncclFloat8e5m2"
+                }
+            )))
         }
-    }
-
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        self.data_type().size()
-    }
+        other => {
+            return Err(Failure::invalid_argument(format!(
+                "datatype {other} is not an ncclDataType_t (0 to 11)"
+            )))
+        }
+    })
 }
 
 /// A built-in `ncclRedOp_t` (below `ncclNumOps`), or `None` for a value at
@@ -247,7 +200,7 @@ pub enum Scalar {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PreMul {
     /// The only type it may be used with.
-    pub dtype: NcclType,
+    pub dtype: DataType,
     /// The scalar.
     pub scalar: Scalar,
 }
@@ -318,10 +271,10 @@ mod tests {
             (9, DataType::Bf16),
         ];
         for (value, dt) in expected {
-            assert_eq!(NcclType::from_c(value).unwrap().data_type(), dt);
+            assert_eq!(data_type(value).unwrap(), dt);
         }
         for refused in [10, 11, 12, -1] {
-            let e = NcclType::from_c(refused).unwrap_err();
+            let e = data_type(refused).unwrap_err();
             assert_eq!(e.code, result::INVALID_ARGUMENT);
         }
         let ops = [

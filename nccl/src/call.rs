@@ -5,11 +5,10 @@
 
 pub use crate::abi::{PreMul, Scalar};
 
-use crate::abi::NcclType;
 use crate::comm::Core;
 use crate::status::Failure;
 use ferroccl::cuda::{PreMulScalar, RawOp};
-use ferroccl::{Communicator, Element, ReduceOp};
+use ferroccl::{Communicator, DataType, Element, ReduceOp};
 use std::ffi::c_void;
 
 /// Which NCCL function.
@@ -80,7 +79,7 @@ pub struct Call {
     /// NCCL's count (see [`Kind`]).
     pub count: usize,
     /// Element type.
-    pub dtype: NcclType,
+    pub dtype: DataType,
     /// Reduction.
     pub op: Op,
     /// The root, or the peer of a point-to-point call.
@@ -266,16 +265,16 @@ impl Scale for half::bf16 {
 macro_rules! with_type {
     ($t:expr, $f:ident, $($a:expr),*) => {
         match $t {
-            NcclType::I8 => $f::<i8>($($a),*),
-            NcclType::U8 => $f::<u8>($($a),*),
-            NcclType::I32 => $f::<i32>($($a),*),
-            NcclType::U32 => $f::<u32>($($a),*),
-            NcclType::I64 => $f::<i64>($($a),*),
-            NcclType::U64 => $f::<u64>($($a),*),
-            NcclType::F16 => $f::<half::f16>($($a),*),
-            NcclType::F32 => $f::<f32>($($a),*),
-            NcclType::F64 => $f::<f64>($($a),*),
-            NcclType::Bf16 => $f::<half::bf16>($($a),*),
+            DataType::I8 => $f::<i8>($($a),*),
+            DataType::U8 => $f::<u8>($($a),*),
+            DataType::I32 => $f::<i32>($($a),*),
+            DataType::U32 => $f::<u32>($($a),*),
+            DataType::I64 => $f::<i64>($($a),*),
+            DataType::U64 => $f::<u64>($($a),*),
+            DataType::F16 => $f::<half::f16>($($a),*),
+            DataType::F32 => $f::<f32>($($a),*),
+            DataType::F64 => $f::<f64>($($a),*),
+            DataType::Bf16 => $f::<half::bf16>($($a),*),
         }
     };
 }
@@ -439,7 +438,7 @@ pub unsafe fn run_device(core: &Core, call: &Call) -> Result<(), Failure> {
     let comm = &core.comm;
     let (s, r) = (call.send as *const c_void, call.recv as *mut c_void);
     let stream = call.stream as *mut c_void;
-    let dt = call.dtype.data_type();
+    let dt = call.dtype;
     let op = match call.op {
         Op::Builtin(op) => RawOp::Builtin(op),
         Op::None => RawOp::Builtin(ReduceOp::Sum),

@@ -22,13 +22,12 @@
 use super::{lock, Communicator, Inner, Work};
 use crate::algo::encode::Layout;
 use crate::coll::{self, CollCall};
-use crate::element::{Element, ReduceOp};
+use crate::element::{DataType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::{AvgFinish, DeviceBuffers, DeviceIo, ExecIo, Io};
 use crate::plan::Memory;
 use ferroccl_cuda::device::{DeviceBuf, DevicePtr, Engine, Event, Gate, Stream};
 use ferroccl_cuda::stager::StagePool;
-use ferroccl_cuda::{Op, Ty};
 use std::collections::HashSet;
 use std::sync::{mpsc, Arc};
 
@@ -58,7 +57,7 @@ pub(super) struct DeviceGate {
     issued: u32,
     /// The executor kernels (op, type) loaded for this communicator's
     /// calls: a call that needs another one does not park its stream.
-    prepared: HashSet<(Option<Op>, Ty)>,
+    prepared: HashSet<(Option<ReduceOp>, DataType)>,
 }
 
 /// A host wait for a device call: `wait()` blocks until the progress
@@ -158,8 +157,8 @@ impl Inner {
         &self,
         engine: &Arc<dyn Engine>,
         collective: bool,
-        op: Option<Op>,
-        ty: Ty,
+        op: Option<ReduceOp>,
+        ty: DataType,
     ) -> Result<(Arc<StagePool>, SetUp)> {
         let mut gates = lock(&self.gates);
         let mut fresh = false;
@@ -328,10 +327,7 @@ impl Communicator {
                 ranks: self.size(),
             });
         let collective = crate::plan::device::takes_executor(&call);
-        let (kop, kty) = (
-            call.op.map(crate::exec::cuda_op),
-            crate::exec::cuda_ty(T::DTYPE),
-        );
+        let (kop, kty) = (call.op, T::DTYPE);
         let (pool, setup) = self.inner.open_gate(&engine, collective, kop, kty)?;
         // The caller's work so far (and the input copy above), which the
         // progress thread waits for before the call's first copy.

@@ -330,7 +330,7 @@ fn pre_scale<T: Element>(
     keep: &mut Keep,
 ) -> std::result::Result<device::DevicePtr, CudaError> {
     let elem = std::mem::size_of::<T>();
-    let ty = crate::exec::cuda_ty(T::DTYPE);
+    let ty = T::DTYPE;
     let fill = fill.clamp(1, len);
     // In the stream's order: a plain allocation would wait for every
     // stream, a parked one too (the device rule).
@@ -357,7 +357,7 @@ fn pre_scale<T: Element>(
         let off = from * elem;
         engine.reduce(
             stream,
-            ferroccl_cuda::Op::Prod,
+            ReduceOp::Prod,
             ty,
             scaled.add(off),
             input.add(off),

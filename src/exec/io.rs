@@ -13,16 +13,33 @@ use crate::element::{Element, ReduceOp};
 use crate::reduce::{
     reduce_into, reduce_into_both, reduce_to_both, reduce_to_output, store, Store,
 };
+use ferroccl_cuda::device::DevicePtr;
 use std::borrow::Cow;
+use std::ops::Range;
+
+/// A call's buffers in device memory: where element 0 of the input and of
+/// the output live (in place: the same allocation at the plan's bases).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceBuffers {
+    pub(crate) input: DevicePtr,
+    pub(crate) output: DevicePtr,
+}
+
+/// Avg's end on a rank that holds a result: divide `range` of the output
+/// by `ranks`, on the device, after the schedule.
+#[derive(Debug, Clone)]
+pub(crate) struct AvgFinish {
+    pub(crate) range: Range<usize>,
+    pub(crate) ranks: usize,
+}
 
 /// A call's buffers, by where they live.
 pub(crate) enum Io<'a, T> {
     /// Host memory.
     Host(HostIo<'a, T>),
-    /// Device memory (the staged executor; made by
-    /// `Communicator::device_collective`, which only tests reach until the
-    /// public device entry points exist).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Device memory (the device executor or the staged one; made by
+    /// `Communicator::device_collective` for the device entry points,
+    /// `crate::cuda`).
     Device(DeviceIo),
 }
 
@@ -61,14 +78,14 @@ pub(crate) struct DeviceIo {
     /// The device's ordinal.
     pub(crate) ordinal: u32,
     /// Where the schedule's input and output start.
-    pub(crate) bufs: super::staged::DeviceBuffers,
+    pub(crate) bufs: DeviceBuffers,
     /// The device's engine with the communicator's staging resources.
     pub(crate) pool: std::sync::Arc<ferroccl_cuda::stager::StagePool>,
     /// Recorded on the caller's stream at the call: its earlier work,
     /// which the call waits for before its first copy.
     pub(crate) ready: ferroccl_cuda::device::Event,
     /// Avg's division, where this rank holds a result.
-    pub(crate) avg: Option<super::staged::AvgFinish>,
+    pub(crate) avg: Option<AvgFinish>,
     /// What the device executor needs besides (`comm::device_exec`).
     pub(crate) exec: ExecIo,
     /// The caller's gate and the call's number there: the executor raises
@@ -76,7 +93,7 @@ pub(crate) struct DeviceIo {
     pub(crate) gate: Option<(ferroccl_cuda::device::Gate, u32)>,
     /// The executor kernels (op, type) this call loads before it runs: a
     /// call that does this does not park its stream (the device rule).
-    pub(crate) prepare: Option<(Option<ferroccl_cuda::Op>, ferroccl_cuda::Ty)>,
+    pub(crate) prepare: Option<(Option<ReduceOp>, crate::element::DataType)>,
 }
 
 /// How a device call's buffers lie for the device executor's program.

@@ -43,14 +43,11 @@ mod verify;
 pub(crate) use checked_in::run as run_checked_in;
 pub(crate) use checkin::{confirm, leave, Ctx, CONTROL_MAGIC, W_MAGIC, W_PID, W_PROBE};
 pub(crate) use interp::run;
-pub(crate) use io::{DeviceIo, ExecIo};
+pub(crate) use io::{AvgFinish, DeviceBuffers, DeviceIo, ExecIo};
 pub(crate) use io::{HostIo, Io};
 pub(crate) use links::{key_scope, Connector, Links, MemberWatch, WAIT_SLICE};
 pub(crate) use staged::DEPTH as STAGE_DEPTH;
-pub(crate) use staged::{
-    device_error as staged_error, op as cuda_op, run as run_staged, ty as cuda_ty, AvgFinish,
-    DeviceBuffers, Resources,
-};
+pub(crate) use staged::{device_error as staged_error, run as run_staged, Resources};
 
 use crate::coll::CollKind;
 use crate::element::ReduceOp;

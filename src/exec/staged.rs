@@ -15,66 +15,23 @@
 //! path); the tests also run it at this level on the host stand-in.
 
 use super::interp::{deadline, finish_recv};
+use super::io::{AvgFinish, DeviceBuffers};
 use super::verify;
 use super::{Call, Links};
 use crate::algo::{Operand, Prim, Schedule, Step, NO_PEER};
-use crate::element::{DataType, Element, ReduceOp};
+use crate::element::Element;
 use crate::error::{Error, Result};
 use ferroccl_cuda::device::{DevicePtr, Engine};
 use ferroccl_cuda::stager::{Outgoing, StageConfig, StagePool, Stager};
-use ferroccl_cuda::{CudaError, Op, Ty};
+use ferroccl_cuda::CudaError;
 use ferroccl_transport::{FrameHeader, TransportError};
 use std::collections::VecDeque;
-use std::ops::Range;
 
 /// Bounce buffers of a call: two for the chunk received and the chunk
 /// sent by one step, the rest for sends copied out ahead.
 pub(crate) const DEPTH: usize = 6;
 /// How many steps ahead a send may be copied out.
 const LOOKAHEAD: usize = 16;
-
-/// A call's buffers in device memory: where element 0 of the input and of
-/// the output live (in place: the same allocation at the plan's bases).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct DeviceBuffers {
-    pub(crate) input: DevicePtr,
-    pub(crate) output: DevicePtr,
-}
-
-/// Avg's end on a rank that holds a result: divide `range` of the output
-/// by `ranks`, on the device, after the schedule.
-#[derive(Debug, Clone)]
-pub(crate) struct AvgFinish {
-    pub(crate) range: Range<usize>,
-    pub(crate) ranks: usize,
-}
-
-/// The kernels' name of an element type.
-pub(crate) fn ty(dtype: DataType) -> Ty {
-    match dtype {
-        DataType::F32 => Ty::F32,
-        DataType::F64 => Ty::F64,
-        DataType::F16 => Ty::F16,
-        DataType::Bf16 => Ty::Bf16,
-        DataType::I8 => Ty::I8,
-        DataType::U8 => Ty::U8,
-        DataType::I32 => Ty::I32,
-        DataType::U32 => Ty::U32,
-        DataType::I64 => Ty::I64,
-        DataType::U64 => Ty::U64,
-    }
-}
-
-/// The kernels' name of an operator.
-pub(crate) fn op(op: ReduceOp) -> Op {
-    match op {
-        ReduceOp::Sum => Op::Sum,
-        ReduceOp::Prod => Op::Prod,
-        ReduceOp::Min => Op::Min,
-        ReduceOp::Max => Op::Max,
-        ReduceOp::Avg => Op::Avg,
-    }
-}
 
 pub(crate) fn device_error(call: &Call, e: CudaError) -> Error {
     Error::Io(format!("{}: device staging: {e}", call.during()))
@@ -143,7 +100,7 @@ fn walk<'e, T: Element>(
         depth: DEPTH,
         timeout: call.timeout,
     };
-    let (ty, op) = (ty(T::DTYPE), op(call.op.combining()));
+    let (ty, op) = (T::DTYPE, call.op.combining());
     let stager = match engine {
         Resources::Fresh(engine) => Stager::new(engine, ty, op, config),
         Resources::Pooled(pool) => Stager::new_in(pool, ty, op, config),
@@ -376,6 +333,7 @@ mod tests {
     use crate::algo::Algorithm;
     use crate::coll::{self, CollCall, CollKind, Plan};
     use crate::comm::Communicator;
+    use crate::element::{DataType, ReduceOp};
     use ferroccl_cuda::host_engine::HostEngine;
     use half::{bf16, f16};
     use std::time::Duration;

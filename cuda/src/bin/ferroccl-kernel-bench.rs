@@ -11,7 +11,7 @@
 use cudarc::driver::{result, sys};
 use ferroccl_cuda::cuda_engine::CudaEngine;
 use ferroccl_cuda::device::{DeviceBuf, DevicePtr, Engine, Stream};
-use ferroccl_cuda::{Op, Ty};
+use ferroccl_cuda::{DataType, ReduceOp};
 use std::time::Duration;
 
 fn main() {
@@ -56,12 +56,12 @@ fn main() {
         });
         let copy_rate = 2.0 * bytes as f64 / copy_us / 1e3;
         for (ty, op) in [
-            (Ty::F32, Op::Sum),
-            (Ty::Bf16, Op::Sum),
-            (Ty::F32, Op::Max),
-            (Ty::F16, Op::Sum),
-            (Ty::F64, Op::Sum),
-            (Ty::I32, Op::Sum),
+            (DataType::F32, ReduceOp::Sum),
+            (DataType::Bf16, ReduceOp::Sum),
+            (DataType::F32, ReduceOp::Max),
+            (DataType::F16, ReduceOp::Sum),
+            (DataType::F64, ReduceOp::Sum),
+            (DataType::I32, ReduceOp::Sum),
         ] {
             let count = bytes / ty.size();
             let [a, b, d] = [0, 1, 2].map(|k| DevicePtr::new(bufs[k]));
@@ -72,7 +72,7 @@ fn main() {
             println!(
                 "{:>9}M {:>6} {:>5} {:>10.1} {:>10.1} {:>10.1} {:>6.0}%",
                 mib,
-                ty.name(),
+                ty.short_name(),
                 op.name(),
                 us,
                 rate,

@@ -5,7 +5,7 @@
 //! calls (`rooted`).
 
 use super::{live, out, put};
-use crate::abi::{self, result, NcclType};
+use crate::abi::{self, result};
 use crate::call::{Call, Kind, Memory, Op, PreMul, Scalar};
 use crate::group;
 use crate::status::{entry, Failure};
@@ -32,7 +32,7 @@ pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
 ) -> c_int {
     entry("ncclRedOpCreatePreMulSum", || {
         out(op, "op")?;
-        let dtype = NcclType::from_c(datatype)?;
+        let dtype = abi::data_type(datatype)?;
         // SAFETY: as the caller vouches.
         let (_, core) = unsafe { live(comm)? };
         let scalar_ptr = out(scalar, "scalar")? as usize;
@@ -110,7 +110,7 @@ pub(super) unsafe fn collective(
     entry(name, || {
         // SAFETY: as the caller vouches.
         let (_, core) = unsafe { live(comm)? };
-        let dtype = NcclType::from_c(datatype)?;
+        let dtype = abi::data_type(datatype)?;
         let op = match op {
             None => Op::None,
             Some(v) => match abi::builtin_op(v)? {
@@ -235,7 +235,7 @@ unsafe fn rooted(
     entry(name, || {
         // SAFETY: as the caller vouches.
         let (_, core) = unsafe { live(comm)? };
-        let dtype = NcclType::from_c(datatype)?;
+        let dtype = abi::data_type(datatype)?;
         let (me, n) = (core.comm.rank(), core.comm.size());
         if root < 0 || root as usize >= n {
             return Err(Failure::invalid_argument(format!(

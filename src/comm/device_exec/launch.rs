@@ -48,8 +48,10 @@ impl Inner {
             &ready.geometry,
         );
         if tracing::enabled!(tracing::Level::INFO)
-            && crate::comm::lock(&self.tuned)
-                .insert((coll.kind.code() | 0x80, crate::tune::size_class(bytes)))
+            && crate::comm::lock(&self.tuned).insert((
+                coll.kind.code() | 0x80,
+                crate::plan::tune::size_class(bytes),
+            ))
         {
             let algorithm = self.algorithm_name(coll, bytes);
             tracing::info!(
@@ -117,11 +119,11 @@ impl Inner {
                 p.copy_from_slice(&ctl.to_bytes())
             })
             .map_err(err)?;
-        let op = coll.op.map(crate::exec::cuda_op);
+        let op = coll.op;
         let launch = ExecLaunch {
             protocol: choice.protocol,
             op,
-            ty: crate::exec::cuda_ty(T::DTYPE),
+            ty: T::DTYPE,
             channels,
             program,
             input,

@@ -28,7 +28,6 @@ use crate::element::{DataType, ReduceOp};
 use ferroccl_cuda::device::Engine;
 use ferroccl_cuda::executor::{self, ExecLaunch, Protocol};
 use ferroccl_cuda::host_engine::{ExecutorHook, HostEngine};
-use ferroccl_cuda::Ty;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -40,7 +39,13 @@ const LAUNCH_CPP: &str = include_str!("launch.cpp");
 
 /// The types whose kernels the library holds (both protocols, every
 /// kernel op): a launch of another type fails, naming its kernel.
-const TYPES: [Ty; 5] = [Ty::F32, Ty::Bf16, Ty::I32, Ty::F64, Ty::I64];
+const TYPES: [DataType; 5] = [
+    DataType::F32,
+    DataType::Bf16,
+    DataType::I32,
+    DataType::F64,
+    DataType::I64,
+];
 
 /// Host threads a block: few (the test machines have two cores), but
 /// more than one, so that lanes and lines split among threads.
@@ -172,7 +177,7 @@ fn run(launch: LaunchFn, l: &ExecLaunch) -> Result<(), String> {
         0 => Ok(()),
         1 => Err(format!(
             "no host build of the kernel {name} (the host library holds {})",
-            TYPES.map(|t| t.name()).join(", ")
+            TYPES.map(|t| t.short_name()).join(", ")
         )),
         2 => Err(format!("{name}: a launch of no blocks or threads")),
         _ => Err(format!(
@@ -227,7 +232,7 @@ fn a_kernel_not_built_is_named() {
     let launch = ExecLaunch {
         protocol: Protocol::LowLatency,
         op: None,
-        ty: Ty::U8,
+        ty: DataType::U8,
         channels: 1,
         program: 0,
         input: 0,

@@ -18,7 +18,6 @@ use super::Buffers;
 use crate::algo::Algorithm;
 use crate::coll::CollKind;
 use crate::element::{DataType, ReduceOp};
-use crate::exec::staged::{op as cuda_op, ty as cuda_ty};
 use ferroccl_cuda::cuda_engine::CudaEngine;
 use ferroccl_cuda::device::{DeviceBuf, DevicePtr, Engine, Stream};
 use ferroccl_cuda::executor::{self, Conn, Control, ExecLaunch, Protocol, CONTROL_BYTES};
@@ -222,8 +221,8 @@ fn run_on_gpu(
     for (r, &(_, image, da, db, conns, dctl, ..)) in ranks.iter().enumerate() {
         let launch = ExecLaunch {
             protocol,
-            op: op.map(cuda_op),
-            ty: cuda_ty(dtype),
+            op,
+            ty: dtype,
             channels: channels[r],
             program: image,
             input: da,

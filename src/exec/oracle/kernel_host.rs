@@ -22,9 +22,7 @@ use super::Buffers;
 use crate::algo::Algorithm;
 use crate::coll::CollKind;
 use crate::element::{DataType, ReduceOp};
-use crate::exec::staged::{op as cuda_op, ty as cuda_ty};
 use ferroccl_cuda::executor::{self, Control, ExecFault, Protocol};
-use ferroccl_cuda::{Op, Ty};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,7 +32,7 @@ use std::time::{Duration, Instant};
 const HARNESS_CPP: &str = include_str!("harness.cpp");
 
 /// The kernels the grids use.
-const TYPES: [Ty; 4] = [Ty::F32, Ty::Bf16, Ty::I32, Ty::F64];
+const TYPES: [DataType; 4] = [DataType::F32, DataType::Bf16, DataType::I32, DataType::F64];
 
 /// How the emulated FIFOs are set up.
 #[derive(Debug, Clone, Copy)]
@@ -118,7 +116,7 @@ pub(super) fn compile(
 /// `dispatch.inc` for `kernels`: a function per kernel that calls it with
 /// untyped buffers, and `table`, every `Entry` (name, function); the file
 /// that includes it defines `Entry`.
-fn dispatch_inc(kernels: &[(Protocol, Op, Ty)]) -> String {
+fn dispatch_inc(kernels: &[(Protocol, ReduceOp, DataType)]) -> String {
     let mut dispatch = String::new();
     let mut table = String::from("static Entry table[] = {\n");
     for &(p, op, ty) in kernels {
@@ -140,7 +138,11 @@ fn dispatch_inc(kernels: &[(Protocol, Op, Ty)]) -> String {
 /// and kernel op on `types`, followed by `tail` (the harness or the launch
 /// library), with its `dispatch.inc` written into `dir` (made if need
 /// be); and how many kernels it holds.
-pub(super) fn host_source(dir: &Path, types: &[Ty], tail: &str) -> Result<(String, usize), String> {
+pub(super) fn host_source(
+    dir: &Path,
+    types: &[DataType],
+    tail: &str,
+) -> Result<(String, usize), String> {
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let mut kernels = Vec::new();
     for p in Protocol::ALL {
@@ -276,7 +278,7 @@ fn write_job(jobs: &[Job]) -> Vec<u8> {
         out.extend_from_slice(&p.start.to_le_bytes());
         out.extend_from_slice(&(j.dead.map_or(u32::MAX, |d| d as u32)).to_le_bytes());
         out.extend_from_slice(&j.timeout_ms.to_le_bytes());
-        let name = executor::kernel_name(j.protocol, j.op.map(cuda_op), cuda_ty(j.dtype));
+        let name = executor::kernel_name(j.protocol, j.op, j.dtype);
         put_bytes(&mut out, name.as_bytes());
         for (r, run) in j.runs.iter().enumerate() {
             let image = match (&j.images, run) {
