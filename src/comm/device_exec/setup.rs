@@ -23,7 +23,7 @@ use std::time::Instant;
 /// This process's identity on device `ordinal`. `Error::NoDevice`
 /// (with the reason) without a driver or device.
 fn probe(ordinal: u32) -> Result<GpuIdentity> {
-    let dev = ferroccl_cuda::topo::identity(ordinal).map_err(crate::cuda::from_cuda)?;
+    let dev = ferroccl_cuda::topo::identity(ordinal).map_err(crate::error::from_cuda)?;
     Ok(GpuIdentity {
         uuid: dev.uuid,
         pci_bus_id: dev.pci_bus_id,
@@ -46,7 +46,7 @@ fn peer_access(me: &GpuIdentity, peer: &GpuIdentity) -> Result<Option<bool>> {
     if me.uuid == peer.uuid {
         return Ok(Some(true));
     }
-    let from_cuda = crate::cuda::from_cuda;
+    let from_cuda = crate::error::from_cuda;
     let Some(theirs) = topo::local_ordinal(&peer.uuid).map_err(from_cuda)? else {
         return Ok(None);
     };
@@ -245,11 +245,13 @@ impl Inner {
                 ready.peers.push(region);
             }
         }
+        let ordinals: Vec<u32> = gpus.iter().map(|g| g.ordinal).collect();
         let table = conn_table(
             self.rank,
             n,
             channels,
             &addresses,
+            &ordinals,
             &geometry,
             LL_CLEAN_FRAMES,
         );

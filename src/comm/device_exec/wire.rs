@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::plan::device::{self as device_plan, Allowed, FifoGeometry, Offer};
 use crate::plan::gpu_path::GpuIdentity;
 use ferroccl_cuda::executor::Conn;
+use ferroccl_transport::{Counter, FifoDescriptor, Mapping, MemoryKind, SlotLayout};
 
 /// Where each part of a (sender, receiver, channel)'s FIFOs lies in a
 /// region, in bytes from its start (the sizes: `plan::device`).
@@ -33,48 +34,138 @@ impl FifoGeometry {
     }
 }
 
+/// One direction (sender to receiver) of one channel of the device
+/// executor, as the transport core describes FIFOs: a bulk FIFO whose
+/// frame headers (a word per slot, `len | tag << 32`) are kept beside its
+/// slots, and an LL FIFO whose lines carry their frames' flags. Slots,
+/// header words, LL lines and the bulk tail are in the receiver's memory
+/// (it polls them); the heads are in the sender's (it polls them), so the
+/// descriptors' `mapping` is the receiver's region and the head counters
+/// lie outside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeviceFifo {
+    /// Bulk frames: `slots` of `slot_bytes`, tail and head words.
+    pub(crate) bulk: FifoDescriptor,
+    /// The bulk frames' header words, one per slot, after the slots.
+    pub(crate) headers: usize,
+    /// LL frames: `ll_slots` of `ll_lines` 16-byte lines (a header line,
+    /// then 8 bytes of payload a line, each line with its flag).
+    pub(crate) ll: FifoDescriptor,
+}
+
+/// The FIFOs from `sender` to `receiver` on channel `c` of `n` ranks when
+/// rank `r`'s FIFO memory starts at `bases[r]` on the device it numbers
+/// `ordinals[r]`: region `(c * n + sender)` of the receiver holds the
+/// frames, region `(c * n + receiver)` of the sender the words the
+/// receiver raises for them (each word in the memory of the side that
+/// polls it).
+pub(crate) fn device_fifo(
+    bases: &[u64],
+    ordinals: &[u32],
+    n: usize,
+    g: &FifoGeometry,
+    c: usize,
+    sender: usize,
+    receiver: usize,
+) -> DeviceFifo {
+    let region =
+        |owner: usize, p: usize| (bases[owner] + ((c * n + p) as u64) * g.region()) as usize;
+    let (to, back) = (region(receiver, sender), region(sender, receiver));
+    let memory = MemoryKind::Device {
+        ordinal: ordinals[receiver],
+    };
+    let mapping = Some(Mapping {
+        addr: to,
+        len: g.region() as usize,
+    });
+    let word = |at: u64| Counter::Mapped { addr: at as usize };
+    let bulk = FifoDescriptor {
+        memory,
+        mapping,
+        slots: Some(to),
+        slot_count: g.slots as usize,
+        slot_bytes: g.slot_bytes as usize,
+        slot_stride: g.slot_bytes as usize,
+        layout: SlotLayout::PAYLOAD_ONLY,
+        head: word(back as u64 + g.head()),
+        tail: word(to as u64 + g.tail()),
+    };
+    let ll = FifoDescriptor {
+        memory,
+        mapping,
+        slots: Some(to + g.ll() as usize),
+        slot_count: g.ll_slots as usize,
+        slot_bytes: g.room(ferroccl_cuda::executor::Protocol::LowLatency),
+        slot_stride: g.ll_lines as usize * 16,
+        layout: SlotLayout {
+            published: None,
+            header: None,
+            payload: 16,
+            inline: None,
+        },
+        head: word(back as u64 + g.ll_head()),
+        tail: Counter::Flagged,
+    };
+    DeviceFifo {
+        bulk,
+        headers: to + g.meta() as usize,
+        ll,
+    }
+}
+
+/// A counter's word as the kernel takes it.
+fn counter_word(c: Counter) -> u64 {
+    match c {
+        Counter::Mapped { addr } => addr as u64,
+        _ => unreachable!("the device FIFOs' counters are words"),
+    }
+}
+
+/// The kernel's view of one peer on one channel: the FIFOs toward it and
+/// from it.
+fn conn(send: &DeviceFifo, recv: &DeviceFifo, g: &FifoGeometry, ll_clean: u64) -> Conn {
+    let slots = |f: &FifoDescriptor| f.slots.expect("device FIFOs have their slots") as u64;
+    Conn {
+        send_slots: slots(&send.bulk),
+        send_meta: send.headers as u64,
+        send_tail: counter_word(send.bulk.tail),
+        send_head: counter_word(send.bulk.head),
+        send_ll: slots(&send.ll),
+        send_ll_head: counter_word(send.ll.head),
+        recv_slots: slots(&recv.bulk),
+        recv_meta: recv.headers as u64,
+        recv_tail: counter_word(recv.bulk.tail),
+        recv_head: counter_word(recv.bulk.head),
+        recv_ll: slots(&recv.ll),
+        recv_ll_head: counter_word(recv.ll.head),
+        ll_clean,
+        slots: g.slots,
+        slot_bytes: g.slot_bytes,
+        ll_slots: g.ll_slots,
+        ll_lines: g.ll_lines,
+        ..Conn::default()
+    }
+}
+
 /// The `Conn` table of rank `rank` of `n`, `channels * n` entries (zeros
-/// for itself), when rank `r`'s FIFO memory starts at `bases[r]`: region
-/// `(c * n + p)` of rank `r` holds the frames from `p` to `r` on channel
-/// `c` (slots, meta, LL lines, tail) and the words that `p` raises for
-/// frames from `r` to `p` (head, LL head). So a sender's `send_*` are the
-/// receiver's `recv_*`, each word in the memory of the side that polls
-/// it.
+/// for itself): entry `c * n + p` is [`device_fifo`] from `rank` to `p`
+/// and from `p` to `rank` on channel `c`. So a sender's `send_*` are the
+/// receiver's `recv_*`.
 pub(crate) fn conn_table(
     rank: usize,
     n: usize,
     channels: usize,
     bases: &[u64],
+    ordinals: &[u32],
     g: &FifoGeometry,
     ll_clean: u64,
 ) -> Vec<Conn> {
-    let region =
-        |owner: usize, c: usize, p: usize| bases[owner] + ((c * n + p) as u64) * g.region();
     let mut table = vec![Conn::default(); channels * n];
     for c in 0..channels {
         for p in (0..n).filter(|&p| p != rank) {
-            let to = region(p, c, rank);
-            let from = region(rank, c, p);
-            table[c * n + p] = Conn {
-                send_slots: to,
-                send_meta: to + g.meta(),
-                send_tail: to + g.tail(),
-                send_head: from + g.head(),
-                send_ll: to + g.ll(),
-                send_ll_head: from + g.ll_head(),
-                recv_slots: from,
-                recv_meta: from + g.meta(),
-                recv_tail: from + g.tail(),
-                recv_head: to + g.head(),
-                recv_ll: from + g.ll(),
-                recv_ll_head: to + g.ll_head(),
-                ll_clean,
-                slots: g.slots,
-                slot_bytes: g.slot_bytes,
-                ll_slots: g.ll_slots,
-                ll_lines: g.ll_lines,
-                ..Conn::default()
-            };
+            let send = device_fifo(bases, ordinals, n, g, c, rank, p);
+            let recv = device_fifo(bases, ordinals, n, g, c, p, rank);
+            table[c * n + p] = conn(&send, &recv, g, ll_clean);
         }
     }
     table
@@ -254,8 +345,9 @@ mod tests {
                 let bases: Vec<u64> = (0..n as u64)
                     .map(|r| (1 << 40) + r * (span + 4096))
                     .collect();
+                let ordinals: Vec<u32> = (0..n as u32).map(|r| r % 2).collect();
                 let tables: Vec<Vec<Conn>> = (0..n)
-                    .map(|r| conn_table(r, n, channels, &bases, &g, 7))
+                    .map(|r| conn_table(r, n, channels, &bases, &ordinals, &g, 7))
                     .collect();
                 let mut words = HashSet::new();
                 for c in 0..channels {
@@ -313,6 +405,61 @@ mod tests {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Each direction's FIFOs are Device memory of the receiver's GPU,
+    /// every part inside the receiver's region and apart from the others,
+    /// the heads in the sender's region.
+    #[test]
+    fn device_fifos_describe_the_receivers_memory() {
+        let g = FifoGeometry::new(4096, 4);
+        let (n, channels) = (3, 2);
+        let span = (channels * n) as u64 * g.region();
+        let bases: Vec<u64> = (0..n as u64).map(|r| (1 << 40) + r * (1 << 30)).collect();
+        let ordinals = [0, 3, 1];
+        for c in 0..channels {
+            for s in 0..n {
+                for r in (0..n).filter(|&r| r != s) {
+                    let f = device_fifo(&bases, &ordinals, n, &g, c, s, r);
+                    let m = f.bulk.mapping.unwrap();
+                    assert!(
+                        m.addr as u64 >= bases[r]
+                            && m.addr as u64 + m.len as u64 <= bases[r] + span
+                    );
+                    for d in [f.bulk, f.ll] {
+                        assert_eq!(
+                            d.memory,
+                            MemoryKind::Device {
+                                ordinal: ordinals[r]
+                            }
+                        );
+                        let slots = d.slot_range().unwrap();
+                        assert!(m.contains(slots.addr, slots.len), "{s} -> {r} on {c}");
+                        let Counter::Mapped { addr } = d.head else {
+                            panic!("{:?}", d.head)
+                        };
+                        let back = bases[s] + ((c * n + r) as u64) * g.region();
+                        assert!(addr as u64 >= back && (addr as u64) < back + g.region());
+                    }
+                    assert_eq!(f.ll.tail, Counter::Flagged);
+                    let Counter::Mapped { addr: tail } = f.bulk.tail else {
+                        panic!()
+                    };
+                    let headers = Mapping {
+                        addr: f.headers,
+                        len: 8 * g.slots as usize,
+                    };
+                    let (bulk, ll) = (f.bulk.slot_range().unwrap(), f.ll.slot_range().unwrap());
+                    // In the region's order: slots, header words, LL
+                    // lines, tail; none overlapping the next.
+                    assert!(bulk.addr + bulk.len <= headers.addr);
+                    assert!(headers.addr + headers.len <= ll.addr);
+                    assert!(ll.addr + ll.len <= tail);
+                    assert!(m.contains(tail, 8));
+                    assert_eq!(f.ll.slot_bytes, g.room(Protocol::LowLatency));
                 }
             }
         }

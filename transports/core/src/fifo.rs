@@ -6,10 +6,12 @@
 //! would have no host path at all. None exists yet: shm describes its
 //! segments exactly; tcp and mem say their FIFO is internal; ib describes
 //! its registered slots (`Registered`) with internal counters, its RDMA
-//! writes posted by its host path; and the device executor makes its
-//! FIFOs itself (ferroccl's `comm::device_exec`), so `MemoryKind::Device`
-//! is never built. Plain data: nothing here reads or writes the memory it
-//! describes.
+//! writes posted by its host path; and the device executor (ferroccl's
+//! `comm::device_exec::wire`) describes each direction of each channel as
+//! two `Device` FIFOs, bulk and LL (LL lines carry their flags:
+//! [`Counter::Flagged`]), and builds its kernels' connection table from
+//! those descriptors. Plain data: nothing here reads or writes the memory
+//! it describes.
 //!
 //! Counters count frames since the connection was made (they never wrap in
 //! practice: 2^64 frames). Frame `k` travels in slot `k % slot_count`; the
@@ -89,6 +91,10 @@ pub enum Counter {
     /// Kept inside the transport (a socket stream's order, a channel): no
     /// memory a kernel could poll holds it.
     Internal,
+    /// No word counts them: every line of a slot carries its frame's flag
+    /// beside its data (NCCL's LL protocol), and the receiver polls the
+    /// slot's lines themselves (the device executor's LL FIFOs).
+    Flagged,
 }
 
 /// Where, inside one slot, its parts are (offsets from the slot's start).
