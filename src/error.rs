@@ -160,3 +160,15 @@ impl From<std::io::Error> for Error {
         Error::Io(e.to_string())
     }
 }
+
+/// The library's error for an error of the CUDA glue (`ferroccl-cuda`):
+/// its "no device" and "invalid argument" keep their kind, the rest are
+/// I/O errors.
+pub(crate) fn from_cuda(e: ferroccl_cuda::CudaError) -> Error {
+    use ferroccl_cuda::CudaError;
+    match e {
+        CudaError::NoDevice(why) => Error::NoDevice(why),
+        CudaError::InvalidArgument(why) => Error::InvalidArgument(why),
+        other => Error::Io(other.to_string()),
+    }
+}

@@ -35,7 +35,6 @@ pub mod reduce;
 pub mod testing;
 mod topo;
 mod transports;
-mod tune;
 mod window;
 
 /// What the planner decides for a call, for tools that build the very
@@ -44,10 +43,10 @@ mod window;
 /// tuner's allreduce choice. Pure functions, no I/O.
 pub mod planner {
     pub use crate::plan::device::bulk_channels;
-    pub use crate::plan::{all_reduce_slice, block_slice};
-    pub use crate::tune::{
+    pub use crate::plan::tune::{
         choose_all_reduce, choose_all_reduce_on, choose_reduce_scatter_on, HostLinks, Layout,
     };
+    pub use crate::plan::{all_reduce_slice, block_slice};
 }
 
 pub use comm::{Communicator, DeviceWork, Work};
@@ -58,6 +57,6 @@ pub use config::{
 };
 pub use element::{DataType, Element, ReduceOp};
 pub use error::{Error, Result};
+pub use plan::tune::LinkModel;
 pub use transports::TRANSPORT_NAMES;
-pub use tune::LinkModel;
 pub use window::Window;

@@ -13,8 +13,8 @@ use crate::coll::{self, CollCall, CollKind, Plan};
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::exec::{self, Call, HostIo, Io, Links};
+use crate::plan::tune;
 use crate::plan::{self, Facts, Memory};
-use crate::tune;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -131,15 +131,14 @@ impl Inner {
         // list of costs): the others run their one algorithm.
         let (algorithm, costs) =
             if tune::has_choice(call.kind, facts.layout) || facts.forced.is_some() {
-                let links = tune::HostLinks {
-                    intra: *lock(&inner.intra_model),
-                    inter: *lock(&inner.model),
-                };
-                plan::algorithm(call.kind, bytes, &facts, &links)
+                plan::algorithm(call.kind, bytes, &facts, &inner.links_for(call, &facts))
             } else {
                 (crate::algo::Algorithm::Ring, Vec::new())
             };
+        // A device call says its plan once its path is known
+        // (`execute_on_device`, `exec_run`).
         if tracing::enabled!(tracing::Level::INFO)
+            && call.memory == Memory::Host
             && lock(&inner.tuned).insert((call.kind.code(), tune::size_class(bytes)))
         {
             tracing::info!(
@@ -172,6 +171,20 @@ impl Inner {
 }
 
 impl Inner {
+    /// The links the planner chooses `call`'s algorithm over: the measured
+    /// host links for host memory, the device's own model
+    /// (`plan::device::links`) for device memory, whichever executor then
+    /// runs it.
+    fn links_for(&self, call: &CollCall, facts: &plan::Facts) -> tune::HostLinks {
+        match call.memory {
+            Memory::Host => tune::HostLinks {
+                intra: *lock(&self.intra_model),
+                inter: *lock(&self.model),
+            },
+            Memory::Device { .. } => plan::device::links(facts.layout),
+        }
+    }
+
     /// The name of the algorithm `build_plan_chunked` runs `call` (of
     /// `bytes`) by, for the device executor's `plan:` line.
     pub(super) fn algorithm_name(&self, call: &CollCall, bytes: usize) -> String {
@@ -182,12 +195,12 @@ impl Inner {
             }
         }
         if tune::has_choice(call.kind, facts.layout) || facts.forced.is_some() {
-            let links = tune::HostLinks {
-                intra: *lock(&self.intra_model),
-                inter: *lock(&self.model),
-            };
+            let links = self.links_for(call, &facts);
             let (algorithm, _) = plan::algorithm(call.kind, bytes, &facts, &links);
-            format!("{algorithm} (the host model's)")
+            match call.memory {
+                Memory::Host => format!("{algorithm} (the host model's)"),
+                Memory::Device { .. } => format!("{algorithm} (the device model's)"),
+            }
         } else {
             crate::algo::Algorithm::Ring.to_string()
         }
@@ -432,7 +445,13 @@ impl Inner {
             tracing::info!(
                 rank = self.rank,
                 "plan: {}",
-                plan::device::explain_staged(coll.kind, bytes, self.size, &staged_why)
+                plan::device::explain_staged(
+                    coll.kind,
+                    bytes,
+                    self.size,
+                    &self.algorithm_name(&coll, bytes),
+                    &staged_why
+                )
             );
         }
         let engine = &*engine;

@@ -45,7 +45,7 @@ use crate::config::Config;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::{Io, Links};
-use crate::tune::LinkModel;
+use crate::plan::tune::LinkModel;
 use crate::window::{Control, Windows};
 use execute::PlanKey;
 use ferroccl_transport::{AbortHandle, ConnectionCloser};

@@ -15,7 +15,7 @@ use crate::element::ReduceOp;
 use crate::error::{Error, Result};
 use crate::exec::{self, Connector, Io, Links, MemberWatch};
 use crate::plan;
-use crate::tune::{self, LinkModel};
+use crate::plan::tune::LinkModel;
 use crate::window::Windows;
 use ferroccl_transport::{AbortHandle, ListenConfig};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -416,8 +416,8 @@ impl Communicator {
         best_of(4, &mut one)?;
         let alpha_us = best_of(16, &mut one)? / hops;
 
-        let reduce_gbps = tune::measure_reduce_gbps();
-        let copy_gbps = tune::measure_copy_gbps();
+        let reduce_gbps = measure_reduce_gbps();
+        let copy_gbps = measure_copy_gbps();
         let mut big = vec![0f32; (1 << 20) / 4];
         let bytes = (big.len() * 4) as f64;
         best_of(2, &mut big)?;
@@ -544,6 +544,41 @@ impl Drop for Inner {
                 .release(&exec::key_scope(self.comm_id), self.size);
         }
     }
+}
+
+/// Speed of a plain copy on this machine, GB/s, on a 256 KiB block (in
+/// cache, as slices are): what a shared-memory link inside a host is
+/// costed from (a frame is copied into a slot and out again). The caller
+/// agrees it with the other ranks.
+fn measure_copy_gbps() -> f64 {
+    let n = 256 << 10;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    dst.copy_from_slice(&src);
+    let start = std::time::Instant::now();
+    const REPS: u32 = 8;
+    for _ in 0..REPS {
+        std::hint::black_box(&mut dst).copy_from_slice(std::hint::black_box(&src));
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    n as f64 * f64::from(REPS) / secs / 1e9
+}
+
+/// Speed of the f32 sum kernel on this machine, GB/s of output, on a
+/// 256 KiB block (in cache, as slices are). The one measurement here: the
+/// caller agrees it with the other ranks.
+fn measure_reduce_gbps() -> f64 {
+    let n = (256 << 10) / 4;
+    let src = vec![1.0f32; n];
+    let mut dst = vec![0.0f32; n];
+    crate::reduce::reduce_into(crate::ReduceOp::Sum, &mut dst, &src);
+    let start = std::time::Instant::now();
+    const REPS: u32 = 8;
+    for _ in 0..REPS {
+        crate::reduce::reduce_into(crate::ReduceOp::Sum, std::hint::black_box(&mut dst), &src);
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    (n * 4) as f64 * f64::from(REPS) / secs / 1e9
 }
 
 #[cfg(test)]

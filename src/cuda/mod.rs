@@ -56,7 +56,6 @@ use crate::Communicator;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 use ferroccl_cuda::cuda_engine::CudaEngine;
 use ferroccl_cuda::device::{self, DeviceBuf, Stream};
-use ferroccl_cuda::CudaError;
 use std::sync::Arc;
 
 mod raw;
@@ -76,14 +75,7 @@ pub fn device_count() -> Result<usize> {
         .map_err(from_cuda)
 }
 
-/// The library's error for an error of the CUDA glue.
-pub(crate) fn from_cuda(e: CudaError) -> Error {
-    match e {
-        CudaError::NoDevice(why) => Error::NoDevice(why),
-        CudaError::InvalidArgument(why) => Error::InvalidArgument(why),
-        other => Error::Io(other.to_string()),
-    }
-}
+pub(crate) use crate::error::from_cuda;
 
 /// A call's description: as the host methods of the same name build it.
 fn coll_call(

@@ -17,8 +17,10 @@
 //! numbers are placeholders until the GPU run measures them
 //! (docs/device-executor.md): the choice's shape (LL below a crossover
 //! that grows with the link's latency gap and bandwidth) is what the tests
-//! hold. The executor's algorithm and slices are still the host half's
-//! (`plan::host::algorithm`, from the host link model).
+//! hold. The algorithm and slices of a device call are chosen by the host
+//! half's rule (`plan::host::algorithm`) over the device's own link model
+//! ([`links`]: GPU links inside a host, a network model between hosts),
+//! never the host's measured links.
 //!
 //! Pure: no device, no clock, no I/O. The executing code
 //! (`comm::execute`, `comm::device_exec`) gathers the facts (every rank's
@@ -26,6 +28,7 @@
 //! module returns.
 
 use super::gpu_path::{self, GpuIdentity, GpuPath, PathChoice};
+use super::tune::{HostLinks, Layout, LinkModel};
 use crate::call::{CollCall, CollKind};
 use crate::error::{Error, Result};
 use ferroccl_cuda::executor::Protocol;
@@ -98,6 +101,52 @@ impl Default for DeviceLink {
             ll_latency_us: 1.5,
             bulk_gbps: 150.0,
         }
+    }
+}
+
+/// Output bandwidth of the GPU's reduction, GB/s: a placeholder of the
+/// order of an H100's memory bandwidth (about 3 TB/s, three streams of
+/// which an elementwise reduction moves) until the GPU run measures it.
+pub(crate) const DEVICE_REDUCE_GBPS: f64 = 1000.0;
+
+/// The network between hosts of GPUs, as the algorithm model reads it: a
+/// placeholder of the order of one 200 Gb/s RDMA port (5 us a message,
+/// 25 GB/s) until measured.
+pub(crate) const DEVICE_NETWORK: LinkModel = LinkModel {
+    alpha_us: 5.0,
+    beta_gbps: 25.0,
+    reduce_gbps: DEVICE_REDUCE_GBPS,
+};
+
+impl DeviceLink {
+    /// The link as the algorithm model (`tune`) reads it: a message costs
+    /// the lower protocol latency (the protocol is chosen per call after
+    /// the algorithm), bytes move at the bulk bandwidth, and the GPU
+    /// reduces at [`DEVICE_REDUCE_GBPS`].
+    pub(crate) fn algorithm_model(&self) -> LinkModel {
+        LinkModel {
+            alpha_us: self.ll_latency_us.min(self.bulk_latency_us),
+            beta_gbps: self.bulk_gbps,
+            reduce_gbps: DEVICE_REDUCE_GBPS,
+        }
+    }
+}
+
+/// The links a call in device memory is planned over (its algorithm and
+/// slices, `plan::host::algorithm` with these instead of the host's
+/// measured ones): GPU to GPU inside a host ([`DeviceLink`]), and
+/// [`DEVICE_NETWORK`] between hosts where the ranks span several. The
+/// staged fallback runs the same plan, so that the executor's plan and
+/// the call's lay the buffers out alike.
+pub(crate) fn links(layout: Layout) -> HostLinks {
+    let gpu = DeviceLink::default().algorithm_model();
+    HostLinks {
+        intra: gpu,
+        inter: if layout.hosts > 1 {
+            DEVICE_NETWORK
+        } else {
+            gpu
+        },
     }
 }
 
@@ -472,9 +521,16 @@ pub(crate) fn explain(
 
 /// The INFO line for a device call of `kind` and `bytes` on `n` ranks
 /// staged through host memory, `why`.
-pub(crate) fn explain_staged(kind: CollKind, bytes: usize, n: usize, why: &str) -> String {
+pub(crate) fn explain_staged(
+    kind: CollKind,
+    bytes: usize,
+    n: usize,
+    algorithm: &str,
+    why: &str,
+) -> String {
     format!(
-        "device {} of {bytes} bytes on {n} ranks -> staged through host memory ({why})",
+        "device {} of {bytes} bytes on {n} ranks -> staged through host memory, {algorithm} \
+         ({why})",
         kind.name()
     )
 }
@@ -723,11 +779,12 @@ pub(crate) mod tests {
             CollKind::SendRecv,
             16,
             2,
+            "ring",
             "point-to-point calls stay staged",
         );
         assert_eq!(
             line,
-            "device send/recv of 16 bytes on 2 ranks -> staged through host memory \
+            "device send/recv of 16 bytes on 2 ranks -> staged through host memory, ring \
              (point-to-point calls stay staged)"
         );
     }

@@ -14,11 +14,11 @@
 //! decision out and decides nothing; `tune` holds the cost model this module
 //! asks about algorithms. No I/O, no clock, no `unsafe`.
 
+use super::tune::{self, HostLinks, Layout};
 use crate::algo::Algorithm;
 use crate::call::{CollKind, Geometry, Memory};
 use crate::error::{Error, Result};
 use crate::reduce::Store;
-use crate::tune::{self, HostLinks, Layout};
 
 /// Calls whose input has at most this many bytes travel inline in the
 /// check-in, where the ranks share control pages and no algorithm is
@@ -493,8 +493,8 @@ pub(crate) fn explain(
 
 #[cfg(test)]
 mod tests {
+    use super::tune::LinkModel;
     use super::*;
-    use crate::tune::LinkModel;
 
     /// `costs` prices `algo` at `want` microseconds (to a part in a million).
     fn assert_cost(costs: &[(Algorithm, f64)], algo: Algorithm, want: f64) {

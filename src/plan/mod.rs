@@ -5,12 +5,14 @@
 //! class).
 //!
 //! - [`host`] (re-exported here): calls in host memory: the algorithm
-//!   (from `tune`'s host link model), slices, the route (slots, inline,
-//!   check-in, windows, cross-memory attach), confirmations, store modes.
+//!   (by [`tune`]'s model over the measured host links), slices, the
+//!   route (slots, inline, check-in, windows, cross-memory attach),
+//!   confirmations, store modes.
 //! - [`device`]: calls in device memory: the executor or staging, the
-//!   FIFO sizes, the executor's protocol, chunk and channels (its own
-//!   link model), and the INFO line. The executor's algorithm and slices
-//!   are still the host half's.
+//!   FIFO sizes, the executor's protocol, chunk and channels, and the
+//!   links a device call's algorithm is chosen over (its own link model:
+//!   the host half's rule over those links), and the INFO line.
+//! - [`tune`]: the alpha-beta cost model the algorithm choice reads.
 //! - [`gpu_path`]: the GPU path per pair of ranks (same process, cuda-ipc,
 //!   staged), which `device` asks for every pair.
 //!
@@ -21,6 +23,7 @@
 pub(crate) mod device;
 pub(crate) mod gpu_path;
 pub(crate) mod host;
+pub(crate) mod tune;
 
 // The call's vocabulary: `Memory` stays nameable as `plan::Memory`.
 pub(crate) use crate::call::Memory;

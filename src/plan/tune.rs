@@ -5,8 +5,8 @@
 //! kernel's speed. The constants are measured on the communicator's own
 //! links when it is created (`Communicator::calibrate`) and agreed by every
 //! rank (the slowest rank's figures), so every rank picks the same algorithm
-//! for the same call. Pure functions of sizes and constants, but for the one
-//! kernel timing in `measure_reduce_gbps`.
+//! for the same call. Pure functions of sizes and constants: the
+//! measurements themselves are the communicator's (`comm::setup`).
 
 use crate::algo::Algorithm;
 use crate::call::CollKind;
@@ -169,41 +169,6 @@ pub(crate) fn choose_on(
     } else {
         (flat, costs)
     }
-}
-
-/// Speed of a plain copy on this machine, GB/s, on a 256 KiB block (in
-/// cache, as slices are): what a shared-memory link inside a host is
-/// costed from (a frame is copied into a slot and out again). The caller
-/// agrees it with the other ranks.
-pub(crate) fn measure_copy_gbps() -> f64 {
-    let n = 256 << 10;
-    let src = vec![1u8; n];
-    let mut dst = vec![0u8; n];
-    dst.copy_from_slice(&src);
-    let start = std::time::Instant::now();
-    const REPS: u32 = 8;
-    for _ in 0..REPS {
-        std::hint::black_box(&mut dst).copy_from_slice(std::hint::black_box(&src));
-    }
-    let secs = start.elapsed().as_secs_f64().max(1e-9);
-    n as f64 * f64::from(REPS) / secs / 1e9
-}
-
-/// Speed of the f32 sum kernel on this machine, GB/s of output, on a
-/// 256 KiB block (in cache, as slices are). The one measurement here: the
-/// caller agrees it with the other ranks.
-pub(crate) fn measure_reduce_gbps() -> f64 {
-    let n = (256 << 10) / 4;
-    let src = vec![1.0f32; n];
-    let mut dst = vec![0.0f32; n];
-    crate::reduce::reduce_into(crate::ReduceOp::Sum, &mut dst, &src);
-    let start = std::time::Instant::now();
-    const REPS: u32 = 8;
-    for _ in 0..REPS {
-        crate::reduce::reduce_into(crate::ReduceOp::Sum, std::hint::black_box(&mut dst), &src);
-    }
-    let secs = start.elapsed().as_secs_f64().max(1e-9);
-    (n * 4) as f64 * f64::from(REPS) / secs / 1e9
 }
 
 /// Depth of the binary trees over `n` ranks.
