@@ -216,6 +216,38 @@ unsafe fn write<'a, T>(ptr: usize, len: usize) -> &'a mut [T] {
     unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, len) }
 }
 
+/// A checked host call's buffers as slices of its element type `T`: what
+/// every arm of [`host_typed`] hands the library.
+impl Call {
+    /// The input, read.
+    ///
+    /// # Safety
+    /// As [`read`], for `send` and `send_len`.
+    unsafe fn input<'a, T>(&self) -> &'a [T] {
+        // SAFETY: as the caller vouches.
+        unsafe { read(self.send, self.send_len) }
+    }
+
+    /// The input, written: the one buffer of an in-place call whose
+    /// layout is the input's (reduce-scatter, reduce).
+    ///
+    /// # Safety
+    /// As [`write`], for `send` and `send_len`.
+    unsafe fn input_mut<'a, T>(&self) -> &'a mut [T] {
+        // SAFETY: as the caller vouches.
+        unsafe { write(self.send, self.send_len) }
+    }
+
+    /// The output, written.
+    ///
+    /// # Safety
+    /// As [`write`], for `recv` and `recv_len`.
+    unsafe fn output<'a, T>(&self) -> &'a mut [T] {
+        // SAFETY: as the caller vouches.
+        unsafe { write(self.recv, self.recv_len) }
+    }
+}
+
 /// Run a checked host call of element type `T`.
 ///
 /// # Safety
@@ -234,26 +266,14 @@ unsafe fn host_typed<T: Element>(
     // the caller vouches for the memory.
     unsafe {
         match c.kind {
-            Kind::AllReduce if in_place => {
-                comm.all_reduce_in_place(write::<T>(c.recv, c.recv_len), c.op)
-            }
-            Kind::AllReduce => comm.all_reduce(
-                read::<T>(c.send, c.send_len),
-                write(c.recv, c.recv_len),
-                c.op,
-            ),
+            Kind::AllReduce if in_place => comm.all_reduce_in_place(c.output::<T>(), c.op),
+            Kind::AllReduce => comm.all_reduce(c.input::<T>(), c.output(), c.op),
             Kind::ReduceScatter if in_place => {
-                comm.reduce_scatter_in_place(write::<T>(c.send, c.send_len), c.op)
+                comm.reduce_scatter_in_place(c.input_mut::<T>(), c.op)
             }
-            Kind::ReduceScatter => comm.reduce_scatter(
-                read::<T>(c.send, c.send_len),
-                write(c.recv, c.recv_len),
-                c.op,
-            ),
-            Kind::AllGather if in_place => comm.all_gather_in_place(write::<T>(c.recv, c.recv_len)),
-            Kind::AllGather => {
-                comm.all_gather(read::<T>(c.send, c.send_len), write(c.recv, c.recv_len))
-            }
+            Kind::ReduceScatter => comm.reduce_scatter(c.input::<T>(), c.output(), c.op),
+            Kind::AllGather if in_place => comm.all_gather_in_place(c.output::<T>()),
+            Kind::AllGather => comm.all_gather(c.input::<T>(), c.output()),
             Kind::Broadcast => {
                 if !in_place && comm.rank() == c.root {
                     if c.send_len != c.recv_len {
@@ -264,30 +284,21 @@ unsafe fn host_typed<T: Element>(
                             c.recv_len
                         )));
                     }
-                    write::<T>(c.recv, c.recv_len).copy_from_slice(read::<T>(c.send, c.send_len));
+                    c.output::<T>().copy_from_slice(c.input::<T>());
                 }
-                comm.broadcast(write::<T>(c.recv, c.recv_len), c.root)
+                comm.broadcast(c.output::<T>(), c.root)
             }
-            Kind::Reduce if in_place => {
-                comm.reduce_in_place(write::<T>(c.send, c.send_len), c.op, c.root)
-            }
-            Kind::Reduce => comm.reduce(
-                read::<T>(c.send, c.send_len),
-                write(c.recv, c.recv_len),
-                c.op,
-                c.root,
-            ),
+            Kind::Reduce if in_place => comm.reduce_in_place(c.input_mut::<T>(), c.op, c.root),
+            Kind::Reduce => comm.reduce(c.input::<T>(), c.output(), c.op, c.root),
             Kind::AllToAll if in_place => {
                 // The library's all-to-all is out of place: a copy of the
                 // input is the send side.
-                let copy = read::<T>(c.send, c.send_len).to_vec();
-                comm.all_to_all(&copy, write(c.recv, c.recv_len))
+                let copy = c.input::<T>().to_vec();
+                comm.all_to_all(&copy, c.output())
             }
-            Kind::AllToAll => {
-                comm.all_to_all(read::<T>(c.send, c.send_len), write(c.recv, c.recv_len))
-            }
-            Kind::Send => comm.send(read::<T>(c.send, c.send_len), c.root),
-            Kind::Recv => comm.recv(write::<T>(c.recv, c.recv_len), c.root),
+            Kind::AllToAll => comm.all_to_all(c.input::<T>(), c.output()),
+            Kind::Send => comm.send(c.input::<T>(), c.root),
+            Kind::Recv => comm.recv(c.output::<T>(), c.root),
             Kind::Barrier => comm.barrier(),
         }
     }
@@ -350,7 +361,8 @@ unsafe fn run_device(
 /// A failed call, with the facts the Python exception carries.
 #[derive(Debug, Clone)]
 struct CallError {
-    rank: usize,
+    /// None where no communicator exists yet (joining failed).
+    rank: Option<usize>,
     call: &'static str,
     seq: u64,
     failed_rank: Option<usize>,
@@ -377,7 +389,7 @@ fn error_kind(e: &Error) -> &'static str {
 impl CallError {
     fn new(comm: &Communicator, c: &Call, e: Error) -> CallError {
         CallError {
-            rank: comm.rank(),
+            rank: Some(comm.rank()),
             call: c.kind.name(),
             seq: c.seq,
             failed_rank: e.failed_rank(),
@@ -405,17 +417,18 @@ impl CallError {
     }
 }
 
+/// A failure to join a job, as the Python exception: no rank yet, the
+/// call `init`.
 fn lib_error(e: Error) -> PyErr {
-    let err = FerrocclError::new_err(format!("ferroccl: {e}"));
-    Python::attach(|py| {
-        let v = err.value(py);
-        let _ = v.setattr("rank", py.None());
-        let _ = v.setattr("call", "init");
-        let _ = v.setattr("seq", 0);
-        let _ = v.setattr("failed_rank", e.failed_rank());
-        let _ = v.setattr("kind", error_kind(&e));
-    });
-    err
+    let err = CallError {
+        rank: None,
+        call: "init",
+        seq: 0,
+        failed_rank: e.failed_rank(),
+        kind: error_kind(&e),
+        message: format!("ferroccl: {e}"),
+    };
+    Python::attach(|py| err.to_py(py))
 }
 
 /// Where a call stands.
@@ -451,6 +464,11 @@ thread_local! {
     /// This thread is a communicator's worker: calls it issues (from a
     /// done-callback) run at once, on it.
     static IN_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is a communicator's worker (see `IN_WORKER`).
+fn in_worker() -> bool {
+    IN_WORKER.with(|w| w.get())
 }
 
 /// Run done-callbacks under the GIL, on the worker, before it takes the
@@ -611,13 +629,46 @@ impl PyCommunicator {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-            .ok_or_else(|| {
-                FerrocclError::new_err(format!(
-                    "ferroccl rank {}: the communicator was destroyed",
-                    self.rank
-                ))
-            })
+            .ok_or_else(|| self.destroyed(None))
     }
+
+    /// The error of a call (where one is named) on a destroyed
+    /// communicator.
+    fn destroyed(&self, call: Option<&Call>) -> PyErr {
+        let what = call.map(|c| format!("{}: ", c.what())).unwrap_or_default();
+        FerrocclError::new_err(format!(
+            "ferroccl rank {}: {what}the communicator was destroyed",
+            self.rank
+        ))
+    }
+
+    /// Run `f` on the calling thread, GIL released, once no async call is
+    /// pending (on the worker, from a callback, at once: the queue waits
+    /// for it); its error as the Python exception. The shape of every call
+    /// that returns once it has run (host) or been enqueued (device).
+    fn in_turn<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Communicator) -> Result<R, CallError> + Send,
+    ) -> PyResult<R> {
+        let shared = self.shared()?;
+        py.detach(|| {
+            let _turn = (!in_worker()).then(|| drained(&shared));
+            f(&shared.comm)
+        })
+        .map_err(|e| e.to_py(py))
+    }
+}
+
+/// Queue `job` for the worker, behind every job queued before it; it
+/// counts as pending until the worker has run it.
+fn enqueue(shared: &Shared, tx: &mpsc::Sender<Job>, job: Job) -> PyResult<()> {
+    lock(&shared.queue).pending += 1;
+    if tx.send(job).is_err() {
+        lock(&shared.queue).pending -= 1;
+        return Err(PyRuntimeError::new_err("ferroccl: the worker thread ended"));
+    }
+    Ok(())
 }
 
 /// Wait (GIL released by the caller) until no async call is pending.
@@ -639,8 +690,6 @@ fn run_now(py: Python<'_>, shared: &Shared, call: &Call, handle: Arc<Handle>) ->
     drop(handle.finish(r));
     PyHandle { handle }
 }
-
-impl PyCommunicator {}
 
 #[pymethods]
 impl PyCommunicator {
@@ -717,15 +766,9 @@ impl PyCommunicator {
         root: usize,
     ) -> PyResult<()> {
         let call = self.call_of(kind, send, recv, dtype, op, root)?;
-        let shared = self.shared()?;
-        let r = py.detach(|| {
-            // On the worker (from a callback) the queue waits for this.
-            let _turn = (!IN_WORKER.with(|w| w.get())).then(|| drained(&shared));
-            // SAFETY: the Python caller holds the buffers for the call's
-            // length (it is blocked in it).
-            unsafe { run_host(&shared.comm, &call) }
-        });
-        r.map_err(|e| e.to_py(py))
+        // SAFETY: the Python caller holds the buffers for the call's
+        // length (it is blocked in it).
+        self.in_turn(py, |comm| unsafe { run_host(comm, &call) })
     }
 
     /// Issue one call to run in the background, after every call issued
@@ -746,18 +789,12 @@ impl PyCommunicator {
         let call = self.call_of(kind, send, recv, dtype, op, root)?;
         let shared = self.shared()?;
         let handle = Arc::new(Handle::default());
-        if IN_WORKER.with(|w| w.get()) {
+        if in_worker() {
             // From a done-callback: run now (see `run_callbacks`).
             return Ok(run_now(py, &shared, &call, handle));
         }
         let jobs = lock(&self.jobs);
-        let tx = jobs.as_ref().ok_or_else(|| {
-            FerrocclError::new_err(format!(
-                "ferroccl rank {}: {}: the communicator was destroyed",
-                self.rank,
-                call.what()
-            ))
-        })?;
+        let tx = jobs.as_ref().ok_or_else(|| self.destroyed(Some(&call)))?;
         let bytes = call.send_len.max(call.recv_len) * call.dtype.size();
         if bytes <= self.inline_bytes {
             // With nothing queued the call runs at once on this thread:
@@ -772,12 +809,7 @@ impl PyCommunicator {
                 return Ok(done);
             }
         }
-        lock(&shared.queue).pending += 1;
-        if tx.send(Job::Call(call, Arc::clone(&handle))).is_err() {
-            let mut q = lock(&shared.queue);
-            q.pending -= 1;
-            return Err(PyRuntimeError::new_err("ferroccl: the worker thread ended"));
-        }
+        enqueue(&shared, tx, Job::Call(call, Arc::clone(&handle)))?;
         Ok(PyHandle { handle })
     }
 
@@ -788,23 +820,13 @@ impl PyCommunicator {
     /// callbacks issue calls: PowerSGD). From the worker itself (inside
     /// such a callback) it runs at once.
     fn enqueue_callback(&self, py: Python<'_>, callback: Py<PyAny>) -> PyResult<()> {
-        if IN_WORKER.with(|w| w.get()) {
+        if in_worker() {
             return callback.call0(py).map(|_| ());
         }
         let shared = self.shared()?;
         let jobs = lock(&self.jobs);
-        let tx = jobs.as_ref().ok_or_else(|| {
-            FerrocclError::new_err(format!(
-                "ferroccl rank {}: the communicator was destroyed",
-                self.rank
-            ))
-        })?;
-        lock(&shared.queue).pending += 1;
-        if tx.send(Job::Callback(callback)).is_err() {
-            lock(&shared.queue).pending -= 1;
-            return Err(PyRuntimeError::new_err("ferroccl: the worker thread ended"));
-        }
-        Ok(())
+        let tx = jobs.as_ref().ok_or_else(|| self.destroyed(None))?;
+        enqueue(&shared, tx, Job::Callback(callback))
     }
 
     /// Enqueue one call on CUDA stream `stream` (a `cudaStream_t` as an
@@ -826,15 +848,10 @@ impl PyCommunicator {
         root: usize,
     ) -> PyResult<PyHandle> {
         let call = self.call_of(kind, send, recv, dtype, op, root)?;
-        let shared = self.shared()?;
-        let r = py.detach(|| {
-            let _turn = (!IN_WORKER.with(|w| w.get())).then(|| drained(&shared));
-            // SAFETY: the Python caller passes a tensor's device memory of
-            // the given lengths and its current stream; it keeps the
-            // tensors alive in the Work.
-            unsafe { run_device(&shared.comm, &call, stream) }
-        });
-        let work = r.map_err(|e| e.to_py(py))?;
+        // SAFETY: the Python caller passes a tensor's device memory of the
+        // given lengths and its current stream; it keeps the tensors alive
+        // in the Work.
+        let work = self.in_turn(py, |comm| unsafe { run_device(comm, &call, stream) })?;
         let handle = Arc::new(Handle::default());
         {
             let mut s = lock(&handle.state);
