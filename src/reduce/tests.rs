@@ -1,5 +1,9 @@
 //! Unit tests of the kernels: against an f64 reference, across SIMD
 //! levels bit for bit, and the streaming and two-destination kernels.
+//!
+//! Why one file of about 860 lines: one test module of one module
+//! (`reduce`), every case over the same reference and type table; split,
+//! each part would repeat them.
 
 use super::arith::Arith;
 use super::half::HalfSlices;

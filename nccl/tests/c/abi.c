@@ -1,6 +1,12 @@
 /*
  * The NCCL C API of ferroccl-nccl, called as a C program calls it, on host
- * memory. Started by nccl/tests/c_abi.rs as one process per rank:
+ * memory. Started by nccl/tests/c_abi.rs as one process per rank.
+ *
+ * Why one file of about 860 lines: it is one C program (one binary the
+ * test compiles with cc and runs in every mode below), its modes share the
+ * checking macros, the reference arithmetic and the init helpers, and a
+ * program of several files would need a build step of its own.
+ *
  *
  *   abi collectives RANK NRANKS DIR   every collective x type x op, groups,
  *                                     split, PreMulSum, abort
