@@ -77,8 +77,9 @@ impl CollKind {
 }
 
 /// One collective call as the API received it: every public collective
-/// is described by one of these, then planned by `coll::plan`.
-#[derive(Debug, Clone, Copy)]
+/// is described by one of these, then planned by `coll::plan`. Equal
+/// calls (with equal element sizes, on one communicator) get equal plans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CollCall {
     pub(crate) kind: CollKind,
     /// The count the caller named (the fingerprint's): an allreduce's

@@ -18,11 +18,15 @@ use crate::plan::{self, Facts, Memory};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// (collective, count, element size).
-pub(super) type PlanKey = (u8, usize, usize);
+/// What a host call's plan is a function of, besides the communicator's
+/// fixed facts: the call as described (kind, count, buffer lengths, op,
+/// root, in place, internal), its element size, and whether the control
+/// pages exist (they decide how a call confirms, and may be made after
+/// the first calls: `alloc_window` with FERROCCL_CHECKIN=0).
+pub(super) type PlanKey = (CollCall, usize, bool);
 /// Plans kept per communicator; the oldest goes first.
 const PLAN_CACHE_ENTRIES: usize = 32;
-/// A call's plan: from the allreduce cache, or built for this call.
+/// A call's plan: from the cache, or built for this call.
 pub(super) enum Planned {
     Cached(Arc<Plan>),
     Built(Plan),
@@ -46,24 +50,31 @@ fn in_bytes<T>(call: &Call, size: usize) -> usize {
 impl Communicator {
     /// The plan of `call` for elements of `T` (arguments checked first):
     /// the algorithm and slice geometry are the planner's, the schedule is
-    /// the collective's. Allreduce plans come from a cache of recent ones
-    /// by (count, element size): training loops and benchmarks repeat their
-    /// sizes, and choosing an algorithm and building its schedule cost more
-    /// than running a small allreduce over shared memory.
+    /// the collective's. Collective plans on host memory come from a cache
+    /// of recent ones by [`PlanKey`]: training loops and benchmarks repeat
+    /// their calls, and choosing an algorithm and building its schedule
+    /// cost more than running a small call over shared memory (a 16-byte
+    /// allgather spent a sixth of its time building a plan it then did not
+    /// read, going inline).
     #[inline(always)]
     pub(super) fn plan<T: Element>(&self, call: &CollCall) -> Result<Planned> {
-        // Host memory only: a plan cached for host buffers must not let a
-        // call on device memory past the planner's refusal.
-        let cacheable = call.kind == CollKind::AllReduce
-            && call.send_len == call.recv_len
-            && call.memory == Memory::Host;
+        // Host memory only (device calls are planned over their own links
+        // and go through `execute_on_device`); point-to-point calls name a
+        // peer and are cheap to plan.
+        let cacheable = call.memory == Memory::Host
+            && call.p2p.is_none()
+            && call.kind != CollKind::SendRecv;
         if !cacheable {
             return match self.build_plan::<T>(call) {
                 Ok(plan) => Ok(Planned::Built(plan)),
                 Err(err) => Err(self.refuse::<T>(call, err)),
             };
         }
-        let key = (call.kind.code(), call.count, std::mem::size_of::<T>());
+        let key = (
+            *call,
+            std::mem::size_of::<T>(),
+            self.inner.control.get().is_some(),
+        );
         if let Some((_, plan)) = lock(&self.inner.plans).iter().find(|(k, _)| *k == key) {
             return Ok(Planned::Cached(plan.clone()));
         }
