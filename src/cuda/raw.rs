@@ -6,8 +6,8 @@
 //! (`Communicator::*_raw`) are here, and only here: the safe API of
 //! `super` never takes a pointer.
 
-use super::{coll_call, from_cuda, DeviceWork};
-use crate::coll::{CollCall, CollKind};
+use super::{coll_call, from_cuda, p2p_call, DeviceWork};
+use crate::coll::CollKind;
 use crate::comm::device::{Keep, OnDevice};
 use crate::element::{DataType, Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -88,6 +88,60 @@ pub(crate) struct Raw {
     /// Send or receive: (peer, sending); the one buffer is `send`.
     pub(crate) p2p: Option<(usize, bool)>,
     pub(crate) stream: u64,
+}
+
+impl Raw {
+    /// `kind` on `count` elements of `dtype` at `send` and `recv`, on
+    /// `stream`: without a reduction, a root or a peer.
+    fn new(
+        kind: CollKind,
+        send: *const c_void,
+        recv: *const c_void,
+        count: usize,
+        dtype: DataType,
+        stream: *mut c_void,
+    ) -> Raw {
+        Raw {
+            kind,
+            send: send as u64,
+            recv: recv as u64,
+            count,
+            dtype,
+            op: None,
+            premul: None,
+            root: None,
+            p2p: None,
+            stream: stream as u64,
+        }
+    }
+
+    /// With the reduction `op` (PreMulSum: a sum, and its scalar).
+    fn reducing(self, op: RawOp) -> Raw {
+        let (op, premul) = match op {
+            RawOp::Builtin(op) => (op, None),
+            RawOp::PreMulSum(s) => (ReduceOp::Sum, Some(s)),
+        };
+        Raw {
+            op: Some(op),
+            premul,
+            ..self
+        }
+    }
+
+    fn rooted(self, root: usize) -> Raw {
+        Raw {
+            root: Some(root),
+            ..self
+        }
+    }
+
+    /// A send to (`sending`) or receive from `peer`.
+    fn p2p(self, peer: usize, sending: bool) -> Raw {
+        Raw {
+            p2p: Some((peer, sending)),
+            ..self
+        }
+    }
 }
 
 /// Elements of the scalar-filled buffer PreMulSum multiplies by: bounds
@@ -381,23 +435,7 @@ fn run_raw_p2p<T: Element>(
     let info = checked(dev, what, raw.send, raw.count, elem, raw.dtype)?;
     let (engine, stream) = dev.engine(raw.stream, info.ordinal)?;
     let buf = at(&info, raw.send);
-    let (send_len, recv_len, root) = if sending {
-        (raw.count, 0, comm.rank())
-    } else {
-        (0, raw.count, peer)
-    };
-    let call = CollCall {
-        p2p: Some((peer, sending)),
-        ..coll_call(
-            CollKind::SendRecv,
-            raw.count,
-            send_len,
-            recv_len,
-            None,
-            Some(root),
-            false,
-        )
-    };
+    let call = p2p_call(raw.count, comm.rank(), peer, sending);
     let on = OnDevice {
         ordinal: info.ordinal as u32,
         engine,
@@ -447,16 +485,8 @@ impl Communicator {
         op: impl Into<RawOp>,
         stream: *mut c_void,
     ) -> Result<DeviceWork> {
-        self.raw(
-            CollKind::AllReduce,
-            send,
-            recv,
-            count,
-            dtype,
-            Some(op.into()),
-            None,
-            stream,
-        )
+        let raw = Raw::new(CollKind::AllReduce, send, recv, count, dtype, stream);
+        self.raw(raw.reducing(op.into()))
     }
 
     /// `ncclReduceScatter`: `recv_count` elements of `dtype` per rank.
@@ -472,16 +502,9 @@ impl Communicator {
         op: impl Into<RawOp>,
         stream: *mut c_void,
     ) -> Result<DeviceWork> {
-        self.raw(
-            CollKind::ReduceScatter,
-            send,
-            recv,
-            recv_count,
-            dtype,
-            Some(op.into()),
-            None,
-            stream,
-        )
+        let kind = CollKind::ReduceScatter;
+        let raw = Raw::new(kind, send, recv, recv_count, dtype, stream);
+        self.raw(raw.reducing(op.into()))
     }
 
     /// `ncclAllGather`: `send_count` elements of `dtype` from each rank.
@@ -496,16 +519,8 @@ impl Communicator {
         dtype: DataType,
         stream: *mut c_void,
     ) -> Result<DeviceWork> {
-        self.raw(
-            CollKind::AllGather,
-            send,
-            recv,
-            send_count,
-            dtype,
-            None,
-            None,
-            stream,
-        )
+        let raw = Raw::new(CollKind::AllGather, send, recv, send_count, dtype, stream);
+        self.raw(raw)
     }
 
     /// `ncclBroadcast`: `count` elements from `root`'s `send` to every
@@ -522,16 +537,8 @@ impl Communicator {
         root: usize,
         stream: *mut c_void,
     ) -> Result<DeviceWork> {
-        self.raw(
-            CollKind::Broadcast,
-            send,
-            recv,
-            count,
-            dtype,
-            None,
-            Some(root),
-            stream,
-        )
+        let raw = Raw::new(CollKind::Broadcast, send, recv, count, dtype, stream);
+        self.raw(raw.rooted(root))
     }
 
     /// `ncclReduce`: `root`'s `recv` gets the reduction of `count`
@@ -550,16 +557,8 @@ impl Communicator {
         root: usize,
         stream: *mut c_void,
     ) -> Result<DeviceWork> {
-        self.raw(
-            CollKind::Reduce,
-            send,
-            recv,
-            count,
-            dtype,
-            Some(op.into()),
-            Some(root),
-            stream,
-        )
+        let raw = Raw::new(CollKind::Reduce, send, recv, count, dtype, stream);
+        self.raw(raw.reducing(op.into()).rooted(root))
     }
 
     /// `ncclAlltoAll`: `send` and `recv` hold `count` elements of `dtype`
@@ -577,16 +576,8 @@ impl Communicator {
         dtype: DataType,
         stream: *mut c_void,
     ) -> Result<DeviceWork> {
-        self.raw(
-            CollKind::AllToAll,
-            send,
-            recv,
-            count,
-            dtype,
-            None,
-            None,
-            stream,
-        )
+        let raw = Raw::new(CollKind::AllToAll, send, recv, count, dtype, stream);
+        self.raw(raw)
     }
 
     /// `ncclSend`: `count` elements of `dtype` to `peer`.
@@ -601,7 +592,8 @@ impl Communicator {
         peer: usize,
         stream: *mut c_void,
     ) -> Result<DeviceWork> {
-        self.raw_p2p(send as u64, count, dtype, peer, true, stream)
+        let raw = Raw::new(CollKind::SendRecv, send, send, count, dtype, stream);
+        self.raw(raw.p2p(peer, true))
     }
 
     /// `ncclRecv`: `count` elements of `dtype` from `peer`.
@@ -616,63 +608,13 @@ impl Communicator {
         peer: usize,
         stream: *mut c_void,
     ) -> Result<DeviceWork> {
-        self.raw_p2p(recv as u64, count, dtype, peer, false, stream)
+        let raw = Raw::new(CollKind::SendRecv, recv, recv, count, dtype, stream);
+        self.raw(raw.p2p(peer, false))
     }
 
-    fn raw_p2p(
-        &self,
-        buf: u64,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-        sending: bool,
-        stream: *mut c_void,
-    ) -> Result<DeviceWork> {
-        let raw = Raw {
-            kind: CollKind::SendRecv,
-            send: buf,
-            recv: buf,
-            count,
-            dtype,
-            op: None,
-            premul: None,
-            root: None,
-            p2p: Some((peer, sending)),
-            stream: stream as u64,
-        };
-        with_element!(dtype, run_raw_on, self, raw, &Driver)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn raw(
-        &self,
-        kind: CollKind,
-        send: *const c_void,
-        recv: *mut c_void,
-        count: usize,
-        dtype: DataType,
-        op: Option<RawOp>,
-        root: Option<usize>,
-        stream: *mut c_void,
-    ) -> Result<DeviceWork> {
-        let (op, premul) = match op {
-            None => (None, None),
-            Some(RawOp::Builtin(op)) => (Some(op), None),
-            Some(RawOp::PreMulSum(s)) => (Some(ReduceOp::Sum), Some(s)),
-        };
-        let raw = Raw {
-            kind,
-            send: send as u64,
-            recv: recv as u64,
-            count,
-            dtype,
-            op,
-            premul,
-            root,
-            p2p: None,
-            stream: stream as u64,
-        };
-        with_element!(dtype, run_raw_on, self, raw, &Driver)
+    /// Run `raw` as the CUDA driver checks it, on its element type.
+    fn raw(&self, raw: Raw) -> Result<DeviceWork> {
+        with_element!(raw.dtype, run_raw_on, self, raw, &Driver)
     }
 }
 
