@@ -95,6 +95,22 @@ fn coll_call(
     }
 }
 
+/// A send's (`sending`) or receive's description of `count` elements
+/// between this `rank` and `peer`, as the host methods build it: its root
+/// is the sending rank.
+fn p2p_call(count: usize, rank: usize, peer: usize, sending: bool) -> CollCall {
+    let (send_len, recv_len, root) = if sending {
+        (count, 0, rank)
+    } else {
+        (0, count, peer)
+    };
+    CollCall {
+        p2p: Some((peer, sending)),
+        root: Some(root),
+        ..CollCall::new(CollKind::SendRecv, count, send_len, recv_len)
+    }
+}
+
 /// Device calls on one stream: [`Communicator::on_stream`].
 #[derive(Clone, Copy)]
 pub struct OnStream<'a> {
@@ -181,6 +197,27 @@ impl OnStream<'_> {
         self.comm.device_collective::<T>(&call, &on)
     }
 
+    /// Run the collective `verb` on `send` and `recv` (in place: `send`
+    /// is `None` and `recv` is the one buffer), described as the host
+    /// method of the same name describes it.
+    fn coll<T: Element>(
+        &self,
+        verb: Verb,
+        send: Option<&dyn DevicePtrDyn<T>>,
+        recv: &mut dyn DevicePtrMutDyn<T>,
+    ) -> Result<DeviceWork> {
+        let Verb(kind, count, op, root) = verb;
+        let m = recv.elems();
+        let n = send.map_or(m, |s| s.elems());
+        let count = match count {
+            Count::Send => n,
+            Count::Recv => m,
+            Count::Block => n / self.comm.size(),
+        };
+        let call = coll_call(kind, count, n, m, op, root, send.is_none());
+        self.run(call, send, Some(recv))
+    }
+
     /// Out-of-place allreduce: `recv[i] = op over ranks of send[i]`.
     pub fn all_reduce<T: Element>(
         &self,
@@ -188,9 +225,8 @@ impl OnStream<'_> {
         recv: &mut impl DevicePtrMut<T>,
         op: ReduceOp,
     ) -> Result<DeviceWork> {
-        let (n, m) = (send.len(), recv.len());
-        let call = coll_call(CollKind::AllReduce, n, n, m, Some(op), None, false);
-        self.run(call, Some(send), Some(recv))
+        let verb = Verb(CollKind::AllReduce, Count::Send, Some(op), None);
+        self.coll(verb, Some(send), recv)
     }
 
     /// In-place allreduce.
@@ -199,9 +235,8 @@ impl OnStream<'_> {
         buf: &mut impl DevicePtrMut<T>,
         op: ReduceOp,
     ) -> Result<DeviceWork> {
-        let n = buf.len();
-        let call = coll_call(CollKind::AllReduce, n, n, n, Some(op), None, true);
-        self.run(call, None, Some(buf))
+        let verb = Verb(CollKind::AllReduce, Count::Send, Some(op), None);
+        self.coll(verb, None, buf)
     }
 
     /// Reduce-scatter: `send.len() == recv.len() * size`; rank r's `recv`
@@ -212,9 +247,8 @@ impl OnStream<'_> {
         recv: &mut impl DevicePtrMut<T>,
         op: ReduceOp,
     ) -> Result<DeviceWork> {
-        let (n, m) = (send.len(), recv.len());
-        let call = coll_call(CollKind::ReduceScatter, m, n, m, Some(op), None, false);
-        self.run(call, Some(send), Some(recv))
+        let verb = Verb(CollKind::ReduceScatter, Count::Recv, Some(op), None);
+        self.coll(verb, Some(send), recv)
     }
 
     /// In-place reduce-scatter on `count * size` elements: block `rank`
@@ -224,10 +258,8 @@ impl OnStream<'_> {
         buf: &mut impl DevicePtrMut<T>,
         op: ReduceOp,
     ) -> Result<DeviceWork> {
-        let n = buf.len();
-        let count = n / self.comm.size();
-        let call = coll_call(CollKind::ReduceScatter, count, n, n, Some(op), None, true);
-        self.run(call, None, Some(buf))
+        let verb = Verb(CollKind::ReduceScatter, Count::Block, Some(op), None);
+        self.coll(verb, None, buf)
     }
 
     /// Allgather: `recv.len() == send.len() * size`, block r from rank r.
@@ -236,9 +268,8 @@ impl OnStream<'_> {
         send: &impl DevicePtr<T>,
         recv: &mut impl DevicePtrMut<T>,
     ) -> Result<DeviceWork> {
-        let (n, m) = (send.len(), recv.len());
-        let call = coll_call(CollKind::AllGather, n, n, m, None, None, false);
-        self.run(call, Some(send), Some(recv))
+        let verb = Verb(CollKind::AllGather, Count::Send, None, None);
+        self.coll(verb, Some(send), recv)
     }
 
     /// In-place allgather on `count * size` elements whose block `rank`
@@ -247,10 +278,8 @@ impl OnStream<'_> {
         &self,
         buf: &mut impl DevicePtrMut<T>,
     ) -> Result<DeviceWork> {
-        let n = buf.len();
-        let count = n / self.comm.size();
-        let call = coll_call(CollKind::AllGather, count, n, n, None, None, true);
-        self.run(call, None, Some(buf))
+        let verb = Verb(CollKind::AllGather, Count::Block, None, None);
+        self.coll(verb, None, buf)
     }
 
     /// Broadcast `buf` from `root` to every rank.
@@ -259,9 +288,8 @@ impl OnStream<'_> {
         buf: &mut impl DevicePtrMut<T>,
         root: usize,
     ) -> Result<DeviceWork> {
-        let n = buf.len();
-        let call = coll_call(CollKind::Broadcast, n, n, n, None, Some(root), true);
-        self.run(call, None, Some(buf))
+        let verb = Verb(CollKind::Broadcast, Count::Send, None, Some(root));
+        self.coll(verb, None, buf)
     }
 
     /// Reduce to `root`: its `recv` gets the reduction; other ranks'
@@ -273,9 +301,8 @@ impl OnStream<'_> {
         op: ReduceOp,
         root: usize,
     ) -> Result<DeviceWork> {
-        let (n, m) = (send.len(), recv.len());
-        let call = coll_call(CollKind::Reduce, n, n, m, Some(op), Some(root), false);
-        self.run(call, Some(send), Some(recv))
+        let verb = Verb(CollKind::Reduce, Count::Send, Some(op), Some(root));
+        self.coll(verb, Some(send), recv)
     }
 
     /// All-to-all: `send` and `recv` hold `size` blocks; block j of `send`
@@ -285,27 +312,14 @@ impl OnStream<'_> {
         send: &impl DevicePtr<T>,
         recv: &mut impl DevicePtrMut<T>,
     ) -> Result<DeviceWork> {
-        let (n, m) = (send.len(), recv.len());
-        let call = coll_call(CollKind::AllToAll, n, n, m, None, None, false);
-        self.run(call, Some(send), Some(recv))
+        let verb = Verb(CollKind::AllToAll, Count::Send, None, None);
+        self.coll(verb, Some(send), recv)
     }
 
     /// Send `buf` to `peer` (which must call `recv` with the same length,
     /// on device or host memory).
     pub fn send<T: Element>(&self, buf: &impl DevicePtr<T>, peer: usize) -> Result<DeviceWork> {
-        let n = buf.len();
-        let call = CollCall {
-            p2p: Some((peer, true)),
-            ..coll_call(
-                CollKind::SendRecv,
-                n,
-                n,
-                0,
-                None,
-                Some(self.comm.rank()),
-                false,
-            )
-        };
+        let call = p2p_call(buf.len(), self.comm.rank(), peer, true);
         self.run(call, Some(buf), None)
     }
 
@@ -315,11 +329,7 @@ impl OnStream<'_> {
         buf: &mut impl DevicePtrMut<T>,
         peer: usize,
     ) -> Result<DeviceWork> {
-        let n = buf.len();
-        let call = CollCall {
-            p2p: Some((peer, false)),
-            ..coll_call(CollKind::SendRecv, n, 0, n, None, Some(peer), false)
-        };
+        let call = p2p_call(buf.len(), self.comm.rank(), peer, false);
         self.run(call, None, Some(buf))
     }
 
@@ -331,20 +341,40 @@ impl OnStream<'_> {
         op: ReduceOp,
         root: usize,
     ) -> Result<DeviceWork> {
-        let n = buf.len();
-        let call = coll_call(CollKind::Reduce, n, n, n, Some(op), Some(root), true);
-        self.run(call, None, Some(buf))
+        let verb = Verb(CollKind::Reduce, Count::Send, Some(op), Some(root));
+        self.coll(verb, None, buf)
     }
+}
+
+/// What a collective method states ([`OnStream::coll`]): its kind, the
+/// length that is its count, its reduction and its root.
+#[derive(Clone, Copy)]
+struct Verb(CollKind, Count, Option<ReduceOp>, Option<usize>);
+
+/// Which length a collective's count is.
+#[derive(Clone, Copy)]
+enum Count {
+    /// The send buffer's (in place: the buffer's).
+    Send,
+    /// The receive buffer's (in place: the buffer's).
+    Recv,
+    /// One rank's block: the send buffer's over the rank count (in place:
+    /// the buffer's).
+    Block,
 }
 
 /// cudarc's `DevicePtr` as an object (its method is generic over nothing
 /// but borrows; this keeps `run` one function for every verb).
 trait DevicePtrDyn<T> {
+    fn elems(&self) -> usize;
     fn slice_stream(&self) -> &Arc<CudaStream>;
     fn ptr<'a>(&'a self, stream: &'a CudaStream) -> (u64, cudarc::driver::SyncOnDrop<'a>);
 }
 
 impl<T, S: DevicePtr<T>> DevicePtrDyn<T> for S {
+    fn elems(&self) -> usize {
+        DeviceSlice::len(self)
+    }
     fn slice_stream(&self) -> &Arc<CudaStream> {
         DeviceSlice::stream(self)
     }
@@ -355,11 +385,15 @@ impl<T, S: DevicePtr<T>> DevicePtrDyn<T> for S {
 
 /// cudarc's `DevicePtrMut` as an object.
 trait DevicePtrMutDyn<T> {
+    fn elems(&self) -> usize;
     fn slice_stream(&self) -> &Arc<CudaStream>;
     fn ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, cudarc::driver::SyncOnDrop<'a>);
 }
 
 impl<T, S: DevicePtrMut<T>> DevicePtrMutDyn<T> for S {
+    fn elems(&self) -> usize {
+        DeviceSlice::len(self)
+    }
     fn slice_stream(&self) -> &Arc<CudaStream> {
         DeviceSlice::stream(self)
     }
