@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Step time of the data-parallel MLP example (examples/mlp_ddp.rs) with the
+# Step time of the data-parallel MLP example (examples/mlp_ddp/) with the
 # reducer, against the same step with no communication and against handing
 # every gradient over after backward, for bucket caps of 1, 5, 25 and
 # 100 MiB and with prefix streaming. Prints markdown tables for

@@ -19,39 +19,15 @@ use candle_nn::{Linear, Module, Optimizer, VarBuilder, VarMap, SGD};
 use ferroccl::ddp::{broadcast_parameters, ParamSpec, Reducer, ReducerConfig};
 use ferroccl::{Communicator, ReduceOp};
 
-const D_IN: usize = 16;
-const D_OUT: usize = 4;
-const LAYERS: usize = 3;
-
-type BoxError = Box<dyn std::error::Error>;
-
-fn arg(name: &str, default: f64) -> Result<f64, BoxError> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == name) {
-        Some(i) => Ok(args
-            .get(i + 1)
-            .ok_or(format!("{name} needs a value"))?
-            .parse()?),
-        None => Ok(default),
-    }
-}
-
-/// Sample `i` of the stream and the output of a fixed "teacher".
-fn sample(i: usize) -> (Vec<f32>, Vec<f32>) {
-    let x: Vec<f32> = (0..D_IN)
-        .map(|j| ((i * 7 + j * 3) as f32 * 0.37).sin())
-        .collect();
-    let t = (0..D_OUT)
-        .map(|o| (x[o] * x[(o + 5) % D_IN] + 0.5 * x[(o + 9) % D_IN]).tanh())
-        .collect();
-    (x, t)
-}
+#[path = "common/candle_data.rs"]
+mod candle_data;
+use candle_data::{batch as sample_batch, initial, layer_dims, num, BoxError, LAYERS};
 
 fn main() -> Result<(), BoxError> {
-    let steps = arg("--steps", 50.0)? as usize;
-    let batch = arg("--batch", 32.0)? as usize;
-    let hidden = arg("--hidden", 64.0)? as usize;
-    let lr = arg("--lr", 0.2)?;
+    let steps = num("--steps", 50.0)? as usize;
+    let batch = num("--batch", 32.0)? as usize;
+    let hidden = num("--hidden", 64.0)? as usize;
+    let lr = num("--lr", 0.2)?;
 
     let comm = Communicator::from_env()?;
     let (rank, size) = (comm.rank(), comm.size());
@@ -65,13 +41,7 @@ fn main() -> Result<(), BoxError> {
     // random initial weights.
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
-    let dims: Vec<(usize, usize)> = (0..LAYERS)
-        .map(|l| {
-            let d_in = if l == 0 { D_IN } else { hidden };
-            let d_out = if l + 1 == LAYERS { D_OUT } else { hidden };
-            (d_in, d_out)
-        })
-        .collect();
+    let dims = layer_dims(hidden);
     let layers: Vec<Linear> = dims
         .iter()
         .enumerate()
@@ -102,10 +72,7 @@ fn main() -> Result<(), BoxError> {
         for (p, h) in host.iter_mut().enumerate() {
             let fan_in = dims[p / 2].0 as f32;
             for (i, x) in h.iter_mut().enumerate() {
-                // A hash of (p, i) spread over [-1, 1), Kaiming-uniform scale.
-                let k = ((p as u64) << 32 | i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                let u = (k >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
-                *x = u / fan_in.sqrt();
+                *x = initial(p, i, fan_in);
             }
         }
     }
@@ -128,14 +95,7 @@ fn main() -> Result<(), BoxError> {
     let mut loss_value = 0f32;
     for step in 0..steps {
         let first = step * batch + rank * shard;
-        let (mut xs, mut ts) = (Vec::new(), Vec::new());
-        for i in first..first + shard {
-            let (x, t) = sample(i);
-            xs.extend(x);
-            ts.extend(t);
-        }
-        let x = Tensor::from_vec(xs, (shard, D_IN), &dev)?;
-        let t = Tensor::from_vec(ts, (shard, D_OUT), &dev)?;
+        let (x, t) = sample_batch(first, shard, &dev)?;
         let mut h = x;
         for (l, layer) in layers.iter().enumerate() {
             h = layer.forward(&h)?;

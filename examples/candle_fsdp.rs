@@ -34,24 +34,9 @@ use candle_nn::{Linear, Module, VarBuilder, VarMap};
 use ferroccl::fsdp::{Fsdp, FsdpConfig, Optimizer, Strategy, TensorSpec, UnitSpec};
 use ferroccl::{Communicator, ReduceOp};
 
-const D_IN: usize = 16;
-const D_OUT: usize = 4;
-const LAYERS: usize = 3;
-
-type BoxError = Box<dyn std::error::Error>;
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1).cloned()
-}
-
-fn num(name: &str, default: f64) -> Result<f64, BoxError> {
-    match arg(name) {
-        Some(v) => Ok(v.parse()?),
-        None => Ok(default),
-    }
-}
+#[path = "common/candle_data.rs"]
+mod candle_data;
+use candle_data::{arg, batch as sample_batch, initial, layer_dims, num, BoxError, LAYERS};
 
 fn strategy() -> Result<Strategy, BoxError> {
     Ok(match arg("--strategy").as_deref() {
@@ -63,18 +48,6 @@ fn strategy() -> Result<Strategy, BoxError> {
         },
         Some(other) => return Err(format!("unknown --strategy {other}").into()),
     })
-}
-
-/// Sample `i` of the stream and the output of a fixed "teacher" (as in
-/// `candle_ddp`).
-fn sample(i: usize) -> (Vec<f32>, Vec<f32>) {
-    let x: Vec<f32> = (0..D_IN)
-        .map(|j| ((i * 7 + j * 3) as f32 * 0.37).sin())
-        .collect();
-    let t = (0..D_OUT)
-        .map(|o| (x[o] * x[(o + 5) % D_IN] + 0.5 * x[(o + 9) % D_IN]).tanh())
-        .collect();
-    (x, t)
 }
 
 fn main() -> Result<(), BoxError> {
@@ -100,13 +73,7 @@ fn main() -> Result<(), BoxError> {
     // matter: every forward copies the gathered unit in first.
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
-    let dims: Vec<(usize, usize)> = (0..LAYERS)
-        .map(|l| {
-            let d_in = if l == 0 { D_IN } else { hidden };
-            let d_out = if l + 1 == LAYERS { D_OUT } else { hidden };
-            (d_in, d_out)
-        })
-        .collect();
+    let dims = layer_dims(hidden);
     let layers: Vec<Linear> = dims
         .iter()
         .enumerate()
@@ -144,22 +111,14 @@ fn main() -> Result<(), BoxError> {
     let mut fsdp = Fsdp::new(&comm, units, config, |u, start, out| {
         let fan_in = dims[u].0 as f32;
         for (k, x) in out.iter_mut().enumerate() {
-            let h = ((u as u64) << 32 | (start + k) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            *x = ((h >> 40) as f32 / (1u64 << 23) as f32 - 1.0) / fan_in.sqrt();
+            *x = initial(u, start + k, fan_in);
         }
     })?;
 
     let mut loss_value = 0f32;
     for step in 0..steps {
         let first = step * batch + rank * shard;
-        let (mut xs, mut ts) = (Vec::new(), Vec::new());
-        for i in first..first + shard {
-            let (x, t) = sample(i);
-            xs.extend(x);
-            ts.extend(t);
-        }
-        let x = Tensor::from_vec(xs, (shard, D_IN), &dev)?;
-        let t = Tensor::from_vec(ts, (shard, D_OUT), &dev)?;
+        let (x, t) = sample_batch(first, shard, &dev)?;
         let mut h = x;
         for (l, layer) in layers.iter().enumerate() {
             // Gather the unit (prefetched by the previous layer's call) and

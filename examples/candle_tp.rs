@@ -25,11 +25,16 @@ use candle_core::{DType, Device, Tensor, D};
 use ferroccl::candle::{ColumnParallelLinear, RowParallelLinear};
 use ferroccl::Communicator;
 
+// The Candle examples' flag reader; the data-parallel examples' model and
+// data in it are not this block's.
+#[allow(dead_code)]
+#[path = "common/candle_data.rs"]
+mod candle_data;
+use candle_data::{arg, BoxError};
+
 const D_MODEL: usize = 16;
 const HEADS: usize = 4;
 const D_FF: usize = 32;
-
-type BoxError = Box<dyn std::error::Error>;
 
 /// A fixed `[rows, cols]` weight: the same on every rank and run.
 fn weight(seed: usize, rows: usize, cols: usize, dtype: DType) -> candle_core::Result<Tensor> {
@@ -124,13 +129,7 @@ fn full_block(x: &Tensor, dtype: DType) -> candle_core::Result<Tensor> {
 }
 
 fn main() -> Result<(), BoxError> {
-    let args: Vec<String> = std::env::args().collect();
-    let value = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-    };
-    let seq: usize = value("--seq").map(|v| v.parse()).transpose()?.unwrap_or(6);
+    let seq: usize = arg("--seq").map(|v| v.parse()).transpose()?.unwrap_or(6);
     let comm = Arc::new(Communicator::from_env()?);
     let (rank, size) = (comm.rank(), comm.size());
     if !HEADS.is_multiple_of(size) || !D_FF.is_multiple_of(size) {
@@ -160,7 +159,7 @@ fn main() -> Result<(), BoxError> {
         .sum();
     println!("rank={rank} checksum={checksum:.9} max_err={max_err:e} scale={scale:e}");
     if rank == 0 {
-        if let Some(path) = value("--dump") {
+        if let Some(path) = arg("--dump") {
             let text: String = got.iter().map(|v| format!("{v:?}\n")).collect();
             std::fs::write(path, text)?;
         }

@@ -106,21 +106,21 @@ fn whole_step(
     rows: usize,
 ) -> ferroccl::Result<f64> {
     let last = dims.len() - 1;
-    let mut inputs = vec![x.to_vec()];
-    for (l, &d) in dims.iter().enumerate() {
-        let mut y = forward(d, &params[l], &inputs[l], rows);
-        if l < last {
-            y.iter_mut().for_each(|v| *v = v.max(0.0));
-        }
-        inputs.push(y);
-    }
+    let model: &[Vec<f32>] = params;
+    let mut inputs = mlp::forward_all(
+        dims,
+        |l| model[l].split_at(dims[l].weights()),
+        x.to_vec(),
+        rows,
+    );
     let out = inputs.pop().expect("the output");
     let (loss, mut dy) = mse(&out, t, (rows * dims[last].d_out) as f32);
     for l in (0..dims.len()).rev() {
         let d = dims[l];
         let grad = param_grad(d, &inputs[l], &dy, rows);
         if l > 0 {
-            dy = relu_back(input_grad(d, &params[l], &dy, rows), &inputs[l]);
+            let dx = input_grad(d, &params[l][..d.weights()], &dy, rows);
+            dy = relu_back(dx, &inputs[l]);
         }
         match reducer.as_mut() {
             Some(r) if overlap => r.mark_ready(l, &grad)?,
@@ -313,9 +313,7 @@ pub(super) fn compare(
         };
         let mut mem = mem.map(|b| b as f64);
         comm.all_reduce_in_place(&mut mem, ReduceOp::Max)?;
-        v.times.sort_by(f64::total_cmp);
-        let median = v.times.get(v.times.len() / 2).copied().unwrap_or(0.0);
-        let min = v.times.first().copied().unwrap_or(0.0);
+        let (median, min) = mlp::median_min(&mut v.times);
         rows_out.push((v.spec.label.clone(), median, min, loss[0], mem));
     }
     if rank != 0 {
@@ -331,10 +329,7 @@ pub(super) fn compare(
             "full" | "full-limit1" => "full-serial",
             _ => return "-".to_string(),
         };
-        match (none, find(twin)) {
-            (Some(z), Some(s)) if s > z => format!("{:.0}%", 100.0 * (s - median) / (s - z)),
-            _ => "-".into(),
-        }
+        mlp::hidden_share(none, find(twin), median)
     };
     println!(
         "ranks={size} model_mib={:.2} optimizer={} precision={:?} batch={} steps={} warmup={}",

@@ -53,9 +53,12 @@
 //! lines.
 //!
 //! This file holds the model, its arguments and the training run;
-//! `compare.rs` the `--mode compare` variants against the DDP layer.
+//! `compare.rs` the `--mode compare` variants against the DDP layer;
+//! `../common/mlp.rs` the MLP's math and data, shared with `mlp_ddp`.
 
 mod compare;
+#[path = "../common/mlp.rs"]
+mod mlp;
 
 use compare::{parse_variants, VariantSpec, DEFAULT_VARIANTS};
 use ferroccl::ddp::{ParamSpec, Reducer, ReducerConfig};
@@ -63,6 +66,7 @@ use ferroccl::fsdp::{
     Fsdp, FsdpConfig, Memory, Optimizer, Precision, Strategy, TensorSpec, UnitSpec,
 };
 use ferroccl::{Communicator, ReduceOp};
+use mlp::{batch, forward, input_grad, mse, relu_back, Dims, Flags, Rng};
 
 struct Args {
     steps: usize,
@@ -104,33 +108,32 @@ fn parse_args() -> Result<Args, String> {
         warmup: 2,
     };
     let mut variants = parse_variants(DEFAULT_VARIANTS)?;
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        let num = |v: String| v.parse::<f64>().map_err(|e| format!("{flag}: {e}"));
-        match flag.as_str() {
-            "--steps" => a.steps = num(value()?)? as usize,
-            "--batch" => a.batch = num(value()?)? as usize,
-            "--in" => a.d_in = num(value()?)? as usize,
-            "--hidden" => a.hidden = num(value()?)? as usize,
-            "--layers" => a.layers = num(value()?)? as usize,
-            "--out" => a.d_out = num(value()?)? as usize,
-            "--lr" => a.lr = num(value()?)? as f32,
-            "--limit" => a.limit = num(value()?)? as usize,
+    let mut flags = Flags::from_env();
+    while let Some(flag) = flags.flag() {
+        let f = flag.as_str();
+        match f {
+            "--steps" => a.steps = flags.num(f)? as usize,
+            "--batch" => a.batch = flags.num(f)? as usize,
+            "--in" => a.d_in = flags.num(f)? as usize,
+            "--hidden" => a.hidden = flags.num(f)? as usize,
+            "--layers" => a.layers = flags.num(f)? as usize,
+            "--out" => a.d_out = flags.num(f)? as usize,
+            "--lr" => a.lr = flags.num(f)? as f32,
+            "--limit" => a.limit = flags.num(f)? as usize,
             "--keep-after-forward" => a.keep_after_forward = true,
-            "--clip" => a.clip = Some(num(value()?)?),
-            "--accumulate" => a.accumulate = (num(value()?)? as usize).max(1),
-            "--warmup" => a.warmup = num(value()?)? as usize,
-            "--variants" => variants = parse_variants(&value()?)?,
+            "--clip" => a.clip = Some(flags.num(f)?),
+            "--accumulate" => a.accumulate = (flags.num(f)? as usize).max(1),
+            "--warmup" => a.warmup = flags.num(f)? as usize,
+            "--variants" => variants = parse_variants(&flags.value(f)?)?,
             "--mode" => {
-                a.compare = match value()?.as_str() {
+                a.compare = match flags.value(f)?.as_str() {
                     "train" => None,
                     "compare" => Some(Vec::new()),
                     other => return Err(format!("unknown mode {other}")),
                 }
             }
             "--strategy" => {
-                let v = value()?;
+                let v = flags.value(f)?;
                 a.strategy = match v.as_str() {
                     "full" => Strategy::FullShard,
                     "grad-op" => Strategy::ShardGradOp,
@@ -142,7 +145,7 @@ fn parse_args() -> Result<Args, String> {
                 }
             }
             "--precision" => {
-                a.precision = match value()?.as_str() {
+                a.precision = match flags.value(f)?.as_str() {
                     "f32" => Precision::F32,
                     "bf16" => Precision::Bf16,
                     "f16" => Precision::F16,
@@ -150,7 +153,7 @@ fn parse_args() -> Result<Args, String> {
                 }
             }
             "--optimizer" => {
-                a.adam = match value()?.as_str() {
+                a.adam = match flags.value(f)?.as_str() {
                     "sgd" => false,
                     "adam" => true,
                     other => return Err(format!("unknown optimizer {other}")),
@@ -181,119 +184,13 @@ fn strategy_name(s: Strategy) -> String {
     }
 }
 
-/// splitmix64: a tiny deterministic generator, so every run sees the same
-/// data and the same initial weights without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn uniform(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
-
-/// The shape of one linear layer `y = W x + b`, W row-major as out × in.
-/// Its unit's flat parameter is W followed by b.
-#[derive(Clone, Copy)]
-struct Dims {
-    d_in: usize,
-    d_out: usize,
-}
-
-impl Dims {
-    fn weights(&self) -> usize {
-        self.d_in * self.d_out
-    }
-}
-
-/// `x · Wᵀ + b` for a batch of rows; `p` is the layer's flat parameter.
-fn forward(d: Dims, p: &[f32], x: &[f32], rows: usize) -> Vec<f32> {
-    let (w, b) = p.split_at(d.weights());
-    let mut y = vec![0f32; rows * d.d_out];
-    for r in 0..rows {
-        let xr = &x[r * d.d_in..(r + 1) * d.d_in];
-        for (o, yo) in y[r * d.d_out..(r + 1) * d.d_out].iter_mut().enumerate() {
-            *yo = dot(&w[o * d.d_in..(o + 1) * d.d_in], xr) + b[o];
-        }
-    }
-    y
-}
-
-/// `a · b` in eight independent sums, so that the compiler can keep them in
-/// one vector (as mlp_ddp does).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for k in 0..8 {
-            acc[k] += x[k] * y[k];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-/// The gradient of the layer's flat parameter (dW = dyᵀ x, then db = Σ dy)
-/// from the gradient `dy` of its output and its input `x`.
+/// The gradient of the layer's flat parameter (dW, then db) from the
+/// gradient `dy` of its output and its input `x`.
 fn param_grad(d: Dims, x: &[f32], dy: &[f32], rows: usize) -> Vec<f32> {
     let mut g = vec![0f32; d.weights() + d.d_out];
     let (gw, gb) = g.split_at_mut(d.weights());
-    for r in 0..rows {
-        let xr = &x[r * d.d_in..(r + 1) * d.d_in];
-        for (o, &dyo) in dy[r * d.d_out..(r + 1) * d.d_out].iter().enumerate() {
-            gb[o] += dyo;
-            for (gwi, xi) in gw[o * d.d_in..(o + 1) * d.d_in].iter_mut().zip(xr) {
-                *gwi += dyo * xi;
-            }
-        }
-    }
+    mlp::param_grad(d, x, dy, rows, gw, gb);
     g
-}
-
-/// The gradient of the layer's input: dx = dy W.
-fn input_grad(d: Dims, p: &[f32], dy: &[f32], rows: usize) -> Vec<f32> {
-    let w = &p[..d.weights()];
-    let mut dx = vec![0f32; rows * d.d_in];
-    for r in 0..rows {
-        let dxr = &mut dx[r * d.d_in..(r + 1) * d.d_in];
-        for (o, &dyo) in dy[r * d.d_out..(r + 1) * d.d_out].iter().enumerate() {
-            for (dxi, wi) in dxr.iter_mut().zip(&w[o * d.d_in..(o + 1) * d.d_in]) {
-                *dxi += dyo * wi;
-            }
-        }
-    }
-    dx
-}
-
-/// Samples `first..first + rows` of the stream: inputs and the outputs of a
-/// fixed "teacher" that the model learns to imitate (as in mlp_ddp).
-fn batch(first: usize, rows: usize, d_in: usize, d_out: usize) -> (Vec<f32>, Vec<f32>) {
-    let mut x = Vec::with_capacity(rows * d_in);
-    let mut t = Vec::with_capacity(rows * d_out);
-    for i in first..first + rows {
-        let mut rng = Rng(0x5eed ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
-        let xi: Vec<f32> = (0..d_in).map(|_| rng.uniform()).collect();
-        for o in 0..d_out {
-            let s: f32 = (0..8)
-                .map(|k| xi[(o * 37 + k * 11) % d_in] * if k % 2 == 0 { 0.5 } else { -0.3 })
-                .sum();
-            t.push(s.tanh());
-        }
-        x.extend(xi);
-    }
-    (x, t)
 }
 
 /// The initial value of element `i` of layer `l`'s flat parameter: weights
@@ -308,17 +205,7 @@ fn initial(l: usize, d: Dims, i: usize) -> f32 {
 }
 
 fn main() {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("mlp_fsdp: {e}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = run(&args) {
-        eprintln!("mlp_fsdp: {e}");
-        std::process::exit(1);
-    }
+    mlp::main_of("mlp_fsdp", parse_args, run);
 }
 
 fn run(args: &Args) -> ferroccl::Result<()> {
@@ -333,16 +220,7 @@ fn run(args: &Args) -> ferroccl::Result<()> {
     let rows = args.batch / size;
 
     // One unit per linear layer: its weight and its bias.
-    let dims: Vec<Dims> = (0..args.layers)
-        .map(|l| Dims {
-            d_in: if l == 0 { args.d_in } else { args.hidden },
-            d_out: if l + 1 == args.layers {
-                args.d_out
-            } else {
-                args.hidden
-            },
-        })
-        .collect();
+    let dims = mlp::layer_dims(args.layers, args.d_in, args.hidden, args.d_out);
     let units: Vec<UnitSpec> = dims
         .iter()
         .enumerate()
@@ -472,12 +350,7 @@ fn run(args: &Args) -> ferroccl::Result<()> {
             m.total()
         );
     }
-    let checksum: f64 = full
-        .iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, &v)| f64::from(v) * (1.0 + (i % 7) as f64))
-        .sum();
+    let checksum = mlp::checksum(full.iter().flatten());
     let model_bytes: usize = full.iter().map(|u| 4 * u.len()).sum();
     println!(
         "strategy={} precision={:?} ranks={size} units={} model_bytes={model_bytes} \
@@ -490,33 +363,6 @@ fn run(args: &Args) -> ferroccl::Result<()> {
         losses.last().copied().unwrap_or(f64::NAN),
     );
     Ok(())
-}
-
-/// Mean squared error of `out` against `t` over `denom`, and its
-/// gradient with respect to `out`.
-fn mse(out: &[f32], t: &[f32], denom: f32) -> (f64, Vec<f32>) {
-    let loss = out
-        .iter()
-        .zip(t)
-        .map(|(y, t)| f64::from((y - t) * (y - t)))
-        .sum::<f64>()
-        / f64::from(denom);
-    let dy = out
-        .iter()
-        .zip(t)
-        .map(|(y, t)| 2.0 * (y - t) / denom)
-        .collect();
-    (loss, dy)
-}
-
-/// `dx` through a ReLU whose output was `a`: zero where `a` was not positive.
-fn relu_back(mut dx: Vec<f32>, a: &[f32]) -> Vec<f32> {
-    for (g, a) in dx.iter_mut().zip(a) {
-        if *a <= 0.0 {
-            *g = 0.0;
-        }
-    }
-    dx
 }
 
 /// Forward and backward of one micro-step on this rank's rows, unit by unit
@@ -545,10 +391,11 @@ fn train_micro_step(
     let mut inputs = vec![x];
     for (l, &d) in dims.iter().enumerate() {
         fsdp.pre_forward(l)?;
-        let mut y = forward(d, fsdp.params(l)?, &inputs[l], rows);
+        let (w, b) = fsdp.params(l)?.split_at(d.weights());
+        let mut y = forward(d, w, b, &inputs[l], rows);
         fsdp.post_forward(l)?;
         if l < last {
-            y.iter_mut().for_each(|v| *v = v.max(0.0)); // ReLU
+            mlp::relu(&mut y);
         }
         inputs.push(y);
     }
@@ -563,7 +410,8 @@ fn train_micro_step(
         let grad = param_grad(d, &inputs[l], &dy, rows);
         if l > 0 {
             // Through the ReLU of the layer below.
-            dy = relu_back(input_grad(d, fsdp.params(l)?, &dy, rows), &inputs[l]);
+            let dx = input_grad(d, &fsdp.params(l)?[..d.weights()], &dy, rows);
+            dy = relu_back(dx, &inputs[l]);
         }
         fsdp.post_backward(l, &grad)?;
         // Reduction buffers are alive from here to finish_backward.
