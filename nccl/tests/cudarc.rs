@@ -8,12 +8,18 @@
 //! 2.30's parameter API) and every one the program uses resolves in it, and that cudarc's
 //! result-level calls (NULL stream, host memory) give the f64 references.
 
+use common::process::{run_bounded, Finished};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 mod common;
 use common::{cdylib, profile_dir};
+
+/// Past this a run is killed and the test fails: the program bounds every
+/// wait of its own (CUDARC_CHECK_TIMEOUT, 120 s), this bounds the program.
+const LIMIT: Duration = Duration::from_secs(240);
 
 struct Built {
     /// Holds only `libnccl.so`, a link to the cdylib.
@@ -71,7 +77,7 @@ fn built() -> &'static Built {
 /// puts target/<profile> on it, where nccl/link-names.sh may have left
 /// links of an earlier build), loopback, small slots so that the ring of
 /// sends spans many, every wait bounded.
-fn run_host(world: usize, extra_env: &[(&str, &str)]) -> Output {
+fn run_host(world: usize, extra_env: &[(&str, &str)]) -> Finished {
     let b = built();
     let mut c = Command::new(&b.program);
     c.args(["host", &world.to_string()])
@@ -87,15 +93,14 @@ fn run_host(world: usize, extra_env: &[(&str, &str)]) -> Output {
     for (k, v) in extra_env {
         c.env(k, v);
     }
-    c.output().expect("running cudarc-nccl-check")
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    run_bounded(c, LIMIT)
 }
 
-fn assert_every_rank_ok(world: usize, out: &Output, what: &str) {
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+fn assert_every_rank_ok(world: usize, out: &Finished, what: &str) {
+    let text = out.all();
     assert!(out.status.success(), "{what}:\n{text}");
     for rank in 0..world {
         assert!(
@@ -131,18 +136,16 @@ fn without_our_library_on_the_path_the_program_says_so() {
     let b = built();
     let empty = b.lib_dir.with_extension("empty");
     std::fs::create_dir_all(&empty).expect("scratch directory");
-    let out = Command::new(&b.program)
-        .args(["host", "1"])
+    let mut c = Command::new(&b.program);
+    c.args(["host", "1"])
         .env("LD_LIBRARY_PATH", &empty)
         .env("FERROCCL_CHECK_EXPECT_LIB", &b.cdylib)
         .env("CUDARC_CHECK_TIMEOUT", "30")
-        .output()
-        .expect("running cudarc-nccl-check");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = run_bounded(c, LIMIT);
+    let text = out.all();
     // Where a real NCCL is installed system-wide, cudarc finds that one,
     // and the program must then refuse it as not ours.
     assert!(!out.status.success(), "{text}");
