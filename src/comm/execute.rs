@@ -61,9 +61,8 @@ impl Communicator {
         // Host memory only (device calls are planned over their own links
         // and go through `execute_on_device`); point-to-point calls name a
         // peer and are cheap to plan.
-        let cacheable = call.memory == Memory::Host
-            && call.p2p.is_none()
-            && call.kind != CollKind::SendRecv;
+        let cacheable =
+            call.memory == Memory::Host && call.p2p.is_none() && call.kind != CollKind::SendRecv;
         if !cacheable {
             return match self.build_plan::<T>(call) {
                 Ok(plan) => Ok(Planned::Built(plan)),
