@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""One case of bench/tuner-check.sh as a markdown table: per size, what the
+tuner chose (from its `plan:` line; "inline" where the call does not go
+through an algorithm at all), its time, the fastest forced algorithm and
+its time (out of place, the best of each variant's turns: interference
+only ever adds time), the tuner's time over the best, and the noise (the
+larger spread of the tuner's own turns and the best one's). "right" where
+the tuner is within that noise (or 5%) of the best.
+
+    tuner_summary.py OUT_DIR CASE TURNS ALGO...
+"""
+import csv
+import re
+import sys
+
+PLAN = re.compile(r"plan: \S+ of (\d+) bytes on \d+ ranks(?: over [^>]*)? -> ([^,( ]+)")
+
+
+def times(path):
+    with open(path) as f:
+        return {int(r["size_bytes"]): float(r["oop_time_us"]) for r in csv.DictReader(f)}
+
+
+def choices(path):
+    """Size class (power-of-two bucket) -> the tuner's choice."""
+    out = {}
+    with open(path, errors="replace") as f:
+        for line in f:
+            m = PLAN.search(line)
+            if m:
+                out[int(m.group(1)).bit_length()] = m.group(2)
+    return out
+
+
+def main():
+    out, case, turns = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    algos = sys.argv[4:]
+    runs = {}
+    for v in ["tuner"] + algos:
+        runs[v] = [times(f"{out}/{case}-{v}-{i}.csv") for i in range(1, turns + 1)]
+    chose = choices(f"{out}/{case}-tuner-1.log")
+    print(f"\n### {case}\n")
+    print("| size | tuner chose | tuner us | best forced | best us | tuner / best | noise | |")
+    print("|---:|---|---:|---|---:|---:|---:|---|")
+    right = total = 0
+    for size in sorted(runs["tuner"][0]):
+        tuner = [r[size] for r in runs["tuner"]]
+        best_algo, best = min(
+            ((a, min(r[size] for r in runs[a])) for a in algos), key=lambda x: x[1]
+        )
+        best_turns = [r[size] for r in runs[best_algo]]
+        noise = max(max(tuner) / min(tuner), max(best_turns) / min(best_turns))
+        ratio = min(tuner) / best
+        ok = ratio <= max(noise, 1.05)
+        total += 1
+        right += ok
+        print(
+            f"| {size} | {chose.get(size.bit_length(), '?')} | {min(tuner):.2f} | {best_algo} "
+            f"| {best:.2f} | {ratio:.2f} | {noise:.2f} | {'right' if ok else 'off'} |"
+        )
+    print(f"\n{right} of {total} sizes within the noise of the best.")
+
+
+if __name__ == "__main__":
+    main()
