@@ -56,7 +56,14 @@ pub fn receive_deadline_is_a_timeout_naming_the_peer(suite: &Suite) {
                 waited >= Duration::from_millis(300) && waited < Duration::from_secs(5),
                 "{waited:?}"
             );
-            assert!((300..5_000).contains(&waited_ms), "{waited_ms}");
+            // The transport counts from its own start, a moment after the
+            // deadline was set, so it may say a little under 300 ms (CI saw
+            // 299); it may not say more than the wall clock saw, nor that
+            // it gave up long before the deadline.
+            assert!(
+                (150..5_000).contains(&waited_ms) && u128::from(waited_ms) <= waited.as_millis(),
+                "{waited_ms} ms reported, {waited:?} waited"
+            );
         }
         other => panic!("{other:?}"),
     }
