@@ -125,6 +125,22 @@ impl CollCall {
         }
     }
 
+    /// A send (`sending`) of `count` elements from `rank` to `peer`, or
+    /// `rank`'s receive of them from `peer`: one buffer of `count` on the
+    /// side that has one, and the sending rank as its root.
+    pub(crate) fn p2p(count: usize, rank: usize, peer: usize, sending: bool) -> Self {
+        let (send_len, recv_len, root) = if sending {
+            (count, 0, rank)
+        } else {
+            (0, count, peer)
+        };
+        CollCall {
+            p2p: Some((peer, sending)),
+            root: Some(root),
+            ..CollCall::new(CollKind::SendRecv, count, send_len, recv_len)
+        }
+    }
+
     /// Elements each slice of the call is cut from (`plan::geometry`'s
     /// count): an all-to-all moves blocks of `send_len / size`.
     pub(crate) fn slice_count(&self, size: usize) -> usize {

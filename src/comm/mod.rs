@@ -445,11 +445,7 @@ impl Communicator {
 
     /// Send `buf` to `peer` (which must call `recv` with the same length).
     pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
-        let call = CollCall {
-            root: Some(self.inner.rank),
-            p2p: Some((peer, true)),
-            ..CollCall::new(CollKind::SendRecv, buf.len(), buf.len(), 0)
-        };
+        let call = CollCall::p2p(buf.len(), self.inner.rank, peer, true);
         self.collective(
             &call,
             Buffers::OutOfPlace {
@@ -461,11 +457,7 @@ impl Communicator {
 
     /// Receive `buf.len()` elements from `peer`.
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
-        let call = CollCall {
-            root: Some(peer),
-            p2p: Some((peer, false)),
-            ..CollCall::new(CollKind::SendRecv, buf.len(), 0, buf.len())
-        };
+        let call = CollCall::p2p(buf.len(), self.inner.rank, peer, false);
         self.collective(
             &call,
             Buffers::OutOfPlace {

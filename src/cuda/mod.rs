@@ -95,22 +95,6 @@ fn coll_call(
     }
 }
 
-/// A send's (`sending`) or receive's description of `count` elements
-/// between this `rank` and `peer`, as the host methods build it: its root
-/// is the sending rank.
-fn p2p_call(count: usize, rank: usize, peer: usize, sending: bool) -> CollCall {
-    let (send_len, recv_len, root) = if sending {
-        (count, 0, rank)
-    } else {
-        (0, count, peer)
-    };
-    CollCall {
-        p2p: Some((peer, sending)),
-        root: Some(root),
-        ..CollCall::new(CollKind::SendRecv, count, send_len, recv_len)
-    }
-}
-
 /// Device calls on one stream: [`Communicator::on_stream`].
 #[derive(Clone, Copy)]
 pub struct OnStream<'a> {
@@ -319,7 +303,7 @@ impl OnStream<'_> {
     /// Send `buf` to `peer` (which must call `recv` with the same length,
     /// on device or host memory).
     pub fn send<T: Element>(&self, buf: &impl DevicePtr<T>, peer: usize) -> Result<DeviceWork> {
-        let call = p2p_call(buf.len(), self.comm.rank(), peer, true);
+        let call = CollCall::p2p(buf.len(), self.comm.rank(), peer, true);
         self.run(call, Some(buf), None)
     }
 
@@ -329,7 +313,7 @@ impl OnStream<'_> {
         buf: &mut impl DevicePtrMut<T>,
         peer: usize,
     ) -> Result<DeviceWork> {
-        let call = p2p_call(buf.len(), self.comm.rank(), peer, false);
+        let call = CollCall::p2p(buf.len(), self.comm.rank(), peer, false);
         self.run(call, None, Some(buf))
     }
 

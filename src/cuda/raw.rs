@@ -6,8 +6,8 @@
 //! (`Communicator::*_raw`) are here, and only here: the safe API of
 //! `super` never takes a pointer.
 
-use super::{coll_call, from_cuda, p2p_call, DeviceWork};
-use crate::coll::CollKind;
+use super::{coll_call, from_cuda, DeviceWork};
+use crate::coll::{CollCall, CollKind};
 use crate::comm::device::{Keep, OnDevice};
 use crate::element::{DataType, Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -435,7 +435,7 @@ fn run_raw_p2p<T: Element>(
     let info = checked(dev, what, raw.send, raw.count, elem, raw.dtype)?;
     let (engine, stream) = dev.engine(raw.stream, info.ordinal)?;
     let buf = at(&info, raw.send);
-    let call = p2p_call(raw.count, comm.rank(), peer, sending);
+    let call = CollCall::p2p(raw.count, comm.rank(), peer, sending);
     let on = OnDevice {
         ordinal: info.ordinal as u32,
         engine,
