@@ -21,6 +21,10 @@
 #   VETH_RANKS="2 4"   rank counts
 #   VETH_OUT=DIR       keep raw outputs there (default: a temp dir; printed)
 #   VETH_QUICK=1       smoke test: 1 round, tiny iteration counts, up to 4 MiB
+#   VETH_LOCKSTEP=1    also run ferroccl with FERROCCL_PIPELINE_DEPTH=1 (each
+#                      ring slice after the previous one), interleaved, as
+#                      column "ferroccl depth 1" (issue 37's A/B of pipelining)
+#   VETH_SWEEPS="MIN MAX ITERS WARMUP;..."  replace the size sweeps
 # Sizes: 8 B..32 KiB (x4, 200 iterations), 64 KiB..16 MiB (x4, 10),
 # 64 MiB and 256 MiB (3 iterations, 1 warm-up; Open MPI's bench does 3).
 # Needs: ip, tc, iperf3, mpirun/mpicc; builds ferroccl-perf and ferroccl-run.
@@ -109,11 +113,13 @@ EOF
 
 port=29600
 # ferroccl: one ferroccl-run per namespace, node 0 in fcc-a (rank 0, prints).
+# DEPTH (environment): FERROCCL_PIPELINE_DEPTH for this run, empty for the default.
 ferroccl() {
   local n=$1 per=$(($1 / 2)); shift
   port=$((port + 1))
   local common=(-n $per --nnodes 2 --master-addr $IPA --master-port $port --bind-to none --no-prefix)
   local env=(env FERROCCL_TRANSPORT=tcp FERROCCL_SOCKET_IFNAME=$DEV FERROCCL_TOKEN=$((0x17000 + port)))
+  [ -n "${DEPTH:-}" ] && env+=(FERROCCL_PIPELINE_DEPTH=$DEPTH)
   ip netns exec $NSB timeout 900 "${env[@]}" "$bin/ferroccl-run" "${common[@]}" --node-rank 1 -- \
     "$bin/ferroccl-perf" allreduce "$@" > "$out/ferroccl-b.log" 2>&1 & local b=$!
   ip netns exec $NSA timeout 900 "${env[@]}" "$bin/ferroccl-run" "${common[@]}" --node-rank 0 -- \
@@ -140,6 +146,7 @@ if [ "$quick" = 1 ]; then
 else
   sweeps=("8 32768 200 20" "65536 16777216 10 3" "67108864 268435456 3 1")
 fi
+[ -n "${VETH_SWEEPS:-}" ] && IFS=';' read -r -a sweeps <<< "$VETH_SWEEPS"
 echo "## $(date -u '+%Y-%m-%dT%H:%M:%SZ') $(hostname) nproc=$(nproc) load: $(cut -d' ' -f1-3 /proc/loadavg) out: $out"
 : > "$out/rows.txt"
 set_rate none; line_rate none-before
@@ -154,6 +161,11 @@ for rate in "${rates[@]}"; do
         echo "## ferroccl $rate $n ranks round $r: $1..$2 B, $3 iterations (load $(cut -d' ' -f1 /proc/loadavg))"
         ferroccl "$n" -b "$1" -e "$2" -f 4 -n "$3" -w "$4" | tee "$out/f-$rate-$n-$r-$1.txt"
         tag ferroccl "$rate" "$n" "$r" < "$out/f-$rate-$n-$r-$1.txt" >> "$out/rows.txt"
+        if [ "${VETH_LOCKSTEP:-0}" = 1 ]; then
+          echo "## ferroccl depth 1 $rate $n ranks round $r: $1..$2 B, $3 iterations"
+          DEPTH=1 ferroccl "$n" -b "$1" -e "$2" -f 4 -n "$3" -w "$4" | tee "$out/d-$rate-$n-$r-$1.txt"
+          tag ferroccl-d1 "$rate" "$n" "$r" < "$out/d-$rate-$n-$r-$1.txt" >> "$out/rows.txt"
+        fi
         echo "## Open MPI $rate $n ranks round $r: $1..$2 B, $3 iterations"
         ompi "$n" "$1" "$2" "$3" | tee "$out/m-$rate-$n-$r-$1.txt"
         tagm ompi "$rate" "$n" "$r" < "$out/m-$rate-$n-$r-$1.txt" >> "$out/rows.txt"

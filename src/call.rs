@@ -171,6 +171,9 @@ pub(crate) struct Geometry {
     pub(crate) size: usize,
     /// Largest slice, in elements of the call's type.
     pub(crate) slice: usize,
+    /// Slices in flight in a ring pass (`RingParams::depth`); 1 runs them
+    /// one after the other.
+    pub(crate) depth: usize,
 }
 
 impl Geometry {
@@ -179,6 +182,7 @@ impl Geometry {
             rank: self.rank,
             size: self.size,
             slice: self.slice,
+            depth: self.depth,
         }
     }
 }

@@ -42,6 +42,12 @@ pub struct Config {
     pub buffsize: usize,
     /// Slots per direction (FERROCCL_STEPS).
     pub steps: usize,
+    /// Slices a ring pass keeps in flight (FERROCCL_PIPELINE_DEPTH; see
+    /// `algo::ring`, "Pipelined slices"): 0 lets the library choose (one
+    /// below `steps`, at most 4); 1 runs each slice's pass after the
+    /// previous one. Must be below `steps`, which a deeper pass could
+    /// deadlock on.
+    pub pipeline_depth: usize,
     /// Sockets per peer for TCP (FERROCCL_NSOCKS_PERPEER).
     pub nsocks_per_peer: usize,
     /// Network interfaces for TCP, NCCL_SOCKET_IFNAME syntax
@@ -161,6 +167,7 @@ impl Config {
             transport: None,
             buffsize: DEFAULT_BUFFSIZE,
             steps: ferroccl_transport::DEFAULT_STEPS,
+            pipeline_depth: 0,
             nsocks_per_peer: DEFAULT_NSOCKS_PERPEER,
             socket_ifname: None,
             algorithm: None,
@@ -197,7 +204,8 @@ impl Config {
     }
 
     /// Apply FERROCCL_TIMEOUT, FERROCCL_HEARTBEAT_MS, FERROCCL_TRANSPORT,
-    /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_NSOCKS_PERPEER,
+    /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_PIPELINE_DEPTH,
+    /// FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
     /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_NT_STORE_BYTES,
     /// FERROCCL_IB_* (each else its NCCL_IB_ name),
@@ -247,6 +255,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_STEPS") {
             self.steps = parse("FERROCCL_STEPS", &v)?;
+        }
+        if let Some(v) = get("FERROCCL_PIPELINE_DEPTH") {
+            self.pipeline_depth = parse("FERROCCL_PIPELINE_DEPTH", &v)?;
         }
         if let Some(v) = get("FERROCCL_NSOCKS_PERPEER") {
             self.nsocks_per_peer = parse("FERROCCL_NSOCKS_PERPEER", &v)?;
@@ -401,6 +412,14 @@ impl Config {
             return bad(format!(
                 "steps = {} but a connection needs at least 2 slots per direction",
                 self.steps
+            ));
+        }
+        if self.pipeline_depth >= self.steps {
+            return bad(format!(
+                "pipeline_depth = {} (FERROCCL_PIPELINE_DEPTH) must be below steps = {} \
+                 (FERROCCL_STEPS): a ring pass that deep can wait on itself; 0 lets the \
+                 library choose",
+                self.pipeline_depth, self.steps
             ));
         }
         if self.chunk_bytes() < 64 {
@@ -653,5 +672,16 @@ mod tests {
         c.steps = 1;
         assert!(c.validate().is_err());
         assert!(with(&[]).unwrap().validate().is_ok());
+        // A ring pass as deep as the slots could deadlock (algo::sim's
+        // a_ring_deeper_than_its_slots_deadlocks).
+        let mut c = with(&[("FERROCCL_STEPS", "4"), ("FERROCCL_PIPELINE_DEPTH", "4")]).unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("FERROCCL_PIPELINE_DEPTH") && err.contains("steps = 4"),
+            "{err}"
+        );
+        c.pipeline_depth = 3;
+        assert!(c.validate().is_ok());
+        assert!(with(&[("FERROCCL_PIPELINE_DEPTH", "two")]).is_err());
     }
 }

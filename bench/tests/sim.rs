@@ -29,6 +29,7 @@ fn plain(ranks_per_host: usize, intra: Intra) -> Cluster {
         chunk_bytes: 256 << 10,
         slots: 8,
         channels: 1,
+        depth: 0,
     }
 }
 
@@ -45,10 +46,10 @@ fn time(cluster: &Cluster, coll: Coll, algo: Algorithm, ranks: usize, count: usi
         .time_us
 }
 
-/// A ring allreduce moves each slice round the ring `2(n-1)` times; a rank
-/// receives hop `k` only after its predecessor sent it, and every rank
-/// finishes a slice's pass (its last step, a receive) before it starts
-/// the next slice. With no contention each hop costs the step, the
+/// A ring allreduce run lockstep (`depth` 1) moves each slice round the
+/// ring `2(n-1)` times; a rank receives hop `k` only after its predecessor
+/// sent it, and every rank finishes a slice's pass (its last step, a
+/// receive) before it starts the next slice. With no contention each hop costs the step, the
 /// slice's bytes over the link and the latency; the last receive costs a
 /// step. So `T = sum over slices of [2(n-1)(a + s/B + L) + a]`, where the
 /// planner cuts a piece of `P` bytes into slices of a quarter of it,
@@ -56,7 +57,10 @@ fn time(cluster: &Cluster, coll: Coll, algo: Algorithm, ranks: usize, count: usi
 #[test]
 fn ring_allreduce_matches_the_closed_form() {
     for (ranks_per_host, hosts) in [(5, 1), (1, 2), (1, 6), (8, 1)] {
-        let c = plain(ranks_per_host, Intra::Switch);
+        let c = Cluster {
+            depth: 1,
+            ..plain(ranks_per_host, Intra::Switch)
+        };
         let n = ranks_per_host * hosts;
         let (bw, lat) = if hosts == 1 {
             (c.intra_gbytes_per_s * 1e3, c.intra_latency_us)
@@ -83,12 +87,15 @@ fn ring_allreduce_matches_the_closed_form() {
     }
 }
 
-/// The ring allgather: each slice goes `n - 1` hops (copy-send, then
-/// receive-copy-send, the last a receive), `T = sum over slices of
+/// The ring allgather, lockstep: each slice goes `n - 1` hops (copy-send,
+/// then receive-copy-send, the last a receive), `T = sum over slices of
 /// [(n-1)(a + s/B + L) + a]` with slices cut from the block.
 #[test]
 fn ring_allgather_matches_the_closed_form() {
-    let c = plain(7, Intra::Switch);
+    let c = Cluster {
+        depth: 1,
+        ..plain(7, Intra::Switch)
+    };
     let n = 7;
     let bw = c.intra_gbytes_per_s * 1e3;
     for (block, slices) in [(8usize << 10, 1usize), (1 << 20, 4)] {
@@ -100,6 +107,54 @@ fn ring_allgather_matches_the_closed_form() {
             close(got, want),
             "block {block}: {got} us, closed form {want}"
         );
+    }
+}
+
+/// Pipelined slices (the library's depth for 8 slots, 4): with one slice
+/// a piece nothing changes; with several, a pass no longer waits out the
+/// latency of every hop of every slice, so the call is faster than the
+/// lockstep closed form above, yet never below what a rank's steps cost
+/// without any latency (`slices x 2(n-1)` steps of `a + s/B` each, one
+/// after the other on the rank's agent).
+#[test]
+fn pipelined_slices_hide_latency_and_nothing_more() {
+    for (ranks_per_host, hosts) in [(5, 1), (1, 6), (8, 1)] {
+        let deep = plain(ranks_per_host, Intra::Switch);
+        assert_eq!(deep.ring_depth(), 4);
+        let lock = Cluster {
+            depth: 1,
+            ..deep.clone()
+        };
+        let n = ranks_per_host * hosts;
+        let bw = if hosts == 1 {
+            deep.intra_gbytes_per_s * 1e3
+        } else {
+            deep.nic_gbits_per_s / 8.0 * 1e3
+        };
+        for (piece, slices) in [(16usize << 10, 1usize), (1 << 20, 4), (4 << 20, 16)] {
+            let count = n * piece / 4;
+            let (p, l) = (
+                time(&deep, Coll::AllReduce, Algorithm::Ring, n, count),
+                time(&lock, Coll::AllReduce, Algorithm::Ring, n, count),
+            );
+            let s = (piece / slices) as f64;
+            let floor = (slices * 2 * (n - 1)) as f64 * (deep.step_us + s / bw);
+            if slices == 1 {
+                assert!(
+                    close(p, l),
+                    "{n} ranks, one slice: {p} us pipelined, {l} lockstep"
+                );
+            } else {
+                assert!(
+                    p < l,
+                    "{n} ranks, {slices} slices: {p} us pipelined, {l} lockstep"
+                );
+            }
+            assert!(
+                p >= floor,
+                "{n} ranks, {slices} slices: {p} us, below the floor {floor}"
+            );
+        }
     }
 }
 

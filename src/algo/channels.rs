@@ -87,6 +87,7 @@ mod tests {
             rank: 1,
             size: 3,
             slice: 5,
+            depth: 2,
         };
         let mut one = ring::all_reduce(p, 37);
         one.steps.push(crate::algo::token(Prim::Send, 0, 7));

@@ -1080,7 +1080,12 @@ mod tests {
     }
 
     fn p(rank: usize, size: usize, slice: usize) -> RingParams {
-        RingParams { rank, size, slice }
+        RingParams {
+            rank,
+            size,
+            slice,
+            depth: 1,
+        }
     }
 
     /// Schedules of every shape the algorithms make, for `n` ranks.

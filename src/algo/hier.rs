@@ -151,7 +151,11 @@ enum Pass {
 /// `ring` does per slice); a missing or empty unit is left out on every
 /// rank alike, since all ranks build the same blocks. `local` says where
 /// the data already is: the input (first pass of a call) or the output (a
-/// later pass). Tags are `tag_base` plus the transfer's number.
+/// later pass). Tags are `tag_base` plus the transfer's number. Units are
+/// pipelined `depth` deep as `ring` pipelines slices (hop `k` of unit `u`
+/// at tick `u * ceil(K / depth) + k`, `K` the hops of a unit; the older
+/// unit first within a tick), so the same room rule holds: `depth` below
+/// the connections' slots.
 fn ring_pass(
     out: &mut Schedule,
     members: &[usize],
@@ -159,7 +163,7 @@ fn ring_pass(
     blocks: &[Vec<Unit>],
     pass: Pass,
     local: Operand,
-    tag_base: u32,
+    (tag_base, depth): (u32, usize),
 ) {
     let m = members.len();
     if m == 1 {
@@ -178,6 +182,12 @@ fn ring_pass(
     let back = |k: usize| (pos + m - k % m) % m;
     let units = blocks.iter().map(Vec::len).max().unwrap_or(0);
     let per = 2 * m as u32;
+    let hops: u64 = match pass {
+        Pass::AllReduce => 2 * m as u64 - 1,
+        Pass::ReduceScatter | Pass::AllGather => m as u64,
+    };
+    let cadence = hops.div_ceil(depth.max(1) as u64).max(1);
+    let mut timeline = Timeline::default();
     for u in 0..units {
         let base = tag_base.wrapping_add((u as u32).wrapping_mul(per));
         let mut hop = |k: usize, prim: Prim, block: usize| {
@@ -187,19 +197,25 @@ fn ring_pass(
             if unit.len == 0 {
                 return;
             }
+            let tick = u as u64 * cadence + k as u64;
             let k = k as u32;
-            out.push(Step {
-                prim,
-                local,
-                send_to: if prim.sends() { next } else { NO_PEER },
-                recv_from: if prim.receives() { prev } else { NO_PEER },
-                input: unit.input,
-                output: unit.output,
-                len: unit.len,
-                send_tag: base.wrapping_add(k),
-                recv_tag: base.wrapping_add(k.wrapping_sub(1)),
-                channel: 0,
-            });
+            timeline.at(
+                tick,
+                u as i64,
+                0,
+                Step {
+                    prim,
+                    local,
+                    send_to: if prim.sends() { next } else { NO_PEER },
+                    recv_from: if prim.receives() { prev } else { NO_PEER },
+                    input: unit.input,
+                    output: unit.output,
+                    len: unit.len,
+                    send_tag: base.wrapping_add(k),
+                    recv_tag: base.wrapping_add(k.wrapping_sub(1)),
+                    channel: 0,
+                },
+            );
         };
         match pass {
             Pass::ReduceScatter | Pass::AllReduce => {
@@ -231,6 +247,7 @@ fn ring_pass(
             }
         }
     }
+    out.steps.extend(timeline.into_schedule().steps);
 }
 
 /// Tag bases of the phases: far apart, so that a frame of one phase met
@@ -265,10 +282,17 @@ fn class_parts(map: &HostMap, count: usize, slice: usize, c: usize) -> Vec<Vec<U
 }
 
 /// Allreduce of `count` elements on rank `rank` of `map`, slices of at
-/// most `slice` elements: reduce-scatter inside the host, a ring allreduce
-/// across hosts per class, allgather inside the host. Works in place too
-/// (every step reads a range before any step writes it, as the ring).
-pub fn all_reduce(map: &HostMap, rank: usize, count: usize, slice: usize) -> Schedule {
+/// most `slice` elements, each phase's ring passes `depth` slices deep
+/// (`ring::RingParams::depth`): reduce-scatter inside the host, a ring
+/// allreduce across hosts per class, allgather inside the host. Works in
+/// place too (every step reads a range before any step writes it, as the
+/// ring). The phases still run one after the other.
+pub fn all_reduce(
+    map: &HostMap,
+    rank: usize,
+    count: usize,
+    (slice, depth): (usize, usize),
+) -> Schedule {
     let mut out = Schedule::default();
     let h = map.host_of[rank];
     let host = &map.members[h];
@@ -295,7 +319,7 @@ pub fn all_reduce(map: &HostMap, rank: usize, count: usize, slice: usize) -> Sch
         &blocks,
         Pass::ReduceScatter,
         Operand::Input,
-        TAG_INTRA_FIRST,
+        (TAG_INTRA_FIRST, depth),
     );
     for (c, p) in parts.iter().enumerate() {
         if map.carrier(h, c) != rank {
@@ -309,7 +333,10 @@ pub fn all_reduce(map: &HostMap, rank: usize, count: usize, slice: usize) -> Sch
             p,
             Pass::AllReduce,
             Operand::Output,
-            TAG_INTER.wrapping_add(TAG_CLASS.wrapping_mul(c as u32)),
+            (
+                TAG_INTER.wrapping_add(TAG_CLASS.wrapping_mul(c as u32)),
+                depth,
+            ),
         );
     }
     ring_pass(
@@ -319,7 +346,7 @@ pub fn all_reduce(map: &HostMap, rank: usize, count: usize, slice: usize) -> Sch
         &blocks,
         Pass::AllGather,
         Operand::Output,
-        TAG_INTRA_LAST,
+        (TAG_INTRA_LAST, depth),
     );
     out
 }
@@ -328,8 +355,13 @@ pub fn all_reduce(map: &HostMap, rank: usize, count: usize, slice: usize) -> Sch
 /// output, on rank `rank` of `map`: across hosts first (class `c` is the
 /// blocks of the ranks of local index `c`; its ring runs through the
 /// carriers of `c`), then inside the host, each rank passing on the
-/// blocks it gathered.
-pub fn all_gather(map: &HostMap, rank: usize, count: usize, slice: usize) -> Schedule {
+/// blocks it gathered; passes `depth` slices deep, as [`all_reduce`]'s.
+pub fn all_gather(
+    map: &HostMap,
+    rank: usize,
+    count: usize,
+    (slice, depth): (usize, usize),
+) -> Schedule {
     let mut out = Schedule::default();
     let h = map.host_of[rank];
     let host = &map.members[h];
@@ -371,7 +403,10 @@ pub fn all_gather(map: &HostMap, rank: usize, count: usize, slice: usize) -> Sch
             &blocks,
             Pass::AllGather,
             local,
-            TAG_INTER.wrapping_add(TAG_CLASS.wrapping_mul(c as u32)),
+            (
+                TAG_INTER.wrapping_add(TAG_CLASS.wrapping_mul(c as u32)),
+                depth,
+            ),
         );
     }
     // Inside the host, local rank i passes on every block of the classes
@@ -391,7 +426,7 @@ pub fn all_gather(map: &HostMap, rank: usize, count: usize, slice: usize) -> Sch
         &blocks,
         Pass::AllGather,
         Operand::Output,
-        TAG_INTRA_LAST,
+        (TAG_INTRA_LAST, depth),
     );
     out
 }
@@ -549,7 +584,12 @@ fn first_free_starts(map: &HostMap, prefix: &[usize]) -> Vec<u64> {
 /// sum for every rank elsewhere), where the flat ring sends `n - 1`
 /// through one rank at the host's edge. It is reduce-scatter inside each
 /// host, then across hosts, pipelined, with the ring's `n - 1` hops.
-pub fn reduce_scatter(map: &HostMap, rank: usize, count: usize, slice: usize) -> Schedule {
+pub fn reduce_scatter(
+    map: &HostMap,
+    rank: usize,
+    count: usize,
+    (slice, depth): (usize, usize),
+) -> Schedule {
     let n = map.ranks();
     let slice = slice.max(1);
     let slices = count.div_ceil(slice);
@@ -562,14 +602,19 @@ pub fn reduce_scatter(map: &HostMap, rank: usize, count: usize, slice: usize) ->
     }
     let prefix = map.prefix();
     let starts = chain_starts(map, &prefix);
-    // Ticks one slice's pass spans; passes run one after the other.
+    // Ticks one slice's pass spans; slice `s + 1` starts `span / depth`
+    // ticks after slice `s` (pipelined as `ring` pipelines its slices; the
+    // older slice first within a tick). Tags number the hop as if the
+    // passes ran one after the other, so they stay unique per link.
     let span = starts.iter().copied().max().unwrap_or(0) + n as u64;
+    let cadence = span.div_ceil(depth.max(1) as u64).max(1);
     let pos: Vec<ChainPos> = (0..n).map(|d| map.chain_pos(&prefix, d, rank)).collect();
     let mut timeline = Timeline::default();
     for s in 0..slices {
         let (rel, len) = slice_of((0, count), s, slice);
         for (d, p) in pos.iter().enumerate() {
-            let tick = s as u64 * span + starts[d] + p.k as u64;
+            let hop = s as u64 * span + starts[d] + p.k as u64;
+            let tick = s as u64 * cadence + starts[d] + p.k as u64;
             let prim = if p.k == 0 {
                 Prim::Send
             } else if p.k + 1 == n {
@@ -580,7 +625,7 @@ pub fn reduce_scatter(map: &HostMap, rank: usize, count: usize, slice: usize) ->
             let tag = |t: u64| TAG_SCATTER.wrapping_add(t as u32);
             timeline.at(
                 tick,
-                0,
+                s as i64,
                 d,
                 Step {
                     prim,
@@ -590,8 +635,8 @@ pub fn reduce_scatter(map: &HostMap, rank: usize, count: usize, slice: usize) ->
                     input: d * count + rel,
                     output: rel,
                     len,
-                    send_tag: tag(tick),
-                    recv_tag: tag(tick.wrapping_sub(1)),
+                    send_tag: tag(hop),
+                    recv_tag: tag(hop.wrapping_sub(1)),
                     channel: 0,
                 },
             );
@@ -642,7 +687,7 @@ mod tests {
         in_len: usize,
         out_len: usize,
         in_place: bool,
-        channels: usize,
+        (channels, depth): (usize, usize),
     ) -> Result<Vec<Vec<f64>>, String> {
         let n = map.ranks();
         let schedules: Vec<Schedule> = (0..n)
@@ -656,7 +701,15 @@ mod tests {
         } else {
             vec![vec![f64::NAN; out_len]; n]
         };
-        sim::run_with(&schedules, &inputs, &mut outputs, in_place, 2, sim::add_f32)?;
+        // One slot more than the passes' depth: the least they fit in.
+        sim::run_with(
+            &schedules,
+            &inputs,
+            &mut outputs,
+            in_place,
+            depth + 1,
+            sim::add_f32,
+        )?;
         Ok(outputs)
     }
 
@@ -684,16 +737,18 @@ mod tests {
             let n = map.ranks();
             for count in [0usize, 1, 7, 64, 157] {
                 for slice in [1usize, 5, 1000] {
-                    for (in_place, ch) in [(false, 1), (true, 1), (false, 3)] {
+                    for (in_place, ch, depth) in [(false, 1, 1), (true, 1, 3), (false, 3, 2)] {
                         let outs = run(
                             &map,
-                            |r| all_reduce(&map, r, count, slice),
+                            |r| all_reduce(&map, r, count, (slice, depth)),
                             count,
                             count,
                             in_place,
-                            ch,
+                            (ch, depth),
                         )
-                        .unwrap_or_else(|e| panic!("{sizes:?} count {count} slice {slice}: {e}"));
+                        .unwrap_or_else(|e| {
+                            panic!("{sizes:?} count {count} slice {slice} depth {depth}: {e}")
+                        });
                         for (i, got) in outs[0].iter().enumerate() {
                             let want: f64 = (0..n).map(|r| value(r, i)).sum();
                             assert_eq!(
@@ -722,7 +777,9 @@ mod tests {
             let map = HostMap::from_sizes(&sizes);
             let n = map.ranks();
             let count = 300;
-            let schedules: Vec<Schedule> = (0..n).map(|r| all_reduce(&map, r, count, 17)).collect();
+            let schedules: Vec<Schedule> = (0..n)
+                .map(|r| all_reduce(&map, r, count, (17, 1)))
+                .collect();
             let frac = |r: usize, i: usize| 1.0 / (1 + r * 3 + i) as f64;
             let inputs: Vec<Vec<f64>> = (0..n)
                 .map(|r| (0..count).map(|i| f64::from(frac(r, i) as f32)).collect())
@@ -749,14 +806,14 @@ mod tests {
             let n = map.ranks();
             for count in [0usize, 1, 9, 40] {
                 for slice in [1usize, 4, 1000] {
-                    for ch in [1, 3] {
+                    for (ch, depth) in [(1, 1), (1, 3), (3, 2)] {
                         let outs = run(
                             &map,
-                            |r| all_gather(&map, r, count, slice),
+                            |r| all_gather(&map, r, count, (slice, depth)),
                             count,
                             count * n,
                             false,
-                            ch,
+                            (ch, depth),
                         )
                         .unwrap_or_else(|e| panic!("{sizes:?} count {count} slice {slice}: {e}"));
                         for (r, o) in outs.iter().enumerate() {
@@ -784,18 +841,26 @@ mod tests {
         let count = 23;
         let outs = run(
             &map,
-            |r| all_reduce(&map, r, count, 3),
+            |r| all_reduce(&map, r, count, (3, 3)),
             count,
             count,
             false,
-            1,
+            (1, 3),
         )
         .unwrap();
         for i in 0..count {
             let want: f64 = (0..n).map(|r| value(r, i)).sum();
             assert!(outs.iter().all(|o| o[i] == want), "element {i}");
         }
-        let outs = run(&map, |r| all_gather(&map, r, 5, 2), 5, 5 * n, false, 1).unwrap();
+        let outs = run(
+            &map,
+            |r| all_gather(&map, r, 5, (2, 1)),
+            5,
+            5 * n,
+            false,
+            (1, 1),
+        )
+        .unwrap();
         for o in &outs {
             for d in 0..n {
                 for i in 0..5 {
@@ -818,7 +883,7 @@ mod tests {
         let leaving = |h: usize| -> usize {
             map.members(h)
                 .iter()
-                .flat_map(|&r| all_reduce(&map, r, count, 10).steps)
+                .flat_map(|&r| all_reduce(&map, r, count, (10, 1)).steps)
                 .filter(|s| s.prim.sends() && map.host_of[s.send_to] != h)
                 .map(|s| s.len)
                 .sum()
@@ -837,10 +902,16 @@ mod tests {
     /// Reduce-scatter on `map` for `count` elements a rank: every rank's
     /// result (out of place: its output; in place: block `rank` of its
     /// buffer, where the caller points the output) against the f64 sum.
-    fn check_reduce_scatter(map: &HostMap, count: usize, slice: usize, in_place: bool, ch: usize) {
+    fn check_reduce_scatter(
+        map: &HostMap,
+        count: usize,
+        slice: usize,
+        in_place: bool,
+        (ch, depth): (usize, usize),
+    ) {
         let n = map.ranks();
         let build = |r: usize| {
-            let mut s = reduce_scatter(map, r, count, slice);
+            let mut s = reduce_scatter(map, r, count, (slice, depth));
             if in_place {
                 for step in &mut s.steps {
                     step.output += r * count;
@@ -848,8 +919,10 @@ mod tests {
             }
             s
         };
-        let what = format!("{map:?} count {count} slice {slice} in place {in_place} channels {ch}");
-        let outs = run(map, build, count * n, count, in_place, ch)
+        let what = format!(
+            "{map:?} count {count} slice {slice} in place {in_place} channels {ch} depth {depth}"
+        );
+        let outs = run(map, build, count * n, count, in_place, (ch, depth))
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         for (r, o) in outs.iter().enumerate() {
             let at = if in_place { r * count } else { 0 };
@@ -872,8 +945,8 @@ mod tests {
             let map = HostMap::from_sizes(&sizes);
             for count in [0usize, 1, 7, 40] {
                 for slice in [1usize, 3, 1000] {
-                    for (in_place, ch) in [(false, 1), (true, 1), (false, 3)] {
-                        check_reduce_scatter(&map, count, slice, in_place, ch);
+                    for (in_place, ch, depth) in [(false, 1, 1), (true, 1, 3), (false, 3, 2)] {
+                        check_reduce_scatter(&map, count, slice, in_place, (ch, depth));
                     }
                 }
             }
@@ -886,10 +959,10 @@ mod tests {
     fn reduce_scatter_on_interleaved_and_larger_layouts() {
         let interleaved = HostMap::from_ids(&[0, 1, 0, 1, 2, 0, 2]);
         for (in_place, ch) in [(false, 1), (true, 1), (false, 2)] {
-            check_reduce_scatter(&interleaved, 9, 4, in_place, ch);
+            check_reduce_scatter(&interleaved, 9, 4, in_place, (ch, 2));
         }
         let mixed = HostMap::from_ids(&[3, 1, 1, 2, 3, 3, 0, 2, 1, 3, 0]);
-        check_reduce_scatter(&mixed, 5, 2, true, 1);
+        check_reduce_scatter(&mixed, 5, 2, true, (1, 3));
         for sizes in [
             vec![8; 32],
             vec![32; 8],
@@ -897,7 +970,7 @@ mod tests {
             vec![20, 13, 31, 7, 25],
             vec![1, 40, 3, 40],
         ] {
-            check_reduce_scatter(&HostMap::from_sizes(&sizes), 3, 2, false, 1);
+            check_reduce_scatter(&HostMap::from_sizes(&sizes), 3, 2, false, (1, 2));
         }
     }
 
@@ -931,7 +1004,7 @@ mod tests {
                 let steps: Vec<Step> = map
                     .members(h)
                     .iter()
-                    .flat_map(|&r| reduce_scatter(&map, r, count, 3).steps)
+                    .flat_map(|&r| reduce_scatter(&map, r, count, (3, 1)).steps)
                     .filter(|s| s.prim.sends() && map.host_of[s.send_to] != h)
                     .collect();
                 let m = map.members(h).len();

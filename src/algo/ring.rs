@@ -4,12 +4,42 @@
 //! and barrier (two laps of an empty token).
 //!
 //! Data is cut into `n` pieces (one per rank) and each piece into slices of
-//! at most `slice` elements; a whole ring pass runs on slice 0 of every
-//! piece, then slice 1, and so on, so that consecutive slices overlap on the
-//! wire. A step whose slice is empty is left out on every rank alike, since
-//! all ranks compute the same lengths.
+//! at most `slice` elements; each slice makes a ring pass (`K` hops: `2(n -
+//! 1)` for allreduce, `n - 1` for reduce-scatter and allgather). A step
+//! whose slice is empty is left out on every rank alike, since all ranks
+//! compute the same lengths.
+//!
+//! # Pipelined slices
+//!
+//! With `depth` 1 a rank runs slice 0's whole pass, then slice 1's: every
+//! hop of every slice waits for the previous hop's frame to arrive, so a
+//! call pays the link's latency `slices x K` times. With `depth` `D > 1`
+//! slice `s + 1` starts `ceil(K / D)` hops after slice `s` (hop `k` of
+//! slice `s` runs at tick `s * ceil(K / D) + k`; within a tick the older
+//! slice first), so up to `D` slices are in flight and a rank works on one
+//! while the next one's frame travels: the latency is paid about `K +
+//! slices` times. Slices touch disjoint ranges, so interleaving them keeps
+//! in-place calls correct; a sender and its receiver order their shared
+//! frames alike (every rank uses the same ticks), and tags stay unique per
+//! slice and hop.
+//!
+//! Room: between two hops of one slice a rank runs at most `D - 1` steps of
+//! other slices, so a send never waits for a slot that its receiver frees
+//! only at or after the sender's own position when `D` is below the slots
+//! per connection ([`pipeline_depth`] keeps it so; `slots >= 2`, so `D = 1`
+//! always fits).
 
-use super::{partition, slice_of, Operand, Prim, Schedule, Step, NO_PEER};
+use super::{partition, slice_of, Operand, Prim, Schedule, Step, Timeline, NO_PEER};
+
+/// Most slices in flight: beyond a few, more hide no more latency and only
+/// hold slots.
+pub const MAX_DEPTH: usize = 4;
+
+/// Slices in flight for connections of `slots` slots a direction: at most
+/// `slots - 1` (see the module's "Room"), at most [`MAX_DEPTH`], at least 1.
+pub fn pipeline_depth(slots: usize) -> usize {
+    slots.saturating_sub(1).clamp(1, MAX_DEPTH)
+}
 
 /// Common inputs of a ring schedule.
 #[derive(Debug, Clone, Copy)]
@@ -20,6 +50,9 @@ pub struct RingParams {
     pub size: usize,
     /// Largest slice in elements (bounded by the slot size).
     pub slice: usize,
+    /// Slices in flight (see "Pipelined slices"); 1 runs them one after
+    /// the other. Must be below the connections' slots a direction.
+    pub depth: usize,
 }
 
 impl RingParams {
@@ -38,16 +71,34 @@ impl RingParams {
     }
 }
 
-/// Appends steps, numbering the transfers of each slice so that a frame's
-/// tag on the sender equals the tag its receiver expects.
-struct Emitter<'a> {
+/// Collects steps, numbering the transfers of each slice so that a frame's
+/// tag on the sender equals the tag its receiver expects, and orders them by
+/// tick (see "Pipelined slices").
+struct Emitter {
     p: RingParams,
-    out: &'a mut Schedule,
+    out: Timeline,
     /// Transfers per slice, to make tags unique across slices.
     per_slice: u32,
+    /// Ticks between the starts of two consecutive slices.
+    cadence: u64,
 }
 
-impl Emitter<'_> {
+impl Emitter {
+    /// An emitter for passes of `hops` hops a slice.
+    fn new(p: RingParams, hops: u32) -> Emitter {
+        let depth = p.depth.max(1) as u64;
+        Emitter {
+            p,
+            out: Timeline::default(),
+            per_slice: hops,
+            cadence: u64::from(hops).div_ceil(depth).max(1),
+        }
+    }
+
+    fn finish(self) -> Schedule {
+        self.out.into_schedule()
+    }
+
     /// Emit `prim` as the `k`-th hop of slice `s`: it receives transfer
     /// `k - 1` and sends transfer `k`.
     #[allow(clippy::too_many_arguments)]
@@ -56,22 +107,28 @@ impl Emitter<'_> {
             return;
         }
         let base = (s as u32).wrapping_mul(self.per_slice);
-        self.out.push(Step {
-            local: Operand::Input,
-            prim,
-            send_to: if prim.sends() { self.p.next() } else { NO_PEER },
-            recv_from: if prim.receives() {
-                self.p.prev()
-            } else {
-                NO_PEER
+        let tick = s as u64 * self.cadence + u64::from(k);
+        self.out.at(
+            tick,
+            s as i64,
+            0,
+            Step {
+                local: Operand::Input,
+                prim,
+                send_to: if prim.sends() { self.p.next() } else { NO_PEER },
+                recv_from: if prim.receives() {
+                    self.p.prev()
+                } else {
+                    NO_PEER
+                },
+                input,
+                output,
+                len,
+                send_tag: base.wrapping_add(k),
+                recv_tag: base.wrapping_add(k.wrapping_sub(1)),
+                channel: 0,
             },
-            input,
-            output,
-            len,
-            send_tag: base.wrapping_add(k),
-            recv_tag: base.wrapping_add(k.wrapping_sub(1)),
-            channel: 0,
-        });
+        );
     }
 }
 
@@ -101,14 +158,9 @@ pub fn all_reduce(p: RingParams, count: usize) -> Schedule {
     if n == 1 {
         return local_copy(count);
     }
-    let mut out = Schedule::default();
     let piece = |c: usize| partition(count, n, c);
     let slices = p.slices(piece(0).1);
-    let mut e = Emitter {
-        p,
-        out: &mut out,
-        per_slice: 2 * (n as u32 - 1),
-    };
+    let mut e = Emitter::new(p, 2 * (n as u32 - 1));
     for s in 0..slices {
         let at = |c: usize| slice_of(piece(c), s, p.slice);
         let mut k = 0u32;
@@ -131,7 +183,7 @@ pub fn all_reduce(p: RingParams, count: usize) -> Schedule {
         let (off, len) = at(p.back(n - 1));
         e.hop(Prim::Recv, s, k, off, off, len);
     }
-    out
+    e.finish()
 }
 
 /// Reduce-scatter: input holds `n` blocks of `count`; rank r's output gets
@@ -141,13 +193,8 @@ pub fn reduce_scatter(p: RingParams, count: usize) -> Schedule {
     if n == 1 {
         return local_copy(count);
     }
-    let mut out = Schedule::default();
     let slices = p.slices(count);
-    let mut e = Emitter {
-        p,
-        out: &mut out,
-        per_slice: n as u32 - 1,
-    };
+    let mut e = Emitter::new(p, n as u32 - 1);
     for s in 0..slices {
         let (rel, len) = slice_of((0, count), s, p.slice);
         let block = |c: usize| c * count + rel;
@@ -160,7 +207,7 @@ pub fn reduce_scatter(p: RingParams, count: usize) -> Schedule {
         k += 1;
         e.hop(Prim::RecvReduceCopy, s, k, block(p.rank), rel, len);
     }
-    out
+    e.finish()
 }
 
 /// Allgather: each rank's `count` input elements land in block `rank` of
@@ -170,13 +217,8 @@ pub fn all_gather(p: RingParams, count: usize) -> Schedule {
     if n == 1 {
         return local_copy(count);
     }
-    let mut out = Schedule::default();
     let slices = p.slices(count);
-    let mut e = Emitter {
-        p,
-        out: &mut out,
-        per_slice: n as u32 - 1,
-    };
+    let mut e = Emitter::new(p, n as u32 - 1);
     for s in 0..slices {
         let (rel, len) = slice_of((0, count), s, p.slice);
         let block = |c: usize| c * count + rel;
@@ -189,7 +231,7 @@ pub fn all_gather(p: RingParams, count: usize) -> Schedule {
         k += 1;
         e.hop(Prim::Recv, s, k, 0, block(p.back(n - 1)), len);
     }
-    out
+    e.finish()
 }
 
 /// A chain through the ring in which each link carries one frame per slice

@@ -225,7 +225,17 @@ mod tests {
     }
 
     fn params(rank: usize, size: usize, slice: usize) -> RingParams {
-        RingParams { rank, size, slice }
+        deep(rank, size, slice, 1)
+    }
+
+    /// Ring passes `depth` slices deep.
+    fn deep(rank: usize, size: usize, slice: usize, depth: usize) -> RingParams {
+        RingParams {
+            rank,
+            size,
+            slice,
+            depth,
+        }
     }
 
     const SIZES: [usize; 9] = [1, 2, 3, 4, 5, 6, 7, 8, 9];
@@ -244,9 +254,11 @@ mod tests {
             for count in counts(n) {
                 for slice in SLICES {
                     for cap in CAPS {
+                        // As deep as the library runs over `cap` slots.
+                        let depth = ring::pipeline_depth(cap);
                         for in_place in [false, true] {
                             let sched: Vec<_> = (0..n)
-                                .map(|r| ring::all_reduce(params(r, n, slice), count))
+                                .map(|r| ring::all_reduce(deep(r, n, slice, depth), count))
                                 .collect();
                             let inputs: Vec<Vec<f64>> = (0..n)
                                 .map(|r| (0..count).map(|i| value(r, i)).collect())
@@ -257,7 +269,7 @@ mod tests {
                                 vec![vec![f64::NAN; count]; n]
                             };
                             run(&sched, &inputs, &mut outputs, in_place, cap).unwrap_or_else(|e| {
-                                panic!("n={n} count={count} slice={slice} cap={cap}: {e}")
+                                panic!("n={n} count={count} slice={slice} cap={cap} depth={depth}: {e}")
                             });
                             for out in &outputs {
                                 for (i, v) in out.iter().enumerate() {
@@ -272,19 +284,91 @@ mod tests {
         }
     }
 
+    /// Pipelined passes at every depth over links of one slot more than
+    /// the depth (`ring`'s "Room"): right results, no deadlock, with many
+    /// slices (slice 1 and 3 of 100 elements a piece and more).
     #[test]
-    fn ring_reduce_scatter_and_all_gather() {
-        for n in SIZES {
-            for count in counts(n) {
-                for slice in SLICES {
+    fn pipelined_ring_passes_fit_in_one_slot_more_than_their_depth() {
+        for depth in 1..=6 {
+            let cap = depth + 1;
+            for n in [2usize, 3, 4, 7] {
+                for (count, slice) in [(100usize, 3usize), (37, 1), (n * 50, 7)] {
+                    let ar: Vec<_> = (0..n)
+                        .map(|r| ring::all_reduce(deep(r, n, slice, depth), count))
+                        .collect();
+                    let inputs: Vec<Vec<f64>> = (0..n)
+                        .map(|r| (0..count).map(|i| value(r, i)).collect())
+                        .collect();
+                    for in_place in [false, true] {
+                        let mut outputs = if in_place {
+                            inputs.clone()
+                        } else {
+                            vec![vec![f64::NAN; count]; n]
+                        };
+                        run(&ar, &inputs, &mut outputs, in_place, cap).unwrap_or_else(|e| {
+                            panic!("allreduce depth={depth} n={n} count={count}: {e}")
+                        });
+                        for out in &outputs {
+                            for (i, v) in out.iter().enumerate() {
+                                let want: f64 = (0..n).map(|r| value(r, i)).sum();
+                                assert_eq!(*v, want, "depth={depth} n={n} i={i}");
+                            }
+                        }
+                    }
                     let rs: Vec<_> = (0..n)
-                        .map(|r| ring::reduce_scatter(params(r, n, slice), count))
+                        .map(|r| ring::reduce_scatter(deep(r, n, slice, depth), count))
                         .collect();
                     let inputs: Vec<Vec<f64>> = (0..n)
                         .map(|r| (0..count * n).map(|i| value(r, i)).collect())
                         .collect();
                     let mut outputs = vec![vec![f64::NAN; count]; n];
-                    run(&rs, &inputs, &mut outputs, false, 2).unwrap();
+                    run(&rs, &inputs, &mut outputs, false, cap).unwrap();
+                    for (rank, out) in outputs.iter().enumerate() {
+                        for (i, v) in out.iter().enumerate() {
+                            let want: f64 = (0..n).map(|r| value(r, rank * count + i)).sum();
+                            assert_eq!(*v, want, "reduce_scatter depth={depth} n={n}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Why the depth stays below the slots: a ring 4 slices deep over
+    /// links of 2 slots deadlocks (every rank waits to send into a full
+    /// link whose receiver waits to send too).
+    #[test]
+    fn a_ring_deeper_than_its_slots_deadlocks() {
+        let n = 3;
+        let count = 37;
+        let sched: Vec<_> = (0..n)
+            .map(|r| ring::all_reduce(deep(r, n, 1, 4), count))
+            .collect();
+        let inputs: Vec<Vec<f64>> = (0..n)
+            .map(|r| (0..count).map(|i| value(r, i)).collect())
+            .collect();
+        let mut outputs = vec![vec![f64::NAN; count]; n];
+        let err = run(&sched, &inputs, &mut outputs, false, 2).unwrap_err();
+        assert!(err.contains("deadlock"), "{err}");
+        assert_eq!(ring::pipeline_depth(2), 1);
+        let mut outputs = vec![vec![f64::NAN; count]; n];
+        run(&sched, &inputs, &mut outputs, false, 5).unwrap();
+    }
+
+    #[test]
+    fn ring_reduce_scatter_and_all_gather() {
+        for n in SIZES {
+            for count in counts(n) {
+                for (slice, cap) in SLICES.into_iter().flat_map(|s| CAPS.map(|c| (s, c))) {
+                    let depth = ring::pipeline_depth(cap);
+                    let rs: Vec<_> = (0..n)
+                        .map(|r| ring::reduce_scatter(deep(r, n, slice, depth), count))
+                        .collect();
+                    let inputs: Vec<Vec<f64>> = (0..n)
+                        .map(|r| (0..count * n).map(|i| value(r, i)).collect())
+                        .collect();
+                    let mut outputs = vec![vec![f64::NAN; count]; n];
+                    run(&rs, &inputs, &mut outputs, false, cap).unwrap();
                     for (rank, out) in outputs.iter().enumerate() {
                         for (i, v) in out.iter().enumerate() {
                             let want: f64 = (0..n).map(|r| value(r, rank * count + i)).sum();
@@ -293,13 +377,13 @@ mod tests {
                     }
 
                     let ag: Vec<_> = (0..n)
-                        .map(|r| ring::all_gather(params(r, n, slice), count))
+                        .map(|r| ring::all_gather(deep(r, n, slice, depth), count))
                         .collect();
                     let inputs: Vec<Vec<f64>> = (0..n)
                         .map(|r| (0..count).map(|i| value(r, i)).collect())
                         .collect();
                     let mut outputs = vec![vec![f64::NAN; count * n]; n];
-                    run(&ag, &inputs, &mut outputs, false, 2).unwrap();
+                    run(&ag, &inputs, &mut outputs, false, cap).unwrap();
                     for out in &outputs {
                         for (j, v) in out.iter().enumerate() {
                             assert_eq!(*v, value(j / count, j % count), "all_gather n={n}");

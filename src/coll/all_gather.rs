@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 /// `hosts` where given (and of this communicator's size), else the ring.
 fn schedule(g: Geometry, count: usize, hosts: Option<&HostMap>) -> crate::algo::Schedule {
     match hosts {
-        Some(h) if h.ranks() == g.size => hier::all_gather(h, g.rank, count, g.slice),
+        Some(h) if h.ranks() == g.size => hier::all_gather(h, g.rank, count, (g.slice, g.depth)),
         _ => ring::all_gather(g.ring(), count),
     }
 }

@@ -43,7 +43,12 @@ pub(crate) fn all_reduce(
                     &one
                 }
             };
-            Plan::new(hier::all_reduce(hosts, g.rank, send_len, g.slice))
+            Plan::new(hier::all_reduce(
+                hosts,
+                g.rank,
+                send_len,
+                (g.slice, g.depth),
+            ))
         }
     })
 }

@@ -8,12 +8,14 @@ use super::{confirmation, plan, CollCall, CollKind, Geometry};
 use crate::algo::{sim, Algorithm, Schedule};
 use crate::element::ReduceOp;
 
-/// Every rank's schedule of `call` on `n` ranks, with or without the
-/// confirmation the planner appends where the ranks share no control pages.
+/// Every rank's schedule of `call` on `n` ranks over links of `slots`
+/// slots (ring passes as deep as a communicator runs them there), with or
+/// without the confirmation the planner appends where the ranks share no
+/// control pages.
 fn schedules(
     call: &CollCall,
     n: usize,
-    slice: usize,
+    (slice, slots): (usize, usize),
     algo: Algorithm,
     confirm: bool,
 ) -> Vec<Schedule> {
@@ -23,6 +25,7 @@ fn schedules(
                 rank,
                 size: n,
                 slice,
+                depth: crate::algo::ring::pipeline_depth(slots),
             };
             let mut s = plan(call, g, algo).expect("a valid call").schedule;
             if confirm && crate::plan::confirms(call.kind, call.count, n) {
@@ -65,8 +68,8 @@ fn with_its_confirmation_every_rank_of_every_call_knows_every_other_ran_it() {
         for c in [0, 1, 5, 13] {
             for call in calls(n, c) {
                 for algo in Algorithm::ALL {
-                    for (slice, cap) in [(2, 2), (4, 8), (1000, 2)] {
-                        let all = schedules(&call, n, slice, algo, true);
+                    for (slice, cap) in [(2, 2), (4, 8), (1, 3), (1000, 2)] {
+                        let all = schedules(&call, n, (slice, cap), algo, true);
                         let informed = sim::knowledge(&all, cap)
                             .unwrap_or_else(|e| panic!("{:?} n={n} c={c} {algo}: {e}", call.kind));
                         let blind: Vec<usize> = (0..n).filter(|&r| !informed[r]).collect();
@@ -92,7 +95,7 @@ fn without_it_a_broadcast_or_reduce_leaves_a_rank_blind() {
                 continue;
             }
             for algo in [Algorithm::Ring, Algorithm::Tree] {
-                let all = schedules(&call, n, 2, algo, false);
+                let all = schedules(&call, n, (2, 2), algo, false);
                 let informed = sim::knowledge(&all, 2).unwrap();
                 assert!(
                     informed.iter().any(|&i| !i),

@@ -10,7 +10,9 @@ use crate::error::{Error, Result};
 /// size), else the ring.
 fn schedule(g: Geometry, count: usize, hosts: Option<&HostMap>) -> Schedule {
     match hosts {
-        Some(h) if h.ranks() == g.size => hier::reduce_scatter(h, g.rank, count, g.slice),
+        Some(h) if h.ranks() == g.size => {
+            hier::reduce_scatter(h, g.rank, count, (g.slice, g.depth))
+        }
         _ => ring::reduce_scatter(g.ring(), count),
     }
 }
@@ -72,9 +74,10 @@ mod tests {
                 rank,
                 size: 4,
                 slice: 8,
+                depth: 2,
             };
             let ring = ring::reduce_scatter(g.ring(), count);
-            let hier = hier::reduce_scatter(&two, rank, count, 8);
+            let hier = hier::reduce_scatter(&two, rank, count, (8, 2));
             assert_ne!(ring, hier);
             let out = CollCall::new(CollKind::ReduceScatter, count, 4 * count, count);
             let inp = CollCall {

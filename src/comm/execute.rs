@@ -158,6 +158,9 @@ impl Inner {
                 plan::explain(call.kind, bytes, &facts, algorithm, &costs)
             );
         }
+        // Ring passes keep several slices in flight: the host's slots and
+        // the device FIFOs' bulk slots are both `config.steps` a direction
+        // (the device's LL lines are 8 a direction, above the depth cap).
         let geometry = plan::geometry(
             call.kind,
             algorithm,
@@ -165,7 +168,8 @@ impl Inner {
             count,
             elem,
             chunk_bytes,
-        );
+        )
+        .pipelined(inner.config.steps, inner.config.pipeline_depth);
         let mut plan = coll::plan_on(call, geometry, algorithm, Some(&inner.hosts))?;
         // Without control pages a broadcast or reduce (or a call of no
         // elements) confirms through frames of its own; with them, through

@@ -565,12 +565,15 @@ mod tests {
     }
 
     /// Slots of 128 bytes: 1013 elements make several slices on most rank
-    /// counts, and tails.
+    /// counts, and tails. The kernels' emulated FIFOs have as many slots
+    /// (`kernel_host`, `kernel_gpu`): the plans' ring passes are pipelined
+    /// as deep as `STEPS` allows, and fewer slots could deadlock them.
     const SLOT: usize = 128;
-    const STEPS: usize = 4;
-    /// The interpreter's FIFOs hold two frames: the least a schedule may
-    /// count on (see `Timeline`), stricter than the links' `STEPS`.
-    const CAP: usize = 2;
+    pub(super) const STEPS: usize = 4;
+    /// The interpreter's FIFOs hold as many frames as the links' slots:
+    /// the plans keep `STEPS - 1` ring slices in flight, which fewer could
+    /// deadlock (`algo::sim` holds the builders to two frames at depth 1).
+    const CAP: usize = STEPS;
 
     pub(super) fn configure(algo: Algorithm) -> impl Fn(&mut crate::config::Config) + Sync {
         move |config| {
@@ -1190,6 +1193,7 @@ mod tests {
             rank: r,
             size: n,
             slice: 16,
+            depth: 1,
         };
         let a = ring::all_reduce(p, half);
         let mut b = if tree_on_1 {
@@ -1433,10 +1437,9 @@ mod tests {
         );
         let err = run([vec![send(1, 3, 4)], vec![]]).unwrap_err().to_string();
         assert!(err.contains("1 from rank 0 to 1 on channel 0"), "{err}");
-        // Three frames into a FIFO of two, never drained: stuck on room.
-        let err = run([vec![send(1, 0, 1), send(1, 1, 1), send(1, 2, 1)], vec![]])
-            .unwrap_err()
-            .to_string();
+        // One frame more than a FIFO holds, never drained: stuck on room.
+        let sends = (0..=CAP as u32).map(|t| send(1, t, 1)).collect();
+        let err = run([sends, vec![]]).unwrap_err().to_string();
         assert!(err.contains("waits for room toward rank 1"), "{err}");
         // Buffers smaller than the program's extents are refused before
         // anything runs.
@@ -1468,6 +1471,7 @@ mod tests {
             rank: r,
             size: n,
             slice: 100,
+            depth: 1,
         };
         let programs: Vec<Program> = (0..n)
             .map(|r| {

@@ -419,6 +419,22 @@ pub(crate) fn slices(
         rank,
         size,
         slice: (slice_bytes / elem.max(1)).max(1),
+        depth: 1,
+    }
+}
+
+impl Geometry {
+    /// This geometry with its ring passes `forced` slices deep, or, for
+    /// `forced` 0, as deep as connections of `slots` slots a direction
+    /// allow (`ring::pipeline_depth`). The config refuses a forced depth
+    /// of `slots` or more.
+    pub(crate) fn pipelined(self, slots: usize, forced: usize) -> Geometry {
+        let depth = if forced > 0 {
+            forced
+        } else {
+            crate::algo::ring::pipeline_depth(slots)
+        };
+        Geometry { depth, ..self }
     }
 }
 

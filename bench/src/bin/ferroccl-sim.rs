@@ -47,6 +47,9 @@ options:
       --svg-sizes FILE      draw busbw against size (one line per ranks x algo)
       --svg-ranks FILE      draw busbw against ranks at the size of --at
       --at SIZE             size for --svg-ranks (default the largest)
+      --depth N             slices in flight in a ring pass (default: the
+                            library's rule for the model's slots, at most
+                            4; 1: each slice's pass after the previous one)
       --print-model         print the model's constants and exit
   -h, --help                print this help";
 
@@ -67,6 +70,7 @@ struct Args {
     svg_ranks: Option<String>,
     at: Option<usize>,
     print_model: bool,
+    depth: usize,
 }
 
 fn parse(argv: &[String]) -> Result<Option<Args>, String> {
@@ -87,6 +91,7 @@ fn parse(argv: &[String]) -> Result<Option<Args>, String> {
         svg_ranks: None,
         at: None,
         print_model: false,
+        depth: 0,
     };
     let mut i = 0;
     while i < argv.len() {
@@ -161,6 +166,13 @@ fn parse(argv: &[String]) -> Result<Option<Args>, String> {
             "--svg-ranks" => a.svg_ranks = Some(value()?),
             "--at" => a.at = Some(parse_size(&value()?)?),
             "--print-model" => a.print_model = true,
+            "--depth" => {
+                a.depth = value()?
+                    .parse()
+                    .ok()
+                    .filter(|&d: &usize| d >= 1)
+                    .ok_or_else(|| "--depth: a number, at least 1".to_string())?
+            }
             "--algo-file" => a.algo_file = Some(value()?),
             "--coll" | "--op" => {
                 let v = value()?;
@@ -190,6 +202,8 @@ fn parse(argv: &[String]) -> Result<Option<Args>, String> {
     if a.min > a.max {
         return Err("-b is above -e".into());
     }
+    // After every flag: --preset and --model replace the cluster.
+    a.cluster.depth = a.depth;
     Ok(Some(a))
 }
 

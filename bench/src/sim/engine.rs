@@ -576,10 +576,12 @@ mod tests {
                         let mut job = Job::new(n, ch);
                         let mut want = vec![Vec::new(); n * ch];
                         for rank in 0..n {
+                            // Pipelined passes (depth 3) on 3 channels.
                             let p = RingParams {
                                 rank,
                                 size: n,
                                 slice,
+                                depth: ch,
                             };
                             let s = channels::split(&build(p, count), ch);
                             job.add(rank, &s, 4).unwrap();

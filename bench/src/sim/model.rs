@@ -82,6 +82,12 @@ pub struct Cluster {
     /// a call takes as many as the device executor's rule gives
     /// (`ferroccl::planner::bulk_channels`). 1: the host executor.
     pub channels: usize,
+    /// Slices in flight in a ring pass (`ferroccl::algo::ring`'s
+    /// "Pipelined slices"); 0: the library's rule for `slots`
+    /// (`ring::pipeline_depth`). Not a model file key: `ferroccl-sim
+    /// --depth` sets it (1 runs each slice's pass after the previous one,
+    /// as the library did before it pipelined them).
+    pub depth: usize,
 }
 
 /// The links of a cluster are numbered; this says which a transfer uses.
@@ -167,6 +173,7 @@ impl Cluster {
             chunk_bytes: num("chunk_bytes", take("chunk_bytes")?)?,
             slots: num("slots", take("slots")?)?,
             channels: num("channels", take("channels")?)?,
+            depth: 0,
         };
         if let Some((k, _, line)) = seen.first() {
             return Err(format!("line {line}: unknown key '{k}'"));
@@ -210,6 +217,16 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// Slices in flight in a ring pass: `depth`, or the library's rule
+    /// for `slots`.
+    pub fn ring_depth(&self) -> usize {
+        if self.depth > 0 {
+            self.depth
+        } else {
+            ferroccl::algo::ring::pipeline_depth(self.slots)
+        }
     }
 
     /// The links of a cluster of `ranks` ranks: a port per rank and

@@ -26,7 +26,8 @@ pub fn algorithms(coll: Coll) -> &'static [Algorithm] {
 /// Rank `rank`'s schedule of `coll` by `algo` on `ranks` ranks, for a
 /// block of `count` elements of `elem` bytes (the whole buffer for
 /// allreduce, broadcast and reduce; one rank's block for allgather and
-/// reduce-scatter), root 0, over slots of `chunk_bytes`. `None` where the
+/// reduce-scatter), root 0, over slots of `chunk_bytes`, ring passes
+/// `depth` slices deep (`RingParams::depth`). `None` where the
 /// library has no such schedule. All ranks on one host (the hierarchical
 /// algorithm then runs inside it alone): [`schedule_on`] places them.
 pub fn schedule(
@@ -35,9 +36,17 @@ pub fn schedule(
     (rank, ranks): (usize, usize),
     count: usize,
     elem: usize,
-    chunk_bytes: usize,
+    (chunk_bytes, depth): (usize, usize),
 ) -> Option<Schedule> {
-    schedule_on(coll, algo, (rank, ranks), count, elem, chunk_bytes, ranks)
+    schedule_on(
+        coll,
+        algo,
+        (rank, ranks),
+        count,
+        elem,
+        (chunk_bytes, depth),
+        ranks,
+    )
 }
 
 /// [`schedule`] with the ranks on hosts of `per_host` ranks (rank `r` on
@@ -49,7 +58,7 @@ pub fn schedule_on(
     (rank, ranks): (usize, usize),
     count: usize,
     elem: usize,
-    chunk_bytes: usize,
+    (chunk_bytes, depth): (usize, usize),
     per_host: usize,
 ) -> Option<Schedule> {
     let hosts = || {
@@ -67,6 +76,7 @@ pub fn schedule_on(
         rank,
         size: ranks,
         slice,
+        depth,
     };
     Some(match (coll, algo) {
         (Coll::AllReduce, Algorithm::Ring) => ring::all_reduce(p, count),
@@ -77,13 +87,13 @@ pub fn schedule_on(
         (Coll::ReduceScatter, Algorithm::Ring) => ring::reduce_scatter(p, count),
         (Coll::AllGather, Algorithm::Ring) => ring::all_gather(p, count),
         (Coll::AllReduce, Algorithm::Hierarchical) => {
-            hier::all_reduce(&hosts(), rank, count, slice)
+            hier::all_reduce(&hosts(), rank, count, (slice, depth))
         }
         (Coll::AllGather, Algorithm::Hierarchical) => {
-            hier::all_gather(&hosts(), rank, count, slice)
+            hier::all_gather(&hosts(), rank, count, (slice, depth))
         }
         (Coll::ReduceScatter, Algorithm::Hierarchical) => {
-            hier::reduce_scatter(&hosts(), rank, count, slice)
+            hier::reduce_scatter(&hosts(), rank, count, (slice, depth))
         }
         (Coll::Broadcast, Algorithm::Ring) => ring::broadcast(p, count, 0),
         (Coll::Broadcast, Algorithm::Tree) => tree::broadcast(p, count, 0),
@@ -136,7 +146,7 @@ pub fn job_within(
             (rank, ranks),
             count,
             elem,
-            cluster.chunk_bytes,
+            (cluster.chunk_bytes, cluster.ring_depth()),
             cluster.ranks_per_host,
         )?;
         let split = channels::split(&one, channels);

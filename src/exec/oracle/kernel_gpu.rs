@@ -13,7 +13,7 @@
 //! the kernels built for the host.
 
 use super::kernel_host::judge;
-use super::tests::{check, grid, idle_image, reduces, sweep_runs, Case, RankRun};
+use super::tests::{check, grid, idle_image, reduces, sweep_runs, Case, RankRun, STEPS};
 use super::Buffers;
 use crate::algo::Algorithm;
 use crate::coll::CollKind;
@@ -23,11 +23,12 @@ use ferroccl_cuda::device::{DeviceBuf, DevicePtr, Engine, Stream};
 use ferroccl_cuda::executor::{self, Conn, Control, ExecLaunch, Protocol, CONTROL_BYTES};
 use std::time::{Duration, Instant};
 
-/// Slots as the host run's (the planner's 128-byte frames), LL cleaning
-/// every 5 frames, a production spin count between abort checks.
-const SLOTS: u32 = 2;
+/// Slots as the host run's (`STEPS` of the planner's 128-byte frames, for
+/// both protocols: its plans keep `STEPS - 1` slices in flight), LL
+/// cleaning every 5 frames, a production spin count between abort checks.
+const SLOTS: u32 = STEPS as u32;
 const SLOT_BYTES: u32 = 128;
-const LL_SLOTS: u32 = 2;
+const LL_SLOTS: u32 = STEPS as u32;
 const LL_LINES: u32 = 1 + 128 / 8;
 const LL_CLEAN: u64 = 5;
 

@@ -16,7 +16,7 @@
 //! `$CXX`), unless `FERROCCL_REQUIRE_CXX=1`.
 
 use super::tests::{
-    check, grid, idle_image, kinds_of, reduces, sweep_runs, two_channel_runs, Case, RankRun,
+    check, grid, idle_image, kinds_of, reduces, sweep_runs, two_channel_runs, Case, RankRun, STEPS,
 };
 use super::Buffers;
 use crate::algo::Algorithm;
@@ -48,7 +48,9 @@ struct Params {
     start: u64,
 }
 
-/// Two slots of the planner's 128 bytes, three threads a block (so lanes
+/// The host run's `STEPS` slots of the planner's 128 bytes for both
+/// protocols (its plans keep `STEPS - 1` slices in flight, so fewer slots
+/// could deadlock them), three threads a block (so lanes
 /// and lines split unevenly), each call run twice on the same
 /// connections (the counts go on, the FIFOs wrap many times), an LL
 /// cleaning every 5 frames, and counts that start 5 frames before 2^32
@@ -56,9 +58,9 @@ struct Params {
 const PARAMS: Params = Params {
     threads: 3,
     repeats: 2,
-    slots: 2,
+    slots: STEPS as u32,
     slot_bytes: 128,
-    ll_slots: 2,
+    ll_slots: STEPS as u32,
     ll_lines: 1 + 128 / 8,
     ll_clean: 5,
     start: (1 << 32) - 5,
