@@ -361,7 +361,9 @@ pub(crate) struct FifoGeometry {
 
 impl FifoGeometry {
     /// As NCCL_BUFFSIZE and NCCL_STEPS size NCCL's buffers: `steps` bulk
-    /// slots (at least two: a schedule may count on two frames of room)
+    /// slots (at least two: a schedule may count on two frames of room;
+    /// ring passes keep `steps - 1` slices in flight, at most 4, which
+    /// these slots and the eight LL ones both hold)
     /// of `slot_bytes` (`Config::chunk_bytes`, FERROCCL_BUFFSIZE /
     /// FERROCCL_STEPS: 8 of 512 KiB by default); eight LL slots of the
     /// tuner's LL chunk, or of a bulk slot where that is smaller (a header
