@@ -18,7 +18,7 @@
 //! slice `s` runs at tick `s * ceil(K / D) + k`; within a tick the older
 //! slice first), so up to `D` slices are in flight and a rank works on one
 //! while the next one's frame travels: the latency is paid about `K +
-//! slices` times. Slices touch disjoint ranges, so interleaving them keeps
+//! (slices - 1) * K / D` times. Slices touch disjoint ranges, so interleaving them keeps
 //! in-place calls correct; a sender and its receiver order their shared
 //! frames alike (every rank uses the same ticks), and tags stay unique per
 //! slice and hop.
