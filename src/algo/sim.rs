@@ -238,6 +238,54 @@ mod tests {
         }
     }
 
+    /// Ring allreduce of `count` elements on `n` ranks, `depth` slices
+    /// deep over FIFOs of `cap` frames, out of place and in place: every
+    /// output against the f64 sum.
+    fn check_ring_all_reduce(n: usize, count: usize, slice: usize, depth: usize, cap: usize) {
+        let sched: Vec<_> = (0..n)
+            .map(|r| ring::all_reduce(deep(r, n, slice, depth), count))
+            .collect();
+        let inputs: Vec<Vec<f64>> = (0..n)
+            .map(|r| (0..count).map(|i| value(r, i)).collect())
+            .collect();
+        for in_place in [false, true] {
+            let mut outputs = if in_place {
+                inputs.clone()
+            } else {
+                vec![vec![f64::NAN; count]; n]
+            };
+            run(&sched, &inputs, &mut outputs, in_place, cap).unwrap_or_else(|e| {
+                panic!("n={n} count={count} slice={slice} cap={cap} depth={depth}: {e}")
+            });
+            for out in &outputs {
+                for (i, v) in out.iter().enumerate() {
+                    let want: f64 = (0..n).map(|r| value(r, i)).sum();
+                    assert_eq!(*v, want, "n={n} count={count} depth={depth} i={i}");
+                }
+            }
+        }
+    }
+
+    /// Ring reduce-scatter of blocks of `count` on `n` ranks, `depth`
+    /// slices deep over FIFOs of `cap` frames: each rank's block against
+    /// the f64 sum.
+    fn check_ring_reduce_scatter(n: usize, count: usize, slice: usize, depth: usize, cap: usize) {
+        let rs: Vec<_> = (0..n)
+            .map(|r| ring::reduce_scatter(deep(r, n, slice, depth), count))
+            .collect();
+        let inputs: Vec<Vec<f64>> = (0..n)
+            .map(|r| (0..count * n).map(|i| value(r, i)).collect())
+            .collect();
+        let mut outputs = vec![vec![f64::NAN; count]; n];
+        run(&rs, &inputs, &mut outputs, false, cap).unwrap();
+        for (rank, out) in outputs.iter().enumerate() {
+            for (i, v) in out.iter().enumerate() {
+                let want: f64 = (0..n).map(|r| value(r, rank * count + i)).sum();
+                assert_eq!(*v, want, "reduce_scatter n={n} count={count} depth={depth}");
+            }
+        }
+    }
+
     const SIZES: [usize; 9] = [1, 2, 3, 4, 5, 6, 7, 8, 9];
     const SLICES: [usize; 3] = [1, 3, 1000];
     // A rank holds its received slot while it waits for a send slot, so a
@@ -256,28 +304,7 @@ mod tests {
                     for cap in CAPS {
                         // As deep as the library runs over `cap` slots.
                         let depth = ring::pipeline_depth(cap);
-                        for in_place in [false, true] {
-                            let sched: Vec<_> = (0..n)
-                                .map(|r| ring::all_reduce(deep(r, n, slice, depth), count))
-                                .collect();
-                            let inputs: Vec<Vec<f64>> = (0..n)
-                                .map(|r| (0..count).map(|i| value(r, i)).collect())
-                                .collect();
-                            let mut outputs = if in_place {
-                                inputs.clone()
-                            } else {
-                                vec![vec![f64::NAN; count]; n]
-                            };
-                            run(&sched, &inputs, &mut outputs, in_place, cap).unwrap_or_else(|e| {
-                                panic!("n={n} count={count} slice={slice} cap={cap} depth={depth}: {e}")
-                            });
-                            for out in &outputs {
-                                for (i, v) in out.iter().enumerate() {
-                                    let want: f64 = (0..n).map(|r| value(r, i)).sum();
-                                    assert_eq!(*v, want, "n={n} count={count} i={i}");
-                                }
-                            }
-                        }
+                        check_ring_all_reduce(n, count, slice, depth, cap);
                     }
                 }
             }
@@ -293,42 +320,8 @@ mod tests {
             let cap = depth + 1;
             for n in [2usize, 3, 4, 7] {
                 for (count, slice) in [(100usize, 3usize), (37, 1), (n * 50, 7)] {
-                    let ar: Vec<_> = (0..n)
-                        .map(|r| ring::all_reduce(deep(r, n, slice, depth), count))
-                        .collect();
-                    let inputs: Vec<Vec<f64>> = (0..n)
-                        .map(|r| (0..count).map(|i| value(r, i)).collect())
-                        .collect();
-                    for in_place in [false, true] {
-                        let mut outputs = if in_place {
-                            inputs.clone()
-                        } else {
-                            vec![vec![f64::NAN; count]; n]
-                        };
-                        run(&ar, &inputs, &mut outputs, in_place, cap).unwrap_or_else(|e| {
-                            panic!("allreduce depth={depth} n={n} count={count}: {e}")
-                        });
-                        for out in &outputs {
-                            for (i, v) in out.iter().enumerate() {
-                                let want: f64 = (0..n).map(|r| value(r, i)).sum();
-                                assert_eq!(*v, want, "depth={depth} n={n} i={i}");
-                            }
-                        }
-                    }
-                    let rs: Vec<_> = (0..n)
-                        .map(|r| ring::reduce_scatter(deep(r, n, slice, depth), count))
-                        .collect();
-                    let inputs: Vec<Vec<f64>> = (0..n)
-                        .map(|r| (0..count * n).map(|i| value(r, i)).collect())
-                        .collect();
-                    let mut outputs = vec![vec![f64::NAN; count]; n];
-                    run(&rs, &inputs, &mut outputs, false, cap).unwrap();
-                    for (rank, out) in outputs.iter().enumerate() {
-                        for (i, v) in out.iter().enumerate() {
-                            let want: f64 = (0..n).map(|r| value(r, rank * count + i)).sum();
-                            assert_eq!(*v, want, "reduce_scatter depth={depth} n={n}");
-                        }
-                    }
+                    check_ring_all_reduce(n, count, slice, depth, cap);
+                    check_ring_reduce_scatter(n, count, slice, depth, cap);
                 }
             }
         }
@@ -361,20 +354,7 @@ mod tests {
             for count in counts(n) {
                 for (slice, cap) in SLICES.into_iter().flat_map(|s| CAPS.map(|c| (s, c))) {
                     let depth = ring::pipeline_depth(cap);
-                    let rs: Vec<_> = (0..n)
-                        .map(|r| ring::reduce_scatter(deep(r, n, slice, depth), count))
-                        .collect();
-                    let inputs: Vec<Vec<f64>> = (0..n)
-                        .map(|r| (0..count * n).map(|i| value(r, i)).collect())
-                        .collect();
-                    let mut outputs = vec![vec![f64::NAN; count]; n];
-                    run(&rs, &inputs, &mut outputs, false, cap).unwrap();
-                    for (rank, out) in outputs.iter().enumerate() {
-                        for (i, v) in out.iter().enumerate() {
-                            let want: f64 = (0..n).map(|r| value(r, rank * count + i)).sum();
-                            assert_eq!(*v, want, "reduce_scatter n={n} count={count}");
-                        }
-                    }
+                    check_ring_reduce_scatter(n, count, slice, depth, cap);
 
                     let ag: Vec<_> = (0..n)
                         .map(|r| ring::all_gather(deep(r, n, slice, depth), count))
