@@ -186,7 +186,7 @@ fn ring_pass(
         Pass::AllReduce => 2 * m as u64 - 1,
         Pass::ReduceScatter | Pass::AllGather => m as u64,
     };
-    let cadence = hops.div_ceil(depth.max(1) as u64).max(1);
+    let cadence = super::ring::cadence(hops, depth);
     let mut timeline = Timeline::default();
     for u in 0..units {
         let base = tag_base.wrapping_add((u as u32).wrapping_mul(per));
@@ -607,7 +607,7 @@ pub fn reduce_scatter(
     // older slice first within a tick). Tags number the hop as if the
     // passes ran one after the other, so they stay unique per link.
     let span = starts.iter().copied().max().unwrap_or(0) + n as u64;
-    let cadence = span.div_ceil(depth.max(1) as u64).max(1);
+    let cadence = super::ring::cadence(span, depth);
     let pos: Vec<ChainPos> = (0..n).map(|d| map.chain_pos(&prefix, d, rank)).collect();
     let mut timeline = Timeline::default();
     for s in 0..slices {

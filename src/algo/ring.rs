@@ -41,6 +41,25 @@ pub fn pipeline_depth(slots: usize) -> usize {
     slots.saturating_sub(1).clamp(1, MAX_DEPTH)
 }
 
+/// The depth a pass runs at: `forced` when it is set (above 0; the config
+/// refuses one of `slots` or more), else [`pipeline_depth`] of `slots`.
+/// The planner and the simulator both ask this, so they pipeline alike.
+pub fn depth_for(slots: usize, forced: usize) -> usize {
+    if forced > 0 {
+        forced
+    } else {
+        pipeline_depth(slots)
+    }
+}
+
+/// Ticks between the starts of two consecutive slices of a pass that
+/// spans `ticks` ticks a slice, `depth` slices in flight: `ceil(ticks /
+/// depth)`, at least 1. Every pipelined pass (this module's, and the
+/// hierarchical schedules') spaces its slices by it.
+pub(crate) fn cadence(ticks: u64, depth: usize) -> u64 {
+    ticks.div_ceil(depth.max(1) as u64).max(1)
+}
+
 /// Common inputs of a ring schedule.
 #[derive(Debug, Clone, Copy)]
 pub struct RingParams {
@@ -86,12 +105,11 @@ struct Emitter {
 impl Emitter {
     /// An emitter for passes of `hops` hops a slice.
     fn new(p: RingParams, hops: u32) -> Emitter {
-        let depth = p.depth.max(1) as u64;
         Emitter {
             p,
             out: Timeline::default(),
             per_slice: hops,
-            cadence: u64::from(hops).div_ceil(depth).max(1),
+            cadence: cadence(u64::from(hops), p.depth),
         }
     }
 

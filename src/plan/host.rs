@@ -429,12 +429,10 @@ impl Geometry {
     /// allow (`ring::pipeline_depth`). The config refuses a forced depth
     /// of `slots` or more.
     pub(crate) fn pipelined(self, slots: usize, forced: usize) -> Geometry {
-        let depth = if forced > 0 {
-            forced
-        } else {
-            crate::algo::ring::pipeline_depth(slots)
-        };
-        Geometry { depth, ..self }
+        Geometry {
+            depth: crate::algo::ring::depth_for(slots, forced),
+            ..self
+        }
     }
 }
 

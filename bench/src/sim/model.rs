@@ -222,11 +222,7 @@ impl Cluster {
     /// Slices in flight in a ring pass: `depth`, or the library's rule
     /// for `slots`.
     pub fn ring_depth(&self) -> usize {
-        if self.depth > 0 {
-            self.depth
-        } else {
-            ferroccl::algo::ring::pipeline_depth(self.slots)
-        }
+        ferroccl::algo::ring::depth_for(self.slots, self.depth)
     }
 
     /// The links of a cluster of `ranks` ranks: a port per rank and
