@@ -155,7 +155,7 @@ impl Inner {
             tracing::info!(
                 rank = inner.rank,
                 "plan: {}",
-                plan::explain(call.kind, bytes, &facts, algorithm, &costs)
+                plan::explain(call.kind, (bytes, call.in_place), &facts, algorithm, &costs)
             );
         }
         // Ring passes keep several slices in flight: the host's slots and
@@ -241,7 +241,7 @@ impl Inner {
             tracing::info!(
                 rank = self.rank,
                 "plan: {}",
-                plan::explain_user(call.kind, bytes, facts, user)
+                plan::explain_user(call.kind, (bytes, call.in_place), facts, user)
             );
         }
         // Frames as large as the ring's: a pass of the algorithm per block.
@@ -297,6 +297,7 @@ impl Inner {
             },
             user: !self.user.is_empty()
                 && coll::user_collective(kind).is_some_and(|c| self.user.get(c).is_some()),
+            nt_store_bytes: self.config.nt_store_bytes,
         }
     }
 
@@ -335,9 +336,11 @@ impl Inner {
         if let Io::Device(device) = io {
             return self.execute_on_device::<T>(plan, device, call);
         }
+        let in_place = matches!(io, Io::Host(HostIo::InPlace { .. }));
         let route = plan::route(
             call.kind,
             in_bytes::<T>(call, self.size),
+            in_place,
             io.memory(),
             &self.facts(call.kind),
         )?;

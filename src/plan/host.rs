@@ -87,6 +87,9 @@ pub(crate) struct Facts {
     /// A user algorithm runs the call being routed (`algo::user`: an
     /// allreduce, allgather or reduce-scatter): it skips no schedule.
     pub(crate) user: bool,
+    /// `Config::nt_store_bytes`: from where outputs are written with
+    /// streaming stores (0: never).
+    pub(crate) nt_store_bytes: usize,
 }
 
 /// How a call starts, decided from the call alone.
@@ -133,12 +136,13 @@ impl Route {
 }
 
 /// The route of a call of `kind` whose input has `in_bytes` bytes in
-/// `memory`. Device memory takes `plan::device`'s path, never a route: here
+/// `memory`, in place or not. Device memory takes `plan::device`'s path, never a route: here
 /// it is an error before any byte moves.
 #[inline]
 pub(crate) fn route(
     kind: CollKind,
     in_bytes: usize,
+    in_place: bool,
     memory: Memory,
     facts: &Facts,
 ) -> Result<Route> {
@@ -165,7 +169,8 @@ pub(crate) fn route(
     if free && in_bytes <= inline_limit(kind, facts) {
         return Ok(Route::Inline);
     }
-    let cma = free && facts.cma && takes_cma(kind, in_bytes, facts.size);
+    let cma =
+        free && facts.cma && takes_cma(kind, in_bytes, in_place, facts.size, facts.nt_store_bytes);
     if cma || facts.windows {
         return Ok(Route::CheckIn { cma });
     }
@@ -182,17 +187,33 @@ pub(crate) fn device_unsupported(kind: CollKind, memory: Memory) -> Error {
 /// Whether a call of `kind` whose input has `in_bytes` may run by
 /// cross-memory attach on `size` ranks: an allgather or all-to-all whose
 /// blocks (an allgather's whole input, one of an all-to-all's `size`) have
-/// at least `CMA_MIN_BYTES`. Not a broadcast: through slots the root's copy
-/// into a slot and the receiver's copy out of it run at once on two cores,
-/// and one kernel copy on the receiver alone was slower from 2 MiB (7-9
-/// against 13-14 GB/s on 2 ranks).
-fn takes_cma(kind: CollKind, in_bytes: usize, size: usize) -> bool {
-    let block = match kind {
-        CollKind::AllGather => in_bytes,
-        CollKind::AllToAll => in_bytes / size.max(1),
+/// at least `CMA_MIN_BYTES`, and whose buffers are small enough to be
+/// written with ordinary stores ([`direct_store`] with `nt_store_bytes`).
+/// Beyond that the slots win: their receiver writes the output with
+/// streaming stores, while the kernel's copy reads every line of the
+/// output before writing it. On the 2-core build machine a 2-rank
+/// allgather of 32 / 64 MiB took 5.2-5.7 / 11.1-12.4 ms through slots
+/// against 11.4-12.3 / 22.0-22.6 ms pulled, and still 7.3-8.8 / 16.7-18.6
+/// ms pulled into a buffer in cache and streamed out from there
+/// (docs/performance-log.md, "Cross-memory attach and streaming stores").
+/// Not a broadcast: through slots the root's copy into a slot and the
+/// receiver's copy out of it run at once on two cores, and one kernel copy
+/// on the receiver alone was slower from 2 MiB (7-9 against 13-14 GB/s on
+/// 2 ranks).
+fn takes_cma(
+    kind: CollKind,
+    in_bytes: usize,
+    in_place: bool,
+    size: usize,
+    nt_store_bytes: usize,
+) -> bool {
+    let (block, out_bytes) = match kind {
+        CollKind::AllGather => (in_bytes, in_bytes.saturating_mul(size)),
+        CollKind::AllToAll => (in_bytes / size.max(1), in_bytes),
         _ => return false,
     };
-    block >= CMA_MIN_BYTES
+    let buffers = in_bytes.saturating_add(out_bytes).saturating_mul(size);
+    block >= CMA_MIN_BYTES && direct_store(!in_place, buffers, nt_store_bytes) == Store::Cached
 }
 
 /// How a checked-in call runs, decided from every rank's announcement.
@@ -440,11 +461,12 @@ impl Geometry {
 /// reduce-scatter) of `bytes` that the user algorithm `user` runs.
 pub(crate) fn explain_user(
     kind: CollKind,
-    bytes: usize,
+    (bytes, in_place): (usize, bool),
     facts: &Facts,
     user: &crate::algo::user::Checked,
 ) -> String {
-    let route = route(kind, bytes, Memory::Host, facts).unwrap_or(Route::Slots { note: false });
+    let route =
+        route(kind, bytes, in_place, Memory::Host, facts).unwrap_or(Route::Slots { note: false });
     format!(
         "{} of {bytes} bytes on {} ranks -> user algorithm '{}' ({}; the checker accepted it \
          for {} ranks at creation, so the tuner does not choose), {}",
@@ -461,12 +483,13 @@ pub(crate) fn explain_user(
 /// algorithm where the call goes through slots.
 pub(crate) fn explain(
     kind: CollKind,
-    bytes: usize,
+    (bytes, in_place): (usize, bool),
     facts: &Facts,
     chosen: Algorithm,
     costs: &[(Algorithm, f64)],
 ) -> String {
-    let route = route(kind, bytes, Memory::Host, facts).unwrap_or(Route::Slots { note: false });
+    let route =
+        route(kind, bytes, in_place, Memory::Host, facts).unwrap_or(Route::Slots { note: false });
     let how = match (route, facts.forced) {
         (Route::Inline, _) => route.explain().to_string(),
         (_, Some(forced)) if forced != chosen => format!(
@@ -525,6 +548,7 @@ mod tests {
             forced: None,
             layout: Layout::one_host(4),
             user: false,
+            nt_store_bytes: crate::config::DEFAULT_NT_STORE_BYTES,
         }
     }
 
@@ -584,7 +608,7 @@ mod tests {
                 assert_eq!(a, Algorithm::Ring, "forced on one host runs the ring");
             }
             let (a, _) = algorithm(CollKind::AllReduce, bytes, &forced, &fast_host);
-            let line = explain(CollKind::AllReduce, bytes, &forced, a, &[]);
+            let line = explain(CollKind::AllReduce, (bytes, false), &forced, a, &[]);
             assert!(line.contains("does not apply"), "{line}");
         }
         // Two hosts of two: 64 MiB. Ring: 6 hops of 50 us and 1.5 times
@@ -601,7 +625,7 @@ mod tests {
         assert_cost(&costs, Algorithm::Hierarchical, hier);
         let (a, _) = algorithm(CollKind::AllGather, bytes, &f, &fast_host);
         assert_eq!(a, Algorithm::Hierarchical);
-        let line = explain(CollKind::AllReduce, bytes, &f, a, &costs);
+        let line = explain(CollKind::AllReduce, (bytes, false), &f, a, &costs);
         assert!(
             line.contains("over 2 hosts") && line.contains("hierarchical"),
             "{line}"
@@ -639,7 +663,7 @@ mod tests {
         assert_eq!(a, Algorithm::Hierarchical, "{costs:?}");
         assert_cost(&costs, Algorithm::Ring, ring);
         assert_cost(&costs, Algorithm::Hierarchical, hier);
-        let line = explain(CollKind::ReduceScatter, bytes, &f, a, &costs);
+        let line = explain(CollKind::ReduceScatter, (bytes, false), &f, a, &costs);
         assert!(
             line.contains("reduce_scatter of") && line.contains("-> hierarchical"),
             "{line}"
@@ -673,22 +697,22 @@ mod tests {
         for (kind, limit) in limits {
             assert!(limit <= INLINE_MAX_BYTES, "{kind:?}: the page holds it");
             assert_eq!(
-                route(kind, limit, Memory::Host, &two).unwrap(),
+                route(kind, limit, false, Memory::Host, &two).unwrap(),
                 Route::Inline
             );
             assert_ne!(
-                route(kind, limit + 1, Memory::Host, &two).unwrap(),
+                route(kind, limit + 1, false, Memory::Host, &two).unwrap(),
                 Route::Inline,
                 "{kind:?}"
             );
             // With windows, and on more ranks, the 4 KiB limit.
             for f in [&windows, &facts()] {
                 assert_eq!(
-                    route(kind, INLINE_BYTES, Memory::Host, f).unwrap(),
+                    route(kind, INLINE_BYTES, false, Memory::Host, f).unwrap(),
                     Route::Inline
                 );
                 assert_ne!(
-                    route(kind, INLINE_BYTES + 1, Memory::Host, f).unwrap(),
+                    route(kind, INLINE_BYTES + 1, false, Memory::Host, f).unwrap(),
                     Route::Inline,
                     "{kind:?} {f:?}"
                 );
@@ -705,9 +729,12 @@ mod tests {
             CollKind::Broadcast,
             CollKind::Barrier,
         ] {
-            assert_eq!(route(kind, 8, Memory::Host, &f).unwrap(), Route::Inline);
             assert_eq!(
-                route(kind, INLINE_BYTES + 1, Memory::Host, &f).unwrap(),
+                route(kind, 8, false, Memory::Host, &f).unwrap(),
+                Route::Inline
+            );
+            assert_eq!(
+                route(kind, INLINE_BYTES + 1, false, Memory::Host, &f).unwrap(),
                 Route::Slots { note: true },
                 "{kind:?}"
             );
@@ -717,7 +744,7 @@ mod tests {
             ..f
         };
         assert_eq!(
-            route(CollKind::AllReduce, 8, Memory::Host, &no_pages).unwrap(),
+            route(CollKind::AllReduce, 8, false, Memory::Host, &no_pages).unwrap(),
             Route::Slots { note: false }
         );
         let forced = Facts {
@@ -725,7 +752,7 @@ mod tests {
             ..f
         };
         assert_eq!(
-            route(CollKind::AllReduce, 8, Memory::Host, &forced).unwrap(),
+            route(CollKind::AllReduce, 8, false, Memory::Host, &forced).unwrap(),
             Route::Slots { note: true }
         );
         // A user algorithm takes every call of its collective
@@ -741,17 +768,17 @@ mod tests {
             CollKind::ReduceScatter,
         ] {
             assert_eq!(
-                route(kind, 8, Memory::Host, &user).unwrap(),
+                route(kind, 8, false, Memory::Host, &user).unwrap(),
                 Route::Slots { note: true }
             );
         }
         assert_eq!(
-            route(CollKind::Broadcast, 8, Memory::Host, &user).unwrap(),
+            route(CollKind::Broadcast, 8, false, Memory::Host, &user).unwrap(),
             Route::Inline
         );
         // Send/recv never checks in.
         assert_eq!(
-            route(CollKind::SendRecv, 8, Memory::Host, &f).unwrap(),
+            route(CollKind::SendRecv, 8, false, Memory::Host, &f).unwrap(),
             Route::Slots { note: false }
         );
     }
@@ -761,32 +788,69 @@ mod tests {
         let f = facts();
         let big = CMA_MIN_BYTES;
         assert_eq!(
-            route(CollKind::AllGather, big, Memory::Host, &f).unwrap(),
+            route(CollKind::AllGather, big, false, Memory::Host, &f).unwrap(),
             Route::CheckIn { cma: true }
         );
         assert_eq!(
-            route(CollKind::AllGather, big - 1, Memory::Host, &f).unwrap(),
+            route(CollKind::AllGather, big - 1, false, Memory::Host, &f).unwrap(),
             Route::Slots { note: true }
         );
         // An all-to-all's block is a quarter of its input on 4 ranks.
         assert_eq!(
-            route(CollKind::AllToAll, 4 * big, Memory::Host, &f).unwrap(),
+            route(CollKind::AllToAll, 4 * big, false, Memory::Host, &f).unwrap(),
             Route::CheckIn { cma: true }
         );
         assert_eq!(
-            route(CollKind::AllToAll, 4 * big - 4, Memory::Host, &f).unwrap(),
+            route(CollKind::AllToAll, 4 * big - 4, false, Memory::Host, &f).unwrap(),
             Route::Slots { note: true }
         );
         for kind in [CollKind::Broadcast, CollKind::AllReduce, CollKind::Reduce] {
             assert_eq!(
-                route(kind, 1 << 24, Memory::Host, &f).unwrap(),
+                route(kind, 1 << 24, false, Memory::Host, &f).unwrap(),
                 Route::Slots { note: true }
             );
         }
         let no_cma = Facts { cma: false, ..f };
         assert_eq!(
-            route(CollKind::AllGather, big, Memory::Host, &no_cma).unwrap(),
+            route(CollKind::AllGather, big, false, Memory::Host, &no_cma).unwrap(),
             Route::Slots { note: true }
+        );
+        // Up to where the output would be streamed: the buffers of all
+        // ranks (input and output) below twice `nt_store_bytes`. An
+        // allgather on 4 ranks has 5 inputs' worth a rank, 20 in all.
+        let nt = f.nt_store_bytes;
+        let below = (2 * nt - 1) / 20;
+        for (kind, bytes, cma) in [
+            (CollKind::AllGather, below, true),
+            (CollKind::AllGather, below + 1, false),
+            // An all-to-all: input and output alike, 8 of them in all.
+            (CollKind::AllToAll, (2 * nt - 1) / 8, true),
+            (CollKind::AllToAll, (2 * nt - 1) / 8 + 1, false),
+        ] {
+            let want = if cma {
+                Route::CheckIn { cma: true }
+            } else {
+                Route::Slots { note: true }
+            };
+            assert_eq!(
+                route(kind, bytes, false, Memory::Host, &f).unwrap(),
+                want,
+                "{kind:?} {bytes}"
+            );
+        }
+        // In place, slots write with ordinary stores too: no upper bound.
+        assert_eq!(
+            route(CollKind::AllGather, 1 << 30, true, Memory::Host, &f).unwrap(),
+            Route::CheckIn { cma: true }
+        );
+        // Streaming stores off: no upper bound.
+        let never = Facts {
+            nt_store_bytes: 0,
+            ..f
+        };
+        assert_eq!(
+            route(CollKind::AllGather, 1 << 30, false, Memory::Host, &never).unwrap(),
+            Route::CheckIn { cma: true }
         );
     }
 
@@ -803,7 +867,7 @@ mod tests {
             CollKind::Broadcast,
         ] {
             assert_eq!(
-                route(kind, 1 << 20, Memory::Host, &f).unwrap(),
+                route(kind, 1 << 20, false, Memory::Host, &f).unwrap(),
                 Route::CheckIn { cma: false }
             );
         }
@@ -816,6 +880,7 @@ mod tests {
         let err = route(
             CollKind::AllReduce,
             8,
+            false,
             Memory::Device { ordinal: 3 },
             &facts(),
         )
@@ -903,7 +968,7 @@ mod tests {
         let (a, costs) = algorithm(CollKind::AllReduce, 8, &forced, &flat);
         assert_eq!(a, Algorithm::Tree);
         assert!(costs.is_empty());
-        let line = explain(CollKind::AllReduce, 1 << 20, &forced, a, &costs);
+        let line = explain(CollKind::AllReduce, (1 << 20, false), &forced, a, &costs);
         assert!(line.contains("forced"), "{line}");
     }
 }
