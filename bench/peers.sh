@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Side by side, in turns: Open MPI, MPICH, Intel MPI, Gloo and ferroccl
+# (ordinary buffers and windows), one collective, one rank count, every
+# size; bench/peers_table.py turns the output into docs/performance.md's
+# first table (medians over the turns, ferroccl's ratio to the best peer).
+#
+#   bench/peers.sh OP RANKS [MINB] [MAXB] [TURNS] | bench/peers_table.py
+#   OP: allreduce | allgather | reducescatter | broadcast | reduce
+#
+# Sizes are nccl-tests sizes (allgather and reduce-scatter: the whole
+# gathered array), from MINB (8) to MAXB (64 MiB) by 4x; TURNS (3). f32 sum,
+# out of place (broadcast in place, as MPI_Bcast is), root 0. The peers run
+# bench/peers/mpi_coll.c and bench/peers/gloo_coll.py: at least 20 calls and
+# about 50 ms a size; ferroccl-perf gets as many calls (5,000 up to 32 KiB,
+# 500 to 1 MiB, 50 above). MPICH is left out when the ranks outnumber the
+# cores (its polling then takes milliseconds a call).
+#
+# Environment: PEERS_DIR (/tmp/ferroccl-peers: the MPI builds, made on first
+# use: Open MPI from the system's mpicc, installed with apt-get if absent;
+# MPICH 5.0.2 and Intel MPI 2021.19 from pip wheels), TORCH_PYTHON (a Python
+# with torch; default /opt/ferroccl-torch/bin/python, else python3; Gloo is
+# left out with a note when it has no torch), FERROCCL_PERF
+# (target/release/ferroccl-perf), PEERS ("openmpi mpich intelmpi gloo").
+set -euo pipefail
+op=${1:?usage: bench/peers.sh OP RANKS [MINB] [MAXB] [TURNS]}
+n=${2:?usage: bench/peers.sh OP RANKS [MINB] [MAXB] [TURNS]}
+minb=${3:-8} maxb=${4:-67108864} turns=${5:-3}
+case $op in
+allreduce | allgather | reducescatter | broadcast | reduce) ;;
+*) echo "peers.sh: unknown collective '$op'" >&2; exit 2 ;;
+esac
+here=$(cd "$(dirname "$0")" && pwd)
+P=${PEERS_DIR:-/tmp/ferroccl-peers}
+F=${FERROCCL_PERF:-target/release/ferroccl-perf}
+PEERS=${PEERS:-openmpi mpich intelmpi gloo}
+if [ -z "${TORCH_PYTHON:-}" ]; then
+  TORCH_PYTHON=python3
+  [ -x /opt/ferroccl-torch/bin/python ] && TORCH_PYTHON=/opt/ferroccl-torch/bin/python
+fi
+[ -x "$F" ] || { echo "peers.sh: no $F (cargo build --release -p ferroccl-bench)" >&2; exit 2; }
+M=$P/x/mpich/mpich-5.0.2.data/data
+I=$P/x/impi_rt/impi_rt-2021.19.0.data/data
+ID=$P/x/impi_devel/impi_devel-2021.19.0.data/data
+
+# The MPI builds of mpi_coll.c (once; newer sources rebuild).
+build() {
+  mkdir -p "$P/dl" "$P/x"
+  if ! command -v mpicc >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+  fi
+  if [ -z "$(ls "$P"/dl/mpich-*.whl 2>/dev/null)" ]; then
+    pip download --no-deps -q -d "$P/dl" mpich==5.0.2 impi-rt==2021.19.0 impi-devel==2021.19.0
+  fi
+  for w in "$P"/dl/*.whl; do
+    d=$P/x/$(basename "$w" | cut -d- -f1)
+    [ -d "$d" ] || { mkdir -p "$d" && python3 -m zipfile -e "$w" "$d"; }
+  done
+  chmod +x "$M"/bin/* "$I"/bin/* 2>/dev/null || true
+  local src=$here/peers/mpi_coll.c
+  mpicc -O2 -o "$P/mc_ompi" "$src"
+  gcc -O2 -I"$M/include" -o "$P/mc_mpich" "$src" -L"$M/lib" -lmpi -Wl,-rpath,"$M/lib"
+  gcc -O2 -I"$ID/include" -o "$P/mc_impi" "$src" -L"$I/lib" -lmpi -Wl,-rpath,"$I/lib"
+}
+if [ ! -x "$P/mc_impi" ] || [ "$here/peers/mpi_coll.c" -nt "$P/mc_impi" ]; then
+  build >&2
+fi
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+rows() { grep -E '^ +[0-9]' || true; }
+ferroccl() {
+  # As many calls as the peers make at each size (about 50 ms of them).
+  local s iters
+  for ((s = minb; s <= maxb; s *= 4)); do
+    iters=50
+    [ "$s" -le 1048576 ] && iters=500
+    [ "$s" -le 32768 ] && iters=5000
+    "$F" "$op" --ranks "$n" -b "$s" -e "$s" -n "$iters" -w 20 -c 0 "$@" 2>&1 |
+      rows | awk '{print $1, $6}'
+  done
+}
+echo "# peers.sh $op $n $minb $maxb $turns ($(date -u +%FT%TZ), nproc $(nproc), load $(cut -d' ' -f1-3 /proc/loadavg))"
+for t in $(seq 1 "$turns"); do
+  echo "### turn $t"
+  for peer in $PEERS; do
+    case $peer in
+    openmpi)
+      echo "## openmpi"
+      mpirun --oversubscribe -n "$n" "$P/mc_ompi" "$op" "$minb" "$maxb" 4 2>&1 | rows
+      ;;
+    mpich)
+      if [ "$n" -le "$(nproc)" ]; then
+        echo "## mpich"
+        "$M/bin/mpirun" -n "$n" "$P/mc_mpich" "$op" "$minb" "$maxb" 4 2>&1 | rows
+      fi
+      ;;
+    intelmpi)
+      echo "## intelmpi"
+      (export PATH=$I/bin:$PATH I_MPI_ROOT=$I
+        mpirun -n "$n" "$P/mc_impi" "$op" "$minb" "$maxb" 4 2>&1 | rows)
+      ;;
+    gloo)
+      if "$TORCH_PYTHON" -c "import torch" 2>/dev/null; then
+        echo "## gloo"
+        "$TORCH_PYTHON" "$here/peers/gloo_coll.py" "$n" "$op" "$minb" "$maxb" 4 2>&1 | rows
+      elif [ "$t" = 1 ]; then
+        echo "# gloo left out: $TORCH_PYTHON has no torch" >&2
+      fi
+      ;;
+    esac
+  done
+  echo "## ferroccl"
+  ferroccl
+  echo "## ferroccl-win"
+  ferroccl -R 2
+done
