@@ -278,6 +278,73 @@ fn a_mismatch_is_caught_at_the_check_in() {
     }
 }
 
+/// Broadcast and reduce have no path between windows: with their buffers
+/// in a window they go through slots as with ordinary buffers, without a
+/// check-in (the count of calls that skipped the slots does not move), with
+/// the reference's results, on 2 and 3 ranks from every root. A windowed
+/// broadcast against a windowed allreduce is still an error on both ranks
+/// (the allreduce's check-in finds the broadcast's note: a mismatch).
+#[test]
+fn broadcast_and_reduce_in_windows_take_their_usual_path() {
+    // 400 KB: above every inline limit.
+    let count = 100_000;
+    let value = |r: usize, i: usize| ((r * 7 + i * 3) % 101) as f32;
+    for n in [2usize, 3] {
+        let seed = 30 + n as u64;
+        run_ranks_with(n, with_token(seed), |comm| {
+            let rank = comm.rank();
+            let mut w = comm.alloc_window::<f32>(2 * count).unwrap();
+            assert!(w.is_shared(), "rank {rank}: window sharing");
+            let before = comm.direct_window_calls();
+            for root in 0..n {
+                for (i, v) in w[..count].iter_mut().enumerate() {
+                    *v = if rank == root { value(root, i) } else { -1.0 };
+                }
+                comm.broadcast(&mut w[..count], root).unwrap();
+                for (i, v) in w[..count].iter().enumerate() {
+                    assert_eq!(
+                        *v,
+                        value(root, i),
+                        "broadcast n={n} root={root} rank={rank} i={i}"
+                    );
+                }
+                let (input, output) = w.split_at_mut(count);
+                for (i, v) in input.iter_mut().enumerate() {
+                    *v = value(rank, i);
+                }
+                output.fill(-1.0);
+                comm.reduce(input, output, ReduceOp::Sum, root).unwrap();
+                if rank == root {
+                    for (i, v) in output.iter().enumerate() {
+                        let want: f64 = (0..n).map(|r| f64::from(value(r, i))).sum();
+                        assert_eq!(f64::from(*v), want, "reduce n={n} root={root} i={i}");
+                    }
+                }
+            }
+            assert_eq!(
+                comm.direct_window_calls(),
+                before,
+                "rank {rank}: a broadcast or reduce in a window skipped the slots"
+            );
+        });
+        assert_eq!(leftovers(seed), Vec::<String>::new());
+    }
+    let results = run_ranks_with(2, with_token(34), |comm| {
+        let mut w = comm.alloc_window::<f32>(count).unwrap();
+        if comm.rank() == 0 {
+            comm.broadcast(&mut w[..], 0)
+        } else {
+            comm.all_reduce_in_place(&mut w[..], ReduceOp::Sum)
+        }
+    });
+    assert!(results[0].is_err(), "rank 0: {:?}", results[0]);
+    match &results[1] {
+        Err(Error::Mismatch { peer, .. }) => assert_eq!(*peer, 0, "{:?}", results[1]),
+        other => panic!("rank 1: expected a mismatch with rank 0, got {other:?}"),
+    }
+    assert_eq!(leftovers(34), Vec::<String>::new());
+}
+
 /// Over TCP (forced) the ranks do not share memory: private windows, the
 /// usual path, the same results.
 #[test]

@@ -298,6 +298,7 @@ impl Inner {
             user: !self.user.is_empty()
                 && coll::user_collective(kind).is_some_and(|c| self.user.get(c).is_some()),
             nt_store_bytes: self.config.nt_store_bytes,
+            chunk_bytes: self.config.chunk_bytes(),
         }
     }
 

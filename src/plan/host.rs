@@ -48,7 +48,7 @@ pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 /// 4 KiB. On more ranks each rank reads every peer's input in full, and
 /// nothing past 4 KiB was measured better.
 pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
-    if facts.windows || facts.size != 2 {
+    if (facts.windows && has_window_path(kind)) || facts.size != 2 {
         return INLINE_BYTES;
     }
     match kind {
@@ -56,6 +56,22 @@ pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
         CollKind::AllGather | CollKind::AllToAll => 8 << 10,
         CollKind::ReduceScatter | CollKind::Barrier | CollKind::SendRecv => INLINE_BYTES,
     }
+}
+
+/// Whether a call of `kind` can run directly between windows
+/// ([`after_check_in`]: allreduce, allgather, reduce-scatter). A broadcast,
+/// reduce or all-to-all in a window would only check in and then go through
+/// slots anyway: the check-in, a wait for every rank before any byte moves,
+/// made a broadcast between windows about half as fast as one of ordinary
+/// buffers from 8 to 512 KiB on 2 ranks (2.21 against 1.06 µs at 8 KiB,
+/// 17.1 against 9.7 at 128 KiB; docs/performance-log.md, "Every collective
+/// against the four peers"). So windows change neither their route nor
+/// their inline limit.
+fn has_window_path(kind: CollKind) -> bool {
+    matches!(
+        kind,
+        CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter
+    )
 }
 
 /// Allgathers and all-to-alls whose blocks have at least this many bytes
@@ -90,6 +106,9 @@ pub(crate) struct Facts {
     /// `Config::nt_store_bytes`: from where outputs are written with
     /// streaming stores (0: never).
     pub(crate) nt_store_bytes: usize,
+    /// The host slots' size (`Config::chunk_bytes`), which slices a
+    /// broadcast or reduce (and so its modelled cost).
+    pub(crate) chunk_bytes: usize,
 }
 
 /// How a call starts, decided from the call alone.
@@ -171,7 +190,7 @@ pub(crate) fn route(
     }
     let cma =
         free && facts.cma && takes_cma(kind, in_bytes, in_place, facts.size, facts.nt_store_bytes);
-    if cma || facts.windows {
+    if cma || (facts.windows && has_window_path(kind)) {
         return Ok(Route::CheckIn { cma });
     }
     Ok(Route::Slots { note: true })
@@ -349,10 +368,16 @@ pub(crate) fn algorithm(
             kind,
             facts.layout,
             facts.size,
-            bytes.saturating_mul(facts.size),
+            (bytes.saturating_mul(facts.size), facts.chunk_bytes),
             links,
         ),
-        None => tune::choose_on(kind, facts.layout, facts.size, bytes, links),
+        None => tune::choose_on(
+            kind,
+            facts.layout,
+            facts.size,
+            (bytes, facts.chunk_bytes),
+            links,
+        ),
     }
 }
 
@@ -549,6 +574,7 @@ mod tests {
             layout: Layout::one_host(4),
             user: false,
             nt_store_bytes: crate::config::DEFAULT_NT_STORE_BYTES,
+            chunk_bytes: 512 << 10,
         }
     }
 
@@ -705,14 +731,36 @@ mod tests {
                 Route::Inline,
                 "{kind:?}"
             );
-            // With windows, and on more ranks, the 4 KiB limit.
-            for f in [&windows, &facts()] {
+            // With windows, a collective that has a path between
+            // windows keeps 4 KiB; one that has none keeps its limit.
+            let with_windows = if has_window_path(kind) {
+                INLINE_BYTES
+            } else {
+                limit
+            };
+            assert_eq!(
+                route(kind, with_windows, false, Memory::Host, &windows).unwrap(),
+                Route::Inline
+            );
+            assert_ne!(
+                route(kind, with_windows + 1, false, Memory::Host, &windows).unwrap(),
+                Route::Inline,
+                "{kind:?} with windows"
+            );
+            // On more ranks, the 4 KiB limit, windows or not.
+            for f in [
+                facts(),
+                Facts {
+                    windows: true,
+                    ..facts()
+                },
+            ] {
                 assert_eq!(
-                    route(kind, INLINE_BYTES, false, Memory::Host, f).unwrap(),
+                    route(kind, INLINE_BYTES, false, Memory::Host, &f).unwrap(),
                     Route::Inline
                 );
                 assert_ne!(
-                    route(kind, INLINE_BYTES + 1, false, Memory::Host, f).unwrap(),
+                    route(kind, INLINE_BYTES + 1, false, Memory::Host, &f).unwrap(),
                     Route::Inline,
                     "{kind:?} {f:?}"
                 );
@@ -855,7 +903,7 @@ mod tests {
     }
 
     #[test]
-    fn with_a_window_every_large_collective_checks_in() {
+    fn with_a_window_the_collectives_with_a_window_path_check_in() {
         let f = Facts {
             windows: true,
             cma: false,
@@ -864,11 +912,30 @@ mod tests {
         for kind in [
             CollKind::AllReduce,
             CollKind::ReduceScatter,
-            CollKind::Broadcast,
+            CollKind::AllGather,
         ] {
             assert_eq!(
                 route(kind, 1 << 20, false, Memory::Host, &f).unwrap(),
                 Route::CheckIn { cma: false }
+            );
+            assert!(has_window_path(kind));
+            // The check-in decides from the places; the window path
+            // exists for it.
+            assert_ne!(after_check_in(kind, Some(1), Some(2), false), Direct::Slots);
+        }
+        // No window path: through slots, as without a window, noted for
+        // the mismatch check; a check-in would end in slots anyway.
+        for kind in [CollKind::Broadcast, CollKind::Reduce, CollKind::AllToAll] {
+            assert_eq!(
+                route(kind, 1 << 20, false, Memory::Host, &f).unwrap(),
+                Route::Slots { note: true },
+                "{kind:?}"
+            );
+            assert!(!has_window_path(kind));
+            assert_eq!(
+                after_check_in(kind, Some(1), Some(1), false),
+                Direct::Slots,
+                "{kind:?}"
             );
         }
     }

@@ -11,6 +11,10 @@
 use crate::algo::Algorithm;
 use crate::call::CollKind;
 
+/// The slot size given to the model where the cost does not depend on it
+/// (every collective but broadcast and reduce).
+const ANY_CHUNK: usize = 512 << 10;
+
 /// Smallest slice worth a frame of its own: below this the per-frame cost
 /// dominates.
 const MIN_SLICE_BYTES: usize = 32 * 1024;
@@ -152,10 +156,10 @@ pub(crate) fn choose_on(
     coll: CollKind,
     layout: Layout,
     n: usize,
-    bytes: usize,
+    (bytes, chunk_bytes): (usize, usize),
     links: &HostLinks,
 ) -> (Algorithm, Vec<(Algorithm, f64)>) {
-    let (flat, mut costs) = choose(coll, n, bytes, &links.inter);
+    let (flat, mut costs) = choose(coll, n, (bytes, chunk_bytes), &links.inter);
     let Some(hier) = hier_cost_us(coll, layout, bytes, links) else {
         return (flat, costs);
     };
@@ -171,18 +175,40 @@ pub(crate) fn choose_on(
     }
 }
 
-/// Depth of the binary trees over `n` ranks.
+/// Depth of the binary trees over `n` ranks, as the allreduce's double
+/// tree is costed (one more than a tree's height).
 fn tree_depth(n: usize) -> f64 {
     (usize::BITS - n.max(1).leading_zeros()) as f64
 }
 
-/// Modelled time of `algo` for a call of `bytes` on `n` ranks, in
-/// microseconds; `None` where the algorithm does not implement the call.
+/// Height of one binary tree over `n` ranks (`algo::tree::BinaryTree`:
+/// at most `floor(log2 n)`), and the children of its root (at most two).
+fn tree_shape(n: usize) -> (f64, f64) {
+    let height = (usize::BITS - 1 - n.max(1).leading_zeros()) as f64;
+    (height, (n.max(1) - 1).min(2) as f64)
+}
+
+/// Modelled time of `algo` for a call of `bytes` on `n` ranks over slots
+/// of `chunk_bytes`, in microseconds; `None` where the algorithm does not
+/// implement the call.
+///
+/// A broadcast or reduce moves its buffer in slices ([`slice_bytes`] of
+/// the whole buffer: one slice up to 32 KiB, four up to four slots), and a
+/// slice spends a tick at each hop: the chain's `n - 1` hops and the
+/// tree's height `h` fill the pipeline once, then one slice ends a tick,
+/// so `(hops - 1 + slices)` ticks of one slice each. A tick of the chain
+/// moves and (reduce) combines one slice. In the tree a rank has up to two
+/// children: a broadcast's parent sends to each in turn, a reduce's parent
+/// gets both slices at once (each child sends its own) and combines both.
+/// With one slice the tree's `h` ticks beat the chain's `n - 1` (on 4
+/// ranks over TCP, reduce by the tree measured 1.42-1.69x faster from 32
+/// to 512 KiB, where the model without the pipeline's fill chose the chain:
+/// docs/performance-log.md, "The tuner's broadcast and reduce").
 pub(crate) fn cost_us(
     coll: CollKind,
     algo: Algorithm,
     n: usize,
-    bytes: usize,
+    (bytes, chunk_bytes): (usize, usize),
     m: &LinkModel,
 ) -> Option<f64> {
     if n <= 1 {
@@ -214,21 +240,24 @@ pub(crate) fn cost_us(
         (CollKind::AllReduce, Algorithm::TwoShot) => {
             2.0 * (nf - 1.0) * (a + mv(b / nf)) + (nf - 1.0) / nf * red(b)
         }
-        (CollKind::Broadcast | CollKind::Reduce, Algorithm::Ring) => {
-            let r = if coll == CollKind::Reduce {
-                red(b)
+        (CollKind::Broadcast | CollKind::Reduce, Algorithm::Ring | Algorithm::Tree) => {
+            let slice = slice_bytes(bytes, chunk_bytes).min(bytes.max(1));
+            let slices = bytes.div_ceil(slice).max(1) as f64;
+            let s = b / slices;
+            let reduce = coll == CollKind::Reduce;
+            let (hops, tick) = if algo == Algorithm::Ring {
+                let r = if reduce { red(s) } else { 0.0 };
+                (nf - 1.0, a + mv(s) + r)
             } else {
-                0.0
+                let (height, kids) = tree_shape(n);
+                let tick = if reduce {
+                    a + mv(s) + kids * red(s)
+                } else {
+                    a + kids * mv(s)
+                };
+                (height, tick)
             };
-            (nf - 1.0) * a + mv(b) + r
-        }
-        (CollKind::Broadcast | CollKind::Reduce, Algorithm::Tree) => {
-            let r = if coll == CollKind::Reduce {
-                2.0 * red(b)
-            } else {
-                0.0
-            };
-            d * a + 2.0 * mv(b) + r
+            (hops - 1.0 + slices) * tick
         }
         (CollKind::AllGather, Algorithm::Ring) => (nf - 1.0) * a + (nf - 1.0) / nf * mv(b),
         // Each of the n - 1 hops moves and combines a block; the
@@ -266,16 +295,17 @@ pub(crate) fn has_choice(coll: CollKind, layout: Layout) -> bool {
         || (layout.hierarchical() && matches!(coll, CollKind::AllGather | CollKind::ReduceScatter))
 }
 
-/// The cheapest algorithm for the call, and each candidate's modelled cost.
+/// The cheapest algorithm for a call of `bytes` over slots of
+/// `chunk_bytes`, and each candidate's modelled cost.
 pub(crate) fn choose(
     coll: CollKind,
     n: usize,
-    bytes: usize,
+    (bytes, chunk_bytes): (usize, usize),
     m: &LinkModel,
 ) -> (Algorithm, Vec<(Algorithm, f64)>) {
     let costs: Vec<(Algorithm, f64)> = candidates(coll)
         .iter()
-        .filter_map(|&algo| cost_us(coll, algo, n, bytes, m).map(|c| (algo, c)))
+        .filter_map(|&algo| cost_us(coll, algo, n, (bytes, chunk_bytes), m).map(|c| (algo, c)))
         .collect();
     let best = costs
         .iter()
@@ -293,7 +323,8 @@ pub(crate) fn choose(
 /// set the tuner's choice beside a simulation of the same cluster
 /// (`ferroccl-sim`).
 pub fn choose_all_reduce(n: usize, bytes: usize, model: &LinkModel) -> Algorithm {
-    choose(CollKind::AllReduce, n, bytes, model).0
+    // An allreduce's cost does not depend on the slot size.
+    choose(CollKind::AllReduce, n, (bytes, ANY_CHUNK), model).0
 }
 
 /// The tuner's allreduce choice on ranks spread as `layout` over `links`
@@ -304,7 +335,7 @@ pub fn choose_all_reduce_on(
     bytes: usize,
     links: &HostLinks,
 ) -> Algorithm {
-    choose_on(CollKind::AllReduce, layout, n, bytes, links).0
+    choose_on(CollKind::AllReduce, layout, n, (bytes, ANY_CHUNK), links).0
 }
 
 /// The tuner's reduce-scatter choice (`choose_on`) for an input of
@@ -317,7 +348,14 @@ pub fn choose_reduce_scatter_on(
     bytes: usize,
     links: &HostLinks,
 ) -> Algorithm {
-    choose_on(CollKind::ReduceScatter, layout, n, bytes, links).0
+    choose_on(
+        CollKind::ReduceScatter,
+        layout,
+        n,
+        (bytes, ANY_CHUNK),
+        links,
+    )
+    .0
 }
 
 /// Size class of a call for logging: its power-of-two bucket.
@@ -350,14 +388,49 @@ mod tests {
             reduce_gbps: 5.0,
         };
         // 8 ranks, 8 bytes: the ring's 14 hops lose to log-depth or direct.
-        let (small, _) = choose(CollKind::AllReduce, 8, 8, &m);
+        let (small, _) = choose(CollKind::AllReduce, 8, (8, 1 << 19), &m);
         assert_ne!(small, Algorithm::Ring);
         // 8 ranks, 256 MiB: the ring moves the fewest bytes per rank.
-        let (big, costs) = choose(CollKind::AllReduce, 8, 256 << 20, &m);
+        let (big, costs) = choose(CollKind::AllReduce, 8, (256 << 20, 1 << 19), &m);
         assert_eq!(big, Algorithm::Ring, "{costs:?}");
         // The choice is the minimum of the listed costs.
         let min = costs.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
         assert_eq!(costs.iter().find(|c| c.0 == big).map(|c| c.1), Some(min));
+    }
+
+    /// Broadcast and reduce pay the pipeline's fill: with one slice (up to
+    /// 32 KiB) a reduce on 4 ranks takes the tree's 2 ticks, not the
+    /// chain's 3 (the cost is the hand formula: 2 ticks of a latency, a
+    /// slice's move and two combines); with many slices the chain's single
+    /// child per rank wins; on 2 ranks the two are one hop alike and the
+    /// tie goes to the chain.
+    #[test]
+    fn broadcast_and_reduce_pay_the_pipeline_fill() {
+        let m = LinkModel {
+            alpha_us: 20.0,
+            beta_gbps: 2.0,
+            reduce_gbps: 5.0,
+        };
+        let chunk = 512 << 10;
+        let kib32 = 32 << 10;
+        let (algo, costs) = choose(CollKind::Reduce, 4, (kib32, chunk), &m);
+        assert_eq!(algo, Algorithm::Tree, "{costs:?}");
+        let b = kib32 as f64;
+        let want = 2.0 * (m.alpha_us + b / 2e3 + 2.0 * b / 5e3);
+        let got = costs.iter().find(|c| c.0 == Algorithm::Tree).unwrap().1;
+        assert!((got - want).abs() < 1e-9 * want, "{got} against {want}");
+        let chain = costs.iter().find(|c| c.0 == Algorithm::Ring).unwrap().1;
+        let want = 3.0 * (m.alpha_us + b / 2e3 + b / 5e3);
+        assert!((chain - want).abs() < 1e-9 * want, "{chain} against {want}");
+        for coll in [CollKind::Broadcast, CollKind::Reduce] {
+            let (big, costs) = choose(coll, 4, (256 << 20, chunk), &m);
+            assert_eq!(big, Algorithm::Ring, "{coll:?} {costs:?}");
+            for bytes in [8, kib32, 1 << 20, 256 << 20] {
+                let (two, costs) = choose(coll, 2, (bytes, chunk), &m);
+                assert_eq!(two, Algorithm::Ring, "{coll:?} {bytes}: {costs:?}");
+                assert_eq!(costs[0].1, costs[1].1, "{coll:?} {bytes}");
+            }
+        }
     }
 
     #[test]
@@ -371,7 +444,7 @@ mod tests {
         ] {
             for n in [1, 2, 3, 8, 64] {
                 for bytes in [0, 8, 1 << 20] {
-                    let (algo, costs) = choose(coll, n, bytes, &m);
+                    let (algo, costs) = choose(coll, n, (bytes, 1 << 19), &m);
                     assert!(candidates(coll).contains(&algo));
                     assert!(!costs.is_empty());
                     if n == 1 {
