@@ -131,7 +131,12 @@ impl Inner {
         let inner = self;
         let elem = std::mem::size_of::<T>();
         let count = call.slice_count(inner.size);
-        let facts = inner.facts(call.kind);
+        // The model slices a broadcast or reduce by the frames this plan
+        // has: the host slots', or the device executor's chunk.
+        let facts = Facts {
+            chunk_bytes,
+            ..inner.facts(call.kind)
+        };
         let bytes = call.count * elem;
         if !inner.user.is_empty() && !call.internal {
             if let Some(user) = coll::user_collective(call.kind).and_then(|c| inner.user.get(c)) {
@@ -201,9 +206,18 @@ impl Inner {
     }
 
     /// The name of the algorithm `build_plan_chunked` runs `call` (of
-    /// `bytes`) by, for the device executor's `plan:` line.
-    pub(super) fn algorithm_name(&self, call: &CollCall, bytes: usize) -> String {
-        let facts = self.facts(call.kind);
+    /// `bytes`, in frames of `chunk_bytes`) by, for the device paths'
+    /// `plan:` lines.
+    pub(super) fn algorithm_name(
+        &self,
+        call: &CollCall,
+        bytes: usize,
+        chunk_bytes: usize,
+    ) -> String {
+        let facts = Facts {
+            chunk_bytes,
+            ..self.facts(call.kind)
+        };
         if !self.user.is_empty() && !call.internal {
             if let Some(user) = coll::user_collective(call.kind).and_then(|c| self.user.get(c)) {
                 return format!("user algorithm '{}'", user.name());
@@ -468,7 +482,7 @@ impl Inner {
                     coll.kind,
                     bytes,
                     self.size,
-                    &self.algorithm_name(&coll, bytes),
+                    &self.algorithm_name(&coll, bytes, self.config.chunk_bytes()),
                     &staged_why
                 )
             );

@@ -53,7 +53,7 @@ impl Inner {
                 crate::plan::tune::size_class(bytes),
             ))
         {
-            let algorithm = self.algorithm_name(coll, bytes);
+            let algorithm = self.algorithm_name(coll, bytes, choice.chunk_bytes * choice.channels);
             tracing::info!(
                 rank = self.rank,
                 "plan: {}",
