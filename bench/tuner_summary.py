@@ -9,11 +9,12 @@ the tuner is within that noise (or 5%) of the best.
 
     tuner_summary.py OUT_DIR CASE TURNS ALGO...
 """
+
 import csv
 import re
 import sys
 
-PLAN = re.compile(r"plan: \S+ of (\d+) bytes on \d+ ranks(?: over [^>]*)? -> ([^,( ]+)")
+PLAN = re.compile(r"plan: (\S+) of (\d+) bytes on \d+ ranks(?: over [^>]*)? -> ([^,( ]+)")
 
 
 def times(path):
@@ -21,14 +22,16 @@ def times(path):
         return {int(r["size_bytes"]): float(r["oop_time_us"]) for r in csv.DictReader(f)}
 
 
-def choices(path):
-    """Size class (power-of-two bucket) -> the tuner's choice."""
+def choices(path, op):
+    """Size class (power-of-two bucket) -> the tuner's choice for `op`
+    (the log also has the plan lines of the library's own calls and of
+    ferroccl-perf's timing allreduce, which must not stand for it)."""
     out = {}
     with open(path, errors="replace") as f:
         for line in f:
             m = PLAN.search(line)
-            if m:
-                out[int(m.group(1)).bit_length()] = m.group(2)
+            if m and m.group(1).replace("_", "") == op:
+                out[int(m.group(2)).bit_length()] = m.group(3)
     return out
 
 
@@ -38,16 +41,14 @@ def main():
     runs = {}
     for v in ["tuner"] + algos:
         runs[v] = [times(f"{out}/{case}-{v}-{i}.csv") for i in range(1, turns + 1)]
-    chose = choices(f"{out}/{case}-tuner-1.log")
+    chose = choices(f"{out}/{case}-tuner-1.log", case.split("-")[0])
     print(f"\n### {case}\n")
     print("| size | tuner chose | tuner us | best forced | best us | tuner / best | noise | |")
     print("|---:|---|---:|---|---:|---:|---:|---|")
     right = total = 0
     for size in sorted(runs["tuner"][0]):
         tuner = [r[size] for r in runs["tuner"]]
-        best_algo, best = min(
-            ((a, min(r[size] for r in runs[a])) for a in algos), key=lambda x: x[1]
-        )
+        best_algo, best = min(((a, min(r[size] for r in runs[a])) for a in algos), key=lambda x: x[1])
         best_turns = [r[size] for r in runs[best_algo]]
         noise = max(max(tuner) / min(tuner), max(best_turns) / min(best_turns))
         ratio = min(tuner) / best
