@@ -12,6 +12,10 @@
  * and prints the slowest rank's mean time per call:
  *
  *   SIZE TIME_US
+ *
+ * With MPI_COLL_BARRIER=1 in the environment every call is followed by an
+ * MPI_Barrier: a broadcast or reduce that returns only once every rank has
+ * reached it, as ferroccl's do (to measure what that agreement costs).
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -26,6 +30,8 @@ static int parse_op(const char *s) {
         if (!strcmp(s, names[i])) return i;
     return -1;
 }
+
+static int barrier_after;
 
 /* One call of `op` moving `bytes` (nccl-tests size) among `n` ranks. */
 static void call(int op, float *in, float *out, size_t bytes, int n) {
@@ -47,6 +53,7 @@ static void call(int op, float *in, float *out, size_t bytes, int n) {
         MPI_Reduce(in, out, count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
         break;
     }
+    if (barrier_after) MPI_Barrier(MPI_COMM_WORLD);
 }
 
 /* The slowest rank's mean seconds per call over `k` calls. */
@@ -64,6 +71,8 @@ int main(int argc, char **argv) {
     int rank, n;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
+    const char *sync = getenv("MPI_COLL_BARRIER");
+    barrier_after = sync && !strcmp(sync, "1");
     int op = argc > 1 ? parse_op(argv[1]) : -1;
     if (op < 0 || argc < 4) {
         if (rank == 0)
