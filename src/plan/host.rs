@@ -702,7 +702,7 @@ mod tests {
     }
 
     #[test]
-    fn two_ranks_run_larger_calls_inline_unless_the_communicator_has_windows() {
+    fn two_ranks_run_larger_calls_inline_unless_a_window_path_serves_them() {
         let two = Facts {
             size: 2,
             layout: Layout::one_host(2),
@@ -720,49 +720,32 @@ mod tests {
             (CollKind::AllGather, 8 << 10),
             (CollKind::AllToAll, 8 << 10),
         ];
+        let four = |windows: bool| Facts { windows, ..facts() };
         for (kind, limit) in limits {
             assert!(limit <= INLINE_MAX_BYTES, "{kind:?}: the page holds it");
-            assert_eq!(
-                route(kind, limit, false, Memory::Host, &two).unwrap(),
-                Route::Inline
-            );
-            assert_ne!(
-                route(kind, limit + 1, false, Memory::Host, &two).unwrap(),
-                Route::Inline,
-                "{kind:?}"
-            );
-            // With windows, a collective that has a path between
-            // windows keeps 4 KiB; one that has none keeps its limit.
+            // With windows, a collective that has a path between windows
+            // keeps 4 KiB; one that has none keeps its limit. On more
+            // ranks, 4 KiB, windows or not.
             let with_windows = if has_window_path(kind) {
                 INLINE_BYTES
             } else {
                 limit
             };
-            assert_eq!(
-                route(kind, with_windows, false, Memory::Host, &windows).unwrap(),
-                Route::Inline
-            );
-            assert_ne!(
-                route(kind, with_windows + 1, false, Memory::Host, &windows).unwrap(),
-                Route::Inline,
-                "{kind:?} with windows"
-            );
-            // On more ranks, the 4 KiB limit, windows or not.
-            for f in [
-                facts(),
-                Facts {
-                    windows: true,
-                    ..facts()
-                },
+            for (f, most, what) in [
+                (two, limit, "2 ranks"),
+                (windows, with_windows, "2 ranks, windows"),
+                (four(false), INLINE_BYTES, "4 ranks"),
+                (four(true), INLINE_BYTES, "4 ranks, windows"),
             ] {
                 assert_eq!(
-                    route(kind, INLINE_BYTES, false, Memory::Host, &f).unwrap(),
-                    Route::Inline
+                    route(kind, most, false, Memory::Host, &f).unwrap(),
+                    Route::Inline,
+                    "{kind:?} {what}"
                 );
                 assert_ne!(
-                    route(kind, INLINE_BYTES + 1, false, Memory::Host, &f).unwrap(),
+                    route(kind, most + 1, false, Memory::Host, &f).unwrap(),
                     Route::Inline,
-                    "{kind:?} {f:?}"
+                    "{kind:?} {what}"
                 );
             }
         }
