@@ -77,8 +77,11 @@ pub struct Config {
     /// Directory of shared-memory segments (FERROCCL_SHM_DIR; default
     /// /dev/shm). Segments are unlinked as soon as both ranks mapped them.
     pub shm_dir: Option<std::path::PathBuf>,
-    /// Measure the links at creation for the tuner (FERROCCL_CALIBRATE=0 to
-    /// skip and use `LinkModel::DEFAULT`).
+    /// Measure at creation: the links, for the tuner, and, where every
+    /// rank of one host may read the others' memory, from which block
+    /// size allgathers and all-to-alls pull by cross-memory attach
+    /// (FERROCCL_CALIBRATE=0 to skip: `LinkModel::DEFAULT`, and 64 KiB
+    /// blocks).
     pub calibrate: bool,
     /// Out-of-place calls whose output has at least this many bytes write
     /// it with streaming (non-temporal) stores, which skip reading each

@@ -183,8 +183,12 @@ fn without_slots(f: &Finished) -> u64 {
 /// elements; with this seed seven of its allgathers and all-to-alls have
 /// blocks of 64 KiB or more) must pass with it
 /// and with FERROCCL_CMA=0, and with it more calls must run without slots
-/// (the large allgathers and all-to-alls). Where the machine forbids cross-memory attach
-/// (Yama, a container profile) both runs take the slots and must agree.
+/// (the large allgathers and all-to-alls). That run keeps the fixed
+/// threshold (FERROCCL_CALIBRATE=0: from 64 KiB blocks); a third, with the
+/// threshold measured at creation (which may pull from larger blocks, or
+/// never, depending on the machine), must pass too and say what it
+/// measured. Where the machine forbids cross-memory attach (Yama, a
+/// container profile) the runs take the slots and must agree.
 #[test]
 fn three_ranks_allgather_across_processes_and_without() {
     let args = [
@@ -196,9 +200,11 @@ fn three_ranks_allgather_across_processes_and_without() {
         "200000",
         "--no-windows",
     ];
-    let info = [("FERROCCL_DEBUG", "INFO")];
+    let info = [("FERROCCL_DEBUG", "INFO"), ("FERROCCL_CALIBRATE", "0")];
     let with = soak(3, &info, &args);
     assert!(with.status.success(), "{}", with.all());
+    let calibrated = soak(3, &[("FERROCCL_DEBUG", "INFO")], &args);
+    assert!(calibrated.status.success(), "{}", calibrated.all());
     let without = soak(
         3,
         &[("FERROCCL_DEBUG", "INFO"), ("FERROCCL_CMA", "0")],
@@ -220,6 +226,13 @@ fn three_ranks_allgather_across_processes_and_without() {
         assert!(
             b > a,
             "{b} calls without slots with cross-memory attach, {a} without"
+        );
+        assert!(
+            calibrated
+                .all()
+                .contains("cross-memory attach calibrated on 3 ranks"),
+            "{}",
+            calibrated.all()
         );
     } else {
         eprintln!("cross-memory attach not permitted here; both runs used slots");

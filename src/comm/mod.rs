@@ -160,6 +160,11 @@ struct Inner {
     windows: Mutex<Windows>,
     /// Collectives that ran directly between windows.
     direct_calls: AtomicU64,
+    /// Smallest block from which an allgather or all-to-all of ordinary
+    /// buffers pulls by cross-memory attach: `plan::CMA_MIN_BYTES` until
+    /// the control pages' calibration (`Communicator::calibrate_cma`)
+    /// measures it; `usize::MAX`: never.
+    cma_min_bytes: std::sync::atomic::AtomicUsize,
     /// The control pages (set once, read without a lock), made at creation
     /// where every rank is on one host (or with the first window under
     /// FERROCCL_CHECKIN=0): from then on every collective checks in there.

@@ -292,6 +292,7 @@ impl Communicator {
             plans: Mutex::new(Vec::new()),
             windows: Mutex::new(Windows::default()),
             direct_calls: AtomicU64::new(0),
+            cma_min_bytes: std::sync::atomic::AtomicUsize::new(crate::plan::CMA_MIN_BYTES),
             gates: Mutex::new(Vec::new()),
             exec_paths: Mutex::new(Vec::new()),
             exec_setups: AtomicU64::new(0),

@@ -13,6 +13,7 @@ use crate::window::{self, Control, Window, WindowMaps};
 use ferroccl_transport::{SharedMemory, SharedRegion};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// What `share_regions` gives: this rank's region, and what `open` made of
 /// every rank's.
@@ -226,6 +227,9 @@ impl Communicator {
             crate::plan::INLINE_BYTES,
             crate::plan::INLINE_MAX_BYTES
         );
+        if cma && inner.config.calibrate {
+            self.calibrate_cma()?;
+        }
         // The pages just set (or, had another thread set some first, those).
         Ok(inner.control.get().cloned())
     }
@@ -296,6 +300,101 @@ impl Communicator {
     /// that a program's buffers are where it thinks.
     pub fn direct_window_calls(&self) -> u64 {
         self.inner.direct_calls.load(Ordering::Relaxed)
+    }
+    /// Measure from which block size an allgather of ordinary buffers is
+    /// faster pulled by cross-memory attach than through slots, and pull
+    /// from there on (`Inner::cma_min_bytes`): each rank times allgathers
+    /// of each of `plan::cma_probes` both ways (the best of four after a
+    /// warm-up), the ranks agree on the slowest rank's times, and
+    /// `plan::cma_threshold` decides, so every rank routes alike. Runs at
+    /// the control pages' creation where every rank can pull (a
+    /// collective, before any call of the user's can be in flight);
+    /// FERROCCL_CALIBRATE=0 keeps `plan::CMA_MIN_BYTES`.
+    pub(super) fn calibrate_cma(&self) -> Result<()> {
+        let inner = &self.inner;
+        let n = inner.size;
+        let blocks = crate::plan::cma_probes(&inner.facts(CollKind::AllGather));
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let most = blocks.iter().copied().max().unwrap_or(0) / 4;
+        let input = vec![inner.rank as f32; most];
+        let mut output = vec![0f32; most * n];
+        let mut times = Vec::with_capacity(2 * blocks.len());
+        let gather = |input: &[f32], output: &mut [f32]| -> Result<()> {
+            let call = CollCall {
+                internal: true,
+                ..CollCall::new(CollKind::AllGather, input.len(), input.len(), output.len())
+            };
+            self.collective(
+                &call,
+                Buffers::OutOfPlace {
+                    send: input,
+                    recv: output,
+                },
+            )
+        };
+        let result = (|| -> Result<()> {
+            for &block in &blocks {
+                let count = block / 4;
+                for pull in [true, false] {
+                    let from = if pull { 0 } else { usize::MAX };
+                    inner.cma_min_bytes.store(from, Ordering::Relaxed);
+                    let mut best = f64::INFINITY;
+                    for turn in 0..5 {
+                        let start = Instant::now();
+                        gather(&input[..count], &mut output[..count * n])?;
+                        if turn > 0 {
+                            best = best.min(start.elapsed().as_secs_f64() * 1e6);
+                        }
+                    }
+                    times.push(best as f32);
+                }
+            }
+            Ok(())
+        })();
+        // Whatever happened, no route stays forced.
+        inner
+            .cma_min_bytes
+            .store(crate::plan::CMA_MIN_BYTES, Ordering::Relaxed);
+        result?;
+        // The slowest rank's times: every rank decides alike.
+        let mut agreed = vec![0f32; times.len()];
+        let call = CollCall {
+            op: Some(ReduceOp::Max),
+            internal: true,
+            ..CollCall::new(CollKind::AllReduce, times.len(), times.len(), times.len())
+        };
+        self.collective(
+            &call,
+            Buffers::OutOfPlace {
+                send: &times,
+                recv: &mut agreed,
+            },
+        )?;
+        let probes: Vec<(usize, f64, f64)> = blocks
+            .iter()
+            .zip(agreed.chunks(2))
+            .map(|(&b, t)| (b, f64::from(t[0]), f64::from(t[1])))
+            .collect();
+        let from = crate::plan::cma_threshold(&probes);
+        inner.cma_min_bytes.store(from, Ordering::Relaxed);
+        tracing::info!(
+            rank = inner.rank,
+            "cross-memory attach calibrated on {n} ranks (block bytes: pull us / slots us): \
+             {}; allgathers and all-to-alls pull {}",
+            probes
+                .iter()
+                .map(|(b, p, s)| format!("{b}: {p:.1} / {s:.1}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if from == usize::MAX {
+                "never (the slots won at the largest block)".to_string()
+            } else {
+                format!("from blocks of {from} bytes")
+            }
+        );
+        Ok(())
     }
     /// Whether `ok` holds on every rank (a collective).
     pub(super) fn agree_all(&self, ok: bool) -> Result<bool> {

@@ -83,6 +83,61 @@ fn has_window_path(kind: CollKind) -> bool {
 /// (below that slower; docs/performance-history.md).
 pub(crate) const CMA_MIN_BYTES: usize = 64 << 10;
 
+/// Block sizes (bytes a rank) at which the control pages' calibration
+/// may time an allgather both by cross-memory attach and through slots
+/// ([`cma_probes`] keeps those that fit).
+pub(crate) const CMA_PROBE_BLOCKS: [usize; 3] = [64 << 10, 512 << 10, 2 << 20];
+
+/// Most bytes of output a rank allocates for the calibration's probes.
+const CMA_PROBE_OUTPUT_BYTES: usize = 32 << 20;
+
+/// The blocks of [`CMA_PROBE_BLOCKS`] a calibration on `facts.size` ranks
+/// times: those whose gathered output fits in 32 MiB and the pull may take
+/// at all (below the streaming-store bound of `takes_cma`: a probe above
+/// it would time the slots twice).
+pub(crate) fn cma_probes(facts: &Facts) -> Vec<usize> {
+    let n = facts.size.max(1);
+    CMA_PROBE_BLOCKS
+        .into_iter()
+        .filter(|&b| b.saturating_mul(n) <= CMA_PROBE_OUTPUT_BYTES)
+        .filter(|&b| {
+            takes_cma(
+                CollKind::AllGather,
+                b,
+                false,
+                &Facts {
+                    cma_min_bytes: 0,
+                    ..*facts
+                },
+            )
+        })
+        .collect()
+}
+
+/// A pull wins a probe when it takes at most this share of the slots'
+/// time.
+const CMA_WIN: f64 = 0.95;
+
+/// The smallest probed block from which pulling by cross-memory attach
+/// won (by 5% or more) at that block and every larger one, from `(block, pull µs, slots
+/// µs)` in ascending blocks; `usize::MAX` (never pull) where it lost at
+/// the largest. Where the pull starts to win depends on the machine: on
+/// the earlier Intel build machine from 64 KiB blocks, on the AMD VM of
+/// 2026-11-29 only from about 2 MiB (2 ranks, 128 KiB gathered: 12.9
+/// against 9.4 µs through slots; 4 MiB: 422 against 741-788).
+pub(crate) fn cma_threshold(probes: &[(usize, f64, f64)]) -> usize {
+    let mut from = usize::MAX;
+    for &(block, pull, slots) in probes.iter().rev() {
+        // A win by less than 5% is a tie on a shared machine: the slots,
+        // every other call's path, keep it.
+        if pull > slots * CMA_WIN {
+            break;
+        }
+        from = block;
+    }
+    from
+}
+
 /// What the communicator knows about its ranks that every rank knows
 /// alike: the facts a route depends on besides the call.
 #[derive(Debug, Clone, Copy)]
@@ -109,6 +164,9 @@ pub(crate) struct Facts {
     /// The host slots' size (`Config::chunk_bytes`), which slices a
     /// broadcast or reduce (and so its modelled cost).
     pub(crate) chunk_bytes: usize,
+    /// Smallest block pulled by cross-memory attach (`CMA_MIN_BYTES`, or
+    /// what the control pages' calibration measured; `usize::MAX`: never).
+    pub(crate) cma_min_bytes: usize,
 }
 
 /// How a call starts, decided from the call alone.
@@ -188,8 +246,7 @@ pub(crate) fn route(
     if free && in_bytes <= inline_limit(kind, facts) {
         return Ok(Route::Inline);
     }
-    let cma =
-        free && facts.cma && takes_cma(kind, in_bytes, in_place, facts.size, facts.nt_store_bytes);
+    let cma = free && facts.cma && takes_cma(kind, in_bytes, in_place, facts);
     if cma || (facts.windows && has_window_path(kind)) {
         return Ok(Route::CheckIn { cma });
     }
@@ -206,11 +263,12 @@ pub(crate) fn device_unsupported(kind: CollKind, memory: Memory) -> Error {
 /// Whether a call of `kind` whose input has `in_bytes` may run by
 /// cross-memory attach on `size` ranks: an allgather or all-to-all whose
 /// blocks (an allgather's whole input, one of an all-to-all's `size`) have
-/// at least `CMA_MIN_BYTES`, and whose buffers are small enough to be
-/// written with ordinary stores ([`direct_store`] with `nt_store_bytes`).
-/// Beyond that the slots win: their receiver writes the output with
-/// streaming stores, while the kernel's copy reads every line of the
-/// output before writing it. On the 2-core build machine a 2-rank
+/// at least `facts.cma_min_bytes` (`CMA_MIN_BYTES`, or as measured at
+/// creation: [`cma_threshold`]), and whose output the slots would write
+/// with ordinary stores too ([`slot_store`]: in place, or below
+/// `nt_store_bytes`). Beyond that the slots win: their receiver writes the
+/// output with streaming stores, while the kernel's copy reads every line
+/// of the output before writing it. On the 2-core build machine a 2-rank
 /// allgather of 32 / 64 MiB took 5.2-5.7 / 11.1-12.4 ms through slots
 /// against 11.4-12.3 / 22.0-22.6 ms pulled, and still 7.3-8.8 / 16.7-18.6
 /// ms pulled into a buffer in cache and streamed out from there
@@ -219,20 +277,15 @@ pub(crate) fn device_unsupported(kind: CollKind, memory: Memory) -> Error {
 /// receiver's copy out of it run at once on two cores, and one kernel copy
 /// on the receiver alone was slower from 2 MiB (7-9 against 13-14 GB/s on
 /// 2 ranks).
-fn takes_cma(
-    kind: CollKind,
-    in_bytes: usize,
-    in_place: bool,
-    size: usize,
-    nt_store_bytes: usize,
-) -> bool {
+fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> bool {
+    let (size, nt_store_bytes) = (facts.size, facts.nt_store_bytes);
     let (block, out_bytes) = match kind {
         CollKind::AllGather => (in_bytes, in_bytes.saturating_mul(size)),
         CollKind::AllToAll => (in_bytes / size.max(1), in_bytes),
         _ => return false,
     };
-    let buffers = in_bytes.saturating_add(out_bytes).saturating_mul(size);
-    block >= CMA_MIN_BYTES && direct_store(!in_place, buffers, nt_store_bytes) == Store::Cached
+    block >= facts.cma_min_bytes
+        && slot_store(!in_place, out_bytes, nt_store_bytes) == Store::Cached
 }
 
 /// How a checked-in call runs, decided from every rank's announcement.
@@ -575,7 +628,68 @@ mod tests {
             user: false,
             nt_store_bytes: crate::config::DEFAULT_NT_STORE_BYTES,
             chunk_bytes: 512 << 10,
+            cma_min_bytes: CMA_MIN_BYTES,
         }
+    }
+
+    /// The calibration's threshold: the smallest probe from which the
+    /// pull won everywhere above; never where it lost at the largest.
+    #[test]
+    fn the_pull_starts_where_it_wins_from_there_up() {
+        let at = |wins: [bool; 3]| {
+            let probes: Vec<(usize, f64, f64)> = CMA_PROBE_BLOCKS
+                .iter()
+                .zip(wins)
+                .map(|(&b, w)| (b, if w { 1.0 } else { 2.0 }, 1.5))
+                .collect();
+            cma_threshold(&probes)
+        };
+        let [a, b, d] = CMA_PROBE_BLOCKS;
+        assert_eq!(at([true; 3]), a);
+        assert_eq!(at([false, false, true]), d);
+        assert_eq!(at([false, true, true]), b);
+        assert_eq!(at([true, false, true]), d);
+        assert_eq!(at([true, true, false]), usize::MAX);
+        assert_eq!(at([false; 3]), usize::MAX);
+        // A tie, or a win by less than 5%, is no win.
+        assert_eq!(cma_threshold(&[(a, 1.0, 1.0)]), usize::MAX);
+        assert_eq!(cma_threshold(&[(a, 0.96, 1.0)]), usize::MAX);
+        assert_eq!(cma_threshold(&[(a, 0.95, 1.0)]), a);
+        assert_eq!(cma_threshold(&[]), usize::MAX);
+        // The route follows the threshold.
+        let f = Facts {
+            cma_min_bytes: d,
+            ..facts()
+        };
+        assert_eq!(
+            route(CollKind::AllGather, d, false, Memory::Host, &f).unwrap(),
+            Route::CheckIn { cma: true }
+        );
+        assert_eq!(
+            route(CollKind::AllGather, d - 4, false, Memory::Host, &f).unwrap(),
+            Route::Slots { note: true }
+        );
+        // Probes: every block on 8 ranks (16 MiB gathered at most); on
+        // 16, 2 MiB blocks would gather 32 MiB (streamed, and the memory
+        // bound); on 64, 64 KiB only; on 1024, none.
+        let on = |size: usize| {
+            cma_probes(&Facts {
+                size,
+                layout: Layout::one_host(size),
+                ..facts()
+            })
+        };
+        assert_eq!(on(4), CMA_PROBE_BLOCKS.to_vec());
+        assert_eq!(on(8), CMA_PROBE_BLOCKS.to_vec());
+        assert_eq!(on(16), vec![a, b]);
+        assert_eq!(on(64), vec![a]);
+        assert!(on(1024).is_empty());
+        // Streaming stores off: no bound but the memory.
+        let never = Facts {
+            nt_store_bytes: 0,
+            ..facts()
+        };
+        assert_eq!(cma_probes(&never), CMA_PROBE_BLOCKS.to_vec());
     }
 
     fn links(intra: (f64, f64), inter: (f64, f64)) -> HostLinks {
@@ -846,17 +960,15 @@ mod tests {
             route(CollKind::AllGather, big, false, Memory::Host, &no_cma).unwrap(),
             Route::Slots { note: true }
         );
-        // Up to where the output would be streamed: the buffers of all
-        // ranks (input and output) below twice `nt_store_bytes`. An
-        // allgather on 4 ranks has 5 inputs' worth a rank, 20 in all.
+        // Up to where the slots would stream the output: below
+        // `nt_store_bytes` of output (an allgather's on 4 ranks is 4
+        // inputs; an all-to-all's is its input).
         let nt = f.nt_store_bytes;
-        let below = (2 * nt - 1) / 20;
         for (kind, bytes, cma) in [
-            (CollKind::AllGather, below, true),
-            (CollKind::AllGather, below + 1, false),
-            // An all-to-all: input and output alike, 8 of them in all.
-            (CollKind::AllToAll, (2 * nt - 1) / 8, true),
-            (CollKind::AllToAll, (2 * nt - 1) / 8 + 1, false),
+            (CollKind::AllGather, nt / 4 - 4, true),
+            (CollKind::AllGather, nt / 4, false),
+            (CollKind::AllToAll, nt - 4, true),
+            (CollKind::AllToAll, nt, false),
         ] {
             let want = if cma {
                 Route::CheckIn { cma: true }
