@@ -398,6 +398,7 @@ fn child_process_side() {
     let Some(sock) = common::inherited_socket(CHILD_ENV) else {
         return;
     };
+    let _s = serial();
     let pid = std::process::id();
     let f = memfd(
         "ferroccl-fdpass-child",
@@ -413,6 +414,9 @@ fn child_process_side() {
 /// executor test, whose owners check it before they hand out a region).
 #[test]
 fn peer_pid_is_the_connecting_process() {
+    // Serial like the others: its socket pair would otherwise show up in
+    // a concurrent test's count of this process's descriptors.
+    let _s = serial();
     let (a, b) = UnixStream::pair().unwrap();
     assert_eq!(ferroccl_cuda_ipc::peer_pid(&a).unwrap(), std::process::id());
     assert_eq!(ferroccl_cuda_ipc::peer_pid(&b).unwrap(), std::process::id());
