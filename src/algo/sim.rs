@@ -224,6 +224,23 @@ mod tests {
         (rank * 1000 + i) as f64
     }
 
+    /// Every rank's `len` input elements, `value(rank, i)`.
+    fn rank_inputs(n: usize, len: usize) -> Vec<Vec<f64>> {
+        (0..n)
+            .map(|r| (0..len).map(|i| value(r, i)).collect())
+            .collect()
+    }
+
+    /// Every rank's output of `count` elements: in place its input, else
+    /// NaN (so that an element no step wrote shows).
+    fn outputs_for(inputs: &[Vec<f64>], count: usize, in_place: bool) -> Vec<Vec<f64>> {
+        if in_place {
+            inputs.to_vec()
+        } else {
+            vec![vec![f64::NAN; count]; inputs.len()]
+        }
+    }
+
     fn params(rank: usize, size: usize, slice: usize) -> RingParams {
         deep(rank, size, slice, 1)
     }
@@ -245,15 +262,9 @@ mod tests {
         let sched: Vec<_> = (0..n)
             .map(|r| ring::all_reduce(deep(r, n, slice, depth), count))
             .collect();
-        let inputs: Vec<Vec<f64>> = (0..n)
-            .map(|r| (0..count).map(|i| value(r, i)).collect())
-            .collect();
+        let inputs = rank_inputs(n, count);
         for in_place in [false, true] {
-            let mut outputs = if in_place {
-                inputs.clone()
-            } else {
-                vec![vec![f64::NAN; count]; n]
-            };
+            let mut outputs = outputs_for(&inputs, count, in_place);
             run(&sched, &inputs, &mut outputs, in_place, cap).unwrap_or_else(|e| {
                 panic!("n={n} count={count} slice={slice} cap={cap} depth={depth}: {e}")
             });
@@ -273,9 +284,7 @@ mod tests {
         let rs: Vec<_> = (0..n)
             .map(|r| ring::reduce_scatter(deep(r, n, slice, depth), count))
             .collect();
-        let inputs: Vec<Vec<f64>> = (0..n)
-            .map(|r| (0..count * n).map(|i| value(r, i)).collect())
-            .collect();
+        let inputs = rank_inputs(n, count * n);
         let mut outputs = vec![vec![f64::NAN; count]; n];
         run(&rs, &inputs, &mut outputs, false, cap).unwrap();
         for (rank, out) in outputs.iter().enumerate() {
@@ -337,9 +346,7 @@ mod tests {
         let sched: Vec<_> = (0..n)
             .map(|r| ring::all_reduce(deep(r, n, 1, 4), count))
             .collect();
-        let inputs: Vec<Vec<f64>> = (0..n)
-            .map(|r| (0..count).map(|i| value(r, i)).collect())
-            .collect();
+        let inputs = rank_inputs(n, count);
         let mut outputs = vec![vec![f64::NAN; count]; n];
         let err = run(&sched, &inputs, &mut outputs, false, 2).unwrap_err();
         assert!(err.contains("deadlock"), "{err}");
@@ -359,9 +366,7 @@ mod tests {
                     let ag: Vec<_> = (0..n)
                         .map(|r| ring::all_gather(deep(r, n, slice, depth), count))
                         .collect();
-                    let inputs: Vec<Vec<f64>> = (0..n)
-                        .map(|r| (0..count).map(|i| value(r, i)).collect())
-                        .collect();
+                    let inputs = rank_inputs(n, count);
                     let mut outputs = vec![vec![f64::NAN; count * n]; n];
                     run(&ag, &inputs, &mut outputs, false, cap).unwrap();
                     for out in &outputs {
@@ -382,9 +387,7 @@ mod tests {
                     let bc: Vec<_> = (0..n)
                         .map(|r| ring::broadcast(params(r, n, 3), count, root))
                         .collect();
-                    let mut bufs: Vec<Vec<f64>> = (0..n)
-                        .map(|r| (0..count).map(|i| value(r, i)).collect())
-                        .collect();
+                    let mut bufs = rank_inputs(n, count);
                     run(&bc, &[], &mut bufs, true, 2).unwrap();
                     for b in &bufs {
                         for (i, v) in b.iter().enumerate() {
@@ -395,9 +398,7 @@ mod tests {
                     let rd: Vec<_> = (0..n)
                         .map(|r| ring::reduce(params(r, n, 3), count, root))
                         .collect();
-                    let inputs: Vec<Vec<f64>> = (0..n)
-                        .map(|r| (0..count).map(|i| value(r, i)).collect())
-                        .collect();
+                    let inputs = rank_inputs(n, count);
                     let mut outputs = vec![vec![f64::NAN; count]; n];
                     run(&rd, &inputs, &mut outputs, false, 2).unwrap();
                     for (i, v) in outputs[root].iter().enumerate() {
@@ -416,9 +417,7 @@ mod tests {
                 let sched: Vec<_> = (0..n)
                     .map(|r| ring::all_to_all(params(r, n, 4), block))
                     .collect();
-                let inputs: Vec<Vec<f64>> = (0..n)
-                    .map(|r| (0..block * n).map(|i| value(r, i)).collect())
-                    .collect();
+                let inputs = rank_inputs(n, block * n);
                 let mut outputs = vec![vec![f64::NAN; block * n]; n];
                 run(&sched, &inputs, &mut outputs, false, 2).unwrap();
                 for (rank, out) in outputs.iter().enumerate() {
@@ -478,15 +477,9 @@ mod tests {
         stage: bool,
     ) {
         let sched: Vec<_> = (0..n).map(|r| build(params(r, n, slice), count)).collect();
-        let inputs: Vec<Vec<f64>> = (0..n)
-            .map(|r| (0..count).map(|i| value(r, i)).collect())
-            .collect();
+        let inputs = rank_inputs(n, count);
         for in_place in [false, true] {
-            let mut outputs = if in_place {
-                inputs.clone()
-            } else {
-                vec![vec![f64::NAN; count]; n]
-            };
+            let mut outputs = outputs_for(&inputs, count, in_place);
             let truly_in_place = in_place && !stage;
             run(&sched, &inputs, &mut outputs, truly_in_place, 2).unwrap_or_else(|e| {
                 panic!("{name} n={n} count={count} slice={slice} in_place={in_place}: {e}")
@@ -586,9 +579,7 @@ mod tests {
                         let bc: Vec<_> = (0..n)
                             .map(|r| tree::broadcast(params(r, n, slice), count, root))
                             .collect();
-                        let mut bufs: Vec<Vec<f64>> = (0..n)
-                            .map(|r| (0..count).map(|i| value(r, i)).collect())
-                            .collect();
+                        let mut bufs = rank_inputs(n, count);
                         run(&bc, &[], &mut bufs, true, 2)
                             .unwrap_or_else(|e| panic!("broadcast {what}: {e}"));
                         for b in &bufs {
@@ -600,15 +591,9 @@ mod tests {
                         let rd: Vec<_> = (0..n)
                             .map(|r| tree::reduce(params(r, n, slice), count, root))
                             .collect();
-                        let inputs: Vec<Vec<f64>> = (0..n)
-                            .map(|r| (0..count).map(|i| value(r, i)).collect())
-                            .collect();
+                        let inputs = rank_inputs(n, count);
                         for in_place in [false, true] {
-                            let mut outputs = if in_place {
-                                inputs.clone()
-                            } else {
-                                vec![vec![f64::NAN; count]; n]
-                            };
+                            let mut outputs = outputs_for(&inputs, count, in_place);
                             run(&rd, &inputs, &mut outputs, in_place, 2)
                                 .unwrap_or_else(|e| panic!("reduce {what}: {e}"));
                             for (i, v) in outputs[root].iter().enumerate() {
@@ -639,9 +624,7 @@ mod tests {
         let sched: Vec<_> = (0..n)
             .map(|r| direct::one_shot(params(r, n, 4), 4))
             .collect();
-        let mut bufs: Vec<Vec<f64>> = (0..n)
-            .map(|r| (0..4).map(|i| value(r, i)).collect())
-            .collect();
+        let mut bufs = rank_inputs(n, 4);
         run(&sched, &[], &mut bufs, true, 2).unwrap();
         let want: f64 = (0..n).map(|r| value(r, 0)).sum();
         assert!(bufs.iter().any(|b| b[0] != want));
