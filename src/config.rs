@@ -98,6 +98,14 @@ pub struct Config {
     /// calls on windows run directly (FERROCCL_CHECKIN=0: only once the
     /// first window is allocated).
     pub checkin: bool,
+    /// In a small (inline) broadcast or reduce on the control pages, let
+    /// the root of the broadcast and the senders of the reduce return once
+    /// their input is on their page, as an MPI root does, instead of
+    /// waiting for every peer to check in: they then find a mismatch with
+    /// a peer's call in a later call, which names this one (see
+    /// docs/reliability.md). FERROCCL_EARLY_RETURN=0: every rank's call
+    /// waits for every peer and fails itself on a mismatch.
+    pub early_return: bool,
     /// Let large allgathers and all-to-alls of ordinary (non-window)
     /// buffers between ranks of one host copy each peer's data once,
     /// straight out of the peer process by cross-memory attach
@@ -181,6 +189,7 @@ impl Config {
             shm_dir: None,
             nt_store_bytes: DEFAULT_NT_STORE_BYTES,
             checkin: true,
+            early_return: true,
             cma: true,
             p2p: true,
             max_channels: crate::plan::device::DEFAULT_CHANNELS,
@@ -285,6 +294,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_CHECKIN") {
             self.checkin = parse_flag("FERROCCL_CHECKIN", &v)?;
+        }
+        if let Some(v) = get("FERROCCL_EARLY_RETURN") {
+            self.early_return = parse_flag("FERROCCL_EARLY_RETURN", &v)?;
         }
         if let Some(v) = get("FERROCCL_CMA") {
             self.cma = parse_flag("FERROCCL_CMA", &v)?;

@@ -183,6 +183,26 @@ pub(crate) struct Control {
     /// calls check in is decided from the call alone): picks the
     /// announcement slot of the next one.
     pub(crate) checkins: std::sync::atomic::AtomicU64,
+    /// The check-ins this rank left without reading the announcements of
+    /// the ranks that read its own (a broadcast's root, a reduce's
+    /// senders: `exec::inline`) and has not compared with theirs yet,
+    /// oldest first, with their calls (`exec::checkin::confirm_left`).
+    pub(crate) unconfirmed: Mutex<std::collections::VecDeque<(u64, crate::exec::Call)>>,
+    /// The oldest check-in in `unconfirmed`, `u64::MAX` when there is none
+    /// (read on every call without taking the lock).
+    pub(crate) oldest_unconfirmed: AtomicU64,
+    /// One more than the last check-in that every peer is known to have
+    /// announced: a rank that reads every announcement of a check-in
+    /// learns it there; one that does not waits for it before any call
+    /// that does not check in (`exec::checkin::settle`).
+    pub(crate) all_announced: AtomicU64,
+    /// The least of the peers' "done up to" words when this rank last read
+    /// them (`exec::checkin::free_slot`).
+    pub(crate) peers_finished: AtomicU64,
+    /// `Config::early_return`: a small broadcast's root and a small
+    /// reduce's senders leave their check-in without reading their peers'
+    /// announcements (`plan::reads_inline`).
+    pub(crate) early_return: bool,
     /// Set once the communicator has a shared window (on every rank
     /// alike): from then on every collective checks in, not only small
     /// ones, since any of them may lie in windows.
@@ -245,8 +265,9 @@ pub(crate) fn region_name(
 }
 
 /// Bytes of a control page: 4 KiB of announcements, then the inline data
-/// of calls that run in the check-in, two areas of the planner's largest
-/// (`exec::checkin`, `exec::inline`). The pages are files on a memory file
+/// of calls that run in the check-in, an area of the planner's largest for
+/// each announcement slot (`exec::checkin`, `exec::inline`). The pages are files on a memory file
 /// system (or zeroed allocations for threads): only what calls touch
 /// becomes resident.
-pub(crate) const CONTROL_BYTES: usize = 4096 + 2 * crate::plan::INLINE_MAX_BYTES;
+pub(crate) const CONTROL_BYTES: usize =
+    4096 + crate::exec::CHECKIN_SLOTS as usize * crate::plan::INLINE_MAX_BYTES;

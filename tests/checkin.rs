@@ -189,11 +189,103 @@ fn a_small_call_against_a_large_one_is_a_mismatch() {
 #[test]
 fn two_small_calls_that_differ_are_a_mismatch_on_both_ranks() {
     let results = differing_calls(
-        |comm| comm.broadcast(&mut [1f32; 4], 0),
+        |comm| comm.all_gather(&[1f32; 4], &mut [0f32; 8]),
         |comm| comm.all_reduce_in_place(&mut [1f32; 4], ReduceOp::Sum),
     );
     assert_mismatch(&results[0], 0, 1);
     assert_mismatch(&results[1], 1, 0);
+}
+
+/// A small broadcast's root leaves once its data is on its page, without
+/// reading its peers' announcements: a receiver given another call finds
+/// the mismatch in its call, and the root in its next one, which names
+/// the broadcast.
+#[test]
+fn a_root_that_left_early_finds_the_mismatch_in_its_next_call() {
+    let results = differing_calls(
+        |comm| {
+            comm.broadcast(&mut [1f32; 4], 0)
+                .expect("the root leaves a small broadcast once its data is out");
+            // Through slots: every earlier check-in is compared first.
+            let next = comm.all_reduce_in_place(&mut vec![1f32; 100_000], ReduceOp::Sum);
+            match &next {
+                Err(Error::Mismatch { local, .. }) => {
+                    assert!(
+                        local.starts_with("broadcast"),
+                        "names the broadcast: {next:?}"
+                    )
+                }
+                other => panic!("rank 0: expected a mismatch, got {other:?}"),
+            }
+            next
+        },
+        |comm| comm.all_reduce_in_place(&mut [1f32; 4], ReduceOp::Sum),
+    );
+    assert_mismatch(&results[0], 0, 1);
+    assert_mismatch(&results[1], 1, 0);
+}
+
+/// A small broadcast's root and a small reduce's senders run ahead of
+/// ranks that have not come yet (several calls: the page's announcement
+/// slots), and every call still delivers its own data: receivers that
+/// start only after the root finished its calls get each call's value,
+/// and a reduce's root gets each call's sum, on 2 and 3 ranks, then the
+/// ranks go on with calls that read every announcement and through slots.
+#[test]
+fn roots_and_senders_run_ahead_and_every_call_keeps_its_data() {
+    const AHEAD: usize = 6;
+    for n in [2, 3] {
+        let gate = std::sync::Barrier::new(n);
+        run_ranks_with(n, quick, |comm| {
+            let rank = comm.rank();
+            // Broadcast from rank 0: the others start once it is done.
+            let mut got = [[0f32; 5]; AHEAD];
+            for (call, buf) in got.iter_mut().enumerate() {
+                if rank == 0 {
+                    *buf = [(call * 10) as f32; 5];
+                }
+                if rank != 0 && call == 0 {
+                    gate.wait();
+                }
+                comm.broadcast(buf, 0).unwrap();
+            }
+            if rank == 0 {
+                gate.wait();
+            }
+            for (call, buf) in got.iter().enumerate() {
+                assert_eq!(
+                    buf,
+                    &[(call * 10) as f32; 5],
+                    "broadcast {call} rank {rank}"
+                );
+            }
+            // Reduce to the last rank: it starts once every sender is done.
+            let root = n - 1;
+            let mut sums = [[0f64; 3]; AHEAD];
+            for (call, sum) in sums.iter_mut().enumerate() {
+                let mine = [(rank * 100 + call) as f64; 3];
+                if rank == root && call == 0 {
+                    gate.wait();
+                }
+                comm.reduce(&mine, sum, ReduceOp::Sum, root).unwrap();
+            }
+            if rank != root {
+                gate.wait();
+            } else {
+                for (call, sum) in sums.iter().enumerate() {
+                    let want: f64 = (0..n).map(|r| (r * 100 + call) as f64).sum();
+                    assert_eq!(sum, &[want; 3], "reduce {call}");
+                }
+            }
+            // Then calls that read every announcement, and through slots.
+            let mut x = [rank as f32 + 1.0; 3];
+            comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+            assert_eq!(x, [(n * (n + 1) / 2) as f32; 3]);
+            let mut y = vec![1f32; 50_000];
+            comm.all_reduce_in_place(&mut y, ReduceOp::Sum).unwrap();
+            assert!(y.iter().all(|&v| v == n as f32));
+        });
+    }
 }
 
 /// A long random sequence of collectives, small (inline) and large (slots)
@@ -221,9 +313,22 @@ fn random_mixture(ranks: usize) {
                 _ => 1000 + rng.below(20_000) as usize,
             };
             let what = format!("call {call} (seed {seed:#x}) count={count} rank={rank}");
+            // Now and then one rank comes late, so that those that need
+            // nothing of it (a broadcast's root, a reduce's senders) run
+            // ahead.
+            if rng.below(9) == rank as u64 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
             let want = |i: usize| reference(dt, op, n, i);
             let tol = |w: f64| tolerance(dt, op, w);
-            match rng.below(4) {
+            match rng.below(5) {
+                4 => {
+                    let root = (call / 2) % n;
+                    let input: Vec<f32> = make(count, |i| input_value(dt, op, rank, n, i));
+                    let mut out = vec![-99f32; if rank == root { count } else { 0 }];
+                    comm.reduce(&input, &mut out, op, root).unwrap();
+                    check(&format!("reduce {what}"), &out, want, tol);
+                }
                 0 => {
                     let mut buf: Vec<f32> = make(count, |i| input_value(dt, op, rank, n, i));
                     comm.all_reduce_in_place(&mut buf, op).unwrap();

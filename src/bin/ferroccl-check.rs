@@ -37,7 +37,10 @@
 //! root 1 where the others name root 0; `op`: a reduce to root 0 with Max
 //! where rank 0 says Sum; `bad-root`: a broadcast root out of range;
 //! `bad-len`: an allgather output one element short), and every rank prints
-//! how that call ended (`rank R: wrong call (CASE) ended after T ms: ...`)
+//! how that call ended (`rank R: wrong call (CASE) ended after T ms: ...`;
+//! where it ended `ok`, a barrier follows and the line ends with `ok, then:`
+//! and how the barrier ended: a small broadcast's root and a small reduce's
+//! senders learn of a mismatch in their next call, `Config::early_return`)
 //! and exits 0.
 
 mod tool;
@@ -789,7 +792,10 @@ fn main() {
     if let Some(case) = &opts.wrong {
         let t = Instant::now();
         let outcome = match wrong_call(&comm, case, opts.count.max(1)) {
-            Ok(()) => "ok".to_string(),
+            Ok(()) => match comm.barrier() {
+                Ok(()) => "ok, then: ok".to_string(),
+                Err(e) => format!("ok, then: error: {e}"),
+            },
             Err(e) => format!("error: {e}"),
         };
         say(&format!(

@@ -332,11 +332,59 @@ impl Inner {
         if let Some(err) = self.heard_mismatch(call, false) {
             return Err(err);
         }
+        // Check-ins this rank left before its peers came (a broadcast's
+        // root, a reduce's senders) are compared before any other call;
+        // another such one compares them only when it needs their slot
+        // (in batches). A call that does not check in also waits until
+        // every peer announced the last check-in (`exec::settle`). A
+        // mismatch found there fails this call, naming that one.
+        if let Some(control) = self.control.get() {
+            let ctx = self.ctx(control);
+            if exec::unsettled(&ctx) {
+                let root = call.fingerprint.root as usize;
+                let early = self.config.early_return;
+                let settled = match self.host_route(&io, call) {
+                    Some(plan::Route::Inline)
+                        if plan::leaves_early(call.kind, self.rank, root, early) =>
+                    {
+                        let next = control.checkins.load(Ordering::Relaxed);
+                        match (next + 1).checked_sub(exec::CHECKIN_SLOTS) {
+                            Some(upto) => exec::confirm_left(&ctx, upto),
+                            None => Ok(()),
+                        }
+                    }
+                    Some(plan::Route::Inline | plan::Route::CheckIn { .. }) => {
+                        exec::confirm_left(&ctx, u64::MAX)
+                    }
+                    _ => exec::settle(&ctx, call),
+                };
+                if let Err(failed) = settled {
+                    let (err, at) = *failed;
+                    return Err(self.on_error(err, &at));
+                }
+            }
+        }
         let result = self.execute_checked(plan, io, call);
         match result {
             Ok(()) => Ok(()),
             Err(err) => Err(self.on_error(err, call)),
         }
+    }
+
+    /// The route `plan::route` gives `call` on host buffers `io` (`None`:
+    /// device buffers, or a call the planner refuses, which fails later).
+    fn host_route<T: Element>(&self, io: &Io<'_, T>, call: &Call) -> Option<plan::Route> {
+        let Io::Host(host) = io else {
+            return None;
+        };
+        plan::route(
+            call.kind,
+            in_bytes::<T>(call, self.size),
+            matches!(host, HostIo::InPlace { .. }),
+            io.memory(),
+            &self.facts(call.kind),
+        )
+        .ok()
     }
 
     /// Run a call the way the planner routes it: inline, directly between

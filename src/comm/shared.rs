@@ -216,6 +216,11 @@ impl Communicator {
             pids,
             memory,
             checkins: AtomicU64::new(0),
+            unconfirmed: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            oldest_unconfirmed: AtomicU64::new(u64::MAX),
+            all_announced: AtomicU64::new(0),
+            peers_finished: AtomicU64::new(0),
+            early_return: inner.config.early_return,
             windows: AtomicBool::new(false),
             cma,
         }));

@@ -5,7 +5,8 @@
 //! `direct` and `pull` build on, so that none of them imports back.
 
 use super::checkin::{
-    announce, finish, lock, note_slot_call, read_announcement, Ctx, Deadline, Place,
+    all_read, announce, finish, free_slot, lock, note_slot_call, publish_finished,
+    read_announcement, Ctx, Deadline, Place,
 };
 use super::io::HostIo;
 use super::{direct, inline, pull, Call};
@@ -63,6 +64,7 @@ pub(crate) fn run<T: Element>(
             out_off,
         }
     };
+    free_slot(ctx, turn, call)?;
     // The input's address only where a peer may read from it: it lies in
     // the announcement's second cache line, which the other check-ins
     // leave alone.
@@ -71,6 +73,7 @@ pub(crate) fn run<T: Element>(
     for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
         places[peer] = read_announcement(ctx, turn, peer, &deadline, call)?;
     }
+    all_read(ctx, turn);
     let same = |w: fn(&Place) -> u64| {
         let first = w(&places[0]);
         (first != 0 && places.iter().all(|p| w(p) == first)).then_some(first)
@@ -92,8 +95,14 @@ pub(crate) fn run<T: Element>(
         mode,
     };
     match direct {
-        Direct::Done => return Ok(true),
-        Direct::Slots => return Ok(false),
+        Direct::Done => {
+            publish_finished(ctx);
+            return Ok(true);
+        }
+        Direct::Slots => {
+            publish_finished(ctx);
+            return Ok(false);
+        }
         Direct::AllReduce { input, output } => {
             direct::all_reduce(&kernel, ctx, io, (input, output), (in_len, out_len))?
         }
@@ -106,5 +115,6 @@ pub(crate) fn run<T: Element>(
         Direct::Pull => pull::run(&kernel, ctx, io, turn, in_len)?,
     }
     finish(ctx, call.order, &deadline, call)?;
+    publish_finished(ctx);
     Ok(true)
 }

@@ -34,35 +34,58 @@
 //!  word  6  the address, in this rank's process, of word 0 of this page
 //!           (what a peer reads to probe cross-memory attach)
 //!  word  8  done: the position of the last call this rank finished directly
-//!  word 16  announcement of even check-ins (counted per communicator)
-//!  word 32  announcement of odd check-ins
+//!  word 16  finished: every check-in before this number, this rank reads
+//!           nothing of any more (`publish_finished`)
+//!  word 48  note of a call through slots at an even position
+//!  word 52  note of a call through slots at an odd position
 //!           each: +0 position (stored last, Release), +1 coll|dtype<<8|op<<16|root<<32,
+//!                 +2 count, +3 number
+//!  word 64  announcement of check-in t in slot t % CHECKIN_SLOTS (24),
+//!           16 words each (counted per communicator)
+//!           each: +0 position (stored last, Release), +1 as in a note,
 //!                 +2 count, +3 input window, +4 input offset,
 //!                 +5 output window, +6 output offset (window 0: not in one),
 //!                 +7 an inline input of at most 8 bytes (same cache line),
 //!                 +8 the input's address in the rank's process (only
 //!                    for calls peers may copy by cross-memory attach),
 //!                 +9 the call's number (the fingerprint's `seq`)
-//!  word 48  note of a call through slots at an even position
-//!  word 52  note of a call through slots at an odd position
-//!           each: +0 position (stored last, Release), +1 as above,
-//!                 +2 count, +3 number
-//!  word 512   inline input of an even check-in (`INLINE_CAPACITY`, 16 KiB)
-//!  word 2560  inline input of an odd check-in (as much)
+//!  word 512   inline input of check-in t in area t % CHECKIN_SLOTS
+//!             (`INLINE_CAPACITY`, 16 KiB each)
 //! ```
 //!
 //! Positions (`Call::order`) count every collective call of the
 //! communicator, the library's own included, and never go back: a word
 //! that holds a position is waited on with `>=`.
 //!
-//! Two announcement slots suffice: every check-in waits for every peer's
-//! announcement, so when a rank announces check-in t + 2 every rank has
-//! announced t + 1 and so has finished reading everything of t. Calls in
-//! between that do not check in do not touch the slots. Two notes suffice
-//! too: a rank leaves a call only once every peer has started it (a
-//! check-in, the confirmation of a broadcast or reduce through slots, or
-//! the data of every other collective, which depends on every rank), so
-//! while a rank is at position p no peer is past p + 1.
+//! **Who reads whom.** In a check-in every rank reads every peer's
+//! announcement, except in a small (inline) broadcast or reduce
+//! (`plan::reads_inline`): a broadcast's receivers read the root's alone,
+//! and the root and a reduce's senders read none. They need nothing of
+//! their peers, so they leave once their input is on their page and run
+//! ahead of ranks that have not come yet, as an MPI root returns once its
+//! data is in its eager buffers. The ranks that read such a rank's
+//! announcement (a broadcast's receivers, a reduce's root) compare its
+//! call with theirs and find a mismatch in the call; the rank that left
+//! compares their announcements with its call later (`confirm_left`):
+//! before any call but another such one (`settle` for a call that does
+//! not check in), and in a loop of them in batches, once the oldest it
+//! has not compared is `CHECKIN_SLOTS - 1` check-ins old. A mismatch fails
+//! that later call, and the error names the call it concerns.
+//!
+//! **When a slot comes round again.** A rank takes the slot and inline
+//! area of check-in t again at t + `CHECKIN_SLOTS` only once every peer
+//! is done with check-in t (`free_slot`): each rank says on its page up to
+//! which check-in it is done reading its peers' pages (`publish_finished`;
+//! a rank that left one early is not done with it before it compared it),
+//! and a rank reads its peers' words only when the last it saw falls
+//! short. Calls in between that do not check in do not touch the slots.
+//!
+//! **Two notes suffice**: a rank leaves a call through slots only once
+//! every peer has started it (the confirmation of a broadcast or reduce
+//! through slots, or the data of every other collective, which depends on
+//! every rank), and before such a call every peer has announced this
+//! rank's last check-in (`settle`), so while a rank is at position p no
+//! peer is behind p - 1 or past p + 1.
 //!
 //! A broadcast or reduce through slots (`Route::Slots { note: true }`)
 //! ends with `confirm`: its data does not reach every rank from every rank,
@@ -95,8 +118,17 @@ const W_LEFT: usize = 5;
 /// reads 8 bytes there by cross-memory attach and must find the magic.
 pub(crate) const W_PROBE: usize = 6;
 pub(super) const W_DONE: usize = 8;
-const W_ENTRY: usize = 16;
+/// Every check-in before this number, this rank reads nothing of any more
+/// (`publish_finished`); in a cache line of its own.
+const W_FINISHED: usize = 16;
+const W_ENTRY: usize = 64;
 const ENTRY_WORDS: usize = 16;
+/// Announcement slots of a page: check-in `t` takes slot `t % CHECKIN_SLOTS`.
+/// A rank that leaves a check-in before its peers come (a broadcast's
+/// root, a reduce's senders: `exec::inline`) may run that many check-ins
+/// minus one ahead of them.
+pub(crate) const CHECKIN_SLOTS: u64 = 24;
+const _: () = assert!(W_ENTRY + CHECKIN_SLOTS as usize * ENTRY_WORDS <= 512);
 const E_SEQ: usize = 0;
 const E_FP: usize = 1;
 const E_COUNT: usize = 2;
@@ -113,14 +145,16 @@ pub(super) const E_IN_ADDR: usize = 8;
 /// The call's number (the fingerprint's `seq`).
 const E_NUM: usize = 9;
 
-/// Where the inline data of the two announcement slots start (in words),
+/// Where the inline data of the announcement slots start (in words),
 /// and how much each holds: the planner's largest inline call
-/// (`plan::INLINE_MAX_BYTES`), both areas in the page
+/// (`plan::INLINE_MAX_BYTES`), every area in the page
 /// (`window::CONTROL_BYTES`).
 pub(super) const W_INLINE: usize = 512;
 pub(super) const INLINE_CAPACITY: usize = plan::INLINE_MAX_BYTES;
 pub(super) const INLINE_WORDS: usize = INLINE_CAPACITY / 8;
-const _: () = assert!(W_INLINE * 8 + 2 * INLINE_CAPACITY <= crate::window::CONTROL_BYTES);
+const _: () = assert!(
+    W_INLINE * 8 + CHECKIN_SLOTS as usize * INLINE_CAPACITY <= crate::window::CONTROL_BYTES
+);
 
 /// Spins of a check-in wait before it yields, when every rank has a core
 /// (the rest of the rhythm is the transport core's `Waiter`).
@@ -184,7 +218,7 @@ fn outside(index: usize, words: usize) -> Error {
 
 /// The announcement slot of check-in number `turn`.
 pub(super) fn entry(turn: u64) -> usize {
-    W_ENTRY + (turn % 2) as usize * ENTRY_WORDS
+    W_ENTRY + (turn % CHECKIN_SLOTS) as usize * ENTRY_WORDS
 }
 
 /// The note of the call at `order` on a page.
@@ -313,14 +347,12 @@ fn scan(
         Ok(None)
     };
     // This check-in's own announcement first, then the notes, then (when
-    // no turn is known: a call through slots) either announcement.
-    let both = [entry(turn.unwrap_or(0)), entry(turn.unwrap_or(0) + 1)];
-    let entries = if turn.is_some() {
-        &both[..1]
-    } else {
-        &both[..]
+    // no turn is known: a call through slots) every announcement.
+    let entries = match turn {
+        Some(t) => t..t + 1,
+        None => 0..CHECKIN_SLOTS,
     };
-    for &e in entries {
+    for e in entries.map(entry) {
         if let Some(fp) = consider(e + E_SEQ, e + E_NUM, e + E_COUNT)? {
             return Ok((Some(fp), None));
         }
@@ -390,6 +422,182 @@ pub(crate) fn confirm(ctx: &Ctx<'_>, call: &Call) -> Result<()> {
             "its note of the call",
         )?;
         verify::same_call(peer, &call.fingerprint, &heard)?;
+    }
+    Ok(())
+}
+
+/// Whether this rank has check-ins to compare or peers to wait for before
+/// its next call (`confirm_left`, `settle`).
+pub(crate) fn unsettled(ctx: &Ctx<'_>) -> bool {
+    let c = ctx.control;
+    c.all_announced.load(Ordering::Relaxed) < c.checkins.load(Ordering::Relaxed)
+        || c.oldest_unconfirmed.load(Ordering::Relaxed) != u64::MAX
+}
+
+/// Note that every peer announced check-in `turn` (this rank read every
+/// announcement of it).
+pub(super) fn all_read(ctx: &Ctx<'_>, turn: u64) {
+    ctx.control.all_announced.store(turn + 1, Ordering::Relaxed);
+}
+
+/// Remember check-in `turn`, which this rank left without reading the
+/// announcements of the ranks that read its own (`confirm_left`).
+pub(super) fn left_early(ctx: &Ctx<'_>, turn: u64, call: &Call) {
+    let mut left = lock(&ctx.control.unconfirmed);
+    left.push_back((turn, call.clone()));
+    if left.len() == 1 {
+        ctx.control
+            .oldest_unconfirmed
+            .store(turn, Ordering::Relaxed);
+    }
+}
+
+/// Say on this rank's page up to which check-in it is done with its
+/// peers' pages: it will read nothing of a check-in before the first it
+/// left early and has not compared yet (`confirm_left`), or else before
+/// the next one.
+pub(super) fn publish_finished(ctx: &Ctx<'_>) {
+    let c = ctx.control;
+    let next = c.checkins.load(Ordering::Relaxed);
+    let upto = next.min(c.oldest_unconfirmed.load(Ordering::Relaxed));
+    if let Some(w) = c.pages.words(ctx.rank).get(W_FINISHED) {
+        // Release: a peer that sees it sees that this rank is done reading.
+        w.store(upto, Ordering::Release);
+    }
+}
+
+/// Before check-in `turn` takes its announcement slot and inline area
+/// again: wait until every peer is done with check-in `turn -
+/// CHECKIN_SLOTS` (`publish_finished`), unless this rank saw that already.
+/// Each peer's word is read again only when what was seen last falls
+/// short, so a rank that runs ahead reads its peers' words about once in
+/// `CHECKIN_SLOTS` calls; a peer falls that far behind only when it has
+/// not run for that many calls.
+pub(super) fn free_slot(ctx: &Ctx<'_>, turn: u64, call: &Call) -> Result<()> {
+    let Some(needed) = (turn + 1).checked_sub(CHECKIN_SLOTS) else {
+        return Ok(());
+    };
+    if ctx.control.peers_finished.load(Ordering::Relaxed) >= needed {
+        return Ok(());
+    }
+    wait_all_finished(ctx, needed, call)
+}
+
+/// Wait until every peer says it is done with every check-in before
+/// `needed`, and remember the least they said.
+fn wait_all_finished(ctx: &Ctx<'_>, needed: u64, call: &Call) -> Result<()> {
+    let c = ctx.control;
+    let deadline = Deadline::new(call.timeout);
+    let mut least = u64::MAX;
+    for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
+        let at = word(c.pages.words(peer), W_FINISHED)?;
+        let mut seen = 0;
+        wait(
+            ctx,
+            peer,
+            &deadline,
+            call,
+            "it to finish an earlier check-in",
+            || {
+                seen = at.load(Ordering::Acquire);
+                seen >= needed
+            },
+        )?;
+        least = least.min(seen);
+    }
+    c.peers_finished.store(least, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Wait until every peer has announced check-in `turn` (or a later one);
+/// its position is on this rank's page, which keeps it until this rank
+/// announces `turn + CHECKIN_SLOTS`.
+fn wait_all_announced(ctx: &Ctx<'_>, turn: u64, call: &Call) -> Result<()> {
+    let e = entry(turn);
+    let order = word(ctx.control.pages.words(ctx.rank), e + E_SEQ)?.load(Ordering::Relaxed);
+    let deadline = Deadline::new(call.timeout);
+    for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
+        let at = word(ctx.control.pages.words(peer), e + E_SEQ)?;
+        wait(
+            ctx,
+            peer,
+            &deadline,
+            call,
+            "its announcement of a check-in",
+            || at.load(Ordering::Acquire) >= order,
+        )?;
+    }
+    all_read(ctx, turn);
+    Ok(())
+}
+
+/// An error of `confirm_left` or `settle`, with the call it concerns.
+pub(crate) type Failed = Box<(Error, Call)>;
+
+/// Compare the check-ins this rank left without reading the announcements
+/// of the ranks that read its own (`plan::leaves_early`: a broadcast's
+/// root, a reduce's senders) with those ranks' calls (a broadcast's
+/// receivers, a reduce's root), as the check-in would have, once the
+/// oldest of them is `upto` or older: those up to `upto`, waiting for the
+/// readers' announcements, and the later ones whose readers are there
+/// already (so that this rank compares in batches, about once in
+/// `CHECKIN_SLOTS` calls in a loop of them). The readers compare every
+/// announcement of the call with their own, so every rank's call is then
+/// compared, and a mismatch is found even where ranks disagree on the
+/// root (nobody reads a rank that wrongly thinks it is the root; it
+/// finds the mismatch here). An error comes with the call it concerns.
+///
+/// What is compared is the reader's announcement of that check-in itself:
+/// the reader takes its slot again only once every peer is done with the
+/// check-in (`free_slot`), and this rank says it is done with a check-in
+/// only once it compared it (`publish_finished`).
+pub(crate) fn confirm_left(ctx: &Ctx<'_>, upto: u64) -> std::result::Result<(), Failed> {
+    if ctx.control.oldest_unconfirmed.load(Ordering::Relaxed) > upto {
+        return Ok(());
+    }
+    {
+        let mut left = lock(&ctx.control.unconfirmed);
+        while let Some((turn, call)) = left.front() {
+            let (turn, root) = (*turn, call.fingerprint.root as usize);
+            let early = ctx.control.early_return;
+            let readers = (0..ctx.size).filter(|&p| {
+                p != ctx.rank && plan::reads_inline(call.kind, p, ctx.rank, root, early)
+            });
+            if turn > upto
+                && !readers.clone().all(|p| {
+                    word(ctx.control.pages.words(p), entry(turn) + E_SEQ)
+                        .is_ok_and(|w| w.load(Ordering::Acquire) >= call.order)
+                })
+            {
+                break;
+            }
+            let deadline = Deadline::new(call.timeout);
+            for peer in readers {
+                read_announcement(ctx, turn, peer, &deadline, call)
+                    .map_err(|e| Box::new((e, call.clone())))?;
+            }
+            left.pop_front();
+        }
+        let oldest = left.front().map_or(u64::MAX, |&(turn, _)| turn);
+        ctx.control
+            .oldest_unconfirmed
+            .store(oldest, Ordering::Relaxed);
+    }
+    publish_finished(ctx);
+    Ok(())
+}
+
+/// Before a call that does not check in: compare every check-in left
+/// early (`confirm_left`, which every other call but a small broadcast or
+/// reduce left early does too), so that a mismatch fails this call at the
+/// latest, and wait until every peer announced this rank's last check-in,
+/// so that no peer is more than one call behind (the notes' rule).
+pub(crate) fn settle(ctx: &Ctx<'_>, call: &Call) -> std::result::Result<(), Failed> {
+    confirm_left(ctx, u64::MAX)?;
+    let c = ctx.control;
+    let checkins = c.checkins.load(Ordering::Relaxed);
+    if c.all_announced.load(Ordering::Relaxed) < checkins {
+        wait_all_announced(ctx, checkins - 1, call).map_err(|e| Box::new((e, call.clone())))?;
     }
     Ok(())
 }

@@ -9,8 +9,8 @@
 //! completion wait: one exchange in all; a barrier is the check-in alone.
 
 use super::checkin::{
-    announce, entry, lock, read_announcement, word, Ctx, Deadline, Place, E_SMALL, INLINE_WORDS,
-    W_INLINE,
+    all_read, announce, entry, free_slot, left_early, lock, publish_finished, read_announcement,
+    word, Ctx, Deadline, Place, CHECKIN_SLOTS, E_SMALL, INLINE_WORDS, W_INLINE,
 };
 use super::io::HostIo;
 use super::Call;
@@ -18,11 +18,12 @@ use crate::algo::{Operand, Prim, Step};
 use crate::coll::CollKind;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::plan;
 use crate::reduce::{copy, reduce_into, reduce_to, Store};
 use std::sync::atomic::Ordering;
 
 fn inline_at(turn: u64) -> usize {
-    (W_INLINE + (turn % 2) as usize * INLINE_WORDS) * 8
+    (W_INLINE + (turn % CHECKIN_SLOTS) as usize * INLINE_WORDS) * 8
 }
 
 /// Copy a small input into this rank's announcement slot of check-in
@@ -125,12 +126,29 @@ pub(super) fn run<T: Element>(
         CollKind::Broadcast => rank == root,
         _ => true,
     };
+    free_slot(ctx, turn, call)?;
     if publishes {
         write_inline(ctx, turn, bytemuck::cast_slice(io.input(0, in_len)))?;
     }
     announce(ctx, turn, call, &Place::default(), None)?;
+    // A broadcast's receivers read the root's announcement alone, and the
+    // root and a reduce's senders none: they leave once their input is on
+    // the page, as an MPI root returns once its data is in the eager
+    // buffers, and compare the announcements of the ranks that read theirs
+    // later (`checkin::confirm_left`).
+    let mut every = true;
     for peer in (0..size).filter(|&p| p != rank) {
-        read_announcement(ctx, turn, peer, deadline, call)?;
+        if plan::reads_inline(kind, rank, peer, root, ctx.control.early_return) {
+            read_announcement(ctx, turn, peer, deadline, call)?;
+        } else {
+            every = false;
+        }
+    }
+    if every {
+        all_read(ctx, turn);
+    }
+    if plan::leaves_early(kind, rank, root, ctx.control.early_return) {
+        left_early(ctx, turn, call);
     }
     let inputs = (turn, in_len);
     // Copy peer `j`'s elements `from` (of its input) into `to` (of the
@@ -146,7 +164,7 @@ pub(super) fn run<T: Element>(
         copy(io.output(to, from.1), x);
         Ok(())
     };
-    match kind {
+    let result = match kind {
         CollKind::AllReduce => reduce_inline(ctx, io, call.op, inputs, 0, count),
         CollKind::Reduce if rank == root => reduce_inline(ctx, io, call.op, inputs, 0, count),
         CollKind::ReduceScatter => reduce_inline(ctx, io, call.op, inputs, rank * count, count),
@@ -157,5 +175,8 @@ pub(super) fn run<T: Element>(
             (0..size).try_for_each(|j| take(io, j, (rank * block, block), j * block))
         }
         _ => Ok(()),
-    }
+    };
+    result?;
+    publish_finished(ctx);
+    Ok(())
 }

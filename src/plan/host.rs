@@ -253,6 +253,48 @@ pub(crate) fn route(
     Ok(Route::Slots { note: true })
 }
 
+/// Whether `rank` reads `peer`'s announcement in an inline call of
+/// `kind` (root `root`) before it leaves the call: every rank reads every
+/// other's, but with `early_return` (`Config::early_return`) a
+/// broadcast's receivers read only the root's (all they need), and the
+/// root and a reduce's senders read none (they need nothing of their
+/// peers and leave once their input is on their page). The receivers and
+/// the reduce's root find a mismatch with the root or a sender in the
+/// call; a rank that leaves without reading the ranks that read it
+/// ([`leaves_early`]) compares their announcements later
+/// (`exec::checkin::confirm_left`), so a mismatch fails a later call of
+/// its own, naming this one.
+pub(crate) fn reads_inline(
+    kind: CollKind,
+    rank: usize,
+    peer: usize,
+    root: usize,
+    early_return: bool,
+) -> bool {
+    if !early_return {
+        return true;
+    }
+    match kind {
+        CollKind::Broadcast => rank != root && peer == root,
+        CollKind::Reduce => rank == root,
+        _ => true,
+    }
+}
+
+/// Whether `rank` leaves an inline call of `kind` (root `root`) without
+/// reading the announcements of the ranks that read its own: a
+/// broadcast's root and a reduce's senders ([`reads_inline`]).
+pub(crate) fn leaves_early(kind: CollKind, rank: usize, root: usize, early_return: bool) -> bool {
+    if !early_return {
+        return false;
+    }
+    match kind {
+        CollKind::Broadcast => rank == root,
+        CollKind::Reduce => rank != root,
+        _ => false,
+    }
+}
+
 pub(crate) fn device_unsupported(kind: CollKind, memory: Memory) -> Error {
     Error::InvalidArgument(format!(
         "{}: buffers in {memory:?} reached a path that moves host memory only",
