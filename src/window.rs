@@ -185,11 +185,11 @@ pub(crate) struct Control {
     pub(crate) checkins: std::sync::atomic::AtomicU64,
     /// The check-ins this rank left without reading the announcements of
     /// the ranks that read its own (a broadcast's root, a reduce's
-    /// senders: `exec::inline`) and has not compared with theirs yet,
-    /// oldest first, with their calls (`exec::checkin::confirm_left`).
-    pub(crate) unconfirmed: Mutex<std::collections::VecDeque<(u64, crate::exec::Call)>>,
-    /// The oldest check-in in `unconfirmed`, `u64::MAX` when there is none
-    /// (read on every call without taking the lock).
+    /// senders: `exec::inline`) and has not compared with theirs yet, by
+    /// slot: bit `t % CHECKIN_SLOTS` for check-in `t`
+    /// (`exec::checkin::confirm_left`).
+    pub(crate) left_mask: AtomicU64,
+    /// The oldest of them, `u64::MAX` when there is none.
     pub(crate) oldest_unconfirmed: AtomicU64,
     /// One more than the last check-in that every peer is known to have
     /// announced: a rank that reads every announcement of a check-in

@@ -133,10 +133,7 @@ impl Inner {
         let count = call.slice_count(inner.size);
         // The model slices a broadcast or reduce by the frames this plan
         // has: the host slots', or the device executor's chunk.
-        let facts = Facts {
-            chunk_bytes,
-            ..inner.facts(call.kind)
-        };
+        let facts = inner.facts_chunked(call.kind, chunk_bytes);
         let bytes = call.count * elem;
         if !inner.user.is_empty() && !call.internal {
             if let Some(user) = coll::user_collective(call.kind).and_then(|c| inner.user.get(c)) {
@@ -214,10 +211,7 @@ impl Inner {
         bytes: usize,
         chunk_bytes: usize,
     ) -> String {
-        let facts = Facts {
-            chunk_bytes,
-            ..self.facts(call.kind)
-        };
+        let facts = self.facts_chunked(call.kind, chunk_bytes);
         if !self.user.is_empty() && !call.internal {
             if let Some(user) = coll::user_collective(call.kind).and_then(|c| self.user.get(c)) {
                 return format!("user algorithm '{}'", user.name());
@@ -317,6 +311,15 @@ impl Inner {
         }
     }
 
+    /// `facts(kind)` for a plan in frames of `chunk_bytes` (the host
+    /// slots', or the device executor's chunk).
+    fn facts_chunked(&self, kind: CollKind, chunk_bytes: usize) -> Facts {
+        Facts {
+            chunk_bytes,
+            ..self.facts(kind)
+        }
+    }
+
     /// Run a checked call (the caller holds its turn).
     pub(super) fn execute<T: Element>(
         &self,
@@ -349,12 +352,12 @@ impl Inner {
                     {
                         let next = control.checkins.load(Ordering::Relaxed);
                         match (next + 1).checked_sub(exec::CHECKIN_SLOTS) {
-                            Some(upto) => exec::confirm_left(&ctx, upto),
+                            Some(upto) => exec::confirm_left(&ctx, upto, call),
                             None => Ok(()),
                         }
                     }
                     Some(plan::Route::Inline | plan::Route::CheckIn { .. }) => {
-                        exec::confirm_left(&ctx, u64::MAX)
+                        exec::confirm_left(&ctx, u64::MAX, call)
                     }
                     _ => exec::settle(&ctx, call),
                 };

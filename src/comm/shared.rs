@@ -216,7 +216,7 @@ impl Communicator {
             pids,
             memory,
             checkins: AtomicU64::new(0),
-            unconfirmed: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            left_mask: AtomicU64::new(0),
             oldest_unconfirmed: AtomicU64::new(u64::MAX),
             all_announced: AtomicU64::new(0),
             peers_finished: AtomicU64::new(0),

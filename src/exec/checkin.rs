@@ -94,6 +94,7 @@
 //! own call instead, so every rank finds a mismatch in the call itself.
 
 use super::{verify, Call};
+use crate::coll::CollKind;
 use crate::error::{Error, Result};
 use crate::plan;
 use crate::window::{Control, Windows};
@@ -129,6 +130,8 @@ const ENTRY_WORDS: usize = 16;
 /// minus one ahead of them.
 pub(crate) const CHECKIN_SLOTS: u64 = 24;
 const _: () = assert!(W_ENTRY + CHECKIN_SLOTS as usize * ENTRY_WORDS <= 512);
+// One bit a slot in `Control::left_mask`.
+const _: () = assert!(CHECKIN_SLOTS <= 64);
 const E_SEQ: usize = 0;
 const E_FP: usize = 1;
 const E_COUNT: usize = 2;
@@ -441,14 +444,17 @@ pub(super) fn all_read(ctx: &Ctx<'_>, turn: u64) {
 }
 
 /// Remember check-in `turn`, which this rank left without reading the
-/// announcements of the ranks that read its own (`confirm_left`).
-pub(super) fn left_early(ctx: &Ctx<'_>, turn: u64, call: &Call) {
-    let mut left = lock(&ctx.control.unconfirmed);
-    left.push_back((turn, call.clone()));
-    if left.len() == 1 {
-        ctx.control
-            .oldest_unconfirmed
-            .store(turn, Ordering::Relaxed);
+/// announcements of the ranks that read its own (`confirm_left`). Only
+/// the calling thread touches these words (the communicator's calls run
+/// one at a time), and no locked instruction: one would wait for the
+/// announcement's cross-core write to finish.
+pub(super) fn left_early(ctx: &Ctx<'_>, turn: u64) {
+    let c = ctx.control;
+    let mask = c.left_mask.load(Ordering::Relaxed);
+    c.left_mask
+        .store(mask | 1 << (turn % CHECKIN_SLOTS), Ordering::Relaxed);
+    if c.oldest_unconfirmed.load(Ordering::Relaxed) == u64::MAX {
+        c.oldest_unconfirmed.store(turn, Ordering::Relaxed);
     }
 }
 
@@ -551,40 +557,84 @@ pub(crate) type Failed = Box<(Error, Call)>;
 /// the reader takes its slot again only once every peer is done with the
 /// check-in (`free_slot`), and this rank says it is done with a check-in
 /// only once it compared it (`publish_finished`).
-pub(crate) fn confirm_left(ctx: &Ctx<'_>, upto: u64) -> std::result::Result<(), Failed> {
-    if ctx.control.oldest_unconfirmed.load(Ordering::Relaxed) > upto {
+pub(crate) fn confirm_left(
+    ctx: &Ctx<'_>,
+    upto: u64,
+    now: &Call,
+) -> std::result::Result<(), Failed> {
+    let c = ctx.control;
+    let oldest = c.oldest_unconfirmed.load(Ordering::Relaxed);
+    if oldest > upto {
         return Ok(());
     }
-    {
-        let mut left = lock(&ctx.control.unconfirmed);
-        while let Some((turn, call)) = left.front() {
-            let (turn, root) = (*turn, call.fingerprint.root as usize);
-            let early = ctx.control.early_return;
-            let readers = (0..ctx.size).filter(|&p| {
-                p != ctx.rank && plan::reads_inline(call.kind, p, ctx.rank, root, early)
-            });
-            if turn > upto
-                && !readers.clone().all(|p| {
-                    word(ctx.control.pages.words(p), entry(turn) + E_SEQ)
-                        .is_ok_and(|w| w.load(Ordering::Acquire) >= call.order)
-                })
-            {
-                break;
-            }
-            let deadline = Deadline::new(call.timeout);
-            for peer in readers {
-                read_announcement(ctx, turn, peer, &deadline, call)
-                    .map_err(|e| Box::new((e, call.clone())))?;
-            }
-            left.pop_front();
+    let next = c.checkins.load(Ordering::Relaxed);
+    let mut mask = c.left_mask.load(Ordering::Relaxed);
+    let bit = |turn: u64| 1u64 << (turn % CHECKIN_SLOTS);
+    let mut turn = oldest;
+    let result = loop {
+        if turn >= next {
+            break Ok(());
         }
-        let oldest = left.front().map_or(u64::MAX, |&(turn, _)| turn);
-        ctx.control
-            .oldest_unconfirmed
-            .store(oldest, Ordering::Relaxed);
-    }
+        if mask & bit(turn) == 0 {
+            turn += 1;
+            continue;
+        }
+        // This rank's own announcement of that check-in is still on its
+        // page: it takes the slot again only at `turn + CHECKIN_SLOTS`,
+        // after comparing.
+        let call = match own_call(ctx, turn, now) {
+            Ok(call) => call,
+            Err(e) => break Err(Box::new((e, now.clone()))),
+        };
+        let root = call.fingerprint.root as usize;
+        let early = c.early_return;
+        let readers = (0..ctx.size)
+            .filter(|&p| p != ctx.rank && plan::reads_inline(call.kind, p, ctx.rank, root, early));
+        if turn > upto
+            && !readers.clone().all(|p| {
+                word(c.pages.words(p), entry(turn) + E_SEQ)
+                    .is_ok_and(|w| w.load(Ordering::Acquire) >= call.order)
+            })
+        {
+            break Ok(());
+        }
+        let deadline = Deadline::new(call.timeout);
+        if let Err(e) = readers
+            .into_iter()
+            .try_for_each(|peer| read_announcement(ctx, turn, peer, &deadline, &call).map(|_| ()))
+        {
+            break Err(Box::new((e, call)));
+        }
+        mask &= !bit(turn);
+        turn += 1;
+    };
+    c.left_mask.store(mask, Ordering::Relaxed);
+    let oldest = (turn..next)
+        .find(|&t| mask & bit(t) != 0)
+        .unwrap_or(u64::MAX);
+    c.oldest_unconfirmed.store(oldest, Ordering::Relaxed);
     publish_finished(ctx);
-    Ok(())
+    result
+}
+
+/// The call this rank announced at check-in `turn` (a broadcast or reduce
+/// it left early), rebuilt from its page, with `now`'s settings.
+fn own_call(ctx: &Ctx<'_>, turn: u64, now: &Call) -> Result<Call> {
+    let page = ctx.control.pages.words(ctx.rank);
+    let e = entry(turn);
+    let read = |at: usize| word(page, at).map(|w| w.load(Ordering::Relaxed));
+    let fingerprint = unpack(read(e + E_NUM)?, read(e + E_FP)?, read(e + E_COUNT)?);
+    let kind = if fingerprint.coll == CollKind::Broadcast.code() {
+        CollKind::Broadcast
+    } else {
+        CollKind::Reduce
+    };
+    Ok(Call {
+        kind,
+        fingerprint,
+        order: read(e + E_SEQ)?,
+        ..now.clone()
+    })
 }
 
 /// Before a call that does not check in: compare every check-in left
@@ -593,7 +643,7 @@ pub(crate) fn confirm_left(ctx: &Ctx<'_>, upto: u64) -> std::result::Result<(), 
 /// latest, and wait until every peer announced this rank's last check-in,
 /// so that no peer is more than one call behind (the notes' rule).
 pub(crate) fn settle(ctx: &Ctx<'_>, call: &Call) -> std::result::Result<(), Failed> {
-    confirm_left(ctx, u64::MAX)?;
+    confirm_left(ctx, u64::MAX, call)?;
     let c = ctx.control;
     let checkins = c.checkins.load(Ordering::Relaxed);
     if c.all_announced.load(Ordering::Relaxed) < checkins {

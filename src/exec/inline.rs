@@ -148,7 +148,7 @@ pub(super) fn run<T: Element>(
         all_read(ctx, turn);
     }
     if plan::leaves_early(kind, rank, root, ctx.control.early_return) {
-        left_early(ctx, turn, call);
+        left_early(ctx, turn);
     }
     let inputs = (turn, in_len);
     // Copy peer `j`'s elements `from` (of its input) into `to` (of the
