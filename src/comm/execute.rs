@@ -335,6 +335,21 @@ impl Inner {
         if let Some(err) = self.heard_mismatch(call, false) {
             return Err(err);
         }
+        // The route of a call on host buffers (device calls take the
+        // device half's path).
+        let route = match &io {
+            Io::Host(host) => match plan::route(
+                call.kind,
+                in_bytes::<T>(call, self.size),
+                matches!(host, HostIo::InPlace { .. }),
+                io.memory(),
+                &self.facts(call.kind),
+            ) {
+                Ok(route) => Some(route),
+                Err(err) => return Err(self.on_error(err, call)),
+            },
+            _ => None,
+        };
         // Check-ins this rank left before its peers came (a broadcast's
         // root, a reduce's senders) are compared before any other call;
         // another such one compares them only when it needs their slot
@@ -346,7 +361,7 @@ impl Inner {
             if exec::unsettled(&ctx) {
                 let root = call.fingerprint.root as usize;
                 let early = self.config.early_return;
-                let settled = match self.host_route(&io, call) {
+                let settled = match route {
                     Some(plan::Route::Inline)
                         if plan::leaves_early(call.kind, self.rank, root, early) =>
                     {
@@ -367,52 +382,30 @@ impl Inner {
                 }
             }
         }
-        let result = self.execute_checked(plan, io, call);
+        let result = self.execute_checked(plan, io, call, route);
         match result {
             Ok(()) => Ok(()),
             Err(err) => Err(self.on_error(err, call)),
         }
     }
 
-    /// The route `plan::route` gives `call` on host buffers `io` (`None`:
-    /// device buffers, or a call the planner refuses, which fails later).
-    fn host_route<T: Element>(&self, io: &Io<'_, T>, call: &Call) -> Option<plan::Route> {
-        let Io::Host(host) = io else {
-            return None;
-        };
-        plan::route(
-            call.kind,
-            in_bytes::<T>(call, self.size),
-            matches!(host, HostIo::InPlace { .. }),
-            io.memory(),
-            &self.facts(call.kind),
-        )
-        .ok()
-    }
-
-    /// Run a call the way the planner routes it: inline, directly between
-    /// windows or out of the peers' processes where the ranks share
-    /// control pages and the call allows it, else its schedule through
-    /// slots.
-    pub(super) fn execute_checked<T: Element>(
+    /// Run a call the way the planner routes it (`route`, for host
+    /// buffers): inline, directly between windows or out of the peers'
+    /// processes where the ranks share control pages and the call allows
+    /// it, else its schedule through slots.
+    fn execute_checked<T: Element>(
         &self,
         plan: &Plan,
         io: Io<'_, T>,
         call: &Call,
+        route: Option<plan::Route>,
     ) -> Result<()> {
         if let Io::Device(device) = io {
             return self.execute_on_device::<T>(plan, device, call);
         }
-        let in_place = matches!(io, Io::Host(HostIo::InPlace { .. }));
-        let route = plan::route(
-            call.kind,
-            in_bytes::<T>(call, self.size),
-            in_place,
-            io.memory(),
-            &self.facts(call.kind),
-        )?;
-        let Io::Host(mut io) = io else {
-            return Err(plan::device_unsupported(call.kind, io.memory()));
+        let memory = io.memory();
+        let (Io::Host(mut io), Some(route)) = (io, route) else {
+            return Err(plan::device_unsupported(call.kind, memory));
         };
         // With control pages the route may skip the slots (inline, between
         // windows, out of the peers' processes).

@@ -37,15 +37,31 @@ pub(crate) fn run<T: Element>(
         Route::Inline => false,
         Route::CheckIn { cma } => cma,
     };
-    let kind = call.kind;
-    let elem = std::mem::size_of::<T>();
-    let (in_len, out_len) = kind.extents(fp.count as usize, ctx.size);
+    let (in_len, out_len) = call.kind.extents(fp.count as usize, ctx.size);
     let turn = ctx.control.checkins.fetch_add(1, Ordering::Relaxed);
     let deadline = Deadline::new(call.timeout);
-    if route == Route::Inline {
-        inline::run(ctx, io, call, in_len, turn, &deadline)?;
-        return Ok(true);
-    }
+    free_slot(ctx, turn, call)?;
+    let done = if route == Route::Inline {
+        inline::run(ctx, io, call, in_len, turn, &deadline).map(|()| true)
+    } else {
+        check_in(ctx, io, call, (turn, cma), (in_len, out_len), &deadline)
+    }?;
+    publish_finished(ctx);
+    Ok(done)
+}
+
+/// A call that checks in and then runs directly between windows, out of
+/// the peers' processes or (`Ok(false)`) through slots, at check-in `turn`.
+fn check_in<T: Element>(
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    call: &Call,
+    (turn, cma): (u64, bool),
+    (in_len, out_len): (usize, usize),
+    deadline: &Deadline,
+) -> Result<bool> {
+    let kind = call.kind;
+    let elem = std::mem::size_of::<T>();
     let (in_addr, out_addr) = io.addresses();
     let place = {
         let windows = lock(ctx.windows);
@@ -64,14 +80,13 @@ pub(crate) fn run<T: Element>(
             out_off,
         }
     };
-    free_slot(ctx, turn, call)?;
     // The input's address only where a peer may read from it: it lies in
     // the announcement's second cache line, which the other check-ins
     // leave alone.
     announce(ctx, turn, call, &place, cma.then_some(in_addr as u64))?;
     let mut places = vec![place; ctx.size];
     for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
-        places[peer] = read_announcement(ctx, turn, peer, &deadline, call)?;
+        places[peer] = read_announcement(ctx, turn, peer, deadline, call)?;
     }
     all_read(ctx, turn);
     let same = |w: fn(&Place) -> u64| {
@@ -95,14 +110,8 @@ pub(crate) fn run<T: Element>(
         mode,
     };
     match direct {
-        Direct::Done => {
-            publish_finished(ctx);
-            return Ok(true);
-        }
-        Direct::Slots => {
-            publish_finished(ctx);
-            return Ok(false);
-        }
+        Direct::Done => return Ok(true),
+        Direct::Slots => return Ok(false),
         Direct::AllReduce { input, output } => {
             direct::all_reduce(&kernel, ctx, io, (input, output), (in_len, out_len))?
         }
@@ -114,7 +123,6 @@ pub(crate) fn run<T: Element>(
         }
         Direct::Pull => pull::run(&kernel, ctx, io, turn, in_len)?,
     }
-    finish(ctx, call.order, &deadline, call)?;
-    publish_finished(ctx);
+    finish(ctx, call.order, deadline, call)?;
     Ok(true)
 }

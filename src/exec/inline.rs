@@ -9,8 +9,8 @@
 //! completion wait: one exchange in all; a barrier is the check-in alone.
 
 use super::checkin::{
-    all_read, announce, entry, free_slot, left_early, lock, publish_finished, read_announcement,
-    word, Ctx, Deadline, Place, CHECKIN_SLOTS, E_SMALL, INLINE_WORDS, W_INLINE,
+    all_read, announce, entry, left_early, lock, read_announcement, word, Ctx, Deadline, Place,
+    CHECKIN_SLOTS, E_SMALL, INLINE_WORDS, W_INLINE,
 };
 use super::io::HostIo;
 use super::Call;
@@ -126,7 +126,6 @@ pub(super) fn run<T: Element>(
         CollKind::Broadcast => rank == root,
         _ => true,
     };
-    free_slot(ctx, turn, call)?;
     if publishes {
         write_inline(ctx, turn, bytemuck::cast_slice(io.input(0, in_len)))?;
     }
@@ -164,7 +163,7 @@ pub(super) fn run<T: Element>(
         copy(io.output(to, from.1), x);
         Ok(())
     };
-    let result = match kind {
+    match kind {
         CollKind::AllReduce => reduce_inline(ctx, io, call.op, inputs, 0, count),
         CollKind::Reduce if rank == root => reduce_inline(ctx, io, call.op, inputs, 0, count),
         CollKind::ReduceScatter => reduce_inline(ctx, io, call.op, inputs, rank * count, count),
@@ -175,8 +174,5 @@ pub(super) fn run<T: Element>(
             (0..size).try_for_each(|j| take(io, j, (rank * block, block), j * block))
         }
         _ => Ok(()),
-    };
-    result?;
-    publish_finished(ctx);
-    Ok(())
+    }
 }
