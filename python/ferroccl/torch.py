@@ -21,8 +21,9 @@ import os
 import socket
 import threading
 import weakref
+from collections import deque
 from datetime import timedelta
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -151,6 +152,46 @@ class _Work(_C10dWork):
         return fut
 
 
+class _Later:
+    """A part of a call that runs as a callback on the communicator's
+    worker (a tagged recv): it ends when the callback has run, with the
+    callback's error if it raised one."""
+
+    _handles: List[Any] = []
+
+    def __init__(self) -> None:
+        self._ended = threading.Event()
+        self._error: Optional[BaseException] = None
+
+    def run(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to wait()
+            self._error = e
+        finally:
+            self._ended.set()
+
+    def wait(self) -> bool:
+        # Bounded: every library call the callback makes is bounded by the
+        # communicator's timeout, and a destroyed communicator runs no
+        # callback and refuses to queue one.
+        self._ended.wait()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._ended.is_set()
+
+    def error(self) -> Optional[BaseException]:
+        return self._error
+
+
+def _as_bytes(c: torch.Tensor) -> torch.Tensor:
+    """The bytes of a contiguous tensor, as a flat uint8 view."""
+    return c.reshape(-1).view(torch.uint8)
+
+
 def _done(result: List[torch.Tensor]) -> _Work:
     """A call that ran to its end already (blocking composites)."""
     return _Work(None, result)
@@ -221,11 +262,47 @@ class ProcessGroupFerroccl(_C10dBackend):
         self._rank = rank
         self._size = size
         self._comm = _meet(store, rank, size, timeout)
+        # Messages received ahead of the recv naming their tag, by (peer,
+        # tag), oldest first; touched only on the communicator's worker.
+        self._early: Dict[Tuple[int, int], Deque[torch.Tensor]] = {}
         _live.add(self)
 
     # -- identity ---------------------------------------------------------
     def _get_backend_name(self) -> str:
         return BACKEND_NAME
+
+    # What c10d asks a backend it may use. Each is given here as a plain
+    # property: c10d's Python trampoline answers these by reading the
+    # attribute of the Python object, and the inherited attribute asks the
+    # trampoline again, so without an answer of its own the first question
+    # (batch_isend_irecv asks supports_coalescing) recursed until Python
+    # gave up.
+    @property
+    def supports_coalescing(self) -> bool:
+        """No: coalesced calls are issued one by one, in order."""
+        return False
+
+    @property
+    def supports_splitting(self) -> bool:
+        """No: every group gets its own communicator (see `new_group`)."""
+        return False
+
+    @property
+    def supports_shrinking(self) -> bool:
+        """No: the library's shrink is not wired to torch's shrink_group."""
+        return False
+
+    @property
+    def supports_reconfigure(self) -> bool:
+        return False
+
+    @property
+    def supports_window(self) -> bool:
+        return False
+
+    @property
+    def _supports_time_estimate(self) -> bool:
+        return False
 
     @property
     def comm(self) -> ferroccl.Communicator:
@@ -427,12 +504,74 @@ class ProcessGroupFerroccl(_C10dBackend):
     def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int = 0) -> _Work:
         t = self._one(tensors, "send")
         c, _ = carried(t, "send", None)
-        return _Work(self._comm.send(c, dstRank, async_op=True), tensors, comm=self._comm)
+        if c.is_cuda:
+            # NCCL's rule on the device: in order per peer, tags not matched.
+            return _Work(self._comm.send(c, dstRank, async_op=True), tensors, comm=self._comm)
+        return _Work(self._send_tagged(c, dstRank, tag), tensors, comm=self._comm)
 
     def recv(self, tensors: List[torch.Tensor], srcRank: int, tag: int = 0) -> _Work:
         t = self._one(tensors, "recv")
         c, _ = carried(t, "recv", None)
-        return _Work(self._comm.recv(c, srcRank, async_op=True), tensors, comm=self._comm)
+        if c.is_cuda:
+            return _Work(self._comm.recv(c, srcRank, async_op=True), tensors, comm=self._comm)
+        return _Work(self._recv_tagged(c, srcRank, tag), tensors, comm=self._comm)
+
+    # Tags on the host, as Gloo matches them: every message between two
+    # ranks is a header (tag, bytes) and then its bytes, in order on the
+    # library's connection; a recv takes the next message of its peer
+    # whose tag it names, keeping the ones it passes (with other tags) for
+    # the recvs that name them. gather and scatter use tags of their own
+    # (below any a user may pass), so they never take a user's message.
+    _GATHER_TAG = -1
+    _SCATTER_TAG = -2
+
+    def _send_tagged(self, c: torch.Tensor, peer: int, tag: int) -> Optional[ferroccl.Work]:
+        payload = _as_bytes(c)
+        head = torch.tensor([tag, payload.numel()], dtype=torch.int64)
+        first = self._comm.send(head, peer, async_op=True)
+        return _joined([first, self._comm.send(payload, peer, async_op=True)])
+
+    def _blocking_send(self, c: torch.Tensor, peer: int, tag: int) -> None:
+        w = self._send_tagged(c, peer, tag)
+        if w is not None:
+            w.wait()
+
+    def _recv_tagged(self, c: torch.Tensor, peer: int, tag: int) -> _Later:
+        """Receive the next message of `peer` with `tag` into `c`; runs on
+        the communicator's worker at this place in the call order."""
+        later = _Later()
+        dst = _as_bytes(c)
+        self._comm.enqueue_callback(lambda: later.run(lambda: self._take(dst, peer, tag)))
+        return later
+
+    def _take(self, dst: torch.Tensor, peer: int, tag: int) -> None:
+        early = self._early.get((peer, tag))
+        if early:
+            self._fill(dst, early.popleft(), peer, tag)
+            return
+        head = torch.empty(2, dtype=torch.int64)
+        while True:
+            self._comm.recv(head, peer)
+            got, n = int(head[0]), int(head[1])
+            if n < 0:
+                raise RuntimeError(f"ferroccl: recv: rank {peer} sent a header of {n} bytes")
+            if got == tag and n == dst.numel():
+                self._comm.recv(dst, peer)
+                return
+            buf = torch.empty(n, dtype=torch.uint8)
+            self._comm.recv(buf, peer)
+            if got == tag:
+                self._fill(dst, buf, peer, tag)  # raises: the sizes differ
+            self._early.setdefault((peer, got), deque()).append(buf)
+
+    @staticmethod
+    def _fill(dst: torch.Tensor, buf: torch.Tensor, peer: int, tag: int) -> None:
+        if buf.numel() != dst.numel():
+            raise ValueError(
+                f"ferroccl: recv: rank {peer} sent {buf.numel()} bytes with tag {tag}, "
+                f"and this recv takes {dst.numel()}"
+            )
+        dst.copy_(buf)
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> _Work:
         raise RuntimeError("ferroccl: recv from any source is not supported: name the source rank")
@@ -446,14 +585,17 @@ class ProcessGroupFerroccl(_C10dBackend):
         if self._rank == root:
             outs = self._one(output_tensors, "gather")
             self._check_list(outs, "gather", "outputs")
+            pending: List[_Later] = []
             for k, o in enumerate(outs):
                 co, _ = carried(o, "gather", None)
                 if k == root:
                     co.copy_(ci.reshape(co.shape))
                 else:
-                    self._comm.recv(co, k)
+                    pending.append(self._recv_tagged(co, k, self._GATHER_TAG))
+            for p in pending:
+                p.wait()
         else:
-            self._comm.send(ci, root)
+            self._blocking_send(ci, root, self._GATHER_TAG)
         return _done([])
 
     def scatter(
@@ -470,9 +612,9 @@ class ProcessGroupFerroccl(_C10dBackend):
                 if k == root:
                     co.copy_(ci.reshape(co.shape))
                 else:
-                    self._comm.send(ci, k)
+                    self._blocking_send(ci, k, self._SCATTER_TAG)
         else:
-            self._comm.recv(co, root)
+            self._recv_tagged(co, root, self._SCATTER_TAG).wait()
         return _done(output_tensors)
 
     def _all_to_all_blocks(self, outs: List[torch.Tensor], ins: List[torch.Tensor], call: str) -> None:

@@ -358,6 +358,63 @@ def test_send_recv() -> None:
     for q in reqs:
         q.wait()
     same(got, inp(prv, 10, torch.float64), "isend/irecv")
+    test_tags()
+
+
+def test_tags() -> None:
+    """Tags are matched as Gloo matches them: rank 0 sends three tags (one
+    twice) and rank 1 receives them in another order; a gather between
+    them takes none of them; a recv whose size differs from the message
+    with its tag raises, naming the sender, the tag and both sizes."""
+    global checks
+    # batch_isend_irecv around a ring, each rank receiving its two tags in
+    # the other order than they were sent (c10d asks the backend whether it
+    # coalesces first: that question recursed once).
+    nxt, prv = (R + 1) % N, (R - 1) % N
+    a, b = inp(R, 3, torch.float32), inp(R, 5, torch.int32)
+    got_a, got_b = torch.empty(3), torch.empty(5, dtype=torch.int32)
+    ops = [
+        dist.P2POp(dist.isend, a, nxt, tag=7),
+        dist.P2POp(dist.isend, b, nxt, tag=8),
+        dist.P2POp(dist.irecv, got_b, prv, tag=8),
+        dist.P2POp(dist.irecv, got_a, prv, tag=7),
+    ]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    same(got_a, inp(prv, 3, torch.float32), "batch_isend_irecv tag 7")
+    same(got_b, inp(prv, 5, torch.int32), "batch_isend_irecv tag 8")
+    msgs = [(5, inp(0, 7, torch.float32)), (9, inp(1, 3, torch.int16)), (5, inp(2, 4, torch.float32))]
+    if R == 0:
+        works = [dist.isend(t, 1, tag=tag) for tag, t in msgs]
+        dist.gather(torch.full((2,), float(R)), None, dst=1)
+        for w in works:
+            w.wait()
+        dist.send(torch.arange(5, dtype=torch.uint8), 1, tag=11)
+    elif R == 1:
+        rows = [torch.empty(2) for _ in range(N)]
+        dist.gather(torch.full((2,), float(R)), rows, dst=1)
+        for r in range(N):
+            same(rows[r], torch.full((2,), float(r)), f"gather among tagged sends, from {r}")
+        nine = torch.empty(3, dtype=torch.int16)
+        w9 = dist.irecv(nine, 0, tag=9)
+        first, second = torch.empty(7), torch.empty(4)
+        w5 = dist.irecv(first, 0, tag=5)
+        w9.wait()
+        w5.wait()
+        dist.recv(second, 0, tag=5)
+        same(nine, msgs[1][1], "recv tag 9 ahead of tag 5")
+        same(first, msgs[0][1], "first message of tag 5")
+        same(second, msgs[2][1], "second message of tag 5, in order")
+        pg = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        try:
+            pg.recv([torch.empty(8, dtype=torch.uint8)], 0, 11).wait()
+        except ValueError as e:
+            assert "rank 0 sent 5 bytes with tag 11" in str(e) and "takes 8" in str(e), e
+        else:
+            raise AssertionError("a recv of 8 bytes took a message of 5")
+        checks += 1
+    else:
+        dist.gather(torch.full((2,), float(R)), None, dst=1)
 
 
 def test_numpy_api() -> None:
