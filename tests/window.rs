@@ -284,51 +284,139 @@ fn a_mismatch_is_caught_at_the_check_in() {
 /// the reference's results, on 2 and 3 ranks from every root. A windowed
 /// broadcast against a windowed allreduce is still an error on both ranks
 /// (the allreduce's check-in finds the broadcast's note: a mismatch).
-#[test]
-fn broadcast_and_reduce_in_windows_take_their_usual_path() {
-    // 400 KB: above every inline limit.
-    let count = 100_000;
-    let value = |r: usize, i: usize| ((r * 7 + i * 3) % 101) as f32;
-    for n in [2usize, 3] {
-        let seed = 30 + n as u64;
-        run_ranks_with(n, with_token(seed), |comm| {
-            let rank = comm.rank();
-            let mut w = comm.alloc_window::<f32>(2 * count).unwrap();
-            assert!(w.is_shared(), "rank {rank}: window sharing");
-            let before = comm.direct_window_calls();
-            for root in 0..n {
-                for (i, v) in w[..count].iter_mut().enumerate() {
-                    *v = if rank == root { value(root, i) } else { -1.0 };
+/// Broadcasts and reduces from every root with their buffers in windows
+/// (so directly: each rank moves one piece), against the reference;
+/// returns how many calls ran directly and how many should have. The
+/// non-roots' reduce outputs must stay as they were, and only the root's
+/// output need lie in a window (the others pass plain vectors).
+fn rooted<T: Element>(comm: &Communicator, counts: &[usize]) -> (u64, u64) {
+    let (rank, n, dt) = (comm.rank(), comm.size(), T::DTYPE);
+    let most = counts.iter().copied().max().unwrap_or(0) + 4;
+    let mut a = comm.alloc_window::<T>(most).unwrap();
+    let mut b = comm.alloc_window::<T>(most).unwrap();
+    let before = comm.direct_window_calls();
+    let mut direct = 0;
+    let value = |r: usize, i: usize| ((r * 31 + i * 7) % 100) as f64;
+    for &count in counts {
+        for root in 0..n {
+            let what =
+                |name: &str| format!("{name} {dt} n={n} count={count} root={root} rank={rank}");
+            // In place, at an offset that differs per rank.
+            let at = rank % 3;
+            let mine: Vec<T> = make(count, |i| if rank == root { value(root, i) } else { -1.0 });
+            a[at..at + count].copy_from_slice(&mine);
+            comm.broadcast(&mut a[at..at + count], root).unwrap();
+            check(
+                &what("broadcast"),
+                &a[at..at + count],
+                |i| value(root, i),
+                |_| 0.0,
+            );
+            direct += 1;
+            for op in ReduceOp::ALL {
+                let what = |name: &str| format!("{} {op}", what(name));
+                let tol = |w: f64| tolerance(dt, op, w);
+                let input: Vec<T> = make(count, |i| input_value(dt, op, rank, n, i));
+                let want = |i: usize| reference(dt, op, n, i);
+                // Out of place: the root's output in window b at an offset,
+                // the others' in plain vectors that must stay untouched.
+                a[at..at + count].copy_from_slice(&input);
+                let to = 1 + rank % 2;
+                let mut plain = vec![T::from_f64(99.0); count];
+                b[to..to + count].fill(T::from_f64(99.0));
+                let out = if rank == root {
+                    &mut b[to..to + count]
+                } else {
+                    &mut plain[..]
+                };
+                comm.reduce(&a[at..at + count], out, op, root).unwrap();
+                if rank == root {
+                    check(&what("reduce"), &b[to..to + count], want, tol);
+                } else {
+                    check(&what("reduce, non-root output"), &plain, |_| 99.0, |_| 0.0);
                 }
-                comm.broadcast(&mut w[..count], root).unwrap();
-                for (i, v) in w[..count].iter().enumerate() {
-                    assert_eq!(
-                        *v,
-                        value(root, i),
-                        "broadcast n={n} root={root} rank={rank} i={i}"
+                direct += 1;
+                // In place in window a.
+                a[at..at + count].copy_from_slice(&input);
+                comm.reduce_in_place(&mut a[at..at + count], op, root)
+                    .unwrap();
+                if rank == root {
+                    check(&what("reduce_in_place"), &a[at..at + count], want, tol);
+                } else {
+                    check(
+                        &what("reduce_in_place, non-root"),
+                        &a[at..at + count],
+                        |i| input[i].to_f64(),
+                        |_| 0.0,
                     );
                 }
-                let (input, output) = w.split_at_mut(count);
-                for (i, v) in input.iter_mut().enumerate() {
-                    *v = value(rank, i);
-                }
-                output.fill(-1.0);
-                comm.reduce(input, output, ReduceOp::Sum, root).unwrap();
-                if rank == root {
-                    for (i, v) in output.iter().enumerate() {
-                        let want: f64 = (0..n).map(|r| f64::from(value(r, i))).sum();
-                        assert_eq!(f64::from(*v), want, "reduce n={n} root={root} i={i}");
-                    }
-                }
+                direct += 1;
             }
-            assert_eq!(
-                comm.direct_window_calls(),
-                before,
-                "rank {rank}: a broadcast or reduce in a window skipped the slots"
-            );
-        });
-        assert_eq!(leftovers(seed), Vec::<String>::new());
+        }
     }
+    let got = comm.direct_window_calls() - before;
+    (got, if n == 1 { 0 } else { direct })
+}
+
+/// Counts above every inline limit (16 KiB on 2 ranks) and the path's
+/// thresholds: the path between windows, not the check-in's inline
+/// exchange or the slots.
+fn rooted_matrix(n: usize, seed: u64, streaming: bool) {
+    let results = run_ranks_with(
+        n,
+        |c: &mut Config| {
+            with_token(seed)(c);
+            if streaming {
+                c.nt_store_bytes = 1;
+            }
+        },
+        |comm| {
+            let (mut got, mut want) = (0, 0);
+            // On more than 2 ranks from 128 KiB (the reduce's threshold,
+            // `plan::host::window_min_bytes`); on 2 from the inline limit.
+            let small = if n == 2 { 5003 } else { 33_000 };
+            for (g, w) in [
+                rooted::<f32>(&comm, &[small, 100_003]),
+                rooted::<f64>(&comm, &[16_411]),
+                rooted::<bf16>(&comm, &[65_601]),
+                rooted::<i32>(&comm, &[32_771]),
+                rooted::<u8>(&comm, &[131_075]),
+            ] {
+                got += g;
+                want += w;
+            }
+            (got, want)
+        },
+    );
+    for (rank, (got, want)) in results.into_iter().enumerate() {
+        assert_eq!(
+            got, want,
+            "rank {rank}: broadcasts and reduces run directly between windows"
+        );
+    }
+    assert_eq!(leftovers(seed), Vec::<String>::new());
+}
+
+#[test]
+fn broadcast_and_reduce_between_windows_two_ranks() {
+    rooted_matrix(2, 30, false);
+}
+
+#[test]
+fn broadcast_and_reduce_between_windows_three_ranks_streaming() {
+    rooted_matrix(3, 31, true);
+}
+
+#[test]
+fn broadcast_and_reduce_between_windows_four_ranks() {
+    rooted_matrix(4, 32, false);
+}
+
+/// Ranks that disagree on the call both check in (both have a path between
+/// windows) and both hear of the mismatch there.
+#[test]
+fn a_windowed_broadcast_against_an_allreduce_is_a_mismatch_on_both_ranks() {
+    let count = 100_000;
     let results = run_ranks_with(2, with_token(34), |comm| {
         let mut w = comm.alloc_window::<f32>(count).unwrap();
         if comm.rank() == 0 {

@@ -10,6 +10,7 @@ use super::checkin::{
 };
 use super::io::HostIo;
 use super::{direct, inline, pull, Call};
+use crate::coll::CollKind;
 use crate::element::Element;
 use crate::error::Result;
 use crate::plan::{self, Direct, Route};
@@ -93,7 +94,16 @@ fn check_in<T: Element>(
         let first = w(&places[0]);
         (first != 0 && places.iter().all(|p| w(p) == first)).then_some(first)
     };
-    let direct = plan::after_check_in(kind, same(|p| p.in_win), same(|p| p.out_win), cma);
+    // A broadcast reads the root's input alone, a reduce writes the root's
+    // output alone: only the root's need lie in a window.
+    let root = call.fingerprint.root as usize;
+    let roots = |w: fn(&Place) -> u64| places.get(root).map(w).filter(|&id| id != 0);
+    let (inputs, outputs) = match kind {
+        CollKind::Broadcast => (roots(|p| p.in_win), same(|p| p.out_win)),
+        CollKind::Reduce => (same(|p| p.in_win), roots(|p| p.out_win)),
+        _ => (same(|p| p.in_win), same(|p| p.out_win)),
+    };
+    let direct = plan::after_check_in(kind, inputs, outputs, cma);
     let buffers = (in_len + out_len) * elem * ctx.size;
     let mode = plan::direct_store(
         matches!(io, HostIo::OutOfPlace { .. }),
@@ -120,6 +130,12 @@ fn check_in<T: Element>(
         }
         Direct::ReduceScatter { input } => {
             direct::reduce_scatter(&kernel, ctx, io, input, (in_len, out_len))?
+        }
+        Direct::Broadcast { input, output } => {
+            direct::broadcast(&kernel, ctx, io, (input, output), in_len)?
+        }
+        Direct::Reduce { input, output } => {
+            direct::reduce(&kernel, ctx, io, (input, output), in_len)?
         }
         Direct::Pull => pull::run(&kernel, ctx, io, turn, in_len)?,
     }

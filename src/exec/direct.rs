@@ -6,7 +6,11 @@
 //!   writes the result into piece r of every output;
 //! - allgather: rank r writes its input into block r of every output;
 //! - reduce-scatter: rank r reduces block r of every input, in rank order,
-//!   into its own output.
+//!   into its own output;
+//! - broadcast: rank r copies piece r of the root's input into piece r of
+//!   every output (the root's own too, out of place);
+//! - reduce: rank r reduces piece r of every input, in rank order, into
+//!   piece r of the root's output.
 //!
 //! Only rank r touches piece (block) r of any buffer, so in place needs no
 //! copy. Out of place with streaming stores (the planner's
@@ -59,7 +63,7 @@ pub(super) fn all_reduce<T: Element>(
     (in_len, out_len): (usize, usize),
 ) -> Result<()> {
     let (inw, outw) = (window(ctx, k.call, input)?, window(ctx, k.call, output)?);
-    k.check_peers(&inw, &outw, in_len, out_len)?;
+    k.check_peers(&inw, &outw, (in_len, None), (out_len, None))?;
     let mut maps = Maps::new(&inw, &outw);
     let (off, len) = partition(k.call.fingerprint.count as usize, ctx.size, ctx.rank);
     k.reduce_and_spread(io, &mut maps, off, len)
@@ -74,7 +78,7 @@ pub(super) fn all_gather<T: Element>(
     (in_len, out_len): (usize, usize),
 ) -> Result<()> {
     let outw = window(ctx, k.call, output)?;
-    k.check_peers(&outw, &outw, 0, out_len)?;
+    k.check_peers(&outw, &outw, (0, None), (out_len, None))?;
     let mut maps = Maps::new(&outw, &outw);
     k.gather(io, &mut maps, in_len)
 }
@@ -88,9 +92,46 @@ pub(super) fn reduce_scatter<T: Element>(
     (in_len, out_len): (usize, usize),
 ) -> Result<()> {
     let inw = window(ctx, k.call, input)?;
-    k.check_peers(&inw, &inw, in_len, 0)?;
+    k.check_peers(&inw, &inw, (in_len, None), (0, None))?;
     let mut maps = Maps::new(&inw, &inw);
     k.scatter(io, &mut maps, out_len)
+}
+
+/// Broadcast from the call's root: its input in window `input`, every
+/// output in window `output` (`count` elements).
+pub(super) fn broadcast<T: Element>(
+    k: &Kernel<'_>,
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    (input, output): (u64, u64),
+    count: usize,
+) -> Result<()> {
+    let (inw, outw) = (window(ctx, k.call, input)?, window(ctx, k.call, output)?);
+    let root = k.root();
+    k.check_peers(&inw, &outw, (count, Some(root)), (count, None))?;
+    let mut maps = Maps::new(&inw, &outw);
+    let (off, len) = partition(count, ctx.size, ctx.rank);
+    k.copy_and_spread(io, &mut maps, root, off, len)
+}
+
+/// Reduce to the call's root: every input in window `input`, the root's
+/// output in window `output` (`count` elements).
+pub(super) fn reduce<T: Element>(
+    k: &Kernel<'_>,
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    (input, output): (u64, u64),
+    count: usize,
+) -> Result<()> {
+    let (inw, outw) = (window(ctx, k.call, input)?, window(ctx, k.call, output)?);
+    let root = k.root();
+    k.check_peers(&inw, &outw, (count, None), (count, Some(root)))?;
+    let mut maps = Maps::new(&inw, &outw);
+    let (off, len) = partition(count, ctx.size, ctx.rank);
+    k.reduce_blocks(io, &mut maps, off, len, |io, maps, done, t| {
+        store(k.mode, k.output(io, maps, root, off + done, t.len())?, t);
+        Ok(())
+    })
 }
 
 /// Each peer's part of one window as mapped here, by rank (`None` for this
@@ -150,12 +191,15 @@ impl Kernel<'_> {
     /// buffers lie inside their parts of the windows, at offsets aligned
     /// for the type, and an input and an output in one window are the same
     /// bytes (in place) or apart.
+    /// `(elems, only)`: the elements of each input / output, and the one
+    /// rank whose input / output the call uses (a broadcast's root's
+    /// input, a reduce's root's output), None for every rank's.
     fn check_peers(
         &self,
         inw: &WindowMaps,
         outw: &WindowMaps,
-        in_elems: usize,
-        out_elems: usize,
+        (in_elems, in_only): (usize, Option<usize>),
+        (out_elems, out_only): (usize, Option<usize>),
     ) -> Result<()> {
         let elem = self.elem as u64;
         let same = std::ptr::eq(inw, outw);
@@ -186,10 +230,11 @@ impl Kernel<'_> {
                     None => Err(self.unmapped(peer)),
                 }
             };
-            let input = (in_elems > 0)
+            let used = |only: Option<usize>| only.is_none_or(|r| r == peer);
+            let input = (in_elems > 0 && used(in_only))
                 .then(|| span(p.in_off, in_elems, &ins))
                 .transpose()?;
-            let output = (out_elems > 0)
+            let output = (out_elems > 0 && used(out_only))
                 .then(|| span(p.out_off, out_elems, outs))
                 .transpose()?;
             if let (Some((a, b)), Some((c, d))) = (input, output) {
@@ -234,6 +279,11 @@ impl Kernel<'_> {
             .slice(off, len * self.elem)
             .map_err(|e| self.protocol(j, e.to_string()))?;
         bytemuck::try_cast_slice(bytes).map_err(|e| self.protocol(j, format!("{e:?}")))
+    }
+
+    /// The root of a broadcast or reduce.
+    fn root(&self) -> usize {
+        self.call.fingerprint.root as usize
     }
 
     fn unmapped(&self, peer: usize) -> Error {
@@ -421,6 +471,44 @@ impl Kernel<'_> {
             }
             Ok(())
         })
+    }
+
+    /// Broadcast share: piece `off..off + len` of the root's input into the
+    /// same piece of every output, block by block through an L1-sized
+    /// buffer (the root's input and a peer's output may lie in one
+    /// window's list of parts). The root's output is skipped where it is
+    /// its input.
+    fn copy_and_spread<T: Element>(
+        &self,
+        io: &mut HostIo<'_, T>,
+        maps: &mut Maps<'_>,
+        root: usize,
+        off: usize,
+        len: usize,
+    ) -> Result<()> {
+        let r = self.places[root];
+        let root_in_place = if root == self.rank {
+            matches!(io, HostIo::InPlace { input_base, output_base, .. } if input_base == output_base)
+        } else {
+            r.in_win == r.out_win && r.in_off == r.out_off
+        };
+        let mut tmp = vec![T::zeroed(); self.block::<T>().min(len)];
+        let mut done = 0;
+        while done < len {
+            let k = tmp.len().min(len - done);
+            let t = &mut tmp[..k];
+            crate::reduce::copy(t, self.input(io, maps, root, off + done, k)?);
+            // Peers first: they wait on this rank, it waits on nobody.
+            for step in 1..=self.size {
+                let j = (self.rank + step) % self.size;
+                if j == root && root_in_place {
+                    continue;
+                }
+                store(self.mode, self.output(io, maps, j, off + done, k)?, t);
+            }
+            done += k;
+        }
+        Ok(())
     }
 
     /// Allgather share: this rank's input (`count` elements) into block

@@ -48,7 +48,7 @@ pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 /// 4 KiB. On more ranks each rank reads every peer's input in full, and
 /// nothing past 4 KiB was measured better.
 pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
-    if (facts.windows && has_window_path(kind)) || facts.size != 2 {
+    if (facts.windows && windows_lower_inline(kind)) || facts.size != 2 {
         return INLINE_BYTES;
     }
     match kind {
@@ -59,15 +59,53 @@ pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
 }
 
 /// Whether a call of `kind` can run directly between windows
-/// ([`after_check_in`]: allreduce, allgather, reduce-scatter). A broadcast,
-/// reduce or all-to-all in a window would only check in and then go through
-/// slots anyway: the check-in, a wait for every rank before any byte moves,
-/// made a broadcast between windows about half as fast as one of ordinary
-/// buffers from 8 to 512 KiB on 2 ranks (2.21 against 1.06 µs at 8 KiB,
-/// 17.1 against 9.7 at 128 KiB; docs/performance-log.md, "Every collective
-/// against the four peers"). So windows change neither their route nor
-/// their inline limit.
+/// ([`after_check_in`]): allreduce, allgather, reduce-scatter, broadcast
+/// and reduce. An all-to-all in a window would only check in and then go
+/// through slots anyway (the check-in, a wait for every rank before any
+/// byte moves, made a broadcast between windows about half as fast as one
+/// of ordinary buffers from 8 to 512 KiB on 2 ranks while broadcast had no
+/// path between windows: docs/performance-log.md, "Every collective
+/// against the four peers"), so windows change neither its route nor its
+/// inline limit.
 fn has_window_path(kind: CollKind) -> bool {
+    matches!(
+        kind,
+        CollKind::AllReduce
+            | CollKind::AllGather
+            | CollKind::ReduceScatter
+            | CollKind::Broadcast
+            | CollKind::Reduce
+    )
+}
+
+/// The smallest input of a `kind` call with a path between windows that
+/// takes it (below, the call's usual route). Between windows every rank
+/// checks in and waits for every other to finish: two meetings of all
+/// ranks, where a broadcast or reduce through slots only waits on its
+/// neighbours in the chain or tree. On 4 ranks over 2 cores (every
+/// meeting a process switch) that made the path between windows slower
+/// up to 8 KiB for a broadcast (0.72-0.75x the slots) and up to 32 KiB
+/// for a reduce (0.54-0.77x), level at 32 / 128 KiB, faster from 128 /
+/// 512 KiB (1.3-4.9x; docs/performance-log.md, "Broadcast and reduce
+/// between windows"). On 2 ranks it was faster at every size above the
+/// inline limit (1.55x at 32 KiB and more).
+fn window_min_bytes(kind: CollKind, facts: &Facts) -> usize {
+    match kind {
+        _ if facts.size <= 2 => 0,
+        CollKind::Broadcast => 32 << 10,
+        CollKind::Reduce => 128 << 10,
+        _ => 0,
+    }
+}
+
+/// Whether windows lower a `kind` call's inline limit to 4 KiB on 2
+/// ranks: the calls whose path between windows beats inline from there
+/// (allreduce, allgather, reduce-scatter). A broadcast or reduce keeps
+/// its 2-rank limit with windows: inline, its root or senders leave as
+/// soon as their data is on their page (`early_return`), which the path
+/// between windows, a check-in and a wait for every rank to finish,
+/// cannot match at those sizes.
+fn windows_lower_inline(kind: CollKind) -> bool {
     matches!(
         kind,
         CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter
@@ -247,7 +285,8 @@ pub(crate) fn route(
         return Ok(Route::Inline);
     }
     let cma = free && facts.cma && takes_cma(kind, in_bytes, in_place, facts);
-    if cma || (facts.windows && has_window_path(kind)) {
+    if cma || (facts.windows && has_window_path(kind) && in_bytes >= window_min_bytes(kind, facts))
+    {
         return Ok(Route::CheckIn { cma });
     }
     Ok(Route::Slots { note: true })
@@ -353,6 +392,22 @@ pub(crate) enum Direct {
         /// The window every rank's input lies in.
         input: u64,
     },
+    /// Rank r copies piece r of the root's input into piece r of every
+    /// output (the root's too unless it is in place).
+    Broadcast {
+        /// The window the root's input lies in.
+        input: u64,
+        /// The window every rank's output lies in.
+        output: u64,
+    },
+    /// Rank r reduces piece r of every input into piece r of the root's
+    /// output.
+    Reduce {
+        /// The window every rank's input lies in.
+        input: u64,
+        /// The window the root's output lies in.
+        output: u64,
+    },
     /// Each rank copies what it needs out of the peers' processes.
     Pull,
     /// The buffers do not allow a direct path: the schedule, through slots.
@@ -360,8 +415,10 @@ pub(crate) enum Direct {
 }
 
 /// The direct path of a checked-in call of `kind`: `inputs` / `outputs`
-/// is the window every rank's input / output lies in (None: some rank's is
-/// in no window, or they differ), `cma` what [`route`] said.
+/// is the window the inputs / outputs the call reads / writes lie in (None:
+/// one of them is in no window, or they differ): every rank's, but for a
+/// broadcast's input and a reduce's output only the root's. `cma` is what
+/// [`route`] said.
 pub(crate) fn after_check_in(
     kind: CollKind,
     inputs: Option<u64>,
@@ -375,6 +432,8 @@ pub(crate) fn after_check_in(
         (CollKind::AllGather, _, None) if cma => Direct::Pull,
         (CollKind::AllToAll, _, _) if cma => Direct::Pull,
         (CollKind::ReduceScatter, Some(input), _) => Direct::ReduceScatter { input },
+        (CollKind::Broadcast, Some(input), Some(output)) => Direct::Broadcast { input, output },
+        (CollKind::Reduce, Some(input), Some(output)) => Direct::Reduce { input, output },
         _ => Direct::Slots,
     }
 }
@@ -879,10 +938,10 @@ mod tests {
         let four = |windows: bool| Facts { windows, ..facts() };
         for (kind, limit) in limits {
             assert!(limit <= INLINE_MAX_BYTES, "{kind:?}: the page holds it");
-            // With windows, a collective that has a path between windows
-            // keeps 4 KiB; one that has none keeps its limit. On more
-            // ranks, 4 KiB, windows or not.
-            let with_windows = if has_window_path(kind) {
+            // With windows, allreduce, allgather and reduce-scatter keep
+            // 4 KiB; the others keep their limit. On more ranks, 4 KiB,
+            // windows or not.
+            let with_windows = if windows_lower_inline(kind) {
                 INLINE_BYTES
             } else {
                 limit
@@ -1050,6 +1109,8 @@ mod tests {
             CollKind::AllReduce,
             CollKind::ReduceScatter,
             CollKind::AllGather,
+            CollKind::Broadcast,
+            CollKind::Reduce,
         ] {
             assert_eq!(
                 route(kind, 1 << 20, false, Memory::Host, &f).unwrap(),
@@ -1060,21 +1121,51 @@ mod tests {
             // exists for it.
             assert_ne!(after_check_in(kind, Some(1), Some(2), false), Direct::Slots);
         }
-        // No window path: through slots, as without a window, noted for
-        // the mismatch check; a check-in would end in slots anyway.
-        for kind in [CollKind::Broadcast, CollKind::Reduce, CollKind::AllToAll] {
+        // On more ranks a broadcast or reduce takes the path between
+        // windows only from its threshold.
+        let (four, two) = (
+            f,
+            Facts {
+                size: 2,
+                layout: Layout::one_host(2),
+                ..f
+            },
+        );
+        for (kind, min) in [
+            (CollKind::Broadcast, 32 << 10),
+            (CollKind::Reduce, 128 << 10),
+        ] {
+            assert_eq!(window_min_bytes(kind, &four), min);
             assert_eq!(
-                route(kind, 1 << 20, false, Memory::Host, &f).unwrap(),
+                route(kind, min, false, Memory::Host, &four).unwrap(),
+                Route::CheckIn { cma: false },
+                "{kind:?}"
+            );
+            assert_eq!(
+                route(kind, min - 1, false, Memory::Host, &four).unwrap(),
                 Route::Slots { note: true },
                 "{kind:?}"
             );
-            assert!(!has_window_path(kind));
-            assert_eq!(
-                after_check_in(kind, Some(1), Some(1), false),
-                Direct::Slots,
-                "{kind:?}"
-            );
+            assert_eq!(window_min_bytes(kind, &two), 0, "{kind:?} on 2 ranks");
         }
+        // A broadcast needs its outputs in a window, a reduce its inputs.
+        assert_eq!(
+            after_check_in(CollKind::Broadcast, Some(1), None, false),
+            Direct::Slots
+        );
+        assert_eq!(
+            after_check_in(CollKind::Reduce, None, Some(1), false),
+            Direct::Slots
+        );
+        // No window path: through slots, as without a window, noted for
+        // the mismatch check; a check-in would end in slots anyway.
+        let kind = CollKind::AllToAll;
+        assert_eq!(
+            route(kind, 1 << 20, false, Memory::Host, &f).unwrap(),
+            Route::Slots { note: true },
+        );
+        assert!(!has_window_path(kind));
+        assert_eq!(after_check_in(kind, Some(1), Some(1), false), Direct::Slots);
     }
 
     /// No host route takes device memory (the staged executor takes it
@@ -1124,6 +1215,20 @@ mod tests {
         assert_eq!(after_check_in(Barrier, None, None, false), Direct::Done);
         assert_eq!(
             after_check_in(Broadcast, Some(1), Some(1), false),
+            Direct::Broadcast {
+                input: 1,
+                output: 1
+            }
+        );
+        assert_eq!(
+            after_check_in(Reduce, Some(3), Some(4), false),
+            Direct::Reduce {
+                input: 3,
+                output: 4
+            }
+        );
+        assert_eq!(
+            after_check_in(AllToAll, Some(1), Some(1), false),
             Direct::Slots
         );
     }
