@@ -85,7 +85,8 @@ if [ "$_ft_sourced" = 1 ]; then
   else
     echo "cuda/toolkit.sh: failed" >&2
   fi
-  unset _ft_out _ft_sourced
+  unset _ft_out _ft_sourced _ft_exports
+  unset -f _ft_main
 else
   _ft_main
   printf '%s\n' "$_ft_exports"
