@@ -5,14 +5,21 @@
 //! device).
 //!
 //! This module owns the moves between Candle storage and the
-//! communicator's host API; it adds no algorithm. A contiguous CPU tensor
-//! is handed to the collective straight from Candle's storage (no copy in);
-//! the result is one new buffer that becomes the output tensor. A tensor on
-//! another device (CUDA, Metal) is staged through host memory by Candle's
-//! own copies: correct, one round trip over PCIe per call. The direct
-//! device path (the raw entry points of [`crate::cuda`] on Candle's CUDA
-//! pointers) needs Candle built with its `cuda` feature, which needs the
-//! CUDA toolkit to build; it is not built here (docs/frameworks.md).
+//! communicator's API; it adds no algorithm. A contiguous CPU tensor is
+//! handed to the collective straight from Candle's storage (no copy in);
+//! the result is one new buffer that becomes the output tensor.
+//!
+//! CUDA tensors: with feature `candle-cuda` (Candle built with its CUDA
+//! backend), a CUDA tensor's buffer goes to the device entry points of
+//! [`crate::cuda`] where it lies (the view's offset applied; a strided
+//! view made dense on the device first), the output is a new buffer on
+//! the same device, and the call is enqueued on the stream of Candle's
+//! device: it returns at once, and Candle's later kernels on that stream
+//! see the result. No host copy. Built and linted in CI (cuda/toolkit.sh
+//! gives the CUDA compiler Candle's kernels need); not yet run on a GPU
+//! (docs/frameworks.md). Without that feature, a tensor on another device
+//! (CUDA, Metal) is staged through host memory by Candle's own copies:
+//! correct, one round trip over PCIe per call.
 //!
 //! Errors are Candle's: a ferroccl [`Error`](crate::Error) travels inside
 //! `candle_core::Error::Wrapped` (Candle keeps only its text), which names
@@ -34,6 +41,59 @@ fn wrap(e: crate::Error) -> candle_core::Error {
     candle_core::Error::wrap(e)
 }
 
+/// The elements of `layout` as one run of its storage, in index order
+/// (its start offset included), or `None` for a strided view.
+fn dense_run(layout: &Layout) -> Option<std::ops::Range<usize>> {
+    layout.contiguous_offsets().map(|(start, end)| start..end)
+}
+
+fn unsupported(dtype: DType) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "ferroccl::candle: no collectives on {dtype:?} tensors (f32, f64, f16, bf16, u8, u32, \
+         i32 and i64 have them)"
+    ))
+}
+
+/// A collective as the tensor functions run it: on a tensor's elements in
+/// index order, one flat buffer, into a new buffer. The same on the host
+/// and on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flat {
+    AllReduce(ReduceOp),
+    /// From the root rank.
+    Broadcast(usize),
+    AllGather,
+    /// Rank r keeps the r-th of `size` equal runs (the length divides).
+    ReduceScatter(ReduceOp),
+}
+
+impl Flat {
+    /// Elements of the output, for `n` elements of input over `ranks`.
+    fn out_len(self, n: usize, ranks: usize) -> usize {
+        match self {
+            Flat::AllReduce(_) | Flat::Broadcast(_) => n,
+            Flat::AllGather => n * ranks,
+            Flat::ReduceScatter(_) => n / ranks,
+        }
+    }
+
+    /// The collective on host memory.
+    fn on_host<T: Element>(self, comm: &Communicator, x: &[T]) -> CResult<Vec<T>> {
+        let mut out = vec![T::from_f64(0.0); self.out_len(x.len(), comm.size())];
+        match self {
+            Flat::AllReduce(op) => comm.all_reduce(x, &mut out, op),
+            Flat::Broadcast(root) => {
+                out.copy_from_slice(x);
+                comm.broadcast(&mut out, root)
+            }
+            Flat::AllGather => comm.all_gather(x, &mut out),
+            Flat::ReduceScatter(op) => comm.reduce_scatter(x, &mut out, op),
+        }
+        .map_err(wrap)?;
+        Ok(out)
+    }
+}
+
 /// Where a layout's elements lie in its storage: one run, or (a strided
 /// view) each element's offset in index order.
 enum Offsets {
@@ -43,8 +103,8 @@ enum Offsets {
 
 impl Offsets {
     fn of(layout: &Layout) -> Self {
-        if let Some((start, end)) = layout.contiguous_offsets() {
-            return Offsets::Run(start, end);
+        if let Some(run) = dense_run(layout) {
+            return Offsets::Run(run.start, run.end);
         }
         let (dims, stride) = (layout.dims(), layout.stride());
         let n: usize = dims.iter().product();
@@ -101,15 +161,22 @@ macro_rules! with_elements {
             CpuStorage::U32(v) => arm!(v, u32),
             CpuStorage::I32(v) => arm!(v, i32),
             CpuStorage::I64(v) => arm!(v, i64),
-            other => {
-                return Err(candle_core::Error::Msg(format!(
-                    "ferroccl::candle: no collectives on {:?} tensors (f32, f64, f16, bf16, u8, \
-                     u32, i32 and i64 have them)",
-                    other.dtype()
-                )))
-            }
+            other => return Err(unsupported(other.dtype())),
         }
     }};
+}
+
+/// Runs `verb` on `t`'s elements and builds a tensor of `shape` from its
+/// output: on the device for a CUDA tensor (feature `candle-cuda`), else
+/// on the host.
+fn run(comm: &Communicator, t: &Tensor, shape: Shape, verb: Flat) -> CResult<Tensor> {
+    #[cfg(feature = "candle-cuda")]
+    if t.device().is_cuda() {
+        return device::run(comm, t, shape, verb);
+    }
+    on_host(t, shape, &|s, l| {
+        Ok(with_elements!(s, l, |x| verb.on_host(comm, x)))
+    })
 }
 
 /// Applies `f` to `t`'s elements on the host and builds a tensor of `shape`
@@ -147,26 +214,13 @@ fn on_host(
 /// `t` reduced over every rank with `op` (same shape and dtype on every
 /// rank). A collective.
 pub fn all_reduce(comm: &Communicator, t: &Tensor, op: ReduceOp) -> CResult<Tensor> {
-    on_host(t, t.shape().clone(), &|s, l| {
-        Ok(with_elements!(s, l, |x| reduce_vec(comm, x, op)))
-    })
-}
-
-fn reduce_vec<T: Element>(comm: &Communicator, x: &[T], op: ReduceOp) -> CResult<Vec<T>> {
-    let mut out = vec![T::from_f64(0.0); x.len()];
-    comm.all_reduce(x, &mut out, op).map_err(wrap)?;
-    Ok(out)
+    run(comm, t, t.shape().clone(), Flat::AllReduce(op))
 }
 
 /// Rank `root`'s `t` on every rank (every rank passes a tensor of the
 /// same shape and dtype; its contents matter on `root` only).
 pub fn broadcast(comm: &Communicator, t: &Tensor, root: usize) -> CResult<Tensor> {
-    on_host(t, t.shape().clone(), &|s, l| {
-        Ok(with_elements!(s, l, |x| {
-            let mut v = x.to_vec();
-            comm.broadcast(&mut v, root).map(|()| v).map_err(wrap)
-        }))
-    })
+    run(comm, t, t.shape().clone(), Flat::Broadcast(root))
 }
 
 /// Every rank's `t` concatenated along `dim`, rank 0's first.
@@ -181,12 +235,7 @@ pub fn all_gather(comm: &Communicator, t: &Tensor, dim: usize) -> CResult<Tensor
     }
     let mut stacked = vec![n];
     stacked.extend_from_slice(dims);
-    let gathered = on_host(t, Shape::from(stacked), &|s, l| {
-        Ok(with_elements!(s, l, |x| {
-            let mut v = vec![Element::from_f64(0.0); x.len() * n];
-            comm.all_gather(x, &mut v).map(|()| v).map_err(wrap)
-        }))
-    })?;
+    let gathered = run(comm, t, Shape::from(stacked), Flat::AllGather)?;
     let parts: Vec<Tensor> = (0..n).map(|r| gathered.get(r)).collect::<CResult<_>>()?;
     Tensor::cat(&parts, dim)
 }
@@ -212,12 +261,7 @@ pub fn reduce_scatter(
     let front = t.transpose(0, dim)?.contiguous()?;
     let mut out_dims = front.dims().to_vec();
     out_dims[0] /= n;
-    let part = on_host(&front, Shape::from(out_dims), &|s, l| {
-        Ok(with_elements!(s, l, |x| {
-            let mut v = vec![Element::from_f64(0.0); x.len() / n];
-            comm.reduce_scatter(x, &mut v, op).map(|()| v).map_err(wrap)
-        }))
-    })?;
+    let part = run(comm, &front, Shape::from(out_dims), Flat::ReduceScatter(op))?;
     part.transpose(0, dim)?.contiguous()
 }
 
@@ -226,9 +270,9 @@ pub fn reduce_scatter(
 /// Its backward passes the gradient through unchanged: the op sums
 /// partial results that each rank computed from its own shard, so each
 /// shard's gradient is the full output's (Megatron's row-parallel
-/// layer). CPU tensors run in place of Candle's kernel; other devices go
-/// through [`all_reduce`] (host staging) instead, as Candle calls only
-/// `cuda_fwd` there.
+/// layer). CPU tensors run in place of Candle's kernel, and CUDA tensors
+/// too with feature `candle-cuda` (on the device, `cuda_fwd`); other
+/// devices go through [`all_reduce`] (host staging) instead.
 #[derive(Clone)]
 pub struct AllReduce {
     comm: Arc<Communicator>,
@@ -255,11 +299,13 @@ impl AllReduce {
         AllReduce { comm, op }
     }
 
-    /// Apply to `x` on any device: the op for CPU tensors, host staging
-    /// for others.
+    /// Apply to `x` on any device: the op for CPU tensors (and CUDA
+    /// tensors with feature `candle-cuda`), host staging for others.
     pub fn forward(&self, x: &Tensor) -> CResult<Tensor> {
         match x.device() {
             Device::Cpu => x.apply_op1(self.clone()),
+            #[cfg(feature = "candle-cuda")]
+            Device::Cuda(_) => x.apply_op1(self.clone()),
             _ => all_reduce(&self.comm, x, self.op),
         }
     }
@@ -271,7 +317,18 @@ impl CustomOp1 for AllReduce {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> CResult<(CpuStorage, Shape)> {
-        let out = with_elements!(storage, layout, |x| reduce_vec(&self.comm, x, self.op));
+        let verb = Flat::AllReduce(self.op);
+        let out = with_elements!(storage, layout, |x| verb.on_host(&self.comm, x));
+        Ok((out, layout.shape().clone()))
+    }
+
+    #[cfg(feature = "candle-cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> CResult<(candle_core::CudaStorage, Shape)> {
+        let out = device::on_storage(&self.comm, storage, layout, Flat::AllReduce(self.op))?;
         Ok((out, layout.shape().clone()))
     }
 
@@ -385,6 +442,126 @@ pub fn supports(dtype: DType) -> bool {
     )
 }
 
+/// The device path: CUDA tensors handed to the device entry points of
+/// [`crate::cuda`] as they lie in Candle's storage, on Candle's stream.
+/// Candle's cudarc is ferroccl's (the same crate and version, one in the
+/// build), so its `CudaSlice`s and `CudaStream` go to
+/// [`Communicator::on_stream`] as they are: no pointer or stream handle
+/// is taken out of them, and cudarc's event tracking orders the buffers'
+/// uses on other streams.
+#[cfg(feature = "candle-cuda")]
+mod device {
+    use super::{dense_run, unsupported, CResult, Flat};
+    use crate::cuda::cudarc::driver::DeviceRepr;
+    use crate::{Communicator, Element};
+    use candle_core::backend::{BackendDevice, BackendStorage};
+    use candle_core::cuda::CudaDType;
+    use candle_core::op::BackpropOp;
+    use candle_core::{CudaStorage, DType, Layout, Shape, Storage, Tensor};
+
+    /// `verb` on the elements of the CUDA tensor `t`, into a new tensor of
+    /// `shape` on its device.
+    pub(super) fn run(
+        comm: &Communicator,
+        t: &Tensor,
+        shape: Shape,
+        verb: Flat,
+    ) -> CResult<Tensor> {
+        let out = {
+            let (storage, layout) = t.storage_and_layout();
+            match &*storage {
+                Storage::Cuda(cuda) => on_storage(comm, cuda, layout, verb)?,
+                _ => {
+                    return Err(candle_core::Error::Msg(
+                        "ferroccl::candle: a CUDA tensor is not in CUDA storage".into(),
+                    ))
+                }
+            }
+        };
+        Ok(Tensor::from_storage(
+            Storage::Cuda(out),
+            shape,
+            BackpropOp::none(),
+            false,
+        ))
+    }
+
+    /// `verb` on the elements of `storage` seen through `layout` (index
+    /// order), enqueued on the stream of Candle's device: the returned
+    /// storage is a new buffer that later work on that stream may read
+    /// (the stream waits for the call; the host does not). A strided view
+    /// is first made dense on the device by Candle's copy.
+    pub(super) fn on_storage(
+        comm: &Communicator,
+        storage: &CudaStorage,
+        layout: &Layout,
+        verb: Flat,
+    ) -> CResult<CudaStorage> {
+        if !super::supports(storage.dtype()) {
+            return Err(unsupported(storage.dtype()));
+        }
+        let Some(run) = dense_run(layout) else {
+            let shape = layout.shape();
+            let mut dense = storage.device().zeros_impl(shape, storage.dtype())?;
+            storage.copy_strided_src(&mut dense, 0, layout)?;
+            return on_storage(comm, &dense, &Layout::contiguous(shape), verb);
+        };
+        match storage.dtype() {
+            DType::F32 => typed::<f32>(comm, storage, run, verb),
+            DType::F64 => typed::<f64>(comm, storage, run, verb),
+            DType::F16 => typed::<half::f16>(comm, storage, run, verb),
+            DType::BF16 => typed::<half::bf16>(comm, storage, run, verb),
+            DType::U8 => typed::<u8>(comm, storage, run, verb),
+            DType::U32 => typed::<u32>(comm, storage, run, verb),
+            DType::I32 => typed::<i32>(comm, storage, run, verb),
+            DType::I64 => typed::<i64>(comm, storage, run, verb),
+            other => Err(unsupported(other)),
+        }
+    }
+
+    /// [`on_storage`] on the elements `run` of a storage of `T`.
+    fn typed<T: Element + CudaDType + DeviceRepr>(
+        comm: &Communicator,
+        storage: &CudaStorage,
+        run: std::ops::Range<usize>,
+        verb: Flat,
+    ) -> CResult<CudaStorage> {
+        let dev = storage.device();
+        let len = verb.out_len(run.len(), comm.size());
+        let input = storage.as_cuda_slice::<T>()?;
+        // A view of the elements only: the layout's start offset is the
+        // view's, so the device call gets the right address and length.
+        let send = input.slice(run);
+        // SAFETY: `alloc_uninit` leaves the buffer's contents unset. Every
+        // element of `T` (the eight number types above) is valid for any
+        // bits, so no read of it is undefined; and the call below writes
+        // every element (the root's broadcast: the copy first) before
+        // later work on Candle's stream, which waits for the call, reads
+        // it. A call that fails before it is enqueued drops the buffer
+        // unread; one that fails later fails the communicator
+        // (`Communicator::async_error`), as any device call.
+        let mut out = unsafe { dev.alloc_uninit(&Shape::from(len), storage.dtype()) }?;
+        let recv = out.as_cuda_slice_mut::<T>()?;
+        let stream = dev.cuda_stream();
+        let on = comm.on_stream(&stream);
+        // The returned `DeviceWork` is dropped: the stream waits for the
+        // call (crate::cuda), so Candle's later kernels see its result.
+        match verb {
+            Flat::AllReduce(op) => on.all_reduce(&send, recv, op),
+            Flat::Broadcast(root) => {
+                if root == comm.rank() {
+                    dev.memcpy_dtod(&send, recv)?;
+                }
+                on.broadcast(recv, root)
+            }
+            Flat::AllGather => on.all_gather(&send, recv),
+            Flat::ReduceScatter(op) => on.reduce_scatter(&send, recv, op),
+        }
+        .map_err(super::wrap)?;
+        Ok(out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -446,6 +623,47 @@ mod tests {
                 }
                 assert_eq!(op, want_t, "{dtype:?} through the op");
             }
+        }
+    }
+
+    /// What the device path (feature `candle-cuda`) computes before it
+    /// hands Candle's buffers over: the output's length and the run of the
+    /// storage a layout covers, its start offset included. Pure, so
+    /// checked here; the device calls themselves need a GPU (cuda/gpu/).
+    #[test]
+    fn output_lengths_and_the_runs_of_a_layout() {
+        let sum = ReduceOp::Sum;
+        assert_eq!(Flat::AllReduce(sum).out_len(12, 3), 12);
+        assert_eq!(Flat::Broadcast(2).out_len(12, 3), 12);
+        assert_eq!(Flat::AllGather.out_len(12, 3), 36);
+        assert_eq!(Flat::ReduceScatter(sum).out_len(12, 3), 4);
+        let full = Layout::contiguous((4, 6));
+        assert_eq!(dense_run(&full), Some(0..24));
+        // Rows 1 and 2: one run, starting at the view's offset.
+        assert_eq!(dense_run(&full.narrow(0, 1, 2).unwrap()), Some(6..18));
+        // Columns, a transpose, a broadcast: strided, made dense first.
+        assert_eq!(dense_run(&full.narrow(1, 2, 2).unwrap()), None);
+        assert_eq!(dense_run(&full.transpose(0, 1).unwrap()), None);
+        let row = Layout::contiguous((1, 6));
+        assert_eq!(dense_run(&row.broadcast_as((3, 6)).unwrap()), None);
+    }
+
+    /// A view that starts inside its storage (rows of a larger tensor) is
+    /// reduced from its own elements: the offset is honoured.
+    #[test]
+    fn a_view_with_an_offset_reduces_its_own_elements() {
+        let out = run_ranks(2, |comm| {
+            let x = input(comm.rank(), &[4, 6], DType::F32);
+            let rows = x.narrow(0, 1, 2).unwrap();
+            let comm = Arc::new(comm);
+            let plain = all_reduce(&comm, &rows, ReduceOp::Sum).unwrap();
+            let op = AllReduce::sum(comm).forward(&rows).unwrap();
+            (values(&plain), values(&op))
+        });
+        let want: Vec<f64> = (6..18).map(|i| 10.0 + 2.0 * (i as f64 / 4.0)).collect();
+        for (plain, op) in out {
+            assert_eq!(plain, want);
+            assert_eq!(op, want);
         }
     }
 

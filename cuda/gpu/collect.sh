@@ -56,6 +56,24 @@ cp -r python/gpu "$out/python/gpu"
 cp python/ferroccl/*.py "$out/python/pkg/ferroccl/"
 objcopy --strip-all "$tdir/release/lib_ferroccl.so" "$out/python/pkg/ferroccl/_ferroccl.abi3.so"
 
+# Candle's device path (feature candle-cuda, docs/frameworks.md), opt-in:
+# FERROCCL_CANDLE_CUDA=1. Its binary links against libcuda, libnvrtc,
+# libcudart, cuBLAS and cuRAND (Candle links cudarc), which must be on the
+# linker's path (a CUDA toolkit's lib64 and lib64/stubs: CUDA_HOME, or
+# LIBRARY_PATH); nvcc comes from cuda/toolkit.sh when CUDA_HOME has none.
+# A subshell: cudarc's build script reads CUDA_HOME, and the builds above
+# must not see it change.
+if [ "${FERROCCL_CANDLE_CUDA:-0}" = 1 ]; then
+  (
+    [ -x "${CUDA_HOME:-/nonexistent}/bin/nvcc" ] || eval "$(cuda/toolkit.sh)"
+    export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
+    cargo build --release -p ferroccl --features candle-cuda --example candle_cuda_check
+  )
+  cargo build --release -p ferroccl-run --bin ferroccl-run
+  objcopy --strip-all "$tdir/release/examples/candle_cuda_check" "$out/bin/candle_cuda_check"
+  objcopy --strip-all "$tdir/release/ferroccl-run" "$out/bin/ferroccl-run"
+fi
+
 cp cuda/gpu/run.sh "$out/run.sh"
 chmod +x "$out/run.sh" "$out/nccl/run.sh"
 git rev-parse --short HEAD >"$out/commit"

@@ -35,6 +35,9 @@
 #   ddp        PyTorch DDP through the NCCL ABI (LD_PRELOAD of our
 #              libnccl.so.2): 1 process with torch's NCCL, 2 with ours;
 #              then python/gpu/run.sh where that script exists
+#   candle     bin/candle_cuda_check under bin/ferroccl-run -n 2: Candle
+#              CUDA tensors on the device path against the host path
+#              (collected only with FERROCCL_CANDLE_CUDA=1)
 #   bench      bin/ferroccl-kernel-bench 64 256 (reduce vs copy)
 set -uo pipefail
 dry=0
@@ -217,6 +220,30 @@ else
   rows+=("| torch | skipped: no python/gpu/run.sh in this build | 0 | |")
   write_summary
 fi
+# Candle's device path (feature candle-cuda, docs/frameworks.md): every
+# collective and the AllReduce op on CUDA tensors against the host path,
+# 2 processes on one GPU, staged (no MPS needed). Collected only with
+# FERROCCL_CANDLE_CUDA=1; the binary is linked to cuBLAS, cuRAND, cudart
+# and NVRTC 13, looked for beside PyTorch's NVRTC where the loader lacks
+# them.
+candle() {
+  [ -x bin/candle_cuda_check ] || { echo "skipped: not collected (FERROCCL_CANDLE_CUDA=1 cuda/gpu/collect.sh)"; exit 77; }
+  [ $dry = 1 ] && { echo "skipped: dry run (CUDA tensors need a GPU)"; exit 77; }
+  local site extra=
+  site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null)
+  for d in ${nvrtc_dir:-} "$site"/nvidia/*/lib "$site"/nvidia/cu13/lib; do
+    [ -d "$d" ] && extra="$extra:$d"
+  done
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}$extra"
+  local missing
+  missing=$(ldd bin/candle_cuda_check | awk '/not found/ { print $1 }' | tr '\n' ' ')
+  [ -z "$missing" ] || { echo "skipped: the loader lacks $missing"; exit 77; }
+  FERROCCL_P2P_DISABLE=1 bin/ferroccl-run -n 2 -- bin/candle_cuda_check
+}
+export -f candle
+export nvrtc_dir
+step candle 90 "Candle CUDA tensors, device path vs host, 2 processes" -- bash -c candle
+
 bench() {
   [ $dry = 1 ] && { echo "skipped: dry run (the benchmark needs a GPU)"; exit 77; }
   bin/ferroccl-kernel-bench 64 256

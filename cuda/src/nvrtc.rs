@@ -55,12 +55,25 @@ pub struct KernelStats {
     pub spill_loads: u64,
 }
 
+/// Whether libnvrtc opens, asked without calling into it.
+#[cfg(not(feature = "dynamic-linking"))]
+fn nvrtc_library_present() -> bool {
+    // SAFETY: only tries to open the library by its usual names
+    // (libloading); no NVRTC function is called.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Linked (feature `dynamic-linking`): the loader resolved libnvrtc
+/// before the program started, or it did not start.
+#[cfg(feature = "dynamic-linking")]
+fn nvrtc_library_present() -> bool {
+    true
+}
+
 /// The version of the libnvrtc this process finds, or why there is none
 /// (`Compile`, never a panic).
 pub fn version() -> Result<(i32, i32)> {
-    // SAFETY: only tries to open the library by its usual names
-    // (libloading); no NVRTC function is called.
-    if !unsafe { sys::is_culib_present() } {
+    if !nvrtc_library_present() {
         return Err(CudaError::Compile(
             "libnvrtc was not found (looked for libnvrtc.so, libnvrtc.so.13 and older \
              names on the loader's path; set LD_LIBRARY_PATH to the folder that holds \

@@ -37,9 +37,7 @@ fn probe() -> Result<Driver> {
     if std::env::var("FERROCCL_CUDA").is_ok_and(|v| v == "0") {
         return Err(CudaError::NoDevice("FERROCCL_CUDA=0".into()));
     }
-    // SAFETY: only tries to open the library by its usual names
-    // (libloading); no CUDA function is called.
-    if !unsafe { sys::is_culib_present() } {
+    if !driver_library_present() {
         return Err(CudaError::NoDevice(
             "the CUDA driver library (libcuda.so.1) was not found".into(),
         ));
@@ -73,6 +71,21 @@ fn probe() -> Result<Driver> {
         version,
         devices: devices as usize,
     })
+}
+
+/// Whether libcuda opens, asked without calling into it.
+#[cfg(not(feature = "dynamic-linking"))]
+fn driver_library_present() -> bool {
+    // SAFETY: only tries to open the library by its usual names
+    // (libloading); no CUDA function is called.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Linked (feature `dynamic-linking`): the loader resolved libcuda before
+/// the program started, or it did not start.
+#[cfg(feature = "dynamic-linking")]
+fn driver_library_present() -> bool {
+    true
 }
 
 #[cfg(test)]
