@@ -15,9 +15,9 @@
 //! view made dense on the device first), the output is a new buffer on
 //! the same device, and the call is enqueued on the stream of Candle's
 //! device: it returns at once, and Candle's later kernels on that stream
-//! see the result. No host copy. Built and linted in CI (cuda/toolkit.sh
-//! gives the CUDA compiler Candle's kernels need); not yet run on a GPU
-//! (docs/frameworks.md). Without that feature, a tensor on another device
+//! see the result. No host copy. Built and linted with the CUDA compiler
+//! of cuda/toolkit.sh (by hand: CI does not build it, 36 minutes on 2
+//! cores); not yet run on a GPU (docs/frameworks.md). Without that feature, a tensor on another device
 //! (CUDA, Metal) is staged through host memory by Candle's own copies:
 //! correct, one round trip over PCIe per call.
 //!
