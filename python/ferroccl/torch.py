@@ -84,7 +84,7 @@ class _Work(_C10dWork):
 
     def __init__(
         self,
-        work: Optional[ferroccl.Work],
+        work: Optional[ferroccl.Work | _Later],
         result: List[torch.Tensor],
         after: Optional[Callable[[], None]] = None,
         comm: Optional[ferroccl.Communicator] = None,
@@ -156,8 +156,6 @@ class _Later:
     """A part of a call that runs as a callback on the communicator's
     worker (a tagged recv): it ends when the callback has run, with the
     callback's error if it raised one."""
-
-    _handles: List[Any] = []
 
     def __init__(self) -> None:
         self._ended = threading.Event()
