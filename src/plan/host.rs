@@ -58,29 +58,20 @@ pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
     }
 }
 
-/// Whether a call of `kind` can run directly between windows
-/// ([`after_check_in`]): allreduce, allgather, reduce-scatter, broadcast
-/// and reduce. An all-to-all in a window would only check in and then go
-/// through slots anyway (the check-in, a wait for every rank before any
-/// byte moves, made a broadcast between windows about half as fast as one
-/// of ordinary buffers from 8 to 512 KiB on 2 ranks while broadcast had no
-/// path between windows: docs/performance-log.md, "Every collective
-/// against the four peers"), so windows change neither its route nor its
-/// inline limit.
-fn has_window_path(kind: CollKind) -> bool {
-    matches!(
-        kind,
-        CollKind::AllReduce
-            | CollKind::AllGather
-            | CollKind::ReduceScatter
-            | CollKind::Broadcast
-            | CollKind::Reduce
-    )
-}
-
-/// The smallest input of a `kind` call with a path between windows that
-/// takes it (below, the call's usual route). Between windows every rank
-/// checks in and waits for every other to finish: two meetings of all
+/// From how many bytes of input a `kind` call whose buffers lie in windows
+/// runs directly between them ([`after_check_in`]); `None` where `kind`
+/// has no path between windows.
+///
+/// Allreduce, allgather, reduce-scatter, broadcast and reduce have one. An
+/// all-to-all in a window would only check in and then go through slots
+/// anyway (the check-in, a wait for every rank before any byte moves, made
+/// a broadcast between windows about half as fast as one of ordinary
+/// buffers from 8 to 512 KiB on 2 ranks while broadcast had no path
+/// between windows: docs/performance-log.md, "Every collective against the
+/// four peers"), so windows change neither its route nor its inline limit.
+///
+/// Below the threshold a call takes its usual route. Between windows every
+/// rank checks in and waits for every other to finish: two meetings of all
 /// ranks, where a broadcast or reduce through slots only waits on its
 /// neighbours in the chain or tree. On 4 ranks over 2 cores (every
 /// meeting a process switch) that made the path between windows slower
@@ -89,12 +80,13 @@ fn has_window_path(kind: CollKind) -> bool {
 /// 512 KiB (1.3-4.9x; docs/performance-log.md, "Broadcast and reduce
 /// between windows"). On 2 ranks it was faster at every size above the
 /// inline limit (1.55x at 32 KiB and more).
-fn window_min_bytes(kind: CollKind, facts: &Facts) -> usize {
+fn window_path_from(kind: CollKind, facts: &Facts) -> Option<usize> {
     match kind {
-        _ if facts.size <= 2 => 0,
-        CollKind::Broadcast => 32 << 10,
-        CollKind::Reduce => 128 << 10,
-        _ => 0,
+        CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter => Some(0),
+        CollKind::Broadcast | CollKind::Reduce if facts.size <= 2 => Some(0),
+        CollKind::Broadcast => Some(32 << 10),
+        CollKind::Reduce => Some(128 << 10),
+        CollKind::AllToAll | CollKind::Barrier | CollKind::SendRecv => None,
     }
 }
 
@@ -285,8 +277,9 @@ pub(crate) fn route(
         return Ok(Route::Inline);
     }
     let cma = free && facts.cma && takes_cma(kind, in_bytes, in_place, facts);
-    if cma || (facts.windows && has_window_path(kind) && in_bytes >= window_min_bytes(kind, facts))
-    {
+    let between_windows =
+        facts.windows && window_path_from(kind, facts).is_some_and(|min| in_bytes >= min);
+    if cma || between_windows {
         return Ok(Route::CheckIn { cma });
     }
     Ok(Route::Slots { note: true })
@@ -1116,7 +1109,7 @@ mod tests {
                 route(kind, 1 << 20, false, Memory::Host, &f).unwrap(),
                 Route::CheckIn { cma: false }
             );
-            assert!(has_window_path(kind));
+            assert!(window_path_from(kind, &f).is_some());
             // The check-in decides from the places; the window path
             // exists for it.
             assert_ne!(after_check_in(kind, Some(1), Some(2), false), Direct::Slots);
@@ -1135,7 +1128,7 @@ mod tests {
             (CollKind::Broadcast, 32 << 10),
             (CollKind::Reduce, 128 << 10),
         ] {
-            assert_eq!(window_min_bytes(kind, &four), min);
+            assert_eq!(window_path_from(kind, &four), Some(min));
             assert_eq!(
                 route(kind, min, false, Memory::Host, &four).unwrap(),
                 Route::CheckIn { cma: false },
@@ -1146,7 +1139,7 @@ mod tests {
                 Route::Slots { note: true },
                 "{kind:?}"
             );
-            assert_eq!(window_min_bytes(kind, &two), 0, "{kind:?} on 2 ranks");
+            assert_eq!(window_path_from(kind, &two), Some(0), "{kind:?} on 2 ranks");
         }
         // A broadcast needs its outputs in a window, a reduce its inputs.
         assert_eq!(
@@ -1164,7 +1157,7 @@ mod tests {
             route(kind, 1 << 20, false, Memory::Host, &f).unwrap(),
             Route::Slots { note: true },
         );
-        assert!(!has_window_path(kind));
+        assert_eq!(window_path_from(kind, &f), None);
         assert_eq!(after_check_in(kind, Some(1), Some(1), false), Direct::Slots);
     }
 
