@@ -159,7 +159,7 @@ environment >"$out/env.txt" 2>&1
 rows+=("| env | ok | 0 | env.txt |")
 write_summary
 
-step probe 60 "driver calls that wait for a parked stream (probe.txt)" -- bin/ferroccl-sync-probe
+step probe 90 "driver calls that wait for a parked stream (probe.txt)" -- bin/ferroccl-sync-probe
 cp "$logs/probe.log" "$out/probe.txt" 2>/dev/null
 step kernels 90 "kernels vs the stand-in, gates" -- bin/test-engine --test-threads=1
 step executor 90 "executor kernels, no launcher" -- bin/test-ferroccl-lib exec::oracle::kernel_gpu --test-threads=1

@@ -70,7 +70,19 @@ pub struct CudaEngine {
     /// launch, so while one is in flight nothing may wait for every
     /// stream (the device rule).
     kernels: Mutex<Vec<Event>>,
+    /// Events made and not in use: `event` takes one, `free_event` gives
+    /// it back. Creating or destroying an event takes a driver lock that a
+    /// thread waiting inside the driver for a parked stream holds (a
+    /// user's pageable copy to the host after a device call; seen on the
+    /// first GPU run, docs/hardware.md), so the progress thread, which
+    /// raises the gate that stream waits for, must do neither while a gate
+    /// is held: the events are made up front and reused.
+    events: Mutex<Vec<Event>>,
 }
+
+/// Events made with each engine ([`CudaEngine::new`]); past them `event`
+/// makes more (logged: the device rule's lock above).
+pub const EVENT_POOL: usize = 512;
 
 /// Pages of gate words: a [`Gate`] is a word's host address; the device
 /// reads it through the page's device mapping.
@@ -325,14 +337,28 @@ impl CudaEngine {
     /// The engine of device `ordinal`: `NoDevice` without a driver or
     /// device; the kernels compile at the first engine of each device.
     pub fn new(ordinal: usize) -> Result<CudaEngine> {
-        Ok(CudaEngine {
+        let engine = CudaEngine {
             ordinal,
             loaded: loaded(ordinal)?,
             pinned: Mutex::new(HashMap::new()),
             gates: Mutex::new(Gates::default()),
             retired: Mutex::new(Vec::new()),
             kernels: Mutex::new(Vec::new()),
-        })
+            events: Mutex::new(Vec::with_capacity(EVENT_POOL)),
+        };
+        // Made now, while no stream of this engine waits at a gate.
+        let made = (0..EVENT_POOL)
+            .map(|_| engine.create_event())
+            .collect::<Result<Vec<_>>>()?;
+        *engine.events.lock().unwrap_or_else(|p| p.into_inner()) = made;
+        Ok(engine)
+    }
+
+    fn create_event(&self) -> Result<Event> {
+        self.bind()?;
+        let e = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(driver_err("cuEventCreate"))?;
+        Ok(Event(e as u64))
     }
 
     /// The engine of device `ordinal` that every caller in the process
@@ -680,18 +706,29 @@ impl Engine for CudaEngine {
         }
     }
 
+    /// One of the events made up front ([`EVENT_POOL`]); a new one only
+    /// when all are in use.
     fn event(&self) -> Result<Event> {
-        self.bind()?;
-        let e = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(driver_err("cuEventCreate"))?;
-        Ok(Event(e as u64))
+        if let Some(e) = self.events.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(e);
+        }
+        if self.gates_held() {
+            tracing::warn!(
+                "CUDA device {}: more than {EVENT_POOL} events in use; making one while a \
+                 stream waits at a gate (the device rule: it may block behind a thread waiting \
+                 for that stream)",
+                self.ordinal
+            );
+        }
+        self.create_event()
     }
 
+    /// Back to the events in use next; never destroyed (the lock above).
     fn free_event(&self, event: Event) {
-        if self.bind().is_ok() {
-            // SAFETY: an event from `event`.
-            let _ = unsafe { result::event::destroy(event.0 as sys::CUevent) };
-        }
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(event);
     }
 
     fn d2h(

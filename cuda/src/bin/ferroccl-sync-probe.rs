@@ -9,6 +9,13 @@
 //! word is raised, and the call must return. One line per call and stream
 //! kind: `| call | parked stream | waits? |`. Without a device it says why
 //! and exits 0 (1 with FERROCCL_REQUIRE_DEVICE=1).
+//!
+//! A second table (found on the first GPU run, docs/hardware.md): a call
+//! that does not itself wait for a parked stream can still block behind
+//! another thread that waits inside the driver for it (a user's pageable
+//! copy to the host after the collective; the driver holds a lock while
+//! it waits). For each call a progress thread makes, and three ways a
+//! user's thread waits, it says whether the call returns.
 
 use cudarc::driver::{result, sys};
 use ferroccl_cuda::probe;
@@ -161,8 +168,264 @@ fn run(version: i32) -> Result<(), String> {
             }
         }
     }
+    behind_waiters(ctx_of(ctx), gate, word, &mut value, cubin.as_deref())
+}
+
+fn ctx_of(ctx: sys::CUcontext) -> Bits {
+    Bits(ctx as u64, 0)
+}
+
+/// The calls a progress thread makes while a stream is parked, probed
+/// behind a thread that waits inside the driver for that stream.
+const BEHIND: &[&str] = &[
+    "cuEventCreate",
+    "cuEventDestroy",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuStreamWaitEvent",
+    "cuLaunchKernel",
+    "cuStreamWriteValue32",
+    "cuMemcpyHtoDAsync (pinned)",
+    "cuMemcpyDtoHAsync (pinned)",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
+    "cuLaunchHostFunc",
+    "cuStreamQuery",
+    "cuStreamCreate",
+];
+
+/// How a thread waits for the parked stream inside the driver.
+const WAITERS: &[&str] = &[
+    "cuMemcpyDtoHAsync (pageable)",
+    "cuStreamSynchronize",
+    "cuEventSynchronize",
+];
+
+/// What one `BEHIND` call uses, made before the stream parks.
+#[derive(Clone, Copy)]
+struct Kit {
+    stream: u64,
+    device: u64,
+    pinned: u64,
+    event: u64,
+    freed: u64,
+    function: u64,
+}
+
+/// A second table: whether each call a progress thread makes returns
+/// while another thread of the process waits inside the driver for a
+/// parked stream (a pageable copy to the host, a stream or event
+/// synchronize: what a user's thread does after enqueueing a collective).
+/// A call that blocks there deadlocks a progress thread whose gate that
+/// stream waits for.
+fn behind_waiters(
+    ctx: Bits,
+    gate: sys::CUdeviceptr,
+    word: &AtomicU32,
+    value: &mut u32,
+    cubin: Option<&[u8]>,
+) -> Result<(), String> {
+    let e = |what: &'static str| move |err: cudarc::driver::DriverError| format!("{what}: {err:?}");
+    let function = match cubin {
+        // SAFETY: a complete CUBIN for this device; the module is kept.
+        Some(image) => unsafe {
+            let module =
+                result::module::load_data(image.as_ptr().cast()).map_err(e("cuModuleLoadData"))?;
+            let name = std::ffi::CString::new("ferroccl_probe").expect("no NUL");
+            result::module::get_function(module, name).map_err(e("cuModuleGetFunction"))? as u64
+        },
+        None => 0,
+    };
+    println!();
+    println!("| call | while another thread waits in | blocks? |");
+    println!("|---|---|---|");
+    for waiter in WAITERS {
+        for call in BEHIND {
+            if *call == "cuLaunchKernel" && function == 0 {
+                continue;
+            }
+            let stream = || {
+                result::stream::create(result::stream::StreamKind::NonBlocking)
+                    .map(|s| s as u64)
+                    .map_err(e("cuStreamCreate"))
+            };
+            // SAFETY: allocations of the current context, used by this
+            // row alone and never freed (a probe).
+            let kit = unsafe {
+                let s = stream()?;
+                let freed = if *call == "cuMemFreeAsync" {
+                    let b = result::malloc_async(s as sys::CUstream, 1 << 20)
+                        .map_err(e("cuMemAllocAsync"))?;
+                    result::stream::synchronize(s as sys::CUstream)
+                        .map_err(e("cuStreamSynchronize"))?;
+                    b
+                } else {
+                    0
+                };
+                Kit {
+                    stream: s,
+                    device: result::malloc_sync(1 << 20).map_err(e("cuMemAlloc"))?,
+                    pinned: result::malloc_host(1 << 20, 0).map_err(e("cuMemHostAlloc"))? as u64,
+                    event: result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                        .map_err(e("cuEventCreate"))? as u64,
+                    freed,
+                    function,
+                }
+            };
+            let parked = result::stream::create(result::stream::StreamKind::NonBlocking)
+                .map_err(e("cuStreamCreate"))?;
+            *value += 1;
+            // SAFETY: a stream of this context and the gate's device
+            // mapping, never freed.
+            unsafe {
+                sys::cuStreamWaitValue32_v2(
+                    parked,
+                    gate,
+                    *value,
+                    sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                )
+            }
+            .result()
+            .map_err(e("cuStreamWaitValue32"))?;
+            // SAFETY: an event of this context recorded on the parked stream.
+            let after = unsafe {
+                let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                    .map_err(e("cuEventCreate"))?;
+                result::event::record(ev, parked).map_err(e("cuEventRecord"))?;
+                ev as u64
+            };
+            let (wdone, wended) = mpsc::channel();
+            let (name, parked_bits, device) = (*waiter, parked as u64, kit.device);
+            std::thread::spawn(move || {
+                // SAFETY: the retained primary context; the parked stream,
+                // its event and a 1 MiB device buffer of this row.
+                let r = unsafe {
+                    result::ctx::set_current(ctx.0 as sys::CUcontext).and_then(|()| match name {
+                        "cuStreamSynchronize" => {
+                            result::stream::synchronize(parked_bits as sys::CUstream)
+                        }
+                        "cuEventSynchronize" => result::event::synchronize(after as sys::CUevent),
+                        _ => {
+                            let mut host = vec![0u8; 1 << 20];
+                            result::memcpy_dtoh_async(
+                                &mut host[..],
+                                device,
+                                parked_bits as sys::CUstream,
+                            )
+                        }
+                    })
+                };
+                let _ = wdone.send(r.is_ok());
+            });
+            std::thread::sleep(Duration::from_millis(200));
+            let waiting = wended.try_recv().is_err();
+            let (done, ended) = mpsc::channel();
+            let name = *call;
+            std::thread::spawn(move || {
+                // SAFETY: the retained primary context, then the call on
+                // this row's own resources.
+                let r = unsafe { result::ctx::set_current(ctx.0 as sys::CUcontext) }
+                    .map_err(|err| format!("{err:?}"))
+                    .and_then(|()| behind_call(name, kit));
+                let _ = done.send(r);
+            });
+            let blocks = match ended.recv_timeout(PATIENCE) {
+                Ok(r) => r.map(|()| "no").unwrap_or("error"),
+                Err(_) => "BLOCKS",
+            };
+            word.store(*value, Ordering::Release);
+            let tail = if blocks == "BLOCKS" {
+                match ended.recv_timeout(AFTER) {
+                    Ok(Ok(())) => "",
+                    Ok(Err(_)) => " (then failed)",
+                    Err(_) => " (and still after the stream was let go)",
+                }
+            } else {
+                ""
+            };
+            let _ = wended.recv_timeout(AFTER);
+            let note = if waiting {
+                ""
+            } else {
+                " (the waiter did not wait)"
+            };
+            println!("| {call} | {waiter} | {blocks}{tail}{note} |");
+        }
+    }
     Ok(())
 }
+
+/// Make `call` of `BEHIND` on `kit`'s resources (its context current).
+fn behind_call(call: &str, kit: Kit) -> Result<(), String> {
+    let e = |err: cudarc::driver::DriverError| format!("{err:?}");
+    let s = kit.stream as sys::CUstream;
+    // SAFETY (each arm): the call's documented arguments on resources
+    // `behind_waiters` made for this row alone, sizes within them.
+    unsafe {
+        match call {
+            "cuEventCreate" => result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map(|_| ())
+                .map_err(e),
+            "cuEventDestroy" => result::event::destroy(kit.event as sys::CUevent).map_err(e),
+            "cuEventRecord" => result::event::record(kit.event as sys::CUevent, s).map_err(e),
+            "cuEventQuery" => match sys::cuEventQuery(kit.event as sys::CUevent) {
+                sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_NOT_READY => Ok(()),
+                other => Err(format!("{other:?}")),
+            },
+            "cuStreamWaitEvent" => result::stream::wait_event(
+                s,
+                kit.event as sys::CUevent,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(e),
+            "cuLaunchKernel" => {
+                let mut p: u64 = 0;
+                let mut params: [*mut std::ffi::c_void; 1] = [(&mut p as *mut u64).cast()];
+                result::launch_kernel(
+                    kit.function as sys::CUfunction,
+                    (1, 1, 1),
+                    (32, 1, 1),
+                    0,
+                    s,
+                    &mut params,
+                )
+                .map_err(e)
+            }
+            "cuStreamWriteValue32" => sys::cuStreamWriteValue32_v2(s, kit.device, 1, 0)
+                .result()
+                .map_err(e),
+            "cuMemcpyHtoDAsync (pinned)" => sys::cuMemcpyHtoDAsync_v2(
+                kit.device,
+                kit.pinned as *const std::ffi::c_void,
+                4096,
+                s,
+            )
+            .result()
+            .map_err(e),
+            "cuMemcpyDtoHAsync (pinned)" => {
+                sys::cuMemcpyDtoHAsync_v2(kit.pinned as *mut std::ffi::c_void, kit.device, 4096, s)
+                    .result()
+                    .map_err(e)
+            }
+            "cuMemAllocAsync" => result::malloc_async(s, 1 << 20).map(|_| ()).map_err(e),
+            "cuMemFreeAsync" => result::free_async(kit.freed, s).map_err(e),
+            "cuLaunchHostFunc" => sys::cuLaunchHostFunc(s, Some(nothing), std::ptr::null_mut())
+                .result()
+                .map_err(e),
+            "cuStreamQuery" => match sys::cuStreamQuery(s) {
+                sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_NOT_READY => Ok(()),
+                other => Err(format!("{other:?}")),
+            },
+            "cuStreamCreate" => result::stream::create(result::stream::StreamKind::NonBlocking)
+                .map(|_| ())
+                .map_err(e),
+            other => Err(format!("no call {other}")),
+        }
+    }
+}
+
+/// A host function that does nothing (`cuLaunchHostFunc`).
+extern "C" fn nothing(_: *mut std::ffi::c_void) {}
 
 /// The calls probed: those the device rule names, and the stream-ordered
 /// ones it uses instead.
