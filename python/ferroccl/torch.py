@@ -68,7 +68,12 @@ def _op_of(reduce_op: Any, t: torch.Tensor, call: str) -> _Op:
     if kind in _OPS:
         return _Op(_OPS[kind])
     if kind == _RedOp.PREMUL_SUM:
-        factor = reduce_op.factor
+        factor = getattr(reduce_op, "factor", None)
+        if factor is None:
+            raise ValueError(
+                f"ferroccl: {call}: PREMUL_SUM's factor is not readable from Python in "
+                f"torch {torch.__version__}; multiply the input and use SUM"
+            )
         if isinstance(factor, torch.Tensor):
             factor = factor.item()
         return _Op("sum", float(factor))
@@ -252,7 +257,27 @@ def _meet(store: Any, rank: int, size: int, timeout: timedelta) -> ferroccl.Comm
     return ferroccl.Communicator.init(rank, size, host, port, token, seconds)
 
 
-class ProcessGroupFerroccl(_C10dBackend):
+def _base() -> type:
+    """What the backend subclasses: c10d's `Backend` where Python may
+    construct one (recent torch), else `ProcessGroup`, which torch 2.11
+    and older build from Python and take as the group itself when a
+    backend's creator returns one (found on the first GPU run, torch
+    2.11: "Backend: No constructor defined!")."""
+
+    class _Probe(_C10dBackend):  # type: ignore[misc, valid-type]
+        pass
+
+    try:
+        _Probe(0, 1)
+    except TypeError:
+        return dist.ProcessGroup
+    return _C10dBackend
+
+
+_BASE: Any = _base()
+
+
+class ProcessGroupFerroccl(_BASE):  # type: ignore[misc, valid-type]
     """c10d backend on a ferroccl communicator (one per group)."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
@@ -268,6 +293,26 @@ class ProcessGroupFerroccl(_C10dBackend):
     # -- identity ---------------------------------------------------------
     def _get_backend_name(self) -> str:
         return BACKEND_NAME
+
+    # Where the backend is the group itself (torch 2.11, `_base`), c10d
+    # reads the group's name and description from its backends, of which
+    # it has none ("ProcessGroup name not set"): kept here instead.
+    if _BASE is not _C10dBackend:
+
+        def _set_group_name(self, name: str) -> None:
+            self._group_name = name
+
+        def _set_group_desc(self, desc: str) -> None:
+            self._group_desc = desc
+
+        def getGroupName(self) -> str:  # noqa: N802  c10d's name
+            return getattr(self, "_group_name", "")
+
+        def getGroupDesc(self) -> str:  # noqa: N802  c10d's name
+            return getattr(self, "_group_desc", "")
+
+        def getBackendName(self) -> str:  # noqa: N802  c10d's name
+            return BACKEND_NAME
 
     # What c10d asks a backend it may use. Each is given here as a plain
     # property: c10d's Python trampoline answers these by reading the
