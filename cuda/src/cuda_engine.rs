@@ -78,7 +78,16 @@ pub struct CudaEngine {
     /// raises the gate that stream waits for, must do neither while a gate
     /// is held: the events are made up front and reused.
     events: Mutex<Vec<Event>>,
+    /// Streams made and not in use, for the same reason: `cuStreamCreate`
+    /// blocks there too (a staging pipeline is made on the progress
+    /// thread), so streams are made up front and kept.
+    streams: Mutex<Vec<Stream>>,
+    /// Whether a pool ran out under a gate and said so (once an engine).
+    pool_warned: std::sync::atomic::AtomicBool,
 }
+
+/// Streams made with each engine: two a staging pipeline.
+pub const STREAM_POOL: usize = 8;
 
 /// Events made with each engine ([`CudaEngine::new`]); past them `event`
 /// makes more (logged: the device rule's lock above).
@@ -345,13 +354,26 @@ impl CudaEngine {
             retired: Mutex::new(Vec::new()),
             kernels: Mutex::new(Vec::new()),
             events: Mutex::new(Vec::with_capacity(EVENT_POOL)),
+            streams: Mutex::new(Vec::with_capacity(STREAM_POOL)),
+            pool_warned: std::sync::atomic::AtomicBool::new(false),
         };
         // Made now, while no stream of this engine waits at a gate.
         let made = (0..EVENT_POOL)
             .map(|_| engine.create_event())
             .collect::<Result<Vec<_>>>()?;
         *engine.events.lock().unwrap_or_else(|p| p.into_inner()) = made;
+        let made = (0..STREAM_POOL)
+            .map(|_| engine.create_stream())
+            .collect::<Result<Vec<_>>>()?;
+        *engine.streams.lock().unwrap_or_else(|p| p.into_inner()) = made;
         Ok(engine)
+    }
+
+    fn create_stream(&self) -> Result<Stream> {
+        self.bind()?;
+        let s = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(driver_err("cuStreamCreate"))?;
+        Ok(Stream(s as u64))
     }
 
     fn create_event(&self) -> Result<Event> {
@@ -687,23 +709,33 @@ impl Engine for CudaEngine {
         Ok(())
     }
 
+    /// One of the streams made up front ([`STREAM_POOL`]); a new one
+    /// only when all are in use.
     fn stream(&self) -> Result<Stream> {
-        self.bind()?;
-        let s = result::stream::create(result::stream::StreamKind::NonBlocking)
-            .map_err(driver_err("cuStreamCreate"))?;
-        Ok(Stream(s as u64))
+        if let Some(s) = self.streams.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(s);
+        }
+        if self.gates_held() && !self.pool_warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "CUDA device {}: more than {STREAM_POOL} streams in use (calls enqueued faster \
+                 than they run); making more while a stream waits at a gate (the device rule: \
+                 it may block behind a thread waiting for that stream; said once)",
+                self.ordinal
+            );
+        }
+        self.create_stream()
     }
 
+    /// Back to the streams in use next (the caller retired it: its work
+    /// has ended); never destroyed, as events are not.
     fn free_stream(&self, stream: Stream) {
         if stream.0 == 0 {
             return;
         }
-        self.check_quiet("cuStreamDestroy");
-        if self.bind().is_ok() {
-            // SAFETY: a stream from `stream`; the driver lets pending work
-            // finish before it releases it.
-            let _ = unsafe { result::stream::destroy(stream.0 as sys::CUstream) };
-        }
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(stream);
     }
 
     /// One of the events made up front ([`EVENT_POOL`]); a new one only
@@ -712,11 +744,11 @@ impl Engine for CudaEngine {
         if let Some(e) = self.events.lock().unwrap_or_else(|p| p.into_inner()).pop() {
             return Ok(e);
         }
-        if self.gates_held() {
+        if self.gates_held() && !self.pool_warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
-                "CUDA device {}: more than {EVENT_POOL} events in use; making one while a \
-                 stream waits at a gate (the device rule: it may block behind a thread waiting \
-                 for that stream)",
+                "CUDA device {}: more than {EVENT_POOL} events in use (calls enqueued faster \
+                 than they run); making more while a stream waits at a gate (the device rule: \
+                 it may block behind a thread waiting for that stream; said once)",
                 self.ordinal
             );
         }

@@ -192,6 +192,8 @@ const BEHIND: &[&str] = &[
     "cuLaunchHostFunc",
     "cuStreamQuery",
     "cuStreamCreate",
+    "cuMemAlloc",
+    "cuMemHostAlloc",
 ];
 
 /// How a thread waits for the parked stream inside the driver.
@@ -419,6 +421,8 @@ fn behind_call(call: &str, kit: Kit) -> Result<(), String> {
             "cuStreamCreate" => result::stream::create(result::stream::StreamKind::NonBlocking)
                 .map(|_| ())
                 .map_err(e),
+            "cuMemAlloc" => result::malloc_sync(1 << 20).map(|_| ()).map_err(e),
+            "cuMemHostAlloc" => result::malloc_host(1 << 20, 0).map(|_| ()).map_err(e),
             other => Err(format!("no call {other}")),
         }
     }
