@@ -118,6 +118,19 @@ pub fn can_access_peer(dev: u32, peer: u32) -> Result<bool> {
     Ok(can != 0)
 }
 
+/// Whether contexts on device `dev` are shared through MPS (the
+/// multi-process service: kernels of several processes run on the GPU at
+/// once; without it they take turns), `CU_DEVICE_ATTRIBUTE_MPS_ENABLED`.
+pub fn mps_enabled(dev: u32) -> Result<bool> {
+    let d = device(dev)?;
+    // SAFETY: a device handle the driver returned after cuInit.
+    let on = unsafe {
+        result::device::get_attribute(d, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MPS_ENABLED)
+    }
+    .map_err(driver_err("cuDeviceGetAttribute(MPS_ENABLED)"))?;
+    Ok(on != 0)
+}
+
 /// The ordinal under which this process sees the device with UUID
 /// `uuid`, `None` where it does not see it (`CUDA_VISIBLE_DEVICES`): a
 /// peer's ordinal is its own process's numbering, so [`can_access_peer`]

@@ -344,6 +344,14 @@ pub(crate) fn select(
         ));
     }
     let reach = if facts.same_gpu {
+        if !facts.same_process && facts.can_access_peer == Some(false) {
+            return staged(
+                "processes on one GPU without MPS take turns on it, and the device executor's \
+                 kernels wait for each other (start the MPS daemon, nvidia-cuda-mps-control -d, \
+                 for the executor)"
+                    .into(),
+            );
+        }
         "one GPU needs no peer access".to_string()
     } else {
         match facts.can_access_peer {
@@ -512,7 +520,7 @@ mod tests {
         let a = gpu(HOST_A, 100, 1, "0000:1b:00.0", 0);
         // The other process numbers the same device differently.
         let b = gpu(HOST_A, 200, 1, "0000:1b:00.0", 3);
-        for access in [None, Some(false), Some(true)] {
+        for access in [None, Some(true)] {
             let c = choose(&a, &b, access);
             assert_eq!(c.path, GpuPath::CudaIpc, "{access:?}");
             assert_eq!(
@@ -521,6 +529,11 @@ mod tests {
                  no peer access"
             );
         }
+        // For one GPU the answer between processes is MPS's: without it
+        // their kernels take turns, so the pair is staged, saying why.
+        let c = choose(&a, &b, Some(false));
+        assert_eq!(c.path, GpuPath::Staged);
+        assert!(c.reason.contains("without MPS"), "{}", c.reason);
     }
 
     #[test]
@@ -632,11 +645,17 @@ mod tests {
             gpu(HOST_A, 300, 3, "0000:b1:00.0", 0),
             gpu(HOST_B, 100, 4, "0000:1b:00.0", 0),
         ];
-        // Peer access between the GPUs of 0/2 (1b) and 1 (3d) only.
+        // Peer access between the GPUs of 0/2 (1b) and 1 (3d) only; the
+        // GPU that 0 and 2 share runs MPS (one GPU's answer between
+        // processes).
         let bus = |r: usize| gpus[r].pci_bus_id.clone();
         let access = |a: usize, b: usize| {
             let pair = [bus(a), bus(b)];
-            Some(pair.contains(&"0000:1b:00.0".into()) && pair.contains(&"0000:3d:00.0".into()))
+            Some(
+                gpus[a].uuid == gpus[b].uuid
+                    || pair.contains(&"0000:1b:00.0".into())
+                        && pair.contains(&"0000:3d:00.0".into()),
+            )
         };
         use GpuPath::*;
         let want: [[Option<GpuPath>; 5]; 5] = [

@@ -36,7 +36,11 @@ fn probe(ordinal: u32) -> Result<GpuIdentity> {
 
 /// This process's answer to "can `me`'s GPU and `peer`'s access each
 /// other's memory", both ways: `None` where it cannot ask (other host, or
-/// the peer's GPU is not visible here); one GPU is `Some(true)`. Calls the
+/// the peer's GPU is not visible here); one GPU is `Some(true)` within a
+/// process, and between processes only under MPS (without it their
+/// kernels take turns on the GPU, and the executor's kernels, which wait
+/// for each other, would wait for a turn: the first GPU run's DDP step on
+/// two processes hung; `gpu_path::select` gives the reason). Calls the
 /// driver (after its probe).
 fn peer_access(me: &GpuIdentity, peer: &GpuIdentity) -> Result<Option<bool>> {
     use ferroccl_cuda::topo;
@@ -44,7 +48,12 @@ fn peer_access(me: &GpuIdentity, peer: &GpuIdentity) -> Result<Option<bool>> {
         return Ok(None);
     }
     if me.uuid == peer.uuid {
-        return Ok(Some(true));
+        if me.pid == peer.pid {
+            return Ok(Some(true));
+        }
+        return topo::mps_enabled(me.ordinal)
+            .map(Some)
+            .map_err(crate::error::from_cuda);
     }
     let from_cuda = crate::error::from_cuda;
     let Some(theirs) = topo::local_ordinal(&peer.uuid).map_err(from_cuda)? else {
