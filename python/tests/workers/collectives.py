@@ -26,7 +26,6 @@ FLOAT_TYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 SIZES = [1, 7, 1000, 4099]
 
 
-
 def backend() -> ProcessGroupFerroccl:
     """The default group's ferroccl object: its CPU backend, or (torch
     2.11, where the backend subclasses ProcessGroup) the group itself."""
@@ -34,6 +33,7 @@ def backend() -> ProcessGroupFerroccl:
     if isinstance(group, ProcessGroupFerroccl):
         return group
     return group._get_backend(torch.device("cpu"))
+
 
 def inp(rank: int, n: int, dtype: torch.dtype, op: str = "sum") -> torch.Tensor:
     """Small integers, so every sum and product is exact in every type

@@ -1034,3 +1034,80 @@ fn device_send_and_recv() {
         assert_eq!(got, want, "rank {rank}");
     });
 }
+
+/// The order of calls in which the first GPU run's thread ranks hung
+/// (`tests/cuda.rs`: allreduce, every op out of place then in place,
+/// 1037 f32 a rank, on 2 ranks sharing a device; rank 1's kernel of call
+/// #6, Min in place, waited for a frame of rank 0's, which had ended),
+/// here on the stand-in running the executor kernel's source.
+#[test]
+fn every_op_in_the_order_the_gpu_run_hung() {
+    let Some(hook) = crate::exec::oracle::host_launch::host_executor() else {
+        return;
+    };
+    let launches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = launches.clone();
+    let e = Arc::new(
+        HostEngine::with_delays(Duration::from_micros(100), 2).with_executor(Arc::new(
+            move |l: &ferroccl_cuda::executor::ExecLaunch| {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                hook(l)
+            },
+        )),
+    );
+    let block = 1037;
+    run_ranks_with(2, config, |comm| {
+        let (rank, size) = (comm.rank(), comm.size());
+        let stream = e.stream().unwrap();
+        let bytes = block * 4;
+        for op in ReduceOp::ALL {
+            for in_place in [false, true] {
+                let input: Vec<f32> = (0..block).map(|i| value(rank, i) as f32 + 1.0).collect();
+                let send = DevicePtr::new(e.alloc_device_async(stream, bytes).unwrap());
+                let recv = DevicePtr::new(e.alloc_device_async(stream, bytes).unwrap());
+                enqueue_write(&e, stream, send, &bytes_of(&input));
+                let call = CollCall {
+                    op: Some(op),
+                    in_place,
+                    ..CollCall::new(CollKind::AllReduce, block, block, block)
+                };
+                let engine: Arc<dyn Engine> = e.clone();
+                let on = OnDevice {
+                    ordinal: 0,
+                    engine,
+                    stream,
+                    send,
+                    recv,
+                };
+                let what = format!("{op} in place {in_place} rank {rank}");
+                let work = comm
+                    .device_collective::<f32>(&call, &on)
+                    .unwrap_or_else(|err| panic!("{what}: {err}"));
+                let out = if in_place { send } else { recv };
+                let got = elems::<f32>(&read_after(&e, stream, out, bytes));
+                work.wait().unwrap_or_else(|err| panic!("{what}: {err}"));
+                for (i, g) in got.iter().enumerate() {
+                    let vals = (0..size).map(|r| value(r, i) + 1.0);
+                    let w = match op {
+                        ReduceOp::Sum => vals.sum::<f64>(),
+                        ReduceOp::Prod => vals.product(),
+                        ReduceOp::Min => vals.fold(f64::INFINITY, f64::min),
+                        ReduceOp::Max => vals.fold(f64::NEG_INFINITY, f64::max),
+                        ReduceOp::Avg => vals.sum::<f64>() / size as f64,
+                    };
+                    assert!(
+                        (g - w).abs() <= w.abs() * 1e-6,
+                        "{what} element {i}: {g} != {w}"
+                    );
+                }
+                e.free_device_async(stream, send.buf).unwrap();
+                e.free_device_async(stream, recv.buf).unwrap();
+            }
+        }
+    });
+    assert_eq!(
+        launches.load(std::sync::atomic::Ordering::Relaxed),
+        2 * 2 * ReduceOp::ALL.len(),
+        "every call by the executor"
+    );
+}
