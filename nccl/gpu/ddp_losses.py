@@ -9,6 +9,7 @@ batch, match a single process's up to float rounding.
     ddp_losses.py --compare ref.json run.json         # exit 1 if they differ
 """
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -20,6 +21,11 @@ def train(world, out, steps, batch):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     rank = int(os.environ.get("RANK", "0"))
+    # Where a rank hangs, every thread's Python stack on stderr before the
+    # run's timeout kills it (the first GPU run's DDP step hung with empty
+    # logs).
+    faulthandler.dump_traceback_later(int(os.environ.get("FERROCCL_DDP_DUMP_AFTER", "60")))
+    print(f"rank {rank}/{world}: init", flush=True)
     if world > 1:
         dist.init_process_group("nccl", rank=rank, world_size=world)
     torch.cuda.set_device(0)  # every rank on the one GPU

@@ -56,9 +56,12 @@ if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     port=$((29500 + world))
     pids=()
     for ((r = 0; r < world; r++)); do
+      # Unbuffered, with the library's INFO lines (paths chosen, calls
+      # failed), in the caller's process group (--foreground) so that a
+      # hung step's stacks and kill reach the ranks.
       LD_PRELOAD=$lib/libnccl.so.2 LD_LIBRARY_PATH="$with_nvrtc" FERROCCL_TIMEOUT=60 RANK=$r WORLD_SIZE=$world \
-        MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-        timeout 300 python3 "$here/ddp_losses.py" --world "$world" --out "$logs/ddp-$world.json" \
+        MASTER_ADDR=127.0.0.1 MASTER_PORT=$port PYTHONUNBUFFERED=1 FERROCCL_DEBUG=${FERROCCL_DEBUG:-INFO} \
+        timeout --foreground 140 python3 "$here/ddp_losses.py" --world "$world" --out "$logs/ddp-$world.json" \
         >"$logs/ddp-$world-rank$r.log" 2>&1 &
       pids+=($!)
     done
