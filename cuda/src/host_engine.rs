@@ -245,6 +245,17 @@ struct State {
     /// A synchronizing call the next `host_wait` makes first (tests: a
     /// breach of the device rule forced on the thread that waits).
     forced: Mutex<Option<&'static str>>,
+    /// Threads inside [`HostEngine::blocking_read`]: as a thread in a
+    /// pageable copy to the host holds a driver lock while it waits for
+    /// its stream (measured on an H200, docs/staging.md), event creation
+    /// waits until none is left (`driver_lock`).
+    in_driver: Mutex<usize>,
+    left_driver: Condvar,
+    /// Events given back (`free_event`), taken again before any is made.
+    free_events: Mutex<Vec<u64>>,
+    /// Events made so far; the first `event_pool` count as made with the
+    /// engine, as the CUDA engine makes them, and take no lock.
+    events_made: AtomicUsize,
 }
 
 impl State {
@@ -273,6 +284,10 @@ impl State {
             kernels: Arc::default(),
             deadlock: Mutex::default(),
             forced: Mutex::default(),
+            in_driver: Mutex::new(0),
+            left_driver: Condvar::new(),
+            free_events: Mutex::default(),
+            events_made: AtomicUsize::new(0),
         }
     }
 }
@@ -292,6 +307,8 @@ pub struct HostEngine {
     /// How long a synchronizing call waits for the streams before it
     /// reports a deadlock (on a GPU it would wait for ever).
     sync_limit: Duration,
+    /// Events made with the engine ([`HostEngine::with_event_pool`]).
+    event_pool: usize,
 }
 
 /// How long a stand-in's synchronizing call waits for the streams by
@@ -331,7 +348,92 @@ impl HostEngine {
             executor: None,
             uuid: None,
             sync_limit: SYNC_LIMIT,
+            event_pool: crate::cuda_engine::EVENT_POOL,
         }
+    }
+
+    /// The stand-in with `n` events made with it, as the CUDA engine makes
+    /// [`EVENT_POOL`](crate::cuda_engine::EVENT_POOL) (the default), and
+    /// reused; past them, making one waits while a thread is inside
+    /// [`HostEngine::blocking_read`]. 0: no pool and no reuse, every event
+    /// made and destroyed under that lock, as the CUDA engine did before
+    /// the first GPU run (tests: the deadlock the pool prevents).
+    pub fn with_event_pool(mut self, n: usize) -> Self {
+        self.event_pool = n;
+        self
+    }
+
+    /// Read `bytes` at `src` after the work enqueued on `stream` so far,
+    /// waiting for it, as `cuMemcpyDtoH` into pageable host memory does
+    /// (cudarc's `clone_dtoh`, torch's `.item()`): while it waits the
+    /// thread holds a driver lock that event creation and destruction take
+    /// (measured on an H200, docs/staging.md), which the stand-in keeps
+    /// too. Waits at most the sync limit, then reports a deadlock.
+    pub fn blocking_read(&self, stream: Stream, src: DevicePtr, bytes: usize) -> Result<Vec<u8>> {
+        let got = self.enqueue_read(stream, src, bytes)?;
+        *lock(&self.state.in_driver) += 1;
+        let waited = got.recv_timeout(self.sync_limit);
+        *lock(&self.state.in_driver) -= 1;
+        self.state.left_driver.notify_all();
+        match waited {
+            Ok(read) => read.map_err(|why| CudaError::Driver {
+                call: "cuMemcpyDtoH (stand-in)",
+                reason: why,
+            }),
+            Err(_) => {
+                let why = format!(
+                    "a pageable copy to the host waited {:?} for its stream: a deadlock on a \
+                     GPU; called from {}",
+                    self.sync_limit,
+                    callers()
+                );
+                lock(&self.state.deadlock).get_or_insert(why.clone());
+                lock(&self.state.fault).get_or_insert(why);
+                Err(CudaError::Timeout {
+                    what: "cuMemcpyDtoH (stand-in): the stream".into(),
+                    waited_ms: self.sync_limit.as_millis() as u64,
+                })
+            }
+        }
+    }
+
+    /// The driver lock of a call that makes or destroys an event: waits
+    /// until no thread is inside [`HostEngine::blocking_read`], at most
+    /// half the sync limit; past it the wait is a deadlock, named as a
+    /// breach of the device rule.
+    fn driver_lock(&self, call: &str) -> Result<()> {
+        // Half the reader's limit: the blocked call is named, not the
+        // reader, which gives up later.
+        let limit = self.sync_limit / 2;
+        let deadline = Instant::now() + limit;
+        let mut inside = lock(&self.state.in_driver);
+        while *inside > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let why = format!(
+                    "{call} waited {limit:?} behind a thread that waits inside the driver for \
+                     a stream (a pageable copy to the host): a deadlock on a GPU where that \
+                     stream waits for this thread (the device rule); called from {}",
+                    callers()
+                );
+                drop(inside);
+                tracing::error!("stand-in: {why}");
+                lock(&self.state.violations).push(why.clone());
+                lock(&self.state.deadlock).get_or_insert(why.clone());
+                lock(&self.state.fault).get_or_insert(why);
+                return Err(CudaError::Timeout {
+                    what: format!("{call}: behind a thread waiting inside the driver"),
+                    waited_ms: limit.as_millis() as u64,
+                });
+            }
+            inside = self
+                .state
+                .left_driver
+                .wait_timeout(inside, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
     }
 
     /// The stand-in whose synchronizing calls give up after `limit` (and
@@ -845,8 +947,22 @@ impl Engine for HostEngine {
         }
     }
 
+    /// A given-back event first, then one of the pool made with the
+    /// engine; past those, made under the driver lock.
     fn event(&self) -> Result<Event> {
-        let id = self.id();
+        if self.event_pool == 0 {
+            self.driver_lock("cuEventCreate")?;
+        }
+        let id = match lock(&self.state.free_events).pop() {
+            Some(id) => id,
+            None => {
+                if self.state.events_made.fetch_add(1, Ordering::AcqRel) >= self.event_pool {
+                    self.driver_lock("cuEventCreate")?;
+                }
+                self.id()
+            }
+        };
+        // Fresh: as an event never recorded, complete.
         let state = EventState {
             counts: Mutex::new((0, 0)),
             done: Condvar::new(),
@@ -855,8 +971,18 @@ impl Engine for HostEngine {
         Ok(Event(id))
     }
 
+    /// Given back for reuse, never destroyed (as the CUDA engine does).
+    /// Without a pool (`with_event_pool(0)`, the CUDA engine before the
+    /// first GPU run) every event is made and destroyed under the lock.
     fn free_event(&self, event: Event) {
-        lock(&self.state.events).remove(&event.0);
+        if self.event_pool == 0 {
+            let _ = self.driver_lock("cuEventDestroy");
+            lock(&self.state.events).remove(&event.0);
+            return;
+        }
+        if lock(&self.state.events).remove(&event.0).is_some() {
+            lock(&self.state.free_events).push(event.0);
+        }
     }
 
     fn d2h(

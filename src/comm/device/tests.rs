@@ -1111,3 +1111,91 @@ fn every_op_in_the_order_the_gpu_run_hung() {
         "every call by the executor"
     );
 }
+
+/// Two thread ranks sharing a stand-in (staged), each reading every
+/// call's result by a pageable copy to the host right after the call
+/// (`HostEngine::blocking_read`, as cudarc's `clone_dtoh` and torch's
+/// `.item()`), rank 0 always a little later than rank 1: rank 1 is inside
+/// the copy, its stream parked at call k's gate, while rank 0 issues call
+/// k. Each rank's result, and the stand-in's violations.
+fn reading_results(pool: Option<usize>) -> (Vec<std::result::Result<(), String>>, Vec<String>) {
+    let mut e = HostEngine::with_delays(Duration::from_micros(50), 11)
+        .with_sync_limit(Duration::from_secs(2));
+    if let Some(n) = pool {
+        e = e.with_event_pool(n);
+    }
+    let e = Arc::new(e);
+    let count = 300;
+    let results = run_ranks_with(
+        2,
+        |c| {
+            config(c);
+            c.timeout = Duration::from_secs(20);
+        },
+        |comm| {
+            let rank = comm.rank();
+            let stream = e.stream().unwrap();
+            let buf = DevicePtr::new(e.alloc_device_async(stream, count * 4).unwrap());
+            let on = OnDevice {
+                ordinal: 0,
+                engine: e.clone(),
+                stream,
+                send: buf,
+                recv: buf,
+            };
+            let call = CollCall {
+                op: Some(ReduceOp::Sum),
+                in_place: true,
+                ..CollCall::new(CollKind::AllReduce, count, count, count)
+            };
+            (0..8).try_for_each(|k| {
+                let input: Vec<f32> = (0..count)
+                    .map(|i| (value(rank, i) + k as f64) as f32)
+                    .collect();
+                enqueue_write(&e, stream, buf, &bytes_of(&input));
+                if rank == 0 {
+                    std::thread::sleep(Duration::from_millis(30));
+                }
+                let work = comm
+                    .device_collective::<f32>(&call, &on)
+                    .map_err(|err| format!("call {k}: {err}"))?;
+                let got = e
+                    .blocking_read(stream, buf, count * 4)
+                    .map_err(|err| format!("call {k}: read: {err}"))?;
+                work.wait().map_err(|err| format!("call {k}: {err}"))?;
+                let got = elems::<f32>(&got);
+                for (i, g) in got.iter().enumerate() {
+                    let w = (0..2).map(|r| value(r, i) + k as f64).sum::<f64>();
+                    if *g != w {
+                        return Err(format!("call {k} element {i}: {g} != {w}"));
+                    }
+                }
+                Ok(())
+            })
+        },
+    );
+    (results, e.violations())
+}
+
+/// A user's thread reading a result by a pageable copy, which waits
+/// inside the driver for its stream, while a peer rank issues the call
+/// that stream waits for: with the events made up front, as the CUDA
+/// engine makes them, every call ends right; with none (each made under
+/// the driver lock the reading thread holds, as the first GPU run hung),
+/// the stand-in finds the deadlock and names the call (the progress
+/// thread's `cuEventDestroy` of the call's event before it raises the
+/// gate, or a `cuEventCreate`), and every rank returns.
+#[test]
+fn a_thread_reading_a_result_does_not_block_the_calls_it_waits_for() {
+    let (results, violations) = reading_results(None);
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    assert_eq!(violations, Vec::<String>::new());
+    let (results, violations) = reading_results(Some(0));
+    assert!(results.iter().any(|r| r.is_err()), "{results:?}");
+    assert!(
+        violations
+            .iter()
+            .any(|v| v.starts_with("cuEvent") && v.contains("inside the driver")),
+        "{violations:?}"
+    );
+}
