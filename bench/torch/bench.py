@@ -5,6 +5,13 @@ library without the binding), then a DDP training step of a small
 transformer (~25M parameters) and a small CNN on each backend.
 
     python bench/torch/bench.py --ranks 2 --perf target/release/ferroccl-perf
+    python bench/torch/bench.py --ranks 2 --no-ddp --rounds 3   # in turns
+
+With --rounds R the torch run and the ferroccl-perf run alternate R
+times and each cell is the median over rounds: the binding's added cost
+("added us": torch's time less ferroccl-perf's, allreduce in place on
+both sides) is then read from runs minutes apart at most, not a run
+before and a run after.
 
 Needs the package importable (pip install ./python, or PYTHONPATH at a
 folder holding ferroccl/ with the built extension). Sizes are the whole
@@ -20,6 +27,7 @@ import csv
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -195,23 +203,11 @@ def perf(binary: str, ranks: int, coll: str, lo: int, hi: int) -> dict:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--min-bytes", type=int, default=8)
-    ap.add_argument("--max-bytes", type=int, default=64 << 20)
-    ap.add_argument("--perf", default="target/release/ferroccl-perf")
-    ap.add_argument("--no-ddp", dest="ddp", action="store_false")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--out", default="torch-bench.json")
-    a = ap.parse_args()
-    if os.environ.get("BENCH_WORKER") == "1":
-        worker(a)
-        return 0
+def run_torch(a: argparse.Namespace, out: str):
+    """One run of every rank's worker; its results, or None if a rank failed."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = os.path.abspath(a.out)
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, *sys.argv[1:]],
@@ -230,17 +226,62 @@ def main() -> int:
         for r in range(a.ranks)
     ]
     if any(p.wait() != 0 for p in procs):
-        return 1
+        return None
     with open(out) as f:
-        res = json.load(f)
+        return json.load(f)
+
+
+def median_of(rounds: list) -> dict:
+    """The first round's results with every collective's times the median
+    over the rounds (torch, Gloo and ferroccl-perf alike)."""
+    res = rounds[0]
+    for coll, rows in res["colls"].items():
+        for size, row in rows.items():
+            for key in ("ferroccl", "gloo", "perf"):
+                vals = [r["colls"][coll][size].get(key) for r in rounds]
+                vals = [v for v in vals if v is not None]
+                if vals:
+                    row[key] = statistics.median(vals)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--min-bytes", type=int, default=8)
+    ap.add_argument("--max-bytes", type=int, default=64 << 20)
+    ap.add_argument("--perf", default="target/release/ferroccl-perf")
+    ap.add_argument("--no-ddp", dest="ddp", action="store_false")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--out", default="torch-bench.json")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="torch run then ferroccl-perf run, this many times in turn; each cell is the "
+        "median over rounds (this machine's speed moves between runs minutes apart)",
+    )
+    a = ap.parse_args()
+    if os.environ.get("BENCH_WORKER") == "1":
+        worker(a)
+        return 0
+    out = os.path.abspath(a.out)
+    rounds = []
+    for _ in range(max(1, a.rounds)):
+        res = run_torch(a, out)
+        if res is None:
+            return 1
+        if os.path.exists(a.perf):
+            for coll in COLLS:
+                p = perf(a.perf, a.ranks, coll, a.min_bytes, a.max_bytes)
+                for size, row in res["colls"][coll].items():
+                    row["perf"] = p.get(int(size))
+        rounds.append(res)
+    res = median_of(rounds)
+    res["rounds"] = len(rounds)
     res["load_average"] = os.getloadavg()
     res["ranks"] = a.ranks
-    if os.path.exists(a.perf):
-        for coll in COLLS:
-            p = perf(a.perf, a.ranks, coll, a.min_bytes, a.max_bytes)
-            for size, row in res["colls"][coll].items():
-                row["perf"] = p.get(int(size))
-    print(f"\n{a.ranks} ranks, load average {res['load_average'][0]:.2f}")
+    print(f"\n{a.ranks} ranks, {res['rounds']} round(s), load average {res['load_average'][0]:.2f}")
     print(
         f"{'collective':14s} {'size':>10s} {'ferroccl us':>12s} {'gloo us':>10s} {'x gloo':>7s} "
         f"{'perf us':>9s} {'added us':>9s}"
