@@ -369,6 +369,30 @@ impl CudaEngine {
         Ok(engine)
     }
 
+    /// A handle from `pool`, else one made by `make`: past the pool,
+    /// under a gate, it may block behind a thread waiting for the gated
+    /// stream (the device rule), which is said once an engine.
+    fn take_pooled<H>(
+        &self,
+        pool: &Mutex<Vec<H>>,
+        what: &str,
+        made: usize,
+        make: impl FnOnce() -> Result<H>,
+    ) -> Result<H> {
+        if let Some(h) = pool.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(h);
+        }
+        if self.gates_held() && !self.pool_warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "CUDA device {}: more than {made} {what} in use (calls enqueued faster than \
+                 they run); making more while a stream waits at a gate (the device rule: it \
+                 may block behind a thread waiting for that stream; said once)",
+                self.ordinal
+            );
+        }
+        make()
+    }
+
     fn create_stream(&self) -> Result<Stream> {
         self.bind()?;
         let s = result::stream::create(result::stream::StreamKind::NonBlocking)
@@ -712,18 +736,9 @@ impl Engine for CudaEngine {
     /// One of the streams made up front ([`STREAM_POOL`]); a new one
     /// only when all are in use.
     fn stream(&self) -> Result<Stream> {
-        if let Some(s) = self.streams.lock().unwrap_or_else(|p| p.into_inner()).pop() {
-            return Ok(s);
-        }
-        if self.gates_held() && !self.pool_warned.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                "CUDA device {}: more than {STREAM_POOL} streams in use (calls enqueued faster \
-                 than they run); making more while a stream waits at a gate (the device rule: \
-                 it may block behind a thread waiting for that stream; said once)",
-                self.ordinal
-            );
-        }
-        self.create_stream()
+        self.take_pooled(&self.streams, "streams", STREAM_POOL, || {
+            self.create_stream()
+        })
     }
 
     /// Back to the streams in use next (the caller retired it: its work
@@ -741,18 +756,7 @@ impl Engine for CudaEngine {
     /// One of the events made up front ([`EVENT_POOL`]); a new one only
     /// when all are in use.
     fn event(&self) -> Result<Event> {
-        if let Some(e) = self.events.lock().unwrap_or_else(|p| p.into_inner()).pop() {
-            return Ok(e);
-        }
-        if self.gates_held() && !self.pool_warned.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                "CUDA device {}: more than {EVENT_POOL} events in use (calls enqueued faster \
-                 than they run); making more while a stream waits at a gate (the device rule: \
-                 it may block behind a thread waiting for that stream; said once)",
-                self.ordinal
-            );
-        }
-        self.create_event()
+        self.take_pooled(&self.events, "events", EVENT_POOL, || self.create_event())
     }
 
     /// Back to the events in use next; never destroyed (the lock above).

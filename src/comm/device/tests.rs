@@ -144,6 +144,17 @@ fn device_calls_run_by_the_executor_on_a_shared_device() {
 
 /// An in-place f32 allreduce of `count` zeroes on `e`, on a stream of
 /// its own: the call and where it runs.
+/// Device buffers `send` and `recv` of stand-in `e`, on `stream`.
+fn on_device(e: &Arc<HostEngine>, stream: Stream, send: DevicePtr, recv: DevicePtr) -> OnDevice {
+    OnDevice {
+        ordinal: 0,
+        engine: e.clone(),
+        stream,
+        send,
+        recv,
+    }
+}
+
 fn small_allreduce(e: &Arc<HostEngine>, count: usize) -> (OnDevice, CollCall) {
     let stream = e.stream().unwrap();
     // In the stream's order: the other rank's stream may be parked.
@@ -662,14 +673,7 @@ fn every_collective_on<T: Element>(comm: &Communicator, e: &Arc<HostEngine>, blo
             send
         };
         enqueue_write(e, stream, at, &bytes_of(&input));
-        let engine: Arc<dyn Engine> = e.clone();
-        let on = OnDevice {
-            ordinal: 0,
-            engine,
-            stream,
-            send,
-            recv,
-        };
+        let on = on_device(e, stream, send, recv);
         let work = comm
             .device_collective::<T>(&call, &on)
             .unwrap_or_else(|err| panic!("{kind:?} {op} in place {in_place}: {err}"));
@@ -1071,14 +1075,7 @@ fn every_op_in_the_order_the_gpu_run_hung() {
                     in_place,
                     ..CollCall::new(CollKind::AllReduce, block, block, block)
                 };
-                let engine: Arc<dyn Engine> = e.clone();
-                let on = OnDevice {
-                    ordinal: 0,
-                    engine,
-                    stream,
-                    send,
-                    recv,
-                };
+                let on = on_device(&e, stream, send, recv);
                 let what = format!("{op} in place {in_place} rank {rank}");
                 let work = comm
                     .device_collective::<f32>(&call, &on)
@@ -1134,20 +1131,8 @@ fn reading_results(pool: Option<usize>) -> (Vec<std::result::Result<(), String>>
         },
         |comm| {
             let rank = comm.rank();
-            let stream = e.stream().unwrap();
-            let buf = DevicePtr::new(e.alloc_device_async(stream, count * 4).unwrap());
-            let on = OnDevice {
-                ordinal: 0,
-                engine: e.clone(),
-                stream,
-                send: buf,
-                recv: buf,
-            };
-            let call = CollCall {
-                op: Some(ReduceOp::Sum),
-                in_place: true,
-                ..CollCall::new(CollKind::AllReduce, count, count, count)
-            };
+            let (on, call) = small_allreduce(&e, count);
+            let (stream, buf) = (on.stream, on.send);
             (0..8).try_for_each(|k| {
                 let input: Vec<f32> = (0..count)
                     .map(|i| (value(rank, i) + k as f64) as f32)
