@@ -28,6 +28,8 @@
 #   ipc        bin/test-ferroccl_cuda_ipc: VMM/IPC memory across processes
 #   threads    bin/test-cuda: the launcher on thread ranks, the raw entry
 #              points first, then every collective and the stream order
+#   threads-bulk  where threads failed: every collective again with the
+#              bulk protocol alone (FERROCCL_PROTO=Simple)
 #   staged     ferroccl-perf allreduce --device cuda --ranks 2, every call
 #              staged (FERROCCL_P2P_DISABLE=1), 1 MiB to 64 MiB, checked
 #   processes  under MPS only (skipped, saying so, where it did not start):
@@ -166,6 +168,17 @@ step executor 90 "executor kernels, no launcher" -- bin/test-ferroccl-lib exec::
 step ipc 60 "VMM/IPC across processes" -- bin/test-ferroccl_cuda_ipc --test-threads=1
 step threads-raw 60 "thread ranks: raw entry points" -- bin/test-cuda raw_entry_points --test-threads=1
 step threads 120 "thread ranks: every collective, stream order" -- bin/test-cuda --skip raw_entry_points --skip process --test-threads=1
+
+# Only where threads failed: the same collectives with the bulk protocol
+# alone (FERROCCL_PROTO=Simple), which says whether a lost frame is LL's
+# (the second GPU run: all_reduce #6 on 2 thread ranks lost one).
+threads_bulk() {
+  grep -q '^test result: ok' "$logs/threads.log" 2>/dev/null && { echo "skipped: threads passed"; exit 77; }
+  FERROCCL_PROTO=Simple exec bin/test-cuda every_collective_on_device_memory --test-threads=1
+}
+export -f threads_bulk
+export dry logs
+step threads-bulk 100 "only if threads failed: the same, bulk protocol only" -- bash -c threads_bulk
 
 staged() {
   [ $dry = 1 ] && { echo "skipped: dry run (ferroccl-perf --device cuda needs a GPU)"; exit 77; }
