@@ -387,14 +387,22 @@ impl HostEngine {
                     self.sync_limit,
                     callers()
                 );
-                lock(&self.state.deadlock).get_or_insert(why.clone());
-                lock(&self.state.fault).get_or_insert(why);
+                self.deadlocked(why);
                 Err(CudaError::Timeout {
                     what: "cuMemcpyDtoH (stand-in): the stream".into(),
                     waited_ms: self.sync_limit.as_millis() as u64,
                 })
             }
         }
+    }
+
+    /// A wait that would never end on a GPU: logged, kept as the device's
+    /// deadlock (later synchronizing calls fail at once with it) and as
+    /// its fault (host waits report it), the first of each kept.
+    fn deadlocked(&self, why: String) {
+        tracing::error!("stand-in: {why}");
+        lock(&self.state.deadlock).get_or_insert(why.clone());
+        lock(&self.state.fault).get_or_insert(why);
     }
 
     /// The driver lock of a call that makes or destroys an event: waits
@@ -417,10 +425,8 @@ impl HostEngine {
                     callers()
                 );
                 drop(inside);
-                tracing::error!("stand-in: {why}");
                 lock(&self.state.violations).push(why.clone());
-                lock(&self.state.deadlock).get_or_insert(why.clone());
-                lock(&self.state.fault).get_or_insert(why);
+                self.deadlocked(why);
                 return Err(CudaError::Timeout {
                     what: format!("{call}: behind a thread waiting inside the driver"),
                     waited_ms: limit.as_millis() as u64,
@@ -530,9 +536,7 @@ impl HostEngine {
                     self.sync_limit,
                     callers()
                 );
-                tracing::error!("stand-in: {why}");
-                lock(&self.state.deadlock).get_or_insert(why.clone());
-                lock(&self.state.fault).get_or_insert(why);
+                self.deadlocked(why);
                 return Err(CudaError::Timeout {
                     what: format!("{call}: the device's streams (a deadlock on a GPU)"),
                     waited_ms: self.sync_limit.as_millis() as u64,
@@ -948,11 +952,9 @@ impl Engine for HostEngine {
     }
 
     /// A given-back event first, then one of the pool made with the
-    /// engine; past those, made under the driver lock.
+    /// engine; past those (at once without a pool: nothing is given
+    /// back), made under the driver lock.
     fn event(&self) -> Result<Event> {
-        if self.event_pool == 0 {
-            self.driver_lock("cuEventCreate")?;
-        }
         let id = match lock(&self.state.free_events).pop() {
             Some(id) => id,
             None => {

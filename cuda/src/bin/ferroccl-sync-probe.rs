@@ -122,18 +122,7 @@ fn run(version: i32) -> Result<(), String> {
                     .map_err(e("cuStreamCreate"))?
             };
             value += 1;
-            // SAFETY: a stream of this context and the device mapping of
-            // the gate word, which is never freed.
-            unsafe {
-                sys::cuStreamWaitValue32_v2(
-                    parked,
-                    gate,
-                    value,
-                    sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-                )
-            }
-            .result()
-            .map_err(e("cuStreamWaitValue32"))?;
+            park(parked, gate, value)?;
             let (done, ended) = mpsc::channel();
             let image = cubin.clone();
             let name = *call;
@@ -147,32 +136,64 @@ fn run(version: i32) -> Result<(), String> {
                     .and_then(|()| make_call(name, made, image.as_deref()));
                 let _ = done.send(r);
             });
-            let waits = match ended.recv_timeout(PATIENCE) {
-                Ok(r) => r.map(|()| "no").unwrap_or("error"),
-                Err(_) => "WAITS",
-            };
-            word.store(value, Ordering::Release);
-            let after = if waits == "WAITS" {
-                match ended.recv_timeout(AFTER) {
-                    Ok(Ok(())) => "",
-                    Ok(Err(_)) => " (then failed)",
-                    Err(_) => " (and still waits after the stream was let go)",
-                }
-            } else {
-                ""
-            };
-            println!("| {call} | {kind} | {waits}{after} |");
+            let waits = verdict(&ended, word, value, "WAITS");
+            println!("| {call} | {kind} | {waits} |");
             if !legacy {
                 // SAFETY: the stream made above; its wait has passed.
                 let _ = unsafe { result::stream::destroy(parked) };
             }
         }
     }
-    behind_waiters(ctx_of(ctx), gate, word, &mut value, cubin.as_deref())
+    behind_waiters(
+        Bits(ctx as u64, 0),
+        gate,
+        word,
+        &mut value,
+        cubin.as_deref(),
+    )
 }
 
-fn ctx_of(ctx: sys::CUcontext) -> Bits {
-    Bits(ctx as u64, 0)
+/// Park `stream` at the gate word (device address `gate`) until it holds
+/// at least `value`, as a device call's gate does.
+fn park(stream: sys::CUstream, gate: sys::CUdeviceptr, value: u32) -> Result<(), String> {
+    // SAFETY: a stream of the current context and the device mapping of
+    // the gate word, which is never freed.
+    unsafe {
+        sys::cuStreamWaitValue32_v2(
+            stream,
+            gate,
+            value,
+            sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+        )
+    }
+    .result()
+    .map_err(|err| format!("cuStreamWaitValue32: {err:?}"))
+}
+
+/// How a probed call ended: "no" (returned within [`PATIENCE`]), "error",
+/// or `slow` (still in it); then the gate word is raised to `value`, and
+/// a slow call must return within [`AFTER`] (said if not).
+fn verdict(
+    ended: &mpsc::Receiver<Result<(), String>>,
+    word: &AtomicU32,
+    value: u32,
+    slow: &'static str,
+) -> String {
+    let first = match ended.recv_timeout(PATIENCE) {
+        Ok(r) => r.map(|()| "no").unwrap_or("error"),
+        Err(_) => slow,
+    };
+    word.store(value, Ordering::Release);
+    let after = if first == slow {
+        match ended.recv_timeout(AFTER) {
+            Ok(Ok(())) => "",
+            Ok(Err(_)) => " (then failed)",
+            Err(_) => " (and still waits after the stream was let go)",
+        }
+    } else {
+        ""
+    };
+    format!("{first}{after}")
 }
 
 /// The calls a progress thread makes while a stream is parked, probed
@@ -277,18 +298,7 @@ fn behind_waiters(
             let parked = result::stream::create(result::stream::StreamKind::NonBlocking)
                 .map_err(e("cuStreamCreate"))?;
             *value += 1;
-            // SAFETY: a stream of this context and the gate's device
-            // mapping, never freed.
-            unsafe {
-                sys::cuStreamWaitValue32_v2(
-                    parked,
-                    gate,
-                    *value,
-                    sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-                )
-            }
-            .result()
-            .map_err(e("cuStreamWaitValue32"))?;
+            park(parked, gate, *value)?;
             // SAFETY: an event of this context recorded on the parked stream.
             let after = unsafe {
                 let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
@@ -331,27 +341,14 @@ fn behind_waiters(
                     .and_then(|()| behind_call(name, kit));
                 let _ = done.send(r);
             });
-            let blocks = match ended.recv_timeout(PATIENCE) {
-                Ok(r) => r.map(|()| "no").unwrap_or("error"),
-                Err(_) => "BLOCKS",
-            };
-            word.store(*value, Ordering::Release);
-            let tail = if blocks == "BLOCKS" {
-                match ended.recv_timeout(AFTER) {
-                    Ok(Ok(())) => "",
-                    Ok(Err(_)) => " (then failed)",
-                    Err(_) => " (and still after the stream was let go)",
-                }
-            } else {
-                ""
-            };
+            let blocks = verdict(&ended, word, *value, "BLOCKS");
             let _ = wended.recv_timeout(AFTER);
             let note = if waiting {
                 ""
             } else {
                 " (the waiter did not wait)"
             };
-            println!("| {call} | {waiter} | {blocks}{tail}{note} |");
+            println!("| {call} | {waiter} | {blocks}{note} |");
         }
     }
     Ok(())
