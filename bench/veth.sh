@@ -24,6 +24,12 @@
 #   VETH_LOCKSTEP=1    also run ferroccl with FERROCCL_PIPELINE_DEPTH=1 (each
 #                      ring slice after the previous one), interleaved, as
 #                      column "ferroccl depth 1" (issue 37's A/B of pipelining)
+#   VETH_BASELINE=DIR  also run another build's ferroccl-run and ferroccl-perf
+#                      (from DIR), interleaved, as column "ferroccl baseline"
+#                      (an A/B of two commits on the same links)
+#   VETH_ALGO=NAME     FERROCCL_ALGO for every ferroccl run (e.g. hierarchical)
+#   VETH_OP=NAME       the collective (default allreduce; allgather,
+#                      reducescatter: named as ferroccl-perf and mpi_bench do)
 #   VETH_SWEEPS="MIN MAX ITERS WARMUP;..."  replace the size sweeps
 # Sizes: 8 B..32 KiB (x4, 200 iterations), 64 KiB..16 MiB (x4, 10),
 # 64 MiB and 256 MiB (3 iterations, 1 warm-up; Open MPI's bench does 3).
@@ -32,7 +38,7 @@
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "veth.sh: needs root (ip netns, tc)" >&2; exit 1; }
 rates=("$@"); [ ${#rates[@]} -gt 0 ] || rates=(1gbit 10gbit)
-quick=${VETH_QUICK:-0}
+quick=${VETH_QUICK:-0} op=${VETH_OP:-allreduce}
 rounds=${VETH_ROUNDS:-$([ "$quick" = 1 ] && echo 1 || echo 3)} ranks_list=${VETH_RANKS:-"2 4"}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -113,17 +119,20 @@ EOF
 
 port=29600
 # ferroccl: one ferroccl-run per namespace, node 0 in fcc-a (rank 0, prints).
-# DEPTH (environment): FERROCCL_PIPELINE_DEPTH for this run, empty for the default.
+# DEPTH (environment): FERROCCL_PIPELINE_DEPTH for this run, empty for the
+# default; BIN: the binaries' directory (default: this tree's build).
 ferroccl() {
+  local bin=${BIN:-$bin}
   local n=$1 per=$(($1 / 2)); shift
   port=$((port + 1))
   local common=(-n $per --nnodes 2 --master-addr $IPA --master-port $port --bind-to none --no-prefix)
   local env=(env FERROCCL_TRANSPORT=tcp FERROCCL_SOCKET_IFNAME=$DEV FERROCCL_TOKEN=$((0x17000 + port)))
   [ -n "${DEPTH:-}" ] && env+=(FERROCCL_PIPELINE_DEPTH=$DEPTH)
+  [ -n "${VETH_ALGO:-}" ] && env+=(FERROCCL_ALGO=$VETH_ALGO)
   ip netns exec $NSB timeout 900 "${env[@]}" "$bin/ferroccl-run" "${common[@]}" --node-rank 1 -- \
-    "$bin/ferroccl-perf" allreduce "$@" > "$out/ferroccl-b.log" 2>&1 & local b=$!
+    "$bin/ferroccl-perf" "$op" "$@" > "$out/ferroccl-b.log" 2>&1 & local b=$!
   ip netns exec $NSA timeout 900 "${env[@]}" "$bin/ferroccl-run" "${common[@]}" --node-rank 0 -- \
-    "$bin/ferroccl-perf" allreduce "$@" || echo "## ferroccl failed (status $?); fcc-b said: $(tail -3 "$out/ferroccl-b.log")"
+    "$bin/ferroccl-perf" "$op" "$@" || echo "## ferroccl failed (status $?); fcc-b said: $(tail -3 "$out/ferroccl-b.log")"
   wait $b || true
 }
 # Open MPI: mpirun in fcc-a, half the ranks per namespace. More ranks than
@@ -135,7 +144,7 @@ ompi() {
     mpirun -n "$n" --host $IPA:$per,$IPB:$per --bind-to none --mca mpi_yield_when_idle $yield \
     --mca plm_rsh_agent "$out/rsh.sh" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include 10.77.0.0/24 --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 \
-    "$mpib" allreduce "$@" 2>&1 | grep -v '^\[' || echo "## Open MPI failed"
+    "$mpib" "$op" "$@" 2>&1 | grep -v '^\[' || echo "## Open MPI failed"
 }
 # Rows: peer rate ranks round bytes time_us busbw (ferroccl: out of place).
 tag() { awk -v p="$1" -v s="$2 $3 $4" '!/^#/ && NF >= 8 && $1 ~ /^[0-9]+$/ { print p, s, $1, $6, $8 }'; }
@@ -165,6 +174,11 @@ for rate in "${rates[@]}"; do
           echo "## ferroccl depth 1 $rate $n ranks round $r: $1..$2 B, $3 iterations"
           DEPTH=1 ferroccl "$n" -b "$1" -e "$2" -f 4 -n "$3" -w "$4" | tee "$out/d-$rate-$n-$r-$1.txt"
           tag ferroccl-d1 "$rate" "$n" "$r" < "$out/d-$rate-$n-$r-$1.txt" >> "$out/rows.txt"
+        fi
+        if [ -n "${VETH_BASELINE:-}" ]; then
+          echo "## ferroccl baseline ($VETH_BASELINE) $rate $n ranks round $r: $1..$2 B, $3 iterations"
+          BIN=$VETH_BASELINE ferroccl "$n" -b "$1" -e "$2" -f 4 -n "$3" -w "$4" | tee "$out/b-$rate-$n-$r-$1.txt"
+          tag ferroccl-base "$rate" "$n" "$r" < "$out/b-$rate-$n-$r-$1.txt" >> "$out/rows.txt"
         fi
         echo "## Open MPI $rate $n ranks round $r: $1..$2 B, $3 iterations"
         ompi "$n" "$1" "$2" "$3" | tee "$out/m-$rate-$n-$r-$1.txt"

@@ -5,7 +5,7 @@ usage: veth_summary.py ROWS_TXT
 
 ROWS_TXT lines, as veth.sh writes them:
   line RATE uni|bidir before|after FWD_GBITS REV_GBITS   (iperf3, per direction)
-  PEER RATE RANKS ROUND BYTES TIME_US BUSBW_GBS          (PEER: ferroccl | ferroccl-d1 | ompi)
+  PEER RATE RANKS ROUND BYTES TIME_US BUSBW_GBS          (PEER: ferroccl | ferroccl-d1 | ferroccl-base | ompi)
 busbw is recomputed from the time (allreduce: bytes / time * 2(n-1)/n).
 Each cell is the median over the rounds, with the range when there are
 several. The line rate a collective is held against is iperf3's
@@ -76,14 +76,19 @@ def main(path):
         sizes = sorted({b for (_, b) in cells})
         print(f"### {rate}, {n} ranks (line rate {line_gbs * 8:.2f} Gb/s = {line_gbs:.3f} GB/s per direction)\n"
               if line_gbs else f"### {rate}, {n} ranks\n")
-        lock = any(p == "ferroccl-d1" for (p, _) in cells)
+        # Other ferroccl runs interleaved with the default one: depth 1
+        # (VETH_LOCKSTEP) and another build (VETH_BASELINE), a column each
+        # with the default's gain over it.
+        others = sorted({p for (p, _) in cells if p.startswith("ferroccl-")})
+        labels = {"ferroccl-d1": ("ferroccl depth 1", "pipelined gain"),
+                  "ferroccl-base": ("ferroccl baseline", "gain over baseline")}
+        head = "".join(" %s us | %s |" % labels.get(o, (o, "gain")) for o in others)
         print("| bytes | ferroccl us | Open MPI us | ferroccl busbw GB/s | Open MPI busbw GB/s | ferroccl % line | Open MPI % line |"
-              + (" ferroccl depth 1 us | pipelined gain |" if lock else ""))
-        print("|---|---|---|---|---|---|---|" + ("---|---|" if lock else ""))
+              + head)
+        print("|---|---|---|---|---|---|---|" + "---|---|" * len(others))
         for b in sizes:
             f = cells.get(("ferroccl", b), [])
             m = cells.get(("ompi", b), [])
-            d = [x[0] for x in cells.get(("ferroccl-d1", b), [])]
             ft, fb = [x[0] for x in f], [x[1] for x in f]
             mt, mb = [x[0] for x in m], [x[1] for x in m]
             fp = mp = "-"
@@ -91,9 +96,10 @@ def main(path):
                 fp = "%.0f" % (100 * statistics.median(fb) / line_gbs) if fb else "-"
                 mp = "%.0f" % (100 * statistics.median(mb) / line_gbs) if mb else "-"
             extra = ""
-            if lock:
+            for o in others:
+                d = [x[0] for x in cells.get((o, b), [])]
                 gain = "%.2fx" % (statistics.median(d) / statistics.median(ft)) if d and ft else "-"
-                extra = f" {cell(d, '%.1f')} | {gain} |"
+                extra += f" {cell(d, '%.1f')} | {gain} |"
             print(f"| {size(b)} | {cell(ft, '%.1f')} | {cell(mt, '%.1f')} | {cell(fb, '%.3f')} | "
                   f"{cell(mb, '%.3f')} | {fp} | {mp} |" + extra)
         print()

@@ -148,14 +148,15 @@ fn the_tuner_picks_the_hierarchical_reduce_scatter_where_it_wins() {
 /// the tuner picks it, it is within 15% of the simulated best; on one
 /// host the tuner never picks it.
 ///
-/// Where they differ, and why that is accepted: at 10 Gb/s on 4 and 8
-/// hosts of 2 ranks the tuner picks the hierarchy and the simulator finds
-/// the ring 3-10% faster. The network then carries nearly as much either
-/// way (8 hosts: 1.875 buffers out of a host for the ring, 1.75 for the
-/// hierarchy), so the call is a near tie decided by the reductions: the
-/// tuner adds every algorithm's combining time after its bytes, while the
-/// simulated ring overlaps its combines with its transfers and the
-/// hierarchy's passes inside the host do not overlap its network phase. A
+/// Where they differ, and why that is accepted: at 10 Gb/s on 4 hosts of
+/// 2 ranks, 256 KiB, the tuner picks the hierarchy and the simulator finds
+/// the ring 5% faster. The network then carries nearly as much either way
+/// (8 hosts would send 1.875 buffers out of a host for the ring, 1.75 for
+/// the hierarchy), so the call is a near tie decided by the reductions and
+/// the fill: the tuner adds every algorithm's combining time after its
+/// bytes, and charges the hierarchy's phases one after the other, while
+/// the simulated schedules overlap them (the phases pipelined, issue 37;
+/// before that, 4 and 64 MiB on 8 and 16 ranks missed by 3-10% too). A
 /// tuner change that made this worse than 15% fails here. (Which flat algorithm the tuner picks is
 /// sim_tuner.rs's subject: there the 16-rank, 256 KiB call at 10 Gb/s is
 /// modelled as a tree and simulated faster as a ring, by the reasons that

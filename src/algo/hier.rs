@@ -22,8 +22,13 @@
 //! on a host of `m` ranks, local rank `i` holds every class `c` with
 //! `c % m == i`, and class `c`'s ring across hosts runs through local rank
 //! `c % m` of every host. A rank of a small host then runs several rings
-//! across hosts, one after the other in class order, which every rank
-//! shares, so none waits on a ring its peer has not reached.
+//! across hosts, in an order every rank shares, so none waits on a ring
+//! its peer has not reached.
+//!
+//! Above depth 1 the phases of allreduce and allgather are pipelined
+//! (`all_reduce_pipelined`): every phase is stamped on one `Timeline`, so
+//! a slice crosses hosts while later slices are still reduced inside the
+//! host; depth 1 keeps the phases in turn.
 //!
 //! Every step touches whole units (a slice of one host's part of one
 //! class, or of one rank's block): ranges are equal or apart, so
@@ -145,108 +150,134 @@ enum Pass {
     AllGather,
 }
 
-/// A ring pass over `members` (global ranks; this rank is
-/// `members[pos]`), block `b` belonging to `members[b]`. Units of equal
-/// index in every block travel together (a ring pass per unit index, as
-/// `ring` does per slice); a missing or empty unit is left out on every
-/// rank alike, since all ranks build the same blocks. `local` says where
-/// the data already is: the input (first pass of a call) or the output (a
-/// later pass). Tags are `tag_base` plus the transfer's number. Units are
+/// The ticks a ring pass of `pass` over `m` members spans a unit (`m ==
+/// 1`: one, the first pass's copy).
+fn pass_hops(pass: Pass, m: usize) -> u64 {
+    match (pass, m) {
+        (_, 0 | 1) => 1,
+        (Pass::AllReduce, _) => 2 * m as u64 - 1,
+        (Pass::ReduceScatter | Pass::AllGather, _) => m as u64,
+    }
+}
+
+/// One ring pass to stamp into a timeline: over `members` (global ranks;
+/// this rank is `members[pos]`), block `b` belonging to `members[b]`.
+/// Units of equal index in every block travel together (a ring pass per
+/// unit index, as `ring` does per slice); a missing or empty unit is left
+/// out on every rank alike, since all ranks build the same blocks.
+/// `local` says where the data already is: the input (first pass of a
+/// call) or the output (a later pass). Tags are `tag_base` plus the
+/// transfer's number.
+struct RingPass<'a> {
+    members: &'a [usize],
+    pos: usize,
+    blocks: &'a [Vec<Unit>],
+    pass: Pass,
+    local: Operand,
+    tag_base: u32,
+}
+
+impl RingPass<'_> {
+    /// Stamp the pass into `timeline`: hop `k` of unit `u` at tick
+    /// `at(u).0 + k` with priority `at(u).1`, for `stream`. A frame sent
+    /// at tick `t` is received at `t + 1`, as `Timeline` asks.
+    fn stamp(&self, timeline: &mut Timeline, at: impl Fn(usize) -> (u64, i64), stream: usize) {
+        let (blocks, local) = (self.blocks, self.local);
+        let m = self.members.len();
+        if m == 1 {
+            // Nothing to exchange; a first pass still puts its data in place.
+            if local == Operand::Input {
+                for (u, unit) in blocks[0].iter().enumerate() {
+                    if unit.len > 0 {
+                        let (tick, priority) = at(u);
+                        timeline.at(
+                            tick,
+                            priority,
+                            stream,
+                            Step::local(Prim::Copy, local, unit.input, unit.output, unit.len),
+                        );
+                    }
+                }
+            }
+            return;
+        }
+        let pos = self.pos;
+        let next = self.members[(pos + 1) % m];
+        let prev = self.members[(pos + m - 1) % m];
+        let back = |k: usize| (pos + m - k % m) % m;
+        let units = blocks.iter().map(Vec::len).max().unwrap_or(0);
+        let per = 2 * m as u32;
+        for u in 0..units {
+            let base = self.tag_base.wrapping_add((u as u32).wrapping_mul(per));
+            let (start, priority) = at(u);
+            let mut hop = |k: usize, prim: Prim, block: usize| {
+                let Some(unit) = blocks[block].get(u) else {
+                    return;
+                };
+                if unit.len == 0 {
+                    return;
+                }
+                let k32 = k as u32;
+                timeline.at(
+                    start + k as u64,
+                    priority,
+                    stream,
+                    Step {
+                        prim,
+                        local,
+                        send_to: if prim.sends() { next } else { NO_PEER },
+                        recv_from: if prim.receives() { prev } else { NO_PEER },
+                        input: unit.input,
+                        output: unit.output,
+                        len: unit.len,
+                        send_tag: base.wrapping_add(k32),
+                        recv_tag: base.wrapping_add(k32.wrapping_sub(1)),
+                        channel: 0,
+                    },
+                );
+            };
+            match self.pass {
+                Pass::ReduceScatter | Pass::AllReduce => {
+                    hop(0, Prim::Send, back(1));
+                    for j in 2..m {
+                        hop(j - 1, Prim::RecvReduceSend, back(j));
+                    }
+                    if self.pass == Pass::ReduceScatter {
+                        hop(m - 1, Prim::RecvReduceCopy, pos);
+                    } else {
+                        hop(m - 1, Prim::RecvReduceCopySend, pos);
+                        for j in 1..m - 1 {
+                            hop(m - 1 + j, Prim::RecvCopySend, back(j));
+                        }
+                        hop(2 * m - 2, Prim::Recv, back(m - 1));
+                    }
+                }
+                Pass::AllGather => {
+                    let first = if local == Operand::Input {
+                        Prim::CopySend
+                    } else {
+                        Prim::Send
+                    };
+                    hop(0, first, pos);
+                    for j in 1..m - 1 {
+                        hop(j, Prim::RecvCopySend, back(j));
+                    }
+                    hop(m - 1, Prim::Recv, back(m - 1));
+                }
+            }
+        }
+    }
+}
+
+/// A ring pass run on its own (the phases one after the other): units
 /// pipelined `depth` deep as `ring` pipelines slices (hop `k` of unit `u`
 /// at tick `u * ceil(K / depth) + k`, `K` the hops of a unit; the older
 /// unit first within a tick), so the same room rule holds: `depth` below
 /// the connections' slots.
-fn ring_pass(
-    out: &mut Schedule,
-    members: &[usize],
-    pos: usize,
-    blocks: &[Vec<Unit>],
-    pass: Pass,
-    local: Operand,
-    (tag_base, depth): (u32, usize),
-) {
-    let m = members.len();
-    if m == 1 {
-        // Nothing to exchange; a first pass still puts its data in place.
-        if local == Operand::Input {
-            for u in &blocks[0] {
-                if u.len > 0 {
-                    out.push(Step::local(Prim::Copy, local, u.input, u.output, u.len));
-                }
-            }
-        }
-        return;
-    }
-    let next = members[(pos + 1) % m];
-    let prev = members[(pos + m - 1) % m];
-    let back = |k: usize| (pos + m - k % m) % m;
-    let units = blocks.iter().map(Vec::len).max().unwrap_or(0);
-    let per = 2 * m as u32;
-    let hops: u64 = match pass {
-        Pass::AllReduce => 2 * m as u64 - 1,
-        Pass::ReduceScatter | Pass::AllGather => m as u64,
-    };
-    let cadence = super::ring::cadence(hops, depth);
+fn ring_pass(out: &mut Schedule, pass: &RingPass<'_>, depth: usize) {
+    let cadence = super::ring::cadence(pass_hops(pass.pass, pass.members.len()), depth);
     let mut timeline = Timeline::default();
-    for u in 0..units {
-        let base = tag_base.wrapping_add((u as u32).wrapping_mul(per));
-        let mut hop = |k: usize, prim: Prim, block: usize| {
-            let Some(unit) = blocks[block].get(u) else {
-                return;
-            };
-            if unit.len == 0 {
-                return;
-            }
-            let tick = u as u64 * cadence + k as u64;
-            let k = k as u32;
-            timeline.at(
-                tick,
-                u as i64,
-                0,
-                Step {
-                    prim,
-                    local,
-                    send_to: if prim.sends() { next } else { NO_PEER },
-                    recv_from: if prim.receives() { prev } else { NO_PEER },
-                    input: unit.input,
-                    output: unit.output,
-                    len: unit.len,
-                    send_tag: base.wrapping_add(k),
-                    recv_tag: base.wrapping_add(k.wrapping_sub(1)),
-                    channel: 0,
-                },
-            );
-        };
-        match pass {
-            Pass::ReduceScatter | Pass::AllReduce => {
-                hop(0, Prim::Send, back(1));
-                for j in 2..m {
-                    hop(j - 1, Prim::RecvReduceSend, back(j));
-                }
-                if pass == Pass::ReduceScatter {
-                    hop(m - 1, Prim::RecvReduceCopy, pos);
-                } else {
-                    hop(m - 1, Prim::RecvReduceCopySend, pos);
-                    for j in 1..m - 1 {
-                        hop(m - 1 + j, Prim::RecvCopySend, back(j));
-                    }
-                    hop(2 * m - 2, Prim::Recv, back(m - 1));
-                }
-            }
-            Pass::AllGather => {
-                let first = if local == Operand::Input {
-                    Prim::CopySend
-                } else {
-                    Prim::Send
-                };
-                hop(0, first, pos);
-                for j in 1..m - 1 {
-                    hop(j, Prim::RecvCopySend, back(j));
-                }
-                hop(m - 1, Prim::Recv, back(m - 1));
-            }
-        }
-    }
+    pass.stamp(&mut timeline, |u| (u as u64 * cadence, u as i64), 0);
     out.steps.extend(timeline.into_schedule().steps);
 }
 
@@ -281,13 +312,80 @@ fn class_parts(map: &HostMap, count: usize, slice: usize, c: usize) -> Vec<Vec<U
         .collect()
 }
 
+/// The streams of the passes across hosts: on even hosts class `c`'s
+/// rings run over links of their own (rank `(g, c)` to `(g + 1, c)`), a
+/// stream each; on uneven hosts a rank may carry several classes over one
+/// link, so all classes share one stream. Stream 0 is the host's own ring.
+fn inter_stream(map: &HostMap, c: usize) -> usize {
+    if map.even() {
+        1 + c
+    } else {
+        1
+    }
+}
+
+/// When each unit `(c, s)` (class `c`, slice `s`) of the passes across
+/// hosts starts, and its priority: each unit at its `ready` tick or
+/// `cadence` after the previous unit of its stream, whichever is later,
+/// so a stream never has more than `depth` units in flight. `ready[c][s]`
+/// is `None` for a unit no host has.
+fn inter_starts(map: &HostMap, ready: &[Vec<Option<u64>>], cadence: u64) -> Vec<Vec<(u64, i64)>> {
+    let classes = ready.len();
+    let slices = ready.iter().map(Vec::len).max().unwrap_or(0);
+    let mut at = vec![vec![(0u64, 0i64); slices]; classes];
+    // The units of each stream in the order they start.
+    let streams: Vec<Vec<(usize, usize)>> = if map.even() {
+        (0..classes)
+            .map(|c| (0..slices).map(|s| (c, s)).collect())
+            .collect()
+    } else {
+        vec![(0..slices)
+            .flat_map(|s| (0..classes).map(move |c| (c, s)))
+            .collect()]
+    };
+    for stream in streams {
+        let mut prev: Option<u64> = None;
+        let mut seq = 0i64;
+        for (c, s) in stream {
+            let Some(r) = ready[c].get(s).copied().flatten() else {
+                continue;
+            };
+            let start = prev.map_or(r, |p| r.max(p + cadence));
+            at[c][s] = (start, seq);
+            prev = Some(start);
+            seq += 1;
+        }
+    }
+    at
+}
+
 /// Allreduce of `count` elements on rank `rank` of `map`, slices of at
 /// most `slice` elements, each phase's ring passes `depth` slices deep
 /// (`ring::RingParams::depth`): reduce-scatter inside the host, a ring
 /// allreduce across hosts per class, allgather inside the host. Works in
 /// place too (every step reads a range before any step writes it, as the
-/// ring). The phases still run one after the other.
+/// ring).
+///
+/// Above depth 1 the phases are pipelined too (`all_reduce_pipelined`):
+/// a slice crosses hosts as soon as every host has reduced it, and comes
+/// back into the host as soon as it has crossed, while the next slices
+/// are still reduced inside the host. Depth 1 (FERROCCL_PIPELINE_DEPTH=1)
+/// keeps the old order: each phase whole, one after the other.
 pub fn all_reduce(
+    map: &HostMap,
+    rank: usize,
+    count: usize,
+    (slice, depth): (usize, usize),
+) -> Schedule {
+    if depth > 1 {
+        all_reduce_pipelined(map, rank, count, (slice, depth))
+    } else {
+        all_reduce_in_turn(map, rank, count, (slice, depth))
+    }
+}
+
+/// [`all_reduce`] with its phases one after the other.
+fn all_reduce_in_turn(
     map: &HostMap,
     rank: usize,
     count: usize,
@@ -312,65 +410,210 @@ pub fn all_reduce(
         })
         .collect();
     let pos = map.local[rank];
+    let inside = |pass, local, tag_base| RingPass {
+        members: host,
+        pos,
+        blocks: &blocks,
+        pass,
+        local,
+        tag_base,
+    };
     ring_pass(
         &mut out,
-        host,
-        pos,
-        &blocks,
-        Pass::ReduceScatter,
-        Operand::Input,
-        (TAG_INTRA_FIRST, depth),
+        &inside(Pass::ReduceScatter, Operand::Input, TAG_INTRA_FIRST),
+        depth,
     );
     for (c, p) in parts.iter().enumerate() {
         if map.carrier(h, c) != rank {
             continue;
         }
         let ring: Vec<usize> = (0..map.hosts()).map(|g| map.carrier(g, c)).collect();
-        ring_pass(
-            &mut out,
-            &ring,
-            h,
-            p,
-            Pass::AllReduce,
-            Operand::Output,
-            (
-                TAG_INTER.wrapping_add(TAG_CLASS.wrapping_mul(c as u32)),
-                depth,
-            ),
-        );
+        let across = RingPass {
+            members: &ring,
+            pos: h,
+            blocks: p,
+            pass: Pass::AllReduce,
+            local: Operand::Output,
+            tag_base: TAG_INTER.wrapping_add(TAG_CLASS.wrapping_mul(c as u32)),
+        };
+        ring_pass(&mut out, &across, depth);
     }
     ring_pass(
         &mut out,
-        host,
-        pos,
-        &blocks,
-        Pass::AllGather,
-        Operand::Output,
-        (TAG_INTRA_LAST, depth),
+        &inside(Pass::AllGather, Operand::Output, TAG_INTRA_LAST),
+        depth,
     );
     out
+}
+
+/// [`all_reduce`] with its phases pipelined, on one timeline (`Timeline`):
+///
+/// - inside each host, the units of the reduce-scatter and then those of
+///   the allgather run as one stream (stream 0: both passes take `m`
+///   ticks a unit over the same links), slice-major (slice 0 of every
+///   class and host part first), a unit starting `ceil(m / depth)` ticks
+///   after the one before, or later when its data is not ready;
+/// - across hosts, unit `(c, s)` (slice `s` of class `c`'s parts) starts
+///   the tick after every host has reduced slice `s` of every part of
+///   class `c` (`inter_starts`), and the allgather's unit the tick after
+///   every class and slice in it has crossed.
+///
+/// Every host computes every other host's ticks (they depend on its rank
+/// count alone), so both ends of a link stamp a frame alike. Why this
+/// keeps `Timeline`'s room rule over FIFOs of `depth + 1` slots: every
+/// link belongs to one stream (links inside a host to stream 0, those
+/// across hosts to the stream of their class), a stream's units all span
+/// the same ticks and start at least `ceil(K / depth)` apart, so at most
+/// `depth` units of a stream are in flight at any tick, as in one
+/// pipelined ring pass, and priorities (a unit's place in its stream)
+/// fall along a chain of waits as there.
+fn all_reduce_pipelined(
+    map: &HostMap,
+    rank: usize,
+    count: usize,
+    (slice, depth): (usize, usize),
+) -> Schedule {
+    let (classes, hosts) = (map.classes(), map.hosts());
+    let parts: Vec<Vec<Vec<Unit>>> = (0..classes)
+        .map(|c| class_parts(map, count, slice, c))
+        .collect();
+    let slices = parts.iter().flatten().map(Vec::len).max().unwrap_or(0);
+    // The units of local rank i's block on a host of m ranks, slice-major,
+    // as (class, host part, slice).
+    let ids_of = |m: usize| -> Vec<Vec<(usize, usize, usize)>> {
+        (0..m)
+            .map(|i| {
+                let mut ids = Vec::new();
+                for s in 0..slices {
+                    for c in (i..classes).step_by(m) {
+                        for (g, part) in parts[c].iter().enumerate() {
+                            if s < part.len() {
+                                ids.push((c, g, s));
+                            }
+                        }
+                    }
+                }
+                ids
+            })
+            .collect()
+    };
+    // Inside every host: the tick after slice s of class c is reduced on
+    // every host (a host of m ranks reduces its unit u over ticks
+    // u * cadence .. u * cadence + m - 1; hosts of one size alike).
+    let mut ready: Vec<Vec<Option<u64>>> = vec![vec![None; slices]; classes];
+    let mut sizes: Vec<usize> = map.members.iter().map(Vec::len).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    for &m in &sizes {
+        let hops = pass_hops(Pass::ReduceScatter, m);
+        let cadence = super::ring::cadence(hops, depth);
+        for ids in ids_of(m) {
+            for (u, &(c, _, s)) in ids.iter().enumerate() {
+                let done = u as u64 * cadence + hops;
+                let r = &mut ready[c][s];
+                *r = Some(r.map_or(done, |r| r.max(done)));
+            }
+        }
+    }
+    // Across hosts: when each unit starts, and when it has crossed.
+    let across_hops = pass_hops(Pass::AllReduce, hosts);
+    let across_at = inter_starts(map, &ready, super::ring::cadence(across_hops, depth));
+    let crossed = |c: usize, s: usize| {
+        if hosts > 1 {
+            across_at[c][s].0 + across_hops
+        } else {
+            ready[c][s].unwrap_or(0)
+        }
+    };
+
+    let mut timeline = Timeline::default();
+    let h = map.host_of[rank];
+    let host = &map.members[h];
+    let m = host.len();
+    let ids = ids_of(m);
+    let blocks: Vec<Vec<Unit>> = ids
+        .iter()
+        .map(|b| b.iter().map(|&(c, g, s)| parts[c][g][s]).collect())
+        .collect();
+    let units = blocks.iter().map(Vec::len).max().unwrap_or(0);
+    let cadence = super::ring::cadence(pass_hops(Pass::ReduceScatter, m), depth);
+    let pos = map.local[rank];
+    let inside = |pass, local, tag_base| RingPass {
+        members: host,
+        pos,
+        blocks: &blocks,
+        pass,
+        local,
+        tag_base,
+    };
+    inside(Pass::ReduceScatter, Operand::Input, TAG_INTRA_FIRST).stamp(
+        &mut timeline,
+        |u| (u as u64 * cadence, u as i64),
+        0,
+    );
+    for (c, p) in parts.iter().enumerate() {
+        if hosts == 1 || map.carrier(h, c) != rank {
+            continue;
+        }
+        let ring: Vec<usize> = (0..hosts).map(|g| map.carrier(g, c)).collect();
+        let across = RingPass {
+            members: &ring,
+            pos: h,
+            blocks: p,
+            pass: Pass::AllReduce,
+            local: Operand::Output,
+            tag_base: TAG_INTER.wrapping_add(TAG_CLASS.wrapping_mul(c as u32)),
+        };
+        across.stamp(&mut timeline, |s| across_at[c][s], inter_stream(map, c));
+    }
+    // The allgather's units after the reduce-scatter's, each once every
+    // class and slice in it has crossed.
+    let mut starts = Vec::with_capacity(units);
+    let mut prev = units.checked_sub(1).map(|last| last as u64 * cadence);
+    for u in 0..units {
+        let ready = ids
+            .iter()
+            .filter_map(|b| b.get(u))
+            .map(|&(c, _, s)| crossed(c, s))
+            .max()
+            .unwrap_or(0);
+        let start = prev.map_or(ready, |p| ready.max(p + cadence));
+        starts.push(start);
+        prev = Some(start);
+    }
+    inside(Pass::AllGather, Operand::Output, TAG_INTRA_LAST).stamp(
+        &mut timeline,
+        |u| (starts[u], (units + u) as i64),
+        0,
+    );
+    timeline.into_schedule()
 }
 
 /// Allgather of `count` elements a rank into block `rank` of every rank's
 /// output, on rank `rank` of `map`: across hosts first (class `c` is the
 /// blocks of the ranks of local index `c`; its ring runs through the
 /// carriers of `c`), then inside the host, each rank passing on the
-/// blocks it gathered; passes `depth` slices deep, as [`all_reduce`]'s.
+/// blocks it gathered; passes `depth` slices deep, as [`all_reduce`]'s,
+/// and above depth 1 the two phases pipelined as there: a slice passes
+/// through the host as soon as it has crossed hosts.
 pub fn all_gather(
     map: &HostMap,
     rank: usize,
     count: usize,
     (slice, depth): (usize, usize),
 ) -> Schedule {
-    let mut out = Schedule::default();
+    let mut timeline = Timeline::default();
+    let (classes, hosts) = (map.classes(), map.hosts());
     let h = map.host_of[rank];
     let host = &map.members[h];
     let m = host.len();
     let slice = slice.max(1);
+    let slices = count.div_ceil(slice);
+    let pipelined = depth > 1;
     // The units of rank d's block: slices of its input, at block d of the
     // output.
     let block_of = |d: usize| -> Vec<Unit> {
-        (0..count.div_ceil(slice))
+        (0..slices)
             .map(|s| {
                 let (at, l) = slice_of((0, count), s, slice);
                 Unit {
@@ -382,13 +625,29 @@ pub fn all_gather(
             .collect()
     };
     let member_of_class = |g: usize, c: usize| map.members[g].get(c).copied();
-    for c in 0..map.classes() {
+    // Across hosts, every unit is ready at once; in turn, class after
+    // class, each pass on its own ticks (no two run at once).
+    let across_hops = pass_hops(Pass::AllGather, hosts);
+    let across_cadence = super::ring::cadence(across_hops, depth);
+    let across_at = if pipelined {
+        inter_starts(map, &vec![vec![Some(0); slices]; classes], across_cadence)
+    } else {
+        let span = (slices as u64).saturating_sub(1) * across_cadence + across_hops;
+        (0..classes)
+            .map(|c| {
+                (0..slices)
+                    .map(|s| (c as u64 * span + s as u64 * across_cadence, s as i64))
+                    .collect()
+            })
+            .collect()
+    };
+    for (c, at) in across_at.iter().enumerate() {
         if map.carrier(h, c) != rank {
             continue;
         }
-        let ring: Vec<usize> = (0..map.hosts()).map(|g| map.carrier(g, c)).collect();
+        let ring: Vec<usize> = (0..hosts).map(|g| map.carrier(g, c)).collect();
         // A host with fewer than c + 1 ranks relays class c: no block.
-        let blocks: Vec<Vec<Unit>> = (0..map.hosts())
+        let blocks: Vec<Vec<Unit>> = (0..hosts)
             .map(|g| member_of_class(g, c).map_or_else(Vec::new, block_of))
             .collect();
         let local = if member_of_class(h, c) == Some(rank) {
@@ -396,39 +655,75 @@ pub fn all_gather(
         } else {
             Operand::Output
         };
-        ring_pass(
-            &mut out,
-            &ring,
-            h,
-            &blocks,
-            Pass::AllGather,
+        let across = RingPass {
+            members: &ring,
+            pos: h,
+            blocks: &blocks,
+            pass: Pass::AllGather,
             local,
-            (
-                TAG_INTER.wrapping_add(TAG_CLASS.wrapping_mul(c as u32)),
-                depth,
-            ),
-        );
+            tag_base: TAG_INTER.wrapping_add(TAG_CLASS.wrapping_mul(c as u32)),
+        };
+        let stream = if pipelined { inter_stream(map, c) } else { 1 };
+        across.stamp(&mut timeline, |s| at[s], stream);
     }
+    let crossed = |c: usize, s: usize| across_at[c][s].0 + across_hops;
     // Inside the host, local rank i passes on every block of the classes
-    // it carries, from every host.
-    let blocks: Vec<Vec<Unit>> = (0..m)
+    // it carries, from every host: slice-major when pipelined (slice 0 of
+    // every block first), block after block in turn.
+    let ids: Vec<Vec<(usize, usize)>> = (0..m)
         .map(|i| {
-            (0..map.ranks())
+            let mine: Vec<usize> = (0..map.ranks())
                 .filter(|&d| map.local[d] % m == i)
-                .flat_map(block_of)
-                .collect()
+                .collect();
+            if pipelined {
+                (0..slices)
+                    .flat_map(|s| mine.iter().map(move |&d| (d, s)))
+                    .collect()
+            } else {
+                mine.iter()
+                    .flat_map(|&d| (0..slices).map(move |s| (d, s)))
+                    .collect()
+            }
         })
         .collect();
-    ring_pass(
-        &mut out,
-        host,
-        map.local[rank],
-        &blocks,
-        Pass::AllGather,
-        Operand::Output,
-        (TAG_INTRA_LAST, depth),
-    );
-    out
+    let blocks: Vec<Vec<Unit>> = ids
+        .iter()
+        .map(|b| b.iter().map(|&(d, s)| block_of(d)[s]).collect())
+        .collect();
+    let units = blocks.iter().map(Vec::len).max().unwrap_or(0);
+    let cadence = super::ring::cadence(pass_hops(Pass::AllGather, m), depth);
+    // In turn: after the last pass across hosts ends.
+    let all_crossed = (0..classes)
+        .flat_map(|c| (0..slices).map(move |s| (c, s)))
+        .map(|(c, s)| crossed(c, s))
+        .max()
+        .unwrap_or(0);
+    let mut starts = Vec::with_capacity(units);
+    let mut prev: Option<u64> = None;
+    for u in 0..units {
+        let ready = if pipelined {
+            ids.iter()
+                .filter_map(|b| b.get(u))
+                .map(|&(d, s)| crossed(map.local[d], s))
+                .max()
+                .unwrap_or(0)
+        } else {
+            all_crossed
+        };
+        let start = prev.map_or(ready, |p| ready.max(p + cadence));
+        starts.push(start);
+        prev = Some(start);
+    }
+    RingPass {
+        members: host,
+        pos: map.local[rank],
+        blocks: &blocks,
+        pass: Pass::AllGather,
+        local: Operand::Output,
+        tag_base: TAG_INTRA_LAST,
+    }
+    .stamp(&mut timeline, |u| (starts[u], u as i64), 0);
+    timeline.into_schedule()
 }
 
 /// Tag base of the reduce-scatter's transfers (a frame's tag is this plus
@@ -766,6 +1061,131 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Deeper pipelines, over the fewest slots they fit in (`depth + 1`):
+    /// the pipelined phases (`all_reduce_pipelined`, the pipelined
+    /// `all_gather`) on every layout, against the f64 reference, and the
+    /// same bits as the phases in turn (each unit is combined in the same
+    /// order, whenever it runs).
+    #[test]
+    fn pipelined_phases_match_the_phases_in_turn_at_any_depth() {
+        for sizes in layouts() {
+            let map = HostMap::from_sizes(&sizes);
+            let n = map.ranks();
+            for (count, slice) in [(157usize, 3usize), (64, 1), (9, 1000)] {
+                for depth in [2usize, 4, 7] {
+                    let what = format!("{sizes:?} count {count} slice {slice} depth {depth}");
+                    let piped = run(
+                        &map,
+                        |r| all_reduce(&map, r, count, (slice, depth)),
+                        count,
+                        count,
+                        depth % 2 == 0,
+                        (1, depth),
+                    )
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let in_turn = run(
+                        &map,
+                        |r| all_reduce_in_turn(&map, r, count, (slice, depth)),
+                        count,
+                        count,
+                        false,
+                        (1, depth),
+                    )
+                    .unwrap_or_else(|e| panic!("{what} in turn: {e}"));
+                    for (r, (p, t)) in piped.iter().zip(&in_turn).enumerate() {
+                        for i in 0..count {
+                            let want: f64 = (0..n).map(|q| value(q, i)).sum();
+                            assert_eq!(p[i], want, "{what}: rank {r} element {i}");
+                            assert_eq!(p[i].to_bits(), t[i].to_bits(), "{what}: rank {r}");
+                        }
+                    }
+                    let gathered = run(
+                        &map,
+                        |r| all_gather(&map, r, count, (slice, depth)),
+                        count,
+                        count * n,
+                        false,
+                        (1, depth),
+                    )
+                    .unwrap_or_else(|e| panic!("{what} allgather: {e}"));
+                    for (r, o) in gathered.iter().enumerate() {
+                        for d in 0..n {
+                            for i in 0..count {
+                                assert_eq!(o[d * count + i], value(d, i), "{what}: rank {r}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The phases overlap above depth 1, and only there: on 2 hosts of 4
+    /// ranks with several slices, a carrier starts crossing hosts before
+    /// its host's reduce-scatter ends and passes the first crossed slices
+    /// on inside its host before the last crossing ends (allgather:
+    /// inside the host before crossing ends); at depth 1 every step across
+    /// hosts comes after every step of the first phase and before every
+    /// step of the last.
+    #[test]
+    fn phases_overlap_when_pipelined() {
+        let map = HostMap::from_sizes(&[4, 4]);
+        let (count, slice) = (4096, 64);
+        for rank in 0..map.ranks() {
+            let piped = all_reduce(&map, rank, count, (slice, 4));
+            let in_turn = all_reduce(&map, rank, count, (slice, 1));
+            let first_phase_end = |s: &Schedule| {
+                s.steps
+                    .iter()
+                    .rposition(|st| {
+                        (TAG_INTRA_FIRST..TAG_INTER).contains(&st.send_tag.max(st.recv_tag))
+                    })
+                    .unwrap_or(0)
+            };
+            let last_phase_start = |s: &Schedule| {
+                s.steps
+                    .iter()
+                    .position(|st| st.send_tag.max(st.recv_tag) >= TAG_INTRA_LAST)
+                    .unwrap_or(0)
+            };
+            let across = |s: &Schedule| -> (usize, usize) {
+                let ks: Vec<usize> = s
+                    .steps
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, st)| {
+                        (TAG_INTER..TAG_INTRA_LAST).contains(&st.send_tag.max(st.recv_tag))
+                    })
+                    .map(|(k, _)| k)
+                    .collect();
+                (ks[0], ks[ks.len() - 1])
+            };
+            let (a0, a1) = across(&piped);
+            assert!(
+                a0 < first_phase_end(&piped),
+                "rank {rank}: crossing waits for the whole reduce-scatter"
+            );
+            assert!(
+                last_phase_start(&piped) < a1,
+                "rank {rank}: the allgather waits for every crossing"
+            );
+            let (b0, b1) = across(&in_turn);
+            assert!(
+                first_phase_end(&in_turn) < b0 && b1 < last_phase_start(&in_turn),
+                "rank {rank} in turn"
+            );
+            let gather = all_gather(&map, rank, count, (slice, 4));
+            let ((g0, g1), inside) = (across(&gather), last_phase_start(&gather));
+            assert!(
+                g0 < inside && inside < g1,
+                "rank {rank}: allgather phases in turn"
+            );
+            let gather = all_gather(&map, rank, count, (slice, 1));
+            let ((_, g1), inside) = (across(&gather), last_phase_start(&gather));
+            assert!(g1 < inside, "rank {rank}: allgather at depth 1 overlaps");
         }
     }
 

@@ -1576,6 +1576,94 @@ mod tests {
         }
         eprintln!("{programs} programs in {:.1} s", t.elapsed().as_secs_f64());
     }
+
+    /// The hierarchical schedules over several hosts (which the sweeps
+    /// above never build: their ranks share one host) as the device runs
+    /// them: every rank's schedule cut into 1 and 3 channels, encoded,
+    /// decoded and interpreted with every channel a stream of its own over
+    /// FIFOs of `depth + 1` frames, in shuffled turns. Allreduce and
+    /// allgather, phases in turn (depth 1) and pipelined (depths 2 and 4),
+    /// on even, uneven and interleaved hosts, against the f64 reference
+    /// (values small integers, exact in f32).
+    #[test]
+    fn hierarchical_programs_over_hosts_give_the_reference() {
+        use crate::algo::channels::split;
+        use crate::algo::hier::{self, HostMap};
+        let maps = [
+            HostMap::from_sizes(&[2, 2]),
+            HostMap::from_sizes(&[4, 4]),
+            HostMap::from_sizes(&[3, 1, 2]),
+            HostMap::from_sizes(&[2, 3, 5]),
+            HostMap::from_ids(&[0, 1, 0, 1, 2, 0, 2]),
+        ];
+        let value = |r: usize, i: usize| ((r * 31 + i * 7) % 23) as f32 - 11.0;
+        for map in &maps {
+            let n = map.ranks();
+            for (count, slice) in [(100usize, 7usize), (13, 1000)] {
+                for depth in [1usize, 2, 4] {
+                    for ch in [1usize, 3] {
+                        for gather in [false, true] {
+                            let what = format!(
+                                "{map:?} count {count} slice {slice} depth {depth} channels {ch} {}",
+                                if gather { "allgather" } else { "allreduce" }
+                            );
+                            let out_len = if gather { count * n } else { count };
+                            let programs: Vec<Program> = (0..n)
+                                .map(|r| {
+                                    let s = if gather {
+                                        hier::all_gather(map, r, count, (slice, depth))
+                                    } else {
+                                        hier::all_reduce(map, r, count, (slice, depth))
+                                    };
+                                    let meta = ProgramMeta {
+                                        rank: r,
+                                        ranks: n,
+                                        dtype: DataType::F32,
+                                        op: (!gather).then_some(ReduceOp::Sum),
+                                        layout: Layout::Separate,
+                                        finish: None,
+                                    };
+                                    let image = encode(&split(&s, ch), &meta)
+                                        .unwrap_or_else(|e| panic!("{what}: encode: {e}"));
+                                    decode(&image).unwrap_or_else(|e| panic!("{what}: {e}"))
+                                })
+                                .collect();
+                            let mut bufs: Vec<Buffers<f32>> = (0..n)
+                                .map(|r| Buffers::Separate {
+                                    input: (0..count).map(|i| value(r, i)).collect(),
+                                    output: vec![f32::NAN; out_len],
+                                })
+                                .collect();
+                            interpret(
+                                &programs,
+                                &mut bufs,
+                                depth + 1,
+                                Turns::Shuffled(count as u64 + depth as u64),
+                            )
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                            for (r, b) in bufs.iter().enumerate() {
+                                let Buffers::Separate { output, .. } = b else {
+                                    unreachable!("separate buffers")
+                                };
+                                for (k, got) in output.iter().enumerate() {
+                                    let want = if gather {
+                                        f64::from(value(k / count, k % count))
+                                    } else {
+                                        (0..n).map(|q| f64::from(value(q, k))).sum()
+                                    };
+                                    assert_eq!(
+                                        f64::from(*got),
+                                        want,
+                                        "{what}: rank {r} element {k}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
