@@ -44,7 +44,23 @@ def sizes(lo: int, hi: int) -> list:
     return out
 
 
+def iterations(size: int) -> int:
+    """Calls timed at `size` bytes, the same for torch and ferroccl-perf:
+    about 200 MB moved, between 20 and 200 calls. With fewer (the first
+    version moved 20 MB, 3-5 calls from 4 MiB up), how far apart the
+    ranks leave the barrier before the loop weighs on every call's time."""
+    return max(20, min(200, int(2e8 // max(size, 1))))
+
+
 def worker(args: argparse.Namespace) -> None:
+    if args.bind:
+        # As ferroccl-run pins ferroccl-perf's ranks (`--bind-to share`):
+        # rank r to an equal share of the CPUs, before any thread starts.
+        cpus = sorted(os.sched_getaffinity(0))
+        per = max(1, len(cpus) // args.ranks)
+        r = int(os.environ["RANK"])
+        start = (r * per) % len(cpus)
+        os.sched_setaffinity(0, cpus[start : start + per])
     import torch
     import torch.distributed as dist
 
@@ -63,7 +79,7 @@ def worker(args: argparse.Namespace) -> None:
         return t.item()
 
     def timed(fn, size: int) -> float:
-        iters = max(3, min(200, int(2e7 // max(size, 1))))
+        iters = iterations(size)
         for _ in range(max(2, iters // 10)):
             fn()
         dist.barrier(group=gloo)
@@ -183,7 +199,7 @@ def perf(binary: str, ranks: int, coll: str, lo: int, hi: int) -> dict:
                     "-e",
                     str(size),
                     "-n",
-                    str(max(3, min(200, int(2e7 // size)))),
+                    str(iterations(size)),
                     "-w",
                     "3",
                     "-c",
@@ -252,6 +268,12 @@ def main() -> int:
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--perf", default="target/release/ferroccl-perf")
     ap.add_argument("--no-ddp", dest="ddp", action="store_false")
+    ap.add_argument(
+        "--bind",
+        action="store_true",
+        help="pin each torch rank to an equal share of the CPUs, as ferroccl-run pins "
+        "ferroccl-perf's ranks (torchrun pins nothing)",
+    )
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default="torch-bench.json")
     ap.add_argument(
