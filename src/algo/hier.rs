@@ -26,7 +26,7 @@
 //! its peer has not reached.
 //!
 //! Above depth 1 the phases of allreduce and allgather are pipelined
-//! (`all_reduce_pipelined`): every phase is stamped on one `Timeline`, so
+//! (`all_reduce_phases`): every phase is stamped on one `Timeline`, so
 //! a slice crosses hosts while later slices are still reduced inside the
 //! host; depth 1 keeps the phases in turn.
 //!
@@ -269,18 +269,6 @@ impl RingPass<'_> {
     }
 }
 
-/// A ring pass run on its own (the phases one after the other): units
-/// pipelined `depth` deep as `ring` pipelines slices (hop `k` of unit `u`
-/// at tick `u * ceil(K / depth) + k`, `K` the hops of a unit; the older
-/// unit first within a tick), so the same room rule holds: `depth` below
-/// the connections' slots.
-fn ring_pass(out: &mut Schedule, pass: &RingPass<'_>, depth: usize) {
-    let cadence = super::ring::cadence(pass_hops(pass.pass, pass.members.len()), depth);
-    let mut timeline = Timeline::default();
-    pass.stamp(&mut timeline, |u| (u as u64 * cadence, u as i64), 0);
-    out.steps.extend(timeline.into_schedule().steps);
-}
-
 /// Tag bases of the phases: far apart, so that a frame of one phase met
 /// by a step of another fails its tag check.
 const TAG_INTRA_FIRST: u32 = 0x1000_0000;
@@ -324,6 +312,15 @@ fn inter_stream(map: &HostMap, c: usize) -> usize {
     }
 }
 
+/// Class `c`'s ring across hosts (its carrier on every host) and the tag
+/// base of its passes.
+fn class_ring(map: &HostMap, c: usize) -> (Vec<usize>, u32) {
+    (
+        (0..map.hosts()).map(|g| map.carrier(g, c)).collect(),
+        TAG_INTER.wrapping_add(TAG_CLASS.wrapping_mul(c as u32)),
+    )
+}
+
 /// When each unit `(c, s)` (class `c`, slice `s`) of the passes across
 /// hosts starts, and its priority: each unit at its `ready` tick or
 /// `cadence` after the previous unit of its stream, whichever is later,
@@ -359,6 +356,45 @@ fn inter_starts(map: &HostMap, ready: &[Vec<Option<u64>>], cadence: u64) -> Vec<
     at
 }
 
+/// The same as [`inter_starts`] for the phases in turn: from tick `after`,
+/// class after class (no two passes at once), a pass's `slices` units
+/// `cadence` apart, each spanning `hops` ticks.
+fn in_turn_starts(
+    classes: usize,
+    slices: usize,
+    (cadence, hops): (u64, u64),
+    after: u64,
+) -> Vec<Vec<(u64, i64)>> {
+    let span = (slices as u64).saturating_sub(1) * cadence + hops;
+    (0..classes)
+        .map(|c| {
+            (0..slices)
+                .map(|s| (after + c as u64 * span + s as u64 * cadence, s as i64))
+                .collect()
+        })
+        .collect()
+}
+
+/// Start ticks of the `units` units of the last pass inside a host:
+/// `cadence` apart, the first `cadence` after `after` (the last start of
+/// the host's pass before it, if any), none before its `ready` tick.
+fn chained_starts(
+    units: usize,
+    cadence: u64,
+    after: Option<u64>,
+    ready: impl Fn(usize) -> u64,
+) -> Vec<u64> {
+    let mut prev = after;
+    (0..units)
+        .map(|u| {
+            let r = ready(u);
+            let start = prev.map_or(r, |p| r.max(p + cadence));
+            prev = Some(start);
+            start
+        })
+        .collect()
+}
+
 /// Allreduce of `count` elements on rank `rank` of `map`, slices of at
 /// most `slice` elements, each phase's ring passes `depth` slices deep
 /// (`ring::RingParams::depth`): reduce-scatter inside the host, a ring
@@ -366,7 +402,7 @@ fn inter_starts(map: &HostMap, ready: &[Vec<Option<u64>>], cadence: u64) -> Vec<
 /// place too (every step reads a range before any step writes it, as the
 /// ring).
 ///
-/// Above depth 1 the phases are pipelined too (`all_reduce_pipelined`):
+/// Above depth 1 the phases are pipelined too (`all_reduce_phases`):
 /// a slice crosses hosts as soon as every host has reduced it, and comes
 /// back into the host as soon as it has crossed, while the next slices
 /// are still reduced inside the host. Depth 1 (FERROCCL_PIPELINE_DEPTH=1)
@@ -377,76 +413,11 @@ pub fn all_reduce(
     count: usize,
     (slice, depth): (usize, usize),
 ) -> Schedule {
-    if depth > 1 {
-        all_reduce_pipelined(map, rank, count, (slice, depth))
-    } else {
-        all_reduce_in_turn(map, rank, count, (slice, depth))
-    }
+    all_reduce_phases(map, rank, count, (slice, depth), depth > 1)
 }
 
-/// [`all_reduce`] with its phases one after the other.
-fn all_reduce_in_turn(
-    map: &HostMap,
-    rank: usize,
-    count: usize,
-    (slice, depth): (usize, usize),
-) -> Schedule {
-    let mut out = Schedule::default();
-    let h = map.host_of[rank];
-    let host = &map.members[h];
-    let m = host.len();
-    let parts: Vec<Vec<Vec<Unit>>> = (0..map.classes())
-        .map(|c| class_parts(map, count, slice, c))
-        .collect();
-    // Inside the host, local rank i's block is every class it carries.
-    let blocks: Vec<Vec<Unit>> = (0..m)
-        .map(|i| {
-            parts
-                .iter()
-                .enumerate()
-                .filter(|(c, _)| c % m == i)
-                .flat_map(|(_, p)| p.iter().flatten().copied())
-                .collect()
-        })
-        .collect();
-    let pos = map.local[rank];
-    let inside = |pass, local, tag_base| RingPass {
-        members: host,
-        pos,
-        blocks: &blocks,
-        pass,
-        local,
-        tag_base,
-    };
-    ring_pass(
-        &mut out,
-        &inside(Pass::ReduceScatter, Operand::Input, TAG_INTRA_FIRST),
-        depth,
-    );
-    for (c, p) in parts.iter().enumerate() {
-        if map.carrier(h, c) != rank {
-            continue;
-        }
-        let ring: Vec<usize> = (0..map.hosts()).map(|g| map.carrier(g, c)).collect();
-        let across = RingPass {
-            members: &ring,
-            pos: h,
-            blocks: p,
-            pass: Pass::AllReduce,
-            local: Operand::Output,
-            tag_base: TAG_INTER.wrapping_add(TAG_CLASS.wrapping_mul(c as u32)),
-        };
-        ring_pass(&mut out, &across, depth);
-    }
-    ring_pass(
-        &mut out,
-        &inside(Pass::AllGather, Operand::Output, TAG_INTRA_LAST),
-        depth,
-    );
-    out
-}
-
-/// [`all_reduce`] with its phases pipelined, on one timeline (`Timeline`):
+/// [`all_reduce`]'s phases on one timeline (`Timeline`), one after the
+/// other or, when `pipelined`:
 ///
 /// - inside each host, the units of the reduce-scatter and then those of
 ///   the allgather run as one stream (stream 0: both passes take `m`
@@ -466,30 +437,42 @@ fn all_reduce_in_turn(
 /// the same ticks and start at least `ceil(K / depth)` apart, so at most
 /// `depth` units of a stream are in flight at any tick, as in one
 /// pipelined ring pass, and priorities (a unit's place in its stream)
-/// fall along a chain of waits as there.
-fn all_reduce_pipelined(
+/// fall along a chain of waits as there. In turn, each phase's ticks
+/// follow the phase before on this rank, class after class across hosts,
+/// the order the phases always ran in.
+fn all_reduce_phases(
     map: &HostMap,
     rank: usize,
     count: usize,
     (slice, depth): (usize, usize),
+    pipelined: bool,
 ) -> Schedule {
     let (classes, hosts) = (map.classes(), map.hosts());
     let parts: Vec<Vec<Vec<Unit>>> = (0..classes)
         .map(|c| class_parts(map, count, slice, c))
         .collect();
     let slices = parts.iter().flatten().map(Vec::len).max().unwrap_or(0);
-    // The units of local rank i's block on a host of m ranks, slice-major,
-    // as (class, host part, slice).
+    // The units of local rank i's block on a host of m ranks (every class
+    // it carries), as (class, host part, slice): slice-major when
+    // pipelined, class after class in turn.
     let ids_of = |m: usize| -> Vec<Vec<(usize, usize, usize)>> {
         (0..m)
             .map(|i| {
                 let mut ids = Vec::new();
-                for s in 0..slices {
+                if pipelined {
+                    for s in 0..slices {
+                        for c in (i..classes).step_by(m) {
+                            for (g, part) in parts[c].iter().enumerate() {
+                                if s < part.len() {
+                                    ids.push((c, g, s));
+                                }
+                            }
+                        }
+                    }
+                } else {
                     for c in (i..classes).step_by(m) {
                         for (g, part) in parts[c].iter().enumerate() {
-                            if s < part.len() {
-                                ids.push((c, g, s));
-                            }
+                            ids.extend((0..part.len()).map(|s| (c, g, s)));
                         }
                     }
                 }
@@ -497,46 +480,66 @@ fn all_reduce_pipelined(
             })
             .collect()
     };
-    // Inside every host: the tick after slice s of class c is reduced on
-    // every host (a host of m ranks reduces its unit u over ticks
-    // u * cadence .. u * cadence + m - 1; hosts of one size alike).
-    let mut ready: Vec<Vec<Option<u64>>> = vec![vec![None; slices]; classes];
-    let mut sizes: Vec<usize> = map.members.iter().map(Vec::len).collect();
-    sizes.sort_unstable();
-    sizes.dedup();
-    for &m in &sizes {
-        let hops = pass_hops(Pass::ReduceScatter, m);
-        let cadence = super::ring::cadence(hops, depth);
-        for ids in ids_of(m) {
-            for (u, &(c, _, s)) in ids.iter().enumerate() {
-                let done = u as u64 * cadence + hops;
-                let r = &mut ready[c][s];
-                *r = Some(r.map_or(done, |r| r.max(done)));
-            }
-        }
-    }
-    // Across hosts: when each unit starts, and when it has crossed.
-    let across_hops = pass_hops(Pass::AllReduce, hosts);
-    let across_at = inter_starts(map, &ready, super::ring::cadence(across_hops, depth));
-    let crossed = |c: usize, s: usize| {
-        if hosts > 1 {
-            across_at[c][s].0 + across_hops
-        } else {
-            ready[c][s].unwrap_or(0)
-        }
-    };
-
-    let mut timeline = Timeline::default();
     let h = map.host_of[rank];
     let host = &map.members[h];
     let m = host.len();
     let ids = ids_of(m);
+    let units = ids.iter().map(Vec::len).max().unwrap_or(0);
+    let inside_hops = |m: usize| pass_hops(Pass::ReduceScatter, m);
+    let cadence = super::ring::cadence(inside_hops(m), depth);
+    let across_hops = pass_hops(Pass::AllReduce, hosts);
+    let across_cadence = super::ring::cadence(across_hops, depth);
+    // Across hosts: when each unit starts, and (pipelined) the tick after
+    // slice s of class c is reduced on every host (a host of m ranks
+    // reduces its unit u over ticks u * cadence .. u * cadence + m - 1;
+    // hosts of one size alike).
+    let mut reduced: Vec<Vec<Option<u64>>> = vec![vec![None; slices]; classes];
+    let across_at = if pipelined {
+        let mut sizes: Vec<usize> = map.members.iter().map(Vec::len).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        for &size in &sizes {
+            let other;
+            let size_ids = if size == m {
+                &ids
+            } else {
+                other = ids_of(size);
+                &other
+            };
+            let hops = inside_hops(size);
+            let cadence = super::ring::cadence(hops, depth);
+            for b in size_ids {
+                for (u, &(c, _, s)) in b.iter().enumerate() {
+                    let done = u as u64 * cadence + hops;
+                    let r = &mut reduced[c][s];
+                    *r = Some(r.map_or(done, |r| r.max(done)));
+                }
+            }
+        }
+        inter_starts(map, &reduced, across_cadence)
+    } else {
+        let first_done = units
+            .checked_sub(1)
+            .map_or(0, |last| last as u64 * cadence + inside_hops(m));
+        in_turn_starts(classes, slices, (across_cadence, across_hops), first_done)
+    };
+    let all_crossed = across_at
+        .iter()
+        .flatten()
+        .map(|&(t, _)| t + across_hops)
+        .max()
+        .unwrap_or(0);
+    let crossed = |c: usize, s: usize| match (pipelined, hosts > 1) {
+        (false, _) => all_crossed,
+        (true, true) => across_at[c][s].0 + across_hops,
+        (true, false) => reduced[c][s].unwrap_or(0),
+    };
+
+    let mut timeline = Timeline::default();
     let blocks: Vec<Vec<Unit>> = ids
         .iter()
         .map(|b| b.iter().map(|&(c, g, s)| parts[c][g][s]).collect())
         .collect();
-    let units = blocks.iter().map(Vec::len).max().unwrap_or(0);
-    let cadence = super::ring::cadence(pass_hops(Pass::ReduceScatter, m), depth);
     let pos = map.local[rank];
     let inside = |pass, local, tag_base| RingPass {
         members: host,
@@ -555,32 +558,27 @@ fn all_reduce_pipelined(
         if hosts == 1 || map.carrier(h, c) != rank {
             continue;
         }
-        let ring: Vec<usize> = (0..hosts).map(|g| map.carrier(g, c)).collect();
+        let (ring, tag_base) = class_ring(map, c);
         let across = RingPass {
             members: &ring,
             pos: h,
             blocks: p,
             pass: Pass::AllReduce,
             local: Operand::Output,
-            tag_base: TAG_INTER.wrapping_add(TAG_CLASS.wrapping_mul(c as u32)),
+            tag_base,
         };
         across.stamp(&mut timeline, |s| across_at[c][s], inter_stream(map, c));
     }
     // The allgather's units after the reduce-scatter's, each once every
     // class and slice in it has crossed.
-    let mut starts = Vec::with_capacity(units);
-    let mut prev = units.checked_sub(1).map(|last| last as u64 * cadence);
-    for u in 0..units {
-        let ready = ids
-            .iter()
+    let last_first = units.checked_sub(1).map(|last| last as u64 * cadence);
+    let starts = chained_starts(units, cadence, last_first, |u| {
+        ids.iter()
             .filter_map(|b| b.get(u))
             .map(|&(c, _, s)| crossed(c, s))
             .max()
-            .unwrap_or(0);
-        let start = prev.map_or(ready, |p| ready.max(p + cadence));
-        starts.push(start);
-        prev = Some(start);
-    }
+            .unwrap_or(0)
+    });
     inside(Pass::AllGather, Operand::Output, TAG_INTRA_LAST).stamp(
         &mut timeline,
         |u| (starts[u], (units + u) as i64),
@@ -625,27 +623,19 @@ pub fn all_gather(
             .collect()
     };
     let member_of_class = |g: usize, c: usize| map.members[g].get(c).copied();
-    // Across hosts, every unit is ready at once; in turn, class after
-    // class, each pass on its own ticks (no two run at once).
+    // Across hosts every unit is ready at once.
     let across_hops = pass_hops(Pass::AllGather, hosts);
     let across_cadence = super::ring::cadence(across_hops, depth);
     let across_at = if pipelined {
         inter_starts(map, &vec![vec![Some(0); slices]; classes], across_cadence)
     } else {
-        let span = (slices as u64).saturating_sub(1) * across_cadence + across_hops;
-        (0..classes)
-            .map(|c| {
-                (0..slices)
-                    .map(|s| (c as u64 * span + s as u64 * across_cadence, s as i64))
-                    .collect()
-            })
-            .collect()
+        in_turn_starts(classes, slices, (across_cadence, across_hops), 0)
     };
     for (c, at) in across_at.iter().enumerate() {
         if map.carrier(h, c) != rank {
             continue;
         }
-        let ring: Vec<usize> = (0..hosts).map(|g| map.carrier(g, c)).collect();
+        let (ring, tag_base) = class_ring(map, c);
         // A host with fewer than c + 1 ranks relays class c: no block.
         let blocks: Vec<Vec<Unit>> = (0..hosts)
             .map(|g| member_of_class(g, c).map_or_else(Vec::new, block_of))
@@ -661,7 +651,7 @@ pub fn all_gather(
             blocks: &blocks,
             pass: Pass::AllGather,
             local,
-            tag_base: TAG_INTER.wrapping_add(TAG_CLASS.wrapping_mul(c as u32)),
+            tag_base,
         };
         let stream = if pipelined { inter_stream(map, c) } else { 1 };
         across.stamp(&mut timeline, |s| at[s], stream);
@@ -698,10 +688,8 @@ pub fn all_gather(
         .map(|(c, s)| crossed(c, s))
         .max()
         .unwrap_or(0);
-    let mut starts = Vec::with_capacity(units);
-    let mut prev: Option<u64> = None;
-    for u in 0..units {
-        let ready = if pipelined {
+    let starts = chained_starts(units, cadence, None, |u| {
+        if pipelined {
             ids.iter()
                 .filter_map(|b| b.get(u))
                 .map(|&(d, s)| crossed(map.local[d], s))
@@ -709,11 +697,8 @@ pub fn all_gather(
                 .unwrap_or(0)
         } else {
             all_crossed
-        };
-        let start = prev.map_or(ready, |p| ready.max(p + cadence));
-        starts.push(start);
-        prev = Some(start);
-    }
+        }
+    });
     RingPass {
         members: host,
         pos: map.local[rank],
@@ -1065,7 +1050,7 @@ mod tests {
     }
 
     /// Deeper pipelines, over the fewest slots they fit in (`depth + 1`):
-    /// the pipelined phases (`all_reduce_pipelined`, the pipelined
+    /// the pipelined phases (`all_reduce_phases`, the pipelined
     /// `all_gather`) on every layout, against the f64 reference, and the
     /// same bits as the phases in turn (each unit is combined in the same
     /// order, whenever it runs).
@@ -1088,7 +1073,7 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
                     let in_turn = run(
                         &map,
-                        |r| all_reduce_in_turn(&map, r, count, (slice, depth)),
+                        |r| all_reduce_phases(&map, r, count, (slice, depth), false),
                         count,
                         count,
                         false,
