@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# TCP allreduce across two network namespaces joined by a rate-limited veth
-# pair: ferroccl beside Open MPI's TCP path, interleaved in one run (issue 17).
+# A TCP collective (allreduce unless VETH_OP names another) across two network
+# namespaces joined by a rate-limited veth pair: ferroccl beside Open MPI's TCP
+# path, interleaved in one run (issue 17).
 #
 # usage: bench/veth.sh [RATE...]        (as root; default RATE: 1gbit 10gbit)
 #   RATE is a tc rate (1gbit, 10gbit, ...) or "none" (no limit).
