@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build, here, what the first GPU run (cuda/gpu/run.sh) runs, and gather
 # it into gpu-run/ at the repository root (ignored by git): only those
-# binaries, stripped, the NCCL ABI library for the DDP step, and the
+# binaries (debug info stripped, symbols kept so that a hung step's
+# stacks name functions), the NCCL ABI library for the DDP step, and the
 # scripts. It must stay under 48 MiB (the device tool carries 64 MiB):
 # the size is printed, and the build fails above it.
 #
@@ -28,22 +29,22 @@ tests() {
   tests -p ferroccl-cuda-ipc --lib
   tests -p ferroccl --test cuda
 } | while read -r name exe; do
-  objcopy --strip-all "$exe" "$out/bin/test-$name"
+  objcopy --strip-debug "$exe" "$out/bin/test-$name"
 done
 # ferroccl's library tests, of which run.sh runs only the executor
 # kernels' GPU test (exec::oracle::kernel_gpu).
 lib=$(tests -p ferroccl --lib | awk '{ print $2 }' | head -1)
-objcopy --strip-all "$lib" "$out/bin/test-ferroccl-lib"
+objcopy --strip-debug "$lib" "$out/bin/test-ferroccl-lib"
 
 cargo build --release -p ferroccl-bench --bin ferroccl-perf
 cargo build --release -p ferroccl-cuda --bins
 for b in ferroccl-perf ferroccl-kernel-bench ferroccl-sync-probe; do
-  objcopy --strip-all "$tdir/release/$b" "$out/bin/$b"
+  objcopy --strip-debug "$tdir/release/$b" "$out/bin/$b"
 done
 
 # The NCCL ABI for the DDP step (nccl/gpu/run.sh's `ddp` part).
 cargo build --release -p ferroccl-nccl
-objcopy --strip-all "$tdir/release/libferroccl_nccl.so" "$out/nccl/lib/libferroccl_nccl.so"
+objcopy --strip-debug "$tdir/release/libferroccl_nccl.so" "$out/nccl/lib/libferroccl_nccl.so"
 ln -sf libferroccl_nccl.so "$out/nccl/lib/libnccl.so.2"
 ln -sf libferroccl_nccl.so "$out/nccl/lib/libnccl.so"
 cp nccl/gpu/run.sh nccl/gpu/ddp_losses.py "$out/nccl/"
@@ -54,7 +55,7 @@ cargo build --release -p ferroccl-python
 mkdir -p "$out/python/pkg/ferroccl"
 cp -r python/gpu "$out/python/gpu"
 cp python/ferroccl/*.py "$out/python/pkg/ferroccl/"
-objcopy --strip-all "$tdir/release/lib_ferroccl.so" "$out/python/pkg/ferroccl/_ferroccl.abi3.so"
+objcopy --strip-debug "$tdir/release/lib_ferroccl.so" "$out/python/pkg/ferroccl/_ferroccl.abi3.so"
 
 # Candle's device path (feature candle-cuda, docs/frameworks.md), opt-in:
 # FERROCCL_CANDLE_CUDA=1. Its binary links against libcuda, libnvrtc,
@@ -70,8 +71,8 @@ if [ "${FERROCCL_CANDLE_CUDA:-0}" = 1 ]; then
     cargo build --release -p ferroccl --features candle-cuda --example candle_cuda_check
   )
   cargo build --release -p ferroccl-run --bin ferroccl-run
-  objcopy --strip-all "$tdir/release/examples/candle_cuda_check" "$out/bin/candle_cuda_check"
-  objcopy --strip-all "$tdir/release/ferroccl-run" "$out/bin/ferroccl-run"
+  objcopy --strip-debug "$tdir/release/examples/candle_cuda_check" "$out/bin/candle_cuda_check"
+  objcopy --strip-debug "$tdir/release/ferroccl-run" "$out/bin/ferroccl-run"
 fi
 
 cp cuda/gpu/run.sh "$out/run.sh"

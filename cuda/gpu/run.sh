@@ -180,6 +180,22 @@ export -f threads_bulk
 export dry logs
 step threads-bulk 100 "only if threads failed: the same, bulk protocol only" -- bash -c threads_bulk
 
+# Diagnostics of the lost frame on thread ranks (the third GPU run, docs/
+# hardware.md): the same test with the context's hardware queues at 32
+# (CUDA_DEVICE_MAX_CONNECTIONS; the default is 8) and at 1. Two streams
+# of one context that share a queue run in one order: a stream parked at
+# a gate (cuStreamWaitValue32) then holds back a peer's kernel queued
+# behind it, which the parked call waits for. Run only when named
+# (FERROCCL_GPU_STEPS=threads-c32,threads-c1).
+threads_conns() {
+  [[ ",$only," == *",threads-c$1,"* ]] || { echo "skipped: only when named"; exit 77; }
+  CUDA_DEVICE_MAX_CONNECTIONS=$1 FERROCCL_TIMEOUT=${2:-60} exec bin/test-cuda every_collective_on_device_memory --test-threads=1
+}
+export -f threads_conns
+export only
+step threads-c32 90 "only when named: threads, 32 hardware queues" -- bash -c 'threads_conns 32'
+step threads-c1 45 "only when named: threads, 1 hardware queue" -- bash -c 'threads_conns 1 15'
+
 staged() {
   [ $dry = 1 ] && { echo "skipped: dry run (ferroccl-perf --device cuda needs a GPU)"; exit 77; }
   FERROCCL_P2P_DISABLE=1 bin/ferroccl-perf allreduce --device cuda --ranks 2 -d float -b 1M -e 64M -f 4 -n 4 -w 1 -c 1
@@ -223,7 +239,23 @@ ddp() {
   [ -d nccl ] || { echo "skipped: no nccl/ (nccl/gpu/collect.sh)"; exit 77; }
   # Its logs go with the others (into logs.tar.gz), not beside them.
   mkdir -p "$logs/ddp"
-  OUT=$logs/ddp FERROCCL_NCCL_STEPS=ddp FERROCCL_NCCL_WORLDS=2 nccl/run.sh
+  OUT=$logs/ddp FERROCCL_NCCL_STEPS=ddp FERROCCL_NCCL_WORLDS=2 nccl/run.sh &
+  local run=$! waited=0
+  # Where the ranks hang: every thread's native stack (the library keeps
+  # its symbols) once the 2-process run is 75 s old, before its own
+  # timeout kills it (the third run's capture came too late).
+  while kill -0 $run 2>/dev/null; do
+    sleep 1
+    pgrep -f 'ddp_losses.py --world 2' >/dev/null && waited=$((waited + 1))
+    if [ $waited = 75 ] && command -v cuda-gdb >/dev/null; then
+      for pid in $(pgrep -f 'ddp_losses.py --world 2' | grep -v "^$$\$"); do
+        [ "$(cat /proc/$pid/comm 2>/dev/null)" = timeout ] && continue
+        { echo "-- pid $pid"; timeout 30 cuda-gdb -batch -p "$pid" -ex 'thread apply all bt 24' 2>&1 |
+          grep -E '^(Thread|#)' | head -400; } >>"$logs/ddp/native-stacks.txt" 2>&1
+      done
+    fi
+  done
+  wait $run
 }
 export -f ddp
 step ddp 150 "PyTorch DDP, LD_PRELOAD of our libnccl" -- bash -c ddp
