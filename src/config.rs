@@ -119,6 +119,17 @@ pub struct Config {
     /// NCCL_P2P_DISABLE=1, turns it off): device collectives are then
     /// staged through host memory (docs/gpu-topology.md).
     pub p2p: bool,
+    /// Let a call on device memory return before its work is done, its
+    /// stream made to wait (`cuStreamWaitValue32`) on a word the progress
+    /// thread raises when the call ends (FERROCCL_DEVICE_ASYNC=1; off by
+    /// default). Unsafe where another thread of the process may make a
+    /// synchronous driver call meanwhile: a pageable copy to the host that
+    /// waits for the parked stream holds a driver lock the progress thread
+    /// needs, and a stream that shares a hardware queue with the parked
+    /// one waits behind it; both hung on an H200 (docs/staging.md, "Why
+    /// device calls block"). Off, a device call returns once its work has
+    /// ended, and later work on the stream sees the result.
+    pub device_async: bool,
     /// The most channels (thread blocks, each over FIFOs of its own) the
     /// device executor cuts a call into (FERROCCL_MAX_NCHANNELS, or NCCL's
     /// NCCL_MAX_NCHANNELS; 1 to 64, default 8). Every rank's bound is
@@ -192,6 +203,7 @@ impl Config {
             early_return: true,
             cma: true,
             p2p: true,
+            device_async: false,
             max_channels: crate::plan::device::DEFAULT_CHANNELS,
             ib: ferroccl_ib::IbConfig::default(),
         };
@@ -300,6 +312,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_CMA") {
             self.cma = parse_flag("FERROCCL_CMA", &v)?;
+        }
+        if let Some(v) = get("FERROCCL_DEVICE_ASYNC") {
+            self.device_async = parse_flag("FERROCCL_DEVICE_ASYNC", &v)?;
         }
         if let Some(disabled) = crate::plan::gpu_path::p2p_disabled_from_env(get)? {
             self.p2p = !disabled;

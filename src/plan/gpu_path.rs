@@ -344,6 +344,15 @@ pub(crate) fn select(
         ));
     }
     let reach = if facts.same_gpu {
+        if facts.same_process && facts.can_access_peer == Some(false) {
+            return staged(
+                "ranks of one process on one GPU share its context, whose streams may share a \
+                 hardware queue: one rank's kernel can then wait in the queue behind work that \
+                 waits for the other rank's kernel (an H200 hung so; one process per GPU, or \
+                 processes under MPS, for the executor)"
+                    .into(),
+            );
+        }
         if !facts.same_process && facts.can_access_peer == Some(false) {
             return staged(
                 "processes on one GPU without MPS take turns on it, and the device executor's \
@@ -497,15 +506,22 @@ mod tests {
 
     #[test]
     fn ranks_of_one_process_take_the_same_process_path() {
-        // Two threads on one GPU.
+        // Two threads on one GPU (a stand-in, which says yes, or unknown).
         let a = gpu(HOST_A, 100, 1, "0000:1b:00.0", 0);
-        let c = choose(&a, &a.clone(), None);
-        assert_eq!(c.path, GpuPath::SameProcess);
-        assert_eq!(
-            c.reason,
-            "rank 1 (GPU 0000:1b:00.0, same GPU, same process): same-process, one GPU needs \
-             no peer access"
-        );
+        for access in [None, Some(true)] {
+            let c = choose(&a, &a.clone(), access);
+            assert_eq!(c.path, GpuPath::SameProcess);
+            assert_eq!(
+                c.reason,
+                "rank 1 (GPU 0000:1b:00.0, same GPU, same process): same-process, one GPU \
+                 needs no peer access"
+            );
+        }
+        // A real GPU says no for two ranks of one process (their kernels
+        // may wait in one hardware queue): staged, saying why.
+        let c = choose(&a, &a.clone(), Some(false));
+        assert_eq!(c.path, GpuPath::Staged);
+        assert!(c.reason.contains("share a hardware queue"), "{}", c.reason);
         // Two GPUs of one process with peer access.
         let b = gpu(HOST_A, 100, 2, "0000:3d:00.0", 1);
         let c = choose(&a, &b, Some(true));

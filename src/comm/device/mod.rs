@@ -371,11 +371,14 @@ impl Communicator {
         let during = work.during.clone();
         let (gate, value) = gated.ok_or_else(|| Error::Io(format!("{during}: no device gate")))?;
         let limit = self.inner.config.timeout.saturating_mul(4);
-        if setup != SetUp::None {
+        if setup != SetUp::None || !self.inner.config.device_async {
             // The device rule: set-up allocates, maps and loads modules,
             // which wait for every stream; so the stream is not parked, and
             // the caller waits for the call (bounded: every wait in it is).
             // Later work on the stream sees the result: the call has ended.
+            // So does every call unless `Config::device_async`: a parked
+            // stream can hold the progress thread's driver calls back
+            // (docs/staging.md, "Why device calls block").
             match call_ended.recv_timeout(limit) {
                 Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(DeviceWork(work)),
                 Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {}

@@ -18,6 +18,9 @@ use std::time::Duration;
 
 fn config(c: &mut crate::Config) {
     c.transport = Some("mem".into());
+    // These tests are of the parked stream (calls return at once); the
+    // default, calls that return when done, is tested by name.
+    c.device_async = true;
     c.timeout = Duration::from_secs(60);
     c.calibrate = false;
 }
@@ -185,6 +188,13 @@ const FORCED: &str = "cuMemFreeHost (forced by the test)";
 /// caller's stream parked at the gate that thread is to raise: on a
 /// GPU, a deadlock. Each rank's result of the second call.
 fn forced_deadlock(shared: bool) -> Vec<std::result::Result<(), String>> {
+    forced_deadlock_with(shared, true)
+}
+
+/// [`forced_deadlock`], with `Config::device_async` as given: where it is
+/// off, no gate is held and the stand-in's forced free finds nothing to
+/// wait for.
+fn forced_deadlock_with(shared: bool, device_async: bool) -> Vec<std::result::Result<(), String>> {
     let sync_limit = Duration::from_millis(500);
     let one = Arc::new(HostEngine::new().with_sync_limit(sync_limit));
     let between = std::sync::Barrier::new(2);
@@ -192,6 +202,7 @@ fn forced_deadlock(shared: bool) -> Vec<std::result::Result<(), String>> {
         2,
         |c| {
             config(c);
+            c.device_async = device_async;
             c.timeout = Duration::from_secs(20);
             // Many chunks: the staged call waits on the host often.
             c.buffsize = 256;
@@ -214,11 +225,12 @@ fn forced_deadlock(shared: bool) -> Vec<std::result::Result<(), String>> {
             between.wait();
             // The call's wait for the stream's earlier work ends only
             // once the stream is parked at the gate.
-            let hold = e.hold_stream(on.stream).unwrap();
+            // (A call that returns when done would wait for the hold.)
+            let hold = device_async.then(|| e.hold_stream(on.stream).unwrap());
             let work = comm.device_collective::<f32>(&call, &on);
             drop(hold);
             let result = work.and_then(|w| w.wait()).map_err(|e| e.to_string());
-            if comm.rank() == 0 || shared {
+            if device_async && (comm.rank() == 0 || shared) {
                 assert!(
                     e.violations().iter().any(|v| v.contains(FORCED)),
                     "rank {}: {:?}",
@@ -1115,7 +1127,10 @@ fn every_op_in_the_order_the_gpu_run_hung() {
 /// `.item()`), rank 0 always a little later than rank 1: rank 1 is inside
 /// the copy, its stream parked at call k's gate, while rank 0 issues call
 /// k. Each rank's result, and the stand-in's violations.
-fn reading_results(pool: Option<usize>) -> (Vec<std::result::Result<(), String>>, Vec<String>) {
+fn reading_results(
+    pool: Option<usize>,
+    device_async: bool,
+) -> (Vec<std::result::Result<(), String>>, Vec<String>) {
     let mut e = HostEngine::with_delays(Duration::from_micros(50), 11)
         .with_sync_limit(Duration::from_secs(2));
     if let Some(n) = pool {
@@ -1128,6 +1143,7 @@ fn reading_results(pool: Option<usize>) -> (Vec<std::result::Result<(), String>>
         |c| {
             config(c);
             c.timeout = Duration::from_secs(20);
+            c.device_async = device_async;
         },
         |comm| {
             let rank = comm.rank();
@@ -1172,10 +1188,10 @@ fn reading_results(pool: Option<usize>) -> (Vec<std::result::Result<(), String>>
 /// gate, or a `cuEventCreate`), and every rank returns.
 #[test]
 fn a_thread_reading_a_result_does_not_block_the_calls_it_waits_for() {
-    let (results, violations) = reading_results(None);
+    let (results, violations) = reading_results(None, true);
     assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
     assert_eq!(violations, Vec::<String>::new());
-    let (results, violations) = reading_results(Some(0));
+    let (results, violations) = reading_results(Some(0), true);
     assert!(results.iter().any(|r| r.is_err()), "{results:?}");
     assert!(
         violations
@@ -1183,4 +1199,33 @@ fn a_thread_reading_a_result_does_not_block_the_calls_it_waits_for() {
             .any(|v| v.starts_with("cuEvent") && v.contains("inside the driver")),
         "{violations:?}"
     );
+}
+
+/// The default (`Config::device_async` off): a call returns once its work
+/// has ended, so no stream is parked while the progress thread calls the
+/// driver. The same two ranks reading every result by a pageable copy,
+/// with every event made under the driver lock (the pool empty, which
+/// with parked streams deadlocks, the test above): every call ends
+/// right and the stand-in finds nothing.
+#[test]
+fn calls_that_return_when_done_need_no_event_pool() {
+    let (results, violations) = reading_results(Some(0), false);
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    assert_eq!(violations, Vec::<String>::new());
+}
+
+/// The default again, against the forced deadlock: rank 0's stand-in
+/// frees pinned memory at the progress thread's next host wait under a
+/// gate; with no stream parked there is nothing for it to wait for, so
+/// both ranks' second calls succeed (with parked streams, both fail,
+/// `a_deadlock_the_stand_in_reports_is_an_error_on_every_rank`).
+#[test]
+fn calls_that_return_when_done_survive_the_forced_deadlock() {
+    for shared in [false, true] {
+        let results = forced_deadlock_with(shared, false);
+        assert!(
+            results.iter().all(|r| r.is_ok()),
+            "shared {shared}: {results:?}"
+        );
+    }
 }

@@ -36,8 +36,11 @@ fn probe(ordinal: u32) -> Result<GpuIdentity> {
 
 /// This process's answer to "can `me`'s GPU and `peer`'s access each
 /// other's memory", both ways: `None` where it cannot ask (other host, or
-/// the peer's GPU is not visible here); one GPU is `Some(true)` within a
-/// process, and between processes only under MPS (without it their
+/// the peer's GPU is not visible here); one GPU is `Some(false)` within a
+/// process (the ranks share one context, whose streams may share a
+/// hardware queue: the third GPU run's thread ranks hung so, and
+/// `gpu_path::select` says why), and between processes `Some(true)` only
+/// under MPS (without it their
 /// kernels take turns on the GPU, and the executor's kernels, which wait
 /// for each other, would wait for a turn: the first GPU run's DDP step on
 /// two processes hung; `gpu_path::select` gives the reason). Calls the
@@ -49,7 +52,7 @@ fn peer_access(me: &GpuIdentity, peer: &GpuIdentity) -> Result<Option<bool>> {
     }
     if me.uuid == peer.uuid {
         if me.pid == peer.pid {
-            return Ok(Some(true));
+            return Ok(Some(false));
         }
         return topo::mps_enabled(me.ordinal)
             .map(Some)
