@@ -1037,6 +1037,10 @@ impl Engine for CudaEngine {
         true
     }
 
+    fn shares_hardware_queues(&self) -> bool {
+        true
+    }
+
     fn gate_device_address(&self, gate: Gate) -> Result<u64> {
         self.gates
             .lock()

@@ -270,6 +270,15 @@ pub trait Engine: Send + Sync {
     fn stand_in_uuid(&self) -> Option<[u8; 16]> {
         None
     }
+    /// Whether the device's streams share hardware queues, in each of
+    /// which work starts in the order it was enqueued whatever its stream:
+    /// a CUDA context's do (`CUDA_DEVICE_MAX_CONNECTIONS` of them). Where
+    /// they do, two ranks of one process on the device are staged: one's
+    /// kernel could wait in a queue behind work that waits for the other's
+    /// (docs/staging.md, "Why device calls block").
+    fn shares_hardware_queues(&self) -> bool {
+        false
+    }
 }
 
 /// The error of an executor method on an engine without the executor.

@@ -34,6 +34,8 @@ use std::time::{Duration, Instant};
 
 /// A job on a stand-in stream.
 type Job = Box<dyn FnOnce() + Send>;
+/// A job as enqueued: its argument says "started" (`HostEngine::enqueue`).
+type StartedJob = Box<dyn FnOnce(&dyn Fn()) + Send>;
 
 /// How long a stand-in stream waits for an event before it gives up and
 /// marks the engine failed (a wait enqueued on an event that is never
@@ -177,6 +179,9 @@ struct PinnedState {
 
 struct StreamWorker {
     queue: mpsc::Sender<Job>,
+    /// The hardware queue the stream shares with others
+    /// ([`HostEngine::with_hardware_queues`]); `None`: not modelled.
+    hw: Option<Arc<HwQueue>>,
     thread: JoinHandle<()>,
     /// Jobs enqueued and run, which synchronizing calls and the legacy
     /// default stream wait on.
@@ -184,6 +189,57 @@ struct StreamWorker {
     /// A blocking stream (CUDA's default flag): it and the legacy default
     /// stream wait for each other's earlier work.
     blocking: bool,
+}
+
+/// A hardware queue of the stand-in ([`HostEngine::with_hardware_queues`]):
+/// work of every stream that shares it starts in the order it was
+/// enqueued, as a GPU's front end takes a queue's commands in order; a
+/// command that must wait (for an event, a gate, its own stream's previous
+/// work) holds back every later one. Counts (tickets given, work
+/// started).
+#[derive(Default)]
+struct HwQueue {
+    counts: Mutex<(u64, u64)>,
+    moved: Condvar,
+    /// Set once a wait in the queue passed the sync limit (reported as the
+    /// engine's fault): the queue keeps no order after that, so the host
+    /// side can end.
+    broken: std::sync::atomic::AtomicBool,
+}
+
+impl HwQueue {
+    fn ticket(&self) -> u64 {
+        let mut c = lock(&self.counts);
+        c.0 += 1;
+        c.0 - 1
+    }
+
+    /// Wait until the work before ticket `t` has started; false where that
+    /// took past `limit` (the queue is then broken).
+    fn wait_turn(&self, t: u64, limit: Duration) -> bool {
+        if self.broken.load(Ordering::Acquire) {
+            return true;
+        }
+        let ok = wait_until(&self.counts, &self.moved, limit, |c| {
+            c.1 >= t || self.broken.load(Ordering::Acquire)
+        })
+        .is_ok();
+        if !ok {
+            self.broken.store(true, Ordering::Release);
+            let _c = lock(&self.counts);
+            self.moved.notify_all();
+        }
+        ok
+    }
+
+    /// Ticket `t`'s work has started: the next may start.
+    fn start(&self, t: u64) {
+        let mut c = lock(&self.counts);
+        if c.1 == t {
+            c.1 = t + 1;
+            self.moved.notify_all();
+        }
+    }
 }
 
 /// A stand-in stream's count of jobs (enqueued, run).
@@ -309,6 +365,11 @@ pub struct HostEngine {
     sync_limit: Duration,
     /// Events made with the engine ([`HostEngine::with_event_pool`]).
     event_pool: usize,
+    /// Hardware queues its streams share, in turn
+    /// ([`HostEngine::with_hardware_queues`]); empty: not modelled.
+    hw_queues: Vec<Arc<HwQueue>>,
+    /// Streams made so far (which queue the next one takes).
+    streams_made: Arc<AtomicUsize>,
 }
 
 /// How long a stand-in's synchronizing call waits for the streams by
@@ -349,7 +410,37 @@ impl HostEngine {
             uuid: None,
             sync_limit: SYNC_LIMIT,
             event_pool: crate::cuda_engine::EVENT_POOL,
+            hw_queues: Vec::new(),
+            streams_made: Arc::default(),
         }
+    }
+
+    /// The stand-in whose streams share `n` hardware queues, given in turn
+    /// as streams are made (the legacy default stream takes the first), as
+    /// a CUDA context shares `CUDA_DEVICE_MAX_CONNECTIONS` (8 by default)
+    /// among its streams: in a queue, work starts in the order it was
+    /// enqueued, whatever its stream, so work that waits holds back every
+    /// later work of the queue. A wait held back past the sync limit is
+    /// the engine's fault (a deadlock on a GPU), named. On an H200 a
+    /// stream parked at a gate held back, so, the kernel its gate waited
+    /// for (docs/staging.md, "Why device calls block"). Thread ranks
+    /// sharing such a stand-in are staged, as on a GPU
+    /// ([`Engine::shares_hardware_queues`]). 0: not modelled (the default).
+    pub fn with_hardware_queues(mut self, n: usize) -> Self {
+        self.hw_queues = (0..n).map(|_| Arc::new(HwQueue::default())).collect();
+        self
+    }
+
+    /// The queue the next stream made takes.
+    fn next_hw_queue(&self, legacy: bool) -> Option<Arc<HwQueue>> {
+        if self.hw_queues.is_empty() {
+            return None;
+        }
+        let k = match legacy {
+            true => 0,
+            false => self.streams_made.fetch_add(1, Ordering::Relaxed),
+        };
+        Some(self.hw_queues[k % self.hw_queues.len()].clone())
     }
 
     /// The stand-in with `n` events made with it, as the CUDA engine makes
@@ -575,7 +666,8 @@ impl HostEngine {
 
     fn make_stream(&self, blocking: bool) -> Result<Stream> {
         let id = self.id();
-        let worker = self.worker(id, blocking)?;
+        let mut worker = self.worker(id, blocking)?;
+        worker.hw = self.next_hw_queue(false);
         lock(&self.state.streams).insert(id, worker);
         Ok(Stream(id))
     }
@@ -609,6 +701,7 @@ impl HostEngine {
             })?;
         Ok(StreamWorker {
             queue,
+            hw: None,
             thread,
             progress: Arc::default(),
             blocking,
@@ -657,11 +750,17 @@ impl HostEngine {
             .ok_or_else(|| bad(format!("no event {}", event.0)))
     }
 
-    fn enqueue(&self, stream: Stream, job: Job) -> Result<()> {
+    /// Enqueue `job` on `stream`. Its argument says "started": a job that
+    /// waits (`waits`: for an event, a gate) calls it once its wait is
+    /// over; any other has started when it is called. Where hardware
+    /// queues are modelled, the job first waits for every earlier job of
+    /// its queue to have started.
+    fn enqueue(&self, stream: Stream, job: StartedJob, waits: bool) -> Result<()> {
         let mut streams = lock(&self.state.streams);
         if stream == LEGACY_STREAM && !streams.contains_key(&0) {
             // The legacy default stream exists from the start on a GPU.
-            let worker = self.worker(0, true)?;
+            let mut worker = self.worker(0, true)?;
+            worker.hw = self.next_hw_queue(true);
             streams.insert(0, worker);
         }
         let worker = streams
@@ -688,7 +787,27 @@ impl HostEngine {
         lock(&progress.counts).0 += 1;
         let state = Arc::downgrade(&self.state);
         let counted = progress.clone();
+        let turn = worker.hw.clone().map(|q| {
+            let t = q.ticket();
+            (q, t)
+        });
+        let limit = self.sync_limit;
         let sent = worker.queue.send(Box::new(move || {
+            if let Some((q, t)) = &turn {
+                if !q.wait_turn(*t, limit) {
+                    if let Some(state) = state.upgrade() {
+                        lock(&state.fault).get_or_insert(format!(
+                            "a stream's work waited {limit:?} in a hardware queue it shares \
+                             with other streams, behind work that waits (a deadlock on a GPU)"
+                        ));
+                    }
+                }
+            }
+            let started = || {
+                if let Some((q, t)) = &turn {
+                    q.start(*t);
+                }
+            };
             for (p, target) in after {
                 if p.wait_run(target, STREAM_WAIT_LIMIT).is_err() {
                     if let Some(state) = state.upgrade() {
@@ -699,7 +818,11 @@ impl HostEngine {
                     }
                 }
             }
-            job();
+            if !waits {
+                started();
+            }
+            job(&started);
+            started();
             let mut c = lock(&counted.counts);
             c.1 += 1;
             counted.moved.notify_all();
@@ -809,16 +932,29 @@ impl HostEngine {
         stream: Stream,
         job: impl FnOnce() -> std::result::Result<(), String> + Send + 'static,
     ) -> Result<()> {
+        self.run_on_waiting(stream, false, move |_| job())
+    }
+
+    /// [`HostEngine::run_on`] for a job that waits (`waits`): it calls
+    /// its argument once its wait is over (the hardware queue's next work
+    /// may start then).
+    fn run_on_waiting(
+        &self,
+        stream: Stream,
+        waits: bool,
+        job: impl FnOnce(&dyn Fn()) -> std::result::Result<(), String> + Send + 'static,
+    ) -> Result<()> {
         let state = Arc::downgrade(&self.state);
         self.enqueue(
             stream,
-            Box::new(move || {
-                if let Err(why) = job() {
+            Box::new(move |started: &dyn Fn()| {
+                if let Err(why) = job(started) {
                     if let Some(state) = state.upgrade() {
                         lock(&state.fault).get_or_insert(why);
                     }
                 }
             }),
+            waits,
         )
     }
 }
@@ -1118,13 +1254,15 @@ impl Engine for HostEngine {
     fn stream_wait(&self, stream: Stream, event: Event) -> Result<()> {
         let state = self.event_state(event)?;
         let target = lock(&state.counts).0;
-        self.run_on(stream, move || {
-            wait_for(&state, target, STREAM_WAIT_LIMIT).map_err(|_| {
+        self.run_on_waiting(stream, true, move |started| {
+            let waited = wait_for(&state, target, STREAM_WAIT_LIMIT).map_err(|_| {
                 format!(
                     "a stream waited {STREAM_WAIT_LIMIT:?} for event {}",
                     event.0
                 )
-            })
+            });
+            started();
+            waited
         })
     }
 
@@ -1191,8 +1329,9 @@ impl Engine for HostEngine {
         lock(&self.state.waits).insert(gate.0, value);
         // Bounded like a CUDA engine's fallback: past `limit` the stream
         // goes on (the call's error reaches the host through its result).
-        self.run_on(stream, move || {
+        self.run_on_waiting(stream, true, move |started| {
             let _ = state.wait(value, limit);
+            started();
             Ok(())
         })
     }
@@ -1252,6 +1391,10 @@ impl Engine for HostEngine {
 
     fn stand_in_uuid(&self) -> Option<[u8; 16]> {
         Some(self.uuid.unwrap_or(self.state.uuid))
+    }
+
+    fn shares_hardware_queues(&self) -> bool {
+        !self.hw_queues.is_empty()
     }
 }
 
@@ -1428,6 +1571,43 @@ mod tests {
         assert!(e.gate_device_address(Gate(u64::MAX)).is_err());
         e.free_event(done);
         e.free_stream(s);
+    }
+
+    /// Hardware queues: with one, a stream parked at a gate holds back
+    /// another stream's later work (its event never completes, and the
+    /// stand-in says why at the sync limit), as on an H200 with
+    /// `CUDA_DEVICE_MAX_CONNECTIONS=1`; with two, the streams take one
+    /// each and the other stream's work runs at once. Either way the
+    /// work enqueued behind a wait that ends runs.
+    #[test]
+    fn a_wait_holds_back_the_streams_of_its_hardware_queue() {
+        for (queues, held_back) in [(1, true), (2, false)] {
+            let e = HostEngine::new()
+                .with_hardware_queues(queues)
+                .with_sync_limit(Duration::from_millis(300));
+            assert!(e.shares_hardware_queues());
+            let (parked, other) = (e.stream().unwrap(), e.stream().unwrap());
+            let gate = e.gate().unwrap();
+            e.stream_wait_gate(parked, gate, 1, Duration::from_secs(10))
+                .unwrap();
+            let ev = e.event().unwrap();
+            e.record(ev, other).unwrap();
+            let waited = e.host_wait(ev, Duration::from_secs(5));
+            match held_back {
+                true => {
+                    let err = waited.expect_err("held back").to_string();
+                    assert!(err.contains("hardware queue"), "{err}");
+                }
+                false => waited.unwrap(),
+            }
+            e.raise_gate(gate, 1);
+            let after = e.event().unwrap();
+            e.record(after, parked).unwrap();
+            if !held_back {
+                e.host_wait(after, Duration::from_secs(5)).unwrap();
+            }
+        }
+        assert!(!HostEngine::new().shares_hardware_queues());
     }
 
     /// A stream that waits for the host's go: `go` releases it.

@@ -1214,6 +1214,75 @@ fn calls_that_return_when_done_need_no_event_pool() {
     assert_eq!(violations, Vec::<String>::new());
 }
 
+/// Two thread ranks sharing a stand-in whose streams share one hardware
+/// queue (as a GPU with `CUDA_DEVICE_MAX_CONNECTIONS=1`, where the fourth
+/// GPU run hung even one rank), 8 allreduces each with the inputs changed
+/// between them. The ranks are staged (a rank's kernel could wait behind
+/// the other's work). Each rank's result and the engine's fault.
+fn on_one_hardware_queue(device_async: bool) -> (Vec<std::result::Result<(), String>>, String) {
+    let mut e = HostEngine::with_delays(Duration::from_micros(50), 5)
+        .with_hardware_queues(1)
+        .with_sync_limit(Duration::from_secs(2));
+    if let Some(hook) = crate::exec::oracle::host_launch::host_executor() {
+        e = e.with_executor(hook);
+    }
+    let e = Arc::new(e);
+    let count = 300;
+    let results = run_ranks_with(
+        2,
+        |c| {
+            config(c);
+            c.timeout = Duration::from_secs(10);
+            c.device_async = device_async;
+        },
+        |comm| {
+            let rank = comm.rank();
+            let (on, call) = small_allreduce(&e, count);
+            let (stream, buf) = (on.stream, on.send);
+            (0..8).try_for_each(|k| {
+                let input: Vec<f32> = (0..count)
+                    .map(|i| (value(rank, i) + k as f64) as f32)
+                    .collect();
+                enqueue_write(&e, stream, buf, &bytes_of(&input));
+                comm.device_collective::<f32>(&call, &on)
+                    .and_then(|w| w.wait())
+                    .map_err(|err| format!("call {k}: {err}"))?;
+                let got = e
+                    .blocking_read(stream, buf, count * 4)
+                    .map_err(|err| format!("call {k}: read: {err}"))?;
+                let got = elems::<f32>(&got);
+                for (i, g) in got.iter().enumerate() {
+                    let w = (0..2).map(|r| value(r, i) + k as f64).sum::<f64>();
+                    if *g != w {
+                        return Err(format!("call {k} element {i}: {g} != {w}"));
+                    }
+                }
+                Ok(())
+            })
+        },
+    );
+    let fault = e
+        .host_wait(e.event().unwrap(), Duration::from_millis(1))
+        .err()
+        .map(|err| err.to_string())
+        .unwrap_or_default();
+    (results, fault)
+}
+
+/// On one hardware queue, calls that return when done end right on both
+/// ranks and leave the stand-in without a fault; with the stream parked
+/// (`device_async`) the call's own staging waits behind the park, and the
+/// stand-in names the queue.
+#[test]
+fn one_hardware_queue_holds_back_only_a_parked_stream() {
+    let (results, fault) = on_one_hardware_queue(false);
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    assert_eq!(fault, "");
+    let (results, fault) = on_one_hardware_queue(true);
+    assert!(results.iter().any(|r| r.is_err()), "{results:?}");
+    assert!(fault.contains("hardware queue"), "{fault}");
+}
+
 /// The default again, against the forced deadlock: rank 0's stand-in
 /// frees pinned memory at the progress thread's next host wait under a
 /// gate; with no stream parked there is nothing for it to wait for, so

@@ -83,10 +83,14 @@ fn identity(engine: &dyn Engine, ordinal: u32) -> Result<GpuIdentity> {
 }
 
 /// Peer access between this rank's device and a peer's: a stand-in
-/// reaches only itself (one stand-in is one GPU).
+/// reaches only itself (one stand-in is one GPU), and not from a rank of
+/// the same process where its streams share hardware queues (as a GPU's
+/// do: `peer_access`).
 fn access(engine: &dyn Engine, me: &GpuIdentity, peer: &GpuIdentity) -> Result<Option<bool>> {
     if engine.stand_in_uuid().is_some() {
-        return Ok(Some(me.same_host(peer) && me.uuid == peer.uuid));
+        let one = me.same_host(peer) && me.uuid == peer.uuid;
+        let queues = me.pid == peer.pid && engine.shares_hardware_queues();
+        return Ok(Some(one && !queues));
     }
     peer_access(me, peer)
 }
