@@ -202,6 +202,7 @@ const BEHIND: &[&str] = &[
     "cuEventCreate",
     "cuEventDestroy",
     "cuEventRecord",
+    "cuEventRecord (recorded and waited on before)",
     "cuEventQuery",
     "cuStreamWaitEvent",
     "cuLaunchKernel",
@@ -220,6 +221,11 @@ const BEHIND: &[&str] = &[
 /// How a thread waits for the parked stream inside the driver.
 const WAITERS: &[&str] = &[
     "cuMemcpyDtoHAsync (pageable)",
+    // PyTorch's `copy_` to the host after a collective: its current
+    // stream (the legacy default stream) made to wait for the collective's
+    // stream, then a pageable copy on it (the fourth GPU run's DDP step
+    // hung so, its progress thread in cuEventRecord).
+    "cuMemcpyDtoHAsync (pageable, legacy stream behind it)",
     "cuStreamSynchronize",
     "cuEventSynchronize",
 ];
@@ -285,12 +291,27 @@ fn behind_waiters(
                 } else {
                     0
                 };
+                let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                    .map_err(e("cuEventCreate"))?;
+                if call.starts_with("cuEventRecord (") {
+                    // An event with a past, as a staging pipeline's are:
+                    // recorded, waited on by another stream, completed.
+                    let other = stream()?;
+                    result::event::record(event, s as sys::CUstream).map_err(e("cuEventRecord"))?;
+                    result::stream::wait_event(
+                        other as sys::CUstream,
+                        event,
+                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    )
+                    .map_err(e("cuStreamWaitEvent"))?;
+                    result::stream::synchronize(other as sys::CUstream)
+                        .map_err(e("cuStreamSynchronize"))?;
+                }
                 Kit {
                     stream: s,
                     device: result::malloc_sync(1 << 20).map_err(e("cuMemAlloc"))?,
                     pinned: result::malloc_host(1 << 20, 0).map_err(e("cuMemHostAlloc"))? as u64,
-                    event: result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                        .map_err(e("cuEventCreate"))? as u64,
+                    event: event as u64,
                     freed,
                     function,
                 }
@@ -317,6 +338,18 @@ fn behind_waiters(
                             result::stream::synchronize(parked_bits as sys::CUstream)
                         }
                         "cuEventSynchronize" => result::event::synchronize(after as sys::CUevent),
+                        "cuMemcpyDtoHAsync (pageable, legacy stream behind it)" => {
+                            let legacy = std::ptr::null_mut();
+                            result::stream::wait_event(
+                                legacy,
+                                after as sys::CUevent,
+                                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                            )
+                            .and_then(|()| {
+                                let mut host = vec![0u8; 1 << 20];
+                                result::memcpy_dtoh_async(&mut host[..], device, legacy)
+                            })
+                        }
                         _ => {
                             let mut host = vec![0u8; 1 << 20];
                             result::memcpy_dtoh_async(
@@ -366,7 +399,9 @@ fn behind_call(call: &str, kit: Kit) -> Result<(), String> {
                 .map(|_| ())
                 .map_err(e),
             "cuEventDestroy" => result::event::destroy(kit.event as sys::CUevent).map_err(e),
-            "cuEventRecord" => result::event::record(kit.event as sys::CUevent, s).map_err(e),
+            "cuEventRecord" | "cuEventRecord (recorded and waited on before)" => {
+                result::event::record(kit.event as sys::CUevent, s).map_err(e)
+            }
             "cuEventQuery" => match sys::cuEventQuery(kit.event as sys::CUevent) {
                 sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_NOT_READY => Ok(()),
                 other => Err(format!("{other:?}")),
