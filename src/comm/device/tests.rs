@@ -1127,6 +1127,49 @@ fn every_op_in_the_order_the_gpu_run_hung() {
 /// `.item()`), rank 0 always a little later than rank 1: rank 1 is inside
 /// the copy, its stream parked at call k's gate, while rank 0 issues call
 /// k. Each rank's result, and the stand-in's violations.
+/// Eight in-place allreduces of `count` f32 on 2 ranks sharing `e`, the
+/// input changed before each, every result read by a pageable copy
+/// (`HostEngine::blocking_read`) and checked against the sum. `read_first`:
+/// rank 0 a little later than rank 1, and each result read before the
+/// call's `wait` (as a user's thread reading it right after the call),
+/// else after it.
+fn eight_allreduces(
+    comm: &crate::Communicator,
+    e: &Arc<HostEngine>,
+    count: usize,
+    read_first: bool,
+) -> std::result::Result<(), String> {
+    let rank = comm.rank();
+    let (on, call) = small_allreduce(e, count);
+    let (stream, buf) = (on.stream, on.send);
+    (0..8).try_for_each(|k| {
+        let input: Vec<f32> = (0..count)
+            .map(|i| (value(rank, i) + k as f64) as f32)
+            .collect();
+        enqueue_write(e, stream, buf, &bytes_of(&input));
+        if read_first && rank == 0 {
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        let failed = |err: Error| format!("call {k}: {err}");
+        let mut work = Some(comm.device_collective::<f32>(&call, &on).map_err(failed)?);
+        if !read_first {
+            work.take().map_or(Ok(()), |w| w.wait()).map_err(failed)?;
+        }
+        let got = e
+            .blocking_read(stream, buf, count * 4)
+            .map_err(|err| format!("call {k}: read: {err}"))?;
+        work.take().map_or(Ok(()), |w| w.wait()).map_err(failed)?;
+        let got = elems::<f32>(&got);
+        for (i, g) in got.iter().enumerate() {
+            let w = (0..2).map(|r| value(r, i) + k as f64).sum::<f64>();
+            if *g != w {
+                return Err(format!("call {k} element {i}: {g} != {w}"));
+            }
+        }
+        Ok(())
+    })
+}
+
 fn reading_results(
     pool: Option<usize>,
     device_async: bool,
@@ -1145,35 +1188,7 @@ fn reading_results(
             c.timeout = Duration::from_secs(20);
             c.device_async = device_async;
         },
-        |comm| {
-            let rank = comm.rank();
-            let (on, call) = small_allreduce(&e, count);
-            let (stream, buf) = (on.stream, on.send);
-            (0..8).try_for_each(|k| {
-                let input: Vec<f32> = (0..count)
-                    .map(|i| (value(rank, i) + k as f64) as f32)
-                    .collect();
-                enqueue_write(&e, stream, buf, &bytes_of(&input));
-                if rank == 0 {
-                    std::thread::sleep(Duration::from_millis(30));
-                }
-                let work = comm
-                    .device_collective::<f32>(&call, &on)
-                    .map_err(|err| format!("call {k}: {err}"))?;
-                let got = e
-                    .blocking_read(stream, buf, count * 4)
-                    .map_err(|err| format!("call {k}: read: {err}"))?;
-                work.wait().map_err(|err| format!("call {k}: {err}"))?;
-                let got = elems::<f32>(&got);
-                for (i, g) in got.iter().enumerate() {
-                    let w = (0..2).map(|r| value(r, i) + k as f64).sum::<f64>();
-                    if *g != w {
-                        return Err(format!("call {k} element {i}: {g} != {w}"));
-                    }
-                }
-                Ok(())
-            })
-        },
+        |comm| eight_allreduces(&comm, &e, count, true),
     );
     (results, e.violations())
 }
@@ -1235,31 +1250,7 @@ fn on_one_hardware_queue(device_async: bool) -> (Vec<std::result::Result<(), Str
             c.timeout = Duration::from_secs(10);
             c.device_async = device_async;
         },
-        |comm| {
-            let rank = comm.rank();
-            let (on, call) = small_allreduce(&e, count);
-            let (stream, buf) = (on.stream, on.send);
-            (0..8).try_for_each(|k| {
-                let input: Vec<f32> = (0..count)
-                    .map(|i| (value(rank, i) + k as f64) as f32)
-                    .collect();
-                enqueue_write(&e, stream, buf, &bytes_of(&input));
-                comm.device_collective::<f32>(&call, &on)
-                    .and_then(|w| w.wait())
-                    .map_err(|err| format!("call {k}: {err}"))?;
-                let got = e
-                    .blocking_read(stream, buf, count * 4)
-                    .map_err(|err| format!("call {k}: read: {err}"))?;
-                let got = elems::<f32>(&got);
-                for (i, g) in got.iter().enumerate() {
-                    let w = (0..2).map(|r| value(r, i) + k as f64).sum::<f64>();
-                    if *g != w {
-                        return Err(format!("call {k} element {i}: {g} != {w}"));
-                    }
-                }
-                Ok(())
-            })
-        },
+        |comm| eight_allreduces(&comm, &e, count, false),
     );
     let fault = e
         .host_wait(e.event().unwrap(), Duration::from_millis(1))
