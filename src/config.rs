@@ -231,7 +231,7 @@ impl Config {
     /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_PIPELINE_DEPTH,
     /// FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
-    /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_NT_STORE_BYTES,
+    /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_DEVICE_ASYNC, FERROCCL_NT_STORE_BYTES,
     /// FERROCCL_IB_* (each else its NCCL_IB_ name),
     /// FERROCCL_P2P_DISABLE (else NCCL_P2P_DISABLE), FERROCCL_MAX_NCHANNELS
     /// (else NCCL_MAX_NCHANNELS), FERROCCL_SIMD and
@@ -604,6 +604,16 @@ mod tests {
         assert!(!with(&[("FERROCCL_CMA", "0")]).unwrap().cma);
         let err = with(&[("FERROCCL_CMA", "maybe")]).unwrap_err().to_string();
         assert!(err.contains("FERROCCL_CMA"), "{err}");
+        assert!(!with(&[]).unwrap().device_async);
+        assert!(
+            with(&[("FERROCCL_DEVICE_ASYNC", "1")])
+                .unwrap()
+                .device_async
+        );
+        let err = with(&[("FERROCCL_DEVICE_ASYNC", "maybe")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("FERROCCL_DEVICE_ASYNC"), "{err}");
     }
 
     #[test]
