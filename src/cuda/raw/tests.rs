@@ -252,6 +252,35 @@ fn raw_calls_run_by_the_executor_on_a_shared_device() {
     }
 }
 
+/// The same calls on thread ranks sharing a stand-in whose streams share
+/// one hardware queue (a GPU at `CUDA_DEVICE_MAX_CONNECTIONS=1`, where the
+/// fourth GPU run hung a single rank at its first call): in a queue work
+/// starts in the order it was enqueued, so anything that waits for a
+/// later host action (a parked stream) would hold the rest back and be
+/// named. With calls that return when done, and the ranks staged (the
+/// stand-in, like a GPU, says its streams share queues), every call
+/// matches the reference and nothing is named.
+#[test]
+fn raw_calls_on_one_hardware_queue() {
+    for n in [2, 3] {
+        let mut dev = StandIn::new(n as u64 + 20, 5);
+        let mut e = HostEngine::with_delays(Duration::from_micros(100), n as u64 + 20)
+            .with_hardware_queues(1)
+            .with_sync_limit(Duration::from_secs(10));
+        if let Some(hook) = crate::exec::oracle::host_launch::host_executor() {
+            e = e.with_executor(hook);
+        }
+        dev.engine = Arc::new(e);
+        let dev = Arc::new(dev);
+        raw_calls::<f32>(n, 0.5, &|_| dev.clone());
+        assert!(
+            dev.engine.violations().is_empty(),
+            "{:?}",
+            dev.engine.violations()
+        );
+    }
+}
+
 fn raw_calls<T: Element>(n: usize, scalar: f64, device: &(dyn Fn(usize) -> Arc<StandIn> + Sync)) {
     let c = 37;
     run_ranks_with(
