@@ -249,7 +249,7 @@ ddp() {
     sleep 1
     pgrep -f 'ddp_losses.py --world 2' >/dev/null && waited=$((waited + 1))
     if [ $waited = 75 ] && command -v cuda-gdb >/dev/null; then
-      for pid in $(pgrep -f 'ddp_losses.py --world 2' | grep -v "^$$\$"); do
+      for pid in $(pgrep -f 'ddp_losses.py --world 2'); do
         [ "$(cat /proc/$pid/comm 2>/dev/null)" = timeout ] && continue
         { echo "-- pid $pid"; timeout 30 cuda-gdb -batch -p "$pid" -ex 'thread apply all bt 24' 2>&1 |
           grep -E '^(Thread|#)' | head -400; } >>"$logs/ddp/native-stacks.txt" 2>&1

@@ -369,7 +369,7 @@ pub struct HostEngine {
     /// ([`HostEngine::with_hardware_queues`]); empty: not modelled.
     hw_queues: Vec<Arc<HwQueue>>,
     /// Streams made so far (which queue the next one takes).
-    streams_made: Arc<AtomicUsize>,
+    streams_made: AtomicUsize,
 }
 
 /// How long a stand-in's synchronizing call waits for the streams by
@@ -411,7 +411,7 @@ impl HostEngine {
             sync_limit: SYNC_LIMIT,
             event_pool: crate::cuda_engine::EVENT_POOL,
             hw_queues: Vec::new(),
-            streams_made: Arc::default(),
+            streams_made: AtomicUsize::new(0),
         }
     }
 
@@ -1577,8 +1577,8 @@ mod tests {
     /// another stream's later work (its event never completes, and the
     /// stand-in says why at the sync limit), as on an H200 with
     /// `CUDA_DEVICE_MAX_CONNECTIONS=1`; with two, the streams take one
-    /// each and the other stream's work runs at once. Either way the
-    /// work enqueued behind a wait that ends runs.
+    /// each, the other stream's work runs at once, and once the gate is
+    /// raised the parked stream's later work runs too.
     #[test]
     fn a_wait_holds_back_the_streams_of_its_hardware_queue() {
         for (queues, held_back) in [(1, true), (2, false)] {

@@ -36,11 +36,9 @@ fn probe(ordinal: u32) -> Result<GpuIdentity> {
 
 /// This process's answer to "can `me`'s GPU and `peer`'s access each
 /// other's memory", both ways: `None` where it cannot ask (other host, or
-/// the peer's GPU is not visible here); one GPU is `Some(false)` within a
-/// process (the ranks share one context, whose streams may share a
-/// hardware queue: the third GPU run's thread ranks hung so, and
-/// `gpu_path::select` says why), and between processes `Some(true)` only
-/// under MPS (without it their
+/// the peer's GPU is not visible here); one GPU is `Some(true)` within a
+/// process (but see `access`: a GPU's streams share hardware queues),
+/// and between processes only under MPS (without it their
 /// kernels take turns on the GPU, and the executor's kernels, which wait
 /// for each other, would wait for a turn: the first GPU run's DDP step on
 /// two processes hung; `gpu_path::select` gives the reason). Calls the
@@ -52,7 +50,7 @@ fn peer_access(me: &GpuIdentity, peer: &GpuIdentity) -> Result<Option<bool>> {
     }
     if me.uuid == peer.uuid {
         if me.pid == peer.pid {
-            return Ok(Some(false));
+            return Ok(Some(true));
         }
         return topo::mps_enabled(me.ordinal)
             .map(Some)
@@ -82,15 +80,20 @@ fn identity(engine: &dyn Engine, ordinal: u32) -> Result<GpuIdentity> {
     }
 }
 
-/// Peer access between this rank's device and a peer's: a stand-in
-/// reaches only itself (one stand-in is one GPU), and not from a rank of
-/// the same process where its streams share hardware queues (as a GPU's
-/// do: `peer_access`).
+/// Peer access between this rank's device and a peer's. Not between two
+/// ranks of one process on one device whose streams share hardware
+/// queues (a GPU's always do, a stand-in's where modelled): one rank's
+/// kernel could wait in a queue behind work that waits for the other's
+/// (the third GPU run's thread ranks hung so; `gpu_path::select` says
+/// why). Otherwise a stand-in reaches only itself (one stand-in is one
+/// GPU), and a GPU answers by `peer_access`.
 fn access(engine: &dyn Engine, me: &GpuIdentity, peer: &GpuIdentity) -> Result<Option<bool>> {
+    let one = me.same_host(peer) && me.uuid == peer.uuid;
+    if one && me.pid == peer.pid && engine.shares_hardware_queues() {
+        return Ok(Some(false));
+    }
     if engine.stand_in_uuid().is_some() {
-        let one = me.same_host(peer) && me.uuid == peer.uuid;
-        let queues = me.pid == peer.pid && engine.shares_hardware_queues();
-        return Ok(Some(one && !queues));
+        return Ok(Some(one));
     }
     peer_access(me, peer)
 }
