@@ -31,7 +31,8 @@ from torch._C._distributed_c10d import Backend as _C10dBackend
 from torch._C._distributed_c10d import Work as _C10dWork
 
 import ferroccl
-from ferroccl import FerrocclError
+from ferroccl import FerrocclError, _c10d
+from ferroccl._ferroccl import native_api as _native_api
 from ferroccl._torch_types import CARRIED, carried
 
 __all__ = ["ProcessGroupFerroccl", "FerrocclError", "BACKEND_NAME"]
@@ -732,8 +733,14 @@ class ProcessGroupFerroccl(_BASE):  # type: ignore[misc, valid-type]
         self._comm.destroy()
 
 
-def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupFerroccl:
-    return ProcessGroupFerroccl(store, rank, size, timeout)
+def _create(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
+    """The group's backend: the C++ one (`_c10d`) around the Python one
+    where it is built, else the Python one."""
+    py_backend = ProcessGroupFerroccl(store, rank, size, timeout)
+    cpp = _c10d.load()
+    if cpp is None:
+        return py_backend
+    return cpp.FerrocclBackend(rank, size, py_backend, _native_api, py_backend._comm._c._native_ref())
 
 
 def _register() -> None:

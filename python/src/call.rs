@@ -6,8 +6,6 @@
 use crate::error::CallError;
 use ferroccl::cuda::RawOp;
 use ferroccl::{Communicator, DataType, Element, Error, ReduceOp};
-use pyo3::exceptions::PyValueError;
-use pyo3::prelude::*;
 use std::ffi::c_void;
 
 /// The collectives a Python caller can name.
@@ -51,11 +49,8 @@ impl Kind {
         }
     }
 
-    pub(crate) fn parse(name: &str) -> PyResult<Kind> {
-        Kind::ALL
-            .into_iter()
-            .find(|k| k.name() == name)
-            .ok_or_else(|| PyValueError::new_err(format!("ferroccl: unknown collective {name:?}")))
+    pub(crate) fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
     }
 }
 

@@ -60,6 +60,24 @@ impl CallError {
         }
     }
 
+    /// A call refused before it ran (the communicator destroyed, a name
+    /// the library does not know), with the call's name.
+    pub(crate) fn refused(rank: usize, call: &'static str, seq: u64, message: String) -> CallError {
+        CallError {
+            rank: Some(rank),
+            call,
+            seq,
+            failed_rank: None,
+            kind: "InvalidArgument",
+            message,
+        }
+    }
+
+    /// The message, as the Python exception's text.
+    pub(crate) fn message(&self) -> &str {
+        &self.message
+    }
+
     pub(crate) fn to_py(&self, py: Python<'_>) -> PyErr {
         let err = FerrocclError::new_err(self.message.clone());
         let v = err.value(py);

@@ -33,6 +33,41 @@ impl Handle {
         self.cv.notify_all();
         callbacks
     }
+
+    /// A handle that ended before it was issued (a refused call).
+    pub(crate) fn failed(e: CallError) -> Arc<Handle> {
+        let handle = Arc::new(Handle::default());
+        lock(&handle.state).done = Some(Err(e));
+        handle
+    }
+
+    /// Wait until the call ends (the caller must not hold the GIL: the
+    /// worker may need it for a callback); its result. Bounded by the
+    /// communicator's timeout.
+    pub(crate) fn wait(&self) -> Result<(), CallError> {
+        let mut s = lock(&self.state);
+        while s.done.is_none() {
+            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        s.done.clone().expect("set above")
+    }
+
+    /// Whether the call has ended (on the device too, for a device call).
+    pub(crate) fn is_completed(&self) -> bool {
+        let s = lock(&self.state);
+        match (&s.done, &s.device) {
+            (Some(_), Some(d)) => d.is_complete(),
+            (done, _) => done.is_some(),
+        }
+    }
+
+    /// The call's error, if it ended with one.
+    pub(crate) fn error(&self) -> Option<CallError> {
+        match &lock(&self.state).done {
+            Some(Err(e)) => Some(e.clone()),
+            _ => None,
+        }
+    }
 }
 
 /// The handle of an async call.
@@ -60,23 +95,12 @@ impl PyHandle {
     /// Wait until the call ends (GIL released); raise its error if it
     /// failed. Bounded by the communicator's timeout.
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        let r = py.detach(|| {
-            let mut s = lock(&self.handle.state);
-            while s.done.is_none() {
-                s = self.handle.cv.wait(s).unwrap_or_else(|p| p.into_inner());
-            }
-            s.done.clone().expect("set above")
-        });
-        r.map_err(|e| e.to_py(py))
+        py.detach(|| self.handle.wait()).map_err(|e| e.to_py(py))
     }
 
     /// Whether the call has ended (`wait` would not block).
     fn is_completed(&self) -> bool {
-        let s = lock(&self.handle.state);
-        match (&s.done, &s.device) {
-            (Some(_), Some(d)) => d.is_complete(),
-            (done, _) => done.is_some(),
-        }
+        self.handle.is_completed()
     }
 
     /// Wait for a device call to end on the device (host wait); for a host
@@ -93,11 +117,7 @@ impl PyHandle {
     /// The call's error message if it failed, None if it succeeded or is
     /// still running.
     fn error(&self, py: Python<'_>) -> Option<PyErr> {
-        let s = lock(&self.handle.state);
-        match &s.done {
-            Some(Err(e)) => Some(e.to_py(py)),
-            _ => None,
-        }
+        self.handle.error().map(|e| e.to_py(py))
     }
 
     /// Call `callback()` once the call ends: at once (on this thread) if it

@@ -31,6 +31,7 @@
 mod call;
 mod error;
 mod handle;
+mod native;
 mod queue;
 
 use call::{run_device, run_host, Call, Kind};
@@ -49,9 +50,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A communicator: `ferroccl.Communicator` in Python.
+/// A communicator: `ferroccl.Communicator` in Python. Its state is shared
+/// (an `Arc`) with the C++ torch backend, which holds it through
+/// `native::Api` and may outlive the Python object.
 #[pyclass(module = "ferroccl._ferroccl", name = "Communicator", frozen)]
 struct PyCommunicator {
+    comm: Arc<Comm>,
+}
+
+impl std::ops::Deref for PyCommunicator {
+    type Target = Comm;
+    fn deref(&self) -> &Comm {
+        &self.comm
+    }
+}
+
+/// A Python communicator's state: the library's communicator, its worker
+/// and the order of its calls.
+pub(crate) struct Comm {
     /// None once destroyed: the communicator itself is dropped then, so
     /// that it leaves the job cleanly (torch's destroy_process_group calls
     /// the backend's shutdown, which calls `destroy`).
@@ -73,12 +89,20 @@ struct PyCommunicator {
 
 impl PyCommunicator {
     fn new(comm: Communicator) -> PyCommunicator {
+        PyCommunicator {
+            comm: Arc::new(Comm::new(comm)),
+        }
+    }
+}
+
+impl Comm {
+    fn new(comm: Communicator) -> Comm {
         let (shared, tx, worker) = Shared::start(comm);
         let inline_bytes = std::env::var("FERROCCL_PY_INLINE_BYTES")
             .ok()
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(usize::MAX);
-        PyCommunicator {
+        Comm {
             rank: shared.comm.rank(),
             size: shared.comm.size(),
             timeout: shared.comm.config().timeout.as_secs_f64(),
@@ -99,19 +123,20 @@ impl PyCommunicator {
         op: &str,
         root: usize,
     ) -> PyResult<Call> {
-        let kind = Kind::parse(kind)?;
-        let dtype = DataType::from_name(dtype).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "ferroccl: {}: element type {dtype:?} is not one the library carries",
-                kind.name()
-            ))
-        })?;
-        let op = ReduceOp::from_name(op).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "ferroccl: {}: reduction {op:?} is not one of sum, prod, min, max, avg",
-                kind.name()
-            ))
-        })?;
+        let (kind, dtype, op) = parse_names(kind, dtype, op).map_err(PyValueError::new_err)?;
+        self.numbered(kind, send, recv, dtype, op, root)
+    }
+
+    /// The call of parsed names, given this communicator's next number.
+    fn numbered(
+        &self,
+        kind: Kind,
+        send: (usize, usize),
+        recv: (usize, usize),
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> PyResult<Call> {
         Ok(Call {
             kind,
             send: send.0,
@@ -142,6 +167,76 @@ impl PyCommunicator {
             "ferroccl rank {}: {what}the communicator was destroyed",
             self.rank
         ))
+    }
+
+    /// Issue one call after every call issued before it, without the GIL
+    /// (the worker may need it): at once on this thread where nothing is
+    /// queued (or from a done-callback on the worker), else on the worker.
+    /// The caller keeps the buffers alive and untouched until the handle
+    /// is done.
+    fn issue(&self, call: Call) -> Result<Arc<Handle>, CallError> {
+        let refused = |why: &str| {
+            CallError::refused(
+                self.rank,
+                call.kind.name(),
+                call.seq,
+                format!("ferroccl rank {}: {}: {why}", self.rank, call.what()),
+            )
+        };
+        let shared = self
+            .shared()
+            .map_err(|_| refused("the communicator was destroyed"))?;
+        let handle = Arc::new(Handle::default());
+        if in_worker() {
+            // From a done-callback: run now (see `queue::run_callbacks`).
+            return Ok(run_now(&shared, &call, handle));
+        }
+        let jobs = lock(&self.jobs);
+        let tx = jobs
+            .as_ref()
+            .ok_or_else(|| refused("the communicator was destroyed"))?;
+        let bytes = call.send_len.max(call.recv_len) * call.dtype.size();
+        if bytes <= self.inline_bytes {
+            // With nothing queued the call runs at once on this thread:
+            // that saves the thread hop (tens of microseconds on a busy
+            // machine), and on few cores a worker overlapping the caller's
+            // compute only competes with it. Holding the queue keeps other
+            // issuers behind it.
+            let q = lock(&shared.queue);
+            if q.pending == 0 {
+                let done = run_now(&shared, &call, handle);
+                drop(q);
+                return Ok(done);
+            }
+        }
+        enqueue(&shared, tx, Job::Call(call, Arc::clone(&handle)))
+            .map_err(|_| refused("the worker thread ended"))?;
+        Ok(handle)
+    }
+
+    /// Queue `job` (a callback) behind every call issued before it; from
+    /// the worker itself it is handed back, to run at once. On a destroyed
+    /// communicator it is handed back too: every call issued before has
+    /// ended then.
+    fn after(&self, job: Job) -> Option<Job> {
+        if in_worker() {
+            return Some(job);
+        }
+        let Ok(shared) = self.shared() else {
+            return Some(job);
+        };
+        let jobs = lock(&self.jobs);
+        let Some(tx) = jobs.as_ref() else {
+            return Some(job);
+        };
+        lock(&shared.queue).pending += 1;
+        match tx.send(job) {
+            Ok(()) => None,
+            Err(mpsc::SendError(job)) => {
+                lock(&shared.queue).pending -= 1;
+                Some(job)
+            }
+        }
     }
 
     /// Run `f` on the calling thread, GIL released, once no async call is
@@ -258,29 +353,7 @@ impl PyCommunicator {
         root: usize,
     ) -> PyResult<PyHandle> {
         let call = self.call_of(kind, send, recv, dtype, op, root)?;
-        let shared = self.shared()?;
-        let handle = Arc::new(Handle::default());
-        if in_worker() {
-            // From a done-callback: run now (see `queue::run_callbacks`).
-            return Ok(run_now(py, &shared, &call, handle));
-        }
-        let jobs = lock(&self.jobs);
-        let tx = jobs.as_ref().ok_or_else(|| self.destroyed(Some(&call)))?;
-        let bytes = call.send_len.max(call.recv_len) * call.dtype.size();
-        if bytes <= self.inline_bytes {
-            // With nothing queued the call runs at once on this thread:
-            // that saves the thread hop (tens of microseconds on a busy
-            // machine), and on few cores a worker overlapping the caller's
-            // compute only competes with it. Holding the queue keeps other
-            // issuers behind it.
-            let q = lock(&shared.queue);
-            if q.pending == 0 {
-                let done = run_now(py, &shared, &call, handle);
-                drop(q);
-                return Ok(done);
-            }
-        }
-        enqueue(&shared, tx, Job::Call(call, Arc::clone(&handle)))?;
+        let handle = py.detach(|| self.issue(call)).map_err(|e| e.to_py(py))?;
         Ok(PyHandle { handle })
     }
 
@@ -362,12 +435,39 @@ impl PyCommunicator {
         });
     }
 
+    /// A counted reference to this communicator's state for the C++
+    /// torch backend, as an address (see `native`): whoever takes it
+    /// releases it once through the capsule's `release_comm`.
+    fn _native_ref(&self) -> usize {
+        native::comm_ref(&self.comm)
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "ferroccl.Communicator(rank={}, size={})",
             self.rank, self.size
         )
     }
+}
+
+/// A call's names parsed: the collective, the element type, the
+/// reduction; the message of the first unknown one.
+fn parse_names(kind: &str, dtype: &str, op: &str) -> Result<(Kind, DataType, ReduceOp), String> {
+    let kind =
+        Kind::from_name(kind).ok_or_else(|| format!("ferroccl: unknown collective {kind:?}"))?;
+    let dtype = DataType::from_name(dtype).ok_or_else(|| {
+        format!(
+            "ferroccl: {}: element type {dtype:?} is not one the library carries",
+            kind.name()
+        )
+    })?;
+    let op = ReduceOp::from_name(op).ok_or_else(|| {
+        format!(
+            "ferroccl: {}: reduction {op:?} is not one of sum, prod, min, max, avg",
+            kind.name()
+        )
+    })?;
+    Ok((kind, dtype, op))
 }
 
 /// The element type names the library carries, in its own spelling.
@@ -398,5 +498,6 @@ fn _ferroccl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FerrocclError", m.py().get_type::<FerrocclError>())?;
     m.add_function(wrap_pyfunction!(data_types, m)?)?;
     m.add_function(wrap_pyfunction!(random_token, m)?)?;
+    m.add("native_api", native::capsule(m.py())?)?;
     Ok(())
 }

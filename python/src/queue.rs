@@ -3,7 +3,7 @@
 //! a blocking call waits for.
 
 use crate::call::{run_host, Call};
-use crate::handle::{Handle, PyHandle};
+use crate::handle::Handle;
 use crate::lock;
 use ferroccl::Communicator;
 use pyo3::exceptions::PyRuntimeError;
@@ -29,7 +29,7 @@ pub(crate) fn in_worker() -> bool {
 /// callback issued them, whatever other threads queued meanwhile: the
 /// order stays the same on every rank (PowerSGD's hooks issue and wait
 /// for calls from callbacks).
-fn run_callbacks(callbacks: Vec<Py<PyAny>>) {
+pub(crate) fn run_callbacks(callbacks: Vec<Py<PyAny>>) {
     if callbacks.is_empty() {
         return;
     }
@@ -92,6 +92,7 @@ impl Shared {
                             run_callbacks(handle.finish(r));
                         }
                         Job::Callback(cb) => run_callbacks(vec![cb]),
+                        Job::Native(cb) => cb.run(),
                     }
                     let mut q = lock(&s.queue);
                     q.pending -= 1;
@@ -112,6 +113,28 @@ pub(crate) enum Job {
     /// A Python callable to call (under the GIL) once every call issued
     /// before it has ended.
     Callback(Py<PyAny>),
+    /// The same for a C function (the C++ torch backend's futures), called
+    /// without the GIL.
+    Native(NativeCallback),
+}
+
+/// A C function and its argument, called once (see `Job::Native`).
+pub(crate) struct NativeCallback {
+    pub(crate) f: unsafe extern "C" fn(*mut std::ffi::c_void),
+    pub(crate) ctx: *mut std::ffi::c_void,
+}
+
+// SAFETY: the C++ caller hands over `ctx` to be used on the worker thread
+// (its callback is written for that: it takes what it needs under its
+// own locks and the GIL).
+unsafe impl Send for NativeCallback {}
+
+impl NativeCallback {
+    pub(crate) fn run(self) {
+        // SAFETY: `f` and `ctx` come together from the C++ caller, which
+        // promises `f(ctx)` may be called once, from any thread.
+        unsafe { (self.f)(self.ctx) }
+    }
 }
 
 /// Queue `job` for the worker, behind every job queued before it; it
@@ -134,18 +157,14 @@ pub(crate) fn drained(shared: &Shared) -> MutexGuard<'_, Queue> {
     q
 }
 
-/// Run an async call at once on the issuing thread (GIL released) and
+/// Run an async call at once on the issuing thread (GIL not held) and
 /// hand back its finished handle: where nothing is queued ahead of it, or
 /// from a done-callback on the worker.
-pub(crate) fn run_now(
-    py: Python<'_>,
-    shared: &Shared,
-    call: &Call,
-    handle: Arc<Handle>,
-) -> PyHandle {
-    // SAFETY: the caller holds the buffers for the call (it is blocked in
-    // it until this returns).
-    let r = py.detach(|| unsafe { run_host(&shared.comm, call) });
+pub(crate) fn run_now(shared: &Shared, call: &Call, handle: Arc<Handle>) -> Arc<Handle> {
+    // SAFETY: the caller keeps the buffers for the call alive and
+    // untouched until its handle is done, which is before this returns.
+    let r = unsafe { run_host(&shared.comm, call) };
+    // A fresh handle has no callbacks yet: nothing to run.
     drop(handle.finish(r));
-    PyHandle { handle }
+    handle
 }

@@ -6,7 +6,9 @@
 //! The interpreter is FERROCCL_PYTHON, else `python3`. Without torch or
 //! pytest there the test prints why and passes, unless
 //! FERROCCL_REQUIRE_TORCH=1 (CI sets it after installing them): then it
-//! fails. FERROCCL_PYTEST_ARGS adds arguments (`-k ddp`, say).
+//! fails, and the C++ torch backend is required too
+//! (FERROCCL_TORCH_BACKEND=cpp unless set). FERROCCL_PYTEST_ARGS adds
+//! arguments (`-k ddp`, say).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -53,6 +55,14 @@ fn package(root: &Path) -> PathBuf {
                 .expect("copying the package's sources");
         }
     }
+    // The C++ torch backend's source, which the package builds on first use.
+    let csrc = pkg.join("csrc");
+    std::fs::create_dir_all(&csrc).expect("creating the package's csrc/");
+    for entry in std::fs::read_dir(root.join("ferroccl/csrc")).expect("python/ferroccl/csrc") {
+        let path = entry.expect("listing python/ferroccl/csrc").path();
+        std::fs::copy(&path, csrc.join(path.file_name().expect("a file name")))
+            .expect("copying the C++ backend's source");
+    }
     std::fs::copy(cdylib(), pkg.join("_ferroccl.abi3.so")).expect("copying the extension");
     dir
 }
@@ -92,6 +102,11 @@ fn python_package_tests() {
             format!("{}:{}", dir.display(), tests.display()),
         )
         .env("FERROCCL_TEST_LOGS", &dir);
+    if require && std::env::var_os("FERROCCL_TORCH_BACKEND").is_none() {
+        // Where torch is required (CI), so is the C++ backend: its build
+        // failing must fail the tests, not fall back to the Python one.
+        cmd.env("FERROCCL_TORCH_BACKEND", "cpp");
+    }
     if let Ok(extra) = std::env::var("FERROCCL_PYTEST_ARGS") {
         cmd.args(extra.split_whitespace());
     }

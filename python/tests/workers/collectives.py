@@ -5,7 +5,10 @@ One process launch runs every check (torch's import is the slow part)."""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,6 +36,23 @@ def backend() -> ProcessGroupFerroccl:
     if isinstance(group, ProcessGroupFerroccl):
         return group
     return group._get_backend(torch.device("cpu"))
+
+
+# Which backend serves the group: the C++ one (where it is built) or the
+# Python one; FERROCCL_TORCH_BACKEND=cpp (CI) requires the C++ one.
+CPP = type(backend()).__name__ == "FerrocclBackend"
+if os.environ.get("FERROCCL_TORCH_BACKEND") == "cpp":
+    assert CPP, "FERROCCL_TORCH_BACKEND=cpp but the group's backend is not the C++ one"
+if os.environ.get("FERROCCL_TORCH_BACKEND") == "python":
+    assert not CPP, "FERROCCL_TORCH_BACKEND=python but the group's backend is the C++ one"
+print(f"rank {R}: backend {'C++' if CPP else 'Python'}", flush=True)
+
+
+def coalesced(pg: Any, old: str, new: str) -> Any:
+    """A coalesced call of the backend by the name its class has: the
+    Python backend answers to the names of torch 2.11, torch 2.15's C++
+    `Backend` binds the newer ones."""
+    return getattr(pg, old, None) or getattr(pg, new)
 
 
 def inp(rank: int, n: int, dtype: torch.dtype, op: str = "sum") -> torch.Tensor:
@@ -150,8 +170,31 @@ def test_all_reduce() -> None:
     w.wait()
     (v,) = fut.wait()
     same(v, reference("sum", 1000, torch.float32), "all_reduce async future")
-    # The backend's own Work (torch's wrapper of a Python Work does not
-    # forward is_completed): done after wait, and its future's value.
+    # is_completed through torch: the C++ backend answers it for the
+    # calls it issues and for those its Python backend makes (torch's own
+    # wrapper of a Python backend's Work does not forward it, so with
+    # FERROCCL_TORCH_BACKEND=python it stays False: docs/pytorch.md).
+    if CPP:
+        t = inp(R, 1000, torch.float32)
+        w = dist.all_reduce(t, async_op=True)
+        w.wait()
+        assert w.is_completed() and w.is_success(), "all_reduce: is_completed after wait"
+        w = dist.all_reduce(inp(R, 8, torch.float32), async_op=True)
+        w.get_future()
+        deadline = time.monotonic() + 60
+        while not w.is_completed():
+            assert time.monotonic() < deadline, "all_reduce: is_completed never became True"
+            time.sleep(0.001)
+        # bool MAX is mapped by the Python backend (the forwarded route).
+        b = torch.tensor([R == 0, False, True])
+        w = dist.all_reduce(b, op=dist.ReduceOp.MAX, async_op=True)
+        deadline = time.monotonic() + 60
+        while not w.is_completed():
+            assert time.monotonic() < deadline, "bool all_reduce: is_completed never became True"
+            time.sleep(0.001)
+        w.wait()
+        assert b.tolist() == [True, False, True], b
+    # The backend's own Work: done after wait, and its future's value.
     pg = backend()
     t = inp(R, 64, torch.float32)
     w = pg.allreduce([t], dist.AllreduceOptions())
@@ -248,7 +291,9 @@ def test_gathers() -> None:
     pg = backend()
     ins = [inp(R, 4, torch.float32), inp(R, 9, torch.int32)]
     outs = [torch.empty(4 * N), torch.empty(9 * N, dtype=torch.int32)]
-    pg.allgather_into_tensor_coalesced(outs, ins, torch._C._distributed_c10d.AllgatherOptions()).wait()
+    coalesced(pg, "allgather_into_tensor_coalesced", "all_gather_single_coalesced")(
+        outs, ins, torch._C._distributed_c10d.AllgatherOptions()
+    ).wait()
     same(outs[0], torch.cat([inp(r, 4, torch.float32) for r in range(N)]), "allgather coalesced 0")
     same(outs[1], torch.cat([inp(r, 9, torch.int32) for r in range(N)]), "allgather coalesced 1")
 
@@ -286,7 +331,9 @@ def test_reduce_scatter() -> None:
     pg = backend()
     outs = [torch.empty(3), torch.empty(2)]
     ins = [inp(R, 3 * N, torch.float32), inp(R, 2 * N, torch.float32)]
-    pg.reduce_scatter_tensor_coalesced(outs, ins, torch._C._distributed_c10d.ReduceScatterOptions()).wait()
+    coalesced(pg, "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced")(
+        outs, ins, torch._C._distributed_c10d.ReduceScatterOptions()
+    ).wait()
     same(outs[0], reference("sum", 3 * N, torch.float32)[R * 3 : R * 3 + 3], "reduce_scatter coalesced 0")
     same(outs[1], reference("sum", 2 * N, torch.float32)[R * 2 : R * 2 + 2], "reduce_scatter coalesced 1")
     # allreduce coalesced

@@ -46,6 +46,16 @@ except RuntimeError as e:
     print(f"rank {R}: barrier after failure: {e}", flush=True)
 else:
     raise AssertionError("barrier succeeded after a failure")
+# The error reaches a future too (DDP's comm hooks wait on futures), as
+# the same exception with its facts.
+fut = dist.all_reduce(t, async_op=True).get_future()
+try:
+    fut.wait()
+except ferroccl.FerrocclError as e:
+    assert e.rank == R and e.call == "all_reduce", (e.rank, e.call)
+    print(f"rank {R}: future after failure: {e}", flush=True)
+else:
+    raise AssertionError("a future completed after a failure")
 dist.destroy_process_group()
 print(f"rank {R}/{N}: failure checks passed", flush=True)
 sys.exit(0)
