@@ -71,6 +71,16 @@ def worker(args: argparse.Namespace) -> None:
     gloo = dist.new_group(backend="gloo")
     ferro = dist.new_group(backend="ferroccl")
     groups = {"ferroccl": ferro, "gloo": gloo}
+    if args.python_backend:
+        # The same backend without its C++ face (ferroccl/_c10d.py): the
+        # variable is read when a group is made.
+        before = os.environ.get("FERROCCL_TORCH_BACKEND")
+        os.environ["FERROCCL_TORCH_BACKEND"] = "python"
+        groups["python"] = dist.new_group(backend="ferroccl")
+        if before is None:
+            del os.environ["FERROCCL_TORCH_BACKEND"]
+        else:
+            os.environ["FERROCCL_TORCH_BACKEND"] = before
     res: dict = {"colls": {}, "ddp": {}}
 
     def slowest(x: float) -> float:
@@ -152,7 +162,7 @@ def worker(args: argparse.Namespace) -> None:
             params = sum(p.numel() for p in m.parameters())
             x = batch()
             entry = {"params": params}
-            for name in ("local", "ferroccl", "gloo"):
+            for name in ("local", *groups):
                 model = m if name == "local" else DDP(m, process_group=groups[name])
                 opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 
@@ -170,6 +180,8 @@ def worker(args: argparse.Namespace) -> None:
             # Communication: what DDP adds to the same step without it.
             entry["comm_ferroccl"] = entry["ferroccl"] - entry["local"]
             entry["comm_gloo"] = entry["gloo"] - entry["local"]
+            if "python" in entry:
+                entry["comm_python"] = entry["python"] - entry["local"]
             res["ddp"][mname] = entry
             if r == 0:
                 print(
@@ -253,7 +265,7 @@ def median_of(rounds: list) -> dict:
     res = rounds[0]
     for coll, rows in res["colls"].items():
         for size, row in rows.items():
-            for key in ("ferroccl", "gloo", "perf"):
+            for key in ("ferroccl", "gloo", "perf", "python"):
                 vals = [r["colls"][coll][size].get(key) for r in rounds]
                 vals = [v for v in vals if v is not None]
                 if vals:
@@ -273,6 +285,11 @@ def main() -> int:
         action="store_true",
         help="pin each torch rank to an equal share of the CPUs, as ferroccl-run pins "
         "ferroccl-perf's ranks (torchrun pins nothing)",
+    )
+    ap.add_argument(
+        "--python-backend",
+        action="store_true",
+        help="also time the Python backend alone (FERROCCL_TORCH_BACKEND=python) as a column",
     )
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default="torch-bench.json")
@@ -304,24 +321,30 @@ def main() -> int:
     res["load_average"] = os.getloadavg()
     res["ranks"] = a.ranks
     print(f"\n{a.ranks} ranks, {res['rounds']} round(s), load average {res['load_average'][0]:.2f}")
+    py = a.python_backend
     print(
         f"{'collective':14s} {'size':>10s} {'ferroccl us':>12s} {'gloo us':>10s} {'x gloo':>7s} "
-        f"{'perf us':>9s} {'added us':>9s}"
+        f"{'perf us':>9s} {'added us':>9s}" + (f" {'python us':>10s} {'py added':>9s}" if py else "")
     )
     for coll in COLLS:
         for size, row in res["colls"][coll].items():
             pf = row.get("perf")
             added = f"{row['ferroccl'] - pf:9.1f}" if pf is not None else "        -"
             pfs = f"{pf:9.1f}" if pf is not None else "        -"
+            extra = ""
+            if py and "python" in row:
+                pya = f"{row['python'] - pf:9.1f}" if pf is not None else "        -"
+                extra = f" {row['python']:10.1f} {pya}"
             print(
                 f"{coll:14s} {int(size):>10d} {row['ferroccl']:12.1f} {row['gloo']:10.1f} "
-                f"{row['gloo'] / row['ferroccl']:7.1f} {pfs} {added}"
+                f"{row['gloo'] / row['ferroccl']:7.1f} {pfs} {added}{extra}"
             )
     for mname, e in res.get("ddp", {}).items():
         print(
             f"ddp {mname}: {e['params'] / 1e6:.1f}M params; step ms: local {e['local']:.1f}, ferroccl "
             f"{e['ferroccl']:.1f} (comm {e['comm_ferroccl']:.1f}), "
             f"gloo {e['gloo']:.1f} (comm {e['comm_gloo']:.1f})"
+            + (f", python backend {e['python']:.1f} (comm {e['comm_python']:.1f})" if "python" in e else "")
         )
     with open(out, "w") as f:
         json.dump(res, f, indent=1)

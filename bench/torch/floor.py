@@ -8,7 +8,10 @@ One process, a group of one, an 8-byte allreduce, timed many times:
 - ``pynull``: a Python subclass of c10d's ``Backend`` whose allreduce returns
   a finished ``Work`` at once: the same, down to a Python backend;
 - ``gloo``: Gloo on one rank;
-- ``ferroccl``: the "ferroccl" backend on one rank;
+- ``ferroccl``: the "ferroccl" backend on one rank (its C++ face, where
+  it is built: ferroccl/_c10d.py);
+- ``ferroccl-py``: the same with FERROCCL_TORCH_BACKEND=python (the Python
+  backend alone);
 - ``direct``: ``ferroccl.Communicator.all_reduce`` without torch.
 
 Run each mode in a fresh process (one default group per process):
@@ -28,7 +31,7 @@ import sys
 import time
 from typing import Any, Callable
 
-MODES = ("fake", "pynull", "gloo", "ferroccl", "direct")
+MODES = ("fake", "pynull", "gloo", "ferroccl", "ferroccl-py", "direct")
 
 
 def _time(fn: Callable[[], Any], iters: int) -> float:
@@ -84,7 +87,7 @@ def one(mode: str, iters: int) -> str:
         c = ferroccl.Communicator.init(0, 1, "127.0.0.1", port, ferroccl.random_token(), None)
         us = _time(lambda: c.all_reduce(t, op="sum", async_op=True).wait(), iters)
         c.destroy()
-        return f"{mode:9s} {us:7.2f} us  ferroccl.Communicator.all_reduce, async, wait"
+        return f"{mode:11s} {us:7.2f} us  ferroccl.Communicator.all_reduce, async, wait"
     if mode == "fake":
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -92,14 +95,18 @@ def one(mode: str, iters: int) -> str:
     elif mode == "pynull":
         _null_backend()
     else:
-        if mode == "ferroccl":
+        backend = mode
+        if mode.startswith("ferroccl"):
+            if mode == "ferroccl-py":
+                os.environ["FERROCCL_TORCH_BACKEND"] = "python"
             import ferroccl.torch  # noqa: F401 - registers the backend
 
+            backend = "ferroccl"
         store = dist.HashStore()
-        dist.init_process_group(mode, store=store, rank=0, world_size=1)
+        dist.init_process_group(backend, store=store, rank=0, world_size=1)
     us = _time(lambda: dist.all_reduce(t, async_op=True).wait(), iters)
     dist.destroy_process_group()
-    return f"{mode:9s} {us:7.2f} us  dist.all_reduce(8 B, async_op=True).wait()"
+    return f"{mode:11s} {us:7.2f} us  dist.all_reduce(8 B, async_op=True).wait()"
 
 
 def main() -> None:

@@ -1,6 +1,10 @@
 """torch.distributed on the "ferroccl" backend, each test a job of worker
 processes (workers/*.py) checked against references they compute alone."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from launch import check
@@ -64,3 +68,32 @@ def test_killed_rank() -> None:
     assert r.codes[2] == -9, r.report()
     assert r.codes[:2] == [0, 0], r.report()
     assert all("failure checks passed" in o for o in r.outputs[:2]), r.report()
+
+
+def _load_in_fresh_process(mode: str) -> "subprocess.CompletedProcess[str]":
+    code = (
+        "import warnings\n"
+        "from ferroccl import _c10d\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    try:\n"
+        "        m = _c10d.load()\n"
+        "    except RuntimeError as e:\n"
+        "        print('raised:', e)\n"
+        "    else:\n"
+        "        print('module:', m)\n"
+        "        print('warnings:', [str(x.message) for x in w])\n"
+    )
+    env = dict(os.environ, CXX="/nonexistent/c++", FERROCCL_TORCH_BACKEND=mode)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_without_a_compiler() -> None:
+    """auto: the Python backend serves, with a warning naming what is
+    missing; cpp: an error naming it."""
+    r = _load_in_fresh_process("auto")
+    assert "module: None" in r.stdout, r.stdout + r.stderr
+    assert "no C++ compiler" in r.stdout and "/nonexistent/c++" in r.stdout, r.stdout
+    r = _load_in_fresh_process("cpp")
+    assert "raised: ferroccl: FERROCCL_TORCH_BACKEND=cpp" in r.stdout, r.stdout + r.stderr
+    assert "no C++ compiler" in r.stdout, r.stdout

@@ -103,13 +103,16 @@ struct Call {
   }
 
   // The call's error as the Python exception it is (a FerrocclError with
-  // its rank, call and sequence number), caught as a C++ exception.
+  // its rank, call and sequence number), caught as a C++ exception; its
+  // message alone where Python is going away.
   std::exception_ptr error() const {
-    py::gil_scoped_acquire gil;
-    if (comm->api.raise_error(h) == 0) {
-      return nullptr;
+    if (python_alive()) {
+      py::gil_scoped_acquire gil;
+      if (comm->api.raise_error(h) != 0) {
+        return std::make_exception_ptr(py::error_already_set());
+      }
     }
-    return std::make_exception_ptr(py::error_already_set());
+    return std::make_exception_ptr(std::runtime_error(message()));
   }
 
   // Wait without the GIL (the worker may need it for a callback).
@@ -158,15 +161,21 @@ class NativeWork : public c10d::Work {
   // this request has ended (callbacks chained on the future issue calls,
   // which must come at the same place on every rank: PowerSGD's hooks).
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    std::lock_guard<std::mutex> g(mu_);
-    if (future_) {
-      return future_;
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (future_) {
+        return future_;
+      }
+      future_ = c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()));
+      future = future_;
     }
-    future_ = c10::make_intrusive<c10::ivalue::Future>(
-        c10::ListType::create(c10::TensorType::get()));
-    auto* ctx = new Pending{future_, call_, outputs_};
+    // Outside the lock: `complete` may run here, at once (on the worker,
+    // or on a destroyed communicator), and its callbacks with it.
+    auto* ctx = new Pending{future, call_, outputs_};
     call_->comm->api.after(call_->comm->ref, &NativeWork::complete, ctx);
-    return future_;
+    return future;
   }
 
  private:
