@@ -55,6 +55,16 @@ cargo build --release -p ferroccl-python
 mkdir -p "$out/python/pkg/ferroccl"
 cp -r python/gpu "$out/python/gpu"
 cp python/ferroccl/*.py "$out/python/pkg/ferroccl/"
+# The C++ torch backend's source, built there against that machine's
+# torch on first use (docs/pytorch.md), and a ninja to build it with where
+# one is here (the lent machine may have none; without it the Python
+# backend serves, with a warning).
+cp -r python/ferroccl/csrc "$out/python/pkg/ferroccl/csrc"
+ninja_bin=$(command -v ninja || true)
+[ -z "$ninja_bin" ] && [ -x /opt/ferroccl-torch/bin/ninja ] && ninja_bin=/opt/ferroccl-torch/bin/ninja
+if [ -n "$ninja_bin" ]; then
+  mkdir -p "$out/python/bin" && cp "$ninja_bin" "$out/python/bin/ninja"
+fi
 objcopy --strip-debug "$tdir/release/lib_ferroccl.so" "$out/python/pkg/ferroccl/_ferroccl.abi3.so"
 
 # Candle's device path (feature candle-cuda, docs/frameworks.md), opt-in:

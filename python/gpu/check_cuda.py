@@ -26,6 +26,15 @@ def worker() -> None:
 
     dist.init_process_group("ferroccl")
     r, n = dist.get_rank(), dist.get_world_size()
+    if r == 0:
+        # Which face serves the group (ferroccl/_c10d.py): the C++ one hands
+        # CUDA tensors to the Python one.
+        be = dist.distributed_c10d._get_default_group()
+        try:
+            be = be._get_backend(torch.device("cuda"))
+        except Exception:  # noqa: BLE001 - torch 2.11: the group itself
+            pass
+        print(f"backend: {type(be).__name__}", flush=True)
     dev = torch.device("cuda", r % torch.cuda.device_count())
     torch.cuda.set_device(dev)
 
