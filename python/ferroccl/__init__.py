@@ -267,7 +267,7 @@ class Communicator:
         if not async_op:
             self._c.call(kind, s, r, dtype, op, root)
             return None
-        return Work([self._c.call_async(kind, s, r, dtype, op, root)], bufs)
+        return Work([self._c.call_async(kind, s, r, dtype, op, root, bufs)], bufs)
 
     def all_reduce(
         self, send: Any, recv: Any = None, op: str = "sum", async_op: bool = False

@@ -386,7 +386,7 @@ class ProcessGroupFerroccl(_BASE):  # type: ignore[misc, valid-type]
         """Issue a call on plain tensors (see `_plain`) straight to the
         library, whose checks of sizes apply as on every call; `keep` holds
         the tensors until it ends."""
-        h = self._comm._c.call_async(kind, send[:2], recv[:2], send[2], send[3], 0)
+        h = self._comm._c.call_async(kind, send[:2], recv[:2], send[2], send[3], 0, keep)
         return _Work(ferroccl.Work([h], keep), result, comm=self._comm)
 
     # -- reductions ---------------------------------------------------------

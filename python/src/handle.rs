@@ -14,6 +14,10 @@ struct HandleState {
     callbacks: Vec<Py<PyAny>>,
     /// A device call's host-side wait, kept so that its end can be asked.
     device: Option<ferroccl::DeviceWork>,
+    /// What holds the call's buffers (Python objects), released when the
+    /// call ends, so that a queued call's buffers live until then even if
+    /// the caller drops its `Work`.
+    keep: Option<Py<PyAny>>,
 }
 
 #[derive(Default)]
@@ -25,13 +29,24 @@ pub(crate) struct Handle {
 impl Handle {
     /// Record how the call ended; returns the callbacks to run.
     pub(crate) fn finish(&self, r: Result<(), CallError>) -> Vec<Py<PyAny>> {
-        let callbacks = {
+        let (callbacks, keep) = {
             let mut s = lock(&self.state);
             s.done = Some(r);
-            std::mem::take(&mut s.callbacks)
+            (std::mem::take(&mut s.callbacks), s.keep.take())
         };
         self.cv.notify_all();
+        // Released without the GIL where it is not held: Python takes the
+        // reference back the next time a thread holds it.
+        drop(keep);
         callbacks
+    }
+
+    /// Hold `keep` until the call ends (at once dropped if it has).
+    pub(crate) fn keep(&self, keep: Py<PyAny>) {
+        let mut s = lock(&self.state);
+        if s.done.is_none() {
+            s.keep = Some(keep);
+        }
     }
 
     /// A handle that ended before it was issued (a refused call).

@@ -338,10 +338,12 @@ impl PyCommunicator {
     }
 
     /// Issue one call to run in the background, after every call issued
-    /// before it; returns its handle. The caller keeps the buffers alive
-    /// and untouched until the handle is done.
+    /// before it; returns its handle. The caller keeps the buffers
+    /// untouched until the handle is done; `keep` (the objects that own
+    /// them) is held until then, so that dropping the handle early cannot
+    /// free memory the call still writes.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (kind, send, recv, dtype, op="sum", root=0))]
+    #[pyo3(signature = (kind, send, recv, dtype, op="sum", root=0, keep=None))]
     fn call_async(
         &self,
         py: Python<'_>,
@@ -351,9 +353,13 @@ impl PyCommunicator {
         dtype: &str,
         op: &str,
         root: usize,
+        keep: Option<Py<PyAny>>,
     ) -> PyResult<PyHandle> {
         let call = self.call_of(kind, send, recv, dtype, op, root)?;
         let handle = py.detach(|| self.issue(call)).map_err(|e| e.to_py(py))?;
+        if let Some(k) = keep {
+            handle.keep(k);
+        }
         Ok(PyHandle { handle })
     }
 

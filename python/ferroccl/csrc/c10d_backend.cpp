@@ -467,9 +467,24 @@ class FerrocclBackend : public c10d::Backend {
       run();
     }
     auto call = std::make_shared<Call>(comm_, h);
+    if (!call->done()) {
+      // Queued behind other calls: its tensors stay alive until it has
+      // ended even if the caller drops the Work (Gloo's queue holds its
+      // work the same way), released on the worker right after it.
+      auto* keep = new Kept{call, outputs, inputs};
+      comm_->api.after(comm_->ref, &FerrocclBackend::release_kept, keep);
+    }
     return c10::make_intrusive<NativeWork>(std::move(call), type, std::move(outputs),
                                            std::move(inputs), getRank());
   }
+
+  struct Kept {
+    std::shared_ptr<Call> call;
+    std::vector<at::Tensor> outputs;
+    std::vector<at::Tensor> inputs;
+  };
+
+  static void release_kept(void* p) { delete static_cast<Kept*>(p); }
 
   // Every argument goes to Python as a copy (a list of the same tensors;
   // options Python code may keep).

@@ -6,7 +6,10 @@ computes alone."""
 
 from __future__ import annotations
 
+import gc
 import sys
+import threading
+import weakref
 
 import numpy as np
 import torch
@@ -36,6 +39,27 @@ assert g.tolist() == [float(v) for r in range(N) for v in (r, -r)], g
 a = np.full(4, R + 1, dtype=np.float32)
 comm.all_reduce(a, op="prod")
 assert (a == float(np.prod([r + 1 for r in range(N)]))).all(), a
+
+
+# A queued call holds its buffer's owner until it ends, even after the
+# caller drops both the Work and the buffer: the worker is held in a
+# callback, so the call below waits in the queue while this checks.
+class Owned(bytearray):
+    """A buffer that can be watched through a weak reference."""
+
+
+gate = threading.Event()
+comm.enqueue_callback(gate.wait)
+b = Owned(np.full(1024, R + 1, dtype=np.uint8).tobytes())
+watch = weakref.ref(b)
+w = comm.all_reduce(b, op="max", async_op=True)
+del w, b
+gc.collect()
+assert watch() is not None, "a queued call's buffer was freed while the call waited"
+held = watch()
+gate.set()
+comm.barrier()
+assert held is not None and bytes(held) == bytes([N]) * 1024, "the kept buffer's result"
 
 comm.destroy()
 print(f"rank {R}: direct checks passed", flush=True)
