@@ -7,6 +7,10 @@
 #   bench/peers.sh OP RANKS [MINB] [MAXB] [TURNS] | bench/peers_table.py
 #   OP: allreduce | allgather | reducescatter | broadcast | reduce
 #
+# Each turn, and the end, prints the machine's cross-core round trip and
+# copy speed (bench/bound/pingpong.c): compare cells only between runs
+# that printed about the same.
+#
 # Sizes are nccl-tests sizes (allgather and reduce-scatter: the whole
 # gathered array), from MINB (8) to MAXB (64 MiB) by 4x; TURNS (3). f32 sum,
 # out of place (broadcast in place, as MPI_Bcast is), root 0. The peers run
@@ -65,6 +69,12 @@ build() {
 if [ ! -x "$P/mc_impi" ] || [ "$here/peers/mpi_coll.c" -nt "$P/mc_impi" ]; then
   build >&2
 fi
+# The machine's state with every turn (bench/bound/pingpong.c): on the
+# build VM every shared-memory time moves with it.
+if [ ! -x "$P/pingpong" ] || [ "$here/bound/pingpong.c" -nt "$P/pingpong" ]; then
+  mkdir -p "$P" && gcc -O2 -o "$P/pingpong" "$here/bound/pingpong.c"
+fi
+machine() { echo "# machine: $("$P/pingpong" 2>&1)"; }
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 rows() { grep -E '^ +[0-9]' || true; }
@@ -82,6 +92,7 @@ ferroccl() {
 echo "# peers.sh $op $n $minb $maxb $turns ($(date -u +%FT%TZ), nproc $(nproc), load $(cut -d' ' -f1-3 /proc/loadavg))"
 for t in $(seq 1 "$turns"); do
   echo "### turn $t"
+  machine
   for peer in $PEERS; do
     case $peer in
     openmpi)
@@ -114,3 +125,4 @@ for t in $(seq 1 "$turns"); do
   echo "## ferroccl-win"
   ferroccl -R 2
 done
+machine

@@ -26,13 +26,16 @@ SHORT = {"openmpi": "OMPI", "mpich": "MPICH", "intelmpi": "IMPI", "gloo": "Gloo"
 COLUMNS = (("8 B", 0), ("512 B", 3), ("8 KiB", 5), ("128 KiB", 7), ("2 MiB", 9), ("32 MiB", 11))
 
 
-def parse(lines):
-    """{size: {system: [times]}} and the header's words."""
+def parse(lines, machine=None):
+    """{size: {system: [times]}} and the header's words; the machine lines
+    (bench/bound/pingpong.c, one a turn) go to `machine` where given."""
     times = collections.defaultdict(lambda: collections.defaultdict(list))
     system, header = None, []
     for line in lines:
         line = line.strip()
-        if line.startswith("# peers.sh"):
+        if line.startswith("# machine:") and machine is not None:
+            machine.append(line[len("# machine:") :].strip())
+        elif line.startswith("# peers.sh"):
             header = line[2:].split()
         elif line.startswith("## "):
             system = line[3:]
@@ -56,10 +59,15 @@ def rows(times):
 
 
 def table(lines):
-    times, header = parse(lines)
+    machine = []
+    times, header = parse(lines, machine)
     present, out = rows(times)
     if header:
         print(f"`{' '.join(header)}`\n")
+    for m in machine:
+        print(f"- machine: {m}")
+    if machine:
+        print()
     names = present + list(OURS)
     print("| size | " + " | ".join(names) + " | best peer | x | windows x |")
     print("|---:|" + "---:|" * (len(names) + 3))
