@@ -16,8 +16,15 @@ use crate::call::CollKind;
 const ANY_CHUNK: usize = 512 << 10;
 
 /// Smallest slice worth a frame of its own: below this the per-frame cost
-/// dominates.
-const MIN_SLICE_BYTES: usize = 32 * 1024;
+/// dominates. 64 KiB since 2026-11-30 (32 KiB before): measured in turns
+/// on the 2-core EPYC VM in its steady state (bench/bound/pingpong.c's
+/// round trip 47-53 ns), 2 ranks were 1.03-1.18x faster at 128 KiB in
+/// every collective and level at 32 KiB and 512 KiB-2 MiB; 4 ranks
+/// 1.09-1.25x at 128-512 KiB (allreduce, allgather); TCP 1.08-1.23x at
+/// 128-512 KiB in 11 of 20 cells and nowhere slower
+/// (docs/performance-log.md, "64 KiB slices"). A bare staged transport
+/// (bench/bound/staged.c) is faster with 64 KiB chunks than 32 too.
+const MIN_SLICE_BYTES: usize = 64 * 1024;
 /// Slices per ring piece we aim for, so that consecutive hops overlap.
 const TARGET_SLICES: usize = 4;
 

@@ -1263,7 +1263,11 @@ fn on_one_hardware_queue(device_async: bool) -> (Vec<std::result::Result<(), Str
 /// On one hardware queue, calls that return when done end right on both
 /// ranks and leave the stand-in without a fault; with the stream parked
 /// (`device_async`) the call's own staging waits behind the park, and the
-/// stand-in names the queue.
+/// stand-in names the deadlock: as held back in the queue, or, where the
+/// test's own pageable read of a result (queued on the same stuck queue)
+/// reaches the stand-in's sync limit first, as that read's wait. Which of
+/// the two waits is named first is a race (a full `--lib` run on 2 cores
+/// named the read once, 2026-11-30); both are this one deadlock.
 #[test]
 fn one_hardware_queue_holds_back_only_a_parked_stream() {
     let (results, fault) = on_one_hardware_queue(false);
@@ -1271,7 +1275,11 @@ fn one_hardware_queue_holds_back_only_a_parked_stream() {
     assert_eq!(fault, "");
     let (results, fault) = on_one_hardware_queue(true);
     assert!(results.iter().any(|r| r.is_err()), "{results:?}");
-    assert!(fault.contains("hardware queue"), "{fault}");
+    assert!(
+        fault.contains("hardware queue")
+            || fault.contains("a pageable copy to the host waited 2s for its stream"),
+        "{fault}"
+    );
 }
 
 /// The default again, against the forced deadlock: rank 0's stand-in
