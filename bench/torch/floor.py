@@ -18,6 +18,12 @@ Run each mode in a fresh process (one default group per process):
 
     python bench/torch/floor.py            # every mode, one line each
     python bench/torch/floor.py ferroccl   # one mode
+    FLOOR_EVICT_BYTES=1048576 python bench/torch/floor.py   # each call after a 1 MiB copy
+
+With FLOOR_EVICT_BYTES each call follows a copy of that many bytes (what
+a large collective does to the caches before the next call), and the
+line is the call's time beyond the copy's: torch's front end with cold
+caches (``fake``) is the floor a backend cannot go under there.
 
 ``ferroccl-perf`` does the same call in 0.2-0.3 us on 2 ranks; what a
 backend adds over it is at least the ``fake`` line.
@@ -29,7 +35,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Tuple
 
 MODES = ("fake", "pynull", "gloo", "ferroccl", "ferroccl-py", "direct")
 
@@ -85,9 +91,9 @@ def one(mode: str, iters: int) -> str:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         c = ferroccl.Communicator.init(0, 1, "127.0.0.1", port, ferroccl.random_token(), None)
-        us = _time(lambda: c.all_reduce(t, op="sum", async_op=True).wait(), iters)
+        us, after = _timed_call(lambda: c.all_reduce(t, op="sum", async_op=True).wait(), iters)
         c.destroy()
-        return f"{mode:11s} {us:7.2f} us  ferroccl.Communicator.all_reduce, async, wait"
+        return f"{mode:11s} {us:7.2f} us  ferroccl.Communicator.all_reduce, async, wait{after}"
     if mode == "fake":
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -104,9 +110,31 @@ def one(mode: str, iters: int) -> str:
             backend = "ferroccl"
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
-    us = _time(lambda: dist.all_reduce(t, async_op=True).wait(), iters)
+    us, after = _timed_call(lambda: dist.all_reduce(t, async_op=True).wait(), iters)
     dist.destroy_process_group()
-    return f"{mode:11s} {us:7.2f} us  dist.all_reduce(8 B, async_op=True).wait()"
+    return f"{mode:11s} {us:7.2f} us  dist.all_reduce(8 B, async_op=True).wait(){after}"
+
+
+def _timed_call(call: Callable[[], Any], iters: int) -> Tuple[float, str]:
+    """The call's time; with FLOOR_EVICT_BYTES=N, its time after a copy of
+    N bytes that leaves the caches to the copy (as a large collective does
+    before the next call): the copy and the call, less the copy alone,
+    timed in turns."""
+    evict = int(os.environ.get("FLOOR_EVICT_BYTES", "0"))
+    if evict <= 0:
+        return _time(call, iters), ""
+    import torch
+
+    a = torch.ones(max(1, evict // 4))
+    b = torch.empty_like(a)
+    iters = max(200, iters // 20)
+    copy_only, both = [], []
+    for _ in range(5):
+        copy_only.append(_time(lambda: b.copy_(a), iters))
+        both.append(_time(lambda: (b.copy_(a), call()), iters))
+    copy_only.sort()
+    both.sort()
+    return both[2] - copy_only[2], f", after a {evict} B copy (copy alone {copy_only[2]:.1f} us)"
 
 
 def main() -> None:
