@@ -194,6 +194,26 @@ def test_all_reduce() -> None:
             time.sleep(0.001)
         w.wait()
         assert b.tolist() == [True, False, True], b
+        # Calls of both routes, async and interleaved, keep one order on
+        # every rank (one queue): a native sum, a bool MAX the Python
+        # backend maps, a native broadcast, another MAX, then every wait.
+        xs = [inp(R, 257, torch.float32), inp(R, 33, torch.float64)]
+        bs = [torch.tensor([R == 1, R == 0]), torch.tensor([False, R == N - 1])]
+        root = torch.full((5,), float(R))
+        works = [
+            dist.all_reduce(xs[0], async_op=True),
+            dist.all_reduce(bs[0], op=dist.ReduceOp.MAX, async_op=True),
+            dist.broadcast(root, src=N - 1, async_op=True),
+            dist.all_reduce(bs[1], op=dist.ReduceOp.MAX, async_op=True),
+            dist.all_reduce(xs[1], async_op=True),
+        ]
+        for w in works:
+            w.wait()
+        same(xs[0], reference("sum", 257, torch.float32), "interleaved routes: sum")
+        same(xs[1], reference("sum", 33, torch.float64), "interleaved routes: sum 2")
+        assert bs[0].tolist() == [N > 1, True], bs[0]
+        assert bs[1].tolist() == [False, True], bs[1]
+        assert root.tolist() == [float(N - 1)] * 5, root
     # The backend's own Work: done after wait, and its future's value.
     pg = backend()
     t = inp(R, 64, torch.float32)
