@@ -81,6 +81,9 @@ def worker(args: argparse.Namespace) -> None:
             del os.environ["FERROCCL_TORCH_BACKEND"]
         else:
             os.environ["FERROCCL_TORCH_BACKEND"] = before
+        if args.python_first:
+            # Its runs before the C++ face's (order effects show as a swap).
+            groups = {"python": groups["python"], "ferroccl": ferro, "gloo": gloo}
     res: dict = {"colls": {}, "ddp": {}}
 
     def slowest(x: float) -> float:
@@ -290,6 +293,11 @@ def main() -> int:
         "--python-backend",
         action="store_true",
         help="also time the Python backend alone (FERROCCL_TORCH_BACKEND=python) as a column",
+    )
+    ap.add_argument(
+        "--python-first",
+        action="store_true",
+        help="with --python-backend: run the Python backend before the C++ one",
     )
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default="torch-bench.json")
