@@ -40,7 +40,7 @@ use ferroccl::{Communicator, Config, DataType, ReduceOp};
 use handle::{Handle, PyHandle};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use queue::{drained, enqueue, in_worker, run_now, Job, Shared};
+use queue::{drained, enqueue, in_worker, run_now, worker_ended, Job, Shared};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -229,14 +229,7 @@ impl Comm {
         let Some(tx) = jobs.as_ref() else {
             return Some(job);
         };
-        lock(&shared.queue).pending += 1;
-        match tx.send(job) {
-            Ok(()) => None,
-            Err(mpsc::SendError(job)) => {
-                lock(&shared.queue).pending -= 1;
-                Some(job)
-            }
-        }
+        enqueue(&shared, tx, job).err()
     }
 
     /// Run `f` on the calling thread, GIL released, once no async call is
@@ -376,7 +369,7 @@ impl PyCommunicator {
         let shared = self.shared()?;
         let jobs = lock(&self.jobs);
         let tx = jobs.as_ref().ok_or_else(|| self.destroyed(None))?;
-        enqueue(&shared, tx, Job::Callback(callback))
+        enqueue(&shared, tx, Job::Callback(callback)).map_err(|_| worker_ended())
     }
 
     /// Enqueue one call on CUDA stream `stream` (a `cudaStream_t` as an

@@ -139,13 +139,18 @@ impl NativeCallback {
 
 /// Queue `job` for the worker, behind every job queued before it; it
 /// counts as pending until the worker has run it.
-pub(crate) fn enqueue(shared: &Shared, tx: &mpsc::Sender<Job>, job: Job) -> PyResult<()> {
+/// A job the worker can no longer take (its thread ended) is handed back.
+pub(crate) fn enqueue(shared: &Shared, tx: &mpsc::Sender<Job>, job: Job) -> Result<(), Job> {
     lock(&shared.queue).pending += 1;
-    if tx.send(job).is_err() {
+    tx.send(job).map_err(|mpsc::SendError(job)| {
         lock(&shared.queue).pending -= 1;
-        return Err(PyRuntimeError::new_err("ferroccl: the worker thread ended"));
-    }
-    Ok(())
+        job
+    })
+}
+
+/// The Python error of a job the worker could not take.
+pub(crate) fn worker_ended() -> PyErr {
+    PyRuntimeError::new_err("ferroccl: the worker thread ended")
 }
 
 /// Wait (GIL released by the caller) until no async call is pending.
