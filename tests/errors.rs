@@ -36,6 +36,27 @@ impl Gate {
     }
 }
 
+/// Run `f` on this thread; if it has not returned after `limit` (a hang,
+/// which would stop the whole test binary), end the process with a
+/// message naming `what` instead.
+fn within<R>(limit: Duration, what: &str, f: impl FnOnce() -> R) -> R {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let what = what.to_string();
+    let watchdog = std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit * 2) {
+            // Straight to stderr: the test harness's capture would swallow
+            // an eprintln! from this thread when the process ends.
+            let msg = format!("{what} hung for {:?}: ending the test process\n", limit * 2);
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), msg.as_bytes());
+            std::process::exit(101);
+        }
+    });
+    let r = f();
+    drop(tx);
+    let _ = watchdog.join();
+    r
+}
+
 /// The default transport (TCP), the in-process one, and the RDMA data path
 /// over emulated verbs.
 const TRANSPORTS: [Option<&str>; 3] = [None, Some("mem"), Some("ib-emu")];
@@ -691,12 +712,28 @@ fn a_mismatch_reaches_every_rank_as_a_mismatch() {
                 let start = Instant::now();
                 let r = comm.all_reduce_in_place(&mut b, ReduceOp::Sum);
                 let took = start.elapsed();
+                // The next call is refused with the mismatch too, at once.
+                // (A rank that only heard of the mismatch used to deadlock
+                // here: refusing the call read the recent calls under the
+                // lock the call was issued under.)
+                let next = within(
+                    timeout,
+                    &format!("rank {}'s next call", comm.rank()),
+                    || comm.barrier(),
+                );
                 done.wait();
-                (r, took)
+                (r, took, next)
             },
         );
-        for (rank, (r, took)) in res.iter().enumerate() {
+        for (rank, (r, took, next)) in res.iter().enumerate() {
             assert!(*took < timeout, "rank {rank} took {took:?}");
+            match next {
+                Err(Error::Mismatch { local, remote, .. }) => assert!(
+                    [local, remote].iter().any(|d| d.starts_with(odd)),
+                    "rank {rank}'s next call names the wrong mismatch: {local} / {remote}"
+                ),
+                other => panic!("rank {rank}: its next call gave {other:?}, not the mismatch"),
+            }
             let (own, other) = if rank == 3 { (odd, even) } else { (even, odd) };
             match r {
                 Err(Error::Mismatch {

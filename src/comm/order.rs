@@ -91,10 +91,15 @@ impl Inner {
             nt_store_bytes: self.config.nt_store_bytes,
         };
         if self.has_failed() {
-            // Name the call being refused, not the one that failed.
-            if let Some(err) = self.relabelled_failure(&call) {
-                return Err(err);
-            }
+            // Name the call being refused, not the one that failed. Not
+            // under `state`: restating a mismatch another rank reported
+            // looks up this rank's call at that position in `recent`,
+            // under the same lock (holding it here deadlocked the call).
+            // A failure, once stored, is never cleared, so there is one.
+            drop(state);
+            return Err(self
+                .relabelled_failure(&call)
+                .unwrap_or_else(|| Error::Aborted(Some("the communicator has failed".into()))));
         }
         match spec.p2p {
             Some(key) => {
