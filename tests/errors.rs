@@ -269,6 +269,53 @@ fn a_refusal_heard_behind_another_is_not_lost() {
     }
 }
 
+/// Rank 1 refuses an all_gather (its output is short) and drops its
+/// communicator at once; ranks 0 and 2 reach the call only after the
+/// refusal and the leaving were both announced. They name rank 1 and what
+/// it refused, not only that it left. (The lost process, as against the
+/// dropped communicator, is `comm::failure`'s unit test.)
+#[test]
+fn a_refuser_that_leaves_at_once_is_named_for_its_refusal() {
+    for transport in TRANSPORTS {
+        let res = run_ranks_with(3, configure(transport, Duration::from_secs(30)), |comm| {
+            let me = comm.rank();
+            valid_all_reduce(&comm, "start");
+            let send = [me as u32; 4];
+            let mut recv = vec![0u32; 12 - usize::from(me == 1)];
+            if me == 1 {
+                let r = comm.all_gather(&send, &mut recv);
+                drop(comm);
+                return r;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            comm.all_gather(&send, &mut recv)
+        });
+        for (rank, r) in res.into_iter().enumerate() {
+            match (rank, r) {
+                (1, Err(Error::InvalidArgument(_))) => {}
+                (
+                    0 | 2,
+                    Err(Error::PeerFailed {
+                        rank: 1,
+                        during,
+                        reason,
+                    }),
+                ) => {
+                    assert!(
+                        during.starts_with("all_gather #2 ("),
+                        "rank {rank} ({transport:?}): during '{during}'"
+                    );
+                    assert!(
+                        reason.contains("refused") && reason.contains("11 elements"),
+                        "rank {rank} ({transport:?}): reason '{reason}'"
+                    );
+                }
+                (_, other) => panic!("rank {rank} ({transport:?}): got {other:?}"),
+            }
+        }
+    }
+}
+
 /// Whether `text` names a call with its sequence number (`name #17`).
 fn has_number(text: &str) -> bool {
     text.split('#')

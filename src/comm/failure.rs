@@ -577,9 +577,12 @@ pub(super) fn spawn_watcher(
                             }
                             // After a mismatch report, ranks leave on the
                             // mismatch: their going is its echo, not news.
+                            // So is a refuser's going after its refusal
+                            // (it returned its error and its process
+                            // ended): name what it refused.
                             let heard = lock(&inner.mismatch_heard).clone();
                             let err = match heard {
-                                Some((reporter, peer, m)) if !m.refused => {
+                                Some((reporter, peer, m)) if !m.refused || reporter == local => {
                                     inner.mismatch_seen_here(reporter, peer, &m, None)
                                 }
                                 _ => Error::PeerFailed {
@@ -611,4 +614,86 @@ fn left_by_abort(reason: &str) -> bool {
 /// its own (`refused`: that call and why).
 fn went_text(call: &str, refuser: usize, refused: &str) -> String {
     format!("it made its call at this position ({call}), which rank {refuser} refused ({refused})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bootstrap::{MemoryStore, Store};
+    use crate::comm::{Communicator, Rendezvous};
+    use crate::config::Config;
+    use std::time::Duration;
+
+    /// Rank 1 refuses an all_gather (its output is short) and its process
+    /// goes at once: the rendezvous server's report of the lost connection
+    /// follows the refusal. Ranks 0 and 2 reach the call only after both
+    /// reports arrived. The going is the echo of the refusal: they name
+    /// rank 1 and what it refused, not only that it went (the process test
+    /// `a_refused_argument_ends_the_call_on_every_rank_at_once` saw the
+    /// latter now and then, where a rank came late to its call).
+    #[test]
+    fn a_refuser_whose_process_goes_is_named_for_its_refusal() {
+        let store = MemoryStore::new();
+        let n = 3;
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n)
+                .map(|rank| {
+                    let store = store.clone();
+                    s.spawn(move || {
+                        let mut config =
+                            Config::new(rank, n, "127.0.0.1", 0, 0x5e1f).expect("config");
+                        config.transport = Some("mem".into());
+                        config.calibrate = false;
+                        config.timeout = Duration::from_secs(30);
+                        let shared: Arc<dyn Store> = store.clone();
+                        let rendezvous =
+                            Arc::new(Rendezvous::new(shared, None, rank).expect("rendezvous"));
+                        let comm = Communicator::build(config, rendezvous, (0..n).collect(), 3)
+                            .expect("communicator");
+                        let send = [rank as u32; 4];
+                        let mut recv = vec![0u32; 12 - usize::from(rank == 1)];
+                        if rank == 1 {
+                            let r = comm.all_gather(&send, &mut recv);
+                            // What the server says of a process that died.
+                            store.report(FailureReport::failed(
+                                1,
+                                "lost its rendezvous connection (process died or was killed)",
+                            ));
+                            drop(comm);
+                            return r;
+                        }
+                        std::thread::sleep(Duration::from_millis(500));
+                        comm.all_gather(&send, &mut recv)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank"))
+                .collect()
+        });
+        for (rank, r) in results.into_iter().enumerate() {
+            match (rank, r) {
+                (1, Err(Error::InvalidArgument(_))) => {}
+                (
+                    0 | 2,
+                    Err(Error::PeerFailed {
+                        rank: 1,
+                        during,
+                        reason,
+                    }),
+                ) => {
+                    assert!(
+                        during.starts_with("all_gather #1 ("),
+                        "rank {rank}: during '{during}'"
+                    );
+                    assert!(
+                        reason.contains("refused") && reason.contains("11 elements"),
+                        "rank {rank}: reason '{reason}'"
+                    );
+                }
+                (_, other) => panic!("rank {rank}: got {other:?}"),
+            }
+        }
+    }
 }
