@@ -14,6 +14,9 @@
 #   ITERS=10 WARMUP=3                         iterations
 #   TURNS=2                                   turns of A and B each
 #   REGISTER=0                                2: buffers in windows (-R 2)
+#   AB_STATE=CMD                              run before every turn, its line
+#                                             printed (the machine's state, e.g.
+#                                             bench/bound/pingpong.c built)
 # Prints one table per case (bench/ab_summary.py) and keeps the CSVs.
 set -euo pipefail
 a=${1:?usage: bench/ab.sh A_PERF B_PERF [OUT_DIR]}
@@ -39,6 +42,7 @@ for t in $TRANSPORTS; do
       for turn in "${turns[@]}"; do
         exe=$a
         [[ $turn == b* ]] && exe=$b
+        [[ -n ${AB_STATE:-} ]] && echo "## $case_name $turn: $($AB_STATE 2>&1 | head -1)"
         env_t=()
         [[ $t != default ]] && env_t=(FERROCCL_TRANSPORT="$t")
         env "${env_t[@]}" "$exe" "$op" --ranks "$n" -b "$MINB" -e "$MAXB" -f "$FACTOR" \

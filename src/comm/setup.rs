@@ -370,6 +370,67 @@ impl Communicator {
         splits.push(Arc::downgrade(&child.inner));
         Ok(Some(child))
     }
+    /// Choose how a sender copies into a shared-memory slot from a buffer
+    /// not aligned like the slot: time a 128 KiB broadcast from rank 0
+    /// (its root's copy is the one chosen) from such a buffer with each
+    /// way, in turns, and keep `memcpy` unless the loop is clearly faster
+    /// by every rank's slowest time (`agree`: an allreduce of MAX). Only where every rank is on this
+    /// host and the transport is shared memory, and FERROCCL_COPY did not
+    /// choose. Which copy wins depends on where the ranks run: on the AMD
+    /// EPYC VM of 2026-11-30 the loop was 1.7-1.8x faster while its two
+    /// CPUs shared a cache and `memcpy` 3-4.5x faster when they did not
+    /// (docs/performance-log.md, "The copy into a slot").
+    fn calibrate_shared_copy(
+        &self,
+        agree: &dyn Fn(&mut [f32], ReduceOp) -> Result<()>,
+    ) -> Result<()> {
+        let shm = matches!(self.inner.config.transport.as_deref(), None | Some("shm"));
+        if !shm
+            || self.inner.hosts.hosts() > 1
+            || ferroccl_transport::shared_copy_from_env().is_some()
+        {
+            return Ok(());
+        }
+        const BYTES: usize = 128 << 10;
+        let mut raw = vec![0u8; BYTES + 128];
+        // 16 bytes past a 64-byte line: not aligned like a slot's payload.
+        let off = (64 - raw.as_ptr() as usize % 64) % 64 + 16;
+        let buf = &mut raw[off..off + BYTES];
+        let call = CollCall {
+            root: Some(0),
+            in_place: true,
+            internal: true,
+            ..CollCall::new(CollKind::Broadcast, BYTES, BYTES, BYTES)
+        };
+        let mut best = [f64::INFINITY; 2];
+        for _ in 0..3 {
+            for (way, memcpy) in [(0, true), (1, false)] {
+                ferroccl_transport::choose_shared_copy(memcpy);
+                self.collective::<u8>(&call, Buffers::InPlace(&mut *buf))?;
+                for _ in 0..4 {
+                    let start = Instant::now();
+                    self.collective::<u8>(&call, Buffers::InPlace(&mut *buf))?;
+                    best[way] = best[way].min(start.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+        }
+        let mut agreed = [best[0] as f32, best[1] as f32];
+        agree(&mut agreed, ReduceOp::Max)?;
+        // The loop only where it is clearly faster: in a tie memcpy, which
+        // was level or ahead in every collective measured in turns with
+        // the CPUs sharing a cache, and 3-4.5x ahead where they did not.
+        let memcpy = agreed[1] >= 0.85 * agreed[0];
+        ferroccl_transport::choose_shared_copy(memcpy);
+        tracing::info!(
+            rank = self.inner.rank,
+            "copy into a slot: {} (a 128 KiB broadcast from a buffer not aligned like the \
+             slot: memcpy {:.1} us, loop {:.1} us)",
+            if memcpy { "memcpy" } else { "loop" },
+            agreed[0],
+            agreed[1]
+        );
+        Ok(())
+    }
     /// Measure this communicator's links and agree on the tuner's constants:
     /// the latency of a one-element ring allreduce, the bandwidth of a
     /// 1 MiB one, the local reduction speed; the slowest rank's figures win,
@@ -457,6 +518,7 @@ impl Communicator {
         };
         // Plans chosen under the old model (none in practice) are stale.
         lock(&self.inner.plans).clear();
+        self.calibrate_shared_copy(&ring)?;
         tracing::info!(
             rank = self.inner.rank,
             "tuner: calibrated on {} ranks: alpha {:.1} us, beta {:.2} GB/s, reduce {:.1} GB/s \

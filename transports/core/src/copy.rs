@@ -17,9 +17,21 @@
 //! So copies of at least [`VECTOR_MIN`] bytes whose ends are not aligned
 //! alike go through a vector loop (AVX2 where the CPU has it, else SSE2,
 //! part of the x86-64 baseline); the others, and every copy on other
-//! architectures, stay `copy_from_slice`. The loop is the one `unsafe`
-//! of this crate: the vector loads and stores are hardware instructions
-//! with no safe wrapper.
+//! architectures, stay `copy_from_slice`. The copy into a slot another
+//! process reads next is the exception ([`copy_into_shared`]): there the
+//! loop's stores must fetch each line from the other process's cache
+//! first, and on the AMD EPYC VM of 2026-11-30 it was 3-5x slower than
+//! `memcpy` (`bench/bound/handover.c`), whose `rep movsb` did not crawl on
+//! pairs aligned differently there (98-115 GB/s at 4-64 KiB for offsets of
+//! 8, 16 and 48 bytes). But inside a real broadcast, with both CPUs
+//! sharing a cache, the loop was 1.7-1.8x faster at 32-128 KiB. So the
+//! way of that copy is chosen where it runs: by a communicator's
+//! calibration, which times both through its own slots
+//! ([`choose_shared_copy`]), and until then by a measurement made once
+//! per process ([`memcpy_keeps_pace`]; FERROCCL_COPY=memcpy or `loop`
+//! decides instead). The loop is the one `unsafe` of this crate: the
+//! vector loads and stores are hardware instructions with no safe
+//! wrapper.
 
 /// Copies shorter than this stay `copy_from_slice`: `memcpy` moves them
 /// with vector moves, not `rep movsb`.
@@ -42,6 +54,118 @@ pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
     x86::copy(dst, src);
     #[cfg(not(target_arch = "x86_64"))]
     dst.copy_from_slice(src);
+}
+
+/// [`copy_bytes`] for a copy into memory another process reads next (a
+/// slot of a shared-memory connection): `memcpy` whatever the alignment
+/// where that was chosen ([`memcpy_keeps_pace`]). Its stores write whole
+/// lines without fetching them first, which the loop's cannot, and a
+/// slot's lines sit in the other process's cache: alone, 95-104 against
+/// 34-36 GB/s on the EPYC VM, 38-45 against 7-8 with its two CPUs in
+/// different core complexes (`bench/bound/handover.c`).
+#[inline]
+pub fn copy_into_shared(dst: &mut [u8], src: &[u8]) {
+    if dst.len() >= VECTOR_MIN && memcpy_keeps_pace() {
+        dst.copy_from_slice(src);
+    } else {
+        copy_bytes(dst, src);
+    }
+}
+
+/// The way [`copy_into_shared`] copies: not chosen yet, `memcpy`, the loop.
+static SHARED_COPY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(UNSET);
+const UNSET: u8 = 0;
+const MEMCPY: u8 = 1;
+const LOOP: u8 = 2;
+
+/// Whether [`copy_into_shared`] takes `memcpy` on pairs not aligned alike:
+/// FERROCCL_COPY=memcpy says yes and `loop` no; otherwise the choice of
+/// [`choose_shared_copy`] (a communicator's calibration, which times both
+/// through its own slots), and before any such choice a measurement made
+/// once per process: whether `memcpy` copies a pair not aligned alike at
+/// least 0.8 times as fast as the loop (the best of 16 rounds of eight
+/// 16 KiB copies each way, source and destination 16 bytes apart modulo
+/// 64, in cache; about 100 us). Always true off x86-64, where there is no
+/// loop.
+pub fn memcpy_keeps_pace() -> bool {
+    use std::sync::atomic::Ordering;
+    match SHARED_COPY.load(Ordering::Relaxed) {
+        MEMCPY => true,
+        LOOP => false,
+        _ => {
+            let memcpy = match shared_copy_from_env() {
+                Some(memcpy) => memcpy,
+                None => measure_memcpy(),
+            };
+            // A calibration's choice made meanwhile stands.
+            let _ = SHARED_COPY.compare_exchange(
+                UNSET,
+                if memcpy { MEMCPY } else { LOOP },
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            SHARED_COPY.load(Ordering::Relaxed) == MEMCPY
+        }
+    }
+}
+
+/// FERROCCL_COPY's choice, if it makes one (`memcpy` or `loop`).
+pub fn shared_copy_from_env() -> Option<bool> {
+    match std::env::var("FERROCCL_COPY").as_deref() {
+        Ok("memcpy") => Some(true),
+        Ok("loop") => Some(false),
+        _ => None,
+    }
+}
+
+/// Set how [`copy_into_shared`] copies pairs not aligned alike, for the
+/// whole process (`memcpy`: true; the loop: false), unless FERROCCL_COPY
+/// chose. Which one is faster depends on where the two processes of a
+/// slot run, not on the data: on the AMD EPYC VM a 128 KiB broadcast's
+/// root was 1.7x faster with the loop while both CPUs shared a cache, and
+/// 3-4.5x slower once they did not. A communicator's calibration times
+/// both and calls this.
+pub fn choose_shared_copy(memcpy: bool) {
+    if shared_copy_from_env().is_none() {
+        SHARED_COPY.store(
+            if memcpy { MEMCPY } else { LOOP },
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn measure_memcpy() -> bool {
+    use std::time::Instant;
+    const N: usize = 16 << 10;
+    let src = vec![0x5Au8; N + 128];
+    let mut dst = vec![0u8; N + 128];
+    // Offsets that put the two 16 bytes apart modulo 64.
+    let s_off = (64 - src.as_ptr() as usize % 64) % 64;
+    let d_off = (64 - dst.as_ptr() as usize % 64) % 64 + 16;
+    let s = &src[s_off..s_off + N];
+    let mut best = [f64::MAX; 2];
+    for _ in 0..16 {
+        for (k, best) in best.iter_mut().enumerate() {
+            let d = &mut dst[d_off..d_off + N];
+            let t0 = Instant::now();
+            for _ in 0..8 {
+                if k == 0 {
+                    d.copy_from_slice(s);
+                } else {
+                    x86::copy(d, s);
+                }
+                std::hint::black_box(&mut *d);
+            }
+            *best = best.min(t0.elapsed().as_secs_f64());
+        }
+    }
+    best[0] <= best[1] * 1.25
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn measure_memcpy() -> bool {
+    true
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -168,10 +292,48 @@ mod tests {
                 );
                 #[cfg(target_arch = "x86_64")]
                 {
+                    // Both loops themselves, whichever copy_bytes chose.
                     let mut dst = vec![0u8; n];
                     x86::copy_sse2(&mut dst, src);
                     assert_eq!(dst, src, "sse2 n={n} s={s_off}");
+                    let mut dst = vec![0u8; n + 64];
+                    x86::copy(&mut dst[d_off..d_off + n], src);
+                    assert_eq!(
+                        &dst[d_off..d_off + n],
+                        src,
+                        "loop n={n} s={s_off} d={d_off}"
+                    );
                 }
+            }
+        }
+    }
+
+    /// The copy into a slot, each way it can be chosen, equals
+    /// `copy_from_slice` at every relative offset and touches nothing else;
+    /// a choice stands until the next one (FERROCCL_COPY, where set, wins).
+    #[test]
+    fn copies_into_shared_memory_equal_copy_from_slice() {
+        let env = shared_copy_from_env();
+        for memcpy in [true, false, true] {
+            choose_shared_copy(memcpy);
+            assert_eq!(memcpy_keeps_pace(), env.unwrap_or(memcpy));
+            copies_into_shared_memory_are_exact();
+        }
+    }
+
+    fn copies_into_shared_memory_are_exact() {
+        for (k, n) in [0, 255, 256, 4097, 65_536 + 37].into_iter().enumerate() {
+            let src_all = pattern(n + 64, 100 + k as u64);
+            for (s_off, d_off) in [(0, 0), (0, 16), (16, 0), (3, 61)] {
+                let src = &src_all[s_off..s_off + n];
+                let mut dst_all = vec![0xA5u8; n + 128];
+                copy_into_shared(&mut dst_all[d_off..d_off + n], src);
+                assert_eq!(&dst_all[d_off..d_off + n], src, "n={n} s={s_off} d={d_off}");
+                assert!(
+                    dst_all[..d_off].iter().all(|&b| b == 0xA5)
+                        && dst_all[d_off + n..].iter().all(|&b| b == 0xA5),
+                    "n={n} s={s_off} d={d_off}: bytes outside the destination changed"
+                );
             }
         }
     }

@@ -39,7 +39,10 @@ use std::time::{Duration, Instant};
 
 pub use abort::{AbortHandle, AbortSignal};
 pub use arrivals::Arrivals;
-pub use copy::{copy_bytes, VECTOR_MIN};
+pub use copy::{
+    choose_shared_copy, copy_bytes, copy_into_shared, memcpy_keeps_pace, shared_copy_from_env,
+    VECTOR_MIN,
+};
 pub use fifo::{Counter, FifoDescriptor, InlinePayload, Mapping, MemoryKind, SlotLayout};
 pub use frame::{Fingerprint, FrameHeader, FrameKind, HEADER_BYTES, MAGIC};
 pub use shared::{SharedMemory, SharedRegion};
@@ -337,7 +340,7 @@ pub fn send_from_via_slot<S: SlotSender + ?Sized>(
         )));
     }
     sender.send_with(header, deadline, &mut |slot| {
-        copy_bytes(&mut slot[..n], bytes);
+        copy_into_shared(&mut slot[..n], bytes);
         n
     })
 }

@@ -339,7 +339,7 @@ impl SlotSender for ShmSender {
             )));
         }
         self.send_with_until(header, deadline, &mut |slot| {
-            ferroccl_transport::copy_bytes(&mut slot[..n], bytes);
+            ferroccl_transport::copy_into_shared(&mut slot[..n], bytes);
             n
         })
     }
