@@ -22,13 +22,24 @@ use crate::plan;
 use crate::reduce::{copy, reduce_into, reduce_to, Store};
 use std::sync::atomic::Ordering;
 
+/// The smallest broadcast whose root copies its input onto its page as
+/// into a slot (see `write_inline`).
+const SHARED_COPY_MIN: usize = 8 << 10;
+
 fn inline_at(turn: u64) -> usize {
     (W_INLINE + (turn % CHECKIN_SLOTS) as usize * INLINE_WORDS) * 8
 }
 
 /// Copy a small input into this rank's announcement slot of check-in
-/// `turn`.
-fn write_inline(ctx: &Ctx<'_>, turn: u64, bytes: &[u8]) -> Result<()> {
+/// `turn`. A broadcast's root of at least [`SHARED_COPY_MIN`] bytes, the
+/// page's one writer, copies as into a slot (`copy_into_shared`: the way
+/// the calibration chose for buffers not aligned like the page): 1.6-1.8x
+/// at 8-16 KiB on 2 ranks of the EPYC VM with memcpy. Where every rank
+/// writes its page (allreduce, allgather, reduce-scatter) the same copy
+/// lost 0.73-0.91x at 4-8 KiB, and below 8 KiB the broadcast gained
+/// nothing (docs/performance-log.md, "The copy into a slot, chosen by the
+/// calibration").
+fn write_inline(ctx: &Ctx<'_>, turn: u64, bytes: &[u8], one_writer: bool) -> Result<()> {
     if bytes.len() <= 8 {
         let mut w = [0u8; 8];
         w[..bytes.len()].copy_from_slice(bytes);
@@ -39,7 +50,13 @@ fn write_inline(ctx: &Ctx<'_>, turn: u64, bytes: &[u8]) -> Result<()> {
     let mut own = lock(&ctx.control.own);
     own.slice_mut(inline_at(turn), bytes.len())
         .map_err(|e| Error::Io(format!("window control page: {e}")))
-        .map(|slot| copy(slot, bytes))?;
+        .map(|slot| {
+            if one_writer && bytes.len() >= SHARED_COPY_MIN {
+                ferroccl_transport::copy_into_shared(slot, bytes);
+            } else {
+                copy(slot, bytes);
+            }
+        })?;
     Ok(())
 }
 
@@ -127,7 +144,13 @@ pub(super) fn run<T: Element>(
         _ => true,
     };
     if publishes {
-        write_inline(ctx, turn, bytemuck::cast_slice(io.input(0, in_len)))?;
+        let one_writer = kind == CollKind::Broadcast;
+        write_inline(
+            ctx,
+            turn,
+            bytemuck::cast_slice(io.input(0, in_len)),
+            one_writer,
+        )?;
     }
     announce(ctx, turn, call, &Place::default(), None)?;
     // A broadcast's receivers read the root's announcement alone, and the
