@@ -43,10 +43,10 @@ fn within<R>(limit: Duration, what: &str, f: impl FnOnce() -> R) -> R {
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let what = what.to_string();
     let watchdog = std::thread::spawn(move || {
-        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit * 2) {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
             // Straight to stderr: the test harness's capture would swallow
             // an eprintln! from this thread when the process ends.
-            let msg = format!("{what} hung for {:?}: ending the test process\n", limit * 2);
+            let msg = format!("{what} hung for {limit:?}: ending the test process\n");
             let _ = std::io::Write::write_all(&mut std::io::stderr(), msg.as_bytes());
             std::process::exit(101);
         }
@@ -266,53 +266,6 @@ fn a_refusal_heard_behind_another_is_not_lost() {
                 }
             }
         });
-    }
-}
-
-/// Rank 1 refuses an all_gather (its output is short) and drops its
-/// communicator at once; ranks 0 and 2 reach the call only after the
-/// refusal and the leaving were both announced. They name rank 1 and what
-/// it refused, not only that it left. (The lost process, as against the
-/// dropped communicator, is `comm::failure`'s unit test.)
-#[test]
-fn a_refuser_that_leaves_at_once_is_named_for_its_refusal() {
-    for transport in TRANSPORTS {
-        let res = run_ranks_with(3, configure(transport, Duration::from_secs(30)), |comm| {
-            let me = comm.rank();
-            valid_all_reduce(&comm, "start");
-            let send = [me as u32; 4];
-            let mut recv = vec![0u32; 12 - usize::from(me == 1)];
-            if me == 1 {
-                let r = comm.all_gather(&send, &mut recv);
-                drop(comm);
-                return r;
-            }
-            std::thread::sleep(Duration::from_millis(500));
-            comm.all_gather(&send, &mut recv)
-        });
-        for (rank, r) in res.into_iter().enumerate() {
-            match (rank, r) {
-                (1, Err(Error::InvalidArgument(_))) => {}
-                (
-                    0 | 2,
-                    Err(Error::PeerFailed {
-                        rank: 1,
-                        during,
-                        reason,
-                    }),
-                ) => {
-                    assert!(
-                        during.starts_with("all_gather #2 ("),
-                        "rank {rank} ({transport:?}): during '{during}'"
-                    );
-                    assert!(
-                        reason.contains("refused") && reason.contains("11 elements"),
-                        "rank {rank} ({transport:?}): reason '{reason}'"
-                    );
-                }
-                (_, other) => panic!("rank {rank} ({transport:?}): got {other:?}"),
-            }
-        }
     }
 }
 
@@ -764,7 +717,7 @@ fn a_mismatch_reaches_every_rank_as_a_mismatch() {
                 // here: refusing the call read the recent calls under the
                 // lock the call was issued under.)
                 let next = within(
-                    timeout,
+                    timeout * 2,
                     &format!("rank {}'s next call", comm.rank()),
                     || comm.barrier(),
                 );

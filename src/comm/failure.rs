@@ -624,15 +624,25 @@ mod tests {
     use crate::config::Config;
     use std::time::Duration;
 
-    /// Rank 1 refuses an all_gather (its output is short) and its process
-    /// goes at once: the rendezvous server's report of the lost connection
-    /// follows the refusal. Ranks 0 and 2 reach the call only after both
-    /// reports arrived. The going is the echo of the refusal: they name
-    /// rank 1 and what it refused, not only that it went (the process test
+    /// Rank 1 refuses an all_gather (its output is short) and leaves at
+    /// once: it drops its communicator, or (`lost`) its process goes and
+    /// the rendezvous server's report of the lost connection follows the
+    /// refusal. Ranks 0 and 2 reach the call only after both reports
+    /// arrived. The going is the echo of the refusal: they name rank 1 and
+    /// what it refused, not only that it went (the process test
     /// `a_refused_argument_ends_the_call_on_every_rank_at_once` saw the
-    /// latter now and then, where a rank came late to its call).
+    /// latter now and then, where a rank came late to its call). Over the
+    /// default transports, the in-process one and emulated RDMA.
     #[test]
-    fn a_refuser_whose_process_goes_is_named_for_its_refusal() {
+    fn a_refuser_that_goes_at_once_is_named_for_its_refusal() {
+        for transport in [None, Some("mem"), Some("ib-emu")] {
+            for lost in [false, true] {
+                refuser_goes(transport, lost);
+            }
+        }
+    }
+
+    fn refuser_goes(transport: Option<&str>, lost: bool) {
         let store = MemoryStore::new();
         let n = 3;
         let results: Vec<Result<()>> = std::thread::scope(|s| {
@@ -642,7 +652,7 @@ mod tests {
                     s.spawn(move || {
                         let mut config =
                             Config::new(rank, n, "127.0.0.1", 0, 0x5e1f).expect("config");
-                        config.transport = Some("mem".into());
+                        config.transport = transport.map(str::to_string);
                         config.calibrate = false;
                         config.timeout = Duration::from_secs(30);
                         let shared: Arc<dyn Store> = store.clone();
@@ -654,11 +664,13 @@ mod tests {
                         let mut recv = vec![0u32; 12 - usize::from(rank == 1)];
                         if rank == 1 {
                             let r = comm.all_gather(&send, &mut recv);
-                            // What the server says of a process that died.
-                            store.report(FailureReport::failed(
-                                1,
-                                "lost its rendezvous connection (process died or was killed)",
-                            ));
+                            if lost {
+                                // What the server says of a process that died.
+                                store.report(FailureReport::failed(
+                                    1,
+                                    "lost its rendezvous connection (process died or was killed)",
+                                ));
+                            }
                             drop(comm);
                             return r;
                         }
@@ -672,6 +684,7 @@ mod tests {
                 .map(|h| h.join().expect("rank"))
                 .collect()
         });
+        let how = format!("{transport:?}, process lost: {lost}");
         for (rank, r) in results.into_iter().enumerate() {
             match (rank, r) {
                 (1, Err(Error::InvalidArgument(_))) => {}
@@ -685,14 +698,14 @@ mod tests {
                 ) => {
                     assert!(
                         during.starts_with("all_gather #1 ("),
-                        "rank {rank}: during '{during}'"
+                        "rank {rank} ({how}): during '{during}'"
                     );
                     assert!(
                         reason.contains("refused") && reason.contains("11 elements"),
-                        "rank {rank}: reason '{reason}'"
+                        "rank {rank} ({how}): reason '{reason}'"
                     );
                 }
-                (_, other) => panic!("rank {rank}: got {other:?}"),
+                (_, other) => panic!("rank {rank} ({how}): got {other:?}"),
             }
         }
     }
