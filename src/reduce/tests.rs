@@ -12,8 +12,8 @@ use super::kernels::{
     reduce_to_at, reduce_to_streams_at,
 };
 use super::{
-    copy_to_both, reduce_into, reduce_into_both, reduce_to, reduce_to_both, reduce_to_output,
-    reduce_to_streams, SimdLevel, Store,
+    reduce_into, reduce_into_both, reduce_into_both_by, reduce_to, reduce_to_both,
+    reduce_to_both_by, reduce_to_output, reduce_to_streams, SimdLevel, Store,
 };
 use crate::element::{DataType, Element, ReduceOp};
 use half::{bf16, f16};
@@ -45,19 +45,23 @@ fn check<T: Element>(values: impl Fn(usize) -> (f64, f64)) {
                 let zeros = || vec![T::from_f64(0.0); len];
                 let mut out = zeros();
                 reduce_to_output(mode, op, &mut out, &a, &b);
-                let (mut both, mut both_copy) = (zeros(), zeros());
-                reduce_to_both(mode, op, &mut both, &mut both_copy, &a, &b);
-                let (mut into_both, mut into_copy) = (a.clone(), zeros());
-                reduce_into_both(mode, op, &mut into_both, &mut into_copy, &b);
-                let (mut copy_a, mut copy_b) = (zeros(), zeros());
-                copy_to_both(mode, &mut copy_a, &mut copy_b, &a);
-                for i in 0..len {
-                    let want = T::from_f64(reference(op, a[i].to_f64(), b[i].to_f64()));
-                    let got = [out[i], both[i], both_copy[i], into_both[i], into_copy[i]];
-                    for got in got {
-                        assert_eq!(got, want, "{mode:?} kernels: {} {op} i={i}", T::DTYPE);
+                for after in [false, true] {
+                    let (mut both, mut both_copy) = (zeros(), zeros());
+                    reduce_to_both_by(after, mode, op, &mut both, &mut both_copy, &a, &b);
+                    let (mut into_both, mut into_copy) = (a.clone(), zeros());
+                    reduce_into_both_by(after, mode, op, &mut into_both, &mut into_copy, &b);
+                    for i in 0..len {
+                        let want = T::from_f64(reference(op, a[i].to_f64(), b[i].to_f64()));
+                        let got = [out[i], both[i], both_copy[i], into_both[i], into_copy[i]];
+                        for got in got {
+                            assert_eq!(
+                                got,
+                                want,
+                                "{mode:?} kernels (slot after: {after}): {} {op} i={i}",
+                                T::DTYPE
+                            );
+                        }
                     }
-                    assert_eq!((copy_a[i], copy_b[i]), (a[i], a[i]), "copy_to_both i={i}");
                 }
             }
         }
