@@ -423,7 +423,7 @@ impl Communicator {
         ferroccl_transport::choose_shared_copy(memcpy);
         tracing::info!(
             rank = self.inner.rank,
-            "copy into a slot: {} (a 128 KiB broadcast from a buffer not aligned like the \
+            "copy into and out of a slot: {} (a 128 KiB broadcast from a buffer not aligned like the \
              slot: memcpy {:.1} us, loop {:.1} us)",
             if memcpy { "memcpy" } else { "loop" },
             agreed[0],

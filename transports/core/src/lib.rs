@@ -40,8 +40,8 @@ use std::time::{Duration, Instant};
 pub use abort::{AbortHandle, AbortSignal};
 pub use arrivals::Arrivals;
 pub use copy::{
-    choose_shared_copy, copy_bytes, copy_into_shared, memcpy_keeps_pace, shared_copy_from_env,
-    VECTOR_MIN,
+    choose_shared_copy, copy_bytes, copy_from_shared, copy_into_shared, memcpy_keeps_pace,
+    shared_copy_from_env, VECTOR_MIN,
 };
 pub use fifo::{Counter, FifoDescriptor, InlinePayload, Mapping, MemoryKind, SlotLayout};
 pub use frame::{Fingerprint, FrameHeader, FrameKind, HEADER_BYTES, MAGIC};
@@ -447,7 +447,77 @@ pub fn deliver_into(
     Ok(())
 }
 
+/// [`deliver_into`] for a frame in shared memory another process wrote (a
+/// shared-memory slot): the payload copied by [`copy_from_shared`].
+pub fn deliver_from_shared(
+    peer: usize,
+    header: &FrameHeader,
+    bytes: &[u8],
+    check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
+    dst: &mut [u8],
+) -> Result<(), TransportError> {
+    if bytes.len() != dst.len() {
+        // The same checks and error as `deliver_into`, no byte copied.
+        return deliver_into(peer, header, bytes, check, dst);
+    }
+    check(header)?;
+    copy_from_shared(dst, bytes);
+    Ok(())
+}
+
 /// Milliseconds between `start` and now, for error messages.
 pub fn elapsed_ms(start: Instant) -> u64 {
     u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod deliver_tests {
+    use super::*;
+
+    fn header() -> FrameHeader {
+        FrameHeader::data(Fingerprint::default(), 3)
+    }
+
+    /// Both ways of delivering a frame copy it exactly, refuse a frame of
+    /// the wrong length naming the peer without writing a byte, and pass
+    /// on the check's refusal.
+    #[test]
+    fn deliveries_copy_exactly_and_refuse_alike() {
+        let ways: [(&str, Deliver); 2] =
+            [("into", deliver_into), ("from shared", deliver_from_shared)];
+        for (way, deliver) in ways {
+            let src: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 1) as u8).collect();
+            let mut dst = vec![0u8; 5000];
+            deliver(4, &header(), &src[3..], &mut |_| Ok(()), &mut dst[..4997]).unwrap();
+            assert_eq!(&dst[..4997], &src[3..], "{way}");
+
+            let mut dst = vec![0xA5u8; 4000];
+            let err = deliver(4, &header(), &src, &mut |_| Ok(()), &mut dst).unwrap_err();
+            assert!(
+                matches!(&err, TransportError::Protocol { peer: 4, detail }
+                    if detail == "frame of 5000 bytes where 4000 were expected"),
+                "{way}: {err:?}"
+            );
+            assert!(dst.iter().all(|&b| b == 0xA5), "{way}: wrote on a refusal");
+
+            let err = deliver(
+                4,
+                &header(),
+                &src,
+                &mut |_| Err(TransportError::Aborted),
+                &mut dst,
+            )
+            .unwrap_err();
+            assert!(matches!(err, TransportError::Aborted), "{way}: {err:?}");
+            assert!(dst.iter().all(|&b| b == 0xA5), "{way}: wrote on a refusal");
+        }
+    }
+
+    type Deliver = fn(
+        usize,
+        &FrameHeader,
+        &[u8],
+        &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
+        &mut [u8],
+    ) -> Result<(), TransportError>;
 }
