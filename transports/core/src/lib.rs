@@ -432,19 +432,7 @@ pub fn deliver_into(
     check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
     dst: &mut [u8],
 ) -> Result<(), TransportError> {
-    check(header)?;
-    if bytes.len() != dst.len() {
-        return Err(TransportError::Protocol {
-            peer,
-            detail: format!(
-                "frame of {} bytes where {} were expected",
-                bytes.len(),
-                dst.len()
-            ),
-        });
-    }
-    copy_bytes(dst, bytes);
-    Ok(())
+    deliver((peer, header, bytes), check, dst, copy_bytes)
 }
 
 /// [`deliver_into`] for a frame in shared memory another process wrote (a
@@ -456,12 +444,28 @@ pub fn deliver_from_shared(
     check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
     dst: &mut [u8],
 ) -> Result<(), TransportError> {
-    if bytes.len() != dst.len() {
-        // The same checks and error as `deliver_into`, no byte copied.
-        return deliver_into(peer, header, bytes, check, dst);
-    }
+    deliver((peer, header, bytes), check, dst, copy_from_shared)
+}
+
+/// [`deliver_into`] with the payload copied by `copy`.
+fn deliver(
+    (peer, header, bytes): (usize, &FrameHeader, &[u8]),
+    check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
+    dst: &mut [u8],
+    copy: fn(&mut [u8], &[u8]),
+) -> Result<(), TransportError> {
     check(header)?;
-    copy_from_shared(dst, bytes);
+    if bytes.len() != dst.len() {
+        return Err(TransportError::Protocol {
+            peer,
+            detail: format!(
+                "frame of {} bytes where {} were expected",
+                bytes.len(),
+                dst.len()
+            ),
+        });
+    }
+    copy(dst, bytes);
     Ok(())
 }
 
