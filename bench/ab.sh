@@ -17,6 +17,12 @@
 #   AB_STATE=CMD                              run before every turn, its line
 #                                             printed (the machine's state, e.g.
 #                                             bench/bound/pingpong.c built)
+#   AB_FAST_NS=N                              with AB_STATE printing "round trip
+#                                             R ns": wait (up to 10 min) until
+#                                             R < N before every turn, and take a
+#                                             turn again (up to 5 times) when R
+#                                             >= N after it: every turn in one
+#                                             state of a machine that flips
 # Prints one table per case (bench/ab_summary.py) and keeps the CSVs.
 set -euo pipefail
 a=${1:?usage: bench/ab.sh A_PERF B_PERF [OUT_DIR]}
@@ -29,6 +35,13 @@ RANKS=${RANKS:-2 4}
 TRANSPORTS=${TRANSPORTS:-default tcp}
 MINB=${MINB:-8} MAXB=${MAXB:-268435456} FACTOR=${FACTOR:-2}
 ITERS=${ITERS:-10} WARMUP=${WARMUP:-3} TURNS=${TURNS:-2}
+# The machine's cross-core round trip in ns, from AB_STATE's line (a
+# large number where it prints none, so that a wait ends by its limit).
+round_trip() {
+  local line
+  line=$($AB_STATE 2>&1 | head -1)
+  [[ $line =~ round\ trip\ ([0-9]+)\ ns ]] && echo "${BASH_REMATCH[1]}" || echo 999999
+}
 turns=()
 for ((i = 1; i <= TURNS; i++)); do turns+=("a$i" "b$i"); done
 REGISTER=${REGISTER:-0}
@@ -42,12 +55,24 @@ for t in $TRANSPORTS; do
       for turn in "${turns[@]}"; do
         exe=$a
         [[ $turn == b* ]] && exe=$b
-        [[ -n ${AB_STATE:-} ]] && echo "## $case_name $turn: $($AB_STATE 2>&1 | head -1)"
         env_t=()
         [[ $t != default ]] && env_t=(FERROCCL_TRANSPORT="$t")
-        env "${env_t[@]}" "$exe" "$op" --ranks "$n" -b "$MINB" -e "$MAXB" -f "$FACTOR" \
-          -n "$ITERS" -w "$WARMUP" -c 0 -R "$REGISTER" \
-          --csv "$out/$case_name-$turn.csv" > "$out/$case_name-$turn.txt"
+        for ((try = 1; try <= 5; try++)); do
+          if [[ -n ${AB_FAST_NS:-} ]]; then
+            for ((w = 0; w < 120; w++)); do
+              (($(round_trip) < AB_FAST_NS)) && break
+              sleep 5
+            done
+          fi
+          [[ -n ${AB_STATE:-} ]] && echo "## $case_name $turn: $($AB_STATE 2>&1 | head -1)"
+          env "${env_t[@]}" "$exe" "$op" --ranks "$n" -b "$MINB" -e "$MAXB" -f "$FACTOR" \
+            -n "$ITERS" -w "$WARMUP" -c 0 -R "$REGISTER" \
+            --csv "$out/$case_name-$turn.csv" > "$out/$case_name-$turn.txt"
+          [[ -z ${AB_FAST_NS:-} ]] && break
+          after=$(round_trip)
+          ((after < AB_FAST_NS)) && break
+          echo "## $case_name $turn: taken again, the state after it: $after ns"
+        done
       done
       python3 "$here/ab_summary.py" "$out" "$case_name" "$TURNS"
     done
