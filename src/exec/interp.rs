@@ -20,6 +20,15 @@ use crate::reduce::{reduce_to, store, Store};
 use ferroccl_transport::{Deadline, FrameHeader, TransportError};
 use std::borrow::Cow;
 
+/// The largest output (bytes) a receive copies out of a slot by
+/// `copy_from_shared` (`memcpy` where the calibration chose it for the
+/// copy into a slot). On the EPYC VM, fast state, against the loop of
+/// `copy_bytes`: the 2-rank broadcast 1.09-1.21x from 64 KiB to 4 MiB, but
+/// 0.43x at 8 MiB and 0.53x at 32 MiB, where the output's lines are not in
+/// cache (docs/performance-log.md, "A slot written by the transport's
+/// copy").
+const FROM_SHARED_MAX: usize = 4 << 20;
+
 /// Write `len` elements computed by `make` into a slot. Slots are 8-byte
 /// aligned by every transport; the fallback keeps a misaligned slot correct
 /// rather than panicking.
@@ -119,15 +128,31 @@ fn run_step<T: Element>(
             let (receiver, _) =
                 links.receiver_and_sender(step.channel, step.recv_from, NO_PEER, call)?;
             let mut found: Option<Error> = None;
-            if mode == Store::Streaming && receiver.recv_into_copies() {
-                // Out of the slot with streaming stores.
+            // Out of the slot with streaming stores, or, into an output
+            // small enough to stay in cache, the way the calibration chose
+            // for the copy into a slot (`copy_from_shared`); else by
+            // `recv_into`'s copy.
+            let own_copy = match mode {
+                Store::Streaming => true,
+                Store::Cached => {
+                    io.output_len() * std::mem::size_of::<T>() <= FROM_SHARED_MAX
+                        && ferroccl_transport::memcpy_keeps_pace()
+                }
+            };
+            if own_copy && receiver.recv_into_copies() {
                 let out = io.output(step.output, len);
                 let result =
                     receiver.recv_with_until(
                         deadline(call),
                         &mut |h, bytes| match accept_frame::<T>(call, step, h, bytes) {
                             Ok(data) => {
-                                store(mode, out, &data);
+                                match mode {
+                                    Store::Streaming => store(mode, out, &data),
+                                    Store::Cached => ferroccl_transport::copy_from_shared(
+                                        bytemuck::cast_slice_mut(out),
+                                        bytemuck::cast_slice(&data),
+                                    ),
+                                }
                                 Ok(())
                             }
                             Err(e) => {

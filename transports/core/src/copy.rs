@@ -76,11 +76,11 @@ pub fn copy_into_shared(dst: &mut [u8], src: &[u8]) {
 
 /// [`copy_bytes`] for a copy out of memory another process wrote (a slot
 /// of a shared-memory connection, on its receiving side): the same way as
-/// [`copy_into_shared`], and chosen by the same calibration, which times a
-/// broadcast through slots and so both copies. With `memcpy` on the EPYC
-/// VM in the fast state, against the loop, one build in turns (three
-/// each): the 2-rank broadcast 1.10-1.23x from 16 KiB to 2 MiB, the
-/// allgather 1.05-1.17x at 512 KiB-1 MiB, level elsewhere and on 4 ranks
+/// [`copy_into_shared`], chosen by the same calibration, which times a
+/// broadcast through slots and so both copies. The executor takes it for
+/// outputs that stay in cache: with `memcpy` on the EPYC VM in the fast
+/// state the 2-rank broadcast was 1.09-1.21x the loop from 64 KiB to
+/// 4 MiB, but 0.43x at 8 MiB, where the output's lines are cold
 /// (docs/performance-log.md, "A slot written by the transport's copy").
 #[inline]
 pub fn copy_from_shared(dst: &mut [u8], src: &[u8]) {

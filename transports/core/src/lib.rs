@@ -432,28 +432,6 @@ pub fn deliver_into(
     check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
     dst: &mut [u8],
 ) -> Result<(), TransportError> {
-    deliver((peer, header, bytes), check, dst, copy_bytes)
-}
-
-/// [`deliver_into`] for a frame in shared memory another process wrote (a
-/// shared-memory slot): the payload copied by [`copy_from_shared`].
-pub fn deliver_from_shared(
-    peer: usize,
-    header: &FrameHeader,
-    bytes: &[u8],
-    check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
-    dst: &mut [u8],
-) -> Result<(), TransportError> {
-    deliver((peer, header, bytes), check, dst, copy_from_shared)
-}
-
-/// [`deliver_into`] with the payload copied by `copy`.
-fn deliver(
-    (peer, header, bytes): (usize, &FrameHeader, &[u8]),
-    check: &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
-    dst: &mut [u8],
-    copy: fn(&mut [u8], &[u8]),
-) -> Result<(), TransportError> {
     check(header)?;
     if bytes.len() != dst.len() {
         return Err(TransportError::Protocol {
@@ -465,7 +443,7 @@ fn deliver(
             ),
         });
     }
-    copy(dst, bytes);
+    copy_bytes(dst, bytes);
     Ok(())
 }
 
@@ -482,46 +460,28 @@ mod deliver_tests {
         FrameHeader::data(Fingerprint::default(), 3)
     }
 
-    /// Both ways of delivering a frame copy it exactly, refuse a frame of
-    /// the wrong length naming the peer without writing a byte, and pass
-    /// on the check's refusal.
+    /// A delivery copies a frame exactly, refuses a frame of the wrong
+    /// length naming the peer without writing a byte, and passes on the
+    /// check's refusal.
     #[test]
     fn deliveries_copy_exactly_and_refuse_alike() {
-        let ways: [(&str, Deliver); 2] =
-            [("into", deliver_into), ("from shared", deliver_from_shared)];
-        for (way, deliver) in ways {
-            let src: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 1) as u8).collect();
-            let mut dst = vec![0u8; 5000];
-            deliver(4, &header(), &src[3..], &mut |_| Ok(()), &mut dst[..4997]).unwrap();
-            assert_eq!(&dst[..4997], &src[3..], "{way}");
+        let src: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 1) as u8).collect();
+        let mut dst = vec![0u8; 5000];
+        deliver_into(4, &header(), &src[3..], &mut |_| Ok(()), &mut dst[..4997]).unwrap();
+        assert_eq!(&dst[..4997], &src[3..]);
 
-            let mut dst = vec![0xA5u8; 4000];
-            let err = deliver(4, &header(), &src, &mut |_| Ok(()), &mut dst).unwrap_err();
-            assert!(
-                matches!(&err, TransportError::Protocol { peer: 4, detail }
-                    if detail == "frame of 5000 bytes where 4000 were expected"),
-                "{way}: {err:?}"
-            );
-            assert!(dst.iter().all(|&b| b == 0xA5), "{way}: wrote on a refusal");
+        let mut dst = vec![0xA5u8; 4000];
+        let err = deliver_into(4, &header(), &src, &mut |_| Ok(()), &mut dst).unwrap_err();
+        assert!(
+            matches!(&err, TransportError::Protocol { peer: 4, detail }
+                if detail == "frame of 5000 bytes where 4000 were expected"),
+            "{err:?}"
+        );
+        assert!(dst.iter().all(|&b| b == 0xA5), "wrote on a refusal");
 
-            let err = deliver(
-                4,
-                &header(),
-                &src,
-                &mut |_| Err(TransportError::Aborted),
-                &mut dst,
-            )
-            .unwrap_err();
-            assert!(matches!(err, TransportError::Aborted), "{way}: {err:?}");
-            assert!(dst.iter().all(|&b| b == 0xA5), "{way}: wrote on a refusal");
-        }
+        let refuse = &mut |_: &FrameHeader| Err(TransportError::Aborted);
+        let err = deliver_into(4, &header(), &src, refuse, &mut dst).unwrap_err();
+        assert!(matches!(err, TransportError::Aborted), "{err:?}");
+        assert!(dst.iter().all(|&b| b == 0xA5), "wrote on a refusal");
     }
-
-    type Deliver = fn(
-        usize,
-        &FrameHeader,
-        &[u8],
-        &mut dyn FnMut(&FrameHeader) -> Result<(), TransportError>,
-        &mut [u8],
-    ) -> Result<(), TransportError>;
 }

@@ -465,7 +465,7 @@ impl SlotReceiver for ShmReceiver {
     ) -> Result<(), TransportError> {
         let peer = self.link.peer;
         self.take_next(deadline, &mut |header, bytes| {
-            ferroccl_transport::deliver_from_shared(peer, header, bytes, check, dst)
+            ferroccl_transport::deliver_into(peer, header, bytes, check, dst)
         })
     }
 }
