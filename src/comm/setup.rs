@@ -370,15 +370,16 @@ impl Communicator {
         splits.push(Arc::downgrade(&child.inner));
         Ok(Some(child))
     }
-    /// Choose how a sender copies into a shared-memory slot from a buffer
-    /// not aligned like the slot: time a 128 KiB broadcast from rank 0
-    /// (its root's copy is the one chosen) from such a buffer with each
-    /// way, in turns, and keep `memcpy` unless the loop is clearly faster
-    /// by every rank's slowest time (`agree`: an allreduce of MAX). Only
-    /// where every rank is on this host and the transport is shared
-    /// memory, and FERROCCL_COPY did not choose. Which copy wins depends on where the ranks run: on the AMD
-    /// EPYC VM of 2026-11-30 the loop was 1.7-1.8x faster while its two
-    /// CPUs shared a cache and `memcpy` 3-4.5x faster when they did not
+    /// Choose how a buffer not aligned like a shared-memory slot is copied
+    /// into the slot and out of it: time a 128 KiB broadcast from rank 0
+    /// (its root copies into slots, the others out of them) from such a
+    /// buffer with each way, in turns, and keep `memcpy` unless the loop
+    /// is clearly faster by every rank's slowest time (`agree`: an
+    /// allreduce of MAX). Only where every rank is on this host and the
+    /// transport is shared memory, and FERROCCL_COPY did not choose. Which
+    /// copy wins depends on where the ranks run: on the AMD EPYC VM of
+    /// 2026-11-30 the loop was 1.7-1.8x faster while its two CPUs shared a
+    /// cache and `memcpy` 3-4.5x faster when they did not
     /// (docs/performance-log.md, "The copy into a slot").
     fn calibrate_shared_copy(
         &self,

@@ -132,13 +132,8 @@ fn run_step<T: Element>(
             // small enough to stay in cache, the way the calibration chose
             // for the copy into a slot (`copy_from_shared`); else by
             // `recv_into`'s copy.
-            let own_copy = match mode {
-                Store::Streaming => true,
-                Store::Cached => {
-                    io.output_len() * std::mem::size_of::<T>() <= FROM_SHARED_MAX
-                        && ferroccl_transport::memcpy_keeps_pace()
-                }
-            };
+            let own_copy = mode == Store::Streaming
+                || io.output_len() * std::mem::size_of::<T>() <= FROM_SHARED_MAX;
             if own_copy && receiver.recv_into_copies() {
                 let out = io.output(step.output, len);
                 let result =
