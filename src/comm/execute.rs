@@ -75,7 +75,13 @@ impl Communicator {
             std::mem::size_of::<T>(),
             self.inner.control.get().is_some(),
         );
-        if let Some((_, plan)) = lock(&self.inner.plans).iter().find(|(k, _)| *k == key) {
+        // Newest first: a loop repeats its last call, and the library's
+        // own set-up calls sit at the front.
+        if let Some((_, plan)) = lock(&self.inner.plans)
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == key)
+        {
             return Ok(Planned::Cached(plan.clone()));
         }
         let plan = match self.build_plan::<T>(call) {
@@ -116,7 +122,7 @@ impl Communicator {
 
     fn build_plan<T: Element>(&self, call: &CollCall) -> Result<Plan> {
         let inner = &self.inner;
-        inner.build_plan_chunked::<T>(call, inner.config.chunk_bytes())
+        inner.build_plan_chunked::<T>(call, inner.chunk_bytes)
     }
 }
 
@@ -306,7 +312,7 @@ impl Inner {
             user: !self.user.is_empty()
                 && coll::user_collective(kind).is_some_and(|c| self.user.get(c).is_some()),
             nt_store_bytes: self.config.nt_store_bytes,
-            chunk_bytes: self.config.chunk_bytes(),
+            chunk_bytes: self.chunk_bytes,
             cma_min_bytes: self.cma_min_bytes.load(Ordering::Relaxed),
         }
     }
@@ -527,7 +533,7 @@ impl Inner {
                     coll.kind,
                     bytes,
                     self.size,
-                    &self.algorithm_name(&coll, bytes, self.config.chunk_bytes()),
+                    &self.algorithm_name(&coll, bytes, self.chunk_bytes),
                     &staged_why
                 )
             );

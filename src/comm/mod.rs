@@ -83,6 +83,9 @@ struct Inner {
     global_ranks: Vec<usize>,
     comm_id: u64,
     config: Config,
+    /// `config.chunk_bytes()`, worked out once: every call's route
+    /// reads it, and it divides.
+    chunk_bytes: usize,
     rendezvous: Arc<Rendezvous>,
     links: Mutex<Links>,
     turns: Turns,

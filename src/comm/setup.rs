@@ -256,6 +256,7 @@ impl Communicator {
             size,
             global_ranks,
             comm_id,
+            chunk_bytes: config.chunk_bytes(),
             config,
             rendezvous,
             links: Mutex::new(links),
@@ -458,7 +459,7 @@ impl Communicator {
                 (inner.rank, inner.size),
                 n,
                 std::mem::size_of::<f32>(),
-                inner.config.chunk_bytes(),
+                inner.chunk_bytes,
             );
             let plan = coll::plan(&call, geometry, Algorithm::Ring)?;
             self.run_blocking(self.spec::<f32>(&call), &plan, Io::in_place(buf, 0, 0))

@@ -123,7 +123,7 @@ pub(super) const W_DONE: usize = 8;
 /// (`publish_finished`); in a cache line of its own.
 const W_FINISHED: usize = 16;
 const W_ENTRY: usize = 64;
-const ENTRY_WORDS: usize = 16;
+pub(super) const ENTRY_WORDS: usize = 16;
 /// Announcement slots of a page: check-in `t` takes slot `t % CHECKIN_SLOTS`.
 /// A rank that leaves a check-in before its peers come (a broadcast's
 /// root, a reduce's senders: `exec::inline`) may run that many check-ins
@@ -158,6 +158,10 @@ pub(super) const INLINE_WORDS: usize = INLINE_CAPACITY / 8;
 const _: () = assert!(
     W_INLINE * 8 + CHECKIN_SLOTS as usize * INLINE_CAPACITY <= crate::window::CONTROL_BYTES
 );
+
+/// A wait for a peer's announcement looks at its notes too once in this
+/// many rounds (`wait_said`).
+const FULL_LOOK: u32 = 16;
 
 /// Spins of a check-in wait before it yields, when every rank has a core
 /// (the rest of the rhythm is the transport core's `Waiter`).
@@ -224,6 +228,21 @@ pub(super) fn entry(turn: u64) -> usize {
     W_ENTRY + (turn % CHECKIN_SLOTS) as usize * ENTRY_WORDS
 }
 
+/// The words of check-in `turn`'s announcement slot on a page, as one
+/// array: a small call reads and writes several of them, each then
+/// without a check of its own.
+#[inline]
+pub(super) fn entry_words(page: &[AtomicU64], turn: u64) -> Result<&[AtomicU64; ENTRY_WORDS]> {
+    let e = entry(turn);
+    match page
+        .get(e..e + ENTRY_WORDS)
+        .map(<&[AtomicU64; ENTRY_WORDS]>::try_from)
+    {
+        Some(Ok(words)) => Ok(words),
+        _ => Err(outside(e + ENTRY_WORDS - 1, page.len())),
+    }
+}
+
 /// The note of the call at `order` on a page.
 fn note(order: u64) -> usize {
     W_NOTES + (order % 2) as usize * NOTE_WORDS
@@ -258,8 +277,7 @@ pub(super) fn announce(
     place: &Place,
     in_addr: Option<u64>,
 ) -> Result<()> {
-    let page = ctx.control.pages.words(ctx.rank);
-    let e = entry(turn);
+    let words = entry_words(ctx.control.pages.words(ctx.rank), turn)?;
     let fp = &call.fingerprint;
     for (field, value) in [
         (E_FP, pack(fp)),
@@ -270,14 +288,14 @@ pub(super) fn announce(
         (E_OUT_WIN, place.out_win),
         (E_OUT_OFF, place.out_off),
     ] {
-        word(page, e + field)?.store(value, Ordering::Relaxed);
+        words[field].store(value, Ordering::Relaxed);
     }
     if let Some(addr) = in_addr {
-        word(page, e + E_IN_ADDR)?.store(addr, Ordering::Relaxed);
+        words[E_IN_ADDR].store(addr, Ordering::Relaxed);
     }
     // Release: a peer that sees the position sees the fields, and (in
     // place) this rank's input as the caller left it.
-    word(page, e + E_SEQ)?.store(call.order, Ordering::Release);
+    words[E_SEQ].store(call.order, Ordering::Release);
     Ok(())
 }
 
@@ -314,7 +332,22 @@ fn wait_said(
     what: &'static str,
 ) -> Result<Fingerprint> {
     let mut heard = None;
+    // Where the check-in is known, most rounds look at its position
+    // alone (one word: the round after the peer's store ends sooner); the
+    // notes of a peer that runs the call through slots instead (a
+    // mismatch) are looked at every `FULL_LOOK` rounds, the first included.
+    let position = match turn {
+        Some(t) => Some(&entry_words(page, t)?[E_SEQ]),
+        None => None,
+    };
+    let mut round = 0u32;
     wait(ctx, peer, deadline, call, what, || {
+        round = round.wrapping_add(1);
+        if let Some(at) = position {
+            if round % FULL_LOOK != 1 && at.load(Ordering::Acquire) < call.order {
+                return false;
+            }
+        }
         match said_at_or_after(page, turn, call.order) {
             Ok(None) => false,
             other => {
@@ -382,11 +415,11 @@ pub(super) fn read_announcement(
     call: &Call,
 ) -> Result<Place> {
     let page = ctx.control.pages.words(peer);
-    let e = entry(turn);
-    let read = |at: usize| word(page, at).map(|w| w.load(Ordering::Relaxed));
+    let words = entry_words(page, turn)?;
+    let read = |at: usize| words[at].load(Ordering::Relaxed);
     // The peer is there already (the common case): its announcement.
-    let heard = if word(page, e + E_SEQ)?.load(Ordering::Acquire) == call.order {
-        unpack(read(e + E_NUM)?, read(e + E_FP)?, read(e + E_COUNT)?)
+    let heard = if words[E_SEQ].load(Ordering::Acquire) == call.order {
+        unpack(read(E_NUM), read(E_FP), read(E_COUNT))
     } else {
         wait_said(
             ctx,
@@ -399,10 +432,10 @@ pub(super) fn read_announcement(
     };
     verify::same_call(peer, &call.fingerprint, &heard)?;
     Ok(Place {
-        in_win: read(e + E_IN_WIN)?,
-        in_off: read(e + E_IN_OFF)?,
-        out_win: read(e + E_OUT_WIN)?,
-        out_off: read(e + E_OUT_OFF)?,
+        in_win: read(E_IN_WIN),
+        in_off: read(E_IN_OFF),
+        out_win: read(E_OUT_WIN),
+        out_off: read(E_OUT_OFF),
     })
 }
 

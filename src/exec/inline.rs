@@ -9,7 +9,7 @@
 //! completion wait: one exchange in all; a barrier is the check-in alone.
 
 use super::checkin::{
-    all_read, announce, entry, left_early, lock, read_announcement, word, Ctx, Deadline, Place,
+    all_read, announce, entry_words, left_early, lock, read_announcement, Ctx, Deadline, Place,
     CHECKIN_SLOTS, E_SMALL, INLINE_WORDS, W_INLINE,
 };
 use super::io::HostIo;
@@ -43,8 +43,8 @@ fn write_inline(ctx: &Ctx<'_>, turn: u64, bytes: &[u8], one_writer: bool) -> Res
     if bytes.len() <= 8 {
         let mut w = [0u8; 8];
         w[..bytes.len()].copy_from_slice(bytes);
-        let page = ctx.control.pages.words(ctx.rank);
-        word(page, entry(turn) + E_SMALL)?.store(u64::from_ne_bytes(w), Ordering::Relaxed);
+        let words = entry_words(ctx.control.pages.words(ctx.rank), turn)?;
+        words[E_SMALL].store(u64::from_ne_bytes(w), Ordering::Relaxed);
         return Ok(());
     }
     let mut own = lock(&ctx.control.own);
@@ -73,7 +73,7 @@ fn peer_inline<'x, T: Element>(
 ) -> Result<&'x [T]> {
     let elem = std::mem::size_of::<T>();
     if total * elem <= 8 {
-        small[0] = word(ctx.control.pages.words(j), entry(turn) + E_SMALL)?.load(Ordering::Relaxed);
+        small[0] = entry_words(ctx.control.pages.words(j), turn)?[E_SMALL].load(Ordering::Relaxed);
         let all: &[T] = bytemuck::cast_slice(&small[..]);
         return all
             .get(off..off + len)
