@@ -225,6 +225,45 @@ fn a_root_that_left_early_finds_the_mismatch_in_its_next_call() {
     assert_mismatch(&results[1], 1, 0);
 }
 
+/// A root that left several small broadcasts early compares them with
+/// its receiver's in one batch (word for word where they agree: the unit
+/// test of `same_entry`); one that differs in its count alone, in the
+/// middle of the batch, fails the receiver's call and then the root's
+/// next, named with the root's own number and count (calls #3 to #8
+/// here: two agreed ones came first), and the calls before it delivered
+/// their data.
+#[test]
+fn a_count_that_differs_in_the_middle_of_a_batch_is_found() {
+    let results = differing_calls(
+        |comm| {
+            for i in 0..6 {
+                comm.broadcast(&mut [i as f32; 4], 0)
+                    .expect("the root leaves a small broadcast once its data is out");
+            }
+            let next = comm.all_reduce_in_place(&mut vec![1f32; 100_000], ReduceOp::Sum);
+            match &next {
+                Err(Error::Mismatch { local, remote, .. }) => {
+                    assert!(local.starts_with("broadcast #6 "), "{next:?}");
+                    assert!(local.contains("4 elements"), "{next:?}");
+                    assert!(remote.contains("3 elements"), "{next:?}");
+                }
+                other => panic!("rank 0: expected a mismatch, got {other:?}"),
+            }
+            next
+        },
+        |comm| {
+            for i in 0..3 {
+                let mut got = [0f32; 4];
+                comm.broadcast(&mut got, 0)?;
+                assert_eq!(got, [i as f32; 4], "broadcast {i}");
+            }
+            comm.broadcast(&mut [0f32; 3], 0)
+        },
+    );
+    assert_mismatch(&results[0], 0, 1);
+    assert_mismatch(&results[1], 1, 0);
+}
+
 /// A small broadcast's root and a small reduce's senders run ahead of
 /// ranks that have not come yet (several calls: the page's announcement
 /// slots), and every call still delivers its own data: receivers that

@@ -278,7 +278,19 @@ pub(super) fn announce(
     in_addr: Option<u64>,
 ) -> Result<()> {
     let words = entry_words(ctx.control.pages.words(ctx.rank), turn)?;
-    let fp = &call.fingerprint;
+    fill_entry(words, call.order, &call.fingerprint, place, in_addr);
+    Ok(())
+}
+
+/// Write an announcement into its slot's words: the fields, then (last,
+/// Release) the position.
+fn fill_entry(
+    words: &[AtomicU64; ENTRY_WORDS],
+    order: u64,
+    fp: &Fingerprint,
+    place: &Place,
+    in_addr: Option<u64>,
+) {
     for (field, value) in [
         (E_FP, pack(fp)),
         (E_COUNT, fp.count),
@@ -295,8 +307,7 @@ pub(super) fn announce(
     }
     // Release: a peer that sees the position sees the fields, and (in
     // place) this rank's input as the caller left it.
-    words[E_SEQ].store(call.order, Ordering::Release);
-    Ok(())
+    words[E_SEQ].store(order, Ordering::Release);
 }
 
 /// What `peer` has said on its page about its call at position `order` or
@@ -608,7 +619,8 @@ pub(crate) fn confirm_left(
         if turn >= next {
             break Ok(());
         }
-        if mask & bit(turn) == 0 {
+        if mask & bit(turn) == 0 || readers_agree(ctx, turn) {
+            mask &= !bit(turn);
             turn += 1;
             continue;
         }
@@ -648,6 +660,42 @@ pub(crate) fn confirm_left(
     c.oldest_unconfirmed.store(oldest, Ordering::Relaxed);
     publish_finished(ctx);
     result
+}
+
+/// Whether every rank that reads this rank's announcement of check-in
+/// `turn` (one it left early) has announced the same call there: the same
+/// position, collective, type, operator, root, count and number, word for
+/// word (what `verify::same_call` compares). The common case of
+/// `confirm_left`, told without rebuilding the call; anything else
+/// (a reader not there yet, a mismatch) goes the long way, which waits
+/// and names the difference.
+fn readers_agree(ctx: &Ctx<'_>, turn: u64) -> bool {
+    let pages = &ctx.control.pages;
+    let Ok(own) = entry_words(pages.words(ctx.rank), turn) else {
+        return false;
+    };
+    let fp = unpack(0, own[E_FP].load(Ordering::Relaxed), 0);
+    let kind = if fp.coll == CollKind::Broadcast.code() {
+        CollKind::Broadcast
+    } else {
+        CollKind::Reduce
+    };
+    let early = ctx.control.early_return;
+    (0..ctx.size)
+        .filter(|&p| {
+            p != ctx.rank && plan::reads_inline(kind, p, ctx.rank, fp.root as usize, early)
+        })
+        .all(|p| entry_words(pages.words(p), turn).is_ok_and(|w| same_entry(own, w)))
+}
+
+/// Whether announcement `theirs` is of the call at the position of `own`
+/// (this rank's, which stays as it is while it is compared), word for word.
+fn same_entry(own: &[AtomicU64; ENTRY_WORDS], theirs: &[AtomicU64; ENTRY_WORDS]) -> bool {
+    let said = |w: &[AtomicU64; ENTRY_WORDS], at: usize| w[at].load(Ordering::Relaxed);
+    // Acquire: the fields read after it are the ones stored with it.
+    theirs[E_SEQ].load(Ordering::Acquire) == said(own, E_SEQ)
+        && [E_FP, E_COUNT, E_NUM].map(|at| said(theirs, at))
+            == [E_FP, E_COUNT, E_NUM].map(|at| said(own, at))
 }
 
 /// The call this rank announced at check-in `turn` (a broadcast or reduce
@@ -873,5 +921,59 @@ mod tests {
             looked.store(k, Ordering::Release);
         }
         writer.join().unwrap();
+    }
+
+    /// Two announcements are the same word for word exactly when they
+    /// are at the same position and `verify::same_call` finds their
+    /// calls the same: each field of the fingerprint, and the position,
+    /// changed alone, makes them differ.
+    #[test]
+    fn announcements_agree_word_for_word_exactly_when_the_calls_do() {
+        let entry = || -> [AtomicU64; ENTRY_WORDS] { std::array::from_fn(|_| AtomicU64::new(0)) };
+        let base = Fingerprint {
+            seq: 41,
+            coll: CollKind::Broadcast.code(),
+            dtype: 3,
+            op: 0,
+            count: 1000,
+            root: 1,
+        };
+        let variants: [(&str, u64, Fingerprint); 8] = [
+            ("the same call", 17, base),
+            ("another position", 18, base),
+            ("another number", 17, Fingerprint { seq: 42, ..base }),
+            (
+                "another collective",
+                17,
+                Fingerprint {
+                    coll: CollKind::Reduce.code(),
+                    ..base
+                },
+            ),
+            ("another type", 17, Fingerprint { dtype: 4, ..base }),
+            ("another operator", 17, Fingerprint { op: 1, ..base }),
+            ("another count", 17, Fingerprint { count: 999, ..base }),
+            ("another root", 17, Fingerprint { root: 0, ..base }),
+        ];
+        let place = Place {
+            in_win: 2,
+            in_off: 64,
+            out_win: 3,
+            out_off: 128,
+        };
+        let own = entry();
+        fill_entry(&own, 17, &base, &place, None);
+        for (what, order, fp) in variants {
+            let theirs = entry();
+            // Where a peer's buffers are is not part of the call.
+            fill_entry(&theirs, order, &fp, &Place::default(), Some(4096));
+            let same = order == 17 && verify::same_call(1, &base, &fp).is_ok();
+            assert_eq!(same_entry(&own, &theirs), same, "{what}");
+            assert_eq!(same, what == "the same call", "{what}");
+        }
+        // Not announced yet: the slot still holds an older position.
+        let theirs = entry();
+        fill_entry(&theirs, 1, &base, &place, None);
+        assert!(!same_entry(&own, &theirs));
     }
 }
