@@ -194,7 +194,11 @@ fn a_killed_rank_is_named_everywhere() {
             let e = f
                 .error_of(r)
                 .unwrap_or_else(|| panic!("rank {r} printed no error\n{}", f.all()));
-            assert!(blames(&e, 2) && has_numbered_call(&e), "rank {r}: {e}");
+            assert!(
+                blames(&e, 2) && has_numbered_call(&e),
+                "rank {r}: {e}\n{}",
+                f.all()
+            );
         }
     }
 }

@@ -442,7 +442,7 @@ fn push_to_watchers(sh: &ServerShared, op: u8, payload: &[u8]) {
 }
 
 fn push_locked(book: &mut ServerBook, op: u8, payload: &[u8]) {
-    for w in book.watchers.values_mut() {
+    for w in push_order(&mut book.watchers) {
         if let Err(e) = write_frame(&mut w.push, op, &[payload]) {
             warn!(
                 "rendezvous: cannot push opcode 0x{op:02x} to rank {}: {e}",
@@ -452,6 +452,19 @@ fn push_locked(book: &mut ServerBook, op: u8, payload: &[u8]) {
             let _ = w.push.shutdown(Shutdown::Both);
         }
     }
+}
+
+/// The watchers in the order a frame goes to them: by rank, highest first,
+/// so that rank 0, the process this server runs in, hears last. A failure
+/// report ends that process at once where its rank gives up on it (the
+/// launchers' and the tools' way: print, exit); had it heard first, the
+/// others' next read could be the end of the connection instead of the
+/// report that explains it, and they would blame rank 0 (docs/reliability.md;
+/// the host also lingers after such news: `comm::failure`).
+fn push_order(watchers: &mut HashMap<u64, Watcher>) -> Vec<&mut Watcher> {
+    let mut order: Vec<&mut Watcher> = watchers.values_mut().collect();
+    order.sort_by_key(|w| std::cmp::Reverse(w.rank));
+    order
 }
 
 /// Record a report and push it to every watcher.
@@ -566,5 +579,31 @@ fn serve_watch(sh: &ServerShared, mut stream: TcpStream, peer: SocketAddr, id: u
     if was_watching && !sh.stopping.load(Ordering::SeqCst) {
         warn!(%peer, rank, "rendezvous: rank {rank} {reason}");
         broadcast_failure(sh, FailureReport::failed(rank, reason));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// Frames go to rank 0, the server's own process, after every other
+    /// watcher, whatever the map's order (ids taken so that the map's
+    /// iteration differs from rank order, several watchers of one rank).
+    #[test]
+    fn rank_zero_hears_last() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut watchers = HashMap::new();
+        let mut kept = Vec::new();
+        for (id, rank) in [(7u64, 0usize), (3, 2), (11, 1), (1, 3), (5, 0), (9, 2)] {
+            kept.push(TcpStream::connect(addr).unwrap());
+            let (push, _) = listener.accept().unwrap();
+            watchers.insert(id, Watcher { rank, push });
+        }
+        let ranks: Vec<usize> = push_order(&mut watchers).iter().map(|w| w.rank).collect();
+        assert_eq!(ranks.len(), 6);
+        assert!(ranks.windows(2).all(|p| p[0] >= p[1]), "{ranks:?}");
+        assert_eq!(&ranks[4..], &[0, 0], "{ranks:?}");
     }
 }
