@@ -3,12 +3,12 @@
 OP=$1; SZ=${2:-8}; BIN=${3:-/work/main/target/release/ferroccl-perf}
 for n in 5000 15000; do
   rm -rf /tmp/cgd.$n; mkdir -p /tmp/cgd.$n
-  timeout 900 valgrind --tool=callgrind --trace-children=yes --callgrind-out-file=/tmp/cgd.$n/cg.%p $BIN $OP --ranks 2 -b $SZ -e $SZ -n $n -w 0 -c 0 >/dev/null 2>&1
+  FERROCCL_COPY=loop timeout 900 valgrind --tool=callgrind --trace-children=yes --callgrind-out-file=/tmp/cgd.$n/cg.%p $BIN $OP --ranks 2 -b $SZ -e $SZ -n $n -w 0 -c 0 >/dev/null 2>&1
 done
 python3 - "$@" <<'PY'
 import subprocess,glob,collections,re,sys
 def funcs(f):
-    out=subprocess.run(['callgrind_annotate','--threshold=100',f],capture_output=True,text=True).stdout
+    out=subprocess.run(['callgrind_annotate','--auto=no','--threshold=100',f],capture_output=True,text=True).stdout
     d=collections.Counter(); tot=0
     for l in out.splitlines():
         m=re.match(r'\s*([\d,]+) \([ \d.]+%\)\s+(\S.*?):(.*?)( \[.*\])?$',l)
