@@ -631,14 +631,11 @@ pub(crate) fn confirm_left(
             Ok(call) => call,
             Err(e) => break Err(Box::new((e, now.clone()))),
         };
-        let root = call.fingerprint.root as usize;
-        let early = c.early_return;
-        let readers = (0..ctx.size)
-            .filter(|&p| p != ctx.rank && plan::reads_inline(call.kind, p, ctx.rank, root, early));
+        let readers = readers_of(ctx, call.kind, call.fingerprint.root);
         if turn > upto
             && !readers.clone().all(|p| {
-                word(c.pages.words(p), entry(turn) + E_SEQ)
-                    .is_ok_and(|w| w.load(Ordering::Acquire) >= call.order)
+                entry_words(c.pages.words(p), turn)
+                    .is_ok_and(|w| w[E_SEQ].load(Ordering::Acquire) >= call.order)
             })
         {
             break Ok(());
@@ -675,17 +672,27 @@ fn readers_agree(ctx: &Ctx<'_>, turn: u64) -> bool {
         return false;
     };
     let fp = unpack(0, own[E_FP].load(Ordering::Relaxed), 0);
-    let kind = if fp.coll == CollKind::Broadcast.code() {
+    readers_of(ctx, left_early_kind(fp.coll), fp.root)
+        .all(|p| entry_words(pages.words(p), turn).is_ok_and(|w| same_entry(own, w)))
+}
+
+/// The ranks that read this rank's announcement of an inline `kind` call
+/// with root `root` (`plan::reads_inline`): those it compares a call it
+/// left early with.
+fn readers_of(ctx: &Ctx<'_>, kind: CollKind, root: u32) -> impl Iterator<Item = usize> + Clone {
+    let (rank, early) = (ctx.rank, ctx.control.early_return);
+    (0..ctx.size)
+        .filter(move |&p| p != rank && plan::reads_inline(kind, p, rank, root as usize, early))
+}
+
+/// The collective of a call this rank left early, from its code on the
+/// page: a broadcast or else a reduce (`plan::leaves_early`).
+fn left_early_kind(coll: u8) -> CollKind {
+    if coll == CollKind::Broadcast.code() {
         CollKind::Broadcast
     } else {
         CollKind::Reduce
-    };
-    let early = ctx.control.early_return;
-    (0..ctx.size)
-        .filter(|&p| {
-            p != ctx.rank && plan::reads_inline(kind, p, ctx.rank, fp.root as usize, early)
-        })
-        .all(|p| entry_words(pages.words(p), turn).is_ok_and(|w| same_entry(own, w)))
+    }
 }
 
 /// Whether announcement `theirs` is of the call at the position of `own`
@@ -701,19 +708,13 @@ fn same_entry(own: &[AtomicU64; ENTRY_WORDS], theirs: &[AtomicU64; ENTRY_WORDS])
 /// The call this rank announced at check-in `turn` (a broadcast or reduce
 /// it left early), rebuilt from its page, with `now`'s settings.
 fn own_call(ctx: &Ctx<'_>, turn: u64, now: &Call) -> Result<Call> {
-    let page = ctx.control.pages.words(ctx.rank);
-    let e = entry(turn);
-    let read = |at: usize| word(page, at).map(|w| w.load(Ordering::Relaxed));
-    let fingerprint = unpack(read(e + E_NUM)?, read(e + E_FP)?, read(e + E_COUNT)?);
-    let kind = if fingerprint.coll == CollKind::Broadcast.code() {
-        CollKind::Broadcast
-    } else {
-        CollKind::Reduce
-    };
+    let words = entry_words(ctx.control.pages.words(ctx.rank), turn)?;
+    let read = |at: usize| words[at].load(Ordering::Relaxed);
+    let fingerprint = unpack(read(E_NUM), read(E_FP), read(E_COUNT));
     Ok(Call {
-        kind,
+        kind: left_early_kind(fingerprint.coll),
         fingerprint,
-        order: read(e + E_SEQ)?,
+        order: read(E_SEQ),
         ..now.clone()
     })
 }
@@ -929,7 +930,7 @@ mod tests {
     /// changed alone, makes them differ.
     #[test]
     fn announcements_agree_word_for_word_exactly_when_the_calls_do() {
-        let entry = || -> [AtomicU64; ENTRY_WORDS] { std::array::from_fn(|_| AtomicU64::new(0)) };
+        let blank = || -> [AtomicU64; ENTRY_WORDS] { std::array::from_fn(|_| AtomicU64::new(0)) };
         let base = Fingerprint {
             seq: 41,
             coll: CollKind::Broadcast.code(),
@@ -961,10 +962,10 @@ mod tests {
             out_win: 3,
             out_off: 128,
         };
-        let own = entry();
+        let own = blank();
         fill_entry(&own, 17, &base, &place, None);
         for (what, order, fp) in variants {
-            let theirs = entry();
+            let theirs = blank();
             // Where a peer's buffers are is not part of the call.
             fill_entry(&theirs, order, &fp, &Place::default(), Some(4096));
             let same = order == 17 && verify::same_call(1, &base, &fp).is_ok();
@@ -972,7 +973,7 @@ mod tests {
             assert_eq!(same, what == "the same call", "{what}");
         }
         // Not announced yet: the slot still holds an older position.
-        let theirs = entry();
+        let theirs = blank();
         fill_entry(&theirs, 1, &base, &place, None);
         assert!(!same_entry(&own, &theirs));
     }
