@@ -24,7 +24,7 @@ pub(crate) enum CollKind {
 }
 
 impl CollKind {
-    const ALL: [CollKind; 8] = [
+    pub(crate) const ALL: [CollKind; 8] = [
         CollKind::AllReduce,
         CollKind::ReduceScatter,
         CollKind::AllGather,

@@ -344,16 +344,29 @@ impl Inner {
         // The route of a call on host buffers (device calls take the
         // device half's path).
         let route = match &io {
-            Io::Host(host) => match plan::route(
-                call.kind,
-                in_bytes::<T>(call, self.size),
-                matches!(host, HostIo::InPlace { .. }),
-                io.memory(),
-                &self.facts(call.kind),
-            ) {
-                Ok(route) => Some(route),
-                Err(err) => return Err(self.on_error(err, call)),
-            },
+            Io::Host(host) => {
+                let bytes = in_bytes::<T>(call, self.size);
+                // A small call's route, told without the facts that
+                // change (`plan::always_inline`).
+                if plan::always_inline(call.kind, bytes)
+                    && self.config.algorithm.is_none()
+                    && self.user.is_empty()
+                    && self.control.get().is_some()
+                {
+                    Some(plan::Route::Inline)
+                } else {
+                    match plan::route(
+                        call.kind,
+                        bytes,
+                        matches!(host, HostIo::InPlace { .. }),
+                        io.memory(),
+                        &self.facts(call.kind),
+                    ) {
+                        Ok(route) => Some(route),
+                        Err(err) => return Err(self.on_error(err, call)),
+                    }
+                }
+            }
             _ => None,
         };
         // Check-ins this rank left before its peers came (a broadcast's

@@ -282,6 +282,51 @@ pub(super) fn announce(
     Ok(())
 }
 
+/// Announce an inline `call` at check-in `turn` whose input (at most 8
+/// bytes: `word`, none for a rank that puts none) travels in the
+/// announcement's own cache line; this rank's announcement words, for
+/// [`peer_word`] to compare the peers' with.
+pub(super) fn announce_word<'p>(
+    ctx: &Ctx<'p>,
+    turn: u64,
+    call: &Call,
+    word: Option<u64>,
+) -> Result<&'p [AtomicU64; ENTRY_WORDS]> {
+    let words = entry_words(ctx.control.pages.words(ctx.rank), turn)?;
+    if let Some(word) = word {
+        words[E_SMALL].store(word, Ordering::Relaxed);
+    }
+    fill_entry(
+        words,
+        call.order,
+        &call.fingerprint,
+        &Place::default(),
+        None,
+    );
+    Ok(words)
+}
+
+/// `peer`'s inline input of at most 8 bytes at check-in `turn`, once its
+/// announcement there is of `call` (this rank's announcement `own`): read
+/// from the same cache line. A peer that is there with the same call word
+/// for word (the common case) costs one line's loads; anything else (not
+/// there yet, another call) takes [`read_announcement`]'s wait and names
+/// the mismatch.
+#[inline]
+pub(super) fn peer_word(
+    ctx: &Ctx<'_>,
+    (turn, peer): (u64, usize),
+    own: &[AtomicU64; ENTRY_WORDS],
+    deadline: &Deadline,
+    call: &Call,
+) -> Result<u64> {
+    let theirs = entry_words(ctx.control.pages.words(peer), turn)?;
+    if !same_entry(own, theirs) {
+        read_announcement(ctx, turn, peer, deadline, call)?;
+    }
+    Ok(theirs[E_SMALL].load(Ordering::Relaxed))
+}
+
 /// Write an announcement into its slot's words: the fields, then (last,
 /// Release) the position.
 fn fill_entry(

@@ -9,8 +9,8 @@
 //! completion wait: one exchange in all; a barrier is the check-in alone.
 
 use super::checkin::{
-    all_read, announce, entry_words, left_early, lock, read_announcement, Ctx, Deadline, Place,
-    CHECKIN_SLOTS, E_SMALL, INLINE_WORDS, W_INLINE,
+    all_read, announce, announce_word, left_early, lock, peer_word, read_announcement, Ctx,
+    Deadline, Place, CHECKIN_SLOTS, INLINE_WORDS, W_INLINE,
 };
 use super::io::HostIo;
 use super::Call;
@@ -20,7 +20,6 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::plan;
 use crate::reduce::{copy, reduce_into, reduce_to, Store};
-use std::sync::atomic::Ordering;
 
 /// The smallest broadcast whose root copies its input onto its page as
 /// into a slot (see `write_inline`).
@@ -30,8 +29,8 @@ fn inline_at(turn: u64) -> usize {
     (W_INLINE + (turn % CHECKIN_SLOTS) as usize * INLINE_WORDS) * 8
 }
 
-/// Copy a small input into this rank's announcement slot of check-in
-/// `turn`. A broadcast's root of at least [`SHARED_COPY_MIN`] bytes, the
+/// Copy a small input (over 8 bytes: [`run_words`] takes the others)
+/// into this rank's inline area of check-in `turn`. A broadcast's root of at least [`SHARED_COPY_MIN`] bytes, the
 /// page's one writer, copies as into a slot (`copy_into_shared`: the way
 /// the calibration chose for buffers not aligned like the page): 1.6-1.8x
 /// at 8-16 KiB on 2 ranks of the EPYC VM with memcpy. Where every rank
@@ -40,13 +39,6 @@ fn inline_at(turn: u64) -> usize {
 /// nothing (docs/performance-log.md, "The copy into a slot, chosen by the
 /// calibration").
 fn write_inline(ctx: &Ctx<'_>, turn: u64, bytes: &[u8], one_writer: bool) -> Result<()> {
-    if bytes.len() <= 8 {
-        let mut w = [0u8; 8];
-        w[..bytes.len()].copy_from_slice(bytes);
-        let words = entry_words(ctx.control.pages.words(ctx.rank), turn)?;
-        words[E_SMALL].store(u64::from_ne_bytes(w), Ordering::Relaxed);
-        return Ok(());
-    }
     let mut own = lock(&ctx.control.own);
     own.slice_mut(inline_at(turn), bytes.len())
         .map_err(|e| Error::Io(format!("window control page: {e}")))
@@ -61,24 +53,14 @@ fn write_inline(ctx: &Ctx<'_>, turn: u64, bytes: &[u8], one_writer: bool) -> Res
 }
 
 /// Elements `off..off + len` of rank `j`'s inline input of check-in
-/// `turn` (`total` elements in all); an input of at most 8 bytes is read
-/// from the announcement's line into `small`.
+/// `turn` (over 8 bytes: [`run_words`] takes the others).
 fn peer_inline<'x, T: Element>(
     ctx: &'x Ctx<'_>,
     j: usize,
     turn: u64,
-    total: usize,
     (off, len): (usize, usize),
-    small: &'x mut [u64; 1],
 ) -> Result<&'x [T]> {
     let elem = std::mem::size_of::<T>();
-    if total * elem <= 8 {
-        small[0] = entry_words(ctx.control.pages.words(j), turn)?[E_SMALL].load(Ordering::Relaxed);
-        let all: &[T] = bytemuck::cast_slice(&small[..]);
-        return all
-            .get(off..off + len)
-            .ok_or_else(|| Error::Io(format!("inline input {off}+{len} of {total}")));
-    }
     let raw = ctx
         .control
         .pages
@@ -89,35 +71,56 @@ fn peer_inline<'x, T: Element>(
 }
 
 /// `output[..len] = input_0 op input_1 op ...` over elements
-/// `off..off + len` of the inline inputs of check-in `turn` (`total`
-/// elements each), in rank order, so that every rank gets the same bits.
-/// Every input is read from its rank's page, this rank's own too (it put
-/// it there), so the output, which may be this rank's buffer (in place),
-/// is no input: it is written in one pass over the first two inputs, then
-/// reduced into with the others.
+/// `off..off + len` of the inline inputs of check-in `turn`, in rank
+/// order, so that every rank gets the same bits. Every input is read from
+/// its rank's page, this rank's own too (it put it there), so the output,
+/// which may be this rank's buffer (in place), is no input: it is written
+/// in one pass over the first two inputs, then reduced into with the
+/// others.
 fn reduce_inline<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
     op: ReduceOp,
-    (turn, total): (u64, usize),
+    turn: u64,
     off: usize,
     len: usize,
 ) -> Result<()> {
-    let (mut s0, mut s1) = ([0u64; 1], [0u64; 1]);
-    let x0 = peer_inline(ctx, 0, turn, total, (off, len), &mut s0)?;
+    reduce_ranks(io, op, ctx.size, len, |j| {
+        peer_inline(ctx, j, turn, (off, len))
+    })
+}
+
+/// `output[..len] = x(0) op x(1) op ...` over the `size` ranks' inputs
+/// `x(j)`, in rank order, written in one pass over the first two, then
+/// reduced into with the others.
+fn reduce_ranks<'x, T: Element>(
+    io: &mut HostIo<'_, T>,
+    op: ReduceOp,
+    size: usize,
+    len: usize,
+    x: impl Fn(usize) -> Result<&'x [T]>,
+) -> Result<()> {
+    let x0 = x(0)?;
     let out = io.output(0, len);
-    if ctx.size == 1 {
+    if size == 1 {
         copy(out, x0);
         return Ok(());
     }
-    let x1 = peer_inline(ctx, 1, turn, total, (off, len), &mut s1)?;
-    reduce_to(op, out, x0, x1);
-    for j in 2..ctx.size {
-        let mut small = [0u64; 1];
-        let x = peer_inline(ctx, j, turn, total, (off, len), &mut small)?;
-        reduce_into(op, out, x);
+    reduce_to(op, out, x0, x(1)?);
+    for j in 2..size {
+        reduce_into(op, out, x(j)?);
     }
     Ok(())
+}
+
+/// Whether `rank` puts its input on its page in an inline `kind` call of
+/// root `root`: every rank but a barrier's and a broadcast's receivers.
+fn publishes(kind: CollKind, rank: usize, root: usize) -> bool {
+    match kind {
+        CollKind::Barrier => false,
+        CollKind::Broadcast => rank == root,
+        _ => true,
+    }
 }
 
 /// A small call, all in check-in `turn`: each rank puts its input (at most
@@ -133,17 +136,16 @@ pub(super) fn run<T: Element>(
     turn: u64,
     deadline: &Deadline,
 ) -> Result<()> {
+    let elem = std::mem::size_of::<T>();
+    if elem <= 8 && in_len * elem <= 8 {
+        return run_words(ctx, io, call, in_len, turn, deadline);
+    }
     let fp = call.fingerprint;
     let kind = call.kind;
     let (rank, size) = (ctx.rank, ctx.size);
     let root = fp.root as usize;
     let count = fp.count as usize;
-    let publishes = match kind {
-        CollKind::Barrier => false,
-        CollKind::Broadcast => rank == root,
-        _ => true,
-    };
-    if publishes {
+    if publishes(kind, rank, root) {
         let one_writer = kind == CollKind::Broadcast;
         write_inline(
             ctx,
@@ -166,13 +168,7 @@ pub(super) fn run<T: Element>(
             every = false;
         }
     }
-    if every {
-        all_read(ctx, turn);
-    }
-    if plan::leaves_early(kind, rank, root, ctx.control.early_return) {
-        left_early(ctx, turn);
-    }
-    let inputs = (turn, in_len);
+    read_all(ctx, call, turn, every);
     // Copy peer `j`'s elements `from` (of its input) into `to` (of the
     // output); this rank's own straight from input to output.
     let take = |io: &mut HostIo<'_, T>, j: usize, from: (usize, usize), to: usize| -> Result<()> {
@@ -181,15 +177,14 @@ pub(super) fn run<T: Element>(
             io.copy_input_to_output(Store::Cached, &own);
             return Ok(());
         }
-        let mut small = [0u64; 1];
-        let x = peer_inline(ctx, j, turn, in_len, from, &mut small)?;
+        let x = peer_inline(ctx, j, turn, from)?;
         copy(io.output(to, from.1), x);
         Ok(())
     };
     match kind {
-        CollKind::AllReduce => reduce_inline(ctx, io, call.op, inputs, 0, count),
-        CollKind::Reduce if rank == root => reduce_inline(ctx, io, call.op, inputs, 0, count),
-        CollKind::ReduceScatter => reduce_inline(ctx, io, call.op, inputs, rank * count, count),
+        CollKind::AllReduce => reduce_inline(ctx, io, call.op, turn, 0, count),
+        CollKind::Reduce if rank == root => reduce_inline(ctx, io, call.op, turn, 0, count),
+        CollKind::ReduceScatter => reduce_inline(ctx, io, call.op, turn, rank * count, count),
         CollKind::AllGather => (0..size).try_for_each(|j| take(io, j, (0, count), j * count)),
         CollKind::Broadcast => take(io, root, (0, count), 0),
         CollKind::AllToAll => {
@@ -198,4 +193,94 @@ pub(super) fn run<T: Element>(
         }
         _ => Ok(()),
     }
+}
+
+/// After the announcements a rank reads in an inline call (`every`: all
+/// its peers'): note that, or that it left the call early.
+fn read_all(ctx: &Ctx<'_>, call: &Call, turn: u64, every: bool) {
+    if every {
+        all_read(ctx, turn);
+    }
+    let root = call.fingerprint.root as usize;
+    if plan::leaves_early(call.kind, ctx.rank, root, ctx.control.early_return) {
+        left_early(ctx, turn);
+    }
+}
+
+/// Ranks whose words [`run_words`] keeps on the stack (more take a
+/// vector).
+const WORD_RANKS: usize = 8;
+
+/// [`run`] for a call whose input is at most 8 bytes (a whole
+/// reduce-scatter's, an all-to-all's): each rank's input travels in its
+/// announcement's own cache line (`checkin::announce_word`), so a peer's
+/// announcement and input are one line, read once (`checkin::peer_word`),
+/// and this rank's own input is taken from the word it announced.
+fn run_words<T: Element>(
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    call: &Call,
+    in_len: usize,
+    turn: u64,
+    deadline: &Deadline,
+) -> Result<()> {
+    let fp = call.fingerprint;
+    let kind = call.kind;
+    let (rank, size) = (ctx.rank, ctx.size);
+    let root = fp.root as usize;
+    let count = fp.count as usize;
+    let mine = publishes(kind, rank, root).then(|| {
+        let bytes: &[u8] = bytemuck::cast_slice(io.input(0, in_len));
+        let mut w = [0u8; 8];
+        w[..bytes.len()].copy_from_slice(bytes);
+        u64::from_ne_bytes(w)
+    });
+    let own = announce_word(ctx, turn, call, mine)?;
+    let mut stack = [0u64; WORD_RANKS];
+    let mut heap = Vec::new();
+    let words: &mut [u64] = if size <= WORD_RANKS {
+        &mut stack[..size]
+    } else {
+        heap.resize(size, 0);
+        &mut heap
+    };
+    // Who reads whom as in `run`.
+    let mut every = true;
+    for (peer, word) in words.iter_mut().enumerate() {
+        if peer == rank {
+            *word = mine.unwrap_or(0);
+        } else if plan::reads_inline(kind, rank, peer, root, ctx.control.early_return) {
+            *word = peer_word(ctx, (turn, peer), own, deadline, call)?;
+        } else {
+            every = false;
+        }
+    }
+    read_all(ctx, call, turn, every);
+    let words = &*words;
+    // Elements `from..from + len` of rank `j`'s input.
+    let elems = |j: usize, from: usize, len: usize| -> &[T] {
+        &bytemuck::cast_slice::<u64, T>(std::slice::from_ref(&words[j]))[from..from + len]
+    };
+    let reduce = |io: &mut HostIo<'_, T>, off: usize| {
+        reduce_ranks(io, call.op, size, count, |j| Ok(elems(j, off, count)))
+    };
+    match kind {
+        CollKind::AllReduce => reduce(io, 0)?,
+        CollKind::Reduce if rank == root => reduce(io, 0)?,
+        CollKind::ReduceScatter => reduce(io, rank * count)?,
+        CollKind::AllGather => {
+            for j in 0..size {
+                copy(io.output(j * count, count), elems(j, 0, count));
+            }
+        }
+        CollKind::Broadcast => copy(io.output(0, count), elems(root, 0, count)),
+        CollKind::AllToAll => {
+            let block = count / size;
+            for j in 0..size {
+                copy(io.output(j * block, block), elems(j, rank * block, block));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }

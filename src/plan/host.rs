@@ -285,6 +285,17 @@ pub(crate) fn route(
     Ok(Route::Slots { note: true })
 }
 
+/// Whether a `kind` call of `in_bytes` runs inline ([`route`] says
+/// [`Route::Inline`]) wherever the ranks share control pages and neither a
+/// forced algorithm nor a user algorithm takes it, whatever the facts that
+/// change during a communicator's life (its windows, the calibrated
+/// cross-memory-attach threshold): the caller of a small call can skip
+/// gathering them. Every inline limit is at least [`INLINE_BYTES`].
+#[inline]
+pub(crate) fn always_inline(kind: CollKind, in_bytes: usize) -> bool {
+    kind != CollKind::SendRecv && in_bytes <= INLINE_BYTES
+}
+
 /// Whether `rank` reads `peer`'s announcement in an inline call of
 /// `kind` (root `root`) before it leaves the call: every rank reads every
 /// other's, but with `early_return` (`Config::early_return`) a
@@ -724,6 +735,49 @@ mod tests {
             chunk_bytes: 512 << 10,
             cma_min_bytes: CMA_MIN_BYTES,
         }
+    }
+
+    /// `always_inline`, which a small call's caller asks instead of
+    /// `route`, never says inline where `route` would not, whatever the
+    /// facts that change (windows, the cross-memory-attach threshold) and
+    /// the ones it is asked with (control pages, no forced or user
+    /// algorithm), for every collective on 2 to 8 ranks.
+    #[test]
+    fn a_call_always_inline_is_routed_inline_under_every_fact() {
+        let mut said = 0;
+        for kind in CollKind::ALL {
+            for size in [1, 2, 3, 4, 8] {
+                for windows in [false, true] {
+                    for (cma, cma_min_bytes) in [(false, usize::MAX), (true, 0), (true, 4096)] {
+                        let f = Facts {
+                            size,
+                            windows,
+                            cma,
+                            cma_min_bytes,
+                            layout: Layout::one_host(size),
+                            ..facts()
+                        };
+                        for bytes in [0, 1, 8, 64, 4095, 4096, 4097, 8192, 16 << 10, 1 << 20] {
+                            for in_place in [false, true] {
+                                if always_inline(kind, bytes) {
+                                    said += 1;
+                                    assert_eq!(
+                                        route(kind, bytes, in_place, Memory::Host, &f).unwrap(),
+                                        Route::Inline,
+                                        "{kind:?} of {bytes} B on {size} ranks, windows {windows}, cma {cma}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(said > 0);
+        // Send/recv never checks in, and nothing above the least limit is
+        // told without the facts.
+        assert!(!always_inline(CollKind::SendRecv, 8));
+        assert!(!always_inline(CollKind::AllReduce, INLINE_BYTES + 1));
     }
 
     /// The calibration's threshold: the smallest probe from which the
