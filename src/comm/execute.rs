@@ -420,7 +420,7 @@ impl Inner {
         route: Option<plan::Route>,
     ) -> Result<()> {
         if let Io::Device(device) = io {
-            return self.execute_on_device::<T>(plan, device, call);
+            return self.execute_on_device::<T>(plan, *device, call);
         }
         let memory = io.memory();
         let (Io::Host(mut io), Some(route)) = (io, route) else {

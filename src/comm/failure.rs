@@ -247,11 +247,13 @@ impl Inner {
     /// The description of this rank's collective at position `order`, if
     /// it is among the recent ones it issued.
     fn issued_at(&self, order: u64) -> Option<String> {
-        lock(&self.turns.issued)
-            .recent
-            .iter()
-            .find(|(at, _)| *at == order)
-            .map(|(_, fp)| crate::fingerprint::describe(fp))
+        if order == 0 {
+            // No collective call's position (its slot's "none yet").
+            return None;
+        }
+        let state = lock(&self.turns.issued);
+        let (at, fp) = state.recent[order as usize % super::order::RECENT_CALLS];
+        (at == order).then(|| crate::fingerprint::describe(&fp))
     }
 
     /// This communicator's rank of global rank `global` (itself where it

@@ -43,14 +43,15 @@ pub(super) struct IssueState {
     pub(super) order: u64,
     /// Per (peer, sending) sequence numbers of point-to-point calls.
     pub(super) p2p_seq: HashMap<(usize, bool), u64>,
-    /// The last few collective calls issued, newest last, as (position,
-    /// fingerprint): what this rank called at the position that another
-    /// rank reports a mismatch on.
-    pub(super) recent: std::collections::VecDeque<(u64, Fingerprint)>,
+    /// The last [`RECENT_CALLS`] collective calls issued, as (position,
+    /// fingerprint), the call at position p at `p % RECENT_CALLS` (position
+    /// 0, which no collective call has, where none was yet): what this rank
+    /// called at the position that another rank reports a mismatch on.
+    pub(super) recent: [(u64, Fingerprint); RECENT_CALLS],
 }
 /// How many issued collective calls [`IssueState::recent`] keeps (and
 /// each of the other per-call memories of a communicator).
-const RECENT_CALLS: usize = 16;
+pub(super) const RECENT_CALLS: usize = 16;
 
 /// Append `item` to one of a communicator's memories of recent calls,
 /// forgetting the oldest beyond [`RECENT_CALLS`].
@@ -112,7 +113,7 @@ impl Inner {
                     state.user_seq = next_seq;
                 }
                 state.order = order;
-                keep_recent(&mut state.recent, (order, fp));
+                state.recent[order as usize % RECENT_CALLS] = (order, fp);
                 if spec.refused {
                     // Before `issued` shows the position: the watcher,
                     // which reads them the other way round, never takes

@@ -39,8 +39,10 @@ pub(crate) enum Io<'a, T> {
     Host(HostIo<'a, T>),
     /// Device memory (the device executor or the staged one; made by
     /// `Communicator::device_collective` for the device entry points,
-    /// `crate::cuda`).
-    Device(DeviceIo),
+    /// `crate::cuda`). Boxed: a host call moves its `Io` through the
+    /// layers, and the device half's descriptor is several times a host
+    /// call's (a move of it was a `memcpy` call on every host call).
+    Device(Box<DeviceIo>),
 }
 
 impl<'a, T> Io<'a, T> {

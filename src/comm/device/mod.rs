@@ -364,7 +364,7 @@ impl Communicator {
                 gate: held.gate,
                 ..io
             };
-            let result = inner.execute(&plan, Io::<T>::Device(io), c);
+            let result = inner.execute(&plan, Io::<T>::Device(Box::new(io)), c);
             drop(held);
             result
         })?;
