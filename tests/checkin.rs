@@ -83,9 +83,14 @@ fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
     inline + 1
 }
 
-/// Counts around each limit for each collective's input.
+/// Counts around each limit for each collective's input, and around the
+/// input that travels in the announcement's line (8 and 32 bytes: the
+/// second is the line's room, `exec::checkin::SMALL_BYTES`).
 fn counts(n: usize, elem: usize) -> Vec<usize> {
     let mut c = vec![0, 1, 3];
+    for line in [8 / elem, 32 / elem] {
+        c.extend([line / n, line / n + 1, line, line + 1]);
+    }
     let limits: &[usize] = if n == 2 {
         &[4096, 8 << 10, 16 << 10]
     } else {

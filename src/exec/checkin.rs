@@ -42,13 +42,16 @@
 //!                 +2 count, +3 number
 //!  word 64  announcement of check-in t in slot t % CHECKIN_SLOTS (24),
 //!           16 words each (counted per communicator)
-//!           each: +0 position (stored last, Release), +1 as in a note,
-//!                 +2 count, +3 input window, +4 input offset,
-//!                 +5 output window, +6 output offset (window 0: not in one),
-//!                 +7 an inline input of at most 8 bytes (same cache line),
-//!                 +8 the input's address in the rank's process (only
-//!                    for calls peers may copy by cross-memory attach),
-//!                 +9 the call's number (the fingerprint's `seq`)
+//!           each, first cache line (all an inline call of at most
+//!           32 bytes writes and its peers read):
+//!                 +0 position (stored last, Release), +1 as in a note,
+//!                 +2 count, +3 the call's number (the fingerprint's `seq`),
+//!                 +4..+7 an inline input of at most 32 bytes;
+//!           second cache line (what only calls that are not inline use):
+//!                 +8 input window, +9 input offset, +10 output window,
+//!                 +11 output offset (window 0: not in one),
+//!                 +12 the input's address in the rank's process (only
+//!                    for calls peers may copy by cross-memory attach)
 //!  word 512   inline input of check-in t in area t % CHECKIN_SLOTS
 //!             (`INLINE_CAPACITY`, 16 KiB each)
 //! ```
@@ -135,18 +138,23 @@ const _: () = assert!(CHECKIN_SLOTS <= 64);
 const E_SEQ: usize = 0;
 const E_FP: usize = 1;
 const E_COUNT: usize = 2;
-const E_IN_WIN: usize = 3;
-const E_IN_OFF: usize = 4;
-const E_OUT_WIN: usize = 5;
-const E_OUT_OFF: usize = 6;
-/// An inline input of at most 8 bytes: in the announcement's own cache
-/// line, so that a peer reads one line.
-pub(super) const E_SMALL: usize = 7;
+/// The call's number (the fingerprint's `seq`).
+const E_NUM: usize = 3;
+/// An inline input of at most [`SMALL_BYTES`]: in the announcement's
+/// first cache line with the call, so that a peer reads one line.
+const E_SMALL: usize = 4;
+/// Words of [`E_SMALL`].
+pub(super) const SMALL_WORDS: usize = 4;
+/// The largest inline input that travels in the announcement's line.
+pub(super) const SMALL_BYTES: usize = SMALL_WORDS * 8;
+const _: () = assert!(E_SMALL + SMALL_WORDS <= 8);
+const E_IN_WIN: usize = 8;
+const E_IN_OFF: usize = 9;
+const E_OUT_WIN: usize = 10;
+const E_OUT_OFF: usize = 11;
 /// Where the input lies in the announcing rank's process (for
 /// cross-memory attach).
-pub(super) const E_IN_ADDR: usize = 8;
-/// The call's number (the fingerprint's `seq`).
-const E_NUM: usize = 9;
+pub(super) const E_IN_ADDR: usize = 12;
 
 /// Where the inline data of the announcement slots start (in words),
 /// and how much each holds: the planner's largest inline call
@@ -282,49 +290,56 @@ pub(super) fn announce(
     Ok(())
 }
 
-/// Announce an inline `call` at check-in `turn` whose input (at most 8
-/// bytes: `word`, none for a rank that puts none) travels in the
-/// announcement's own cache line; this rank's announcement words, for
-/// [`peer_word`] to compare the peers' with.
-pub(super) fn announce_word<'p>(
+/// Announce an inline `call` at check-in `turn`, with the words of its
+/// input where it is at most [`SMALL_BYTES`] (`small`; none for a larger
+/// input, which goes in the inline area, or for a rank that puts none):
+/// the announcement's first cache line alone. This rank's announcement
+/// words, for [`heard_inline`] to compare the peers' with.
+pub(super) fn announce_inline<'p>(
     ctx: &Ctx<'p>,
     turn: u64,
     call: &Call,
-    word: Option<u64>,
+    small: &[u64],
 ) -> Result<&'p [AtomicU64; ENTRY_WORDS]> {
     let words = entry_words(ctx.control.pages.words(ctx.rank), turn)?;
-    if let Some(word) = word {
-        words[E_SMALL].store(word, Ordering::Relaxed);
+    for (w, &v) in words[E_SMALL..E_SMALL + SMALL_WORDS].iter().zip(small) {
+        w.store(v, Ordering::Relaxed);
     }
-    fill_entry(
-        words,
-        call.order,
-        &call.fingerprint,
-        &Place::default(),
-        None,
-    );
+    fill_call(words, call.order, &call.fingerprint);
     Ok(words)
 }
 
-/// `peer`'s inline input of at most 8 bytes at check-in `turn`, once its
-/// announcement there is of `call` (this rank's announcement `own`): read
-/// from the same cache line. A peer that is there with the same call word
-/// for word (the common case) costs one line's loads; anything else (not
-/// there yet, another call) takes [`read_announcement`]'s wait and names
-/// the mismatch.
+/// Wait until `peer`'s announcement of check-in `turn` is there and of
+/// `call` (this rank's announcement `own`). A peer that is there with the
+/// same call word for word (the common case) costs the loads of one line;
+/// anything else (not there yet, another call) takes
+/// [`read_announcement`]'s wait and names the mismatch.
 #[inline]
-pub(super) fn peer_word(
+pub(super) fn heard_inline(
     ctx: &Ctx<'_>,
     (turn, peer): (u64, usize),
     own: &[AtomicU64; ENTRY_WORDS],
     deadline: &Deadline,
     call: &Call,
-) -> Result<u64> {
+) -> Result<()> {
     let theirs = entry_words(ctx.control.pages.words(peer), turn)?;
     if !same_entry(own, theirs) {
         read_announcement(ctx, turn, peer, deadline, call)?;
     }
-    Ok(theirs[E_SMALL].load(Ordering::Relaxed))
+    Ok(())
+}
+
+/// The words of peer `j`'s inline input at check-in `turn` (as many as
+/// its input fills), from its announcement's first line (heard already:
+/// [`heard_inline`]).
+#[inline]
+pub(super) fn small_words(ctx: &Ctx<'_>, j: usize, turn: u64) -> Result<[u64; SMALL_WORDS]> {
+    let words = entry_words(ctx.control.pages.words(j), turn)?;
+    // All of them, a fixed number of loads from the one line: those past
+    // the input's are left from earlier calls and never used.
+    Ok(std::array::from_fn(|k| {
+        words[E_SMALL + k].load(Ordering::Relaxed)
+    }))
 }
 
 /// Write an announcement into its slot's words: the fields, then (last,
@@ -337,9 +352,6 @@ fn fill_entry(
     in_addr: Option<u64>,
 ) {
     for (field, value) in [
-        (E_FP, pack(fp)),
-        (E_COUNT, fp.count),
-        (E_NUM, fp.seq),
         (E_IN_WIN, place.in_win),
         (E_IN_OFF, place.in_off),
         (E_OUT_WIN, place.out_win),
@@ -350,8 +362,18 @@ fn fill_entry(
     if let Some(addr) = in_addr {
         words[E_IN_ADDR].store(addr, Ordering::Relaxed);
     }
-    // Release: a peer that sees the position sees the fields, and (in
-    // place) this rank's input as the caller left it.
+    fill_call(words, order, fp);
+}
+
+/// Write the call into an announcement's first line: its fields, then
+/// (last, Release) the position.
+fn fill_call(words: &[AtomicU64; ENTRY_WORDS], order: u64, fp: &Fingerprint) {
+    for (field, value) in [(E_FP, pack(fp)), (E_COUNT, fp.count), (E_NUM, fp.seq)] {
+        words[field].store(value, Ordering::Relaxed);
+    }
+    // Release: a peer that sees the position sees the fields (the
+    // announcement's, an inline input) and, in place, this rank's input
+    // as the caller left it.
     words[E_SEQ].store(order, Ordering::Release);
 }
 

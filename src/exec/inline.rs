@@ -1,6 +1,6 @@
 //! Small calls all in one check-in: each rank puts its input (at most
 //! `plan::inline_limit`, 4 to 16 KiB; a broadcast's root only) on its control page with
-//! its announcement (up to 8 bytes in the announcement's own cache line,
+//! its announcement (up to 32 bytes in the announcement's first cache line,
 //! else in the page's inline area), reads every peer's announcement, then
 //! takes what it needs from the peers' pages: allreduce reduces every input
 //! in rank order, reduce-scatter its block of each, reduce does so on the
@@ -9,8 +9,8 @@
 //! completion wait: one exchange in all; a barrier is the check-in alone.
 
 use super::checkin::{
-    all_read, announce, announce_word, left_early, lock, peer_word, read_announcement, Ctx,
-    Deadline, Place, CHECKIN_SLOTS, INLINE_WORDS, W_INLINE,
+    all_read, announce_inline, heard_inline, left_early, lock, read_announcement, small_words, Ctx,
+    Deadline, CHECKIN_SLOTS, INLINE_WORDS, SMALL_BYTES, SMALL_WORDS, W_INLINE,
 };
 use super::io::HostIo;
 use super::Call;
@@ -29,7 +29,7 @@ fn inline_at(turn: u64) -> usize {
     (W_INLINE + (turn % CHECKIN_SLOTS) as usize * INLINE_WORDS) * 8
 }
 
-/// Copy a small input (over 8 bytes: [`run_words`] takes the others)
+/// Copy a small input (over [`SMALL_BYTES`]: [`run_words`] takes the others)
 /// into this rank's inline area of check-in `turn`. A broadcast's root of at least [`SHARED_COPY_MIN`] bytes, the
 /// page's one writer, copies as into a slot (`copy_into_shared`: the way
 /// the calibration chose for buffers not aligned like the page): 1.6-1.8x
@@ -53,7 +53,7 @@ fn write_inline(ctx: &Ctx<'_>, turn: u64, bytes: &[u8], one_writer: bool) -> Res
 }
 
 /// Elements `off..off + len` of rank `j`'s inline input of check-in
-/// `turn` (over 8 bytes: [`run_words`] takes the others).
+/// `turn` (over [`SMALL_BYTES`]: [`run_words`] takes the others).
 fn peer_inline<'x, T: Element>(
     ctx: &'x Ctx<'_>,
     j: usize,
@@ -137,7 +137,7 @@ pub(super) fn run<T: Element>(
     deadline: &Deadline,
 ) -> Result<()> {
     let elem = std::mem::size_of::<T>();
-    if elem <= 8 && in_len * elem <= 8 {
+    if elem <= 8 && in_len * elem <= SMALL_BYTES {
         return run_words(ctx, io, call, in_len, turn, deadline);
     }
     let fp = call.fingerprint;
@@ -154,7 +154,7 @@ pub(super) fn run<T: Element>(
             one_writer,
         )?;
     }
-    announce(ctx, turn, call, &Place::default(), None)?;
+    announce_inline(ctx, turn, call, &[])?;
     // A broadcast's receivers read the root's announcement alone, and the
     // root and a reduce's senders none: they leave once their input is on
     // the page, as an MPI root returns once its data is in the eager
@@ -207,15 +207,17 @@ fn read_all(ctx: &Ctx<'_>, call: &Call, turn: u64, every: bool) {
     }
 }
 
-/// Ranks whose words [`run_words`] keeps on the stack (more take a
-/// vector).
-const WORD_RANKS: usize = 8;
+/// Elements `from..from + len` of an input that travelled in the
+/// announcement's line.
+fn elems<T: Element>(words: &[u64; SMALL_WORDS], from: usize, len: usize) -> &[T] {
+    &bytemuck::cast_slice::<u64, T>(words)[from..from + len]
+}
 
-/// [`run`] for a call whose input is at most 8 bytes (a whole
+/// [`run`] for a call whose input is at most [`SMALL_BYTES`] (a whole
 /// reduce-scatter's, an all-to-all's): each rank's input travels in its
-/// announcement's own cache line (`checkin::announce_word`), so a peer's
-/// announcement and input are one line, read once (`checkin::peer_word`),
-/// and this rank's own input is taken from the word it announced.
+/// announcement's first cache line (`checkin::announce_inline`), so a
+/// peer's announcement and input are one line (`checkin::heard_inline`,
+/// `checkin::small_words`).
 fn run_words<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
@@ -229,58 +231,71 @@ fn run_words<T: Element>(
     let (rank, size) = (ctx.rank, ctx.size);
     let root = fp.root as usize;
     let count = fp.count as usize;
-    let mine = publishes(kind, rank, root).then(|| {
-        let bytes: &[u8] = bytemuck::cast_slice(io.input(0, in_len));
-        let mut w = [0u8; 8];
-        w[..bytes.len()].copy_from_slice(bytes);
-        u64::from_ne_bytes(w)
-    });
-    let own = announce_word(ctx, turn, call, mine)?;
-    let mut stack = [0u64; WORD_RANKS];
-    let mut heap = Vec::new();
-    let words: &mut [u64] = if size <= WORD_RANKS {
-        &mut stack[..size]
-    } else {
-        heap.resize(size, 0);
-        &mut heap
-    };
+    let n = (in_len * std::mem::size_of::<T>()).div_ceil(8);
+    let mut mine = [0u64; SMALL_WORDS];
+    let puts = publishes(kind, rank, root);
+    if puts {
+        bytemuck::cast_slice_mut::<u64, T>(&mut mine)[..in_len]
+            .copy_from_slice(io.input(0, in_len));
+    }
+    let own = announce_inline(ctx, turn, call, if puts { &mine[..n] } else { &[] })?;
     // Who reads whom as in `run`.
     let mut every = true;
-    for (peer, word) in words.iter_mut().enumerate() {
-        if peer == rank {
-            *word = mine.unwrap_or(0);
-        } else if plan::reads_inline(kind, rank, peer, root, ctx.control.early_return) {
-            *word = peer_word(ctx, (turn, peer), own, deadline, call)?;
+    for peer in (0..size).filter(|&p| p != rank) {
+        if plan::reads_inline(kind, rank, peer, root, ctx.control.early_return) {
+            heard_inline(ctx, (turn, peer), own, deadline, call)?;
         } else {
             every = false;
         }
     }
     read_all(ctx, call, turn, every);
-    let words = &*words;
-    // Elements `from..from + len` of rank `j`'s input.
-    let elems = |j: usize, from: usize, len: usize| -> &[T] {
-        &bytemuck::cast_slice::<u64, T>(std::slice::from_ref(&words[j]))[from..from + len]
+    // Rank `j`'s input words; this rank's own from its copy, not from
+    // its page: a load from the line it has just written waits until the
+    // line is this core's again (the peer reading it took it), a
+    // cross-core round trip (0.90-0.94x at 8 B on 2 ranks).
+    let line = |j: usize| {
+        if j == rank {
+            Ok(mine)
+        } else {
+            small_words(ctx, j, turn)
+        }
     };
-    let reduce = |io: &mut HostIo<'_, T>, off: usize| {
-        reduce_ranks(io, call.op, size, count, |j| Ok(elems(j, off, count)))
+    let reduce = |io: &mut HostIo<'_, T>, off: usize| -> Result<()> {
+        let out = io.output(0, count);
+        let first = line(0)?;
+        if size == 1 {
+            copy(out, elems(&first, off, count));
+            return Ok(());
+        }
+        let second = line(1)?;
+        reduce_to(
+            call.op,
+            out,
+            elems(&first, off, count),
+            elems(&second, off, count),
+        );
+        for j in 2..size {
+            let x = line(j)?;
+            reduce_into(call.op, out, elems(&x, off, count));
+        }
+        Ok(())
+    };
+    // Elements `from..from + len` of rank `j`'s input into the output at `to`.
+    let take = |io: &mut HostIo<'_, T>, j: usize, (from, len): (usize, usize), to: usize| {
+        let w = line(j)?;
+        copy(io.output(to, len), elems(&w, from, len));
+        Ok::<(), Error>(())
     };
     match kind {
-        CollKind::AllReduce => reduce(io, 0)?,
-        CollKind::Reduce if rank == root => reduce(io, 0)?,
-        CollKind::ReduceScatter => reduce(io, rank * count)?,
-        CollKind::AllGather => {
-            for j in 0..size {
-                copy(io.output(j * count, count), elems(j, 0, count));
-            }
-        }
-        CollKind::Broadcast => copy(io.output(0, count), elems(root, 0, count)),
+        CollKind::AllReduce => reduce(io, 0),
+        CollKind::Reduce if rank == root => reduce(io, 0),
+        CollKind::ReduceScatter => reduce(io, rank * count),
+        CollKind::AllGather => (0..size).try_for_each(|j| take(io, j, (0, count), j * count)),
+        CollKind::Broadcast => take(io, root, (0, count), 0),
         CollKind::AllToAll => {
             let block = count / size;
-            for j in 0..size {
-                copy(io.output(j * block, block), elems(j, rank * block, block));
-            }
+            (0..size).try_for_each(|j| take(io, j, (rank * block, block), j * block))
         }
-        _ => {}
+        _ => Ok(()),
     }
-    Ok(())
 }
