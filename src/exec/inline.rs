@@ -9,8 +9,8 @@
 //! completion wait: one exchange in all; a barrier is the check-in alone.
 
 use super::checkin::{
-    all_read, announce_inline, heard_inline, left_early, lock, read_announcement, small_words, Ctx,
-    Deadline, CHECKIN_SLOTS, INLINE_WORDS, SMALL_BYTES, SMALL_WORDS, W_INLINE,
+    all_read, announce_inline, heard_inline, left_early, lock, small_words, Ctx, Deadline,
+    CHECKIN_SLOTS, INLINE_WORDS, SMALL_BYTES, SMALL_WORDS, W_INLINE,
 };
 use super::io::HostIo;
 use super::Call;
@@ -72,11 +72,10 @@ fn peer_inline<'x, T: Element>(
 
 /// `output[..len] = input_0 op input_1 op ...` over elements
 /// `off..off + len` of the inline inputs of check-in `turn`, in rank
-/// order, so that every rank gets the same bits. Every input is read from
-/// its rank's page, this rank's own too (it put it there), so the output,
-/// which may be this rank's buffer (in place), is no input: it is written
-/// in one pass over the first two inputs, then reduced into with the
-/// others.
+/// order, so that every rank gets the same bits. In place this rank's
+/// own input is read from its page too (it put it there), so the output,
+/// its buffer, is no input: it is written in one pass over the first two
+/// inputs, then reduced into with the others.
 fn reduce_inline<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
@@ -85,23 +84,36 @@ fn reduce_inline<T: Element>(
     off: usize,
     len: usize,
 ) -> Result<()> {
-    reduce_ranks(io, op, ctx.size, len, |j| {
-        peer_inline(ctx, j, turn, (off, len))
-    })
+    let page = |j: usize| peer_inline(ctx, j, turn, (off, len));
+    match io {
+        // Out of place this rank's own input comes from its buffer: its
+        // page's lines, just written, may still be on their way back from
+        // a peer that read them.
+        HostIo::OutOfPlace { input, output } => {
+            let own = &input[off..off + len];
+            let rank = ctx.rank;
+            reduce_ranks(&mut output[..len], op, ctx.size, |j| {
+                if j == rank {
+                    Ok(own)
+                } else {
+                    page(j)
+                }
+            })
+        }
+        io => reduce_ranks(io.output(0, len), op, ctx.size, page),
+    }
 }
 
-/// `output[..len] = x(0) op x(1) op ...` over the `size` ranks' inputs
-/// `x(j)`, in rank order, written in one pass over the first two, then
-/// reduced into with the others.
+/// `out = x(0) op x(1) op ...` over the `size` ranks' inputs `x(j)`, in
+/// rank order, written in one pass over the first two, then reduced into
+/// with the others.
 fn reduce_ranks<'x, T: Element>(
-    io: &mut HostIo<'_, T>,
+    out: &mut [T],
     op: ReduceOp,
     size: usize,
-    len: usize,
     x: impl Fn(usize) -> Result<&'x [T]>,
 ) -> Result<()> {
     let x0 = x(0)?;
-    let out = io.output(0, len);
     if size == 1 {
         copy(out, x0);
         return Ok(());
@@ -154,7 +166,7 @@ pub(super) fn run<T: Element>(
             one_writer,
         )?;
     }
-    announce_inline(ctx, turn, call, &[])?;
+    let own = announce_inline(ctx, turn, call, &[])?;
     // A broadcast's receivers read the root's announcement alone, and the
     // root and a reduce's senders none: they leave once their input is on
     // the page, as an MPI root returns once its data is in the eager
@@ -163,7 +175,7 @@ pub(super) fn run<T: Element>(
     let mut every = true;
     for peer in (0..size).filter(|&p| p != rank) {
         if plan::reads_inline(kind, rank, peer, root, ctx.control.early_return) {
-            read_announcement(ctx, turn, peer, deadline, call)?;
+            heard_inline(ctx, (turn, peer), own, deadline, call)?;
         } else {
             every = false;
         }
