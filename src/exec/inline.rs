@@ -10,7 +10,7 @@
 
 use super::checkin::{
     all_read, announce_inline, heard_inline, left_early, lock, small_words, Ctx, Deadline,
-    CHECKIN_SLOTS, ENTRY_WORDS, INLINE_WORDS, SMALL_BYTES, SMALL_WORDS, W_INLINE,
+    CHECKIN_SLOTS, INLINE_WORDS, SMALL_BYTES, SMALL_WORDS, W_INLINE,
 };
 use super::io::HostIo;
 use super::Call;
@@ -20,7 +20,6 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::plan;
 use crate::reduce::{copy, reduce_into, reduce_to, Store};
-use std::sync::atomic::AtomicU64;
 
 /// The smallest broadcast whose root copies its input onto its page as
 /// into a slot (see `write_inline`).
@@ -155,7 +154,7 @@ pub(super) fn run<T: Element>(
     }
     let fp = call.fingerprint;
     let kind = call.kind;
-    let rank = ctx.rank;
+    let (rank, size) = (ctx.rank, ctx.size);
     let root = fp.root as usize;
     let count = fp.count as usize;
     if publishes(kind, rank, root) {
@@ -168,7 +167,20 @@ pub(super) fn run<T: Element>(
         )?;
     }
     let own = announce_inline(ctx, turn, call, &[])?;
-    hear(ctx, call, turn, own, deadline)?;
+    // A broadcast's receivers read the root's announcement alone, and the
+    // root and a reduce's senders none: they leave once their input is on
+    // the page, as an MPI root returns once its data is in the eager
+    // buffers, and compare the announcements of the ranks that read theirs
+    // later (`checkin::confirm_left`).
+    let mut every = true;
+    for peer in (0..size).filter(|&p| p != rank) {
+        if plan::reads_inline(kind, rank, peer, root, ctx.control.early_return) {
+            heard_inline(ctx, (turn, peer), own, deadline, call)?;
+        } else {
+            every = false;
+        }
+    }
+    read_all(ctx, call, turn, every);
     // Copy peer `j`'s elements `from` (of its input) into `to` (of the
     // output); this rank's own straight from input to output.
     let take = |io: &mut HostIo<'_, T>, j: usize, from: (usize, usize), to: usize| -> Result<()> {
@@ -181,66 +193,10 @@ pub(super) fn run<T: Element>(
         copy(io.output(to, from.1), x);
         Ok(())
     };
-    let reduce =
-        |io: &mut HostIo<'_, T>, off: usize| reduce_inline(ctx, io, call.op, turn, off, count);
-    deliver(ctx, call, io, reduce, take)
-}
-
-/// Hear the peers whose announcements this rank reads in inline `call`
-/// at check-in `turn` (`own`: its own announcement there), then note that
-/// it read every one, or that it left the call early. A broadcast's
-/// receivers read the root's announcement alone, and the root and a
-/// reduce's senders none: they leave once their input is on the page, as
-/// an MPI root returns once its data is in the eager buffers, and compare
-/// the announcements of the ranks that read theirs later
-/// (`checkin::confirm_left`).
-#[inline]
-fn hear(
-    ctx: &Ctx<'_>,
-    call: &Call,
-    turn: u64,
-    own: &[AtomicU64; ENTRY_WORDS],
-    deadline: &Deadline,
-) -> Result<()> {
-    let (kind, rank) = (call.kind, ctx.rank);
-    let (root, early) = (call.fingerprint.root as usize, ctx.control.early_return);
-    let mut every = true;
-    for peer in (0..ctx.size).filter(|&p| p != rank) {
-        if plan::reads_inline(kind, rank, peer, root, early) {
-            heard_inline(ctx, (turn, peer), own, deadline, call)?;
-        } else {
-            every = false;
-        }
-    }
-    if every {
-        all_read(ctx, turn);
-    }
-    if plan::leaves_early(kind, rank, root, early) {
-        left_early(ctx, turn);
-    }
-    Ok(())
-}
-
-/// What an inline `call` leaves in this rank's output once it heard its
-/// peers: `reduce(io, off)` reduces the ranks' elements `off..off +
-/// count` into the output (allreduce, the root's reduce, reduce-scatter),
-/// `take(io, j, (from, len), to)` copies rank `j`'s elements `from..from +
-/// len` to the output at `to` (allgather, broadcast, all-to-all).
-#[inline]
-fn deliver<T: Element>(
-    ctx: &Ctx<'_>,
-    call: &Call,
-    io: &mut HostIo<'_, T>,
-    reduce: impl Fn(&mut HostIo<'_, T>, usize) -> Result<()>,
-    take: impl Fn(&mut HostIo<'_, T>, usize, (usize, usize), usize) -> Result<()>,
-) -> Result<()> {
-    let (rank, size) = (ctx.rank, ctx.size);
-    let root = call.fingerprint.root as usize;
-    let count = call.fingerprint.count as usize;
-    match call.kind {
-        CollKind::AllReduce => reduce(io, 0),
-        CollKind::Reduce if rank == root => reduce(io, 0),
-        CollKind::ReduceScatter => reduce(io, rank * count),
+    match kind {
+        CollKind::AllReduce => reduce_inline(ctx, io, call.op, turn, 0, count),
+        CollKind::Reduce if rank == root => reduce_inline(ctx, io, call.op, turn, 0, count),
+        CollKind::ReduceScatter => reduce_inline(ctx, io, call.op, turn, rank * count, count),
         CollKind::AllGather => (0..size).try_for_each(|j| take(io, j, (0, count), j * count)),
         CollKind::Broadcast => take(io, root, (0, count), 0),
         CollKind::AllToAll => {
@@ -248,6 +204,18 @@ fn deliver<T: Element>(
             (0..size).try_for_each(|j| take(io, j, (rank * block, block), j * block))
         }
         _ => Ok(()),
+    }
+}
+
+/// After the announcements a rank reads in an inline call (`every`: all
+/// its peers'): note that, or that it left the call early.
+fn read_all(ctx: &Ctx<'_>, call: &Call, turn: u64, every: bool) {
+    if every {
+        all_read(ctx, turn);
+    }
+    let root = call.fingerprint.root as usize;
+    if plan::leaves_early(call.kind, ctx.rank, root, ctx.control.early_return) {
+        left_early(ctx, turn);
     }
 }
 
@@ -283,7 +251,19 @@ fn run_words<T: Element>(
             .copy_from_slice(io.input(0, in_len));
     }
     let own = announce_inline(ctx, turn, call, if puts { &mine[..n] } else { &[] })?;
-    hear(ctx, call, turn, own, deadline)?;
+    // Who reads whom as in `run`. (The loop and the match below repeat
+    // `run`'s: shared through helpers taking closures they measured
+    // 0.91-0.98x at 8-32 B on 2 ranks, 0.96-1.01x forced inline;
+    // docs/performance-log.md, "A leaner small call".)
+    let mut every = true;
+    for peer in (0..size).filter(|&p| p != rank) {
+        if plan::reads_inline(kind, rank, peer, root, ctx.control.early_return) {
+            heard_inline(ctx, (turn, peer), own, deadline, call)?;
+        } else {
+            every = false;
+        }
+    }
+    read_all(ctx, call, turn, every);
     // Rank `j`'s input words; this rank's own from its copy, not from
     // its page: a load from the line it has just written waits until the
     // line is this core's again (the peer reading it took it), a
@@ -321,5 +301,16 @@ fn run_words<T: Element>(
         copy(io.output(to, len), elems(&w, from, len));
         Ok::<(), Error>(())
     };
-    deliver(ctx, call, io, reduce, take)
+    match kind {
+        CollKind::AllReduce => reduce(io, 0),
+        CollKind::Reduce if rank == root => reduce(io, 0),
+        CollKind::ReduceScatter => reduce(io, rank * count),
+        CollKind::AllGather => (0..size).try_for_each(|j| take(io, j, (0, count), j * count)),
+        CollKind::Broadcast => take(io, root, (0, count), 0),
+        CollKind::AllToAll => {
+            let block = count / size;
+            (0..size).try_for_each(|j| take(io, j, (rank * block, block), j * block))
+        }
+        _ => Ok(()),
+    }
 }
