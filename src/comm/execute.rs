@@ -8,6 +8,7 @@
 //! in `comm::device_exec`), else through the staged executor
 //! (`exec::staged`).
 
+use super::plans::PlanKey;
 use super::{lock, CallSpec, Communicator, Inner};
 use crate::coll::{self, CollCall, CollKind, Plan};
 use crate::element::Element;
@@ -18,18 +19,27 @@ use crate::plan::{self, Facts, Memory};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// What a host call's plan is a function of, besides the communicator's
-/// fixed facts: the call as described (kind, count, buffer lengths, op,
-/// root, in place, internal), its element size, and whether the control
-/// pages exist (they decide how a call confirms, and may be made after
-/// the first calls: `alloc_window` with FERROCCL_CHECKIN=0).
-pub(super) type PlanKey = (CollCall, usize, bool);
-/// Plans kept per communicator; the oldest goes first.
-const PLAN_CACHE_ENTRIES: usize = 32;
 /// A call's plan: from the cache, or built for this call.
 pub(super) enum Planned {
     Cached(Arc<Plan>),
     Built(Plan),
+}
+
+/// A blocking call's plan: from a slot of the cache (`Plans::slot`), or
+/// as `Communicator::plan` gives it.
+pub(super) enum PlannedHere<'a> {
+    Slot(&'a Plan),
+    Planned(Planned),
+}
+
+impl std::ops::Deref for PlannedHere<'_> {
+    type Target = Plan;
+    fn deref(&self) -> &Plan {
+        match self {
+            PlannedHere::Slot(plan) => plan,
+            PlannedHere::Planned(plan) => plan,
+        }
+    }
 }
 
 impl std::ops::Deref for Planned {
@@ -62,38 +72,50 @@ impl Communicator {
         // Host memory only (device calls are planned over their own links
         // and go through `execute_on_device`); point-to-point calls name a
         // peer and are cheap to plan.
-        let cacheable =
-            call.memory == Memory::Host && call.p2p.is_none() && call.kind != CollKind::SendRecv;
-        if !cacheable {
+        if !Self::cacheable(call) {
             return match self.build_plan::<T>(call) {
                 Ok(plan) => Ok(Planned::Built(plan)),
                 Err(err) => Err(self.refuse::<T>(call, err)),
             };
         }
-        let key = (
-            *call,
-            std::mem::size_of::<T>(),
-            self.inner.control.get().is_some(),
-        );
-        // Newest first: a loop repeats its last call, and the library's
-        // own set-up calls sit at the front.
-        if let Some((_, plan)) = lock(&self.inner.plans)
-            .iter()
-            .rev()
-            .find(|(k, _)| *k == key)
-        {
-            return Ok(Planned::Cached(plan.clone()));
+        let key = self.plan_key::<T>(call);
+        if let Some(plan) = self.inner.plans.get(&key) {
+            return Ok(Planned::Cached(plan));
         }
         let plan = match self.build_plan::<T>(call) {
             Ok(plan) => Arc::new(plan),
             Err(err) => return Err(self.refuse::<T>(call, err)),
         };
-        let mut plans = lock(&self.inner.plans);
-        if plans.len() >= PLAN_CACHE_ENTRIES {
-            plans.remove(0);
-        }
-        plans.push((key, plan.clone()));
+        self.inner.plans.insert(key, plan.clone());
         Ok(Planned::Cached(plan))
+    }
+
+    /// Whether `call`'s plan is kept (`plan`): host memory, and not
+    /// point-to-point (which names a peer and is cheap to plan).
+    #[inline(always)]
+    fn cacheable(call: &CollCall) -> bool {
+        call.memory == Memory::Host && call.p2p.is_none() && call.kind != CollKind::SendRecv
+    }
+
+    #[inline(always)]
+    fn plan_key<T: Element>(&self, call: &CollCall) -> PlanKey {
+        (
+            *call,
+            std::mem::size_of::<T>(),
+            self.inner.control.get().is_some(),
+        )
+    }
+
+    /// `plan` for a blocking call: a plan in a slot of the cache comes
+    /// without a lock or an atomic count (`Plans::slot`).
+    #[inline(always)]
+    pub(super) fn plan_here<T: Element>(&self, call: &CollCall) -> Result<PlannedHere<'_>> {
+        if Self::cacheable(call) {
+            if let Some(plan) = self.inner.plans.slot(&self.plan_key::<T>(call)) {
+                return Ok(PlannedHere::Slot(plan));
+            }
+        }
+        self.plan::<T>(call).map(PlannedHere::Planned)
     }
 
     /// A collective this rank refuses (`err`, a bad argument found before
@@ -431,7 +453,10 @@ impl Inner {
         if let Some(control) = self.control.get() {
             let ctx = self.ctx(control);
             if exec::run_checked_in(&ctx, &mut io, call, route)? {
-                self.direct_calls.fetch_add(1, Ordering::Relaxed);
+                // Only the call holding its turn counts (no locked instruction:
+                // one here waits for the announcement's cross-core store).
+                let calls = self.direct_calls.load(Ordering::Relaxed);
+                self.direct_calls.store(calls + 1, Ordering::Relaxed);
                 return Ok(());
             }
         }

@@ -224,7 +224,7 @@ impl Inner {
         if self.refused_too(m.seq) {
             drop(later);
             self.went_ahead(reporter, m);
-        } else if self.issued.load(Ordering::SeqCst) < m.seq {
+        } else if self.issued.load(Ordering::Acquire) < m.seq {
             keep_recent(&mut later, (reporter, m.clone()));
         }
         // Else this rank accepted the call too, and ends on the refusal.
@@ -242,6 +242,14 @@ impl Inner {
             reason: went_text(&m.local, self.rank_of(m.peer), &m.remote),
         };
         self.fail_with(err, Some(reporter), Broadcast::No);
+    }
+
+    /// The position of the last collective this rank issued, read under
+    /// the issue lock (`Inner::issue` stores it there without a fence of
+    /// its own: a locked instruction in every call).
+    fn issued_so_far(&self) -> u64 {
+        let _issuing = lock(&self.turns.issued);
+        self.issued.load(Ordering::Acquire)
     }
 
     /// The description of this rank's collective at position `order`, if
@@ -565,15 +573,18 @@ pub(super) fn spawn_watcher(
                         Some(m) => {
                             let peer = local_of(m.peer).unwrap_or(local);
                             inner.hear((local, peer, m.clone()));
-                            // SeqCst, as the issuer's store of `issued` and
-                            // its load of this flag: either that call sees
-                            // the flag, or the check below sees the call.
+                            // Stored before `issued` is read under the
+                            // issue lock, which the issuer stores it
+                            // under: either the issue came after that
+                            // read, and the call sees the flag when it
+                            // runs (`heard_mismatch`), or the read sees
+                            // the call.
                             inner.mismatch_flag.store(true, Ordering::SeqCst);
                             // A call before the mismatched one is left to
                             // finish: its peers completed it, so its data
                             // is on the way. The mismatched call (or a
                             // later one) ends now, or when it starts.
-                            if inner.issued.load(Ordering::SeqCst) >= m.seq
+                            if inner.issued_so_far() >= m.seq
                                 && !(m.refused && inner.refused_too(m.seq))
                             {
                                 let err = inner.mismatch_seen_here(local, peer, m, None);

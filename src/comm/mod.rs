@@ -32,6 +32,7 @@ mod device_exec;
 mod execute;
 mod failure;
 mod order;
+mod plans;
 mod setup;
 mod shared;
 mod shrink;
@@ -40,14 +41,13 @@ pub use device::DeviceWork;
 pub(crate) use setup::Rendezvous;
 
 use crate::bootstrap::MismatchReport;
-use crate::coll::{self, CollCall, CollKind, Plan};
+use crate::coll::{self, CollCall, CollKind};
 use crate::config::Config;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::{Io, Links};
 use crate::plan::tune::LinkModel;
 use crate::window::{Control, Windows};
-use execute::PlanKey;
 use ferroccl_transport::{AbortHandle, ConnectionCloser};
 use order::{Job, Turns};
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -142,10 +142,8 @@ struct Inner {
     hosts: Arc<crate::algo::hier::HostMap>,
     /// (collective, size class) pairs whose choice was already logged.
     tuned: Mutex<std::collections::HashSet<(u8, u32)>>,
-    /// Recent plans by (collective, count, element size); see
-    /// `Communicator::plan`.
-    /// A few entries scanned in order: cheaper than hashing the key.
-    plans: Mutex<Vec<(PlanKey, Arc<Plan>)>>,
+    /// Recent host plans (`plans`; see `Communicator::plan`).
+    plans: plans::Plans,
     /// This communicator's gates, one per device engine it has run calls
     /// on (`device`).
     gates: Mutex<Vec<device::DeviceGate>>,
@@ -522,7 +520,7 @@ impl Communicator {
     /// call (docs/performance-log.md, restructuring check).
     #[inline(always)]
     fn collective<T: Element>(&self, call: &CollCall, bufs: Buffers<'_, T>) -> Result<()> {
-        let plan = self.plan::<T>(call)?;
+        let plan = self.plan_here::<T>(call)?;
         let (rank, size) = (self.inner.rank, self.inner.size);
         let spec = self.spec::<T>(call);
         match bufs {

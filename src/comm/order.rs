@@ -120,7 +120,11 @@ impl Inner {
                     // another rank's refusal of this call for news.
                     keep_recent(&mut lock(&self.refused_here), order);
                 }
-                self.issued.store(order, Ordering::SeqCst);
+                // Release: a reader that sees the position sees the
+                // refusal noted before it. No fence: the watcher reads it
+                // under this lock after raising its mismatch flag
+                // (`failure::issued_so_far`).
+                self.issued.store(order, Ordering::Release);
             }
         }
         let ticket = state.next_ticket;

@@ -290,7 +290,7 @@ impl Communicator {
             intra_model: Mutex::new(LinkModel::DEFAULT),
             hosts,
             tuned: Mutex::new(std::collections::HashSet::new()),
-            plans: Mutex::new(Vec::new()),
+            plans: super::plans::Plans::new(),
             windows: Mutex::new(Windows::default()),
             direct_calls: AtomicU64::new(0),
             cma_min_bytes: std::sync::atomic::AtomicUsize::new(crate::plan::CMA_MIN_BYTES),
@@ -519,7 +519,7 @@ impl Communicator {
             model
         };
         // Plans chosen under the old model (none in practice) are stale.
-        lock(&self.inner.plans).clear();
+        self.inner.plans.clear();
         self.calibrate_shared_copy(&ring)?;
         tracing::info!(
             rank = self.inner.rank,

@@ -39,7 +39,10 @@ pub(crate) fn run<T: Element>(
         Route::CheckIn { cma } => cma,
     };
     let (in_len, out_len) = call.kind.extents(fp.count as usize, ctx.size);
-    let turn = ctx.control.checkins.fetch_add(1, Ordering::Relaxed);
+    // Only the call holding its turn counts check-ins: no locked
+    // instruction (one waits for the last call's cross-core stores).
+    let turn = ctx.control.checkins.load(Ordering::Relaxed);
+    ctx.control.checkins.store(turn + 1, Ordering::Relaxed);
     let deadline = Deadline::new(call.timeout);
     free_slot(ctx, turn, call)?;
     let done = if route == Route::Inline {
