@@ -520,7 +520,9 @@ impl Communicator {
     /// call (docs/performance-log.md, restructuring check).
     #[inline(always)]
     fn collective<T: Element>(&self, call: &CollCall, bufs: Buffers<'_, T>) -> Result<()> {
-        let plan = self.plan_here::<T>(call)?;
+        let planned = self.plan_here::<T>(call)?;
+        // Dereferenced once (each use matched on where it came from).
+        let plan: &coll::Plan = &planned;
         let (rank, size) = (self.inner.rank, self.inner.size);
         let spec = self.spec::<T>(call);
         match bufs {
@@ -529,23 +531,23 @@ impl Communicator {
                     // The schedule keeps partial results in an output the
                     // caller did not give (a tree reduce's inner ranks).
                     let mut scratch = vec![T::zeroed(); plan.scratch_output];
-                    self.run_blocking(spec, &plan, Io::out_of_place(send, &mut scratch))?;
+                    self.run_blocking(spec, plan, Io::out_of_place(send, &mut scratch))?;
                 } else {
-                    self.run_blocking(spec, &plan, Io::out_of_place(send, &mut *recv))?;
+                    self.run_blocking(spec, plan, Io::out_of_place(send, &mut *recv))?;
                 }
-                coll::finish(call, &plan, rank, size, recv);
+                coll::finish(call, plan, rank, size, recv);
             }
             Buffers::InPlace(buf) => {
                 if plan.scratch_output > 0 {
                     // In place the caller's buffer must stay unchanged
                     // where it is only an input.
                     let mut scratch = vec![T::zeroed(); plan.scratch_output];
-                    self.run_blocking(spec, &plan, Io::out_of_place(&*buf, &mut scratch))?;
+                    self.run_blocking(spec, plan, Io::out_of_place(&*buf, &mut scratch))?;
                 } else {
                     let io = Io::in_place(&mut *buf, plan.input_base, plan.output_base);
-                    self.run_blocking(spec, &plan, io)?;
+                    self.run_blocking(spec, plan, io)?;
                 }
-                coll::finish(call, &plan, rank, size, buf);
+                coll::finish(call, plan, rank, size, buf);
             }
         }
         Ok(())

@@ -1,6 +1,7 @@
 //! `Element` for the ten types: each type's entry in the dispatch table
 //! the sealed trait declares (`crate::element`), pointing at its kernels.
 
+use super::arith::{native_reduce_into, native_reduce_to};
 use super::half::{HalfSlices, HALF_BLOCK};
 use super::kernels::{
     bf16_reduce_into_at, bf16_reduce_to_at, f16_reduce_into_at, f16_reduce_to_at, reduce_into_at,
@@ -9,6 +10,18 @@ use super::kernels::{
 use super::simd::SimdLevel;
 use crate::element::{sealed, DataType, Element, ReduceOp};
 use half::{bf16, f16};
+
+/// Inputs shorter than this many bytes (less than one AVX2 vector) are
+/// reduced by the baseline kernel, inlined, without the dispatch to the
+/// level's: a wider kernel would only run its scalar tail on them, and
+/// the dispatch was about half of an 8-byte call's reduction (every
+/// level gives the same bits: `kernels`).
+const SHORT_BYTES: usize = 32;
+
+#[inline(always)]
+fn short<T>(len: usize) -> bool {
+    len * std::mem::size_of::<T>() < SHORT_BYTES
+}
 
 macro_rules! native_element {
     ($t:ty, $dt:expr, float) => {
@@ -36,9 +49,15 @@ macro_rules! native_element {
         impl Element for $t {
             const DTYPE: DataType = $dt;
             fn reduce_into(op: ReduceOp, dst: &mut [Self], src: &[Self]) {
+                if short::<$t>(dst.len()) {
+                    return native_reduce_into(op, dst, src);
+                }
                 reduce_into_at(SimdLevel::current(), op, dst, src)
             }
             fn reduce_to(op: ReduceOp, out: &mut [Self], a: &[Self], b: &[Self]) {
+                if short::<$t>(out.len()) {
+                    return native_reduce_to(op, out, a, b);
+                }
                 reduce_to_at(SimdLevel::current(), op, out, a, b)
             }
             fn reduce_to_streams(
