@@ -349,6 +349,7 @@ impl Inner {
     }
 
     /// Run a checked call (the caller holds its turn).
+    #[inline(always)]
     pub(super) fn execute<T: Element>(
         &self,
         plan: &Plan,
@@ -434,6 +435,7 @@ impl Inner {
     /// buffers): inline, directly between windows or out of the peers'
     /// processes where the ranks share control pages and the call allows
     /// it, else its schedule through slots.
+    #[inline(always)]
     fn execute_checked<T: Element>(
         &self,
         plan: &Plan,
@@ -496,6 +498,7 @@ impl Inner {
     /// recorded at the call), its schedule through slots by the staged
     /// executor, which returns once every copy and kernel has finished (so
     /// later work on the caller's stream sees the result).
+    #[inline(never)]
     fn execute_on_device<T: Element>(
         &self,
         plan: &Plan,
@@ -592,6 +595,7 @@ impl Inner {
 
     /// Run a call's schedule through slots (out of place from a copy where
     /// the schedule needs its input after writing its output).
+    #[inline(never)]
     fn run_slots<T: Element>(
         &self,
         links: &mut Links,

@@ -174,6 +174,17 @@ impl Inner {
 }
 
 impl Communicator {
+    /// A blocking call: issue it, wait for its turn, run it.
+    ///
+    /// Inlined, with `Inner::execute`, `Inner::execute_checked`,
+    /// `exec::run_checked_in` and `exec::inline::run`, into each public
+    /// collective: one function from the call to the page protocol, where
+    /// the calls between them were about 100 of an 8-byte call's 1,150
+    /// instructions (1.04-1.06x on 2-rank allreduces and allgathers,
+    /// 1.12-1.16x on broadcasts and reduces: docs/performance-log.md,
+    /// "Small calls without a locked instruction"). The paths off that
+    /// line (slots, device memory, check-ins) stay apart.
+    #[inline(always)]
     pub(super) fn run_blocking<T: Element>(
         &self,
         spec: CallSpec,

@@ -22,7 +22,36 @@ use std::sync::atomic::Ordering;
 /// or out of the peers' processes, as the planner decides from every
 /// rank's announcement. `Ok(true)`: done (results in place on every
 /// rank); `Ok(false)`: run the schedule through slots.
+///
+/// A call whose input travels in its announcement's line
+/// (`inline::in_words`) runs here, inlined into the blocking call
+/// (`Communicator::run_blocking`); the others in `run_other`, out of
+/// line: inlined, the inline area's path lost 5-12% at 2-8 KiB on 2
+/// ranks (docs/performance-log.md, "Small calls without a locked
+/// instruction").
+#[inline(always)]
 pub(crate) fn run<T: Element>(
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    call: &Call,
+    route: Route,
+) -> Result<bool> {
+    let in_len = call
+        .kind
+        .extents(call.fingerprint.count as usize, ctx.size)
+        .0;
+    if route == Route::Inline && inline::in_words::<T>(in_len) {
+        let (turn, deadline) = take_turn(ctx, call)?;
+        inline::run_words(ctx, io, call, in_len, turn, &deadline)?;
+        publish_finished(ctx);
+        return Ok(true);
+    }
+    run_other(ctx, io, call, route)
+}
+
+/// [`run`] for the calls it does not run itself.
+#[inline(never)]
+fn run_other<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
     call: &Call,
@@ -39,19 +68,28 @@ pub(crate) fn run<T: Element>(
         Route::CheckIn { cma } => cma,
     };
     let (in_len, out_len) = call.kind.extents(fp.count as usize, ctx.size);
+    let (turn, deadline) = take_turn(ctx, call)?;
+    let done = if route == Route::Inline {
+        inline::run(ctx, io, call, in_len, turn, &deadline).map(|()| true)
+    } else {
+        check_in(ctx, io, call, (turn, cma), (in_len, out_len), &deadline)
+    }?;
+    // Up to which check-in this rank is done with its peers' pages.
+    publish_finished(ctx);
+    Ok(done)
+}
+
+/// Take this call's check-in, once every peer is done with the
+/// announcement slot it reuses; with its deadline.
+#[inline(always)]
+fn take_turn(ctx: &Ctx<'_>, call: &Call) -> Result<(u64, Deadline)> {
     // Only the call holding its turn counts check-ins: no locked
     // instruction (one waits for the last call's cross-core stores).
     let turn = ctx.control.checkins.load(Ordering::Relaxed);
     ctx.control.checkins.store(turn + 1, Ordering::Relaxed);
     let deadline = Deadline::new(call.timeout);
     free_slot(ctx, turn, call)?;
-    let done = if route == Route::Inline {
-        inline::run(ctx, io, call, in_len, turn, &deadline).map(|()| true)
-    } else {
-        check_in(ctx, io, call, (turn, cma), (in_len, out_len), &deadline)
-    }?;
-    publish_finished(ctx);
-    Ok(done)
+    Ok((turn, deadline))
 }
 
 /// A call that checks in and then runs directly between windows, out of

@@ -148,8 +148,7 @@ pub(super) fn run<T: Element>(
     turn: u64,
     deadline: &Deadline,
 ) -> Result<()> {
-    let elem = std::mem::size_of::<T>();
-    if elem <= 8 && in_len * elem <= SMALL_BYTES {
+    if in_words::<T>(in_len) {
         return run_words(ctx, io, call, in_len, turn, deadline);
     }
     let fp = call.fingerprint;
@@ -225,12 +224,22 @@ fn elems<T: Element>(words: &[u64; SMALL_WORDS], from: usize, len: usize) -> &[T
     &bytemuck::cast_slice::<u64, T>(words)[from..from + len]
 }
 
+/// Whether an input of `in_len` elements travels in its announcement's
+/// line ([`run_words`]): at most [`SMALL_BYTES`], of elements of at most
+/// 8 bytes.
+#[inline(always)]
+pub(super) fn in_words<T>(in_len: usize) -> bool {
+    let elem = std::mem::size_of::<T>();
+    elem <= 8 && in_len * elem <= SMALL_BYTES
+}
+
 /// [`run`] for a call whose input is at most [`SMALL_BYTES`] (a whole
 /// reduce-scatter's, an all-to-all's): each rank's input travels in its
 /// announcement's first cache line (`checkin::announce_inline`), so a
 /// peer's announcement and input are one line (`checkin::heard_inline`,
 /// `checkin::small_words`).
-fn run_words<T: Element>(
+#[inline(always)]
+pub(super) fn run_words<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
     call: &Call,
