@@ -176,14 +176,14 @@ impl Inner {
 impl Communicator {
     /// A blocking call: issue it, wait for its turn, run it.
     ///
-    /// Inlined, with `Inner::execute`, `Inner::execute_checked`,
-    /// `exec::run_checked_in` and `exec::inline::run`, into each public
-    /// collective: one function from the call to the page protocol, where
-    /// the calls between them were about 100 of an 8-byte call's 1,150
-    /// instructions (1.04-1.06x on 2-rank allreduces and allgathers,
-    /// 1.12-1.16x on broadcasts and reduces: docs/performance-log.md,
-    /// "Small calls without a locked instruction"). The paths off that
-    /// line (slots, device memory, check-ins) stay apart.
+    /// Inlined, with `Inner::execute`, `Inner::execute_checked` and the
+    /// word branch of `exec::run_checked_in` (`exec::inline::run_words`),
+    /// into each public collective: one function from a small call to the
+    /// page protocol, about 130 fewer instructions of an 8-byte call's
+    /// 1,150 (1.05-1.09x on 2-rank allreduces and allgathers, 1.14-1.18x
+    /// on broadcasts and reduces: docs/performance-log.md, "Small calls
+    /// without a locked instruction"). The paths off that line (slots,
+    /// device memory, check-ins, the inline area) stay out of line.
     #[inline(always)]
     pub(super) fn run_blocking<T: Element>(
         &self,

@@ -36,28 +36,26 @@ pub(crate) fn run<T: Element>(
     call: &Call,
     route: Route,
 ) -> Result<bool> {
-    let in_len = call
-        .kind
-        .extents(call.fingerprint.count as usize, ctx.size)
-        .0;
-    if route == Route::Inline && inline::in_words::<T>(in_len) {
+    let extents = call.kind.extents(call.fingerprint.count as usize, ctx.size);
+    if route == Route::Inline && inline::in_words::<T>(extents.0) {
         let (turn, deadline) = take_turn(ctx, call)?;
-        inline::run_words(ctx, io, call, in_len, turn, &deadline)?;
+        inline::run_words(ctx, io, call, extents.0, turn, &deadline)?;
         publish_finished(ctx);
         return Ok(true);
     }
-    run_other(ctx, io, call, route)
+    run_other(ctx, io, call, route, extents)
 }
 
-/// [`run`] for the calls it does not run itself.
+/// [`run`] for the calls it does not run itself (`extents`: the call's
+/// input and output elements).
 #[inline(never)]
 fn run_other<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
     call: &Call,
     route: Route,
+    (in_len, out_len): (usize, usize),
 ) -> Result<bool> {
-    let fp = call.fingerprint;
     let cma = match route {
         Route::Slots { note: false } => return Ok(false),
         Route::Slots { note: true } => {
@@ -67,7 +65,6 @@ fn run_other<T: Element>(
         Route::Inline => false,
         Route::CheckIn { cma } => cma,
     };
-    let (in_len, out_len) = call.kind.extents(fp.count as usize, ctx.size);
     let (turn, deadline) = take_turn(ctx, call)?;
     let done = if route == Route::Inline {
         inline::run(ctx, io, call, in_len, turn, &deadline).map(|()| true)

@@ -140,6 +140,12 @@ fn publishes(kind: CollKind, rank: usize, root: usize) -> bool {
 /// announcement, reads every peer's announcement, then takes what it needs
 /// from the peers' pages. Nobody touches another rank's buffers, so there
 /// is no completion wait: one exchange in all.
+///
+/// For an input over [`SMALL_BYTES`], through the page's inline area:
+/// the smaller ones travel in the announcement's line ([`run_words`]),
+/// which `checked_in::run` calls itself (inlined into the blocking call,
+/// where this path stays out of line), and every rank decides between the
+/// two by [`in_words`] alike.
 pub(super) fn run<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
@@ -148,9 +154,7 @@ pub(super) fn run<T: Element>(
     turn: u64,
     deadline: &Deadline,
 ) -> Result<()> {
-    if in_words::<T>(in_len) {
-        return run_words(ctx, io, call, in_len, turn, deadline);
-    }
+    debug_assert!(!in_words::<T>(in_len), "run_words takes this call");
     let fp = call.fingerprint;
     let kind = call.kind;
     let (rank, size) = (ctx.rank, ctx.size);
@@ -233,7 +237,7 @@ pub(super) fn in_words<T>(in_len: usize) -> bool {
     elem <= 8 && in_len * elem <= SMALL_BYTES
 }
 
-/// [`run`] for a call whose input is at most [`SMALL_BYTES`] (a whole
+/// The inline call of an input of at most [`SMALL_BYTES`] (a whole
 /// reduce-scatter's, an all-to-all's): each rank's input travels in its
 /// announcement's first cache line (`checkin::announce_inline`), so a
 /// peer's announcement and input are one line (`checkin::heard_inline`,
