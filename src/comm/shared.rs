@@ -298,7 +298,8 @@ impl Communicator {
     }
     /// How many collectives of this communicator ran without the
     /// transport's slots: inline in the check-in on the shared control
-    /// pages (input of at most 4 KiB, every rank on one host), directly
+    /// pages (input of at most 4 to 16 KiB by collective and size, every
+    /// rank on one host), directly
     /// between windows (see [`Communicator::alloc_window`]), or, for large
     /// allgathers and all-to-alls of ordinary buffers, straight out of the
     /// peers' processes by cross-memory attach (FERROCCL_CMA). To check

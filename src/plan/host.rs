@@ -21,15 +21,18 @@ use crate::error::{Error, Result};
 use crate::reduce::Store;
 
 /// Calls whose input has at most this many bytes travel inline in the
-/// check-in, where the ranks share control pages and no algorithm is
-/// forced: every call on more than 2 ranks, and every call while the
-/// communicator has shared windows (calls in windows run directly between
-/// them from here on). See [`inline_limit`].
+/// check-in wherever the ranks share control pages and no algorithm is
+/// forced, whatever the communicator's size and windows: the floor of
+/// every [`inline_limit`].
 pub(crate) const INLINE_BYTES: usize = 4096;
 
 /// The largest input any call runs inline with: the control page's inline
 /// areas hold this much each (`exec::checkin::INLINE_CAPACITY`).
 pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
+
+/// The most ranks on which a broadcast or a reduce runs inline up to
+/// [`INLINE_MAX_BYTES`] (see [`inline_limit`]); measured on 3, 4 and 8.
+pub(crate) const INLINE_ROOTED_MAX_RANKS: usize = 8;
 
 /// The largest input of a `kind` call that runs inline in the check-in,
 /// given `facts`: one exchange, each rank copying its input onto its page
@@ -45,16 +48,30 @@ pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 /// of the other's input across cores). An allgather's output is twice its
 /// input, so it stops at 8 KiB of input, and a reduce-scatter (whose
 /// input is the whole vector) was 0.8-0.9x at 8 and 16 KiB, so it keeps
-/// 4 KiB. On more ranks each rank reads every peer's input in full, and
-/// nothing past 4 KiB was measured better.
+/// 4 KiB.
+///
+/// A broadcast or a reduce keeps 16 KiB on up to
+/// [`INLINE_ROOTED_MAX_RANKS`] ranks: only one rank's input crosses to
+/// each reader (broadcast), or the root alone reads every peer's
+/// (reduce), and the schedule through slots they replace passes the data
+/// on in several steps, a wait each. Against 4 KiB at 8 and 16 KiB of
+/// input, in turns (docs/performance-log.md, "Rooted calls inline on more
+/// ranks"): broadcast 3.0-3.7x on 3 ranks, 5.6-7.3x on 4 and 6.9-9.1x on
+/// 8; reduce 2.7-5.1x on 4 and 3.9-6.5x on 8; 32 KiB (through slots in
+/// both) level. On more ranks the other calls read every peer's input in
+/// full, and nothing past 4 KiB was measured better.
 pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
-    if (facts.windows && windows_lower_inline(kind)) || facts.size != 2 {
+    if facts.windows && windows_lower_inline(kind) {
         return INLINE_BYTES;
     }
+    let two = facts.size == 2;
     match kind {
-        CollKind::AllReduce | CollKind::Reduce | CollKind::Broadcast => INLINE_MAX_BYTES,
-        CollKind::AllGather | CollKind::AllToAll => 8 << 10,
-        CollKind::ReduceScatter | CollKind::Barrier | CollKind::SendRecv => INLINE_BYTES,
+        CollKind::Broadcast | CollKind::Reduce if facts.size <= INLINE_ROOTED_MAX_RANKS => {
+            INLINE_MAX_BYTES
+        }
+        CollKind::AllReduce if two => INLINE_MAX_BYTES,
+        CollKind::AllGather | CollKind::AllToAll if two => 8 << 10,
+        _ => INLINE_BYTES,
     }
 }
 
@@ -964,7 +981,7 @@ mod tests {
     }
 
     #[test]
-    fn two_ranks_run_larger_calls_inline_unless_a_window_path_serves_them() {
+    fn larger_calls_run_inline_on_two_ranks_and_rooted_ones_on_up_to_eight() {
         let two = Facts {
             size: 2,
             layout: Layout::one_host(2),
@@ -983,21 +1000,36 @@ mod tests {
             (CollKind::AllToAll, 8 << 10),
         ];
         let four = |windows: bool| Facts { windows, ..facts() };
+        let many = |size: usize| Facts {
+            size,
+            layout: Layout::one_host(size),
+            ..facts()
+        };
         for (kind, limit) in limits {
             assert!(limit <= INLINE_MAX_BYTES, "{kind:?}: the page holds it");
             // With windows, allreduce, allgather and reduce-scatter keep
             // 4 KiB; the others keep their limit. On more ranks, 4 KiB,
-            // windows or not.
+            // windows or not, but for a broadcast or a reduce, which keep
+            // 16 KiB up to 8 ranks.
             let with_windows = if windows_lower_inline(kind) {
                 INLINE_BYTES
             } else {
                 limit
             };
+            let rooted = matches!(kind, CollKind::Broadcast | CollKind::Reduce);
+            let more = if rooted {
+                INLINE_MAX_BYTES
+            } else {
+                INLINE_BYTES
+            };
             for (f, most, what) in [
                 (two, limit, "2 ranks"),
                 (windows, with_windows, "2 ranks, windows"),
-                (four(false), INLINE_BYTES, "4 ranks"),
-                (four(true), INLINE_BYTES, "4 ranks, windows"),
+                (four(false), more, "4 ranks"),
+                (four(true), more, "4 ranks, windows"),
+                (many(3), more, "3 ranks"),
+                (many(INLINE_ROOTED_MAX_RANKS), more, "8 ranks"),
+                (many(INLINE_ROOTED_MAX_RANKS + 1), INLINE_BYTES, "9 ranks"),
             ] {
                 assert_eq!(
                     route(kind, most, false, Memory::Host, &f).unwrap(),
@@ -1027,7 +1059,7 @@ mod tests {
                 Route::Inline
             );
             assert_eq!(
-                route(kind, INLINE_BYTES + 1, false, Memory::Host, &f).unwrap(),
+                route(kind, inline_limit(kind, &f) + 1, false, Memory::Host, &f).unwrap(),
                 Route::Slots { note: true },
                 "{kind:?}"
             );
