@@ -1,7 +1,8 @@
 //! The check-in on shared control pages for plain buffers: every collective
-//! with an input of at most 4 KiB (16 KiB for reduce and broadcast on up
-//! to 8 ranks and for allreduce on 2, 8 KiB for allgather and all-to-all
-//! on 2) runs inline in it (one exchange) on ranks of one host,
+//! with an input of at most 4 KiB (on 2 ranks 16 KiB for allreduce,
+//! reduce and broadcast and 8 KiB for allgather and all-to-all; on 3 to 8
+//! ranks 16 KiB for broadcast, reduce, reduce-scatter and allgather) runs
+//! inline in it (one exchange) on ranks of one host,
 //! larger ones go through slots; results against the f64
 //! reference, how many calls ran inline counted, the switch
 //! (FERROCCL_CHECKIN=0, a forced algorithm) honoured, and calls that differ
@@ -18,13 +19,14 @@ use ferroccl::{Algorithm, Communicator, Config, Element, Error, ReduceOp};
 use std::time::Duration;
 
 /// The largest input, in bytes, of a `kind` call that runs inline on `n`
-/// ranks (docs/architecture.md, the check-in): 4 KiB, 16 KiB for reduce
-/// and broadcast on up to 8 ranks and for allreduce on 2, 8 KiB for
-/// allgather and all-to-all on 2 (whose output is larger than their
-/// input).
+/// ranks (docs/architecture.md, the check-in): 4 KiB; on 2 ranks 16 KiB
+/// for allreduce, reduce and broadcast and 8 KiB for allgather and
+/// all-to-all (whose output is larger than their input); on 3 to 8 ranks
+/// 16 KiB for broadcast, reduce, reduce-scatter and allgather.
 fn inline_limit(kind: &str, n: usize) -> usize {
     match (n, kind) {
-        (..=8, "reduce" | "broadcast") | (2, "all_reduce") => 16 << 10,
+        (2, "all_reduce" | "reduce" | "broadcast")
+        | (3..=8, "reduce" | "broadcast" | "reduce_scatter" | "all_gather") => 16 << 10,
         (2, "all_gather" | "all_to_all") => 8 << 10,
         _ => 4096,
     }
@@ -339,8 +341,7 @@ fn roots_and_senders_run_ahead_and_every_call_keeps_its_data() {
 /// slot sequence numbers stay in step however the two ways interleave.
 #[test]
 fn random_mixtures_of_inline_and_slot_calls_stay_in_step() {
-    // 2 ranks: the larger inline limits; 3: 16 KiB for reduce and
-    // broadcast, 4 KiB for the others.
+    // 2 ranks: the larger inline limits; 3: 16 KiB for all but allreduce.
     for n in [2, 3] {
         random_mixture(n);
     }

@@ -30,9 +30,10 @@ pub(crate) const INLINE_BYTES: usize = 4096;
 /// areas hold this much each (`exec::checkin::INLINE_CAPACITY`).
 pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 
-/// The most ranks on which a broadcast or a reduce runs inline up to
-/// [`INLINE_MAX_BYTES`] (see [`inline_limit`]); measured on 3, 4 and 8.
-pub(crate) const INLINE_ROOTED_MAX_RANKS: usize = 8;
+/// The most ranks on which a broadcast, reduce, reduce-scatter or
+/// allgather runs inline up to [`INLINE_MAX_BYTES`] (see
+/// [`inline_limit`]); measured on 3, 4 and 8.
+pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
 
 /// The largest input of a `kind` call that runs inline in the check-in,
 /// given `facts`: one exchange, each rank copying its input onto its page
@@ -50,27 +51,30 @@ pub(crate) const INLINE_ROOTED_MAX_RANKS: usize = 8;
 /// input is the whole vector) was 0.8-0.9x at 8 and 16 KiB, so it keeps
 /// 4 KiB.
 ///
-/// A broadcast or a reduce keeps 16 KiB on up to
-/// [`INLINE_ROOTED_MAX_RANKS`] ranks: only one rank's input crosses to
-/// each reader (broadcast), or the root alone reads every peer's
-/// (reduce), and the schedule through slots they replace passes the data
-/// on in several steps, a wait each. Against 4 KiB at 8 and 16 KiB of
-/// input, in turns (docs/performance-log.md, "Rooted calls inline on more
-/// ranks"): broadcast 3.0-3.7x on 3 ranks, 5.6-7.3x on 4 and 6.9-9.1x on
-/// 8; reduce 2.7-5.1x on 4 and 3.9-6.5x on 8; 32 KiB (through slots in
-/// both) level. On more ranks the other calls read every peer's input in
-/// full, and nothing past 4 KiB was measured better.
+/// On 3 to [`INLINE_WIDE_MAX_RANKS`] ranks a broadcast, reduce,
+/// reduce-scatter and allgather keep 16 KiB: the schedules through slots
+/// they replace pass the data on in several steps, a wait each, where the
+/// inline exchange is one. Against 4 KiB at 8 and 16 KiB of input, in
+/// turns (docs/performance-log.md, "Rooted calls inline on more ranks"):
+/// broadcast 3.0-3.7x on 3 ranks, 4.5-7.0x on 4 and 6.9-9.1x on 8; reduce
+/// 3.0-4.1x, 3.0-6.8x and 3.9-6.5x; reduce-scatter 1.13-1.25x, 1.36-2.17x
+/// and 2.45-2.56x; allgather 1.13-1.29x on 3 ranks (up to 11 KiB of
+/// input), 1.08-1.67x on 4 and 2.22-2.63x on 8; 32 KiB (through slots in
+/// both) level. An allreduce, where every rank reads every peer's whole
+/// input, and an all-to-all keep 4 KiB there: nothing past it was
+/// measured better. Above 8 ranks, not measured, every call keeps 4 KiB.
 pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
     if facts.windows && windows_lower_inline(kind) {
         return INLINE_BYTES;
     }
-    let two = facts.size == 2;
-    match kind {
-        CollKind::Broadcast | CollKind::Reduce if facts.size <= INLINE_ROOTED_MAX_RANKS => {
-            INLINE_MAX_BYTES
-        }
-        CollKind::AllReduce if two => INLINE_MAX_BYTES,
-        CollKind::AllGather | CollKind::AllToAll if two => 8 << 10,
+    match (facts.size, kind) {
+        (2, CollKind::AllReduce | CollKind::Reduce | CollKind::Broadcast) => INLINE_MAX_BYTES,
+        (2, CollKind::AllGather | CollKind::AllToAll) => 8 << 10,
+        (2, _) => INLINE_BYTES,
+        (
+            3..=INLINE_WIDE_MAX_RANKS,
+            CollKind::Broadcast | CollKind::Reduce | CollKind::ReduceScatter | CollKind::AllGather,
+        ) => INLINE_MAX_BYTES,
         _ => INLINE_BYTES,
     }
 }
@@ -981,7 +985,7 @@ mod tests {
     }
 
     #[test]
-    fn larger_calls_run_inline_on_two_ranks_and_rooted_ones_on_up_to_eight() {
+    fn larger_calls_run_inline_on_up_to_eight_ranks_by_collective() {
         let two = Facts {
             size: 2,
             layout: Layout::one_host(2),
@@ -1008,28 +1012,32 @@ mod tests {
         for (kind, limit) in limits {
             assert!(limit <= INLINE_MAX_BYTES, "{kind:?}: the page holds it");
             // With windows, allreduce, allgather and reduce-scatter keep
-            // 4 KiB; the others keep their limit. On more ranks, 4 KiB,
-            // windows or not, but for a broadcast or a reduce, which keep
-            // 16 KiB up to 8 ranks.
-            let with_windows = if windows_lower_inline(kind) {
-                INLINE_BYTES
-            } else {
-                limit
+            // 4 KiB; the others keep their limit. On 3 to 8 ranks,
+            // broadcast, reduce, reduce-scatter and allgather 16 KiB (with
+            // windows only the first two), the others 4 KiB; above 8, 4 KiB.
+            let lowered = |most: usize| {
+                if windows_lower_inline(kind) {
+                    INLINE_BYTES
+                } else {
+                    most
+                }
             };
-            let rooted = matches!(kind, CollKind::Broadcast | CollKind::Reduce);
-            let more = if rooted {
-                INLINE_MAX_BYTES
-            } else {
-                INLINE_BYTES
-            };
+            let wide = matches!(
+                kind,
+                CollKind::Broadcast
+                    | CollKind::Reduce
+                    | CollKind::ReduceScatter
+                    | CollKind::AllGather
+            );
+            let more = if wide { INLINE_MAX_BYTES } else { INLINE_BYTES };
             for (f, most, what) in [
                 (two, limit, "2 ranks"),
-                (windows, with_windows, "2 ranks, windows"),
+                (windows, lowered(limit), "2 ranks, windows"),
                 (four(false), more, "4 ranks"),
-                (four(true), more, "4 ranks, windows"),
+                (four(true), lowered(more), "4 ranks, windows"),
                 (many(3), more, "3 ranks"),
-                (many(INLINE_ROOTED_MAX_RANKS), more, "8 ranks"),
-                (many(INLINE_ROOTED_MAX_RANKS + 1), INLINE_BYTES, "9 ranks"),
+                (many(INLINE_WIDE_MAX_RANKS), more, "8 ranks"),
+                (many(INLINE_WIDE_MAX_RANKS + 1), INLINE_BYTES, "9 ranks"),
             ] {
                 assert_eq!(
                     route(kind, most, false, Memory::Host, &f).unwrap(),
