@@ -55,7 +55,7 @@ pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
 /// reduce-scatter and allgather keep 16 KiB: the schedules through slots
 /// they replace pass the data on in several steps, a wait each, where the
 /// inline exchange is one. Against 4 KiB at 8 and 16 KiB of input, in
-/// turns (docs/performance-log.md, "Rooted calls inline on more ranks"):
+/// turns (docs/performance-log.md, "Larger calls inline on 3 to 8 ranks"):
 /// broadcast 3.0-3.7x on 3 ranks, 4.5-7.0x on 4 and 6.9-9.1x on 8; reduce
 /// 3.0-4.1x, 3.0-6.8x and 3.9-6.5x; reduce-scatter 1.13-1.25x, 1.36-2.17x
 /// and 2.45-2.56x; allgather 1.13-1.29x on 3 ranks (up to 11 KiB of
