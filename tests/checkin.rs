@@ -205,6 +205,35 @@ fn two_small_calls_that_differ_are_a_mismatch_on_both_ranks() {
     assert_mismatch(&results[1], 1, 0);
 }
 
+/// On 4 ranks, where a reduce-scatter of up to 16 KiB runs inline: one
+/// rank at the limit (inline) against the others just past it (through
+/// slots) is a mismatch on every rank (not a wait for the timeout): the
+/// others name the inline rank, the inline rank one of them.
+#[test]
+fn a_call_at_the_wider_inline_limit_against_one_past_it_is_a_mismatch_everywhere() {
+    let n = 4;
+    let per_rank = (16 << 10) / 4 / n;
+    let results = run_ranks_with(n, quick, |comm| {
+        let mut x = [comm.rank() as f32; 3];
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+        let count = if comm.rank() == 2 {
+            per_rank
+        } else {
+            per_rank + 1
+        };
+        let input = vec![1f32; count * n];
+        let mut out = vec![0f32; count];
+        comm.reduce_scatter(&input, &mut out, ReduceOp::Sum)
+    });
+    for (rank, result) in results.iter().enumerate() {
+        match result {
+            Err(Error::Mismatch { peer, .. }) if rank == 2 => assert_ne!(*peer, 2),
+            _ if rank == 2 => panic!("rank 2: expected a mismatch, got {result:?}"),
+            _ => assert_mismatch(result, rank, 2),
+        }
+    }
+}
+
 /// A small broadcast's root leaves once its data is on its page, without
 /// reading its peers' announcements: a receiver given another call finds
 /// the mismatch in its call, and the root in its next one, which names
