@@ -1,7 +1,7 @@
 //! The check-in on shared control pages for plain buffers: every collective
 //! with an input of at most 4 KiB (on 2 ranks 16 KiB for allreduce,
 //! reduce and broadcast and 8 KiB for allgather and all-to-all; on 3 to 8
-//! ranks 16 KiB for broadcast, reduce, reduce-scatter and allgather) runs
+//! ranks 16 KiB for every collective but allreduce) runs
 //! inline in it (one exchange) on ranks of one host,
 //! larger ones go through slots; results against the f64
 //! reference, how many calls ran inline counted, the switch
@@ -22,11 +22,13 @@ use std::time::Duration;
 /// ranks (docs/architecture.md, the check-in): 4 KiB; on 2 ranks 16 KiB
 /// for allreduce, reduce and broadcast and 8 KiB for allgather and
 /// all-to-all (whose output is larger than their input); on 3 to 8 ranks
-/// 16 KiB for broadcast, reduce, reduce-scatter and allgather.
+/// 16 KiB for every collective but allreduce.
 fn inline_limit(kind: &str, n: usize) -> usize {
     match (n, kind) {
         (2, "all_reduce" | "reduce" | "broadcast")
-        | (3..=8, "reduce" | "broadcast" | "reduce_scatter" | "all_gather") => 16 << 10,
+        | (3..=8, "reduce" | "broadcast" | "reduce_scatter" | "all_gather" | "all_to_all") => {
+            16 << 10
+        }
         (2, "all_gather" | "all_to_all") => 8 << 10,
         _ => 4096,
     }

@@ -30,8 +30,8 @@ pub(crate) const INLINE_BYTES: usize = 4096;
 /// areas hold this much each (`exec::checkin::INLINE_CAPACITY`).
 pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 
-/// The most ranks on which a broadcast, reduce, reduce-scatter or
-/// allgather runs inline up to [`INLINE_MAX_BYTES`] (see
+/// The most ranks on which a broadcast, reduce, reduce-scatter, allgather
+/// or all-to-all runs inline up to [`INLINE_MAX_BYTES`] (see
 /// [`inline_limit`]); measured on 3, 4 and 8.
 pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
 
@@ -52,7 +52,7 @@ pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
 /// 4 KiB.
 ///
 /// On 3 to [`INLINE_WIDE_MAX_RANKS`] ranks a broadcast, reduce,
-/// reduce-scatter and allgather keep 16 KiB, windows or not (see
+/// reduce-scatter, allgather and all-to-all keep 16 KiB, windows or not (see
 /// [`windows_lower_inline`]): the schedules through slots
 /// they replace pass the data on in several steps, a wait each, where the
 /// inline exchange is one. Against 4 KiB at 8 and 16 KiB of input, in
@@ -60,10 +60,11 @@ pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
 /// broadcast 3.0-3.7x on 3 ranks, 4.5-7.0x on 4 and 6.9-9.1x on 8; reduce
 /// 3.0-4.1x, 3.0-6.8x and 3.9-6.5x; reduce-scatter 1.13-1.25x, 1.36-2.17x
 /// and 2.45-2.56x; allgather 1.13-1.29x on 3 ranks (up to 11 KiB of
-/// input), 1.08-1.67x on 4 and 2.22-2.63x on 8; 32 KiB (through slots in
-/// both) level. An allreduce, where every rank reads every peer's whole
-/// input, and an all-to-all keep 4 KiB there: nothing past it was
-/// measured better. Above 8 ranks, not measured, every call keeps 4 KiB.
+/// input), 1.08-1.67x on 4 and 2.22-2.63x on 8; all-to-all 1.61-1.91x,
+/// 1.65-1.77x and 3.50-3.73x; 32 KiB (through slots in both) level. An
+/// allreduce, where every rank reads every peer's whole input, keeps
+/// 4 KiB there: on 4 ranks 16 KiB measured 0.92-1.13x. Above 8 ranks, not
+/// measured, every call keeps 4 KiB.
 pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
     if facts.size == 2 && facts.windows && windows_lower_inline(kind) {
         return INLINE_BYTES;
@@ -74,7 +75,11 @@ pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
         (2, _) => INLINE_BYTES,
         (
             3..=INLINE_WIDE_MAX_RANKS,
-            CollKind::Broadcast | CollKind::Reduce | CollKind::ReduceScatter | CollKind::AllGather,
+            CollKind::Broadcast
+            | CollKind::Reduce
+            | CollKind::ReduceScatter
+            | CollKind::AllGather
+            | CollKind::AllToAll,
         ) => INLINE_MAX_BYTES,
         _ => INLINE_BYTES,
     }
@@ -1017,8 +1022,8 @@ mod tests {
             assert!(limit <= INLINE_MAX_BYTES, "{kind:?}: the page holds it");
             // With windows on 2 ranks, allreduce, allgather and
             // reduce-scatter keep 4 KiB; the others keep their limit. On 3
-            // to 8 ranks, windows or not, broadcast, reduce, reduce-scatter
-            // and allgather 16 KiB, the others 4 KiB; above 8, 4 KiB.
+            // to 8 ranks, windows or not, all but allreduce 16 KiB,
+            // allreduce 4 KiB; above 8, 4 KiB.
             let lowered = |most: usize| {
                 if windows_lower_inline(kind) {
                     INLINE_BYTES
@@ -1026,13 +1031,7 @@ mod tests {
                     most
                 }
             };
-            let wide = matches!(
-                kind,
-                CollKind::Broadcast
-                    | CollKind::Reduce
-                    | CollKind::ReduceScatter
-                    | CollKind::AllGather
-            );
+            let wide = kind != CollKind::AllReduce;
             let more = if wide { INLINE_MAX_BYTES } else { INLINE_BYTES };
             for (f, most, what) in [
                 (two, limit, "2 ranks"),
