@@ -52,16 +52,16 @@ pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
 /// 4 KiB.
 ///
 /// On 3 to [`INLINE_WIDE_MAX_RANKS`] ranks a broadcast, reduce,
-/// reduce-scatter, allgather and all-to-all keep 16 KiB, windows or not (see
-/// [`windows_lower_inline`]): the schedules through slots
-/// they replace pass the data on in several steps, a wait each, where the
+/// reduce-scatter, allgather and all-to-all keep 16 KiB, windows or not
+/// (see [`windows_lower_inline`]): the schedules through slots they
+/// replace pass the data on in several steps, a wait each, where the
 /// inline exchange is one. Against 4 KiB at 8 and 16 KiB of input, in
 /// turns (docs/performance-log.md, "Larger calls inline on 3 to 8 ranks"):
 /// broadcast 3.0-3.7x on 3 ranks, 4.5-7.0x on 4 and 6.9-9.1x on 8; reduce
 /// 3.0-4.1x, 3.0-6.8x and 3.9-6.5x; reduce-scatter 1.13-1.25x, 1.36-2.17x
 /// and 2.45-2.56x; allgather 1.13-1.29x on 3 ranks (up to 11 KiB of
 /// input), 1.08-1.67x on 4 and 2.22-2.63x on 8; all-to-all 1.61-1.91x,
-/// 1.65-1.77x and 3.50-3.73x; 32 KiB (through slots in both) level. An
+/// 1.41-2.14x and 3.50-3.73x; 32 KiB (through slots in both) level. An
 /// allreduce, where every rank reads every peer's whole input, keeps
 /// 4 KiB there: on 4 ranks 16 KiB measured 0.92-1.13x. Above 8 ranks, not
 /// measured, every call keeps 4 KiB.
