@@ -72,7 +72,6 @@ pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
     match (facts.size, kind) {
         (2, CollKind::AllReduce | CollKind::Reduce | CollKind::Broadcast) => INLINE_MAX_BYTES,
         (2, CollKind::AllGather | CollKind::AllToAll) => 8 << 10,
-        (2, _) => INLINE_BYTES,
         (
             3..=INLINE_WIDE_MAX_RANKS,
             CollKind::Broadcast
@@ -1024,18 +1023,19 @@ mod tests {
             // reduce-scatter keep 4 KiB; the others keep their limit. On 3
             // to 8 ranks, windows or not, all but allreduce 16 KiB,
             // allreduce 4 KiB; above 8, 4 KiB.
-            let lowered = |most: usize| {
-                if windows_lower_inline(kind) {
-                    INLINE_BYTES
-                } else {
-                    most
-                }
+            let with_windows = if windows_lower_inline(kind) {
+                INLINE_BYTES
+            } else {
+                limit
             };
-            let wide = kind != CollKind::AllReduce;
-            let more = if wide { INLINE_MAX_BYTES } else { INLINE_BYTES };
+            let more = if kind == CollKind::AllReduce {
+                INLINE_BYTES
+            } else {
+                INLINE_MAX_BYTES
+            };
             for (f, most, what) in [
                 (two, limit, "2 ranks"),
-                (windows, lowered(limit), "2 ranks, windows"),
+                (windows, with_windows, "2 ranks, windows"),
                 (four(false), more, "4 ranks"),
                 (four(true), more, "4 ranks, windows"),
                 (many(3), more, "3 ranks"),
