@@ -106,9 +106,10 @@ pub struct Config {
     /// docs/reliability.md). FERROCCL_EARLY_RETURN=0: every rank's call
     /// waits for every peer and fails itself on a mismatch.
     pub early_return: bool,
-    /// Let large allgathers and all-to-alls of ordinary (non-window)
-    /// buffers between ranks of one host copy each peer's data once,
-    /// straight out of the peer process by cross-memory attach
+    /// Let large allgathers and all-to-alls (and mid-sized broadcasts) of
+    /// ordinary (non-window) buffers between ranks of one host copy each
+    /// peer's data once, straight out of the peer process by cross-memory
+    /// attach
     /// (`process_vm_readv`), where every rank may (FERROCCL_CMA=0 turns it
     /// off). Probed when the control pages are made; without permission the
     /// calls go through slots.

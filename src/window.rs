@@ -209,8 +209,9 @@ pub(crate) struct Control {
     pub(crate) windows: std::sync::atomic::AtomicBool,
     /// Every rank read every other rank's probe word by cross-memory
     /// attach at creation (and FERROCCL_CMA is on everywhere): large
-    /// allgathers and all-to-alls of ordinary buffers copy straight out of
-    /// the peers' processes (`exec::pull`).
+    /// allgathers and all-to-alls, and broadcasts over the calibrated
+    /// sizes, of ordinary buffers copy straight out of the peers'
+    /// processes (`exec::pull`).
     pub(crate) cma: bool,
 }
 

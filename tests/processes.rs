@@ -109,6 +109,84 @@ fn every_check_passes_on_four_ranks() {
     );
 }
 
+/// The sizes of the broadcasts in `f`'s `plan:` lines of rank 0 that say
+/// `route`.
+fn broadcasts_routed(f: &Finished, route: &str) -> Vec<usize> {
+    f.prefixed()
+        .iter()
+        .filter(|(r, rest)| *r == 0 && rest.contains(route))
+        .filter_map(|(_, rest)| {
+            let after = rest.split("plan: broadcast of ").nth(1)?;
+            after.split(' ').next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// On 2 ranks, broadcasts of 64 to 512 KiB of ordinary buffers copy the
+/// root's input straight out of its process (cross-memory attach; the
+/// fixed range, FERROCCL_CALIBRATE=0): `ferroccl-check`'s broadcasts of
+/// 65 536 elements (64 KiB to 512 KiB by element type, from every root),
+/// checked element by element against the root's data, must pass routed
+/// so, and pass through slots with FERROCCL_CMA=0, with the same number of
+/// checks. Where the machine forbids cross-memory attach (Yama, a container
+/// profile) both runs take the slots and must agree.
+#[test]
+fn two_ranks_broadcast_out_of_the_roots_process() {
+    let args = ["--count", "65536", "--iters", "2"];
+    let limit = Duration::from_secs(120);
+    let env = [("FERROCCL_DEBUG", "INFO"), ("FERROCCL_CALIBRATE", "0")];
+    let with = launch(2, &env, &args, limit);
+    assert!(
+        with.status.success(),
+        "exit {:?}\n{}",
+        with.status,
+        with.all()
+    );
+    let without = launch(2, &[env[0], ("FERROCCL_CMA", "0")], &args, limit);
+    assert!(
+        without.status.success(),
+        "exit {:?}\n{}",
+        without.status,
+        without.all()
+    );
+    let total = |f: &Finished| {
+        f.prefixed()
+            .into_iter()
+            .find(|(r, rest)| *r == 0 && rest.ends_with("checks passed on 2 ranks"))
+            .unwrap_or_else(|| panic!("no total on rank 0\n{}", f.all()))
+            .1
+    };
+    assert_eq!(total(&with), total(&without));
+    let pulled = "-> ring, check-in, then straight out of the peers' processes";
+    let slots = "-> ring, through the transport's slots";
+    let large = |sizes: Vec<usize>| -> Vec<usize> {
+        sizes.into_iter().filter(|&b| b >= 64 << 10).collect()
+    };
+    assert!(large(broadcasts_routed(&without, pulled)).is_empty());
+    assert!(
+        !large(broadcasts_routed(&without, slots)).is_empty(),
+        "{}",
+        without.all()
+    );
+    if with
+        .all()
+        .contains("cross-memory attach between the 2 ranks")
+    {
+        let mut sizes = large(broadcasts_routed(&with, pulled));
+        sizes.sort_unstable();
+        sizes.dedup();
+        assert!(
+            sizes.len() >= 3 && sizes.iter().all(|&b| b <= 512 << 10),
+            "broadcasts pulled: {sizes:?}\n{}",
+            with.all()
+        );
+        assert!(large(broadcasts_routed(&with, slots)).is_empty());
+    } else {
+        eprintln!("cross-memory attach not permitted here; both runs used slots");
+        assert!(!large(broadcasts_routed(&with, slots)).is_empty());
+    }
+}
+
 /// The errors the `survivors` printed: at least one names `victim`, and
 /// each names the call it ended, with its number. (The launcher stops the
 /// survivors once it sees a rank end, so some may be gone before they

@@ -335,7 +335,8 @@ impl Inner {
                 && coll::user_collective(kind).is_some_and(|c| self.user.get(c).is_some()),
             nt_store_bytes: self.config.nt_store_bytes,
             chunk_bytes: self.chunk_bytes,
-            cma_min_bytes: self.cma_min_bytes.load(Ordering::Relaxed),
+            cma_gather: self.cma_gather.get(),
+            cma_broadcast: self.cma_broadcast.get(),
         }
     }
 

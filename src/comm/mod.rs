@@ -161,11 +161,15 @@ struct Inner {
     windows: Mutex<Windows>,
     /// Collectives that ran directly between windows.
     direct_calls: AtomicU64,
-    /// Smallest block from which an allgather or all-to-all of ordinary
-    /// buffers pulls by cross-memory attach: `plan::CMA_MIN_BYTES` until
+    /// The blocks of an allgather or all-to-all of ordinary buffers
+    /// pulled by cross-memory attach: from `plan::CMA_MIN_BYTES` up until
     /// the control pages' calibration (`Communicator::calibrate_cma`)
-    /// measures it; `usize::MAX`: never.
-    cma_min_bytes: std::sync::atomic::AtomicUsize,
+    /// measures them; `plan::NO_CMA`: never.
+    cma_gather: SizeRange,
+    /// The broadcast sizes that pull the root's input by cross-memory
+    /// attach: none (`plan::NO_CMA`) until the same calibration measures
+    /// the pull winning.
+    cma_broadcast: SizeRange,
     /// The control pages (set once, read without a lock), made at creation
     /// where every rank is on one host (or with the first window under
     /// FERROCCL_CHECKIN=0): from then on every collective checks in there.
@@ -551,6 +555,33 @@ impl Communicator {
             }
         }
         Ok(())
+    }
+}
+
+/// An inclusive range of sizes that calibration sets and every call
+/// reads (its ends apart: a call routed between two stores of a
+/// calibration is one of the calibration's own).
+struct SizeRange(
+    std::sync::atomic::AtomicUsize,
+    std::sync::atomic::AtomicUsize,
+);
+
+impl SizeRange {
+    fn new((from, upto): (usize, usize)) -> Self {
+        SizeRange(
+            std::sync::atomic::AtomicUsize::new(from),
+            std::sync::atomic::AtomicUsize::new(upto),
+        )
+    }
+    fn get(&self) -> (usize, usize) {
+        (
+            self.0.load(std::sync::atomic::Ordering::Relaxed),
+            self.1.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+    fn set(&self, (from, upto): (usize, usize)) {
+        self.0.store(from, std::sync::atomic::Ordering::Relaxed);
+        self.1.store(upto, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

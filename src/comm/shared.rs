@@ -279,19 +279,23 @@ impl Communicator {
                 rank = inner.rank,
                 "cross-memory attach between the {} ranks: allgathers and all-to-alls of \
                  ordinary buffers with blocks of at least {} bytes copy straight out of the \
-                 peers' processes",
+                 peers' processes, {}",
                 inner.size,
-                crate::plan::CMA_MIN_BYTES
+                crate::plan::CMA_MIN_BYTES,
+                match crate::plan::cma_broadcast_default(inner.size) {
+                    crate::plan::NO_CMA => "broadcasts through slots".to_string(),
+                    (from, upto) => format!("and broadcasts of {from} to {upto} bytes"),
+                }
             ),
             (Err(why), false) => tracing::info!(
                 rank = inner.rank,
-                "no cross-memory attach ({why}): allgathers and all-to-alls of ordinary buffers \
-                 go through slots"
+                "no cross-memory attach ({why}): allgathers, all-to-alls and broadcasts of \
+                 ordinary buffers go through slots"
             ),
             (Ok(()), false) => tracing::info!(
                 rank = inner.rank,
                 "no cross-memory attach (another rank cannot, or has FERROCCL_CMA=0): \
-                 allgathers and all-to-alls of ordinary buffers go through slots"
+                 allgathers, all-to-alls and broadcasts of ordinary buffers go through slots"
             ),
         }
         Ok(all)
@@ -301,7 +305,7 @@ impl Communicator {
     /// pages (input of at most 4 to 16 KiB by collective and size, every
     /// rank on one host), directly
     /// between windows (see [`Communicator::alloc_window`]), or, for large
-    /// allgathers and all-to-alls of ordinary buffers, straight out of the
+    /// allgathers, all-to-alls and broadcasts of ordinary buffers, straight out of the
     /// peers' processes by cross-memory attach (FERROCCL_CMA). To check
     /// that a program's buffers are where it thinks.
     pub fn direct_window_calls(&self) -> u64 {
@@ -309,13 +313,15 @@ impl Communicator {
     }
     /// Measure from which block size an allgather of ordinary buffers is
     /// faster pulled by cross-memory attach than through slots, and pull
-    /// from there on (`Inner::cma_min_bytes`): each rank times allgathers
-    /// of each of `plan::cma_probes` both ways (the best of four after a
-    /// warm-up), the ranks agree on the slowest rank's times, and
-    /// `plan::cma_threshold` decides, so every rank routes alike. Runs at
-    /// the control pages' creation where every rank can pull (a
-    /// collective, before any call of the user's can be in flight);
-    /// FERROCCL_CALIBRATE=0 keeps `plan::CMA_MIN_BYTES`.
+    /// over the blocks where it is (`Inner::cma_gather`), and over which
+    /// sizes a broadcast is (`Inner::cma_broadcast`): each rank times allgathers
+    /// and broadcasts of each of `plan::cma_probes` both ways (the best of
+    /// four after a warm-up), the ranks agree on the slowest rank's times,
+    /// and `plan::cma_range` decides for each,
+    /// so every rank routes alike. Runs at the control pages' creation
+    /// where every rank can pull (a collective, before any call of the
+    /// user's can be in flight); FERROCCL_CALIBRATE=0 keeps
+    /// `plan::CMA_MIN_BYTES` and `plan::cma_broadcast_default`.
     pub(super) fn calibrate_cma(&self) -> Result<()> {
         let inner = &self.inner;
         let n = inner.size;
@@ -326,7 +332,7 @@ impl Communicator {
         let most = blocks.iter().copied().max().unwrap_or(0) / 4;
         let input = vec![inner.rank as f32; most];
         let mut output = vec![0f32; most * n];
-        let mut times = Vec::with_capacity(2 * blocks.len());
+        let mut times = Vec::with_capacity(4 * blocks.len());
         let gather = |input: &[f32], output: &mut [f32]| -> Result<()> {
             let call = CollCall {
                 internal: true,
@@ -340,29 +346,64 @@ impl Communicator {
                 },
             )
         };
+        let broadcast = |buf: &mut [f32]| -> Result<()> {
+            let n = buf.len();
+            let call = CollCall {
+                root: Some(0),
+                in_place: true,
+                internal: true,
+                ..CollCall::new(CollKind::Broadcast, n, n, n)
+            };
+            self.collective(&call, Buffers::InPlace(buf))
+        };
+        let mut best_of_four = |mut run: Box<dyn FnMut() -> Result<()> + '_>| -> Result<()> {
+            let mut best = f64::INFINITY;
+            for turn in 0..5 {
+                let start = Instant::now();
+                run()?;
+                if turn > 0 {
+                    best = best.min(start.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            times.push(best as f32);
+            Ok(())
+        };
         let result = (|| -> Result<()> {
             for &block in &blocks {
                 let count = block / 4;
                 for pull in [true, false] {
-                    let from = if pull { 0 } else { usize::MAX };
-                    inner.cma_min_bytes.store(from, Ordering::Relaxed);
-                    let mut best = f64::INFINITY;
-                    for turn in 0..5 {
-                        let start = Instant::now();
-                        gather(&input[..count], &mut output[..count * n])?;
-                        if turn > 0 {
-                            best = best.min(start.elapsed().as_secs_f64() * 1e6);
-                        }
-                    }
-                    times.push(best as f32);
+                    inner.cma_gather.set(if pull {
+                        (0, usize::MAX)
+                    } else {
+                        crate::plan::NO_CMA
+                    });
+                    best_of_four(Box::new(|| {
+                        gather(&input[..count], &mut output[..count * n])
+                    }))?;
+                }
+            }
+            // A broadcast of a block's bytes (in place, from rank 0).
+            inner.cma_gather.set(crate::plan::NO_CMA);
+            for &block in &blocks {
+                let count = block / 4;
+                for pull in [true, false] {
+                    inner.cma_broadcast.set(if pull {
+                        (0, usize::MAX)
+                    } else {
+                        crate::plan::NO_CMA
+                    });
+                    best_of_four(Box::new(|| broadcast(&mut output[..count])))?;
                 }
             }
             Ok(())
         })();
         // Whatever happened, no route stays forced.
         inner
-            .cma_min_bytes
-            .store(crate::plan::CMA_MIN_BYTES, Ordering::Relaxed);
+            .cma_gather
+            .set((crate::plan::CMA_MIN_BYTES, usize::MAX));
+        inner
+            .cma_broadcast
+            .set(crate::plan::cma_broadcast_default(n));
         result?;
         // The slowest rank's times: every rank decides alike.
         let mut agreed = vec![0f32; times.len()];
@@ -378,27 +419,42 @@ impl Communicator {
                 recv: &mut agreed,
             },
         )?;
-        let probes: Vec<(usize, f64, f64)> = blocks
-            .iter()
-            .zip(agreed.chunks(2))
-            .map(|(&b, t)| (b, f64::from(t[0]), f64::from(t[1])))
-            .collect();
-        let from = crate::plan::cma_threshold(&probes);
-        inner.cma_min_bytes.store(from, Ordering::Relaxed);
-        tracing::info!(
-            rank = inner.rank,
-            "cross-memory attach calibrated on {n} ranks (block bytes: pull us / slots us): \
-             {}; allgathers and all-to-alls pull {}",
+        let probes = |times: &[f32]| -> Vec<(usize, f64, f64)> {
+            blocks
+                .iter()
+                .zip(times.chunks(2))
+                .map(|(&b, t)| (b, f64::from(t[0]), f64::from(t[1])))
+                .collect()
+        };
+        let (gathers, broadcasts) = agreed.split_at(2 * blocks.len());
+        let (gathers, broadcasts) = (probes(gathers), probes(broadcasts));
+        let (gather, broadcast) = (
+            crate::plan::cma_range(&gathers),
+            crate::plan::cma_range(&broadcasts),
+        );
+        inner.cma_gather.set(gather);
+        inner.cma_broadcast.set(broadcast);
+        let range = |(from, upto): (usize, usize), what: &str| match (from, upto) {
+            crate::plan::NO_CMA => "never (the slots won at every size)".to_string(),
+            (from, usize::MAX) => format!("from {what}{from} bytes"),
+            (from, upto) => format!("from {what}{from} to {upto} bytes"),
+        };
+        let said = |probes: &[(usize, f64, f64)]| {
             probes
                 .iter()
                 .map(|(b, p, s)| format!("{b}: {p:.1} / {s:.1}"))
                 .collect::<Vec<_>>()
-                .join(", "),
-            if from == usize::MAX {
-                "never (the slots won at the largest block)".to_string()
-            } else {
-                format!("from blocks of {from} bytes")
-            }
+                .join(", ")
+        };
+        tracing::info!(
+            rank = inner.rank,
+            "cross-memory attach calibrated on {n} ranks (bytes: pull us / slots us): \
+             allgather blocks {}; broadcasts {}; allgathers and all-to-alls pull {}, \
+             broadcasts {}",
+            said(&gathers),
+            said(&broadcasts),
+            range(gather, "blocks of "),
+            range(broadcast, ""),
         );
         Ok(())
     }

@@ -1,14 +1,18 @@
-//! Allgathers and all-to-alls of ordinary buffers straight out of the
-//! peers' processes (cross-memory attach, `process_vm_readv`), where every
-//! rank could read every other's memory (probed when the control pages are
-//! made; `Control::cma`) and the planner chose it (`plan::Direct::Pull`).
-//! Each rank copies its own part from input to output and what it needs out
-//! of each peer's process, nearest peer first (allgather: every peer's input
-//! into the peer's block; all-to-all: block `rank` of every peer's input):
-//! one copy per byte, by the kernel, against two through slots. Only reads:
-//! a rank writes nothing but its own output, so a peer that failed can at
-//! worst make a reader fail, never be corrupted. The check-in's completion
-//! wait follows: no rank returns while a peer may still read its input.
+//! Allgathers, all-to-alls and broadcasts of ordinary buffers straight
+//! out of the peers' processes (cross-memory attach, `process_vm_readv`),
+//! where every rank could read every other's memory (probed when the
+//! control pages are made; `Control::cma`) and the planner chose it
+//! (`plan::Direct::Pull`: allgather and all-to-all blocks and broadcast
+//! sizes in the ranges the calibration measured the pull to win,
+//! `plan::cma_range`). Each rank copies its own part from input to output
+//! and what it needs out of each peer's process, nearest peer first
+//! (allgather: every peer's input into the peer's block; all-to-all: block
+//! `rank` of every peer's input; broadcast: the root's input, and nothing
+//! on the root): one copy per byte, by the kernel, against two through
+//! slots. Only reads: a rank writes nothing but its own output, so a peer
+//! that failed can at worst make a reader fail, never be corrupted. The
+//! check-in's completion wait follows: no rank returns while a peer may
+//! still read its input.
 
 use super::checkin::{entry, word, Ctx, E_IN_ADDR};
 use super::direct::Kernel;
@@ -43,6 +47,7 @@ pub(super) fn run<T: Element>(
     match k.call.kind {
         // Every input into its block.
         CollKind::AllGather => pull(k, memory, pids, &inputs, io, |j| (0, j * count, count)),
+        CollKind::Broadcast => pull_root(k, memory, pids, &inputs, io, count),
         // Block `rank` of every input into block j.
         _ => {
             let block = count / n;
@@ -51,6 +56,41 @@ pub(super) fn run<T: Element>(
             })
         }
     }
+}
+
+/// A broadcast's pull: the root copies its input to its output (nothing
+/// in place), every other rank copies the root's input into its output.
+fn pull_root<T: Element>(
+    k: &Kernel<'_>,
+    memory: &dyn SharedMemory,
+    pids: &[u32],
+    inputs: &[u64],
+    io: &mut HostIo<'_, T>,
+    count: usize,
+) -> Result<()> {
+    let root = k.call.fingerprint.root as usize;
+    if k.rank == root {
+        let own = Step::local(Prim::Copy, Operand::Input, 0, 0, count);
+        io.copy_input_to_output(Store::Cached, &own);
+        return Ok(());
+    }
+    let fail = |reason: String| Error::PeerFailed {
+        rank: root,
+        during: k.call.during(),
+        reason,
+    };
+    let dst: &mut [u8] = bytemuck::cast_slice_mut(io.output(0, count));
+    let bytes = dst.len();
+    let at = inputs[root];
+    memory
+        .read_process(pids[root], at as usize, dst)
+        .map_err(|e| {
+            fail(format!(
+                "copying {bytes} bytes of its input at {at:#x} in process {} by cross-memory \
+                 attach failed: {e}",
+                pids[root]
+            ))
+        })
 }
 
 /// Copy out of the peers' processes (cross-memory attach): for each

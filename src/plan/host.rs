@@ -165,7 +165,7 @@ pub(crate) fn cma_probes(facts: &Facts) -> Vec<usize> {
                 b,
                 false,
                 &Facts {
-                    cma_min_bytes: 0,
+                    cma_gather: (0, usize::MAX),
                     ..*facts
                 },
             )
@@ -177,24 +177,62 @@ pub(crate) fn cma_probes(facts: &Facts) -> Vec<usize> {
 /// time.
 const CMA_WIN: f64 = 0.95;
 
-/// The smallest probed block from which pulling by cross-memory attach
-/// won (by 5% or more) at that block and every larger one, from `(block, pull µs, slots
-/// µs)` in ascending blocks; `usize::MAX` (never pull) where it lost at
-/// the largest. Where the pull starts to win depends on the machine: on
-/// the earlier Intel build machine from 64 KiB blocks, on the AMD VM of
-/// 2026-11-29 only from about 2 MiB (2 ranks, 128 KiB gathered: 12.9
-/// against 9.4 µs through slots; 4 MiB: 422 against 741-788).
-pub(crate) fn cma_threshold(probes: &[(usize, f64, f64)]) -> usize {
-    let mut from = usize::MAX;
-    for &(block, pull, slots) in probes.iter().rev() {
+/// Where pulling by cross-memory attach won, from `(bytes, pull µs,
+/// slots µs)` in ascending sizes (an allgather's blocks, a broadcast's
+/// buffer): from the smallest probe it won (by 5% or more) over the wins
+/// in a row from there, an inclusive range; open above (`usize::MAX`)
+/// where that run reaches the largest probe; [`NO_CMA`] where it won
+/// none.
+///
+/// Where the pull wins depends on the machine and the call. Allgathers:
+/// on the earlier Intel build machine from 64 KiB blocks, on the AMD VM
+/// of 2026-11-29 only from about 2 MiB (2 ranks, 128 KiB gathered: 12.9
+/// against 9.4 µs through slots; 4 MiB: 422 against 741-788). A run that
+/// stops short of the largest probe closes the range there: before
+/// 2026-12-01 one slow turn at the largest probe (the 2 MiB allgather on
+/// the Intel VM of 2026-12-01 measured 229-275 µs pulled against
+/// 333-357 through slots, and 394-397 in two of seven calibrations) cost
+/// the pull at every size. Broadcasts: through slots the root's copy
+/// into a slot and the receiver's copy out of it run at once on two
+/// cores, where a pull is one kernel copy on the receiver; on that Intel
+/// VM the pull won 1.14-1.69x from 64 to 512 KiB on 2 ranks and lost
+/// 0.37-0.71x at 1 and 2 MiB, and on 4 ranks over its 2 cores it lost
+/// 0.74-0.93x at every size (three receivers pull while the root waits);
+/// on an earlier machine it lost at 2 and 8 MiB on 2 ranks
+/// (docs/performance-log.md, "Broadcast out of the root's process").
+pub(crate) fn cma_range(probes: &[(usize, f64, f64)]) -> (usize, usize) {
+    let mut range = NO_CMA;
+    for (k, &(bytes, pull, slots)) in probes.iter().enumerate() {
         // A win by less than 5% is a tie on a shared machine: the slots,
         // every other call's path, keep it.
-        if pull > slots * CMA_WIN {
+        if pull <= slots * CMA_WIN {
+            let upto = if k + 1 == probes.len() {
+                usize::MAX
+            } else {
+                bytes
+            };
+            range = (range.0.min(bytes), upto);
+        } else if range != NO_CMA {
             break;
         }
-        from = block;
     }
-    from
+    range
+}
+
+/// The empty range of [`cma_range`]: the call never pulls.
+pub(crate) const NO_CMA: (usize, usize) = (usize::MAX, 0);
+
+/// The broadcast sizes that pull the root's input before (or without:
+/// FERROCCL_CALIBRATE=0) the calibration: on 2 ranks from
+/// [`CMA_MIN_BYTES`] to 512 KiB, where the pull won 1.14-1.69x on the
+/// Intel VM of 2026-12-01 (and lost from 1 MiB); on more ranks never (on
+/// 4 ranks over 2 cores it lost at every size). See [`cma_range`].
+pub(crate) fn cma_broadcast_default(size: usize) -> (usize, usize) {
+    if size == 2 {
+        (CMA_MIN_BYTES, 512 << 10)
+    } else {
+        NO_CMA
+    }
 }
 
 /// What the communicator knows about its ranks that every rank knows
@@ -223,9 +261,15 @@ pub(crate) struct Facts {
     /// The host slots' size (`Config::chunk_bytes`), which slices a
     /// broadcast or reduce (and so its modelled cost).
     pub(crate) chunk_bytes: usize,
-    /// Smallest block pulled by cross-memory attach (`CMA_MIN_BYTES`, or
-    /// what the control pages' calibration measured; `usize::MAX`: never).
-    pub(crate) cma_min_bytes: usize,
+    /// The blocks of an allgather or all-to-all pulled by cross-memory
+    /// attach, an inclusive range: from `CMA_MIN_BYTES` up until the
+    /// control pages' calibration measures it ([`cma_range`]; [`NO_CMA`]:
+    /// never).
+    pub(crate) cma_gather: (usize, usize),
+    /// Broadcasts of this many bytes (an inclusive range) copy the root's
+    /// input out of its process, as the calibration measured
+    /// ([`cma_range`]); [`NO_CMA`] where it did not run or the slots won.
+    pub(crate) cma_broadcast: (usize, usize),
 }
 
 /// How a call starts, decided from the call alone.
@@ -387,18 +431,22 @@ pub(crate) fn device_unsupported(kind: CollKind, memory: Memory) -> Error {
 /// against 11.4-12.3 / 22.0-22.6 ms pulled, and still 7.3-8.8 / 16.7-18.6
 /// ms pulled into a buffer in cache and streamed out from there
 /// (docs/performance-log.md, "Cross-memory attach and streaming stores").
-/// Not a broadcast: through slots the root's copy into a slot and the
-/// receiver's copy out of it run at once on two cores, and one kernel copy
-/// on the receiver alone was slower from 2 MiB (7-9 against 13-14 GB/s on
-/// 2 ranks).
+/// A broadcast pulls within the range the calibration measured it to win
+/// (`facts.cma_broadcast`: [`cma_broadcast_range`]), its output (the
+/// receiver's buffer, `in_bytes`) under the same streaming-store bound.
 fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> bool {
     let (size, nt_store_bytes) = (facts.size, facts.nt_store_bytes);
     let (block, out_bytes) = match kind {
         CollKind::AllGather => (in_bytes, in_bytes.saturating_mul(size)),
         CollKind::AllToAll => (in_bytes / size.max(1), in_bytes),
+        CollKind::Broadcast => (in_bytes, in_bytes),
         _ => return false,
     };
-    block >= facts.cma_min_bytes
+    let (from, upto) = match kind {
+        CollKind::Broadcast => facts.cma_broadcast,
+        _ => facts.cma_gather,
+    };
+    (from..=upto).contains(&block)
         && slot_store(!in_place, out_bytes, nt_store_bytes) == Store::Cached
 }
 
@@ -464,8 +512,9 @@ pub(crate) fn after_check_in(
         (CollKind::AllGather, _, Some(output)) => Direct::AllGather { output },
         (CollKind::AllGather, _, None) if cma => Direct::Pull,
         (CollKind::AllToAll, _, _) if cma => Direct::Pull,
-        (CollKind::ReduceScatter, Some(input), _) => Direct::ReduceScatter { input },
         (CollKind::Broadcast, Some(input), Some(output)) => Direct::Broadcast { input, output },
+        (CollKind::Broadcast, _, _) if cma => Direct::Pull,
+        (CollKind::ReduceScatter, Some(input), _) => Direct::ReduceScatter { input },
         (CollKind::Reduce, Some(input), Some(output)) => Direct::Reduce { input, output },
         _ => Direct::Slots,
     }
@@ -762,7 +811,8 @@ mod tests {
             user: false,
             nt_store_bytes: crate::config::DEFAULT_NT_STORE_BYTES,
             chunk_bytes: 512 << 10,
-            cma_min_bytes: CMA_MIN_BYTES,
+            cma_gather: (CMA_MIN_BYTES, usize::MAX),
+            cma_broadcast: NO_CMA,
         }
     }
 
@@ -777,12 +827,17 @@ mod tests {
         for kind in CollKind::ALL {
             for size in [1, 2, 3, 4, 8] {
                 for windows in [false, true] {
-                    for (cma, cma_min_bytes) in [(false, usize::MAX), (true, 0), (true, 4096)] {
+                    for (cma, cma_gather) in [
+                        (false, NO_CMA),
+                        (true, (0, usize::MAX)),
+                        (true, (4096, 1 << 20)),
+                    ] {
                         let f = Facts {
                             size,
                             windows,
                             cma,
-                            cma_min_bytes,
+                            cma_gather,
+                            cma_broadcast: cma_gather,
                             layout: Layout::one_host(size),
                             ..facts()
                         };
@@ -809,33 +864,90 @@ mod tests {
         assert!(!always_inline(CollKind::AllReduce, INLINE_BYTES + 1));
     }
 
-    /// The calibration's threshold: the smallest probe from which the
-    /// pull won everywhere above; never where it lost at the largest.
+    /// A broadcast pulls over the range the calibration gave it, and only
+    /// there; the allgathers' range does not move it.
     #[test]
-    fn the_pull_starts_where_it_wins_from_there_up() {
+    fn a_broadcast_pulls_over_its_own_range() {
+        let [a, b, _] = CMA_PROBE_BLOCKS;
+        // The route follows the range, in place or not, on 2 and 4 ranks.
+        for size in [2, 4] {
+            let f = Facts {
+                size,
+                layout: Layout::one_host(size),
+                cma_broadcast: (a, b),
+                cma_gather: NO_CMA,
+                ..facts()
+            };
+            for in_place in [false, true] {
+                let r = |bytes| route(CollKind::Broadcast, bytes, in_place, Memory::Host, &f);
+                assert_eq!(r(a).unwrap(), Route::CheckIn { cma: true });
+                assert_eq!(r(b).unwrap(), Route::CheckIn { cma: true });
+                assert_eq!(r(a - 4).unwrap(), Route::Slots { note: true });
+                assert_eq!(r(b + 4).unwrap(), Route::Slots { note: true });
+            }
+            // Without it (not calibrated, or the slots won) a broadcast
+            // never pulls, whatever the allgathers' range.
+            let f = Facts {
+                cma_broadcast: NO_CMA,
+                cma_gather: (0, usize::MAX),
+                ..f
+            };
+            assert_eq!(
+                route(CollKind::Broadcast, b, false, Memory::Host, &f).unwrap(),
+                Route::Slots { note: true }
+            );
+        }
+        // The root's input in a window and every output in one: the path
+        // between windows, before the pull.
+        assert_eq!(
+            after_check_in(CollKind::Broadcast, Some(1), Some(2), true),
+            Direct::Broadcast {
+                input: 1,
+                output: 2
+            }
+        );
+        assert_eq!(
+            after_check_in(CollKind::Broadcast, Some(1), None, true),
+            Direct::Pull
+        );
+        assert_eq!(
+            after_check_in(CollKind::Broadcast, Some(1), None, false),
+            Direct::Slots
+        );
+    }
+
+    /// The calibration's range: from the smallest probe the pull won over
+    /// the wins in a row from there, open above where they reach the
+    /// largest probe; none where it won none.
+    #[test]
+    fn the_pull_runs_over_the_probes_it_won_in_a_row() {
         let at = |wins: [bool; 3]| {
             let probes: Vec<(usize, f64, f64)> = CMA_PROBE_BLOCKS
                 .iter()
                 .zip(wins)
                 .map(|(&b, w)| (b, if w { 1.0 } else { 2.0 }, 1.5))
                 .collect();
-            cma_threshold(&probes)
+            cma_range(&probes)
         };
         let [a, b, d] = CMA_PROBE_BLOCKS;
-        assert_eq!(at([true; 3]), a);
-        assert_eq!(at([false, false, true]), d);
-        assert_eq!(at([false, true, true]), b);
-        assert_eq!(at([true, false, true]), d);
-        assert_eq!(at([true, true, false]), usize::MAX);
-        assert_eq!(at([false; 3]), usize::MAX);
+        let open = usize::MAX;
+        assert_eq!(at([true; 3]), (a, open));
+        assert_eq!(at([false, false, true]), (d, open));
+        assert_eq!(at([false, true, true]), (b, open));
+        // A loss at the largest probe closes the range below it, rather
+        // than costing the pull everywhere.
+        assert_eq!(at([true, true, false]), (a, b));
+        assert_eq!(at([false, true, false]), (b, b));
+        assert_eq!(at([true, false, true]), (a, a));
+        assert_eq!(at([false; 3]), NO_CMA);
         // A tie, or a win by less than 5%, is no win.
-        assert_eq!(cma_threshold(&[(a, 1.0, 1.0)]), usize::MAX);
-        assert_eq!(cma_threshold(&[(a, 0.96, 1.0)]), usize::MAX);
-        assert_eq!(cma_threshold(&[(a, 0.95, 1.0)]), a);
-        assert_eq!(cma_threshold(&[]), usize::MAX);
-        // The route follows the threshold.
+        assert_eq!(cma_range(&[(a, 1.0, 1.0)]), NO_CMA);
+        assert_eq!(cma_range(&[(a, 0.96, 1.0)]), NO_CMA);
+        assert_eq!(cma_range(&[(a, 0.95, 1.0)]), (a, open));
+        assert_eq!(cma_range(&[]), NO_CMA);
+        // The route follows the range.
         let f = Facts {
-            cma_min_bytes: d,
+            cma_gather: (d, usize::MAX),
             ..facts()
         };
         assert_eq!(
@@ -846,6 +958,19 @@ mod tests {
             route(CollKind::AllGather, d - 4, false, Memory::Host, &f).unwrap(),
             Route::Slots { note: true }
         );
+        // A closed range: the blocks past it go through slots again.
+        let f = Facts {
+            cma_gather: (a, b),
+            ..facts()
+        };
+        for (block, cma) in [(a, true), (b, true), (b + 4, false), (d, false)] {
+            assert_eq!(
+                route(CollKind::AllGather, block, false, Memory::Host, &f).unwrap()
+                    == (Route::CheckIn { cma: true }),
+                cma,
+                "{block}"
+            );
+        }
         // Probes: every block on 8 ranks (16 MiB gathered at most); on
         // 16, 2 MiB blocks would gather 32 MiB (streamed, and the memory
         // bound); on 64, 64 KiB only; on 1024, none.
