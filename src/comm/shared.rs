@@ -368,31 +368,26 @@ impl Communicator {
             times.push(best as f32);
             Ok(())
         };
+        // Allgathers of each block, then broadcasts of a block's bytes (in
+        // place, from rank 0), each pulled and through slots.
         let result = (|| -> Result<()> {
-            for &block in &blocks {
-                let count = block / 4;
-                for pull in [true, false] {
-                    inner.cma_gather.set(if pull {
-                        (0, usize::MAX)
-                    } else {
-                        crate::plan::NO_CMA
-                    });
-                    best_of_four(Box::new(|| {
-                        gather(&input[..count], &mut output[..count * n])
-                    }))?;
-                }
-            }
-            // A broadcast of a block's bytes (in place, from rank 0).
-            inner.cma_gather.set(crate::plan::NO_CMA);
-            for &block in &blocks {
-                let count = block / 4;
-                for pull in [true, false] {
-                    inner.cma_broadcast.set(if pull {
-                        (0, usize::MAX)
-                    } else {
-                        crate::plan::NO_CMA
-                    });
-                    best_of_four(Box::new(|| broadcast(&mut output[..count])))?;
+            for (broadcasts, range) in [(false, &inner.cma_gather), (true, &inner.cma_broadcast)] {
+                for &block in &blocks {
+                    let count = block / 4;
+                    for pull in [true, false] {
+                        range.set(if pull {
+                            (0, usize::MAX)
+                        } else {
+                            crate::plan::NO_CMA
+                        });
+                        best_of_four(Box::new(|| {
+                            if broadcasts {
+                                broadcast(&mut output[..count])
+                            } else {
+                                gather(&input[..count], &mut output[..count * n])
+                            }
+                        }))?;
+                    }
                 }
             }
             Ok(())

@@ -74,23 +74,7 @@ fn pull_root<T: Element>(
         io.copy_input_to_output(Store::Cached, &own);
         return Ok(());
     }
-    let fail = |reason: String| Error::PeerFailed {
-        rank: root,
-        during: k.call.during(),
-        reason,
-    };
-    let dst: &mut [u8] = bytemuck::cast_slice_mut(io.output(0, count));
-    let bytes = dst.len();
-    let at = inputs[root];
-    memory
-        .read_process(pids[root], at as usize, dst)
-        .map_err(|e| {
-            fail(format!(
-                "copying {bytes} bytes of its input at {at:#x} in process {} by cross-memory \
-                 attach failed: {e}",
-                pids[root]
-            ))
-        })
+    read_peer(k, (memory, pids, inputs), io, root, (0, 0, count))
 }
 
 /// Copy out of the peers' processes (cross-memory attach): for each
@@ -115,26 +99,37 @@ fn pull<T: Element>(
             io.copy_input_to_output(Store::Cached, &own);
             continue;
         }
-        let fail = |reason: String| Error::PeerFailed {
-            rank: j,
-            during: k.call.during(),
-            reason,
-        };
-        let at = (from as u64)
-            .checked_mul(k.elem as u64)
-            .and_then(|b| inputs[j].checked_add(b))
-            .ok_or_else(|| fail(format!("its announced input address overflows at {from}")))?;
-        let dst: &mut [u8] = bytemuck::cast_slice_mut(io.output(to, len));
-        let bytes = dst.len();
-        memory
-            .read_process(pids[j], at as usize, dst)
-            .map_err(|e| {
-                fail(format!(
-                    "copying {bytes} bytes of its input at {at:#x} in process {} by cross-memory \
-                     attach failed: {e}",
-                    pids[j]
-                ))
-            })?;
+        read_peer(k, (memory, pids, inputs), io, j, (from, to, len))?;
     }
     Ok(())
+}
+
+/// Copy `len` elements of rank `j`'s input from element `from` (its
+/// input lies at `inputs[j]` in process `pids[j]`) into this rank's
+/// output at element `to`, by cross-memory attach.
+fn read_peer<T: Element>(
+    k: &Kernel<'_>,
+    (memory, pids, inputs): (&dyn SharedMemory, &[u32], &[u64]),
+    io: &mut HostIo<'_, T>,
+    j: usize,
+    (from, to, len): (usize, usize, usize),
+) -> Result<()> {
+    let fail = |reason: String| Error::PeerFailed {
+        rank: j,
+        during: k.call.during(),
+        reason,
+    };
+    let at = (from as u64)
+        .checked_mul(k.elem as u64)
+        .and_then(|b| inputs[j].checked_add(b))
+        .ok_or_else(|| fail(format!("its announced input address overflows at {from}")))?;
+    let dst: &mut [u8] = bytemuck::cast_slice_mut(io.output(to, len));
+    let bytes = dst.len();
+    memory.read_process(pids[j], at as usize, dst).map_err(|e| {
+        fail(format!(
+            "copying {bytes} bytes of its input at {at:#x} in process {} by cross-memory \
+                 attach failed: {e}",
+            pids[j]
+        ))
+    })
 }
