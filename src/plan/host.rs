@@ -191,8 +191,8 @@ const CMA_WIN: f64 = 0.95;
 /// stops short of the largest probe closes the range there: before
 /// 2026-12-01 one slow turn at the largest probe (the 2 MiB allgather on
 /// the Intel VM of 2026-12-01 measured 229-275 µs pulled against
-/// 333-357 through slots, and 394-397 in two of seven calibrations) cost
-/// the pull at every size. Broadcasts: through slots the root's copy
+/// 333-432 through slots in seven of ten calibrations, and 394-449 pulled
+/// in the other three) cost the pull at every size. Broadcasts: through slots the root's copy
 /// into a slot and the receiver's copy out of it run at once on two
 /// cores, where a pull is one kernel copy on the receiver; on that Intel
 /// VM the pull won 1.14-1.69x from 64 to 512 KiB on 2 ranks and lost
@@ -420,9 +420,9 @@ pub(crate) fn device_unsupported(kind: CollKind, memory: Memory) -> Error {
 
 /// Whether a call of `kind` whose input has `in_bytes` may run by
 /// cross-memory attach on `size` ranks: an allgather or all-to-all whose
-/// blocks (an allgather's whole input, one of an all-to-all's `size`) have
-/// at least `facts.cma_min_bytes` (`CMA_MIN_BYTES`, or as measured at
-/// creation: [`cma_threshold`]), and whose output the slots would write
+/// blocks (an allgather's whole input, one of an all-to-all's `size`) lie
+/// in `facts.cma_gather` (from `CMA_MIN_BYTES` up, or as measured at
+/// creation: [`cma_range`]), and whose output the slots would write
 /// with ordinary stores too ([`slot_store`]: in place, or below
 /// `nt_store_bytes`). Beyond that the slots win: their receiver writes the
 /// output with streaming stores, while the kernel's copy reads every line
@@ -432,7 +432,7 @@ pub(crate) fn device_unsupported(kind: CollKind, memory: Memory) -> Error {
 /// ms pulled into a buffer in cache and streamed out from there
 /// (docs/performance-log.md, "Cross-memory attach and streaming stores").
 /// A broadcast pulls within the range the calibration measured it to win
-/// (`facts.cma_broadcast`: [`cma_broadcast_range`]), its output (the
+/// (`facts.cma_broadcast`: [`cma_range`]), its output (the
 /// receiver's buffer, `in_bytes`) under the same streaming-store bound.
 fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> bool {
     let (size, nt_store_bytes) = (facts.size, facts.nt_store_bytes);
