@@ -337,6 +337,7 @@ impl Inner {
             chunk_bytes: self.chunk_bytes,
             cma_gather: self.cma_gather.get(),
             cma_broadcast: self.cma_broadcast.get(),
+            shared_cores: self.shared_cores.load(Ordering::Relaxed),
         }
     }
 

@@ -170,6 +170,10 @@ struct Inner {
     /// attach: none (`plan::NO_CMA`) until the same calibration measures
     /// the pull winning.
     cma_broadcast: SizeRange,
+    /// Some host has more ranks than CPUs (the tuner's tree then costs a
+    /// reduce's children one after the other): agreed at the calibration,
+    /// false without it.
+    shared_cores: AtomicBool,
     /// The control pages (set once, read without a lock), made at creation
     /// where every rank is on one host (or with the first window under
     /// FERROCCL_CHECKIN=0): from then on every collective checks in there.

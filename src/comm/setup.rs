@@ -295,6 +295,7 @@ impl Communicator {
             direct_calls: AtomicU64::new(0),
             cma_gather: super::SizeRange::new((crate::plan::CMA_MIN_BYTES, usize::MAX)),
             cma_broadcast: super::SizeRange::new(crate::plan::cma_broadcast_default(size)),
+            shared_cores: AtomicBool::new(false),
             gates: Mutex::new(Vec::new()),
             exec_paths: Mutex::new(Vec::new()),
             exec_setups: AtomicU64::new(0),
@@ -491,14 +492,26 @@ impl Communicator {
             (t_us - hops * alpha_us - (n - 1.0) / n * bytes / (reduce_gbps * 1e3)).max(t_us * 0.1);
         let beta_gbps = 2.0 * (n - 1.0) / n * bytes / moving_us / 1e3;
 
-        // Agree: the largest latency, the smallest speeds.
+        // Whether this rank's host has more ranks than CPUs.
+        let hosts = &self.inner.hosts;
+        let here = (0..hosts.hosts())
+            .map(|h| hosts.members(h))
+            .find(|m| m.contains(&self.inner.rank))
+            .map_or(1, <[usize]>::len);
+        let shared_cores = here > crate::exec::online_cpus();
+        // Agree: the largest latency, the smallest speeds; CPUs shared if
+        // on any host.
         let mut agreed = [
             alpha_us as f32,
             (1.0 / beta_gbps) as f32,
             (1.0 / reduce_gbps) as f32,
             (1.0 / copy_gbps) as f32,
+            f32::from(u8::from(shared_cores)),
         ];
         ring(&mut agreed, ReduceOp::Max)?;
+        self.inner
+            .shared_cores
+            .store(agreed[4] > 0.0, Ordering::Relaxed);
         let model = LinkModel {
             alpha_us: f64::from(agreed[0]).max(0.1),
             beta_gbps: (1.0 / f64::from(agreed[1])).clamp(0.01, 1000.0),
@@ -525,13 +538,18 @@ impl Communicator {
         tracing::info!(
             rank = self.inner.rank,
             "tuner: calibrated on {} ranks: alpha {:.1} us, beta {:.2} GB/s, reduce {:.1} GB/s \
-             ({} kernels; the CPU has {})",
+             ({} kernels; the CPU has {}){}",
             self.inner.size,
             model.alpha_us,
             model.beta_gbps,
             model.reduce_gbps,
             crate::reduce::SimdLevel::current(),
-            crate::reduce::SimdLevel::detected()
+            crate::reduce::SimdLevel::detected(),
+            if agreed[4] > 0.0 {
+                "; a host has more ranks than CPUs"
+            } else {
+                ""
+            }
         );
         if self.inner.hosts.hosts() > 1 {
             tracing::info!(

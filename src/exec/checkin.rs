@@ -915,7 +915,7 @@ fn wait(
 /// CPUs of the machine (not of this process's affinity mask: a launcher
 /// that pins each rank to one CPU does not make the ranks share CPUs), read
 /// once.
-fn online_cpus() -> usize {
+pub(crate) fn online_cpus() -> usize {
     static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CPUS.get_or_init(|| {
         // "0-3,8-11"

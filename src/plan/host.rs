@@ -270,6 +270,9 @@ pub(crate) struct Facts {
     /// input out of its process, as the calibration measured
     /// ([`cma_range`]); [`NO_CMA`] where it did not run or the slots won.
     pub(crate) cma_broadcast: (usize, usize),
+    /// Some host has more ranks than CPUs, agreed by every rank at the
+    /// calibration (`tune::cost_us`); false without it.
+    pub(crate) shared_cores: bool,
 }
 
 /// How a call starts, decided from the call alone.
@@ -600,19 +603,23 @@ pub(crate) fn algorithm(
         // A reduce-scatter's call names one rank's output block, an
         // allgather's one rank's input block; the model costs the whole
         // buffer, `size` blocks.
-        None if matches!(kind, CollKind::ReduceScatter | CollKind::AllGather) => tune::choose_on(
-            kind,
-            facts.layout,
-            facts.size,
-            (bytes.saturating_mul(facts.size), facts.chunk_bytes),
-            links,
-        ),
-        None => tune::choose_on(
+        None if matches!(kind, CollKind::ReduceScatter | CollKind::AllGather) => {
+            tune::choose_on_with(
+                kind,
+                facts.layout,
+                facts.size,
+                (bytes.saturating_mul(facts.size), facts.chunk_bytes),
+                links,
+                facts.shared_cores,
+            )
+        }
+        None => tune::choose_on_with(
             kind,
             facts.layout,
             facts.size,
             (bytes, facts.chunk_bytes),
             links,
+            facts.shared_cores,
         ),
     }
 }
@@ -813,6 +820,7 @@ mod tests {
             chunk_bytes: 512 << 10,
             cma_gather: (CMA_MIN_BYTES, usize::MAX),
             cma_broadcast: NO_CMA,
+            shared_cores: false,
         }
     }
 

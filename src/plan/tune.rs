@@ -163,10 +163,23 @@ pub(crate) fn choose_on(
     coll: CollKind,
     layout: Layout,
     n: usize,
-    (bytes, chunk_bytes): (usize, usize),
+    sizes: (usize, usize),
     links: &HostLinks,
 ) -> (Algorithm, Vec<(Algorithm, f64)>) {
-    let (flat, mut costs) = choose(coll, n, (bytes, chunk_bytes), &links.inter);
+    choose_on_with(coll, layout, n, sizes, links, false)
+}
+
+/// [`choose_on`], on ranks that share their host's CPUs where
+/// `shared_cores` ([`cost_us`]).
+pub(crate) fn choose_on_with(
+    coll: CollKind,
+    layout: Layout,
+    n: usize,
+    (bytes, chunk_bytes): (usize, usize),
+    links: &HostLinks,
+    shared_cores: bool,
+) -> (Algorithm, Vec<(Algorithm, f64)>) {
+    let (flat, mut costs) = choose_with(coll, n, (bytes, chunk_bytes), &links.inter, shared_cores);
     let Some(hier) = hier_cost_us(coll, layout, bytes, links) else {
         return (flat, costs);
     };
@@ -211,12 +224,22 @@ fn tree_shape(n: usize) -> (f64, f64) {
 /// ranks over TCP, reduce by the tree measured 1.42-1.69x faster from 32
 /// to 512 KiB, where the model without the pipeline's fill chose the chain:
 /// docs/performance-log.md, "The tuner's broadcast and reduce").
+///
+/// Where `shared_cores`, the ranks of a host outnumber its CPUs, and a
+/// tree's parent does not get its two children's slices at once: the children's copies into their slots take
+/// turns on the CPUs with everything else, so a reduce's tick moves and
+/// combines a slice per child. On 4 ranks over 2 cores the chain's reduce
+/// measured 1.34-1.74x faster than the tree's from 32 KiB to 1 MiB (the
+/// Intel VM of 2026-12-01; 1.26-1.41x at 32-64 KiB on the AMD VM), where
+/// the model without this chose the tree (docs/performance-log.md,
+/// "The tuner's reduce on shared cores").
 pub(crate) fn cost_us(
     coll: CollKind,
     algo: Algorithm,
     n: usize,
     (bytes, chunk_bytes): (usize, usize),
     m: &LinkModel,
+    shared_cores: bool,
 ) -> Option<f64> {
     if n <= 1 {
         return Some(0.0);
@@ -258,7 +281,8 @@ pub(crate) fn cost_us(
             } else {
                 let (height, kids) = tree_shape(n);
                 let tick = if reduce {
-                    a + mv(s) + kids * red(s)
+                    let moving = if shared_cores { kids * mv(s) } else { mv(s) };
+                    a + moving + kids * red(s)
                 } else {
                     a + kids * mv(s)
                 };
@@ -307,12 +331,26 @@ pub(crate) fn has_choice(coll: CollKind, layout: Layout) -> bool {
 pub(crate) fn choose(
     coll: CollKind,
     n: usize,
+    sizes: (usize, usize),
+    m: &LinkModel,
+) -> (Algorithm, Vec<(Algorithm, f64)>) {
+    choose_with(coll, n, sizes, m, false)
+}
+
+/// [`choose`], on ranks that share their host's CPUs where `shared_cores`
+/// ([`cost_us`]).
+pub(crate) fn choose_with(
+    coll: CollKind,
+    n: usize,
     (bytes, chunk_bytes): (usize, usize),
     m: &LinkModel,
+    shared_cores: bool,
 ) -> (Algorithm, Vec<(Algorithm, f64)>) {
     let costs: Vec<(Algorithm, f64)> = candidates(coll)
         .iter()
-        .filter_map(|&algo| cost_us(coll, algo, n, (bytes, chunk_bytes), m).map(|c| (algo, c)))
+        .filter_map(|&algo| {
+            cost_us(coll, algo, n, (bytes, chunk_bytes), m, shared_cores).map(|c| (algo, c))
+        })
         .collect();
     let best = costs
         .iter()
@@ -411,14 +449,20 @@ mod tests {
     /// slice's move and two combines); with many slices the chain's single
     /// child per rank wins; on 2 ranks the two are one hop alike and the
     /// tie goes to the chain.
-    #[test]
-    fn broadcast_and_reduce_pay_the_pipeline_fill() {
+    /// Links where a message's latency counts (20 us) against 2 GB/s
+    /// moves and 5 GB/s combines, and the slot size of the tests.
+    fn slow_links() -> (LinkModel, usize) {
         let m = LinkModel {
             alpha_us: 20.0,
             beta_gbps: 2.0,
             reduce_gbps: 5.0,
         };
-        let chunk = 512 << 10;
+        (m, 512 << 10)
+    }
+
+    #[test]
+    fn broadcast_and_reduce_pay_the_pipeline_fill() {
+        let (m, chunk) = slow_links();
         let kib32 = 32 << 10;
         let (algo, costs) = choose(CollKind::Reduce, 4, (kib32, chunk), &m);
         assert_eq!(algo, Algorithm::Tree, "{costs:?}");
@@ -437,6 +481,30 @@ mod tests {
                 assert_eq!(two, Algorithm::Ring, "{coll:?} {bytes}: {costs:?}");
                 assert_eq!(costs[0].1, costs[1].1, "{coll:?} {bytes}");
             }
+        }
+    }
+
+    /// On ranks that outnumber their host's CPUs a reduce's tree parent
+    /// moves its two children's slices one after the other: the chain
+    /// wins where the tree won with a CPU for every rank (the hand
+    /// formula: 2 ticks of a latency, two slices' moves and two combines),
+    /// and the broadcast, whose parent always sends in turn, keeps its
+    /// costs.
+    #[test]
+    fn a_reduce_on_shared_cores_costs_the_tree_its_children_in_turn() {
+        let (m, chunk) = slow_links();
+        let kib32 = 32 << 10;
+        let b = kib32 as f64;
+        let (algo, costs) = choose_with(CollKind::Reduce, 4, (kib32, chunk), &m, true);
+        assert_eq!(algo, Algorithm::Ring, "{costs:?}");
+        let tree = costs.iter().find(|c| c.0 == Algorithm::Tree).unwrap().1;
+        let want = 2.0 * (m.alpha_us + 2.0 * b / 2e3 + 2.0 * b / 5e3);
+        assert!((tree - want).abs() < 1e-9 * want, "{tree} against {want}");
+        for bytes in [kib32, 1 << 20, 64 << 20] {
+            let (algo, costs) = choose_with(CollKind::Reduce, 4, (bytes, chunk), &m, true);
+            assert_eq!(algo, Algorithm::Ring, "{bytes}: {costs:?}");
+            let alike = |shared| choose_with(CollKind::Broadcast, 4, (bytes, chunk), &m, shared);
+            assert_eq!(alike(true), alike(false), "{bytes}");
         }
     }
 
