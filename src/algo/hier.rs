@@ -112,6 +112,11 @@ impl HostMap {
         &self.members[h]
     }
 
+    /// The ranks of `rank`'s host (`rank` among them), in rank order.
+    pub fn members_of(&self, rank: usize) -> &[usize] {
+        &self.members[self.host_of[rank]]
+    }
+
     /// Whether a hierarchical schedule differs from the flat one: more
     /// than one host, and more than one rank on some host.
     pub fn is_hierarchical(&self) -> bool {

@@ -293,7 +293,7 @@ impl Communicator {
             plans: super::plans::Plans::new(),
             windows: Mutex::new(Windows::default()),
             direct_calls: AtomicU64::new(0),
-            cma_gather: super::SizeRange::new((crate::plan::CMA_MIN_BYTES, usize::MAX)),
+            cma_gather: super::SizeRange::new(crate::plan::CMA_GATHER_DEFAULT),
             cma_broadcast: super::SizeRange::new(crate::plan::cma_broadcast_default(size)),
             shared_cores: AtomicBool::new(false),
             gates: Mutex::new(Vec::new()),
@@ -493,11 +493,7 @@ impl Communicator {
         let beta_gbps = 2.0 * (n - 1.0) / n * bytes / moving_us / 1e3;
 
         // Whether this rank's host has more ranks than CPUs.
-        let hosts = &self.inner.hosts;
-        let here = (0..hosts.hosts())
-            .map(|h| hosts.members(h))
-            .find(|m| m.contains(&self.inner.rank))
-            .map_or(1, <[usize]>::len);
+        let here = self.inner.hosts.members_of(self.inner.rank).len();
         let shared_cores = here > crate::exec::online_cpus();
         // Agree: the largest latency, the smallest speeds; CPUs shared if
         // on any host.

@@ -393,9 +393,7 @@ impl Communicator {
             Ok(())
         })();
         // Whatever happened, no route stays forced.
-        inner
-            .cma_gather
-            .set((crate::plan::CMA_MIN_BYTES, usize::MAX));
+        inner.cma_gather.set(crate::plan::CMA_GATHER_DEFAULT);
         inner
             .cma_broadcast
             .set(crate::plan::cma_broadcast_default(n));

@@ -25,8 +25,9 @@ use crate::reduce::Store;
 use ferroccl_transport::SharedMemory;
 use std::sync::atomic::Ordering;
 
-/// Run check-in `turn`'s call (an allgather or all-to-all of `count`
-/// input elements per rank) by copying out of the peers' processes.
+/// Run check-in `turn`'s call (an allgather, all-to-all or broadcast of
+/// `count` input elements per rank) by copying out of the peers'
+/// processes.
 pub(super) fn run<T: Element>(
     k: &Kernel<'_>,
     ctx: &Ctx<'_>,
@@ -43,63 +44,49 @@ pub(super) fn run<T: Element>(
         })
         .collect::<Result<Vec<u64>>>()?;
     let (n, rank) = (ctx.size, ctx.rank);
-    let (pids, memory) = (&ctx.control.pids, &*ctx.control.memory);
+    let from = (
+        &*ctx.control.memory,
+        ctx.control.pids.as_slice(),
+        inputs.as_slice(),
+    );
+    // This rank first, then the nearest peers.
+    let every = (0..n).map(|step| (rank + step) % n);
     match k.call.kind {
         // Every input into its block.
-        CollKind::AllGather => pull(k, memory, pids, &inputs, io, |j| (0, j * count, count)),
-        CollKind::Broadcast => pull_root(k, memory, pids, &inputs, io, count),
+        CollKind::AllGather => pull(k, from, io, every, |j| (0, j * count, count)),
+        // The root's input, whole (on the root, its own: nothing in place).
+        CollKind::Broadcast => {
+            let root = k.call.fingerprint.root as usize;
+            pull(k, from, io, std::iter::once(root), |_| (0, 0, count))
+        }
         // Block `rank` of every input into block j.
         _ => {
             let block = count / n;
-            pull(k, memory, pids, &inputs, io, |j| {
-                (rank * block, j * block, block)
-            })
+            pull(k, from, io, every, |j| (rank * block, j * block, block))
         }
     }
 }
 
-/// A broadcast's pull: the root copies its input to its output (nothing
-/// in place), every other rank copies the root's input into its output.
-fn pull_root<T: Element>(
-    k: &Kernel<'_>,
-    memory: &dyn SharedMemory,
-    pids: &[u32],
-    inputs: &[u64],
-    io: &mut HostIo<'_, T>,
-    count: usize,
-) -> Result<()> {
-    let root = k.call.fingerprint.root as usize;
-    if k.rank == root {
-        let own = Step::local(Prim::Copy, Operand::Input, 0, 0, count);
-        io.copy_input_to_output(Store::Cached, &own);
-        return Ok(());
-    }
-    read_peer(k, (memory, pids, inputs), io, root, (0, 0, count))
-}
-
-/// Copy out of the peers' processes (cross-memory attach): for each
-/// rank `j`, this one first and then the nearest peers, `part(j)` says
-/// which elements (`from`, of `j`'s input, which lies at `inputs[j]` in
-/// process `pids[j]`) go where (`to`, of this rank's output), and how
-/// many. This rank's own part is copied from input to output. Reads
-/// only.
+/// Copy out of the processes of `ranks` (cross-memory attach): for each
+/// rank `j`, `part(j)` says which elements (`from`, of `j`'s input, which
+/// lies at `inputs[j]` in process `pids[j]`) go where (`to`, of this
+/// rank's output), and how many. This rank's own part is copied from input
+/// to output. Reads only.
 fn pull<T: Element>(
     k: &Kernel<'_>,
-    memory: &dyn SharedMemory,
-    pids: &[u32],
-    inputs: &[u64],
+    from: (&dyn SharedMemory, &[u32], &[u64]),
     io: &mut HostIo<'_, T>,
+    ranks: impl Iterator<Item = usize>,
     part: impl Fn(usize) -> (usize, usize, usize),
 ) -> Result<()> {
-    for step in 0..k.size {
-        let j = (k.rank + step) % k.size;
-        let (from, to, len) = part(j);
+    for j in ranks {
+        let (at, to, len) = part(j);
         if j == k.rank {
-            let own = Step::local(Prim::Copy, Operand::Input, from, to, len);
+            let own = Step::local(Prim::Copy, Operand::Input, at, to, len);
             io.copy_input_to_output(Store::Cached, &own);
             continue;
         }
-        read_peer(k, (memory, pids, inputs), io, j, (from, to, len))?;
+        read_peer(k, from, io, j, (at, to, len))?;
     }
     Ok(())
 }

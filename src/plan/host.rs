@@ -222,6 +222,10 @@ pub(crate) fn cma_range(probes: &[(usize, f64, f64)]) -> (usize, usize) {
 /// The empty range of [`cma_range`]: the call never pulls.
 pub(crate) const NO_CMA: (usize, usize) = (usize::MAX, 0);
 
+/// The allgather and all-to-all blocks that pull before (or without:
+/// FERROCCL_CALIBRATE=0) the calibration: from [`CMA_MIN_BYTES`] up.
+pub(crate) const CMA_GATHER_DEFAULT: (usize, usize) = (CMA_MIN_BYTES, usize::MAX);
+
 /// The broadcast sizes that pull the root's input before (or without:
 /// FERROCCL_CALIBRATE=0) the calibration: on 2 ranks from
 /// [`CMA_MIN_BYTES`] to 512 KiB, where the pull won 1.14-1.69x on the
@@ -818,7 +822,7 @@ mod tests {
             user: false,
             nt_store_bytes: crate::config::DEFAULT_NT_STORE_BYTES,
             chunk_bytes: 512 << 10,
-            cma_gather: (CMA_MIN_BYTES, usize::MAX),
+            cma_gather: CMA_GATHER_DEFAULT,
             cma_broadcast: NO_CMA,
             shared_cores: false,
         }
