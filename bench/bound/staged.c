@@ -25,8 +25,11 @@
  * to set against `mpi_bench` and `ferroccl-perf --ranks 2` at the same
  * size (allgather: ferroccl-perf's 2 x BYTES row).
  *
+ * FRESH=1: between rounds (untimed) each process reads its whole output
+ * and rewrites its input, as a training step would (see cma.c).
+ *
  * build: gcc -O3 -march=native -o /tmp/staged bench/bound/staged.c
- * run:   /tmp/staged [allreduce|allgather] BYTES [CHUNK] [SLOTS] [ITERS]
+ * run:   [FRESH=1] /tmp/staged [allreduce|allgather] BYTES [CHUNK] [SLOTS] [ITERS]
  *        (e.g. /tmp/staged 4194304 65536 8 50: an allreduce of 4 MiB)
  */
 #include <stdatomic.h>
@@ -112,7 +115,15 @@ int main(int argc, char **argv) {
   float *out_mine = out + r * part, *out_theirs = out + p * part;
   long gen = 0;
   double best = 1e9, sum = 0;
+  int fresh = getenv("FRESH") && atoi(getenv("FRESH"));
+  volatile float sink = 0;
   for (int it = -5; it < iters; it++) {
+    if (fresh) {
+      float acc = 0;
+      for (size_t i = 0; i < out_n; i++) acc += out[i];
+      for (size_t i = 0; i < n; i++) in[i] = (float)(r + 1);
+      sink += acc;
+    }
     barrier(r, &gen);
     double t = now();
     for (size_t o = 0; gather && o < part; o += k) {
@@ -153,10 +164,10 @@ int main(int argc, char **argv) {
   if (r == 0) {
     double mean = sum / iters;
     wait(NULL);
-    printf("staged %s, 2 processes, %zu bytes (chunk %zu, %zu slots): mean busbw %.2f GB/s, "
-           "best %.2f GB/s\n",
-           gather ? "allgather" : "allreduce", bytes, chunk, nslots, bytes / mean / 1e9,
-           bytes / best / 1e9);
+    printf("staged %s (%s), 2 processes, %zu bytes (chunk %zu, %zu slots): mean %.1f us, busbw "
+           "%.2f GB/s, best %.2f GB/s\n",
+           gather ? "allgather" : "allreduce", fresh ? "fresh rounds" : "reused buffers", bytes,
+           chunk, nslots, mean * 1e6, bytes / mean / 1e9, bytes / best / 1e9);
   }
   return 0;
 }
