@@ -24,7 +24,10 @@
 # MPICH 5.0.2 and Intel MPI 2021.19 from pip wheels), TORCH_PYTHON (a Python
 # with torch; default /opt/ferroccl-torch/bin/python, else python3; Gloo is
 # left out with a note when it has no torch), FERROCCL_PERF
-# (target/release/ferroccl-perf), PEERS ("openmpi mpich intelmpi gloo").
+# (target/release/ferroccl-perf), PEERS ("openmpi mpich intelmpi gloo"),
+# FRESH (1: every call timed alone after its rank read the output and
+# rewrote the input, as a training step does: ferroccl-perf --fresh 1 and
+# MPI_COLL_FRESH=1; Gloo is left out).
 set -euo pipefail
 op=${1:?usage: bench/peers.sh OP RANKS [MINB] [MAXB] [TURNS]}
 n=${2:?usage: bench/peers.sh OP RANKS [MINB] [MAXB] [TURNS]}
@@ -37,6 +40,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 P=${PEERS_DIR:-/tmp/ferroccl-peers}
 F=${FERROCCL_PERF:-target/release/ferroccl-perf}
 PEERS=${PEERS:-openmpi mpich intelmpi gloo}
+FRESH=${FRESH:-0}
+fresh=()
+if [ "$FRESH" = 1 ]; then
+  export MPI_COLL_FRESH=1
+  fresh=(--fresh 1)
+fi
 if [ -z "${TORCH_PYTHON:-}" ]; then
   TORCH_PYTHON=python3
   [ -x /opt/ferroccl-torch/bin/python ] && TORCH_PYTHON=/opt/ferroccl-torch/bin/python
@@ -85,11 +94,11 @@ ferroccl() {
     iters=50
     [ "$s" -le 1048576 ] && iters=500
     [ "$s" -le 32768 ] && iters=5000
-    "$F" "$op" --ranks "$n" -b "$s" -e "$s" -n "$iters" -w 20 -c 0 "$@" 2>&1 |
+    "$F" "$op" --ranks "$n" -b "$s" -e "$s" -n "$iters" -w 20 -c 0 ${fresh[@]+"${fresh[@]}"} "$@" 2>&1 |
       rows | awk '{print $1, $6}'
   done
 }
-echo "# peers.sh $op $n $minb $maxb $turns ($(date -u +%FT%TZ), nproc $(nproc), load $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "# peers.sh $op $n $minb $maxb $turns$([ "$FRESH" = 1 ] && echo ' FRESH=1') ($(date -u +%FT%TZ), nproc $(nproc), load $(cut -d' ' -f1-3 /proc/loadavg))"
 for t in $(seq 1 "$turns"); do
   echo "### turn $t"
   machine
@@ -97,7 +106,7 @@ for t in $(seq 1 "$turns"); do
     case $peer in
     openmpi)
       echo "## openmpi"
-      mpirun --oversubscribe -n "$n" "$P/mc_ompi" "$op" "$minb" "$maxb" 4 2>&1 | rows
+      mpirun --oversubscribe -x MPI_COLL_FRESH="$FRESH" -n "$n" "$P/mc_ompi" "$op" "$minb" "$maxb" 4 2>&1 | rows
       ;;
     mpich)
       if [ "$n" -le "$(nproc)" ]; then
@@ -111,7 +120,9 @@ for t in $(seq 1 "$turns"); do
         mpirun -n "$n" "$P/mc_impi" "$op" "$minb" "$maxb" 4 2>&1 | rows)
       ;;
     gloo)
-      if "$TORCH_PYTHON" -c "import torch" 2>/dev/null; then
+      if [ "$FRESH" = 1 ]; then
+        [ "$t" = 1 ] && echo "# gloo left out: gloo_coll.py has no fresh rounds" >&2
+      elif "$TORCH_PYTHON" -c "import torch" 2>/dev/null; then
         echo "## gloo"
         "$TORCH_PYTHON" "$here/peers/gloo_coll.py" "$n" "$op" "$minb" "$maxb" 4 2>&1 | rows
       elif [ "$t" = 1 ]; then

@@ -16,6 +16,12 @@
  * With MPI_COLL_BARRIER=1 in the environment every call is followed by an
  * MPI_Barrier: a broadcast or reduce that returns only once every rank has
  * reached it, as ferroccl's do (to measure what that agreement costs).
+ *
+ * With MPI_COLL_FRESH=1 every timed call is preceded, untimed, by what a
+ * training step does between collectives: the whole output read, the input
+ * rewritten, then an MPI_Barrier; each call is timed alone (ferroccl-perf
+ * --fresh 1). Back to back on the same buffers, a call finds what the last
+ * one left in the caches.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -31,7 +37,8 @@ static int parse_op(const char *s) {
     return -1;
 }
 
-static int barrier_after;
+static int barrier_after, fresh;
+static volatile float sink;
 
 /* One call of `op` moving `bytes` (nccl-tests size) among `n` ranks. */
 static void call(int op, float *in, float *out, size_t bytes, int n) {
@@ -58,10 +65,32 @@ static void call(int op, float *in, float *out, size_t bytes, int n) {
 
 /* The slowest rank's mean seconds per call over `k` calls. */
 static double timed(int op, float *in, float *out, size_t bytes, int n, int k) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    double t0 = MPI_Wtime();
-    for (int i = 0; i < k; i++) call(op, in, out, bytes, n);
-    double mine = (MPI_Wtime() - t0) / k, slowest;
+    double mine, slowest;
+    if (fresh) {
+        int rank;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        /* The input of the call: a broadcast's is its (in-place) buffer. */
+        size_t in_n = bytes / sizeof(float), out_n = in_n;
+        if (op == ALLGATHER) in_n /= (size_t)n;
+        if (op == REDUCESCATTER) out_n /= (size_t)n;
+        double sum = 0;
+        for (int i = 0; i < k; i++) {
+            float acc = 0;
+            for (size_t j = 0; j < out_n; j++) acc += out[j];
+            for (size_t j = 0; j < in_n; j++) in[j] = (float)(rank + 1);
+            sink += acc;
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            call(op, in, out, bytes, n);
+            sum += MPI_Wtime() - t0;
+        }
+        mine = sum / k;
+    } else {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        for (int i = 0; i < k; i++) call(op, in, out, bytes, n);
+        mine = (MPI_Wtime() - t0) / k;
+    }
     MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return slowest;
 }
@@ -73,6 +102,8 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     const char *sync = getenv("MPI_COLL_BARRIER");
     barrier_after = sync && !strcmp(sync, "1");
+    const char *touch = getenv("MPI_COLL_FRESH");
+    fresh = touch && !strcmp(touch, "1");
     int op = argc > 1 ? parse_op(argv[1]) : -1;
     if (op < 0 || argc < 4) {
         if (rank == 0)

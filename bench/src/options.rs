@@ -44,6 +44,12 @@ options:
                             straight between ranks' buffers; 0: plain
                             buffers (default). 1 (local registration) has no
                             CPU counterpart.
+      --fresh 0|1           1: before every timed call (untimed, then a
+                            barrier) read the whole output and rewrite the
+                            input, as a training step does between
+                            collectives, and time each call alone; 0: calls
+                            back to back on the same buffers, as nccl-tests
+                            (default). Host buffers only.
       --ranks N             launch N local processes of this program (each
                             running -t threads: N x threads ranks)
       --csv FILE            also write one CSV row per size to FILE
@@ -92,6 +98,9 @@ pub struct Options {
     pub csv: Option<PathBuf>,
     /// Allocate the buffers as windows (`-R 2`).
     pub windows: bool,
+    /// Read the output and rewrite the input before every timed call,
+    /// untimed (`--fresh 1`).
+    pub fresh: bool,
     /// Where the buffers live.
     pub device: Device,
 }
@@ -143,6 +152,7 @@ impl Default for Options {
             threads: 1,
             csv: None,
             windows: false,
+            fresh: false,
             device: Device::Host,
         }
     }
@@ -202,7 +212,7 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
 }
 
 /// Every option but `-h`/`--help`; all of them take a value.
-const OPTIONS_WITH_VALUE: [&str; 27] = [
+const OPTIONS_WITH_VALUE: [&str; 28] = [
     "-b",
     "--minbytes",
     "-e",
@@ -229,6 +239,7 @@ const OPTIONS_WITH_VALUE: [&str; 27] = [
     "--csv",
     "-R",
     "--register",
+    "--fresh",
     "--device",
 ];
 
@@ -324,6 +335,13 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
                     _ => return Err(format!("{name} takes 0 or 1, not '{value}'")),
                 }
             }
+            "--fresh" => {
+                o.fresh = match value.trim() {
+                    "0" => false,
+                    "1" => true,
+                    _ => return Err(format!("{name} takes 0 or 1, not '{value}'")),
+                }
+            }
             "-r" | "--root" => o.root = parse_number(name, &value)?,
             // nccl-tests' -t is threads per process; a name after -t is
             // still read as the collective (as --coll), which this program
@@ -380,6 +398,9 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
             o.min_bytes, o.max_bytes
         ));
     }
+    if o.device == Device::Cuda && o.fresh {
+        return Err("--device cuda: --fresh 1 touches host buffers; leave it out".into());
+    }
     if o.device == Device::Cuda && o.windows {
         return Err("--device cuda: -R 2 windows are host memory; \
                     use -R 0 with device buffers"
@@ -401,6 +422,15 @@ mod tests {
             Ok(Command::Run(o)) => o,
             other => panic!("{args:?} -> {other:?}"),
         }
+    }
+
+    #[test]
+    fn fresh_takes_0_or_1_and_only_host_buffers() {
+        assert!(!options(&[]).fresh);
+        assert!(options(&["--fresh", "1"]).fresh);
+        assert!(!options(&["--fresh=0"]).fresh);
+        assert!(parse(&["--fresh", "2"]).is_err());
+        assert!(parse(&["--fresh", "1", "--device", "cuda"]).is_err());
     }
 
     #[test]

@@ -108,6 +108,32 @@ fn two_processes_of_two_thread_ranks() {
     assert_thread_ranks(&["--ranks", "2", "-t", "2"], 2, 2);
 }
 
+/// `--fresh 1` (each call after the buffers are touched, timed alone):
+/// every row still checks out against the f64 reference, in place too,
+/// where each call's input is rewritten first, and the header says so.
+#[test]
+fn fresh_rounds_check_out() {
+    assert_thread_ranks(&["-t", "2", "--fresh", "1"], 1, 2);
+    let out = perf(&[
+        "allreduce",
+        "-t",
+        "2",
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+        "-n",
+        "3",
+        "--fresh",
+        "1",
+    ]);
+    assert!(
+        text(&out.stdout).contains(" fresh: each call timed alone after the buffers are touched"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
 #[test]
 fn zero_threads_is_refused() {
     for flag in ["-t", "--nthreads"] {

@@ -452,7 +452,11 @@ fn bench_type<T: Element>(
         for _ in 0..opts.warmup_iters {
             call(comm, shape, &mut bufs, false)?;
         }
-        let seconds = time_calls(comm, opts.iters, || call(comm, shape, &mut bufs, false))?;
+        let seconds = if opts.fresh {
+            time_fresh(comm, opts.iters, shape, &mut bufs, false)?
+        } else {
+            time_calls(comm, opts.iters, || call(comm, shape, &mut bufs, false))?
+        };
         let wrong = if opts.check {
             Some(count_wrong(comm, shape, &bufs, false)?)
         } else {
@@ -465,7 +469,11 @@ fn bench_type<T: Element>(
             for _ in 0..opts.warmup_iters {
                 call(comm, shape, &mut bufs, true)?;
             }
-            let seconds = time_calls(comm, opts.iters, || call(comm, shape, &mut bufs, true))?;
+            let seconds = if opts.fresh {
+                time_fresh(comm, opts.iters, shape, &mut bufs, true)?
+            } else {
+                time_calls(comm, opts.iters, || call(comm, shape, &mut bufs, true))?
+            };
             // In-place calls consume their input: refill and check one more,
             // untimed call.
             let wrong = if opts.check {
@@ -497,6 +505,46 @@ fn time_calls(
         one()?;
     }
     let mut t = [start.elapsed().as_secs_f64() / iters as f64];
+    comm.all_reduce_in_place(&mut t, ReduceOp::Max)?;
+    Ok(t[0])
+}
+
+/// `iters` calls, each after a training step's touch of the buffers
+/// (untimed: the whole output read, the input rewritten with what it held
+/// when `fill` wrote it, then a barrier), timed one by one (`--fresh 1`);
+/// the mean per call on this rank, then the maximum over ranks. Back to
+/// back on the same buffers (`time_calls`), a call finds what the last one
+/// left in the caches: an input the peers read last time still clean in
+/// their caches, an output a peer wrote still in the writer's, as no
+/// benchmark reads it.
+fn time_fresh<T: Element>(
+    comm: &Communicator,
+    iters: usize,
+    shape: Shape,
+    bufs: &mut Buffers<T>,
+    in_place: bool,
+) -> AnyResult<f64> {
+    fill(shape, bufs, in_place);
+    let input: Vec<T> = if in_place {
+        bufs.inplace.to_vec()
+    } else {
+        bufs.send.to_vec()
+    };
+    let mut total = 0.0;
+    for _ in 0..iters {
+        let out: &[T] = if in_place { &bufs.inplace } else { &bufs.recv };
+        std::hint::black_box(out.iter().fold(0.0, |a, &x| a + x.to_f64()));
+        if in_place {
+            bufs.inplace.copy_from_slice(&input);
+        } else {
+            bufs.send.copy_from_slice(&input);
+        }
+        comm.barrier()?;
+        let start = Instant::now();
+        call(comm, shape, bufs, in_place)?;
+        total += start.elapsed().as_secs_f64();
+    }
+    let mut t = [total / iters as f64];
     comm.all_reduce_in_place(&mut t, ReduceOp::Max)?;
     Ok(t[0])
 }

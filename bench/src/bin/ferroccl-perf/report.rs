@@ -164,14 +164,19 @@ pub(crate) fn print_header(
         println!("# ferroccl-perf: {} on {} ranks", opts.coll, comm.size());
     }
     println!(
-        "# minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {} root: {}",
+        "# minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {} root: {}{}",
         opts.min_bytes,
         opts.max_bytes,
         opts.step_factor,
         opts.warmup_iters,
         opts.iters,
         u8::from(opts.check),
-        opts.root
+        opts.root,
+        if opts.fresh {
+            " fresh: each call timed alone after the buffers are touched"
+        } else {
+            ""
+        }
     );
     println!(
         "# ferroccl: transport {} buffsize {} steps {} slot {} B nsocks/peer {} kernels {}",
