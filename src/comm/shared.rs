@@ -19,6 +19,15 @@ use std::time::Instant;
 /// every rank's.
 type Shared<P> = (Box<dyn SharedRegion>, Vec<P>);
 
+/// Rounds of the cross-memory-attach calibration (`calibrate_cma`): every
+/// probe is timed once in each, and keeps its best. One round of four
+/// timed calls a probe left a probe slow now and then on the Intel VM of
+/// 2026-12-01 (a 512 KiB allgather pulled in 243 µs against 39-43 in four
+/// other calibrations, a 64 KiB broadcast in 185 against 3.1-3.3), which
+/// cut the range the pull won; a second round, milliseconds later, does
+/// not meet the same slow spell.
+const CALIBRATION_ROUNDS: usize = 2;
+
 impl Communicator {
     /// Allocate a window: `len` elements (zeroed) that every rank of this
     /// communicator maps, used as a slice (`&mut window[..]`). Collectives
@@ -316,7 +325,9 @@ impl Communicator {
     /// over the blocks where it is (`Inner::cma_gather`), and over which
     /// sizes a broadcast is (`Inner::cma_broadcast`): each rank times allgathers
     /// and broadcasts of each of `plan::cma_probes` both ways (the best of
-    /// four after a warm-up), the ranks agree on the slowest rank's times,
+    /// four after a warm-up, in each of [`CALIBRATION_ROUNDS`] rounds over
+    /// every probe, the best of the rounds), the ranks agree on the slowest
+    /// rank's times,
     /// and `plan::cma_range` decides for each,
     /// so every rank routes alike. Runs at the control pages' creation
     /// where every rank can pull (a collective, before any call of the
@@ -332,7 +343,10 @@ impl Communicator {
         let most = blocks.iter().copied().max().unwrap_or(0) / 4;
         let input = vec![inner.rank as f32; most];
         let mut output = vec![0f32; most * n];
-        let mut times = Vec::with_capacity(4 * blocks.len());
+        // Each probe's best over both rounds: (allgather, broadcast) x
+        // blocks x (pulled, through slots).
+        let mut times = vec![f32::INFINITY; 4 * blocks.len()];
+        let mut probe = 0;
         let gather = |input: &[f32], output: &mut [f32]| -> Result<()> {
             let call = CollCall {
                 internal: true,
@@ -365,28 +379,34 @@ impl Communicator {
                     best = best.min(start.elapsed().as_secs_f64() * 1e6);
                 }
             }
-            times.push(best as f32);
+            let at = probe % times.len();
+            times[at] = times[at].min(best as f32);
+            probe += 1;
             Ok(())
         };
         // Allgathers of each block, then broadcasts of a block's bytes (in
         // place, from rank 0), each pulled and through slots.
         let result = (|| -> Result<()> {
-            for (broadcasts, range) in [(false, &inner.cma_gather), (true, &inner.cma_broadcast)] {
-                for &block in &blocks {
-                    let count = block / 4;
-                    for pull in [true, false] {
-                        range.set(if pull {
-                            (0, usize::MAX)
-                        } else {
-                            crate::plan::NO_CMA
-                        });
-                        best_of_four(Box::new(|| {
-                            if broadcasts {
-                                broadcast(&mut output[..count])
+            for _round in 0..CALIBRATION_ROUNDS {
+                for (broadcasts, range) in
+                    [(false, &inner.cma_gather), (true, &inner.cma_broadcast)]
+                {
+                    for &block in &blocks {
+                        let count = block / 4;
+                        for pull in [true, false] {
+                            range.set(if pull {
+                                (0, usize::MAX)
                             } else {
-                                gather(&input[..count], &mut output[..count * n])
-                            }
-                        }))?;
+                                crate::plan::NO_CMA
+                            });
+                            best_of_four(Box::new(|| {
+                                if broadcasts {
+                                    broadcast(&mut output[..count])
+                                } else {
+                                    gather(&input[..count], &mut output[..count * n])
+                                }
+                            }))?;
+                        }
                     }
                 }
             }
