@@ -14,6 +14,12 @@
  * reduce, copy out), the least any exchange through shared staging memory
  * does: the 2-rank ring of ferroccl's slot path.
  *
+ * oneshot: an allreduce in two passes over the whole buffer instead of
+ * three over each half: process r copies each chunk of its input into its
+ * FIFO, and adds the peer's chunk, out of the peer's FIFO, to its own
+ * input's into its output (each byte crosses between the cores once, as in
+ * the three passes, but nothing is copied out).
+ *
  * allgather (BYTES per process in, 2 x BYTES out): process r copies its
  * input's chunk into its block of its output and into its FIFO, and copies
  * the peer's chunk out of the peer's FIFO into the peer's block.
@@ -29,7 +35,7 @@
  * and rewrites its input, as a training step would (see cma.c).
  *
  * build: gcc -O3 -march=native -o /tmp/staged bench/bound/staged.c
- * run:   [FRESH=1] /tmp/staged [allreduce|allgather] BYTES [CHUNK] [SLOTS] [ITERS]
+ * run:   [FRESH=1] /tmp/staged [allreduce|oneshot|allgather] BYTES [CHUNK] [SLOTS] [ITERS]
  *        (e.g. /tmp/staged 4194304 65536 8 50: an allreduce of 4 MiB)
  */
 #include <stdatomic.h>
@@ -90,7 +96,8 @@ static void consumed(int d) { atomic_fetch_add_explicit(&fifos[d].tail, 1, memor
 
 int main(int argc, char **argv) {
   int gather = argc > 1 && !strcmp(argv[1], "allgather");
-  if (argc > 1 && (gather || !strcmp(argv[1], "allreduce"))) argc--, argv++;
+  int oneshot = argc > 1 && !strcmp(argv[1], "oneshot");
+  if (argc > 1 && (gather || oneshot || !strcmp(argv[1], "allreduce"))) argc--, argv++;
   size_t bytes = argc > 1 ? strtoul(argv[1], 0, 10) : 4u << 20;
   chunk = argc > 2 ? strtoul(argv[2], 0, 10) : 65536;
   nslots = argc > 3 ? strtoul(argv[3], 0, 10) : 8;
@@ -135,7 +142,16 @@ int main(int argc, char **argv) {
       memcpy(out_theirs + o, consume(p), chunk);
       consumed(p);
     }
-    for (size_t o = 0; !gather && o < part; o += k) {
+    for (size_t o = 0; oneshot && o < n; o += k) {
+      /* My input's chunk into my FIFO; the peer's out of its FIFO, added
+         to mine into my output. */
+      memcpy(produce(r), in + o, chunk);
+      produced(r);
+      const float *x = consume(p);
+      for (size_t i = 0; i < k; i++) out[o + i] = x[i] + in[o + i];
+      consumed(p);
+    }
+    for (size_t o = 0; !gather && !oneshot && o < part; o += k) {
       /* The peer's half of my input, into my FIFO. */
       memcpy(produce(r), theirs + o, chunk);
       produced(r);
@@ -166,7 +182,7 @@ int main(int argc, char **argv) {
     wait(NULL);
     printf("staged %s (%s), 2 processes, %zu bytes (chunk %zu, %zu slots): mean %.1f us, busbw "
            "%.2f GB/s, best %.2f GB/s\n",
-           gather ? "allgather" : "allreduce", fresh ? "fresh rounds" : "reused buffers", bytes,
+           gather ? "allgather" : oneshot ? "oneshot allreduce" : "allreduce", fresh ? "fresh rounds" : "reused buffers", bytes,
            chunk, nslots, mean * 1e6, bytes / mean / 1e9, bytes / best / 1e9);
   }
   return 0;
