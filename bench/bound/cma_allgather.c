@@ -8,11 +8,14 @@
  * BLOCK / time): compare with the 2 x BLOCK rows of `bench/compare.sh
  * allgather 2`.
  *
+ * FRESH=1: between rounds (untimed) each process reads its whole output
+ * and rewrites its input, as a training step would (see cma.c).
+ *
  * Needs ptrace permission on the peer (same user; Yama ptrace_scope 0, or
  * root; a container's seccomp profile may forbid the call).
  *
  * build: gcc -O3 -march=native -o /tmp/cma_allgather bench/bound/cma_allgather.c
- * run:   /tmp/cma_allgather BLOCK [CHUNK] [ITERS]   (e.g. /tmp/cma_allgather 2097152)
+ * run:   [FRESH=1] /tmp/cma_allgather BLOCK [CHUNK] [ITERS]   (e.g. /tmp/cma_allgather 2097152)
  */
 #define _GNU_SOURCE
 #include <stdatomic.h>
@@ -65,7 +68,15 @@ int main(int argc, char **argv) {
   long gen = 0;
   barrier(s, r, &gen);
   double sum = 0;
+  int fresh = getenv("FRESH") && atoi(getenv("FRESH"));
+  volatile char sink = 0;
   for (int it = -5; it < iters; it++) {
+    if (fresh) {
+      char acc = 0;
+      for (size_t i = 0; i < 2 * block; i += 64) acc ^= out[i];
+      memset(in, r + 1, block);
+      sink ^= acc;
+    }
     barrier(s, r, &gen);
     double t = now();
     memcpy(out + r * block, in, block);
@@ -85,7 +96,8 @@ int main(int argc, char **argv) {
   if (r) return bad != 0;
   int status = 0;
   wait(&status);
-  printf("CMA allgather, 2 processes, block %zu (chunk %zu): mean busbw %.2f GB/s%s\n", block,
-         chunk, block / (sum / iters) / 1e9, bad || status ? " (WRONG RESULT)" : "");
+  printf("CMA allgather (%s), 2 processes, block %zu (chunk %zu): mean %.1f us, busbw %.2f GB/s%s\n",
+         fresh ? "fresh rounds" : "reused buffers", block, chunk, sum / iters * 1e6,
+         block / (sum / iters) / 1e9, bad || status ? " (WRONG RESULT)" : "");
   return 0;
 }
