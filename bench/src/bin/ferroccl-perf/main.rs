@@ -525,8 +525,13 @@ fn time_fresh<T: Element>(
     in_place: bool,
 ) -> AnyResult<f64> {
     fill(shape, bufs, in_place);
+    // The buffer the call reads: in place the one buffer, out of place the
+    // input, but a broadcast's is its output buffer (the root's data).
+    let broadcast = !in_place && shape.coll == Coll::Broadcast;
     let input: Vec<T> = if in_place {
         bufs.inplace.to_vec()
+    } else if broadcast {
+        bufs.recv.to_vec()
     } else {
         bufs.send.to_vec()
     };
@@ -536,6 +541,8 @@ fn time_fresh<T: Element>(
         std::hint::black_box(out.iter().fold(0.0, |a, &x| a + x.to_f64()));
         if in_place {
             bufs.inplace.copy_from_slice(&input);
+        } else if broadcast {
+            bufs.recv.copy_from_slice(&input);
         } else {
             bufs.send.copy_from_slice(&input);
         }
