@@ -24,8 +24,10 @@ type Shared<P> = (Box<dyn SharedRegion>, Vec<P>);
 /// timed calls a probe left a probe slow now and then on the Intel VM of
 /// 2026-12-01 (a 512 KiB allgather pulled in 243 µs against 39-43 in four
 /// other calibrations, a 64 KiB broadcast in 185 against 3.1-3.3), which
-/// cut the range the pull won; a second round, milliseconds later, does
-/// not meet the same slow spell.
+/// cut the range the pull won: 11 of 20 calibrations on 2 ranks chose
+/// otherwise than the rest. With a second round, milliseconds later, 20 of
+/// 20 chose alike (docs/performance-log.md, "The calibration in two
+/// rounds").
 const CALIBRATION_ROUNDS: usize = 2;
 
 impl Communicator {
