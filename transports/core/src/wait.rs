@@ -1,7 +1,9 @@
 //! How a rank waits for a peer in shared memory (the transport's slots,
 //! ferroccl's check-ins): spin while the peer is likely to answer within
-//! microseconds, then yield, then sleep briefly, so that on a machine with
-//! fewer cores than ranks a waiter does not keep its peer off the core; and
+//! microseconds, then yield (for up to a millisecond where each rank has a
+//! core of its own: a sleeper wakes late), then sleep briefly, so that on a
+//! machine with fewer cores than ranks a waiter does not keep its peer off
+//! the core; and
 //! look at the clock (deadline, the peer's liveness) only every 32 spins.
 //! Shared by the transports that wait on memory (shm) and by the layer
 //! above, whose check-ins wait on memory every rank maps. Policy only: it
@@ -32,6 +34,15 @@ pub fn spins_for(ranks: usize) -> u32 {
 }
 /// Yields before a waiter starts sleeping.
 const YIELDS: u32 = 256;
+/// How long a waiter with a core of its own yields before it sleeps. A
+/// waiter that sleeps wakes up to a sleep (plus the kernel's timer slack)
+/// after its peer came, and the peer then waits for it: on 2 ranks of the
+/// Intel VM of 2026-12-01, whose ranks reached each collective some 100 µs
+/// apart, 256 yields ran out and the 512 KiB allreduce took 113-130 µs a
+/// call instead of 79-80 (docs/performance-log.md, "Fresh rounds"). A
+/// millisecond covers such skews; a longer wait (a peer still computing)
+/// sleeps, and leaves the core to the process's other threads.
+const YIELD_WINDOW: Duration = Duration::from_millis(1);
 /// Sleep of a long wait: short enough for latency, long enough that a
 /// waiter on a 2-core machine leaves the core to the rank it waits for.
 const SLEEP: Duration = Duration::from_micros(50);
@@ -101,16 +112,56 @@ impl Waiter {
         }
     }
 
-    /// Spin, yield or sleep once, by how long the wait has gone on.
+    /// Spin, yield or sleep once, by how long the wait has gone on: after
+    /// its spins a waiter yields, 256 times where ranks outnumber cores (it
+    /// was made with [`OVERSUBSCRIBED_SPINS`]: its peer may need this
+    /// core), else for a millisecond from its first clock round; then it
+    /// sleeps (50 µs at a time).
     #[inline]
     pub fn pause(&mut self) {
         if self.rounds < self.spins {
             std::hint::spin_loop();
-        } else if self.rounds < self.spins + YIELDS {
+        } else if self.rounds < self.spins + YIELDS || self.yields_on() {
             std::thread::yield_now();
         } else {
             std::thread::sleep(SLEEP);
         }
         self.rounds = self.rounds.saturating_add(1);
+    }
+
+    /// Whether a waiter past its `YIELDS` still yields: one with a core of
+    /// its own, within `YIELD_WINDOW` of its first clock round.
+    #[inline]
+    fn yields_on(&self) -> bool {
+        self.spins > OVERSUBSCRIBED_SPINS
+            && self
+                .start
+                .is_none_or(|start| start.elapsed() < YIELD_WINDOW)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waiter started `ago` (its first clock round then).
+    fn started(spins: u32, ago: Duration) -> Waiter {
+        let mut w = Waiter::new(spins);
+        w.at(Instant::now()
+            .checked_sub(ago)
+            .expect("the clock goes back that far"));
+        w
+    }
+
+    /// Past its yields, a waiter with a core of its own keeps yielding
+    /// within the yield window and sleeps after it; one whose ranks
+    /// outnumber the cores sleeps at once, to leave the core to its peer.
+    #[test]
+    fn only_a_waiter_with_its_own_core_yields_on_within_the_window() {
+        assert!(started(SPINS, Duration::ZERO).yields_on());
+        assert!(Waiter::new(SPINS).yields_on(), "before any clock round");
+        assert!(!started(SPINS, YIELD_WINDOW * 2).yields_on());
+        assert!(!started(OVERSUBSCRIBED_SPINS, Duration::ZERO).yields_on());
+        assert!(!Waiter::new(OVERSUBSCRIBED_SPINS).yields_on());
     }
 }
