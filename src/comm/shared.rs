@@ -345,10 +345,9 @@ impl Communicator {
         let most = blocks.iter().copied().max().unwrap_or(0) / 4;
         let input = vec![inner.rank as f32; most];
         let mut output = vec![0f32; most * n];
-        // Each probe's best over both rounds: (allgather, broadcast) x
-        // blocks x (pulled, through slots).
+        // Each probe's best over the rounds: (allgather, broadcast) x
+        // blocks x (pulled, through slots), in the order they run.
         let mut times = vec![f32::INFINITY; 4 * blocks.len()];
-        let mut probe = 0;
         let gather = |input: &[f32], output: &mut [f32]| -> Result<()> {
             let call = CollCall {
                 internal: true,
@@ -372,7 +371,7 @@ impl Communicator {
             };
             self.collective(&call, Buffers::InPlace(buf))
         };
-        let mut best_of_four = |mut run: Box<dyn FnMut() -> Result<()> + '_>| -> Result<()> {
+        let best_of_four = |mut run: Box<dyn FnMut() -> Result<()> + '_>| -> Result<f32> {
             let mut best = f64::INFINITY;
             for turn in 0..5 {
                 let start = Instant::now();
@@ -381,15 +380,13 @@ impl Communicator {
                     best = best.min(start.elapsed().as_secs_f64() * 1e6);
                 }
             }
-            let at = probe % times.len();
-            times[at] = times[at].min(best as f32);
-            probe += 1;
-            Ok(())
+            Ok(best as f32)
         };
         // Allgathers of each block, then broadcasts of a block's bytes (in
         // place, from rank 0), each pulled and through slots.
         let result = (|| -> Result<()> {
             for _round in 0..CALIBRATION_ROUNDS {
+                let mut slots = times.iter_mut();
                 for (broadcasts, range) in
                     [(false, &inner.cma_gather), (true, &inner.cma_broadcast)]
                 {
@@ -401,13 +398,16 @@ impl Communicator {
                             } else {
                                 crate::plan::NO_CMA
                             });
-                            best_of_four(Box::new(|| {
+                            let best = best_of_four(Box::new(|| {
                                 if broadcasts {
                                     broadcast(&mut output[..count])
                                 } else {
                                     gather(&input[..count], &mut output[..count * n])
                                 }
                             }))?;
+                            if let Some(slot) = slots.next() {
+                                *slot = slot.min(best);
+                            }
                         }
                     }
                 }

@@ -3,8 +3,8 @@
 //! microseconds, then yield (for up to a millisecond where each rank has a
 //! core of its own: a sleeper wakes late), then sleep briefly, so that on a
 //! machine with fewer cores than ranks a waiter does not keep its peer off
-//! the core; and
-//! look at the clock (deadline, the peer's liveness) only every 32 spins.
+//! the core; and look at the clock (deadline, the peer's liveness) only
+//! every 32 spins.
 //! Shared by the transports that wait on memory (shm) and by the layer
 //! above, whose check-ins wait on memory every rank maps. Policy only: it
 //! reads no memory and knows no peer.

@@ -525,27 +525,12 @@ fn time_fresh<T: Element>(
     in_place: bool,
 ) -> AnyResult<f64> {
     fill(shape, bufs, in_place);
-    // The buffer the call reads: in place the one buffer, out of place the
-    // input, but a broadcast's is its output buffer (the root's data).
-    let broadcast = !in_place && shape.coll == Coll::Broadcast;
-    let input: Vec<T> = if in_place {
-        bufs.inplace.to_vec()
-    } else if broadcast {
-        bufs.recv.to_vec()
-    } else {
-        bufs.send.to_vec()
-    };
+    let input: Vec<T> = read_buffer(shape, bufs, in_place).to_vec();
     let mut total = 0.0;
     for _ in 0..iters {
         let out: &[T] = if in_place { &bufs.inplace } else { &bufs.recv };
         std::hint::black_box(out.iter().fold(0.0, |a, &x| a + x.to_f64()));
-        if in_place {
-            bufs.inplace.copy_from_slice(&input);
-        } else if broadcast {
-            bufs.recv.copy_from_slice(&input);
-        } else {
-            bufs.send.copy_from_slice(&input);
-        }
+        read_buffer(shape, bufs, in_place).copy_from_slice(&input);
         comm.barrier()?;
         let start = Instant::now();
         call(comm, shape, bufs, in_place)?;
@@ -554,6 +539,18 @@ fn time_fresh<T: Element>(
     let mut t = [total / iters as f64];
     comm.all_reduce_in_place(&mut t, ReduceOp::Max)?;
     Ok(t[0])
+}
+
+/// The buffer a call reads: in place the one buffer, out of place the
+/// input, but a broadcast's is its output buffer (the root's data).
+fn read_buffer<T: Element>(s: Shape, b: &mut Buffers<T>, in_place: bool) -> &mut [T] {
+    if in_place {
+        &mut b.inplace
+    } else if s.coll == Coll::Broadcast {
+        &mut b.recv
+    } else {
+        &mut b.send
+    }
 }
 
 /// One call of the collective.
