@@ -233,6 +233,7 @@ impl Config {
     /// FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
     /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_DEVICE_ASYNC, FERROCCL_NT_STORE_BYTES,
+    /// FERROCCL_COPY_PAGES (checked only),
     /// FERROCCL_IB_* (each else its NCCL_IB_ name),
     /// FERROCCL_P2P_DISABLE (else NCCL_P2P_DISABLE), FERROCCL_MAX_NCHANNELS
     /// (else NCCL_MAX_NCHANNELS), FERROCCL_SIMD and
@@ -316,6 +317,12 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_DEVICE_ASYNC") {
             self.device_async = parse_flag("FERROCCL_DEVICE_ASYNC", &v)?;
+        }
+        // FERROCCL_COPY_PAGES is the transport core's, read once per
+        // process (`ferroccl_transport::pages_enabled`); checked here so
+        // that a value it would take as "off" fails at creation.
+        if let Some(v) = get("FERROCCL_COPY_PAGES") {
+            parse_flag("FERROCCL_COPY_PAGES", &v)?;
         }
         if let Some(disabled) = crate::plan::gpu_path::p2p_disabled_from_env(get)? {
             self.p2p = !disabled;
@@ -605,6 +612,11 @@ mod tests {
         assert!(!with(&[("FERROCCL_CMA", "0")]).unwrap().cma);
         let err = with(&[("FERROCCL_CMA", "maybe")]).unwrap_err().to_string();
         assert!(err.contains("FERROCCL_CMA"), "{err}");
+        assert!(with(&[("FERROCCL_COPY_PAGES", "1")]).is_ok());
+        let err = with(&[("FERROCCL_COPY_PAGES", "2")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("FERROCCL_COPY_PAGES"), "{err}");
         assert!(!with(&[]).unwrap().device_async);
         assert!(
             with(&[("FERROCCL_DEVICE_ASYNC", "1")])

@@ -31,7 +31,9 @@
 //! calibration, which times both through its own slots
 //! ([`choose_shared_copy`]), and until then by a measurement made once
 //! per process ([`memcpy_keeps_pace`]; FERROCCL_COPY=memcpy or `loop`
-//! decides instead). The loop is the one `unsafe` of this crate: the
+//! decides instead). With FERROCCL_COPY_PAGES=1, copies into and out of
+//! slots of 32-128 KiB go by [`copy_pages`] instead, eight pages side by
+//! side. The loops are the one `unsafe` of this crate: the
 //! vector loads and stores are hardware instructions with no safe
 //! wrapper.
 
@@ -67,7 +69,9 @@ pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
 /// different core complexes (`bench/bound/handover.c`).
 #[inline]
 pub fn copy_into_shared(dst: &mut [u8], src: &[u8]) {
-    if dst.len() >= VECTOR_MIN && memcpy_keeps_pace() {
+    if by_pages(dst.len()) {
+        copy_pages(dst, src);
+    } else if dst.len() >= VECTOR_MIN && memcpy_keeps_pace() {
         dst.copy_from_slice(src);
     } else {
         copy_bytes(dst, src);
@@ -84,7 +88,100 @@ pub fn copy_into_shared(dst: &mut [u8], src: &[u8]) {
 /// (docs/performance-log.md, "A slot written by the transport's copy").
 #[inline]
 pub fn copy_from_shared(dst: &mut [u8], src: &[u8]) {
-    copy_into_shared(dst, src);
+    if by_pages(dst.len()) {
+        copy_pages(dst, src);
+    } else if dst.len() >= VECTOR_MIN && memcpy_keeps_pace() {
+        dst.copy_from_slice(src);
+    } else {
+        copy_bytes(dst, src);
+    }
+}
+
+/// Bytes of one block of [`copy_pages`]: eight 4 KiB pages, read a line
+/// from each in turn.
+pub const PAGES_BLOCK: usize = 8 << 12;
+
+/// `dst.copy_from_slice(src)`, reading the source eight 4 KiB pages at a
+/// time, one line of each in turn, for a source in another core's cache.
+///
+/// A copy that walks its source line after line keeps one stream of
+/// misses in flight, and the core's prefetchers follow a stream within a
+/// page: out of the other core's cache each line waits for a snoop, so
+/// the copy runs at what one stream's misses allow. Eight pages walked
+/// side by side keep eight streams in flight. Intel MPI's shared-memory
+/// copy works this way (the multi-page copy of its library reads a line of
+/// each of eight pages per step). Measured on the 2-core Intel VM
+/// (bench/bound/pages.c, 2026-12-01): 256 KiB just written by the other
+/// core copied out in 10.2-10.3 us against 13.1-14.5 by `memcpy`; a bare
+/// 2-process 512 KiB allreduce through shared buffers in 41 us against 48
+/// with both its copies in and out so. Whole blocks of [`PAGES_BLOCK`]
+/// bytes go this way, the rest through [`copy_bytes`]. Panics where the
+/// lengths differ.
+pub fn copy_pages(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "copy_pages: the lengths differ");
+    let body = dst.len() / PAGES_BLOCK * PAGES_BLOCK;
+    let (d_body, d_tail) = dst.split_at_mut(body);
+    let (s_body, s_tail) = src.split_at(body);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above), the one
+        // requirement of a `target_feature(enable = "avx2")` function.
+        unsafe { x86::copy_pages_avx2(d_body, s_body) };
+        copy_bytes(d_tail, s_tail);
+        return;
+    }
+    for (d, s) in d_body
+        .chunks_exact_mut(PAGES_BLOCK)
+        .zip(s_body.chunks_exact(PAGES_BLOCK))
+    {
+        pages_portable(d, s);
+    }
+    copy_bytes(d_tail, s_tail);
+}
+
+/// One block of [`copy_pages`] without vector instructions: 64 bytes of
+/// each page in turn (the compiler's copies of 64 bytes).
+fn pages_portable(d: &mut [u8], s: &[u8]) {
+    const PAGE: usize = PAGES_BLOCK / 8;
+    for line in (0..PAGE).step_by(64) {
+        for page in 0..8 {
+            let at = page * PAGE + line;
+            d[at..at + 64].copy_from_slice(&s[at..at + 64]);
+        }
+    }
+}
+
+/// The largest copy into or out of shared memory that goes by
+/// [`copy_pages`]. In ferroccl's 2-rank allreduce and reduce-scatter
+/// (fresh rounds, in turns) copies by pages of every size were 1.04-1.16x
+/// faster at 128-512 KiB but 0.87-0.92x at 2-8 MiB, where the slices are
+/// 256-512 KiB and the streams' lines outgrow the cache; up to 128 KiB
+/// copies, nothing got slower (docs/performance-log.md, "Copies by
+/// pages").
+pub const PAGES_MAX: usize = 128 << 10;
+
+/// Whether a copy of `len` bytes into or out of shared memory goes by
+/// [`copy_pages`]: from one block to [`PAGES_MAX`], where
+/// FERROCCL_COPY_PAGES=1.
+#[inline]
+fn by_pages(len: usize) -> bool {
+    (PAGES_BLOCK..=PAGES_MAX).contains(&len) && pages_enabled()
+}
+
+/// Whether the copies into and out of shared memory take [`copy_pages`]
+/// for their whole blocks: only where FERROCCL_COPY_PAGES=1 (or `true`,
+/// `on`, `yes`, as the config's flags; it refuses other values). Not by
+/// default: with calls back to back on the same buffers (the tables'
+/// way) the 2-rank allreduce was 0.66-0.85x at 128 KiB-2 MiB, where the
+/// calibration of the copy into a slot, which times 128 KiB broadcasts,
+/// then chose differently (docs/performance-log.md, "Copies by pages").
+/// Read once per process.
+pub fn pages_enabled() -> bool {
+    static PAGES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PAGES.get_or_init(|| {
+        std::env::var("FERROCCL_COPY_PAGES")
+            .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "on" | "yes" | ""))
+    })
 }
 
 /// The way [`copy_into_shared`] (and [`copy_from_shared`]) copies: not
@@ -187,8 +284,8 @@ fn measure_memcpy() -> bool {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use core::arch::x86_64::{
-        __m128i, __m256i, _mm256_loadu_si256, _mm256_storeu_si256, _mm_loadu_si128,
-        _mm_storeu_si128,
+        __m128i, __m256i, _mm256_loadu_si256, _mm256_setzero_si256, _mm256_storeu_si256,
+        _mm_loadu_si128, _mm_storeu_si128,
     };
 
     /// Bytes per iteration of the AVX2 loop: four 32-byte vectors.
@@ -237,6 +334,42 @@ mod x86 {
             }
         }
         d_tail.copy_from_slice(s_tail);
+    }
+
+    /// The blocks of `copy_pages`: `dst` and `src` have one length, a
+    /// multiple of `PAGES_BLOCK`. Each step loads a line (two 32-byte
+    /// vectors) from each of the block's eight pages, then stores them.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn copy_pages_avx2(dst: &mut [u8], src: &[u8]) {
+        const PAGE: usize = super::PAGES_BLOCK / 8;
+        for (d, s) in dst
+            .chunks_exact_mut(super::PAGES_BLOCK)
+            .zip(src.chunks_exact(super::PAGES_BLOCK))
+        {
+            let (p, q) = (s.as_ptr(), d.as_mut_ptr());
+            for line in (0..PAGE).step_by(64) {
+                // SAFETY: `s` and `d` are PAGES_BLOCK valid bytes each
+                // (chunks_exact); every offset `page * PAGE + line + 32`
+                // plus the vector's 32 bytes stays below PAGES_BLOCK (page
+                // < 8, line <= PAGE - 64); the loads and stores are the
+                // unaligned forms; `d` is borrowed mutably and `s` shared,
+                // so they do not overlap. AVX2 is enabled for this function
+                // and present (the caller checked).
+                unsafe {
+                    let mut v = [_mm256_setzero_si256(); 16];
+                    for (page, pair) in v.chunks_exact_mut(2).enumerate() {
+                        let at = p.add(page * PAGE + line);
+                        pair[0] = _mm256_loadu_si256(at.cast::<__m256i>());
+                        pair[1] = _mm256_loadu_si256(at.add(32).cast::<__m256i>());
+                    }
+                    for (page, pair) in v.chunks_exact(2).enumerate() {
+                        let at = q.add(page * PAGE + line);
+                        _mm256_storeu_si256(at.cast::<__m256i>(), pair[0]);
+                        _mm256_storeu_si256(at.add(32).cast::<__m256i>(), pair[1]);
+                    }
+                }
+            }
+        }
     }
 
     /// The SSE2 loop (the x86-64 baseline: no detection needed).
@@ -338,7 +471,8 @@ mod tests {
     }
 
     fn copies_into_shared_memory_are_exact() {
-        for (k, n) in [0, 255, 256, 4097, 65_536 + 37].into_iter().enumerate() {
+        let sizes = [0, 255, 256, 4097, 65_536 + 37, PAGES_MAX, PAGES_MAX + 64];
+        for (k, n) in sizes.into_iter().enumerate() {
             let src_all = pattern(n + 64, 100 + k as u64);
             for (s_off, d_off) in [(0, 0), (0, 16), (16, 0), (3, 61)] {
                 let src = &src_all[s_off..s_off + n];
@@ -358,6 +492,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The copy by pages equals `copy_from_slice` for lengths around its
+    /// blocks, at relative offsets modulo 64, and touches nothing outside
+    /// the destination; so does its portable block.
+    #[test]
+    fn copies_by_pages_equal_copy_from_slice() {
+        let lengths = [
+            0,
+            PAGES_BLOCK - 1,
+            PAGES_BLOCK,
+            PAGES_BLOCK + 37,
+            3 * PAGES_BLOCK + 4097,
+            PAGES_MAX,
+            1 << 20,
+        ];
+        for (k, n) in lengths.into_iter().enumerate() {
+            let src_all = pattern(n + 64, 200 + k as u64);
+            for (s_off, d_off) in [(0, 0), (0, 16), (8, 40), (63, 1)] {
+                let src = &src_all[s_off..s_off + n];
+                let mut dst_all = vec![0xA5u8; n + 128];
+                copy_pages(&mut dst_all[d_off..d_off + n], src);
+                assert_eq!(&dst_all[d_off..d_off + n], src, "n={n} s={s_off} d={d_off}");
+                assert!(
+                    dst_all[..d_off].iter().all(|&b| b == 0xA5)
+                        && dst_all[d_off + n..].iter().all(|&b| b == 0xA5),
+                    "n={n} s={s_off} d={d_off}: bytes outside the destination changed"
+                );
+            }
+        }
+        let src = pattern(PAGES_BLOCK, 7);
+        let mut dst = vec![0u8; PAGES_BLOCK];
+        pages_portable(&mut dst, &src);
+        assert_eq!(dst, src, "the portable block");
     }
 
     #[test]
