@@ -88,13 +88,7 @@ pub fn copy_into_shared(dst: &mut [u8], src: &[u8]) {
 /// (docs/performance-log.md, "A slot written by the transport's copy").
 #[inline]
 pub fn copy_from_shared(dst: &mut [u8], src: &[u8]) {
-    if by_pages(dst.len()) {
-        copy_pages(dst, src);
-    } else if dst.len() >= VECTOR_MIN && memcpy_keeps_pace() {
-        dst.copy_from_slice(src);
-    } else {
-        copy_bytes(dst, src);
-    }
+    copy_into_shared(dst, src);
 }
 
 /// Bytes of one block of [`copy_pages`]: eight 4 KiB pages, read a line
@@ -421,6 +415,20 @@ mod tests {
             .collect()
     }
 
+    /// `copy` of `src` into a buffer at offset `d_off` writes exactly
+    /// `src` there and nothing outside it (`at` names the case).
+    fn check_copy(copy: fn(&mut [u8], &[u8]), src: &[u8], d_off: usize, at: &str) {
+        let n = src.len();
+        let mut dst_all = vec![0xA5u8; n + 128];
+        copy(&mut dst_all[d_off..d_off + n], src);
+        assert_eq!(&dst_all[d_off..d_off + n], src, "{at}");
+        assert!(
+            dst_all[..d_off].iter().all(|&b| b == 0xA5)
+                && dst_all[d_off + n..].iter().all(|&b| b == 0xA5),
+            "{at}: bytes outside the destination changed"
+        );
+    }
+
     /// Every length around the loop's steps, at every relative offset of
     /// source and destination modulo 64, equals `copy_from_slice` and
     /// touches nothing outside the destination.
@@ -431,13 +439,11 @@ mod tests {
             let src_all = pattern(n + 64, k as u64);
             for (s_off, d_off) in [(0, 0), (0, 16), (16, 0), (8, 40), (3, 61), (63, 1), (32, 0)] {
                 let src = &src_all[s_off..s_off + n];
-                let mut dst_all = vec![0xA5u8; n + 128];
-                copy_bytes(&mut dst_all[d_off..d_off + n], src);
-                assert_eq!(&dst_all[d_off..d_off + n], src, "n={n} s={s_off} d={d_off}");
-                assert!(
-                    dst_all[..d_off].iter().all(|&b| b == 0xA5)
-                        && dst_all[d_off + n..].iter().all(|&b| b == 0xA5),
-                    "n={n} s={s_off} d={d_off}: bytes outside the destination changed"
+                check_copy(
+                    copy_bytes,
+                    src,
+                    d_off,
+                    &format!("n={n} s={s_off} d={d_off}"),
                 );
                 #[cfg(target_arch = "x86_64")]
                 {
@@ -480,15 +486,8 @@ mod tests {
                 let copies: [(&str, Copy); 2] =
                     [("into", copy_into_shared), ("out of", copy_from_shared)];
                 for (way, copy) in copies {
-                    let mut dst_all = vec![0xA5u8; n + 128];
-                    copy(&mut dst_all[d_off..d_off + n], src);
                     let at = format!("{way} shared memory, n={n} s={s_off} d={d_off}");
-                    assert_eq!(&dst_all[d_off..d_off + n], src, "{at}");
-                    assert!(
-                        dst_all[..d_off].iter().all(|&b| b == 0xA5)
-                            && dst_all[d_off + n..].iter().all(|&b| b == 0xA5),
-                        "{at}: bytes outside the destination changed"
-                    );
+                    check_copy(copy, src, d_off, &at);
                 }
             }
         }
@@ -512,13 +511,11 @@ mod tests {
             let src_all = pattern(n + 64, 200 + k as u64);
             for (s_off, d_off) in [(0, 0), (0, 16), (8, 40), (63, 1)] {
                 let src = &src_all[s_off..s_off + n];
-                let mut dst_all = vec![0xA5u8; n + 128];
-                copy_pages(&mut dst_all[d_off..d_off + n], src);
-                assert_eq!(&dst_all[d_off..d_off + n], src, "n={n} s={s_off} d={d_off}");
-                assert!(
-                    dst_all[..d_off].iter().all(|&b| b == 0xA5)
-                        && dst_all[d_off + n..].iter().all(|&b| b == 0xA5),
-                    "n={n} s={s_off} d={d_off}: bytes outside the destination changed"
+                check_copy(
+                    copy_pages,
+                    src,
+                    d_off,
+                    &format!("n={n} s={s_off} d={d_off}"),
                 );
             }
         }
