@@ -22,12 +22,17 @@
  * MPI_COLL_FRESH=1). SETS shared buffer sets are taken in turn (ferroccl's
  * slots rotate through 8).
  *
+ * allgather: a 2-process allgather of BYTES gathered (BYTES/2 a process)
+ * with the steps of ferroccl's 2-rank allgather through slots: copy the
+ * input into shared memory, copy it into this rank's block of the output
+ * (OWN=0 leaves that out), meet, copy the peer's block out.
+ *
  * OUT=pages (default memcpy): the copies out of shared memory and the
  * sum's reads of the peer's copy walk eight pages side by side. IN=pages:
  * the copies into shared memory too.
  *
  * build: gcc -O3 -march=native -o /tmp/pages bench/bound/pages.c
- * run:   [OUT=pages] [IN=pages] [SETS=2] /tmp/pages copy|allreduce BYTES [ITERS]
+ * run:   [OUT=pages] [IN=pages] [SETS=2] [OWN=0] /tmp/pages copy|allreduce|allgather BYTES [ITERS]
  *        (e.g. OUT=pages /tmp/pages allreduce 524288 1000)
  * Prints the mean and best of ITERS rounds, in microseconds.
  */
@@ -94,8 +99,10 @@ static void add(int pages, float *out, const float *a, const float *b, size_t n)
 
 int main(int argc, char **argv) {
   int ar = argc > 1 && !strcmp(argv[1], "allreduce");
-  if (argc < 3 || (!ar && strcmp(argv[1], "copy"))) {
-    fprintf(stderr, "usage: [OUT=pages] [IN=pages] [SETS=2] pages copy|allreduce BYTES [ITERS]\n");
+  int ag = argc > 1 && !strcmp(argv[1], "allgather");
+  if (argc < 3 || (!ar && !ag && strcmp(argv[1], "copy"))) {
+    fprintf(stderr,
+            "usage: [OUT=pages] [IN=pages] [SETS=2] [OWN=0] pages copy|allreduce|allgather BYTES [ITERS]\n");
     return 2;
   }
   size_t bytes = strtoul(argv[2], 0, 10);
@@ -104,6 +111,7 @@ int main(int argc, char **argv) {
   int out_pages = (e = getenv("OUT")) && !strcmp(e, "pages");
   int in_pages = (e = getenv("IN")) && !strcmp(e, "pages");
   int sets = (e = getenv("SETS")) ? atoi(e) : 2;
+  int own = !((e = getenv("OWN")) && !strcmp(e, "0"));
   if (bytes % 64 || bytes < 128 || sets < 1) {
     fprintf(stderr, "BYTES: a multiple of 64, at least 128; SETS >= 1\n");
     return 2;
@@ -128,7 +136,16 @@ int main(int argc, char **argv) {
     float *mine = (float *)(shared + (2 * (size_t)set + r) * bytes);
     float *theirs = (float *)(shared + (2 * (size_t)set + p) * bytes);
     double t;
-    if (!ar) {
+    if (ag) {
+      meet(r, ++point);
+      t = now();
+      copy(in_pages, mine, in + r * h, h * 4);
+      if (own) copy(0, out + r * h, in + r * h, h * 4);
+      meet(r, ++point);
+      copy(out_pages, out + p * h, theirs, h * 4);
+      meet(r, ++point);
+      t = now() - t;
+    } else if (!ar) {
       copy(in_pages, mine, in, bytes);
       meet(r, ++point);
       t = now();
@@ -152,8 +169,11 @@ int main(int argc, char **argv) {
       if (t < best) best = t;
     }
   }
+  /* allreduce: every element 3; copy: the peer's; allgather: the peer's
+     block (this rank's own block is unchecked where OWN=0). */
   float want = ar ? 3.0f : (float)(p + 1);
-  for (size_t i = 0; i < n; i += 1031)
+  size_t from = ag ? p * h : 0, to = ag ? p * h + h : n;
+  for (size_t i = from; i < to; i += 1031)
     if (out[i] != want) {
       fprintf(stderr, "wrong result at %zu: %f, not %f\n", i, out[i], want);
       return 1;
@@ -161,7 +181,7 @@ int main(int argc, char **argv) {
   if (r == 0) {
     wait(NULL);
     printf("%s of %zu bytes, 2 processes, copies out %s, in %s, %d set(s): mean %.1f us, best %.1f\n",
-           ar ? "allreduce" : "copy out of shared memory", bytes, out_pages ? "by pages" : "by memcpy",
+           ar ? "allreduce" : ag ? "allgather" : "copy out of shared memory", bytes, out_pages ? "by pages" : "by memcpy",
            in_pages ? "by pages" : "by memcpy", sets, sum / iters * 1e6, best * 1e6);
   }
   return 0;

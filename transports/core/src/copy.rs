@@ -31,9 +31,8 @@
 //! calibration, which times both through its own slots
 //! ([`choose_shared_copy`]), and until then by a measurement made once
 //! per process ([`memcpy_keeps_pace`]; FERROCCL_COPY=memcpy or `loop`
-//! decides instead). With FERROCCL_COPY_PAGES=1, copies into and out of
-//! slots of 32-128 KiB go by [`copy_pages`] instead, eight pages side by
-//! side. The loops are the one `unsafe` of this crate: the
+//! decides instead). With FERROCCL_COPY_PAGES=1, copies of 32-128 KiB
+//! out of slots go by [`copy_pages`] instead, eight pages side by side. The loops are the one `unsafe` of this crate: the
 //! vector loads and stores are hardware instructions with no safe
 //! wrapper.
 
@@ -69,9 +68,7 @@ pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
 /// different core complexes (`bench/bound/handover.c`).
 #[inline]
 pub fn copy_into_shared(dst: &mut [u8], src: &[u8]) {
-    if by_pages(dst.len()) {
-        copy_pages(dst, src);
-    } else if dst.len() >= VECTOR_MIN && memcpy_keeps_pace() {
+    if dst.len() >= VECTOR_MIN && memcpy_keeps_pace() {
         dst.copy_from_slice(src);
     } else {
         copy_bytes(dst, src);
@@ -88,7 +85,18 @@ pub fn copy_into_shared(dst: &mut [u8], src: &[u8]) {
 /// (docs/performance-log.md, "A slot written by the transport's copy").
 #[inline]
 pub fn copy_from_shared(dst: &mut [u8], src: &[u8]) {
-    copy_into_shared(dst, src);
+    copy_out(dst, src, pages_enabled());
+}
+
+/// [`copy_from_shared`], by pages from one block to [`PAGES_MAX`] where
+/// `pages`, else as [`copy_into_shared`].
+#[inline]
+fn copy_out(dst: &mut [u8], src: &[u8], pages: bool) {
+    if pages && (PAGES_BLOCK..=PAGES_MAX).contains(&dst.len()) {
+        copy_pages(dst, src);
+    } else {
+        copy_into_shared(dst, src);
+    }
 }
 
 /// Bytes of one block of [`copy_pages`]: eight 4 KiB pages, read a line
@@ -108,11 +116,19 @@ pub const PAGES_BLOCK: usize = 8 << 12;
 /// (bench/bound/pages.c, 2026-12-01): 256 KiB just written by the other
 /// core copied out in 10.2-10.3 us against 13.1-14.5 by `memcpy`; a bare
 /// 2-process 512 KiB allreduce through shared buffers in 41 us against 48
-/// with both its copies in and out so. Whole blocks of [`PAGES_BLOCK`]
-/// bytes go this way, the rest through [`copy_bytes`]. Panics where the
+/// with both its copies in and out so. The head up to the destination's
+/// next 64-byte boundary goes first, then whole blocks of [`PAGES_BLOCK`]
+/// bytes this way, the rest through [`copy_bytes`]. Panics where the
 /// lengths differ.
 pub fn copy_pages(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy_pages: the lengths differ");
+    // The head up to the destination's next line boundary first, so that
+    // no store of the blocks straddles two lines (a split store costs
+    // about two; unaligned loads are cheap).
+    let head = dst.as_ptr().align_offset(64).min(dst.len());
+    let (d_head, dst) = dst.split_at_mut(head);
+    let (s_head, src) = src.split_at(head);
+    copy_bytes(d_head, s_head);
     let body = dst.len() / PAGES_BLOCK * PAGES_BLOCK;
     let (d_body, d_tail) = dst.split_at_mut(body);
     let (s_body, s_tail) = src.split_at(body);
@@ -145,30 +161,23 @@ fn pages_portable(d: &mut [u8], s: &[u8]) {
     }
 }
 
-/// The largest copy into or out of shared memory that goes by
-/// [`copy_pages`]. In ferroccl's 2-rank allreduce and reduce-scatter
-/// (fresh rounds, in turns) copies by pages of every size were 1.04-1.16x
-/// faster at 128-512 KiB but 0.87-0.92x at 2-8 MiB, where the slices are
-/// 256-512 KiB and the streams' lines outgrow the cache; up to 128 KiB
-/// copies, nothing got slower (docs/performance-log.md, "Copies by
-/// pages").
+/// The largest copy out of shared memory that goes by [`copy_pages`]. In
+/// ferroccl's 2-rank allreduce and reduce-scatter (fresh rounds, in turns,
+/// copies into slots by pages too, before their destination was aligned)
+/// copies by pages of every size were 1.04-1.12x faster at 128-512 KiB
+/// but 0.87-0.92x at 2-8 MiB, where the slices are 256-512 KiB
+/// (docs/performance-log.md, "Copies by pages").
 pub const PAGES_MAX: usize = 128 << 10;
 
-/// Whether a copy of `len` bytes into or out of shared memory goes by
-/// [`copy_pages`]: from one block to [`PAGES_MAX`], where
-/// FERROCCL_COPY_PAGES=1.
-#[inline]
-fn by_pages(len: usize) -> bool {
-    (PAGES_BLOCK..=PAGES_MAX).contains(&len) && pages_enabled()
-}
-
-/// Whether the copies into and out of shared memory take [`copy_pages`]
-/// for their whole blocks: only where FERROCCL_COPY_PAGES=1 (or `true`,
-/// `on`, `yes`, as the config's flags; it refuses other values). Not by
-/// default: with calls back to back on the same buffers (the tables'
-/// way) the 2-rank allreduce was 0.66-0.85x at 128 KiB-2 MiB, where the
-/// calibration of the copy into a slot, which times 128 KiB broadcasts,
-/// then chose differently (docs/performance-log.md, "Copies by pages").
+/// Whether the copies out of shared memory take [`copy_pages`] for their
+/// whole blocks: only where FERROCCL_COPY_PAGES=1 (or `true`, `on`,
+/// `yes`, as the config's flags; it refuses other values). Not by default:
+/// inside ferroccl's collectives it was level with `memcpy` in turns
+/// (0.95-1.10x, 2 ranks, fresh rounds, 32 KiB-8 MiB) although it copies a
+/// slot's 256 KiB in 13.0 us against 15.4. The copy into a slot stays
+/// `memcpy` (or the loop) either way: by pages it took 14.4 us against
+/// 12.0 for 256 KiB, its stores fetching the lines the peer holds, where
+/// the C library's string copy does not; Intel MPI copies in that way too.
 /// Read once per process.
 pub fn pages_enabled() -> bool {
     static PAGES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -483,8 +492,12 @@ mod tests {
             for (s_off, d_off) in [(0, 0), (0, 16), (16, 0), (3, 61)] {
                 let src = &src_all[s_off..s_off + n];
                 type Copy = fn(&mut [u8], &[u8]);
-                let copies: [(&str, Copy); 2] =
-                    [("into", copy_into_shared), ("out of", copy_from_shared)];
+                let copies: [(&str, Copy); 4] = [
+                    ("into", copy_into_shared),
+                    ("out of", copy_from_shared),
+                    ("out of, by pages", |d, s| copy_out(d, s, true)),
+                    ("out of, not by pages", |d, s| copy_out(d, s, false)),
+                ];
                 for (way, copy) in copies {
                     let at = format!("{way} shared memory, n={n} s={s_off} d={d_off}");
                     check_copy(copy, src, d_off, &at);
