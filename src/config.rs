@@ -319,8 +319,9 @@ impl Config {
             self.device_async = parse_flag("FERROCCL_DEVICE_ASYNC", &v)?;
         }
         // FERROCCL_COPY_PAGES is the transport core's, read once per
-        // process (`ferroccl_transport::pages_enabled`); checked here so
-        // that a value it would take as "off" fails at creation.
+        // process (`ferroccl_transport::pages_enabled`, which takes any
+        // value but 0, false, off and no as on); checked here so that a
+        // misspelt value fails at creation.
         if let Some(v) = get("FERROCCL_COPY_PAGES") {
             parse_flag("FERROCCL_COPY_PAGES", &v)?;
         }

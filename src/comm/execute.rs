@@ -191,7 +191,15 @@ impl Inner {
         // Ring passes keep several slices in flight: the host's slots and
         // the device FIFOs' bulk slots are both `config.steps` a direction
         // (the device's LL lines are 8 a direction, above the depth cap).
-        let geometry = plan::geometry(
+        // Host calls between ranks of one host (which share control pages)
+        // go through shared memory: two ranks of a symmetric collective
+        // run each piece as one slice there (`plan::shared_geometry`).
+        let place = if facts.control && call.memory == Memory::Host {
+            plan::shared_geometry
+        } else {
+            plan::geometry
+        };
+        let geometry = place(
             call.kind,
             algorithm,
             (inner.rank, inner.size),

@@ -649,14 +649,61 @@ pub(crate) fn geometry(
     elem: usize,
     chunk_bytes: usize,
 ) -> Geometry {
-    let pieces = match (kind, algorithm) {
+    slices(
+        rank,
+        size,
+        count,
+        pieces(kind, algorithm, size),
+        elem,
+        chunk_bytes,
+    )
+}
+
+/// The pieces `geometry` cuts a call's elements into.
+fn pieces(kind: CollKind, algorithm: Algorithm, size: usize) -> usize {
+    match (kind, algorithm) {
         (CollKind::AllReduce, Algorithm::Ring | Algorithm::TwoShot | Algorithm::Hierarchical) => {
             size
         }
         (CollKind::AllReduce, Algorithm::Tree) => 2,
         _ => 1,
-    };
-    slices(rank, size, count, pieces, elem, chunk_bytes)
+    }
+}
+
+/// The geometry of a host call through the slots of one host's shared
+/// memory: `geometry`'s, except that an allreduce, reduce-scatter or
+/// allgather between two ranks runs each piece as one slice, as large as
+/// a slot allows. Slices let a rank start on a piece before its peer has
+/// sent all of it, which pays where the ranks wait on one another in a
+/// chain (more ranks, a network, a broadcast's root and receiver); two
+/// ranks of these collectives do the same work side by side, so slices
+/// only add a frame's handover each and spread the copies out of the
+/// peer's cache into short runs. With the copy out of a slot by pages
+/// (`ferroccl_transport::copy_from_shared`), in turns on the 2-core Intel
+/// VM: the 2-rank allreduce 1.10-1.24x at 128-512 KiB, reduce-scatter
+/// 1.07-1.21x at 512 KiB (docs/performance-log.md, "One slice a piece
+/// between two ranks").
+pub(crate) fn shared_geometry(
+    kind: CollKind,
+    algorithm: Algorithm,
+    (rank, size): (usize, usize),
+    count: usize,
+    elem: usize,
+    chunk_bytes: usize,
+) -> Geometry {
+    let g = geometry(kind, algorithm, (rank, size), count, elem, chunk_bytes);
+    let symmetric = matches!(
+        kind,
+        CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather
+    );
+    if size != 2 || !symmetric {
+        return g;
+    }
+    let piece_bytes = count / pieces(kind, algorithm, size).max(1) * elem;
+    Geometry {
+        slice: (piece_bytes.min(chunk_bytes) / elem.max(1)).max(1),
+        ..g
+    }
 }
 
 /// The largest slice, in elements, of an allreduce of `count` elements of
@@ -1470,6 +1517,34 @@ mod tests {
         assert_eq!(direct_store(true, 2 * nt, nt), Store::Streaming);
         assert_eq!(direct_store(true, 2 * nt - 1, nt), Store::Cached);
         assert_eq!(direct_store(false, 4 * nt, nt), Store::Cached);
+    }
+
+    #[test]
+    fn two_ranks_of_one_host_run_symmetric_pieces_whole() {
+        let chunk = 512 << 10;
+        // A 2-rank allreduce of 512 KiB: pieces of 256 KiB, one slice each
+        // through shared memory, four of 64 KiB otherwise.
+        let count = 128 << 10;
+        let g = |kind, size, count| {
+            let ring = (Algorithm::Ring, (0, size), count, 4, chunk);
+            let (a, r, n, e, c) = ring;
+            (
+                geometry(kind, a, r, n, e, c).slice,
+                shared_geometry(kind, a, r, n, e, c).slice,
+            )
+        };
+        assert_eq!(g(CollKind::AllReduce, 2, count), (16 << 10, 64 << 10));
+        // Reduce-scatter and allgather: one piece, the block, capped by the
+        // slot.
+        assert_eq!(g(CollKind::ReduceScatter, 2, count).1, count);
+        assert_eq!(g(CollKind::AllGather, 2, 4 * count).1, chunk / 4);
+        // A broadcast keeps its slices (its receiver follows its root), and
+        // so do more ranks.
+        let (sliced, shared) = g(CollKind::Broadcast, 2, count);
+        assert_eq!(sliced, shared);
+        let (sliced, shared) = g(CollKind::AllReduce, 3, 3 * count);
+        assert_eq!(sliced, shared);
+        assert!(sliced < count);
     }
 
     #[test]

@@ -31,8 +31,9 @@
 //! calibration, which times both through its own slots
 //! ([`choose_shared_copy`]), and until then by a measurement made once
 //! per process ([`memcpy_keeps_pace`]; FERROCCL_COPY=memcpy or `loop`
-//! decides instead). With FERROCCL_COPY_PAGES=1, copies of 32-128 KiB
-//! out of slots go by [`copy_pages`] instead, eight pages side by side. The loops are the one `unsafe` of this crate: the
+//! decides instead). Copies of 32-512 KiB out of slots go by
+//! [`copy_pages`] instead, eight pages side by side (FERROCCL_COPY_PAGES=0
+//! turns that off). The loops are the one `unsafe` of this crate: the
 //! vector loads and stores are hardware instructions with no safe
 //! wrapper.
 
@@ -161,29 +162,27 @@ fn pages_portable(d: &mut [u8], s: &[u8]) {
     }
 }
 
-/// The largest copy out of shared memory that goes by [`copy_pages`]. In
-/// ferroccl's 2-rank allreduce and reduce-scatter (fresh rounds, in turns,
-/// copies into slots by pages too, before their destination was aligned)
-/// copies by pages of every size were 1.04-1.12x faster at 128-512 KiB
-/// but 0.87-0.92x at 2-8 MiB, where the slices are 256-512 KiB
+/// The largest copy out of shared memory that goes by [`copy_pages`]: a
+/// 2-rank allreduce of 1 MiB, whose pieces of 512 KiB the executor runs
+/// as one slice each between two ranks of one host. Above it the copy's
+/// streams outgrow the cache: the 2-rank allreduce and reduce-scatter
+/// with every copy of 32 KiB and up by pages, into slots too, were
+/// 0.87-0.92x at 2-8 MiB, where the slices are 256-512 KiB
 /// (docs/performance-log.md, "Copies by pages").
-pub const PAGES_MAX: usize = 128 << 10;
+pub const PAGES_MAX: usize = 512 << 10;
 
 /// Whether the copies out of shared memory take [`copy_pages`] for their
-/// whole blocks: only where FERROCCL_COPY_PAGES=1 (or `true`, `on`,
-/// `yes`, as the config's flags; it refuses other values). Not by default:
-/// inside ferroccl's collectives it was level with `memcpy` in turns
-/// (0.95-1.10x, 2 ranks, fresh rounds, 32 KiB-8 MiB) although it copies a
-/// slot's 256 KiB in 13.0 us against 15.4. The copy into a slot stays
-/// `memcpy` (or the loop) either way: by pages it took 14.4 us against
-/// 12.0 for 256 KiB, its stores fetching the lines the peer holds, where
-/// the C library's string copy does not; Intel MPI copies in that way too.
-/// Read once per process.
+/// whole blocks: yes unless FERROCCL_COPY_PAGES=0 (or `false`, `off`,
+/// `no`, as the config's flags; it refuses other values). The copy into a
+/// slot stays `memcpy` (or the loop) either way: by pages it took 14.4 us
+/// against 12.0 for 256 KiB, its stores fetching the lines the peer
+/// holds, where the C library's string copy does not; Intel MPI copies in
+/// that way too. Read once per process.
 pub fn pages_enabled() -> bool {
     static PAGES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *PAGES.get_or_init(|| {
-        std::env::var("FERROCCL_COPY_PAGES")
-            .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "on" | "yes" | ""))
+        !std::env::var("FERROCCL_COPY_PAGES")
+            .is_ok_and(|v| matches!(v.trim(), "0" | "false" | "off" | "no"))
     })
 }
 
