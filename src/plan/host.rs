@@ -680,9 +680,10 @@ fn pieces(kind: CollKind, algorithm: Algorithm, size: usize) -> usize {
 /// only add a frame's handover each and spread the copies out of the
 /// peer's cache into short runs. With the copy out of a slot by pages
 /// (`ferroccl_transport::copy_from_shared`), in turns on the 2-core Intel
-/// VM: the 2-rank allreduce 1.10-1.24x at 128-512 KiB, reduce-scatter
-/// 1.07-1.21x at 512 KiB (docs/performance-log.md, "One slice a piece
-/// between two ranks").
+/// VM: the 2-rank allreduce 1.10-1.28x at 128 KiB-2 MiB (reused buffers;
+/// 1.16-1.18x at 512 KiB in fresh rounds), reduce-scatter 1.11-1.29x at
+/// 512 KiB-2 MiB, allgather and broadcast level (docs/performance-log.md,
+/// "One slice a piece between two ranks").
 pub(crate) fn shared_geometry(
     kind: CollKind,
     algorithm: Algorithm,
