@@ -193,21 +193,19 @@ impl Inner {
         // (the device's LL lines are 8 a direction, above the depth cap).
         // Host calls between ranks of one host (which share control pages)
         // go through shared memory: two ranks of a symmetric collective
-        // run each piece as one slice there (`plan::shared_geometry`).
-        let place = if facts.control && call.memory == Memory::Host {
-            plan::shared_geometry
-        } else {
-            plan::geometry
-        };
-        let geometry = place(
+        // run each piece as one slice there (`Geometry::in_shared_memory`).
+        let mut geometry = plan::geometry(
             call.kind,
             algorithm,
             (inner.rank, inner.size),
             count,
             elem,
             chunk_bytes,
-        )
-        .pipelined(inner.config.steps, inner.config.pipeline_depth);
+        );
+        if facts.control && call.memory == Memory::Host {
+            geometry = geometry.in_shared_memory(call.kind, algorithm, (count, elem, chunk_bytes));
+        }
+        let geometry = geometry.pipelined(inner.config.steps, inner.config.pipeline_depth);
         let mut plan = coll::plan_on(call, geometry, algorithm, Some(&inner.hosts))?;
         // Without control pages a broadcast or reduce (or a call of no
         // elements) confirms through frames of its own; with them, through

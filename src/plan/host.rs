@@ -670,40 +670,40 @@ fn pieces(kind: CollKind, algorithm: Algorithm, size: usize) -> usize {
     }
 }
 
-/// The geometry of a host call through the slots of one host's shared
-/// memory: `geometry`'s, except that an allreduce, reduce-scatter or
-/// allgather between two ranks runs each piece as one slice, as large as
-/// a slot allows. Slices let a rank start on a piece before its peer has
-/// sent all of it, which pays where the ranks wait on one another in a
-/// chain (more ranks, a network, a broadcast's root and receiver); two
-/// ranks of these collectives do the same work side by side, so slices
-/// only add a frame's handover each and spread the copies out of the
-/// peer's cache into short runs. With the copy out of a slot by pages
-/// (`ferroccl_transport::copy_from_shared`), in turns on the 2-core Intel
-/// VM: the 2-rank allreduce 1.10-1.28x at 128 KiB-2 MiB (reused buffers;
-/// 1.16-1.18x at 512 KiB in fresh rounds), reduce-scatter 1.11-1.29x at
-/// 512 KiB-2 MiB, allgather and broadcast level (docs/performance-log.md,
-/// "One slice a piece between two ranks").
-pub(crate) fn shared_geometry(
-    kind: CollKind,
-    algorithm: Algorithm,
-    (rank, size): (usize, usize),
-    count: usize,
-    elem: usize,
-    chunk_bytes: usize,
-) -> Geometry {
-    let g = geometry(kind, algorithm, (rank, size), count, elem, chunk_bytes);
-    let symmetric = matches!(
-        kind,
-        CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather
-    );
-    if size != 2 || !symmetric {
-        return g;
-    }
-    let piece_bytes = count / pieces(kind, algorithm, size).max(1) * elem;
-    Geometry {
-        slice: (piece_bytes.min(chunk_bytes) / elem.max(1)).max(1),
-        ..g
+impl Geometry {
+    /// This geometry for a host call through the slots of one host's
+    /// shared memory: an allreduce, reduce-scatter or allgather between
+    /// two ranks runs each piece as one slice, as large as a slot allows
+    /// (`(count, elem, chunk_bytes)` as `geometry` had them). Slices let a
+    /// rank start on a piece before its peer has sent all of it, which
+    /// pays where the ranks wait on one another in a chain (more ranks, a
+    /// network, a broadcast's root and receiver); two ranks of these
+    /// collectives do the same work side by side, so slices only add a
+    /// frame's handover each and spread the copies out of the peer's cache
+    /// into short runs. With the copy out of a slot by pages
+    /// (`ferroccl_transport::copy_from_shared`), in turns on the 2-core
+    /// Intel VM: the 2-rank allreduce 1.10-1.28x at 128 KiB-2 MiB (reused
+    /// buffers; 1.16-1.18x at 512 KiB in fresh rounds), reduce-scatter
+    /// 1.11-1.29x at 512 KiB-2 MiB, allgather and broadcast level
+    /// (docs/performance-log.md, "One slice a piece between two ranks").
+    pub(crate) fn in_shared_memory(
+        self,
+        kind: CollKind,
+        algorithm: Algorithm,
+        (count, elem, chunk_bytes): (usize, usize, usize),
+    ) -> Geometry {
+        let symmetric = matches!(
+            kind,
+            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather
+        );
+        if self.size != 2 || !symmetric {
+            return self;
+        }
+        let piece_bytes = count / pieces(kind, algorithm, self.size).max(1) * elem;
+        Geometry {
+            slice: (piece_bytes.min(chunk_bytes) / elem.max(1)).max(1),
+            ..self
+        }
     }
 }
 
@@ -1527,12 +1527,9 @@ mod tests {
         // through shared memory, four of 64 KiB otherwise.
         let count = 128 << 10;
         let g = |kind, size, count| {
-            let ring = (Algorithm::Ring, (0, size), count, 4, chunk);
-            let (a, r, n, e, c) = ring;
-            (
-                geometry(kind, a, r, n, e, c).slice,
-                shared_geometry(kind, a, r, n, e, c).slice,
-            )
+            let sliced = geometry(kind, Algorithm::Ring, (0, size), count, 4, chunk);
+            let shared = sliced.in_shared_memory(kind, Algorithm::Ring, (count, 4, chunk));
+            (sliced.slice, shared.slice)
         };
         assert_eq!(g(CollKind::AllReduce, 2, count), (16 << 10, 64 << 10));
         // Reduce-scatter and allgather: one piece, the block, capped by the
