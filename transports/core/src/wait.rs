@@ -62,6 +62,8 @@ const SLEEP: Duration = Duration::from_micros(50);
 pub struct Waiter {
     /// When the first clock round was (None before it).
     start: Option<Instant>,
+    /// When the latest clock round was (None before the first).
+    latest: Option<Instant>,
     spins: u32,
     rounds: u32,
     last_liveness: Option<Instant>,
@@ -73,6 +75,7 @@ impl Waiter {
     pub fn new(spins: u32) -> Self {
         Waiter {
             start: None,
+            latest: None,
             spins,
             rounds: 0,
             last_liveness: None,
@@ -90,6 +93,7 @@ impl Waiter {
     #[inline]
     pub fn at(&mut self, now: Instant) {
         self.start.get_or_insert(now);
+        self.latest = Some(now);
         self.last_liveness.get_or_insert(now);
     }
 
@@ -130,13 +134,16 @@ impl Waiter {
     }
 
     /// Whether a waiter past its `YIELDS` still yields: one with a core of
-    /// its own, within `YIELD_WINDOW` of its first clock round.
+    /// its own, whose latest clock round was within `YIELD_WINDOW` of its
+    /// first. By the clock rounds' times, which the caller reads every round
+    /// once spinning is over, so a pause reads no clock of its own.
     #[inline]
     fn yields_on(&self) -> bool {
         self.spins > OVERSUBSCRIBED_SPINS
-            && self
-                .start
-                .is_none_or(|start| start.elapsed() < YIELD_WINDOW)
+            && match (self.start, self.latest) {
+                (Some(start), Some(latest)) => latest.duration_since(start) < YIELD_WINDOW,
+                _ => true,
+            }
     }
 }
 
@@ -144,12 +151,13 @@ impl Waiter {
 mod tests {
     use super::*;
 
-    /// A waiter started `ago` (its first clock round then).
+    /// A waiter started `ago` (its first clock round then, its latest
+    /// now).
     fn started(spins: u32, ago: Duration) -> Waiter {
         let mut w = Waiter::new(spins);
-        w.at(Instant::now()
-            .checked_sub(ago)
-            .expect("the clock goes back that far"));
+        let now = Instant::now();
+        w.at(now.checked_sub(ago).expect("the clock goes back that far"));
+        w.at(now);
         w
     }
 
