@@ -536,6 +536,7 @@ fn time_fresh<T: Element>(
     } else {
         Vec::new()
     };
+    let mut scratch = vec![T::zeroed(); REWRITE_CHUNK];
     let mut total = 0.0;
     for _ in 0..iters {
         let out: &[T] = if in_place { &bufs.inplace } else { &bufs.recv };
@@ -544,7 +545,7 @@ fn time_fresh<T: Element>(
         if overwritten {
             buf.copy_from_slice(&input);
         } else {
-            rewrite(buf);
+            rewrite(buf, &mut scratch);
         }
         comm.barrier()?;
         let start = Instant::now();
@@ -556,14 +557,17 @@ fn time_fresh<T: Element>(
     Ok(t[0])
 }
 
+/// Elements `rewrite` moves at a time.
+const REWRITE_CHUNK: usize = 4096;
+
 /// Write every element of `buf` back with the value it holds, as a step
 /// that rewrites its gradients would: the lines end up written in this
-/// core's cache. Through a small buffer the compiler must treat as
-/// changed (`black_box`), so that it keeps the stores.
-fn rewrite<T: Element>(buf: &mut [T]) {
-    let mut tmp = vec![T::zeroed(); 4096.min(buf.len())];
-    for chunk in buf.chunks_mut(4096) {
-        let tmp = &mut tmp[..chunk.len()];
+/// core's cache. Through `scratch` (`REWRITE_CHUNK` elements), which the
+/// compiler must treat as changed (`black_box`), so that it keeps the
+/// stores.
+fn rewrite<T: Element>(buf: &mut [T], scratch: &mut [T]) {
+    for chunk in buf.chunks_mut(scratch.len()) {
+        let tmp = &mut scratch[..chunk.len()];
         tmp.copy_from_slice(chunk);
         std::hint::black_box(&mut *tmp);
         chunk.copy_from_slice(tmp);
