@@ -659,6 +659,11 @@ pub(crate) fn geometry(
     )
 }
 
+/// Bytes of each of `pieces` pieces of `count` elements of `elem` bytes.
+fn piece_bytes(count: usize, pieces: usize, elem: usize) -> usize {
+    count / pieces.max(1) * elem
+}
+
 /// The pieces `geometry` cuts a call's elements into.
 fn pieces(kind: CollKind, algorithm: Algorithm, size: usize) -> usize {
     match (kind, algorithm) {
@@ -699,9 +704,9 @@ impl Geometry {
         if self.size != 2 || !symmetric {
             return self;
         }
-        let piece_bytes = count / pieces(kind, algorithm, self.size).max(1) * elem;
+        let piece = piece_bytes(count, pieces(kind, algorithm, self.size), elem);
         Geometry {
-            slice: (piece_bytes.min(chunk_bytes) / elem.max(1)).max(1),
+            slice: (piece.min(chunk_bytes) / elem.max(1)).max(1),
             ..self
         }
     }
@@ -754,8 +759,7 @@ pub(crate) fn slices(
     elem: usize,
     chunk_bytes: usize,
 ) -> Geometry {
-    let piece_bytes = count / pieces.max(1) * elem;
-    let slice_bytes = tune::slice_bytes(piece_bytes, chunk_bytes);
+    let slice_bytes = tune::slice_bytes(piece_bytes(count, pieces, elem), chunk_bytes);
     Geometry {
         rank,
         size,
