@@ -248,11 +248,8 @@ impl Config {
                 .map_err(|_| Error::Env(format!("{name}='{value}' is not a valid number")))
         }
         fn parse_flag(name: &str, value: &str) -> Result<bool> {
-            match value.trim() {
-                "0" | "false" | "off" | "no" => Ok(false),
-                "1" | "true" | "on" | "yes" | "" => Ok(true),
-                _ => Err(Error::Env(format!("{name}='{value}' must be 0 or 1"))),
-            }
+            ferroccl_transport::flag_value(value)
+                .ok_or_else(|| Error::Env(format!("{name}='{value}' must be 0 or 1")))
         }
         if let Some(v) = get("FERROCCL_TIMEOUT") {
             let secs: f64 = parse("FERROCCL_TIMEOUT", &v)?;

@@ -181,8 +181,7 @@ pub const PAGES_MAX: usize = 512 << 10;
 pub fn pages_enabled() -> bool {
     static PAGES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *PAGES.get_or_init(|| {
-        !std::env::var("FERROCCL_COPY_PAGES")
-            .is_ok_and(|v| matches!(v.trim(), "0" | "false" | "off" | "no"))
+        !std::env::var("FERROCCL_COPY_PAGES").is_ok_and(|v| crate::flag_value(&v) == Some(false))
     })
 }
 

@@ -47,6 +47,17 @@ pub use fifo::{Counter, FifoDescriptor, InlinePayload, Mapping, MemoryKind, Slot
 pub use frame::{Fingerprint, FrameHeader, FrameKind, HEADER_BYTES, MAGIC};
 pub use shared::{SharedMemory, SharedRegion};
 
+/// The value of an on/off environment variable, as every FERROCCL_ flag
+/// reads it: `0`, `false`, `off`, `no` are off; `1`, `true`, `on`, `yes`
+/// and the empty string on; anything else `None` (the config refuses it).
+pub fn flag_value(value: &str) -> Option<bool> {
+    match value.trim() {
+        "0" | "false" | "off" | "no" => Some(false),
+        "1" | "true" | "on" | "yes" | "" => Some(true),
+        _ => None,
+    }
+}
+
 /// Lock `m`, recovering the guard if a holder panicked: what transports
 /// guard (error slots, socket lists, free slots) stays consistent across a
 /// panic, and tearing a connection down must still work then.
