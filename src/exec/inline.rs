@@ -29,18 +29,24 @@ fn inline_at(turn: u64) -> usize {
     (W_INLINE + (turn % CHECKIN_SLOTS) as usize * INLINE_WORDS) * 8
 }
 
-/// Copy a small input (over [`SMALL_BYTES`]: [`run_words`] takes the others)
-/// into this rank's inline area of check-in `turn`. A broadcast's root of at least [`SHARED_COPY_MIN`] bytes, the
-/// page's one writer, copies as into a slot (`copy_into_shared`: the way
+/// Copy (part of) a small input (over [`SMALL_BYTES`]: [`run_words`]
+/// takes the others) into this rank's inline area of check-in `turn`,
+/// `at` bytes into it. A broadcast's root of at least [`SHARED_COPY_MIN`]
+/// bytes, the page's one writer, copies as into a slot (`copy_into_shared`: the way
 /// the calibration chose for buffers not aligned like the page): 1.6-1.8x
 /// at 8-16 KiB on 2 ranks of the EPYC VM with memcpy. Where every rank
 /// writes its page (allreduce, allgather, reduce-scatter) the same copy
 /// lost 0.73-0.91x at 4-8 KiB, and below 8 KiB the broadcast gained
 /// nothing (docs/performance-log.md, "The copy into a slot, chosen by the
 /// calibration").
-fn write_inline(ctx: &Ctx<'_>, turn: u64, bytes: &[u8], one_writer: bool) -> Result<()> {
+fn write_inline(
+    ctx: &Ctx<'_>,
+    turn: u64,
+    (at, bytes): (usize, &[u8]),
+    one_writer: bool,
+) -> Result<()> {
     let mut own = lock(&ctx.control.own);
-    own.slice_mut(inline_at(turn), bytes.len())
+    own.slice_mut(inline_at(turn) + at, bytes.len())
         .map_err(|e| Error::Io(format!("window control page: {e}")))
         .map(|slot| {
             if one_writer && bytes.len() >= SHARED_COPY_MIN {
@@ -50,6 +56,33 @@ fn write_inline(ctx: &Ctx<'_>, turn: u64, bytes: &[u8], one_writer: bool) -> Res
             }
         })?;
     Ok(())
+}
+
+/// The parts of this rank's input, as (first element, elements), that an
+/// inline `kind` call of `in_len` elements reads off its page: an
+/// all-to-all's blocks but its own, and an out-of-place reduce-scatter's
+/// (peer `j` reads block `j`; this rank takes its own from its buffer),
+/// the whole input otherwise (in place a reduce-scatter reads its own
+/// block off the page too, its buffer being the output). Each part lies
+/// on the page where it lies in the input: on 2 ranks half the bytes
+/// written, and half the lines taken back from the peer that read them
+/// the call before.
+fn published_parts(
+    kind: CollKind,
+    (rank, size): (usize, usize),
+    in_len: usize,
+    in_place: bool,
+) -> [(usize, usize); 2] {
+    match kind {
+        CollKind::ReduceScatter | CollKind::AllToAll
+            if size > 1 && !(in_place && kind == CollKind::ReduceScatter) =>
+        {
+            let block = in_len / size;
+            let after = (rank + 1) * block;
+            [(0, rank * block), (after, in_len - after)]
+        }
+        _ => [(0, in_len), (in_len, 0)],
+    }
 }
 
 /// Elements `off..off + len` of rank `j`'s inline input of check-in
@@ -162,12 +195,14 @@ pub(super) fn run<T: Element>(
     let count = fp.count as usize;
     if publishes(kind, rank, root) {
         let one_writer = kind == CollKind::Broadcast;
-        write_inline(
-            ctx,
-            turn,
-            bytemuck::cast_slice(io.input(0, in_len)),
-            one_writer,
-        )?;
+        let elem = std::mem::size_of::<T>();
+        let in_place = matches!(io, HostIo::InPlace { .. });
+        for (from, len) in published_parts(kind, (rank, size), in_len, in_place) {
+            if len > 0 {
+                let bytes = bytemuck::cast_slice(io.input(from, len));
+                write_inline(ctx, turn, (from * elem, bytes), one_writer)?;
+            }
+        }
     }
     let own = announce_inline(ctx, turn, call, &[])?;
     // A broadcast's receivers read the root's announcement alone, and the
@@ -325,5 +360,45 @@ pub(super) fn run_words<T: Element>(
             (0..size).try_for_each(|j| take(io, j, (rank * block, block), j * block))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::published_parts;
+    use crate::coll::CollKind;
+
+    /// What a rank publishes, with the block it keeps to itself, covers
+    /// its input once; in place a reduce-scatter publishes all of it.
+    #[test]
+    fn published_parts_are_every_block_a_peer_reads() {
+        for size in 1..=5 {
+            for rank in 0..size {
+                for kind in [
+                    CollKind::ReduceScatter,
+                    CollKind::AllToAll,
+                    CollKind::AllReduce,
+                ] {
+                    for in_place in [false, true] {
+                        let in_len = size * 7;
+                        let mut covered = vec![0; in_len];
+                        for (from, len) in published_parts(kind, (rank, size), in_len, in_place) {
+                            covered[from..from + len].iter_mut().for_each(|c| *c += 1);
+                        }
+                        let keeps_own = size > 1
+                            && (kind == CollKind::AllToAll
+                                || (kind == CollKind::ReduceScatter && !in_place));
+                        for (i, c) in covered.iter().enumerate() {
+                            let own = i / 7 == rank;
+                            let want = usize::from(!(keeps_own && own));
+                            assert_eq!(
+                                *c, want,
+                                "{kind:?} rank {rank} of {size}, in place {in_place}: element {i}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }
