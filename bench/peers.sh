@@ -24,7 +24,10 @@
 # MPICH 5.0.2 and Intel MPI 2021.19 from pip wheels), TORCH_PYTHON (a Python
 # with torch; default /opt/ferroccl-torch/bin/python, else python3; Gloo is
 # left out with a note when it has no torch), FERROCCL_PERF
-# (target/release/ferroccl-perf), PEERS ("openmpi mpich intelmpi gloo"),
+# (target/release/ferroccl-perf), PEERS ("openmpi mpich intelmpi gloo";
+# add "bound" for the bare program between shared buffers,
+# bench/bound/windows.c, which bench/peers_table.py sets beside the
+# windows: the most any call between windows could gain on the best peer),
 # FRESH (1: every call timed alone after its rank read the output and
 # rewrote the input, as a training step does: ferroccl-perf --fresh 1 and
 # MPI_COLL_FRESH=1; Gloo is left out).
@@ -84,6 +87,10 @@ if [ ! -x "$P/pingpong" ] || [ "$here/bound/pingpong.c" -nt "$P/pingpong" ]; the
   mkdir -p "$P" && gcc -O2 -o "$P/pingpong" "$here/bound/pingpong.c"
 fi
 machine() { echo "# machine: $("$P/pingpong" 2>&1)"; }
+if [[ " $PEERS " == *" bound "* ]] &&
+  { [ ! -x "$P/windows" ] || [ "$here/bound/windows.c" -nt "$P/windows" ]; }; then
+  gcc -O3 -march=native -o "$P/windows" "$here/bound/windows.c"
+fi
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 rows() { grep -E '^ +[0-9]' || true; }
@@ -118,6 +125,19 @@ for t in $(seq 1 "$turns"); do
       echo "## intelmpi"
       (export PATH=$I/bin:$PATH I_MPI_ROOT=$I
         mpirun -n "$n" "$P/mc_impi" "$op" "$minb" "$maxb" 4 2>&1 | rows)
+      ;;
+    bound)
+      # The bare program between shared buffers (bench/bound/windows.c):
+      # what any call between windows must spend here, for the windows
+      # column's target. Reused buffers only.
+      if [ "$FRESH" = 1 ]; then
+        [ "$t" = 1 ] && echo "# bound left out: windows.c has no fresh rounds" >&2
+      else
+        echo "## bound"
+        for ((s = minb; s <= maxb; s *= 4)); do
+          "$P/windows" "$op" "$n" "$s" | awk '{print $1, $2}'
+        done
+      fi
       ;;
     gloo)
       if [ "$FRESH" = 1 ]; then

@@ -5,7 +5,10 @@ bench/peers.sh allreduce 2 | bench/peers_table.py
     per size: the median over turns of each system's time per call
     (us), the best peer, and ferroccl's speed against it (the best
     peer's time over ferroccl's: above 1, ferroccl is faster), for
-    ordinary buffers and for windows;
+    ordinary buffers and for windows; with PEERS="... bound" also the
+    bare program between shared buffers (bench/bound/windows.c) and the
+    best peer's time over its own ("bound x": the most a call between
+    windows could reach here);
 bench/peers_table.py --summary OUT1 OUT2 ...
     one row per file (a collective on some ranks): that speed at six
     sizes, how many sizes ordinary buffers are at or above the best
@@ -19,6 +22,8 @@ import sys
 
 PEERS = ("openmpi", "mpich", "intelmpi", "gloo")
 OURS = ("ferroccl", "ferroccl-win")
+# Not a peer: the bare program doing only a windows call's traffic.
+BOUND = "bound"
 SHORT = {"openmpi": "OMPI", "mpich": "MPICH", "intelmpi": "IMPI", "gloo": "Gloo"}
 # The summary's columns, as positions on the 8 B x 4^k ladder peers.sh runs
 # (allgather and reduce-scatter round the smallest sizes up to a float a
@@ -68,13 +73,18 @@ def table(lines):
         print(f"- machine: {m}")
     if machine:
         print()
-    names = present + list(OURS)
-    print("| size | " + " | ".join(names) + " | best peer | x | windows x |")
-    print("|---:|" + "---:|" * (len(names) + 3))
+    bound = any(BOUND in row for row in times.values())
+    names = present + list(OURS) + ([BOUND] if bound else [])
+    extra = " bound x |" if bound else ""
+    print("| size | " + " | ".join(names) + " | best peer | x | windows x |" + extra)
+    print("|---:|" + "---:|" * (len(names) + 3 + bound))
     for size, med, best, x, xw in out:
         cells = [f"{med[k]:.2f}" if k in med else "-" for k in names]
         cells.append(best or "-")
         cells += [f"{v:.2f}" if v else "-" for v in (x, xw)]
+        if bound:
+            mb = med.get(BOUND, 0)
+            cells.append(f"{med[best] / mb:.2f}" if best and mb > 0 else "-")
         print(f"| {size} | " + " | ".join(cells) + " |")
 
 

@@ -1,0 +1,186 @@
+/* The bound of a collective between windows on N processes of this
+ * machine: only the memory traffic every rank must make, between buffers
+ * that all processes map (as ferroccl's windows are: `-R 2`), and the two
+ * meetings any such call needs (every rank's buffers are ready; every
+ * rank is done with the others' buffers), with nothing of a library
+ * around it. Calls run back to back on the same buffers, as ferroccl-perf
+ * and the MPI benchmarks time them.
+ *
+ * SIZE is the nccl-tests size (what ferroccl-perf prints: the gathered
+ * array for allgather and reduce-scatter, the buffer otherwise); f32 sum.
+ * Rank r's work, each way it may be shared out (the bound is the faster):
+ *   allreduce      pieces: piece r (of N) of every input summed into piece
+ *                  r of every output (ferroccl's direct allreduce); or
+ *                  pull: every input summed into its own output;
+ *   allgather      push: its input copied into block r of every output;
+ *                  or pull: every input copied into its own output;
+ *   reducescatter  block r of every input summed into its output;
+ *   broadcast      off the root, the root's (rank 0's) buffer copied into
+ *                  its own output;
+ *   reduce         pieces: piece r of every input summed into piece r of
+ *                  the root's output; or pull: the root sums them all.
+ * Each way runs ITERS calls; the faster one's time is printed, and which.
+ * A meeting is a generation number each rank stores in its own cache
+ * line and waits to see on every other, yielding the CPU between looks
+ * after a spin, short where the processes outnumber the CPUs (4 on 2
+ * cores must give way to each other, as ferroccl's waits do). Prints the slowest rank's mean time per
+ * call in microseconds, after checking one result against the sum.
+ *
+ * build: gcc -O3 -march=native -o /tmp/windows bench/bound/windows.c
+ * run:   /tmp/windows OP N SIZE [ITERS]     (e.g. /tmp/windows allgather 2 2097152)
+ * bench/bound/windows.sh runs it beside ferroccl-perf -R 2 and the MPIs.
+ */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAXN 8
+
+struct shared {
+  _Atomic long gen[MAXN][16];
+  double took[2][MAXN];
+};
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* How many looks a waiter spins before it yields: long where every
+ * process has a CPU of its own, short where they share. */
+static long patience;
+
+static void meet(struct shared *s, int r, int n, long *gen) {
+  ++*gen;
+  atomic_store_explicit(&s->gen[r][0], *gen, memory_order_release);
+  for (int j = 0; j < n; j++) {
+    long spins = 0;
+    while (atomic_load_explicit(&s->gen[j][0], memory_order_acquire) < *gen)
+      if (++spins > patience) sched_yield();
+  }
+}
+
+/* out[i] = a[i] + b[i] over len floats, then out[i] += c[i] for more. */
+static void sum_into(float *restrict out, float *const *in, int n, size_t off, size_t len) {
+  const float *a = in[0] + off, *b = in[1] + off;
+  for (size_t i = 0; i < len; i++) out[i] = a[i] + b[i];
+  for (int j = 2; j < n; j++) {
+    const float *c = in[j] + off;
+    for (size_t i = 0; i < len; i++) out[i] += c[i];
+  }
+}
+
+static void *shared_buffer(size_t bytes) {
+  void *p = mmap(0, bytes ? bytes : 64, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    perror("mmap");
+    exit(1);
+  }
+  return p;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: %s allreduce|allgather|reducescatter|broadcast|reduce N SIZE [ITERS]\n", argv[0]);
+    return 2;
+  }
+  const char *op = argv[1];
+  int n = atoi(argv[2]);
+  size_t size = strtoull(argv[3], 0, 10);
+  int iters = argc > 4 ? atoi(argv[4]) : 0;
+  int ag = !strcmp(op, "allgather"), rs = !strcmp(op, "reducescatter");
+  int ar = !strcmp(op, "allreduce"), bc = !strcmp(op, "broadcast"), rd = !strcmp(op, "reduce");
+  if (n < 2 || n > MAXN || !(ag || rs || ar || bc || rd) || size < 4 * (size_t)n) {
+    fprintf(stderr, "windows: OP one of the five, 2 <= N <= %d, SIZE at least 4 x N bytes\n", MAXN);
+    return 2;
+  }
+  size_t total = size / (4 * n) * n; /* floats, a whole number a rank */
+  size_t part = total / n;
+  size_t in_len = ag ? part : total, out_len = rs ? part : total;
+  if (!iters) iters = size <= (1 << 20) ? 2000 : size <= (8 << 20) ? 200 : 30;
+  patience = n <= sysconf(_SC_NPROCESSORS_ONLN) ? 1L << 20 : 200;
+  struct shared *s = shared_buffer(sizeof *s);
+  float *in[MAXN], *out[MAXN];
+  for (int j = 0; j < n; j++) {
+    in[j] = shared_buffer(in_len * 4);
+    out[j] = shared_buffer(out_len * 4);
+    for (size_t i = 0; i < in_len; i++) in[j][i] = (float)(j + 1) + (float)(i % 7);
+  }
+  int r = 0;
+  for (int j = 1; j < n; j++)
+    if (fork() == 0) {
+      r = j;
+      break;
+    }
+  long gen = 0;
+  int ways = (ag || ar || rd) ? 2 : 1;
+  for (int way = 0; way < ways; way++) {
+    double sum = 0;
+    for (int it = -10; it < iters; it++) {
+      meet(s, r, n, &gen);
+      double t = now();
+      if (ag && way == 0) {
+        for (int j = 0; j < n; j++) memcpy(out[j] + r * part, in[r], part * 4);
+      } else if (ag) {
+        for (int j = 0; j < n; j++) memcpy(out[r] + j * part, in[j], part * 4);
+      } else if (rs) {
+        sum_into(out[r], in, n, r * part, part);
+      } else if (ar && way == 0) {
+        sum_into(out[r] + r * part, in, n, r * part, part);
+        for (int j = 0; j < n; j++)
+          if (j != r) memcpy(out[j] + r * part, out[r] + r * part, part * 4);
+      } else if (ar) {
+        sum_into(out[r], in, n, 0, total);
+      } else if (bc) {
+        if (r != 0) memcpy(out[r], in[0], total * 4);
+      } else if (way == 0) {
+        sum_into(out[0] + r * part, in, n, r * part, part);
+      } else if (r == 0) {
+        sum_into(out[0], in, n, 0, total);
+      }
+      meet(s, r, n, &gen);
+      if (it >= 0) sum += now() - t;
+    }
+    s->took[way][r] = sum / iters;
+  }
+  /* One element of this rank's output against the sum it must hold. */
+  size_t i = out_len - 1;
+  float want = 0;
+  int bad = 0;
+  if (ag) {
+    want = (float)n + (float)((part - 1) % 7); /* block n-1's last */
+  } else if (bc) {
+    want = 1.0f + (float)(i % 7);
+  } else {
+    size_t at = rs ? r * part + i : i;
+    for (int j = 0; j < n; j++) want += (float)(j + 1) + (float)(at % 7);
+  }
+  if (!(bc && r == 0) && !(rd && r != 0)) bad = out[r][i] != want;
+  meet(s, r, n, &gen);
+  if (r) return bad;
+  int failed = bad;
+  for (int j = 1; j < n; j++) {
+    int status = 0;
+    wait(&status);
+    failed |= !WIFEXITED(status) || WEXITSTATUS(status);
+  }
+  double best = 0;
+  int best_way = 0;
+  for (int way = 0; way < ways; way++) {
+    double slowest = 0;
+    for (int j = 0; j < n; j++)
+      if (s->took[way][j] > slowest) slowest = s->took[way][j];
+    if (way == 0 || slowest < best) best = slowest, best_way = way;
+  }
+  const char *name = ways == 1 ? "" : best_way == 0 ? (ag ? " push" : " pieces") : " pull";
+  printf("%13zu %10.2f%s%s\n", total * 4, best * 1e6, name, failed ? " WRONG" : "");
+  return failed;
+}
