@@ -221,32 +221,52 @@ pub(crate) struct Windows {
     /// Windows created so far (shared or not), the same count on every
     /// rank: numbers them.
     pub(crate) created: u64,
-    pub(crate) live: Vec<Weak<WindowMaps>>,
+    live: Vec<Live>,
+}
+
+/// A window [`Windows`] remembers: its number and own part, read without
+/// touching its count, and the window while it lives.
+struct Live {
+    id: u64,
+    own_addr: usize,
+    own_bytes: usize,
+    maps: Weak<WindowMaps>,
 }
 
 impl Windows {
     /// The live shared window whose own part holds `bytes` bytes at
-    /// `addr`, and the offset of `addr` in it.
+    /// `addr`, and the offset of `addr` in it. Compares the numbers it
+    /// keeps and reads the window's count only where they match: upgrading
+    /// every entry took two locked instructions each, four lookups a call
+    /// between windows (docs/performance-log.md, "Calls between windows
+    /// without allocations or locked lookups").
     pub(crate) fn find(&self, addr: usize, bytes: usize) -> Option<(u64, usize)> {
-        self.live.iter().filter_map(Weak::upgrade).find_map(|m| {
-            let end = addr.checked_add(bytes)?;
-            (addr >= m.own_addr && end <= m.own_addr + m.own_bytes)
-                .then(|| (m.id, addr - m.own_addr))
-        })
+        let end = addr.checked_add(bytes)?;
+        self.live
+            .iter()
+            .find(|w| {
+                addr >= w.own_addr && end <= w.own_addr + w.own_bytes && w.maps.strong_count() > 0
+            })
+            .map(|w| (w.id, addr - w.own_addr))
     }
 
     /// The live window numbered `id`.
     pub(crate) fn get(&self, id: u64) -> Option<Arc<WindowMaps>> {
         self.live
             .iter()
-            .filter_map(Weak::upgrade)
-            .find(|m| m.id == id)
+            .filter(|w| w.id == id)
+            .find_map(|w| w.maps.upgrade())
     }
 
     /// Remember a new window (and forget the dropped ones).
     pub(crate) fn add(&mut self, maps: &Arc<WindowMaps>) {
-        self.live.retain(|w| w.strong_count() > 0);
-        self.live.push(Arc::downgrade(maps));
+        self.live.retain(|w| w.maps.strong_count() > 0);
+        self.live.push(Live {
+            id: maps.id,
+            own_addr: maps.own_addr,
+            own_bytes: maps.own_bytes,
+            maps: Arc::downgrade(maps),
+        });
     }
 }
 
@@ -272,3 +292,43 @@ pub(crate) fn region_name(
 /// becomes resident.
 pub(crate) const CONTROL_BYTES: usize =
     4096 + crate::exec::CHECKIN_SLOTS as usize * crate::plan::INLINE_MAX_BYTES;
+
+#[cfg(test)]
+mod tests {
+    use super::{WindowMaps, Windows};
+    use std::sync::{Arc, Mutex};
+
+    fn maps(id: u64, own_addr: usize, own_bytes: usize) -> Arc<WindowMaps> {
+        Arc::new(WindowMaps {
+            id,
+            own_addr,
+            own_bytes,
+            peers: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A buffer is found in the live window that holds it whole, at its
+    /// offset; a dropped window is found no more, even where a new one
+    /// took its addresses.
+    #[test]
+    fn finds_live_windows_by_address_and_number() {
+        let mut w = Windows::default();
+        let a = maps(1, 4096, 8192);
+        let b = maps(2, 65536, 4096);
+        w.add(&a);
+        w.add(&b);
+        assert_eq!(w.find(4096, 8192), Some((1, 0)));
+        assert_eq!(w.find(8192, 16), Some((1, 4096)));
+        assert_eq!(w.find(12000, 8192), None, "runs past the window's end");
+        assert_eq!(w.find(65536 + 4000, 96), Some((2, 4000)));
+        assert_eq!(w.find(usize::MAX - 4, 16), None, "the end overflows");
+        assert!(w.get(2).is_some_and(|m| Arc::ptr_eq(&m, &b)));
+        drop(a);
+        assert_eq!(w.find(4096, 16), None);
+        assert!(w.get(1).is_none());
+        let c = maps(3, 4096, 8192);
+        w.add(&c);
+        assert_eq!(w.find(4096, 16), Some((3, 0)));
+        assert!(w.get(1).is_none() && w.get(3).is_some());
+    }
+}

@@ -35,6 +35,44 @@ use std::sync::{Arc, MutexGuard};
 /// in L1 while the result is written to every output.
 const BLOCK_BYTES: usize = 8192;
 
+/// Run `f` on a buffer of `len` elements that starts on a cache line,
+/// taken from a scratch area this thread keeps (its contents are whatever
+/// the last call left: `f` writes before it reads). A call between windows
+/// used to allocate and zero its 8 KiB block buffer every time, about a
+/// tenth of a 2-rank 32 KiB broadcast's time (docs/performance-log.md,
+/// "Calls between windows without allocations or locked lookups"). A
+/// nested call (none today) gets a buffer of its own.
+fn with_scratch<T: Element, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let bytes = len * std::mem::size_of::<T>();
+    // Room for the line's alignment too.
+    let words = bytes.div_ceil(8) + 8;
+    let on_line = |area: &mut [u64]| -> (usize, usize) {
+        let skip = (area.as_ptr() as usize).wrapping_neg() % 64;
+        (skip, skip + bytes)
+    };
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut area) => {
+            if area.len() < words {
+                area.resize(words, 0);
+            }
+            let (from, to) = on_line(&mut area);
+            f(bytemuck::cast_slice_mut(
+                &mut bytemuck::cast_slice_mut::<u64, u8>(&mut area)[from..to],
+            ))
+        }
+        Err(_) => {
+            let mut area = vec![0u64; words];
+            let (from, to) = on_line(&mut area);
+            f(bytemuck::cast_slice_mut(
+                &mut bytemuck::cast_slice_mut::<u64, u8>(&mut area)[from..to],
+            ))
+        }
+    })
+}
+
 /// Which collective a fused streaming pass does (`Kernel::spread_streaming`).
 #[derive(Clone, Copy)]
 enum Fused {
@@ -45,7 +83,24 @@ enum Fused {
 
 /// The mapping of window `id`, or the error that says it is not mapped here.
 fn window(ctx: &Ctx<'_>, call: &Call, id: u64) -> Result<Arc<WindowMaps>> {
-    lock(ctx.windows).get(id).ok_or_else(|| {
+    found(lock(ctx.windows).get(id), call, id)
+}
+
+/// The mappings of windows `input` and `output`, under one lock.
+fn windows(
+    ctx: &Ctx<'_>,
+    call: &Call,
+    (input, output): (u64, u64),
+) -> Result<(Arc<WindowMaps>, Arc<WindowMaps>)> {
+    let live = lock(ctx.windows);
+    Ok((
+        found(live.get(input), call, input)?,
+        found(live.get(output), call, output)?,
+    ))
+}
+
+fn found(maps: Option<Arc<WindowMaps>>, call: &Call, id: u64) -> Result<Arc<WindowMaps>> {
+    maps.ok_or_else(|| {
         Error::Io(format!(
             "{}: window {id} is not mapped on this rank",
             call.during()
@@ -62,7 +117,7 @@ pub(super) fn all_reduce<T: Element>(
     (input, output): (u64, u64),
     (in_len, out_len): (usize, usize),
 ) -> Result<()> {
-    let (inw, outw) = (window(ctx, k.call, input)?, window(ctx, k.call, output)?);
+    let (inw, outw) = windows(ctx, k.call, (input, output))?;
     k.check_peers(&inw, &outw, (in_len, None), (out_len, None))?;
     let mut maps = Maps::new(&inw, &outw);
     let (off, len) = partition(k.call.fingerprint.count as usize, ctx.size, ctx.rank);
@@ -106,7 +161,7 @@ pub(super) fn broadcast<T: Element>(
     (input, output): (u64, u64),
     count: usize,
 ) -> Result<()> {
-    let (inw, outw) = (window(ctx, k.call, input)?, window(ctx, k.call, output)?);
+    let (inw, outw) = windows(ctx, k.call, (input, output))?;
     let root = k.root();
     k.check_peers(&inw, &outw, (count, Some(root)), (count, None))?;
     let mut maps = Maps::new(&inw, &outw);
@@ -123,7 +178,7 @@ pub(super) fn reduce<T: Element>(
     (input, output): (u64, u64),
     count: usize,
 ) -> Result<()> {
-    let (inw, outw) = (window(ctx, k.call, input)?, window(ctx, k.call, output)?);
+    let (inw, outw) = windows(ctx, k.call, (input, output))?;
     let root = k.root();
     k.check_peers(&inw, &outw, (count, None), (count, Some(root)))?;
     let mut maps = Maps::new(&inw, &outw);
@@ -373,19 +428,17 @@ impl Kernel<'_> {
         // The buffer starts on a cache line, so that the AVX-512 kernels'
         // 64-byte stores into it never split across two lines (no
         // difference measured at 64 MiB: memory is the limit there).
-        let want = self.block::<T>().min(len);
-        let mut buf = vec![T::zeroed(); want + 64 / std::mem::size_of::<T>().max(1)];
-        let skip = buf.as_ptr().align_offset(64).min(buf.len() - want);
-        let tmp = &mut buf[skip..skip + want];
-        let mut done = 0;
-        while done < len {
-            let k = tmp.len().min(len - done);
-            let t = &mut tmp[..k];
-            self.reduce_block(io, maps, from + done, t)?;
-            put(io, maps, done, t)?;
-            done += k;
-        }
-        Ok(())
+        with_scratch(self.block::<T>().min(len), |tmp: &mut [T]| {
+            let mut done = 0;
+            while done < len {
+                let k = tmp.len().min(len - done);
+                let t = &mut tmp[..k];
+                self.reduce_block(io, maps, from + done, t)?;
+                put(io, maps, done, t)?;
+                done += k;
+            }
+            Ok(())
+        })
     }
 
     /// With streaming stores, out of place: elements `in_start..in_start +
@@ -492,23 +545,24 @@ impl Kernel<'_> {
         } else {
             r.in_win == r.out_win && r.in_off == r.out_off
         };
-        let mut tmp = vec![T::zeroed(); self.block::<T>().min(len)];
-        let mut done = 0;
-        while done < len {
-            let k = tmp.len().min(len - done);
-            let t = &mut tmp[..k];
-            crate::reduce::copy(t, self.input(io, maps, root, off + done, k)?);
-            // Peers first: they wait on this rank, it waits on nobody.
-            for step in 1..=self.size {
-                let j = (self.rank + step) % self.size;
-                if j == root && root_in_place {
-                    continue;
+        with_scratch(self.block::<T>().min(len), |tmp: &mut [T]| {
+            let mut done = 0;
+            while done < len {
+                let k = tmp.len().min(len - done);
+                let t = &mut tmp[..k];
+                crate::reduce::copy(t, self.input(io, maps, root, off + done, k)?);
+                // Peers first: they wait on this rank, it waits on nobody.
+                for step in 1..=self.size {
+                    let j = (self.rank + step) % self.size;
+                    if j == root && root_in_place {
+                        continue;
+                    }
+                    store(self.mode, self.output(io, maps, j, off + done, k)?, t);
                 }
-                store(self.mode, self.output(io, maps, j, off + done, k)?, t);
+                done += k;
             }
-            done += k;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Allgather share: this rank's input (`count` elements) into block
@@ -557,5 +611,32 @@ impl Kernel<'_> {
             store(self.mode, io.output(done, t.len()), t);
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_scratch;
+
+    /// The scratch buffer has the length asked, starts on a cache line,
+    /// and a nested ask gets a buffer of its own.
+    #[test]
+    fn scratch_buffers_are_whole_aligned_and_apart() {
+        for len in [0usize, 1, 7, 2048, 4096] {
+            with_scratch(len, |outer: &mut [f64]| {
+                assert_eq!(outer.len(), len);
+                assert_eq!(outer.as_ptr() as usize % 64, 0);
+                outer.fill(1.0);
+                with_scratch(len, |inner: &mut [u8]| {
+                    assert_eq!(inner.len(), len);
+                    assert_eq!(inner.as_ptr() as usize % 64, 0);
+                    inner.fill(7);
+                });
+                assert!(
+                    outer.iter().all(|&x| x == 1.0),
+                    "the nested buffer overlapped"
+                );
+            });
+        }
     }
 }
