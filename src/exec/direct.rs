@@ -527,10 +527,13 @@ impl Kernel<'_> {
     }
 
     /// Broadcast share: piece `off..off + len` of the root's input into the
-    /// same piece of every output, block by block through an L1-sized
-    /// buffer (the root's input and a peer's output may lie in one
-    /// window's list of parts). The root's output is skipped where it is
-    /// its input.
+    /// same piece of every output, block by block. With ordinary stores
+    /// the copies go straight from the root's input (on the root) or from
+    /// this rank's output block just written (elsewhere); with streaming
+    /// stores, which leave nothing in cache to copy again from, through an
+    /// L1-sized buffer (the root's input and a peer's output may lie in
+    /// one window's list of parts). The root's output is skipped where it
+    /// is its input.
     fn copy_and_spread<T: Element>(
         &self,
         io: &mut HostIo<'_, T>,
@@ -545,6 +548,9 @@ impl Kernel<'_> {
         } else {
             r.in_win == r.out_win && r.in_off == r.out_off
         };
+        if self.mode == Store::Cached {
+            return self.copy_and_spread_direct(io, maps, (root, root_in_place), off, len);
+        }
         with_scratch(self.block::<T>().min(len), |tmp: &mut [T]| {
             let mut done = 0;
             while done < len {
@@ -563,6 +569,52 @@ impl Kernel<'_> {
             }
             Ok(())
         })
+    }
+
+    /// [`Self::copy_and_spread`] with ordinary stores, without the block
+    /// buffer: a copy less of every block (a 2-rank broadcast between
+    /// windows of 32-512 KiB 1.1-1.2x in turns; docs/performance-log.md,
+    /// "Calls between windows without allocations or locked lookups").
+    /// The root copies its input into every output; any other rank first
+    /// into its own output, then from there (still in cache) into the
+    /// others'.
+    fn copy_and_spread_direct<T: Element>(
+        &self,
+        io: &mut HostIo<'_, T>,
+        maps: &mut Maps<'_>,
+        (root, root_in_place): (usize, bool),
+        off: usize,
+        len: usize,
+    ) -> Result<()> {
+        let block = self.block::<T>();
+        let mut done = 0;
+        while done < len {
+            let (at, k) = (off + done, block.min(len - done));
+            if root != self.rank {
+                let from = self.peer_input(maps.input_region(root), root, at, k)?;
+                crate::reduce::copy(io.output(at, k), from);
+            }
+            // Peers first: they wait on this rank, it waits on nobody.
+            for step in 1..self.size {
+                let j = (self.rank + step) % self.size;
+                if j == root && root_in_place {
+                    continue;
+                }
+                let dst = self.peer_output(maps, j, at, k)?;
+                let src = if root == self.rank {
+                    io.input(at, k)
+                } else {
+                    io.output_ref(at, k)
+                };
+                crate::reduce::copy(dst, src);
+            }
+            if root == self.rank && !root_in_place {
+                let own = Step::local(Prim::Copy, Operand::Input, at, at, k);
+                io.copy_input_to_output(Store::Cached, &own);
+            }
+            done += k;
+        }
+        Ok(())
     }
 
     /// Allgather share: this rank's input (`count` elements) into block
