@@ -15,15 +15,18 @@
  *   allgather      push: its input copied into block r of every output;
  *                  or pull: every input copied into its own output;
  *   reducescatter  block r of every input summed into its output;
- *   broadcast      off the root, the root's (rank 0's) buffer copied into
- *                  its own output;
+ *   broadcast      pull: off the root, the root's (rank 0's) buffer copied
+ *                  into its own output; or pieces: piece r of the root's
+ *                  buffer copied into every other rank's output (the root
+ *                  shares the copying);
  *   reduce         pieces: piece r of every input summed into piece r of
  *                  the root's output; or pull: the root sums them all.
  * Each way runs ITERS calls; the faster one's time is printed, and which.
  * A meeting is a generation number each rank stores in its own cache
  * line and waits to see on every other, yielding the CPU between looks
  * after a spin, short where the processes outnumber the CPUs (4 on 2
- * cores must give way to each other, as ferroccl's waits do). Prints the slowest rank's mean time per
+ * cores must give way to each other, as ferroccl's waits do); where they
+ * do not, each process has a CPU of its own. Prints the slowest rank's mean time per
  * call in microseconds, after checking one result against the sum.
  *
  * build: gcc -O3 -march=native -o /tmp/windows bench/bound/windows.c
@@ -106,7 +109,8 @@ int main(int argc, char **argv) {
   size_t part = total / n;
   size_t in_len = ag ? part : total, out_len = rs ? part : total;
   if (!iters) iters = size <= (1 << 20) ? 2000 : size <= (8 << 20) ? 200 : 30;
-  patience = n <= sysconf(_SC_NPROCESSORS_ONLN) ? 1L << 20 : 200;
+  int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  patience = n <= ncpu ? 1L << 20 : 200;
   struct shared *s = shared_buffer(sizeof *s);
   float *in[MAXN], *out[MAXN];
   for (int j = 0; j < n; j++) {
@@ -120,8 +124,16 @@ int main(int argc, char **argv) {
       r = j;
       break;
     }
+  if (n <= ncpu) {
+    /* One CPU each, as the MPIs bind their ranks: two spinning processes
+     * left on one CPU wait out each other's time slices. */
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(r, &one);
+    sched_setaffinity(0, sizeof one, &one);
+  }
   long gen = 0;
-  int ways = (ag || ar || rd) ? 2 : 1;
+  int ways = rs ? 1 : 2;
   for (int way = 0; way < ways; way++) {
     double sum = 0;
     for (int it = -10; it < iters; it++) {
@@ -139,6 +151,8 @@ int main(int argc, char **argv) {
           if (j != r) memcpy(out[j] + r * part, out[r] + r * part, part * 4);
       } else if (ar) {
         sum_into(out[r], in, n, 0, total);
+      } else if (bc && way == 0) {
+        for (int j = 1; j < n; j++) memcpy(out[j] + r * part, in[0] + r * part, part * 4);
       } else if (bc) {
         if (r != 0) memcpy(out[r], in[0], total * 4);
       } else if (way == 0) {
