@@ -305,14 +305,20 @@ pub(crate) fn cost_us(
 }
 
 /// The algorithms considered for a collective, in the order ties go.
+/// Recursive doubling comes before one-shot: on 2 ranks the model costs
+/// both the same (one exchange of the whole buffer, the same bits on
+/// every rank), and the butterfly's one receive-and-combine step measured
+/// 1.06-1.12x faster than one-shot's copy and combine from 32 to 128 KiB
+/// (docs/performance-log.md, "The tuner's 2-rank allreduce between
+/// one-shot and recursive doubling"); elsewhere their costs differ.
 fn candidates(coll: CollKind) -> &'static [Algorithm] {
     match coll {
         CollKind::AllReduce => &[
             Algorithm::Ring,
             Algorithm::Tree,
+            Algorithm::RecursiveDoubling,
             Algorithm::OneShot,
             Algorithm::TwoShot,
-            Algorithm::RecursiveDoubling,
         ],
         CollKind::Broadcast | CollKind::Reduce => &[Algorithm::Ring, Algorithm::Tree],
         _ => &[Algorithm::Ring],
@@ -458,6 +464,39 @@ mod tests {
             reduce_gbps: 5.0,
         };
         (m, 512 << 10)
+    }
+
+    /// On 2 ranks one-shot and recursive doubling cost the same, and the
+    /// tie goes to recursive doubling; on 3 ranks (a fold in and out) and
+    /// 4 (two rounds against three messages) their costs decide.
+    #[test]
+    fn ties_between_one_shot_and_recursive_doubling_go_to_the_butterfly() {
+        let m = LinkModel {
+            alpha_us: 0.3,
+            beta_gbps: 12.0,
+            reduce_gbps: 48.0,
+        };
+        let cost = |costs: &[(Algorithm, f64)], a: Algorithm| {
+            costs.iter().find(|c| c.0 == a).map(|c| c.1).unwrap()
+        };
+        let (two, costs) = choose(CollKind::AllReduce, 2, (8 << 10, 1 << 19), &m);
+        assert_eq!(
+            cost(&costs, Algorithm::OneShot),
+            cost(&costs, Algorithm::RecursiveDoubling),
+            "{costs:?}"
+        );
+        assert_eq!(two, Algorithm::RecursiveDoubling, "{costs:?}");
+        let (three, costs) = choose(CollKind::AllReduce, 3, (8 << 10, 1 << 19), &m);
+        assert!(
+            cost(&costs, Algorithm::OneShot) < cost(&costs, Algorithm::RecursiveDoubling),
+            "{costs:?}"
+        );
+        assert_ne!(three, Algorithm::RecursiveDoubling, "{costs:?}");
+        let (_, costs) = choose(CollKind::AllReduce, 4, (8 << 10, 1 << 19), &m);
+        assert!(
+            cost(&costs, Algorithm::RecursiveDoubling) < cost(&costs, Algorithm::OneShot),
+            "{costs:?}"
+        );
     }
 
     #[test]
