@@ -428,13 +428,24 @@ impl Kernel<'_> {
         // The buffer starts on a cache line, so that the AVX-512 kernels'
         // 64-byte stores into it never split across two lines (no
         // difference measured at 64 MiB: memory is the limit there).
+        self.through_blocks(len, |t: &mut [T], done| {
+            self.reduce_block(io, maps, from + done, t)?;
+            put(io, maps, done, t)
+        })
+    }
+
+    /// Run `each` on the blocks of `len` elements in turn, each in a
+    /// block buffer (`with_scratch`) with its offset from the first.
+    fn through_blocks<T: Element>(
+        &self,
+        len: usize,
+        mut each: impl FnMut(&mut [T], usize) -> Result<()>,
+    ) -> Result<()> {
         with_scratch(self.block::<T>().min(len), |tmp: &mut [T]| {
             let mut done = 0;
             while done < len {
                 let k = tmp.len().min(len - done);
-                let t = &mut tmp[..k];
-                self.reduce_block(io, maps, from + done, t)?;
-                put(io, maps, done, t)?;
+                each(&mut tmp[..k], done)?;
                 done += k;
             }
             Ok(())
@@ -551,21 +562,16 @@ impl Kernel<'_> {
         if self.mode == Store::Cached {
             return self.copy_and_spread_direct(io, maps, (root, root_in_place), off, len);
         }
-        with_scratch(self.block::<T>().min(len), |tmp: &mut [T]| {
-            let mut done = 0;
-            while done < len {
-                let k = tmp.len().min(len - done);
-                let t = &mut tmp[..k];
-                crate::reduce::copy(t, self.input(io, maps, root, off + done, k)?);
-                // Peers first: they wait on this rank, it waits on nobody.
-                for step in 1..=self.size {
-                    let j = (self.rank + step) % self.size;
-                    if j == root && root_in_place {
-                        continue;
-                    }
-                    store(self.mode, self.output(io, maps, j, off + done, k)?, t);
+        self.through_blocks(len, |t: &mut [T], done| {
+            let k = t.len();
+            crate::reduce::copy(t, self.input(io, maps, root, off + done, k)?);
+            // Peers first: they wait on this rank, it waits on nobody.
+            for step in 1..=self.size {
+                let j = (self.rank + step) % self.size;
+                if j == root && root_in_place {
+                    continue;
                 }
-                done += k;
+                store(self.mode, self.output(io, maps, j, off + done, k)?, t);
             }
             Ok(())
         })
