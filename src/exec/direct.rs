@@ -47,29 +47,19 @@ fn with_scratch<T: Element, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
         static SCRATCH: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     let bytes = len * std::mem::size_of::<T>();
-    // Room for the line's alignment too.
-    let words = bytes.div_ceil(8) + 8;
-    let on_line = |area: &mut [u64]| -> (usize, usize) {
+    SCRATCH.with(|cell| {
+        let mut held = cell.try_borrow_mut().ok();
+        let mut own = Vec::new();
+        let area: &mut Vec<u64> = held.as_deref_mut().unwrap_or(&mut own);
+        // Room for the line's alignment too.
+        let words = bytes.div_ceil(8) + 8;
+        if area.len() < words {
+            area.resize(words, 0);
+        }
         let skip = (area.as_ptr() as usize).wrapping_neg() % 64;
-        (skip, skip + bytes)
-    };
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut area) => {
-            if area.len() < words {
-                area.resize(words, 0);
-            }
-            let (from, to) = on_line(&mut area);
-            f(bytemuck::cast_slice_mut(
-                &mut bytemuck::cast_slice_mut::<u64, u8>(&mut area)[from..to],
-            ))
-        }
-        Err(_) => {
-            let mut area = vec![0u64; words];
-            let (from, to) = on_line(&mut area);
-            f(bytemuck::cast_slice_mut(
-                &mut bytemuck::cast_slice_mut::<u64, u8>(&mut area)[from..to],
-            ))
-        }
+        f(bytemuck::cast_slice_mut(
+            &mut bytemuck::cast_slice_mut::<u64, u8>(area)[skip..skip + bytes],
+        ))
     })
 }
 
@@ -118,8 +108,8 @@ pub(super) fn all_reduce<T: Element>(
     (in_len, out_len): (usize, usize),
 ) -> Result<()> {
     let (inw, outw) = windows(ctx, k.call, (input, output))?;
-    k.check_peers(&inw, &outw, (in_len, None), (out_len, None))?;
     let mut maps = Maps::new(&inw, &outw);
+    k.check_peers(&maps, (in_len, None), (out_len, None))?;
     let (off, len) = partition(k.call.fingerprint.count as usize, ctx.size, ctx.rank);
     k.reduce_and_spread(io, &mut maps, off, len)
 }
@@ -133,8 +123,8 @@ pub(super) fn all_gather<T: Element>(
     (in_len, out_len): (usize, usize),
 ) -> Result<()> {
     let outw = window(ctx, k.call, output)?;
-    k.check_peers(&outw, &outw, (0, None), (out_len, None))?;
     let mut maps = Maps::new(&outw, &outw);
+    k.check_peers(&maps, (0, None), (out_len, None))?;
     k.gather(io, &mut maps, in_len)
 }
 
@@ -147,8 +137,8 @@ pub(super) fn reduce_scatter<T: Element>(
     (in_len, out_len): (usize, usize),
 ) -> Result<()> {
     let inw = window(ctx, k.call, input)?;
-    k.check_peers(&inw, &inw, (in_len, None), (0, None))?;
     let mut maps = Maps::new(&inw, &inw);
+    k.check_peers(&maps, (in_len, None), (0, None))?;
     k.scatter(io, &mut maps, out_len)
 }
 
@@ -163,8 +153,8 @@ pub(super) fn broadcast<T: Element>(
 ) -> Result<()> {
     let (inw, outw) = windows(ctx, k.call, (input, output))?;
     let root = k.root();
-    k.check_peers(&inw, &outw, (count, Some(root)), (count, None))?;
     let mut maps = Maps::new(&inw, &outw);
+    k.check_peers(&maps, (count, Some(root)), (count, None))?;
     let (off, len) = partition(count, ctx.size, ctx.rank);
     k.copy_and_spread(io, &mut maps, root, off, len)
 }
@@ -180,8 +170,8 @@ pub(super) fn reduce<T: Element>(
 ) -> Result<()> {
     let (inw, outw) = windows(ctx, k.call, (input, output))?;
     let root = k.root();
-    k.check_peers(&inw, &outw, (count, None), (count, Some(root)))?;
     let mut maps = Maps::new(&inw, &outw);
+    k.check_peers(&maps, (count, None), (count, Some(root)))?;
     let (off, len) = partition(count, ctx.size, ctx.rank);
     k.reduce_blocks(io, &mut maps, off, len, |io, maps, done, t| {
         store(k.mode, k.output(io, maps, root, off + done, t.len())?, t);
@@ -242,7 +232,8 @@ impl Kernel<'_> {
         }
     }
 
-    /// Check what the peers announced against their mappings here: their
+    /// Check what the peers announced against their mappings here (`maps`,
+    /// the call's parts, locked once for the check and the copies): their
     /// buffers lie inside their parts of the windows, at offsets aligned
     /// for the type, and an input and an output in one window are the same
     /// bytes (in place) or apart.
@@ -251,16 +242,13 @@ impl Kernel<'_> {
     /// input, a reduce's root's output), None for every rank's.
     fn check_peers(
         &self,
-        inw: &WindowMaps,
-        outw: &WindowMaps,
+        maps: &Maps<'_>,
         (in_elems, in_only): (usize, Option<usize>),
         (out_elems, out_only): (usize, Option<usize>),
     ) -> Result<()> {
         let elem = self.elem as u64;
-        let same = std::ptr::eq(inw, outw);
-        let ins = lock(&inw.peers);
-        let outs = (!same).then(|| lock(&outw.peers));
-        let outs = outs.as_deref().unwrap_or(&ins);
+        let ins: &Parts = &maps.input;
+        let outs: &Parts = maps.output.as_deref().unwrap_or(ins);
         for peer in (0..self.size).filter(|&p| p != self.rank) {
             let p = self.places[peer];
             let span = |off: u64,
@@ -287,7 +275,7 @@ impl Kernel<'_> {
             };
             let used = |only: Option<usize>| only.is_none_or(|r| r == peer);
             let input = (in_elems > 0 && used(in_only))
-                .then(|| span(p.in_off, in_elems, &ins))
+                .then(|| span(p.in_off, in_elems, ins))
                 .transpose()?;
             let output = (out_elems > 0 && used(out_only))
                 .then(|| span(p.out_off, out_elems, outs))
@@ -414,6 +402,14 @@ impl Kernel<'_> {
         (BLOCK_BYTES / std::mem::size_of::<T>().max(1)).max(1)
     }
 
+    /// The blocks of `len` elements of `T`, as (offset, elements).
+    fn blocks<T>(&self, len: usize) -> impl Iterator<Item = (usize, usize)> {
+        let block = self.block::<T>();
+        (0..len)
+            .step_by(block)
+            .map(move |done| (done, block.min(len - done)))
+    }
+
     /// Reduce elements `from..from + len` of every input block by block
     /// (through an L1-sized buffer) and hand each result to `put` with its
     /// offset from `from`.
@@ -442,13 +438,8 @@ impl Kernel<'_> {
         mut each: impl FnMut(&mut [T], usize) -> Result<()>,
     ) -> Result<()> {
         with_scratch(self.block::<T>().min(len), |tmp: &mut [T]| {
-            let mut done = 0;
-            while done < len {
-                let k = tmp.len().min(len - done);
-                each(&mut tmp[..k], done)?;
-                done += k;
-            }
-            Ok(())
+            self.blocks::<T>(len)
+                .try_for_each(|(done, k)| each(&mut tmp[..k], done))
         })
     }
 
@@ -592,10 +583,8 @@ impl Kernel<'_> {
         off: usize,
         len: usize,
     ) -> Result<()> {
-        let block = self.block::<T>();
-        let mut done = 0;
-        while done < len {
-            let (at, k) = (off + done, block.min(len - done));
+        for (done, k) in self.blocks::<T>(len) {
+            let at = off + done;
             if root != self.rank {
                 let from = self.peer_input(maps.input_region(root), root, at, k)?;
                 crate::reduce::copy(io.output(at, k), from);
@@ -618,7 +607,6 @@ impl Kernel<'_> {
                 let own = Step::local(Prim::Copy, Operand::Input, at, at, k);
                 io.copy_input_to_output(Store::Cached, &own);
             }
-            done += k;
         }
         Ok(())
     }
@@ -635,10 +623,7 @@ impl Kernel<'_> {
         if self.spread_streaming(io, maps, Fused::AllGather, 0, base, count)? {
             return Ok(());
         }
-        let block = self.block::<T>();
-        let mut done = 0;
-        while done < count {
-            let k = block.min(count - done);
+        for (done, k) in self.blocks::<T>(count) {
             for step in 1..self.size {
                 let j = (self.rank + step) % self.size;
                 let dst = self.peer_output(maps, j, base + done, k)?;
@@ -648,7 +633,6 @@ impl Kernel<'_> {
             // (nothing to do in place).
             let own = Step::local(Prim::Copy, Operand::Input, done, base + done, k);
             io.copy_input_to_output(self.mode, &own);
-            done += k;
         }
         Ok(())
     }
