@@ -29,9 +29,10 @@ fn inline_at(turn: u64) -> usize {
     (W_INLINE + (turn % CHECKIN_SLOTS) as usize * INLINE_WORDS) * 8
 }
 
-/// Copy (part of) a small input (over [`SMALL_BYTES`]: [`run_words`]
-/// takes the others) into this rank's inline area of check-in `turn`,
-/// `at` bytes into it. A broadcast's root of at least [`SHARED_COPY_MIN`]
+/// Copy the `parts` of a small input (as (first element, elements); over
+/// [`SMALL_BYTES`]: [`run_words`] takes the others) into this rank's
+/// inline area of check-in `turn`, each where it lies in the input, under
+/// one lock of the page. A broadcast's root of at least [`SHARED_COPY_MIN`]
 /// bytes, the page's one writer, copies as into a slot (`copy_into_shared`: the way
 /// the calibration chose for buffers not aligned like the page): 1.6-1.8x
 /// at 8-16 KiB on 2 ranks of the EPYC VM with memcpy. Where every rank
@@ -39,22 +40,26 @@ fn inline_at(turn: u64) -> usize {
 /// lost 0.73-0.91x at 4-8 KiB, and below 8 KiB the broadcast gained
 /// nothing (docs/performance-log.md, "The copy into a slot, chosen by the
 /// calibration").
-fn write_inline(
+fn write_inline<T: Element>(
     ctx: &Ctx<'_>,
     turn: u64,
-    (at, bytes): (usize, &[u8]),
+    io: &HostIo<'_, T>,
+    parts: [(usize, usize); 2],
     one_writer: bool,
 ) -> Result<()> {
+    let elem = std::mem::size_of::<T>();
     let mut own = lock(&ctx.control.own);
-    own.slice_mut(inline_at(turn) + at, bytes.len())
-        .map_err(|e| Error::Io(format!("window control page: {e}")))
-        .map(|slot| {
-            if one_writer && bytes.len() >= SHARED_COPY_MIN {
-                ferroccl_transport::copy_into_shared(slot, bytes);
-            } else {
-                copy(slot, bytes);
-            }
-        })?;
+    for (from, len) in parts.into_iter().filter(|&(_, len)| len > 0) {
+        let bytes: &[u8] = bytemuck::cast_slice(io.input(from, len));
+        let slot = own
+            .slice_mut(inline_at(turn) + from * elem, bytes.len())
+            .map_err(|e| Error::Io(format!("window control page: {e}")))?;
+        if one_writer && bytes.len() >= SHARED_COPY_MIN {
+            ferroccl_transport::copy_into_shared(slot, bytes);
+        } else {
+            copy(slot, bytes);
+        }
+    }
     Ok(())
 }
 
@@ -194,15 +199,9 @@ pub(super) fn run<T: Element>(
     let root = fp.root as usize;
     let count = fp.count as usize;
     if publishes(kind, rank, root) {
-        let one_writer = kind == CollKind::Broadcast;
-        let elem = std::mem::size_of::<T>();
         let in_place = matches!(io, HostIo::InPlace { .. });
-        for (from, len) in published_parts(kind, (rank, size), in_len, in_place) {
-            if len > 0 {
-                let bytes = bytemuck::cast_slice(io.input(from, len));
-                write_inline(ctx, turn, (from * elem, bytes), one_writer)?;
-            }
-        }
+        let parts = published_parts(kind, (rank, size), in_len, in_place);
+        write_inline(ctx, turn, io, parts, kind == CollKind::Broadcast)?;
     }
     let own = announce_inline(ctx, turn, call, &[])?;
     // A broadcast's receivers read the root's announcement alone, and the
