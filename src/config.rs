@@ -114,6 +114,12 @@ pub struct Config {
     /// off). Probed when the control pages are made; without permission the
     /// calls go through slots.
     pub cma: bool,
+    /// Let a broadcast above the inline limit on 3 to 8 ranks of one host
+    /// run through one staging area on its root's control page that every
+    /// receiver reads: the buffer copied N times on N ranks, against
+    /// 2(N - 1) through the chain of pairwise slots (FERROCCL_SPREAD=0:
+    /// the chain).
+    pub spread: bool,
     /// Let ranks of one host whose GPUs can reach each other move device
     /// data GPU to GPU (cuda-ipc, or device pointers within a process)
     /// rather than through host memory (FERROCCL_P2P_DISABLE=1, or NCCL's
@@ -203,6 +209,7 @@ impl Config {
             checkin: true,
             early_return: true,
             cma: true,
+            spread: true,
             p2p: true,
             device_async: false,
             max_channels: crate::plan::device::DEFAULT_CHANNELS,
@@ -311,6 +318,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_CMA") {
             self.cma = parse_flag("FERROCCL_CMA", &v)?;
+        }
+        if let Some(v) = get("FERROCCL_SPREAD") {
+            self.spread = parse_flag("FERROCCL_SPREAD", &v)?;
         }
         if let Some(v) = get("FERROCCL_DEVICE_ASYNC") {
             self.device_async = parse_flag("FERROCCL_DEVICE_ASYNC", &v)?;
@@ -610,6 +620,10 @@ mod tests {
         assert!(!with(&[("FERROCCL_CMA", "0")]).unwrap().cma);
         let err = with(&[("FERROCCL_CMA", "maybe")]).unwrap_err().to_string();
         assert!(err.contains("FERROCCL_CMA"), "{err}");
+        assert!(with(&[]).unwrap().spread);
+        assert!(!with(&[("FERROCCL_SPREAD", "0")]).unwrap().spread);
+        let err = with(&[("FERROCCL_SPREAD", "2")]).unwrap_err().to_string();
+        assert!(err.contains("FERROCCL_SPREAD"), "{err}");
         assert!(with(&[("FERROCCL_COPY_PAGES", "1")]).is_ok());
         let err = with(&[("FERROCCL_COPY_PAGES", "2")])
             .unwrap_err()

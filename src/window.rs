@@ -213,6 +213,11 @@ pub(crate) struct Control {
     /// sizes, of ordinary buffers copy straight out of the peers'
     /// processes (`exec::pull`).
     pub(crate) cma: bool,
+    /// Chunks staged so far through the roots' staging areas by large
+    /// broadcasts on 3 or more ranks (`exec::spread`; the same count on
+    /// every rank, each rank counting every such call): numbers the next
+    /// call's chunks, which take the staging slots in turn.
+    pub(crate) spread_chunks: AtomicU64,
 }
 
 /// A communicator's windows.
@@ -287,11 +292,13 @@ pub(crate) fn region_name(
 
 /// Bytes of a control page: 4 KiB of announcements, then the inline data
 /// of calls that run in the check-in, an area of the planner's largest for
-/// each announcement slot (`exec::checkin`, `exec::inline`). The pages are files on a memory file
-/// system (or zeroed allocations for threads): only what calls touch
-/// becomes resident.
-pub(crate) const CONTROL_BYTES: usize =
-    4096 + crate::exec::CHECKIN_SLOTS as usize * crate::plan::INLINE_MAX_BYTES;
+/// each announcement slot (`exec::checkin`, `exec::inline`), then the
+/// staging area a large broadcast's root copies its input through for
+/// every receiver to read (`exec::spread`). The pages are files on a
+/// memory file system (or zeroed allocations for threads): only what calls
+/// touch becomes resident (the staging area only on a rank that was the
+/// root of such a broadcast).
+pub(crate) const CONTROL_BYTES: usize = crate::exec::SPREAD_AT + crate::exec::SPREAD_BYTES;
 
 #[cfg(test)]
 mod tests {

@@ -39,7 +39,8 @@ fn quick(c: &mut Config) {
 }
 
 /// Every collective once at `count` (all reducing ops), against the
-/// reference; returns how many of the calls should have run inline.
+/// reference; returns how many of the calls should have run without
+/// slots (inline, or a broadcast through the root's staging area).
 fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
     let (rank, n, dt) = (comm.rank(), comm.size(), T::DTYPE);
     let elem = std::mem::size_of::<T>();
@@ -81,9 +82,14 @@ fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
     }
     let what = |name: &str| format!("{name} {dt} n={n} count={count} rank={rank}");
     check_moving_collectives::<T>(comm, count, &what);
-    // all_gather twice and broadcast at `count`, all_to_all at `count * n`.
-    inline +=
-        2 * small("all_gather", count) + small("broadcast", count) + small("all_to_all", count * n);
+    // all_gather twice and broadcast at `count`, all_to_all at `count * n`;
+    // a broadcast past the inline limit on 4 to 8 ranks goes through the
+    // root's staging area (counted too; on 3 ranks only from 128 KiB).
+    let staged = u64::from((4..=8).contains(&n) && count * elem > inline_limit("broadcast", n));
+    inline += 2 * small("all_gather", count)
+        + small("broadcast", count)
+        + staged
+        + small("all_to_all", count * n);
 
     comm.barrier().unwrap();
     inline + 1
@@ -451,4 +457,105 @@ fn random_mixture(ranks: usize) {
             }
         }
     });
+}
+
+/// Broadcasts above the inline limit on 3 to 5 ranks run through the
+/// root's staging area (`exec::spread`; on 3 ranks from 128 KiB): from
+/// every root in turn, at sizes around its 256 KiB chunk and past its 2
+/// MiB ring (so that its slots come round again within a call and across
+/// calls of different roots), of f32, f64 and u8, each element checked
+/// against the root's data; allreduces inline and through slots between
+/// them. Every broadcast through the staging area is counted as run
+/// without slots, and with `Config::spread` off none is (they take the
+/// chain through slots, with the same results).
+#[test]
+fn large_broadcasts_on_3_to_5_ranks_run_through_the_roots_staging_area() {
+    const CHUNK: usize = 256 << 10;
+    let bytes = [
+        16 << 10 | 4,
+        (128 << 10) - 4,
+        128 << 10,
+        CHUNK - 8,
+        CHUNK,
+        CHUNK + 24,
+        8 * CHUNK + 40,
+        (20 * CHUNK) + 16 + 8,
+    ];
+    for n in [3, 4, 5] {
+        for spread in [true, false] {
+            let got = run_ranks_with(
+                n,
+                |c| {
+                    quick(c);
+                    c.spread = spread;
+                },
+                |comm| {
+                    let rank = comm.rank();
+                    let before = comm.direct_window_calls();
+                    let (mut inline, mut staged) = (0u64, 0u64);
+                    let mut add = |(i, s): (u64, u64)| {
+                        inline += i;
+                        staged += s;
+                    };
+                    for (k, &b) in bytes.iter().enumerate() {
+                        for root in 0..n {
+                            let tag = (k * n + root) as u64;
+                            add(spread_once::<f32>(&comm, b / 4, root, tag));
+                            add(spread_once::<f64>(&comm, b / 8, (root + 1) % n, tag));
+                            add(spread_once::<u8>(&comm, b + 3, (root + 2) % n, tag));
+                            // Between them, an allreduce through slots and an
+                            // inline one (neither counted by the staging area).
+                            for count in [7, 70_000] {
+                                let mut x: Vec<f32> =
+                                    (0..count).map(|i| (rank + i % 5) as f32).collect();
+                                comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+                                for (i, v) in x.iter().enumerate() {
+                                    let want = (0..n).map(|r| (r + i % 5) as f32).sum::<f32>();
+                                    assert_eq!(
+                                        *v, want,
+                                        "allreduce of {count} at {i}, rank {rank}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    // The small allreduces and broadcasts run inline, and
+                    // are counted too.
+                    let inline = inline + (bytes.len() * n) as u64;
+                    (comm.direct_window_calls() - before - inline, staged)
+                },
+            );
+            for (rank, (direct, staged)) in got.into_iter().enumerate() {
+                let want = if spread { staged } else { 0 };
+                assert!(staged > 0);
+                assert_eq!(
+                    direct, want,
+                    "{n} ranks, spread {spread}, rank {rank}: broadcasts through the staging area"
+                );
+            }
+        }
+    }
+}
+
+/// One broadcast of `count` elements from `root` (each element a value of
+/// the root's, `tag` and its place), checked element by element on every
+/// rank; (1, 0) where it runs inline, (0, 1) where it goes through the
+/// staging area (by its size and the communicator's), else (0, 0).
+fn spread_once<T: Element>(comm: &Communicator, count: usize, root: usize, tag: u64) -> (u64, u64) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let value =
+        |who: usize, i: usize| T::from_f64(((who as u64 * 31 + tag * 7 + i as u64) % 101) as f64);
+    let mut buf: Vec<T> = (0..count).map(|i| value(rank, i)).collect();
+    comm.broadcast(&mut buf, root).unwrap();
+    for (i, v) in buf.iter().enumerate() {
+        assert!(
+            *v == value(root, i),
+            "broadcast of {count} {} from {root} on {n} ranks, rank {rank}: element {i} differs",
+            T::DTYPE
+        );
+    }
+    let bytes = count * std::mem::size_of::<T>();
+    let min = if n == 3 { 128 << 10 } else { (16 << 10) + 1 };
+    let small = inline_limit("broadcast", n);
+    (u64::from(bytes <= small), u64::from(bytes >= min && n <= 8))
 }

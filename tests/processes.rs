@@ -187,6 +187,59 @@ fn two_ranks_broadcast_out_of_the_roots_process() {
     }
 }
 
+/// On 4 ranks, broadcasts above the inline limit of ordinary buffers go
+/// through the root's staging area on its control page, which every
+/// receiver reads (`exec::spread`), between real processes:
+/// `ferroccl-check`'s broadcasts of 65 536 elements (64 KiB to 512 KiB by
+/// element type, from every root), checked element by element against the
+/// root's data, must pass routed so, and pass through the chain of slots
+/// with FERROCCL_SPREAD=0, with the same number of checks.
+#[test]
+fn four_ranks_broadcast_through_the_roots_staging_area() {
+    let args = ["--count", "65536", "--iters", "2"];
+    let limit = Duration::from_secs(120);
+    let env = [("FERROCCL_DEBUG", "INFO"), ("FERROCCL_CALIBRATE", "0")];
+    let run = |spread: &str| {
+        let f = launch(
+            4,
+            &[env[0], env[1], ("FERROCCL_SPREAD", spread)],
+            &args,
+            limit,
+        );
+        assert!(f.status.success(), "exit {:?}\n{}", f.status, f.all());
+        f
+    };
+    let (with, without) = (run("1"), run("0"));
+    let total = |f: &Finished| {
+        f.prefixed()
+            .into_iter()
+            .find(|(r, rest)| *r == 0 && rest.ends_with("checks passed on 4 ranks"))
+            .unwrap_or_else(|| panic!("no total on rank 0\n{}", f.all()))
+            .1
+    };
+    assert_eq!(total(&with), total(&without));
+    let staged = "-> ring, check-in, then through the root's staging area";
+    let slots = "-> ring, through the transport's slots";
+    let large = |sizes: Vec<usize>| -> Vec<usize> {
+        sizes.into_iter().filter(|&b| b >= 64 << 10).collect()
+    };
+    let mut sizes = large(broadcasts_routed(&with, staged));
+    sizes.sort_unstable();
+    sizes.dedup();
+    assert!(
+        sizes.len() >= 3,
+        "broadcasts staged: {sizes:?}\n{}",
+        with.all()
+    );
+    assert!(large(broadcasts_routed(&with, slots)).is_empty());
+    assert!(large(broadcasts_routed(&without, staged)).is_empty());
+    assert!(
+        !large(broadcasts_routed(&without, slots)).is_empty(),
+        "{}",
+        without.all()
+    );
+}
+
 /// The errors the `survivors` printed: at least one names `victim`, and
 /// each names the call it ended, with its number. (The launcher stops the
 /// survivors once it sees a rank end, so some may be gone before they

@@ -344,6 +344,7 @@ impl Inner {
             cma_gather: self.cma_gather.get(),
             cma_broadcast: self.cma_broadcast.get(),
             shared_cores: self.shared_cores.load(Ordering::Relaxed),
+            spread: self.config.spread,
         }
     }
 

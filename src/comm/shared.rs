@@ -234,6 +234,7 @@ impl Communicator {
             early_return: inner.config.early_return,
             windows: AtomicBool::new(false),
             cma,
+            spread_chunks: AtomicU64::new(0),
         }));
         tracing::info!(
             rank = inner.rank,

@@ -9,7 +9,7 @@ use super::checkin::{
     read_announcement, Ctx, Deadline, Place,
 };
 use super::io::HostIo;
-use super::{direct, inline, pull, Call};
+use super::{direct, inline, pull, spread, Call};
 use crate::coll::CollKind;
 use crate::element::Element;
 use crate::error::Result;
@@ -56,20 +56,20 @@ fn run_other<T: Element>(
     route: Route,
     (in_len, out_len): (usize, usize),
 ) -> Result<bool> {
-    let cma = match route {
+    let paths = match route {
         Route::Slots { note: false } => return Ok(false),
         Route::Slots { note: true } => {
             note_slot_call(ctx, call)?;
             return Ok(false);
         }
-        Route::Inline => false,
-        Route::CheckIn { cma } => cma,
+        Route::Inline => (false, false),
+        Route::CheckIn { cma, spread } => (cma, spread),
     };
     let (turn, deadline) = take_turn(ctx, call)?;
     let done = if route == Route::Inline {
         inline::run(ctx, io, call, in_len, turn, &deadline).map(|()| true)
     } else {
-        check_in(ctx, io, call, (turn, cma), (in_len, out_len), &deadline)
+        check_in(ctx, io, call, (turn, paths), (in_len, out_len), &deadline)
     }?;
     // Up to which check-in this rank is done with its peers' pages.
     publish_finished(ctx);
@@ -90,12 +90,14 @@ fn take_turn(ctx: &Ctx<'_>, call: &Call) -> Result<(u64, Deadline)> {
 }
 
 /// A call that checks in and then runs directly between windows, out of
-/// the peers' processes or (`Ok(false)`) through slots, at check-in `turn`.
+/// the peers' processes, through the root's staging area or
+/// (`Ok(false)`) through slots, at check-in `turn`; `(cma, spread)`: the
+/// route's.
 fn check_in<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
     call: &Call,
-    (turn, cma): (u64, bool),
+    (turn, (cma, spread)): (u64, (bool, bool)),
     (in_len, out_len): (usize, usize),
     deadline: &Deadline,
 ) -> Result<bool> {
@@ -141,7 +143,7 @@ fn check_in<T: Element>(
         CollKind::Reduce => (same(|p| p.in_win), roots(|p| p.out_win)),
         _ => (same(|p| p.in_win), same(|p| p.out_win)),
     };
-    let direct = plan::after_check_in(kind, inputs, outputs, cma);
+    let direct = plan::after_check_in(kind, inputs, outputs, (cma, spread));
     let buffers = (in_len + out_len) * elem * ctx.size;
     let mode = plan::direct_store(
         matches!(io, HostIo::OutOfPlace { .. }),
@@ -176,6 +178,11 @@ fn check_in<T: Element>(
             direct::reduce(&kernel, ctx, io, (input, output), in_len)?
         }
         Direct::Pull => pull::run(&kernel, ctx, io, turn, in_len)?,
+        // No rank touches another's buffers: no completion wait.
+        Direct::Spread => {
+            spread::run(ctx, io, call, in_len, deadline)?;
+            return Ok(true);
+        }
     }
     finish(ctx, call.order, deadline, call)?;
     Ok(true)

@@ -36,6 +36,10 @@
 //!  word  8  done: the position of the last call this rank finished directly
 //!  word 16  finished: every check-in before this number, this rank reads
 //!           nothing of any more (`publish_finished`)
+//!  word 24  chunks this rank staged so far as a large broadcast's root
+//!           (`spread`)
+//!  word 32  every staged chunk before this number, this rank is done with
+//!           (`spread`)
 //!  word 48  note of a call through slots at an even position
 //!  word 52  note of a call through slots at an odd position
 //!           each: +0 position (stored last, Release), +1 coll|dtype<<8|op<<16|root<<32,
@@ -54,6 +58,9 @@
 //!                    for calls peers may copy by cross-memory attach)
 //!  word 512   inline input of check-in t in area t % CHECKIN_SLOTS
 //!             (`INLINE_CAPACITY`, 16 KiB each)
+//!  byte SPREAD_AT (after the inline areas)
+//!             the staging area of a large broadcast's root: chunk g in
+//!             slot g % SPREAD_SLOTS, SPREAD_CHUNK bytes each (`spread`)
 //! ```
 //!
 //! Positions (`Call::order`) count every collective call of the
@@ -854,7 +861,7 @@ pub(crate) fn leave(control: &Control, rank: usize) {
 
 /// Wait for `ready`: spin, yield, then sleep; end on abort, at the
 /// deadline, or when `peer`'s process is gone.
-fn wait(
+pub(super) fn wait(
     ctx: &Ctx<'_>,
     peer: usize,
     deadline: &Deadline,

@@ -14,8 +14,10 @@
 //!   the paths below start with; `checked_in`: a call's route carried out
 //!   over it (the one place that picks among them); `inline`: small calls
 //!   carried in it;
-//!   `direct`: collectives directly between windows; `pull`: allgathers and
-//!   all-to-alls out of the peers' processes (cross-memory attach).
+//!   `direct`: collectives directly between windows; `pull`: allgathers,
+//!   all-to-alls and broadcasts out of the peers' processes (cross-memory
+//!   attach); `spread`: large broadcasts on 3 or more ranks through the
+//!   root's staging area, which every receiver reads.
 //! - `staged`: a schedule on device buffers over the host transports,
 //!   through pinned bounce buffers (ferroccl-cuda's `Stager`): the path of
 //!   every device call that the device executor does not take
@@ -37,6 +39,7 @@ mod links;
 #[cfg(test)]
 pub(crate) mod oracle;
 mod pull;
+mod spread;
 mod staged;
 mod verify;
 
@@ -49,6 +52,7 @@ pub(crate) use interp::run;
 pub(crate) use io::{AvgFinish, DeviceBuffers, DeviceIo, ExecIo};
 pub(crate) use io::{HostIo, Io};
 pub(crate) use links::{key_scope, Connector, Links, MemberWatch, WAIT_SLICE};
+pub(crate) use spread::{SPREAD_AT, SPREAD_BYTES};
 pub(crate) use staged::DEPTH as STAGE_DEPTH;
 pub(crate) use staged::{device_error as staged_error, run as run_staged, Resources};
 

@@ -277,6 +277,9 @@ pub(crate) struct Facts {
     /// Some host has more ranks than CPUs, agreed by every rank at the
     /// calibration (`tune::cost_us`); false without it.
     pub(crate) shared_cores: bool,
+    /// `Config::spread`: large broadcasts on 3 or more ranks may run
+    /// through the root's staging area ([`takes_spread`]).
+    pub(crate) spread: bool,
 }
 
 /// How a call starts, decided from the call alone.
@@ -294,10 +297,15 @@ pub(crate) enum Route {
     Inline,
     /// Check in, then decide from every rank's announcement
     /// ([`after_check_in`]); `cma`: announce the input's address, the
-    /// peers may copy out of this process.
+    /// peers may copy out of this process; `spread`: a broadcast that
+    /// does not run between windows goes through its root's staging area
+    /// ([`takes_spread`]).
     CheckIn {
         /// The call may run by cross-memory attach.
         cma: bool,
+        /// A broadcast of ordinary buffers runs through the root's
+        /// staging area, which every receiver reads (never with `cma`).
+        spread: bool,
     },
 }
 
@@ -311,11 +319,15 @@ impl Route {
                  checks)"
             }
             Route::Inline => "inline in the check-in on the shared control pages, one exchange",
-            Route::CheckIn { cma: true } => {
+            Route::CheckIn { cma: true, .. } => {
                 "check-in, then straight out of the peers' processes (cross-memory attach) or \
                  directly between windows"
             }
-            Route::CheckIn { cma: false } => {
+            Route::CheckIn { spread: true, .. } => {
+                "check-in, then through the root's staging area on its control page, which \
+                 every receiver reads, or directly between windows"
+            }
+            Route::CheckIn { .. } => {
                 "check-in, then directly between windows where every rank's buffers lie in one"
             }
         }
@@ -357,12 +369,56 @@ pub(crate) fn route(
         return Ok(Route::Inline);
     }
     let cma = free && facts.cma && takes_cma(kind, in_bytes, in_place, facts);
+    let spread = free && !cma && takes_spread(kind, in_bytes, facts);
     let between_windows =
         facts.windows && window_path_from(kind, facts).is_some_and(|min| in_bytes >= min);
-    if cma || between_windows {
-        return Ok(Route::CheckIn { cma });
+    if cma || spread || between_windows {
+        return Ok(Route::CheckIn { cma, spread });
     }
     Ok(Route::Slots { note: true })
+}
+
+/// The smallest broadcast that runs through its root's staging area on 4
+/// to [`SPREAD_MAX_RANKS`] ranks ([`takes_spread`]): above every inline
+/// limit.
+pub(crate) const SPREAD_MIN_BYTES: usize = INLINE_MAX_BYTES + 1;
+
+/// The smallest broadcast that runs through its root's staging area on 3
+/// ranks, where the chain copies the buffer 4 times against the staging
+/// area's 3 and passes it on in two steps: at 32 and 64 KiB the chain
+/// was faster (0.86-1.01x the staging area's time), from 128 KiB on the
+/// staging area (1.10-1.40x up to 512 KiB, 1.20-1.64x at 8 MiB; 1-4 MiB
+/// 0.82-1.28x, level within the noise).
+pub(crate) const SPREAD_MIN_BYTES_3: usize = 128 << 10;
+
+/// The most ranks a broadcast runs through its root's staging area on
+/// ([`takes_spread`]); measured on 3, 4 and 8.
+pub(crate) const SPREAD_MAX_RANKS: usize = INLINE_WIDE_MAX_RANKS;
+
+/// Whether a `kind` call of `in_bytes` on `facts.size` ranks that share
+/// control pages runs, where its buffers do not lie in windows, through
+/// its root's staging area (`exec::spread`): a broadcast above the inline
+/// limit on 4 to [`SPREAD_MAX_RANKS`] ranks, from [`SPREAD_MIN_BYTES_3`]
+/// on 3 (`Config::spread`). The root
+/// copies its input once into the staging area and every other rank
+/// copies it once out of it, N copies of the buffer, where the chain
+/// through pairwise slots copies it 2(N - 1) times (each rank but the
+/// last out of one slot and into the next). On 2 ranks both are two
+/// copies, and the slots' pipelined pair stays. On the 2-core Intel VM,
+/// 4 ranks, `bench/bound/spread.c` (only that traffic, both ways) took
+/// 4.4 against 5.4 µs at 32 KiB, 79 against 125 at 512 KiB and 6.6-7.5
+/// against 8.6-12.7 ms at 32 MiB (docs/performance-log.md, "Broadcast
+/// through one staging area").
+pub(crate) fn takes_spread(kind: CollKind, in_bytes: usize, facts: &Facts) -> bool {
+    kind == CollKind::Broadcast
+        && facts.spread
+        && (3..=SPREAD_MAX_RANKS).contains(&facts.size)
+        && in_bytes
+            >= if facts.size == 3 {
+                SPREAD_MIN_BYTES_3
+            } else {
+                SPREAD_MIN_BYTES
+            }
 }
 
 /// Whether a `kind` call of `in_bytes` runs inline ([`route`] says
@@ -498,6 +554,9 @@ pub(crate) enum Direct {
     },
     /// Each rank copies what it needs out of the peers' processes.
     Pull,
+    /// A broadcast: the root copies its input through its staging area,
+    /// every receiver out of it (`exec::spread`).
+    Spread,
     /// The buffers do not allow a direct path: the schedule, through slots.
     Slots,
 }
@@ -505,13 +564,13 @@ pub(crate) enum Direct {
 /// The direct path of a checked-in call of `kind`: `inputs` / `outputs`
 /// is the window the inputs / outputs the call reads / writes lie in (None:
 /// one of them is in no window, or they differ): every rank's, but for a
-/// broadcast's input and a reduce's output only the root's. `cma` is what
-/// [`route`] said.
+/// broadcast's input and a reduce's output only the root's. `cma` and
+/// `spread` are what [`route`] said.
 pub(crate) fn after_check_in(
     kind: CollKind,
     inputs: Option<u64>,
     outputs: Option<u64>,
-    cma: bool,
+    (cma, spread): (bool, bool),
 ) -> Direct {
     match (kind, inputs, outputs) {
         (CollKind::Barrier, _, _) => Direct::Done,
@@ -521,6 +580,7 @@ pub(crate) fn after_check_in(
         (CollKind::AllToAll, _, _) if cma => Direct::Pull,
         (CollKind::Broadcast, Some(input), Some(output)) => Direct::Broadcast { input, output },
         (CollKind::Broadcast, _, _) if cma => Direct::Pull,
+        (CollKind::Broadcast, _, _) if spread => Direct::Spread,
         (CollKind::ReduceScatter, Some(input), _) => Direct::ReduceScatter { input },
         (CollKind::Reduce, Some(input), Some(output)) => Direct::Reduce { input, output },
         _ => Direct::Slots,
@@ -877,6 +937,8 @@ mod tests {
             cma_gather: CMA_GATHER_DEFAULT,
             cma_broadcast: NO_CMA,
             shared_cores: false,
+            // The staging area's route has a test of its own.
+            spread: false,
         }
     }
 
@@ -940,14 +1002,37 @@ mod tests {
                 layout: Layout::one_host(size),
                 cma_broadcast: (a, b),
                 cma_gather: NO_CMA,
+                spread: true,
                 ..facts()
+            };
+            // Outside it: through slots on 2 ranks, through the root's
+            // staging area on more.
+            let outside = if size == 2 {
+                Route::Slots { note: true }
+            } else {
+                Route::CheckIn {
+                    cma: false,
+                    spread: true,
+                }
             };
             for in_place in [false, true] {
                 let r = |bytes| route(CollKind::Broadcast, bytes, in_place, Memory::Host, &f);
-                assert_eq!(r(a).unwrap(), Route::CheckIn { cma: true });
-                assert_eq!(r(b).unwrap(), Route::CheckIn { cma: true });
-                assert_eq!(r(a - 4).unwrap(), Route::Slots { note: true });
-                assert_eq!(r(b + 4).unwrap(), Route::Slots { note: true });
+                assert_eq!(
+                    r(a).unwrap(),
+                    Route::CheckIn {
+                        cma: true,
+                        spread: false
+                    }
+                );
+                assert_eq!(
+                    r(b).unwrap(),
+                    Route::CheckIn {
+                        cma: true,
+                        spread: false
+                    }
+                );
+                assert_eq!(r(a - 4).unwrap(), outside);
+                assert_eq!(r(b + 4).unwrap(), outside);
             }
             // Without it (not calibrated, or the slots won) a broadcast
             // never pulls, whatever the allgathers' range.
@@ -958,25 +1043,112 @@ mod tests {
             };
             assert_eq!(
                 route(CollKind::Broadcast, b, false, Memory::Host, &f).unwrap(),
-                Route::Slots { note: true }
+                outside
             );
         }
         // The root's input in a window and every output in one: the path
         // between windows, before the pull.
         assert_eq!(
-            after_check_in(CollKind::Broadcast, Some(1), Some(2), true),
+            after_check_in(CollKind::Broadcast, Some(1), Some(2), (true, false)),
             Direct::Broadcast {
                 input: 1,
                 output: 2
             }
         );
         assert_eq!(
-            after_check_in(CollKind::Broadcast, Some(1), None, true),
+            after_check_in(CollKind::Broadcast, Some(1), None, (true, false)),
             Direct::Pull
         );
         assert_eq!(
-            after_check_in(CollKind::Broadcast, Some(1), None, false),
+            after_check_in(CollKind::Broadcast, Some(1), None, (false, false)),
             Direct::Slots
+        );
+    }
+
+    /// A broadcast above the inline limit on 3 to 8 ranks sharing control
+    /// pages goes through the root's staging area: not on 2 ranks or
+    /// more than 8, not at or below the inline limit, not where the pull
+    /// takes it, a forced algorithm runs, or `Config::spread` is off; and
+    /// no other collective. Between windows the direct path still wins.
+    #[test]
+    fn large_broadcasts_on_3_to_8_ranks_go_through_the_staging_area() {
+        let spread = Route::CheckIn {
+            cma: false,
+            spread: true,
+        };
+        for size in [2, 3, 4, 8, 9, 16] {
+            let f = Facts {
+                size,
+                layout: Layout::one_host(size),
+                spread: true,
+                ..facts()
+            };
+            let r = |kind, bytes, f: &Facts| route(kind, bytes, false, Memory::Host, f).unwrap();
+            let wide = (3..=SPREAD_MAX_RANKS).contains(&size);
+            let min = if size == 3 {
+                SPREAD_MIN_BYTES_3
+            } else {
+                SPREAD_MIN_BYTES
+            };
+            for bytes in [min, 1 << 20, 64 << 20] {
+                assert_eq!(
+                    r(CollKind::Broadcast, bytes, &f) == spread,
+                    wide,
+                    "{size} {bytes}"
+                );
+                for kind in CollKind::ALL {
+                    if kind != CollKind::Broadcast {
+                        assert_ne!(r(kind, bytes, &f), spread, "{kind:?}");
+                    }
+                }
+                let off = Facts { spread: false, ..f };
+                assert_eq!(
+                    r(CollKind::Broadcast, bytes, &off),
+                    Route::Slots { note: true }
+                );
+                let forced = Facts {
+                    forced: Some(Algorithm::Ring),
+                    ..f
+                };
+                assert_eq!(
+                    r(CollKind::Broadcast, bytes, &forced),
+                    Route::Slots { note: true }
+                );
+            }
+            // Where the calibration says pull (its output under the
+            // streaming-store bound), the pull.
+            let pulled = Facts {
+                cma_broadcast: (0, usize::MAX),
+                ..f
+            };
+            assert_eq!(
+                r(CollKind::Broadcast, 1 << 20, &pulled),
+                Route::CheckIn {
+                    cma: true,
+                    spread: false
+                }
+            );
+            // Right above the inline limit on 4 ranks and more; on 3
+            // through slots up to its own threshold.
+            assert!(inline_limit(CollKind::Broadcast, &f) < SPREAD_MIN_BYTES);
+            let below = match size {
+                3 => Route::Slots { note: true },
+                _ => Route::Inline,
+            };
+            if wide {
+                assert_eq!(r(CollKind::Broadcast, min - 1, &f), below);
+            }
+        }
+        assert_eq!(
+            after_check_in(CollKind::Broadcast, None, Some(2), (false, true)),
+            Direct::Spread
+        );
+        assert_eq!(
+            after_check_in(CollKind::Broadcast, Some(1), Some(2), (false, true)),
+            Direct::Broadcast {
+                input: 1,
+                output: 2
+            }
         );
     }
 
@@ -1016,7 +1188,10 @@ mod tests {
         };
         assert_eq!(
             route(CollKind::AllGather, d, false, Memory::Host, &f).unwrap(),
-            Route::CheckIn { cma: true }
+            Route::CheckIn {
+                cma: true,
+                spread: false
+            }
         );
         assert_eq!(
             route(CollKind::AllGather, d - 4, false, Memory::Host, &f).unwrap(),
@@ -1030,7 +1205,10 @@ mod tests {
         for (block, cma) in [(a, true), (b, true), (b + 4, false), (d, false)] {
             assert_eq!(
                 route(CollKind::AllGather, block, false, Memory::Host, &f).unwrap()
-                    == (Route::CheckIn { cma: true }),
+                    == (Route::CheckIn {
+                        cma: true,
+                        spread: false
+                    }),
                 cma,
                 "{block}"
             );
@@ -1314,7 +1492,10 @@ mod tests {
         let big = CMA_MIN_BYTES;
         assert_eq!(
             route(CollKind::AllGather, big, false, Memory::Host, &f).unwrap(),
-            Route::CheckIn { cma: true }
+            Route::CheckIn {
+                cma: true,
+                spread: false
+            }
         );
         assert_eq!(
             route(CollKind::AllGather, big - 1, false, Memory::Host, &f).unwrap(),
@@ -1323,7 +1504,10 @@ mod tests {
         // An all-to-all's block is a quarter of its input on 4 ranks.
         assert_eq!(
             route(CollKind::AllToAll, 4 * big, false, Memory::Host, &f).unwrap(),
-            Route::CheckIn { cma: true }
+            Route::CheckIn {
+                cma: true,
+                spread: false
+            }
         );
         assert_eq!(
             route(CollKind::AllToAll, 4 * big - 4, false, Memory::Host, &f).unwrap(),
@@ -1351,7 +1535,10 @@ mod tests {
             (CollKind::AllToAll, nt, false),
         ] {
             let want = if cma {
-                Route::CheckIn { cma: true }
+                Route::CheckIn {
+                    cma: true,
+                    spread: false,
+                }
             } else {
                 Route::Slots { note: true }
             };
@@ -1364,7 +1551,10 @@ mod tests {
         // In place, slots write with ordinary stores too: no upper bound.
         assert_eq!(
             route(CollKind::AllGather, 1 << 30, true, Memory::Host, &f).unwrap(),
-            Route::CheckIn { cma: true }
+            Route::CheckIn {
+                cma: true,
+                spread: false
+            }
         );
         // Streaming stores off: no upper bound.
         let never = Facts {
@@ -1373,7 +1563,10 @@ mod tests {
         };
         assert_eq!(
             route(CollKind::AllGather, 1 << 30, false, Memory::Host, &never).unwrap(),
-            Route::CheckIn { cma: true }
+            Route::CheckIn {
+                cma: true,
+                spread: false
+            }
         );
     }
 
@@ -1393,12 +1586,18 @@ mod tests {
         ] {
             assert_eq!(
                 route(kind, 1 << 20, false, Memory::Host, &f).unwrap(),
-                Route::CheckIn { cma: false }
+                Route::CheckIn {
+                    cma: false,
+                    spread: false
+                }
             );
             assert!(window_path_from(kind, &f).is_some());
             // The check-in decides from the places; the window path
             // exists for it.
-            assert_ne!(after_check_in(kind, Some(1), Some(2), false), Direct::Slots);
+            assert_ne!(
+                after_check_in(kind, Some(1), Some(2), (false, false)),
+                Direct::Slots
+            );
         }
         // On more ranks a broadcast or reduce takes the path between
         // windows only from its threshold.
@@ -1417,7 +1616,10 @@ mod tests {
             assert_eq!(window_path_from(kind, &four), Some(min));
             assert_eq!(
                 route(kind, min, false, Memory::Host, &four).unwrap(),
-                Route::CheckIn { cma: false },
+                Route::CheckIn {
+                    cma: false,
+                    spread: false
+                },
                 "{kind:?}"
             );
             assert_eq!(
@@ -1429,11 +1631,11 @@ mod tests {
         }
         // A broadcast needs its outputs in a window, a reduce its inputs.
         assert_eq!(
-            after_check_in(CollKind::Broadcast, Some(1), None, false),
+            after_check_in(CollKind::Broadcast, Some(1), None, (false, false)),
             Direct::Slots
         );
         assert_eq!(
-            after_check_in(CollKind::Reduce, None, Some(1), false),
+            after_check_in(CollKind::Reduce, None, Some(1), (false, false)),
             Direct::Slots
         );
         // No window path: through slots, as without a window, noted for
@@ -1444,7 +1646,10 @@ mod tests {
             Route::Slots { note: true },
         );
         assert_eq!(window_path_from(kind, &f), None);
-        assert_eq!(after_check_in(kind, Some(1), Some(1), false), Direct::Slots);
+        assert_eq!(
+            after_check_in(kind, Some(1), Some(1), (false, false)),
+            Direct::Slots
+        );
     }
 
     /// No host route takes device memory (the staged executor takes it
@@ -1467,47 +1672,56 @@ mod tests {
     fn direct_paths_need_every_rank_in_one_window() {
         use CollKind::*;
         assert_eq!(
-            after_check_in(AllReduce, Some(1), Some(2), false),
+            after_check_in(AllReduce, Some(1), Some(2), (false, false)),
             Direct::AllReduce {
                 input: 1,
                 output: 2
             }
         );
         assert_eq!(
-            after_check_in(AllReduce, None, Some(2), true),
+            after_check_in(AllReduce, None, Some(2), (true, false)),
             Direct::Slots
         );
         assert_eq!(
-            after_check_in(AllGather, None, Some(2), true),
+            after_check_in(AllGather, None, Some(2), (true, false)),
             Direct::AllGather { output: 2 }
         );
-        assert_eq!(after_check_in(AllGather, None, None, true), Direct::Pull);
-        assert_eq!(after_check_in(AllGather, None, None, false), Direct::Slots);
         assert_eq!(
-            after_check_in(AllToAll, Some(1), Some(1), true),
+            after_check_in(AllGather, None, None, (true, false)),
             Direct::Pull
         );
         assert_eq!(
-            after_check_in(ReduceScatter, Some(5), None, false),
+            after_check_in(AllGather, None, None, (false, false)),
+            Direct::Slots
+        );
+        assert_eq!(
+            after_check_in(AllToAll, Some(1), Some(1), (true, false)),
+            Direct::Pull
+        );
+        assert_eq!(
+            after_check_in(ReduceScatter, Some(5), None, (false, false)),
             Direct::ReduceScatter { input: 5 }
         );
-        assert_eq!(after_check_in(Barrier, None, None, false), Direct::Done);
         assert_eq!(
-            after_check_in(Broadcast, Some(1), Some(1), false),
+            after_check_in(Barrier, None, None, (false, false)),
+            Direct::Done
+        );
+        assert_eq!(
+            after_check_in(Broadcast, Some(1), Some(1), (false, false)),
             Direct::Broadcast {
                 input: 1,
                 output: 1
             }
         );
         assert_eq!(
-            after_check_in(Reduce, Some(3), Some(4), false),
+            after_check_in(Reduce, Some(3), Some(4), (false, false)),
             Direct::Reduce {
                 input: 3,
                 output: 4
             }
         );
         assert_eq!(
-            after_check_in(AllToAll, Some(1), Some(1), false),
+            after_check_in(AllToAll, Some(1), Some(1), (false, false)),
             Direct::Slots
         );
     }
