@@ -114,8 +114,8 @@ pub struct Config {
     /// off). Probed when the control pages are made; without permission the
     /// calls go through slots.
     pub cma: bool,
-    /// Let a broadcast above the inline limit on 3 to 8 ranks of one host
-    /// run through one staging area on its root's control page that every
+    /// Let a broadcast above the inline limit on 4 to 8 ranks of one host
+    /// (on 3 from 8 MiB) run through one staging area on its root's control page that every
     /// receiver reads: the buffer copied N times on N ranks, against
     /// 2(N - 1) through the chain of pairwise slots (FERROCCL_SPREAD=0:
     /// the chain).

@@ -84,7 +84,7 @@ fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
     check_moving_collectives::<T>(comm, count, &what);
     // all_gather twice and broadcast at `count`, all_to_all at `count * n`;
     // a broadcast past the inline limit on 4 to 8 ranks goes through the
-    // root's staging area (counted too; on 3 ranks only from 128 KiB).
+    // root's staging area (counted too; on 3 ranks only from 8 MiB).
     let staged = u64::from((4..=8).contains(&n) && count * elem > inline_limit("broadcast", n));
     inline += 2 * small("all_gather", count)
         + small("broadcast", count)
@@ -460,7 +460,7 @@ fn random_mixture(ranks: usize) {
 }
 
 /// Broadcasts above the inline limit on 3 to 5 ranks run through the
-/// root's staging area (`exec::spread`; on 3 ranks from 128 KiB): from
+/// root's staging area (`exec::spread`; on 3 ranks from 8 MiB): from
 /// every root in turn, at sizes around its 256 KiB chunk and past its 2
 /// MiB ring (so that its slots come round again within a call and across
 /// calls of different roots), of f32, f64 and u8, each element checked
@@ -480,6 +480,7 @@ fn large_broadcasts_on_3_to_5_ranks_run_through_the_roots_staging_area() {
         CHUNK + 24,
         8 * CHUNK + 40,
         (20 * CHUNK) + 16 + 8,
+        (32 * CHUNK) + 8,
     ];
     for n in [3, 4, 5] {
         for spread in [true, false] {
@@ -555,7 +556,7 @@ fn spread_once<T: Element>(comm: &Communicator, count: usize, root: usize, tag: 
         );
     }
     let bytes = count * std::mem::size_of::<T>();
-    let min = if n == 3 { 128 << 10 } else { (16 << 10) + 1 };
+    let min = if n == 3 { 8 << 20 } else { (16 << 10) + 1 };
     let small = inline_limit("broadcast", n);
     (u64::from(bytes <= small), u64::from(bytes >= min && n <= 8))
 }

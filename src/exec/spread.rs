@@ -168,9 +168,10 @@ fn receivers_done(ctx: &Ctx<'_>, needed: u64, deadline: &Deadline, call: &Call) 
 /// root says it is there, and say it is done with it. Into the output with
 /// ordinary stores at every size, unlike the slots' receiver: with
 /// streaming stores from `Config::nt_store_bytes` on, a 4-rank broadcast
-/// on the 2-core Intel VM took 0.95-0.96x the time at 32 MiB (7.0-7.3
-/// against 7.3-7.6 ms) and from 1 MiB on 0.52-0.74x
-/// (docs/performance-log.md, "Broadcast through one staging area").
+/// on the 2-core Intel VM ran at 0.95-0.96x the speed at 32 MiB (7.3-7.6
+/// against 7.0-7.3 ms), with that bound lowered to 1 MiB at 0.52-0.74x
+/// from 2 to 32 MiB, and at 64 MiB 0.94-1.04x (docs/performance-log.md,
+/// "Broadcast through one staging area").
 fn read_chunks<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,

@@ -385,11 +385,12 @@ pub(crate) const SPREAD_MIN_BYTES: usize = INLINE_MAX_BYTES + 1;
 
 /// The smallest broadcast that runs through its root's staging area on 3
 /// ranks, where the chain copies the buffer 4 times against the staging
-/// area's 3 and passes it on in two steps: at 32 and 64 KiB the chain
-/// was faster (0.86-1.01x the staging area's time), from 128 KiB on the
-/// staging area (1.10-1.40x up to 512 KiB, 1.20-1.64x at 8 MiB; 1-4 MiB
-/// 0.82-1.28x, level within the noise).
-pub(crate) const SPREAD_MIN_BYTES_3: usize = 128 << 10;
+/// area's 3 and passes it on in two steps. On the 2-core Intel VM, in two
+/// runs of turns (the staging area's speed over the chain's): 32 KiB to 4
+/// MiB 0.82-1.68x, below 1 in 13 of 30 cells (2 MiB in all four:
+/// 0.86-0.98x); 8 MiB 1.17-1.64x, 32 MiB 1.58-1.62x
+/// (docs/performance-log.md, "Broadcast through one staging area").
+pub(crate) const SPREAD_MIN_BYTES_3: usize = 8 << 20;
 
 /// The most ranks a broadcast runs through its root's staging area on
 /// ([`takes_spread`]); measured on 3, 4 and 8.
@@ -1090,7 +1091,7 @@ mod tests {
             } else {
                 SPREAD_MIN_BYTES
             };
-            for bytes in [min, 1 << 20, 64 << 20] {
+            for bytes in [min, 2 * min, 64 << 20] {
                 assert_eq!(
                     r(CollKind::Broadcast, bytes, &f) == spread,
                     wide,
