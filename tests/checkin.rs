@@ -84,11 +84,15 @@ fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
     check_moving_collectives::<T>(comm, count, &what);
     // all_gather twice and broadcast at `count`, all_to_all at `count * n`;
     // a broadcast past the inline limit on 4 to 8 ranks goes through the
-    // root's staging area (counted too; on 3 ranks only from 8 MiB).
-    let staged = u64::from((4..=8).contains(&n) && count * elem > inline_limit("broadcast", n));
-    inline += 2 * small("all_gather", count)
+    // root's staging area, an allgather with blocks up to 2 MiB through
+    // every rank's (counted too; on 3 ranks a broadcast only from 8 MiB).
+    let staged = |kind: &str| {
+        let bytes = count * elem;
+        u64::from((4..=8).contains(&n) && bytes > inline_limit(kind, n) && bytes <= 2 << 20)
+    };
+    inline += 2 * (small("all_gather", count) + staged("all_gather"))
         + small("broadcast", count)
-        + staged
+        + staged("broadcast")
         + small("all_to_all", count * n);
 
     comm.barrier().unwrap();
@@ -460,16 +464,18 @@ fn random_mixture(ranks: usize) {
 }
 
 /// Broadcasts above the inline limit on 3 to 5 ranks run through the
-/// root's staging area (`exec::spread`; on 3 ranks from 8 MiB): from
+/// root's staging area (`exec::spread`; on 3 ranks from 8 MiB), and
+/// allgathers of blocks over 16 KiB and up to 2 MiB on 4 and 5 through
+/// every rank's: from
 /// every root in turn, at sizes around its 256 KiB chunk and past its 2
 /// MiB ring (so that its slots come round again within a call and across
 /// calls of different roots), of f32, f64 and u8, each element checked
-/// against the root's data; allreduces inline and through slots between
-/// them. Every broadcast through the staging area is counted as run
-/// without slots, and with `Config::spread` off none is (they take the
-/// chain through slots, with the same results).
+/// against the root's (or every rank's) data; allreduces inline and
+/// through slots between them. Every call through the staging areas is
+/// counted as run without slots, and with `Config::spread` off none is
+/// (they take the chain or ring through slots, with the same results).
 #[test]
-fn large_broadcasts_on_3_to_5_ranks_run_through_the_roots_staging_area() {
+fn large_broadcasts_and_allgathers_run_through_the_staging_areas() {
     const CHUNK: usize = 256 << 10;
     let bytes = [
         16 << 10 | 4,
@@ -504,6 +510,13 @@ fn large_broadcasts_on_3_to_5_ranks_run_through_the_roots_staging_area() {
                             add(spread_once::<f32>(&comm, b / 4, root, tag));
                             add(spread_once::<f64>(&comm, b / 8, (root + 1) % n, tag));
                             add(spread_once::<u8>(&comm, b + 3, (root + 2) % n, tag));
+                            if root == 0 {
+                                // An allgather of blocks of these sizes
+                                // (every rank's staging area), out of
+                                // place and in place.
+                                add(gather_once::<f32>(&comm, b / 4, tag));
+                                add(gather_once::<u8>(&comm, b + 1, tag));
+                            }
                             // Between them, an allreduce through slots and an
                             // inline one (neither counted by the staging area).
                             for count in [7, 70_000] {
@@ -536,6 +549,40 @@ fn large_broadcasts_on_3_to_5_ranks_run_through_the_roots_staging_area() {
             }
         }
     }
+}
+
+/// An allgather of blocks of `count` elements (each element a value of
+/// its rank's, `tag` and its place), out of place and in place, checked
+/// element by element on every rank; how many ran inline and how many
+/// through the staging areas (4 to 8 ranks, blocks over 16 KiB and up to
+/// 2 MiB), as [`spread_once`].
+fn gather_once<T: Element>(comm: &Communicator, count: usize, tag: u64) -> (u64, u64) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let value =
+        |who: usize, i: usize| T::from_f64(((who as u64 * 37 + tag * 5 + i as u64) % 103) as f64);
+    let mine: Vec<T> = (0..count).map(|i| value(rank, i)).collect();
+    let mut out = vec![T::from_f64(0.0); count * n];
+    comm.all_gather(&mine, &mut out).unwrap();
+    let mut buf = vec![T::from_f64(0.0); count * n];
+    buf[rank * count..(rank + 1) * count].copy_from_slice(&mine);
+    comm.all_gather_in_place(&mut buf).unwrap();
+    for (what, got) in [("out of place", &out), ("in place", &buf)] {
+        for (i, v) in got.iter().enumerate() {
+            let (j, at) = (i / count, i % count);
+            assert!(
+                *v == value(j, at),
+                "allgather {what} of {count} {} on {n} ranks, rank {rank}: element {at} of \
+                 block {j} differs",
+                T::DTYPE
+            );
+        }
+    }
+    let bytes = count * std::mem::size_of::<T>();
+    let staged = (4..=8).contains(&n) && bytes > 16 << 10 && bytes <= 2 << 20;
+    (
+        2 * u64::from(bytes <= inline_limit("all_gather", n)),
+        2 * u64::from(staged),
+    )
 }
 
 /// One broadcast of `count` elements from `root` (each element a value of

@@ -218,7 +218,7 @@ fn four_ranks_broadcast_through_the_roots_staging_area() {
             .1
     };
     assert_eq!(total(&with), total(&without));
-    let staged = "-> ring, check-in, then through the root's staging area";
+    let staged = "-> ring, check-in, then through the staging areas";
     let slots = "-> ring, through the transport's slots";
     let large = |sizes: Vec<usize>| -> Vec<usize> {
         sizes.into_iter().filter(|&b| b >= 64 << 10).collect()

@@ -384,7 +384,10 @@ impl Communicator {
             Ok(best as f32)
         };
         // Allgathers of each block, then broadcasts of a block's bytes (in
-        // place, from rank 0), each pulled and through slots.
+        // place, from rank 0), each pulled and by the route it takes
+        // otherwise: through slots, or for a broadcast on 3 to 8 ranks
+        // the root's staging area (`plan::takes_spread`), so that the pull
+        // is weighed against what it would replace.
         let result = (|| -> Result<()> {
             for _round in 0..CALIBRATION_ROUNDS {
                 let mut slots = times.iter_mut();
@@ -451,7 +454,7 @@ impl Communicator {
         inner.cma_gather.set(gather);
         inner.cma_broadcast.set(broadcast);
         let range = |(from, upto): (usize, usize), what: &str| match (from, upto) {
-            crate::plan::NO_CMA => "never (the slots won at every size)".to_string(),
+            crate::plan::NO_CMA => "never (the other route won at every size)".to_string(),
             (from, usize::MAX) => format!("from {what}{from} bytes"),
             (from, upto) => format!("from {what}{from} to {upto} bytes"),
         };
@@ -464,7 +467,7 @@ impl Communicator {
         };
         tracing::info!(
             rank = inner.rank,
-            "cross-memory attach calibrated on {n} ranks (bytes: pull us / slots us): \
+            "cross-memory attach calibrated on {n} ranks (bytes: pull us / otherwise us): \
              allgather blocks {}; broadcasts {}; allgathers and all-to-alls pull {}, \
              broadcasts {}",
             said(&gathers),

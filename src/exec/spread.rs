@@ -1,34 +1,46 @@
-//! A large broadcast of ordinary buffers on 3 or more ranks of one host,
-//! through one staging area that every receiver reads (`plan::Direct::Spread`):
-//! the root copies its input chunk by chunk into the staging area at the end
-//! of its control page, and every other rank copies each chunk out of it
-//! into its output. The buffer is copied N times on N ranks, where a chain
-//! through pairwise slots copies it 2(N - 1) times (each rank but the last
-//! copies it out of one slot and into the next): six times on 4 ranks
-//! against four, which is what decides the time once the processes share
-//! cores (`bench/bound/spread.c` does only this traffic, both ways).
+//! Large broadcasts and allgathers of ordinary buffers on the ranks of
+//! one host through the staging areas at the end of the control pages
+//! (`plan::Direct::Spread`, where `plan::takes_spread` says).
 //!
-//! The staging area holds [`SPREAD_SLOTS`] chunks of [`SPREAD_CHUNK`]
+//! - **Broadcast** (3 to 8 ranks): the root copies its input chunk by
+//!   chunk into its staging area, and every other rank copies each chunk
+//!   out into its output. The buffer is copied N times on N ranks, where
+//!   the chain through pairwise slots copies it 2(N - 1) times (each rank
+//!   but the last copies it out of one slot and into the next): four
+//!   times on 4 ranks against six, which is what decides the time once the
+//!   processes share cores (`bench/bound/spread.c` does only this
+//!   traffic, both ways).
+//! - **Allgather** (4 to 8 ranks): every rank stages its block chunk by
+//!   chunk and copies chunk k of every peer's block after staging its own
+//!   chunk k: N + N(N - 1) block copies with the own output's, where the
+//!   ring copies each block into and out of a slot at every hop, N(2N - 1).
+//!
+//! A staging area holds [`SPREAD_SLOTS`] chunks of [`SPREAD_CHUNK`]
 //! bytes. Chunks are numbered per communicator (`Control::spread_chunks`,
 //! the same count on every rank, since every rank takes part in every such
-//! call), and chunk `g` takes slot `g % SPREAD_SLOTS` of its root's area.
-//! Each rank's page says how many chunks its root wrote (`W_SPREAD_WRITTEN`)
-//! and how many it is done with (`W_SPREAD_READ`; the root counts its own
-//! as done once written): the root writes chunk `g` once every receiver is
-//! done with chunk `g - SPREAD_SLOTS`, a receiver reads it once the root
-//! says it is there.
+//! call), and chunk `g` of a call takes slot `g % SPREAD_SLOTS` of each
+//! area that stages it. Each rank's page says how many chunks it staged
+//! (`W_SPREAD_WRITTEN`) and up to which chunk it is done reading the
+//! others' (`W_SPREAD_READ`; a broadcast's root counts its own chunks as
+//! done once staged): a rank stages chunk `g` once every peer is done with
+//! chunk `g - SPREAD_SLOTS`, and reads a peer's chunk `g` once the peer
+//! says it is there. In an allgather a rank stages its chunk k before it
+//! waits for its peers' chunk k, and they wait for it only back to chunk
+//! k - SPREAD_SLOTS, which every rank read before it went on: no cycle.
 //!
 //! It runs after a check-in in which every rank read every announcement
 //! (a mismatch is found there, before any byte moves) and needs no
-//! completion wait: no rank touches another's buffers, and a root writes
+//! completion wait: no rank touches another's buffers, and a rank writes
 //! its staging area again only in another such call, chunk by chunk once
-//! the receivers are done with what it replaces. Waits end on abort, at
-//! the deadline, or when the peer's process is gone, as every check-in
-//! wait (`checkin::wait`).
+//! its peers are done with what it replaces. Waits end on abort, at the
+//! deadline, or when the peer's process is gone, as every check-in wait
+//! (`checkin::wait`).
 
 use super::checkin::{wait, word, Ctx, Deadline};
 use super::io::HostIo;
 use super::Call;
+use crate::algo::{Operand, Prim, Step};
+use crate::coll::CollKind;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::plan;
@@ -62,8 +74,8 @@ fn slot_at(g: u64) -> usize {
     SPREAD_AT + (g % SPREAD_SLOTS) as usize * SPREAD_CHUNK
 }
 
-/// Broadcast `count` elements from the call's root through its staging
-/// area (after the check-in).
+/// Run a broadcast or allgather of `count` input elements per rank
+/// through the staging areas (after the check-in).
 pub(super) fn run<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
@@ -78,138 +90,174 @@ pub(super) fn run<T: Element>(
     // Every rank numbers this call's chunks alike.
     let base = c.spread_chunks.load(Ordering::Relaxed);
     c.spread_chunks.store(base + chunks, Ordering::Relaxed);
-    let root = call.fingerprint.root as usize;
     let part = |k: u64| {
         let from = k as usize * per_chunk;
         (from, per_chunk.min(count - from))
     };
-    if ctx.rank == root {
-        write_chunks(ctx, io, call, (base, chunks), &part, deadline)?;
+    let own = |io: &mut HostIo<'_, T>, to: usize| {
+        let step = Step::local(Prim::Copy, Operand::Input, 0, to, count);
+        io.copy_input_to_output(Store::Cached, &step);
+    };
+    let (rank, size) = (ctx.rank, ctx.size);
+    let page = c.pages.words(rank);
+    let (written, read) = (word(page, W_SPREAD_WRITTEN)?, word(page, W_SPREAD_READ)?);
+    let mut staging = Staging::new(ctx, call, deadline);
+    if call.kind == CollKind::AllGather {
+        // Every rank stages its block and reads every peer's, chunk by
+        // chunk in step: chunk k of its own, then chunk k of each peer,
+        // nearest first.
+        for k in 0..chunks {
+            let g = base + k;
+            let (from, len) = part(k);
+            staging.stage(io, g, (from, len), written)?;
+            for j in (1..size).map(|s| (rank + s) % size) {
+                staging.take(io, j, g, (j * count + from, len))?;
+            }
+            // Release: a peer that sees it may overwrite its slot of g.
+            read.store(g + 1, Ordering::Release);
+        }
+        own(io, rank * count);
+        return Ok(());
+    }
+    let root = call.fingerprint.root as usize;
+    if rank == root {
+        for k in 0..chunks {
+            staging.stage(io, base + k, part(k), written)?;
+        }
+        // The root is done with its own chunks.
+        read.store(base + chunks, Ordering::Release);
         if matches!(io, HostIo::OutOfPlace { .. }) {
             // The root's own output last: the receivers copy meanwhile.
-            let own = crate::algo::Step::local(
-                crate::algo::Prim::Copy,
-                crate::algo::Operand::Input,
-                0,
-                0,
-                count,
-            );
-            io.copy_input_to_output(Store::Cached, &own);
+            own(io, 0);
         }
         return Ok(());
     }
-    read_chunks(ctx, io, call, (root, base, chunks), &part, deadline)
-}
-
-/// The root: copy each chunk of its input into its staging area once
-/// every receiver is done with the chunk it replaces, and say it is
-/// there; then count every chunk of the call as done on its own page.
-fn write_chunks<T: Element>(
-    ctx: &Ctx<'_>,
-    io: &HostIo<'_, T>,
-    call: &Call,
-    (base, chunks): (u64, u64),
-    part: &impl Fn(u64) -> (usize, usize),
-    deadline: &Deadline,
-) -> Result<()> {
-    let c = ctx.control;
-    let elem = std::mem::size_of::<T>();
-    let own = c.pages.words(ctx.rank);
-    let written = word(own, W_SPREAD_WRITTEN)?;
-    // The least of the receivers' "done" words when last read.
-    let mut done_by_all = 0u64;
     for k in 0..chunks {
         let g = base + k;
-        if let Some(needed) = (g + 1).checked_sub(SPREAD_SLOTS) {
-            if done_by_all < needed {
-                done_by_all = receivers_done(ctx, needed, deadline, call)?;
-            }
-        }
-        let (from, len) = part(k);
-        let bytes: &[u8] = bytemuck::cast_slice(io.input(from, len));
-        {
-            let mut page = super::checkin::lock(&c.own);
-            let slot = page
-                .slice_mut(slot_at(g), len * elem)
-                .map_err(|e| Error::Io(format!("window control page: {e}")))?;
-            ferroccl_transport::copy_into_shared(slot, bytes);
-        }
-        // Release: a receiver that sees the count sees the chunk.
-        written.store(g + 1, Ordering::Release);
-    }
-    word(own, W_SPREAD_READ)?.store(base + chunks, Ordering::Release);
-    Ok(())
-}
-
-/// Wait until every receiver (every rank but this one) is done with every
-/// chunk before `needed`; the least they said.
-fn receivers_done(ctx: &Ctx<'_>, needed: u64, deadline: &Deadline, call: &Call) -> Result<u64> {
-    let mut least = u64::MAX;
-    for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
-        let read = word(ctx.control.pages.words(peer), W_SPREAD_READ)?;
-        let mut seen = 0;
-        wait(
-            ctx,
-            peer,
-            deadline,
-            call,
-            "it to read the broadcast's staged chunks",
-            || {
-                seen = read.load(Ordering::Acquire);
-                seen >= needed
-            },
-        )?;
-        least = least.min(seen);
-    }
-    Ok(least)
-}
-
-/// A receiver: copy each chunk out of the root's staging area once the
-/// root says it is there, and say it is done with it. Into the output with
-/// ordinary stores at every size, unlike the slots' receiver: with
-/// streaming stores from `Config::nt_store_bytes` on, a 4-rank broadcast
-/// on the 2-core Intel VM ran at 0.95-0.96x the speed at 32 MiB (7.3-7.6
-/// against 7.0-7.3 ms), with that bound lowered to 1 MiB at 0.52-0.74x
-/// from 2 to 32 MiB, and at 64 MiB 0.94-1.04x (docs/performance-log.md,
-/// "Broadcast through one staging area").
-fn read_chunks<T: Element>(
-    ctx: &Ctx<'_>,
-    io: &mut HostIo<'_, T>,
-    call: &Call,
-    (root, base, chunks): (usize, u64, u64),
-    part: &impl Fn(u64) -> (usize, usize),
-    deadline: &Deadline,
-) -> Result<()> {
-    let c = ctx.control;
-    let elem = std::mem::size_of::<T>();
-    let written = word(c.pages.words(root), W_SPREAD_WRITTEN)?;
-    let read = word(c.pages.words(ctx.rank), W_SPREAD_READ)?;
-    let page = c.pages.page(root);
-    let mut there = 0u64;
-    for k in 0..chunks {
-        let g = base + k;
-        if there <= g {
-            wait(
-                ctx,
-                root,
-                deadline,
-                call,
-                "it to stage the broadcast's next chunk",
-                || {
-                    there = written.load(Ordering::Acquire);
-                    there > g
-                },
-            )?;
-        }
-        let (to, len) = part(k);
-        let raw = page
-            .slice(slot_at(g), len * elem)
-            .map_err(|e| Error::Io(format!("window control page: {e}")))?;
-        ferroccl_transport::copy_from_shared(bytemuck::cast_slice_mut(io.output(to, len)), raw);
-        // Release: the root that sees it may overwrite the slot.
+        staging.take(io, root, g, part(k))?;
         read.store(g + 1, Ordering::Release);
     }
     Ok(())
+}
+
+/// One call's use of the staging areas, with what it last saw of its
+/// peers' words (each read again only when that falls short).
+struct Staging<'c, 'a> {
+    ctx: &'c Ctx<'a>,
+    call: &'c Call,
+    deadline: &'c Deadline,
+    /// The least of the peers' "done" words when last read.
+    done_by_all: u64,
+    /// Each peer's "written" word when last read.
+    there: Vec<u64>,
+}
+
+impl<'c, 'a> Staging<'c, 'a> {
+    fn new(ctx: &'c Ctx<'a>, call: &'c Call, deadline: &'c Deadline) -> Self {
+        Staging {
+            ctx,
+            call,
+            deadline,
+            done_by_all: 0,
+            there: vec![0; ctx.size],
+        }
+    }
+
+    /// Copy elements `from..from + len` of this rank's input into its
+    /// slot of chunk `g`, once every peer is done with chunk `g -
+    /// SPREAD_SLOTS` (which the slot held), and say it is there.
+    fn stage<T: Element>(
+        &mut self,
+        io: &HostIo<'_, T>,
+        g: u64,
+        (from, len): (usize, usize),
+        written: &std::sync::atomic::AtomicU64,
+    ) -> Result<()> {
+        let ctx = self.ctx;
+        if let Some(needed) = (g + 1).checked_sub(SPREAD_SLOTS) {
+            if self.done_by_all < needed {
+                self.done_by_all = self.peers_done(needed)?;
+            }
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(io.input(from, len));
+        {
+            let mut page = super::checkin::lock(&ctx.control.own);
+            let slot = page
+                .slice_mut(slot_at(g), bytes.len())
+                .map_err(|e| Error::Io(format!("window control page: {e}")))?;
+            ferroccl_transport::copy_into_shared(slot, bytes);
+        }
+        // Release: a peer that sees the count sees the chunk.
+        written.store(g + 1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Wait until every peer is done with every chunk before `needed`;
+    /// the least they said.
+    fn peers_done(&self, needed: u64) -> Result<u64> {
+        let ctx = self.ctx;
+        let mut least = u64::MAX;
+        for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
+            let read = word(ctx.control.pages.words(peer), W_SPREAD_READ)?;
+            let mut seen = 0;
+            wait(
+                ctx,
+                peer,
+                self.deadline,
+                self.call,
+                "it to read the staged chunks of this rank",
+                || {
+                    seen = read.load(Ordering::Acquire);
+                    seen >= needed
+                },
+            )?;
+            least = least.min(seen);
+        }
+        Ok(least)
+    }
+
+    /// Copy chunk `g` (`len` elements) out of rank `j`'s staging area into
+    /// this rank's output at element `to`, once `j` says it is there.
+    /// Into the output with ordinary stores at every size, unlike the
+    /// slots' receiver: with streaming stores from
+    /// `Config::nt_store_bytes` on, a 4-rank broadcast on the 2-core Intel
+    /// VM ran at 0.95-0.96x the speed at 32 MiB (7.3-7.6 against 7.0-7.3
+    /// ms), with that bound lowered to 1 MiB at 0.52-0.74x from 2 to 32
+    /// MiB, and at 64 MiB 0.94-1.04x (docs/performance-log.md, "Broadcast
+    /// through one staging area").
+    fn take<T: Element>(
+        &mut self,
+        io: &mut HostIo<'_, T>,
+        j: usize,
+        g: u64,
+        (to, len): (usize, usize),
+    ) -> Result<()> {
+        let ctx = self.ctx;
+        if self.there[j] <= g {
+            let written = word(ctx.control.pages.words(j), W_SPREAD_WRITTEN)?;
+            let there = &mut self.there[j];
+            wait(
+                ctx,
+                j,
+                self.deadline,
+                self.call,
+                "it to stage its next chunk",
+                || {
+                    *there = written.load(Ordering::Acquire);
+                    *there > g
+                },
+            )?;
+        }
+        let elem = std::mem::size_of::<T>();
+        let raw = ctx
+            .control
+            .pages
+            .page(j)
+            .slice(slot_at(g), len * elem)
+            .map_err(|e| Error::Io(format!("window control page: {e}")))?;
+        ferroccl_transport::copy_from_shared(bytemuck::cast_slice_mut(io.output(to, len)), raw);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

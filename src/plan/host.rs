@@ -324,8 +324,8 @@ impl Route {
                  directly between windows"
             }
             Route::CheckIn { spread: true, .. } => {
-                "check-in, then through the root's staging area on its control page, which \
-                 every receiver reads, or directly between windows"
+                "check-in, then through the staging areas on the control pages (a broadcast's \
+                 root's, every rank's in an allgather), or directly between windows"
             }
             Route::CheckIn { .. } => {
                 "check-in, then directly between windows where every rank's buffers lie in one"
@@ -392,15 +392,30 @@ pub(crate) const SPREAD_MIN_BYTES: usize = INLINE_MAX_BYTES + 1;
 /// (docs/performance-log.md, "Broadcast through one staging area").
 pub(crate) const SPREAD_MIN_BYTES_3: usize = 8 << 20;
 
+/// The largest block (an allgather's input) that runs through the staging
+/// areas ([`takes_spread`]). Each rank stages its block and copies every
+/// peer's out: N + N(N - 1) block copies with the own output's, where the
+/// ring through slots copies each block into and out of a slot at every
+/// hop, N(2N - 1). On the 2-core Intel VM, against the ring (cross-memory
+/// attach off in both; docs/performance-log.md, "Broadcast through one
+/// staging area"): 4 ranks 1.24-1.58x from 32 to 512 KiB blocks, level at
+/// 2 MiB (1.00-1.04x), 0.86-1.57x at 8 MiB; 8 ranks 1.47-2.38x from 32 KiB
+/// to 2 MiB blocks. On 3 ranks 0.79-1.21x from 16 to 4 MiB blocks, level
+/// within the noise: 3 ranks keep the ring.
+pub(crate) const SPREAD_GATHER_MAX_BYTES: usize = 2 << 20;
+
 /// The most ranks a broadcast runs through its root's staging area on
 /// ([`takes_spread`]); measured on 3, 4 and 8.
 pub(crate) const SPREAD_MAX_RANKS: usize = INLINE_WIDE_MAX_RANKS;
 
 /// Whether a `kind` call of `in_bytes` on `facts.size` ranks that share
-/// control pages runs, where its buffers do not lie in windows, through
-/// its root's staging area (`exec::spread`): a broadcast above the inline
-/// limit on 4 to [`SPREAD_MAX_RANKS`] ranks, from [`SPREAD_MIN_BYTES_3`]
-/// on 3 (`Config::spread`). The root
+/// control pages runs, where its buffers do not lie in windows and it
+/// does not pull, through the staging areas on the control pages
+/// (`exec::spread`; `Config::spread`): an allgather on 4 to
+/// [`SPREAD_MAX_RANKS`] ranks whose blocks are above the inline limit and
+/// at most [`SPREAD_GATHER_MAX_BYTES`], every rank staging its block and
+/// reading every peer's; a broadcast above the inline limit on 4 to
+/// [`SPREAD_MAX_RANKS`] ranks, from [`SPREAD_MIN_BYTES_3`] on 3. The root
 /// copies its input once into the staging area and every other rank
 /// copies it once out of it, N copies of the buffer, where the chain
 /// through pairwise slots copies it 2(N - 1) times (each rank but the
@@ -411,15 +426,23 @@ pub(crate) const SPREAD_MAX_RANKS: usize = INLINE_WIDE_MAX_RANKS;
 /// against 8.6-12.7 ms at 32 MiB (docs/performance-log.md, "Broadcast
 /// through one staging area").
 pub(crate) fn takes_spread(kind: CollKind, in_bytes: usize, facts: &Facts) -> bool {
-    kind == CollKind::Broadcast
-        && facts.spread
-        && (3..=SPREAD_MAX_RANKS).contains(&facts.size)
-        && in_bytes
-            >= if facts.size == 3 {
-                SPREAD_MIN_BYTES_3
-            } else {
-                SPREAD_MIN_BYTES
-            }
+    if !facts.spread || !(3..=SPREAD_MAX_RANKS).contains(&facts.size) {
+        return false;
+    }
+    match kind {
+        CollKind::Broadcast => {
+            in_bytes
+                >= if facts.size == 3 {
+                    SPREAD_MIN_BYTES_3
+                } else {
+                    SPREAD_MIN_BYTES
+                }
+        }
+        CollKind::AllGather => {
+            facts.size >= 4 && (SPREAD_MIN_BYTES..=SPREAD_GATHER_MAX_BYTES).contains(&in_bytes)
+        }
+        _ => false,
+    }
 }
 
 /// Whether a `kind` call of `in_bytes` runs inline ([`route`] says
@@ -578,6 +601,7 @@ pub(crate) fn after_check_in(
         (CollKind::AllReduce, Some(input), Some(output)) => Direct::AllReduce { input, output },
         (CollKind::AllGather, _, Some(output)) => Direct::AllGather { output },
         (CollKind::AllGather, _, None) if cma => Direct::Pull,
+        (CollKind::AllGather, _, None) if spread => Direct::Spread,
         (CollKind::AllToAll, _, _) if cma => Direct::Pull,
         (CollKind::Broadcast, Some(input), Some(output)) => Direct::Broadcast { input, output },
         (CollKind::Broadcast, _, _) if cma => Direct::Pull,
@@ -1067,10 +1091,12 @@ mod tests {
     }
 
     /// A broadcast above the inline limit on 3 to 8 ranks sharing control
-    /// pages goes through the root's staging area: not on 2 ranks or
-    /// more than 8, not at or below the inline limit, not where the pull
-    /// takes it, a forced algorithm runs, or `Config::spread` is off; and
-    /// no other collective. Between windows the direct path still wins.
+    /// pages goes through the root's staging area, and an allgather on 4
+    /// to 8 with blocks up to `SPREAD_GATHER_MAX_BYTES` through every
+    /// rank's: not on 2 ranks or more than 8, not at or below the inline
+    /// limit, not where the pull takes it, a forced algorithm runs, or
+    /// `Config::spread` is off; and no other collective. Between windows
+    /// the direct path still wins.
     #[test]
     fn large_broadcasts_on_3_to_8_ranks_go_through_the_staging_area() {
         let spread = Route::CheckIn {
@@ -1082,6 +1108,7 @@ mod tests {
                 size,
                 layout: Layout::one_host(size),
                 spread: true,
+                cma_gather: NO_CMA,
                 ..facts()
             };
             let r = |kind, bytes, f: &Facts| route(kind, bytes, false, Memory::Host, f).unwrap();
@@ -1098,10 +1125,18 @@ mod tests {
                     "{size} {bytes}"
                 );
                 for kind in CollKind::ALL {
-                    if kind != CollKind::Broadcast {
+                    if !matches!(kind, CollKind::Broadcast | CollKind::AllGather) {
                         assert_ne!(r(kind, bytes, &f), spread, "{kind:?}");
                     }
                 }
+                // An allgather's blocks on 4 to 8 ranks, up to their bound.
+                let gathers = size >= 4 && wide && bytes <= SPREAD_GATHER_MAX_BYTES;
+                let block = bytes.max(SPREAD_MIN_BYTES);
+                assert_eq!(
+                    r(CollKind::AllGather, block, &f) == spread,
+                    gathers,
+                    "{size} {block}"
+                );
                 let off = Facts { spread: false, ..f };
                 assert_eq!(
                     r(CollKind::Broadcast, bytes, &off),
@@ -1144,6 +1179,28 @@ mod tests {
             after_check_in(CollKind::Broadcast, None, Some(2), (false, true)),
             Direct::Spread
         );
+        assert_eq!(
+            after_check_in(CollKind::AllGather, Some(1), None, (false, true)),
+            Direct::Spread
+        );
+        assert_eq!(
+            after_check_in(CollKind::AllGather, None, Some(3), (false, true)),
+            Direct::AllGather { output: 3 }
+        );
+        let f = Facts {
+            size: 4,
+            layout: Layout::one_host(4),
+            spread: true,
+            cma_gather: NO_CMA,
+            ..facts()
+        };
+        let gather = |bytes| route(CollKind::AllGather, bytes, false, Memory::Host, &f).unwrap();
+        assert_eq!(gather(SPREAD_GATHER_MAX_BYTES), spread);
+        assert_eq!(
+            gather(SPREAD_GATHER_MAX_BYTES + 4),
+            Route::Slots { note: true }
+        );
+        assert_eq!(gather(SPREAD_MIN_BYTES - 1), Route::Inline);
         assert_eq!(
             after_check_in(CollKind::Broadcast, Some(1), Some(2), (false, true)),
             Direct::Broadcast {
