@@ -387,7 +387,7 @@ pub(crate) const SPREAD_MIN_BYTES: usize = INLINE_MAX_BYTES + 1;
 /// ranks, where the chain copies the buffer 4 times against the staging
 /// area's 3 and passes it on in two steps. On the 2-core Intel VM, in two
 /// runs of turns (the staging area's speed over the chain's): 32 KiB to 4
-/// MiB 0.82-1.68x, below 1 in 13 of 30 cells (2 MiB in all four:
+/// MiB 0.82-1.68x, below 1 in 13 of 24 cells (2 MiB in all four:
 /// 0.86-0.98x); 8 MiB 1.17-1.64x, 32 MiB 1.58-1.62x
 /// (docs/performance-log.md, "Broadcast through one staging area").
 pub(crate) const SPREAD_MIN_BYTES_3: usize = 8 << 20;
@@ -400,7 +400,7 @@ pub(crate) const SPREAD_MIN_BYTES_3: usize = 8 << 20;
 /// attach off in both; docs/performance-log.md, "Broadcast through one
 /// staging area"): 4 ranks 1.24-1.58x from 32 to 512 KiB blocks, level at
 /// 2 MiB (1.00-1.04x), 0.86-1.57x at 8 MiB; 8 ranks 1.47-2.38x from 32 KiB
-/// to 2 MiB blocks. On 3 ranks 0.79-1.21x from 16 to 4 MiB blocks, level
+/// to 2 MiB blocks. On 3 ranks 0.79-1.21x from 21 KiB to 5 MiB blocks, level
 /// within the noise: 3 ranks keep the ring.
 pub(crate) const SPREAD_GATHER_MAX_BYTES: usize = 2 << 20;
 
