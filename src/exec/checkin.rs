@@ -610,27 +610,38 @@ pub(super) fn free_slot(ctx: &Ctx<'_>, turn: u64, call: &Call) -> Result<()> {
 /// Wait until every peer says it is done with every check-in before
 /// `needed`, and remember the least they said.
 fn wait_all_finished(ctx: &Ctx<'_>, needed: u64, call: &Call) -> Result<()> {
-    let c = ctx.control;
     let deadline = Deadline::new(call.timeout);
+    let least = least_of_peers(
+        ctx,
+        (W_FINISHED, needed),
+        &deadline,
+        call,
+        "it to finish an earlier check-in",
+    )?;
+    ctx.control.peers_finished.store(least, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Wait until word `at` of every peer's page is at least `needed`; the
+/// least of what they said (`what` names the wait in a timeout).
+pub(super) fn least_of_peers(
+    ctx: &Ctx<'_>,
+    (at, needed): (usize, u64),
+    deadline: &Deadline,
+    call: &Call,
+    what: &str,
+) -> Result<u64> {
     let mut least = u64::MAX;
     for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
-        let at = word(c.pages.words(peer), W_FINISHED)?;
+        let w = word(ctx.control.pages.words(peer), at)?;
         let mut seen = 0;
-        wait(
-            ctx,
-            peer,
-            &deadline,
-            call,
-            "it to finish an earlier check-in",
-            || {
-                seen = at.load(Ordering::Acquire);
-                seen >= needed
-            },
-        )?;
+        wait(ctx, peer, deadline, call, what, || {
+            seen = w.load(Ordering::Acquire);
+            seen >= needed
+        })?;
         least = least.min(seen);
     }
-    c.peers_finished.store(least, Ordering::Relaxed);
-    Ok(())
+    Ok(least)
 }
 
 /// Wait until every peer has announced check-in `turn` (or a later one);

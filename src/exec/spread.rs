@@ -36,7 +36,7 @@
 //! deadline, or when the peer's process is gone, as every check-in wait
 //! (`checkin::wait`).
 
-use super::checkin::{wait, word, Ctx, Deadline};
+use super::checkin::{least_of_peers, wait, word, Ctx, Deadline};
 use super::io::HostIo;
 use super::Call;
 use crate::algo::{Operand, Prim, Step};
@@ -176,7 +176,13 @@ impl<'c, 'a> Staging<'c, 'a> {
         let ctx = self.ctx;
         if let Some(needed) = (g + 1).checked_sub(SPREAD_SLOTS) {
             if self.done_by_all < needed {
-                self.done_by_all = self.peers_done(needed)?;
+                self.done_by_all = least_of_peers(
+                    ctx,
+                    (W_SPREAD_READ, needed),
+                    self.deadline,
+                    self.call,
+                    "it to read the staged chunks of this rank",
+                )?;
             }
         }
         let bytes: &[u8] = bytemuck::cast_slice(io.input(from, len));
@@ -190,30 +196,6 @@ impl<'c, 'a> Staging<'c, 'a> {
         // Release: a peer that sees the count sees the chunk.
         written.store(g + 1, Ordering::Release);
         Ok(())
-    }
-
-    /// Wait until every peer is done with every chunk before `needed`;
-    /// the least they said.
-    fn peers_done(&self, needed: u64) -> Result<u64> {
-        let ctx = self.ctx;
-        let mut least = u64::MAX;
-        for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
-            let read = word(ctx.control.pages.words(peer), W_SPREAD_READ)?;
-            let mut seen = 0;
-            wait(
-                ctx,
-                peer,
-                self.deadline,
-                self.call,
-                "it to read the staged chunks of this rank",
-                || {
-                    seen = read.load(Ordering::Acquire);
-                    seen >= needed
-                },
-            )?;
-            least = least.min(seen);
-        }
-        Ok(least)
     }
 
     /// Copy chunk `g` (`len` elements) out of rank `j`'s staging area into
