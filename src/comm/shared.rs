@@ -290,12 +290,24 @@ impl Communicator {
             (_, true) => tracing::info!(
                 rank = inner.rank,
                 "cross-memory attach between the {} ranks: allgathers and all-to-alls of \
-                 ordinary buffers with blocks of at least {} bytes copy straight out of the \
-                 peers' processes, {}",
+                 ordinary buffers with blocks of at least {} bytes{} copy straight out of the \
+                 peers' processes, {} (unless the calibration, where it runs, says otherwise)",
                 inner.size,
                 crate::plan::CMA_MIN_BYTES,
+                if crate::plan::takes_spread(
+                    CollKind::AllGather,
+                    crate::plan::CMA_MIN_BYTES,
+                    &inner.facts(CollKind::AllGather)
+                ) {
+                    format!(
+                        " (allgathers from {} bytes: smaller blocks through the staging areas)",
+                        crate::plan::staged_pull_range(crate::plan::CMA_GATHER_DEFAULT).0
+                    )
+                } else {
+                    String::new()
+                },
                 match crate::plan::cma_broadcast_default(inner.size) {
-                    crate::plan::NO_CMA => "broadcasts through slots".to_string(),
+                    crate::plan::NO_CMA => "broadcasts never".to_string(),
                     (from, upto) => format!("and broadcasts of {from} to {upto} bytes"),
                 }
             ),
@@ -465,14 +477,32 @@ impl Communicator {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        // Where the staging areas take allgathers, those pull from
+        // larger blocks than the all-to-alls (`plan::staged_pull_range`).
+        let facts = inner.facts(CollKind::AllGather);
+        let pulls =
+            if crate::plan::takes_spread(CollKind::AllGather, crate::plan::CMA_MIN_BYTES, &facts) {
+                format!(
+                    "all-to-alls pull {}, allgathers {} (smaller blocks through the staging \
+                     areas)",
+                    range(gather, "blocks of "),
+                    match crate::plan::staged_pull_range(gather) {
+                        crate::plan::NO_CMA => "never".to_string(),
+                        staged => range(staged, "blocks of "),
+                    }
+                )
+            } else {
+                format!(
+                    "allgathers and all-to-alls pull {}",
+                    range(gather, "blocks of ")
+                )
+            };
         tracing::info!(
             rank = inner.rank,
             "cross-memory attach calibrated on {n} ranks (bytes: pull us / otherwise us): \
-             allgather blocks {}; broadcasts {}; allgathers and all-to-alls pull {}, \
-             broadcasts {}",
+             allgather blocks {}; broadcasts {}; {pulls}, broadcasts {}",
             said(&gathers),
             said(&broadcasts),
-            range(gather, "blocks of "),
             range(broadcast, ""),
         );
         Ok(())

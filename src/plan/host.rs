@@ -150,6 +150,31 @@ pub(crate) const CMA_PROBE_BLOCKS: [usize; 3] = [64 << 10, 512 << 10, 2 << 20];
 /// Most bytes of output a rank allocates for the calibration's probes.
 const CMA_PROBE_OUTPUT_BYTES: usize = 32 << 20;
 
+/// Where the staging areas take an allgather's blocks ([`takes_spread`]),
+/// the smallest block the allgather pulls, whatever the calibrated range
+/// (all-to-alls, which the staging areas do not take, keep it). The
+/// calibration timed pulled allgathers of 64 KiB blocks 1.1-1.2x faster
+/// than staged ones on 4 ranks of the Intel VM (24.6-29.9 against
+/// 30.6-33.9 µs, six calibrations, each the best of single calls), while
+/// in loops of 300 calls, in turns, the staging areas were 1.18-1.45x
+/// faster there (28.4 against 41.3 µs out of place), and 1.17-1.27x on 8
+/// ranks; from 128 KiB blocks the two were within 0.83-1.04x on 4 ranks
+/// (docs/performance-log.md, "Allgathers of 64 KiB blocks through the
+/// staging areas"). The calibration's own probes (a range from 0) are
+/// not held to it.
+pub(crate) const STAGED_PULL_MIN_BYTES: usize = 128 << 10;
+
+/// The blocks an allgather pulls where the staging areas would take
+/// them: `range` (the calibrated one) from [`STAGED_PULL_MIN_BYTES`] at
+/// the least; a range from 0 (the calibration's probes) as it is.
+pub(crate) fn staged_pull_range((from, upto): (usize, usize)) -> (usize, usize) {
+    match from.max(STAGED_PULL_MIN_BYTES) {
+        _ if from == 0 => (from, upto),
+        from if from <= upto => (from, upto),
+        _ => NO_CMA,
+    }
+}
+
 /// The blocks of [`CMA_PROBE_BLOCKS`] a calibration on `facts.size` ranks
 /// times: those whose gathered output fits in 32 MiB and the pull may take
 /// at all (below the streaming-store bound of `takes_cma`: a probe above
@@ -521,6 +546,8 @@ pub(crate) fn device_unsupported(kind: CollKind, memory: Memory) -> Error {
 /// A broadcast pulls within the range the calibration measured it to win
 /// (`facts.cma_broadcast`: [`cma_range`]), its output (the
 /// receiver's buffer, `in_bytes`) under the same streaming-store bound.
+/// An allgather whose blocks the staging areas would take pulls from
+/// [`STAGED_PULL_MIN_BYTES`] at the least.
 fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> bool {
     let (size, nt_store_bytes) = (facts.size, facts.nt_store_bytes);
     let (block, out_bytes) = match kind {
@@ -531,6 +558,9 @@ fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> 
     };
     let (from, upto) = match kind {
         CollKind::Broadcast => facts.cma_broadcast,
+        CollKind::AllGather if takes_spread(kind, in_bytes, facts) => {
+            staged_pull_range(facts.cma_gather)
+        }
         _ => facts.cma_gather,
     };
     (from..=upto).contains(&block)
@@ -1097,6 +1127,65 @@ mod tests {
     /// limit, not where the pull takes it, a forced algorithm runs, or
     /// `Config::spread` is off; and no other collective. Between windows
     /// the direct path still wins.
+    /// Where the staging areas take an allgather's blocks, the calibrated
+    /// pull starts at `STAGED_PULL_MIN_BYTES` for allgathers only: an
+    /// all-to-all keeps the range, and so do 2 and 3 ranks and the
+    /// calibration's own probes (a range from 0).
+    #[test]
+    fn allgathers_below_128_kib_blocks_stage_rather_than_pull() {
+        let pulled = Route::CheckIn {
+            cma: true,
+            spread: false,
+        };
+        let staged = Route::CheckIn {
+            cma: false,
+            spread: true,
+        };
+        let floor = STAGED_PULL_MIN_BYTES;
+        for size in [2, 3, 4, 8] {
+            let f = Facts {
+                size,
+                layout: Layout::one_host(size),
+                spread: true,
+                cma_gather: (CMA_MIN_BYTES, usize::MAX),
+                ..facts()
+            };
+            let r = |kind, bytes, f: &Facts| route(kind, bytes, false, Memory::Host, f).unwrap();
+            let gathers = size >= 4;
+            for block in [CMA_MIN_BYTES, floor - 4] {
+                let want = if gathers { staged } else { pulled };
+                assert_eq!(r(CollKind::AllGather, block, &f), want, "{size} {block}");
+                assert_eq!(r(CollKind::AllToAll, block * size, &f), pulled, "{size}");
+                // The calibration times the pull itself.
+                let probing = Facts {
+                    cma_gather: (0, usize::MAX),
+                    ..f
+                };
+                assert_eq!(r(CollKind::AllGather, block, &probing), pulled);
+            }
+            assert_eq!(r(CollKind::AllGather, floor, &f), pulled, "{size}");
+            // Without the staging areas, the range alone.
+            let off = Facts { spread: false, ..f };
+            assert_eq!(r(CollKind::AllGather, CMA_MIN_BYTES, &off), pulled);
+            // A range that starts higher keeps its start.
+            let high = Facts {
+                cma_gather: (512 << 10, usize::MAX),
+                ..f
+            };
+            let want = if gathers {
+                staged
+            } else {
+                Route::Slots { note: true }
+            };
+            assert_eq!(r(CollKind::AllGather, floor, &high), want, "{size}");
+        }
+        // A range that ends below the floor leaves allgathers none.
+        assert_eq!(staged_pull_range((floor / 2, floor / 2)), NO_CMA);
+        assert_eq!(staged_pull_range((floor / 2, floor)), (floor, floor));
+        assert_eq!(staged_pull_range((0, 7)), (0, 7));
+        assert_eq!(staged_pull_range(NO_CMA), NO_CMA);
+    }
+
     #[test]
     fn large_broadcasts_on_3_to_8_ranks_go_through_the_staging_area() {
         let spread = Route::CheckIn {
