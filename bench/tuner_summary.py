@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One case of bench/tuner-check.sh as a markdown table: per size, what the
 tuner chose (from its `plan:` line; "inline" where the call does not go
-through an algorithm at all), its time, the fastest forced algorithm and
+through an algorithm at all; the route in brackets where the check-in
+leads to the staging areas or a pull), its time, the fastest forced algorithm and
 its time (out of place, the best of each variant's turns: interference
 only ever adds time), the tuner's time over the best, and the noise (the
 larger spread of the tuner's own turns and the best one's). "right" where
@@ -15,6 +16,14 @@ import re
 import sys
 
 PLAN = re.compile(r"plan: (\S+) of (\d+) bytes on \d+ ranks(?: over [^>]*)? -> ([^,( ]+)")
+
+
+# Where a plan line names a route besides the algorithm, a word for it:
+# its schedule then only orders the check-in (docs/architecture.md).
+ROUTES = [
+    ("through the staging areas", " (staging areas)"),
+    ("straight out of the peers' processes", " (pulled or windows)"),
+]
 
 
 def times(path):
@@ -31,7 +40,8 @@ def choices(path, op):
         for line in f:
             m = PLAN.search(line)
             if m and m.group(1).replace("_", "") == op:
-                out[int(m.group(2)).bit_length()] = m.group(3)
+                route = next((r for k, r in ROUTES if k in line), "")
+                out[int(m.group(2)).bit_length()] = m.group(3) + route
     return out
 
 

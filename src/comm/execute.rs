@@ -177,9 +177,12 @@ impl Inner {
                 (crate::algo::Algorithm::Ring, Vec::new())
             };
         // A device call says its plan once its path is known
-        // (`execute_on_device`, `exec_run`).
+        // (`execute_on_device`, `exec_run`). The library's own calls
+        // (the calibration's probes, which force routes, and agreements)
+        // say nothing, so that the line of each size is the user's call's.
         if tracing::enabled!(tracing::Level::INFO)
             && call.memory == Memory::Host
+            && !call.internal
             && lock(&inner.tuned).insert((call.kind.code(), tune::size_class(bytes)))
         {
             tracing::info!(
