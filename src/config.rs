@@ -118,9 +118,10 @@ pub struct Config {
     /// (on 3 from 8 MiB) run through one staging area on its root's
     /// control page that every receiver reads: the buffer copied N times
     /// on N ranks, against 2(N - 1) through the chain of pairwise slots;
-    /// and an allgather of blocks above the inline limit and up to 2 MiB
-    /// on 4 to 8 ranks through every rank's (FERROCCL_SPREAD=0: the chain
-    /// and the ring).
+    /// an allgather of blocks above the inline limit and up to 2 MiB on 4
+    /// to 8 ranks through every rank's; and an allreduce of 16 KiB to 8
+    /// MiB on 4 to 8 ranks through every rank's, each rank reducing its
+    /// piece of every chunk (FERROCCL_SPREAD=0: the chain and the rings).
     pub spread: bool,
     /// Let ranks of one host whose GPUs can reach each other move device
     /// data GPU to GPU (cuda-ipc, or device pointers within a process)

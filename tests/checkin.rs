@@ -40,7 +40,7 @@ fn quick(c: &mut Config) {
 
 /// Every collective once at `count` (all reducing ops), against the
 /// reference; returns how many of the calls should have run without
-/// slots (inline, or a broadcast through the root's staging area).
+/// slots (inline, or through the staging areas).
 fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
     let (rank, n, dt) = (comm.rank(), comm.size(), T::DTYPE);
     let elem = std::mem::size_of::<T>();
@@ -58,7 +58,8 @@ fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
         let mut buf = input.clone();
         comm.all_reduce_in_place(&mut buf, op).unwrap();
         check(&what("all_reduce_in_place"), &buf, |i| want[i], tol);
-        inline += 2 * small("all_reduce", count);
+        // 16 KiB to 8 MiB on 4 to 8 ranks: the staging areas (counted too).
+        inline += 2 * (small("all_reduce", count) + u64::from(staged_allreduce(n, count * elem)));
 
         check_reduce_scatter::<T>(comm, count, op, tol, &what);
         inline += 2 * small("reduce_scatter", count * n);
@@ -516,9 +517,15 @@ fn large_broadcasts_and_allgathers_run_through_the_staging_areas() {
                                 // place and in place.
                                 add(gather_once::<f32>(&comm, b / 4, tag));
                                 add(gather_once::<u8>(&comm, b + 1, tag));
+                                // An allreduce of these sizes (4 to 8
+                                // ranks, 16 KiB to 8 MiB: every rank's
+                                // staging area), out of place and in place.
+                                add(reduce_once::<f32>(&comm, b / 4, ReduceOp::Sum, tag));
+                                add(reduce_once::<i32>(&comm, b / 4 + 3, ReduceOp::Max, tag));
                             }
-                            // Between them, an allreduce through slots and an
-                            // inline one (neither counted by the staging area).
+                            // Between them, an inline allreduce and one
+                            // through slots on 3 ranks (the staging areas
+                            // on 4 and 5, counted there).
                             for count in [7, 70_000] {
                                 let mut x: Vec<f32> =
                                     (0..count).map(|i| (rank + i % 5) as f32).collect();
@@ -530,6 +537,7 @@ fn large_broadcasts_and_allgathers_run_through_the_staging_areas() {
                                         "allreduce of {count} at {i}, rank {rank}"
                                     );
                                 }
+                                add((0, u64::from(staged_allreduce(n, count * 4))));
                             }
                         }
                     }
@@ -549,6 +557,55 @@ fn large_broadcasts_and_allgathers_run_through_the_staging_areas() {
             }
         }
     }
+}
+
+/// Whether an allreduce of `bytes` on `n` ranks goes through the staging
+/// areas: 4 to 8 ranks, 16 KiB to 8 MiB.
+fn staged_allreduce(n: usize, bytes: usize) -> bool {
+    (4..=8).contains(&n) && (16 << 10..=8 << 20).contains(&bytes)
+}
+
+/// An allreduce of `count` elements with `op`, out of place and in place,
+/// every element checked on every rank against the value worked out here
+/// (small integers: every sum exact in any order); how many ran inline
+/// and how many through the staging areas, as [`spread_once`].
+fn reduce_once<T: Element>(
+    comm: &Communicator,
+    count: usize,
+    op: ReduceOp,
+    tag: u64,
+) -> (u64, u64) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let value = |who: usize, i: usize| ((who as u64 * 13 + tag * 3 + i as u64) % 61) as f64;
+    let want = |i: usize| -> f64 {
+        let all = (0..n).map(|r| value(r, i));
+        match op {
+            ReduceOp::Max => all.fold(f64::MIN, f64::max),
+            _ => all.sum(),
+        }
+    };
+    let mine: Vec<T> = (0..count).map(|i| T::from_f64(value(rank, i))).collect();
+    let mut out = vec![T::from_f64(0.0); count];
+    comm.all_reduce(&mine, &mut out, op).unwrap();
+    let mut buf = mine.clone();
+    comm.all_reduce_in_place(&mut buf, op).unwrap();
+    for (what, got) in [("out of place", &out), ("in place", &buf)] {
+        for (i, v) in got.iter().enumerate() {
+            assert!(
+                v.to_f64() == want(i),
+                "allreduce {op} {what} of {count} {} on {n} ranks, rank {rank}: element {i} is \
+                 {} against {}",
+                T::DTYPE,
+                v.to_f64(),
+                want(i)
+            );
+        }
+    }
+    let bytes = count * std::mem::size_of::<T>();
+    (
+        2 * u64::from(bytes <= inline_limit("all_reduce", n)),
+        2 * u64::from(staged_allreduce(n, bytes)),
+    )
 }
 
 /// An allgather of blocks of `count` elements (each element a value of

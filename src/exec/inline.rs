@@ -145,7 +145,7 @@ fn reduce_inline<T: Element>(
 /// `out = x(0) op x(1) op ...` over the `size` ranks' inputs `x(j)`, in
 /// rank order, written in one pass over the first two, then reduced into
 /// with the others.
-fn reduce_ranks<'x, T: Element>(
+pub(super) fn reduce_ranks<'x, T: Element>(
     out: &mut [T],
     op: ReduceOp,
     size: usize,

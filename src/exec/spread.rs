@@ -1,6 +1,6 @@
-//! Large broadcasts and allgathers of ordinary buffers on the ranks of
-//! one host through the staging areas at the end of the control pages
-//! (`plan::Direct::Spread`, where `plan::takes_spread` says).
+//! Large broadcasts, allgathers and allreduces of ordinary buffers on the
+//! ranks of one host through the staging areas at the end of the control
+//! pages (`plan::Direct::Spread`, where `plan::takes_spread` says).
 //!
 //! - **Broadcast** (3 to 8 ranks): the root copies its input chunk by
 //!   chunk into its staging area, and every other rank copies each chunk
@@ -14,6 +14,14 @@
 //!   chunk and copies chunk k of every peer's block after staging its own
 //!   chunk k: N + N(N - 1) block copies with the own output's, where the
 //!   ring copies each block into and out of a slot at every hop, N(2N - 1).
+//! - **Allreduce** (4 to 8 ranks): every rank stages chunk k of its input,
+//!   reduces its piece of chunk k (a 1/N of it, in whole cache lines) out
+//!   of every rank's slot in rank order (every rank gets the same bits)
+//!   into its output and back into that piece of its own slot, which no
+//!   peer reads, says so (`W_SPREAD_REDUCED`), then copies every peer's
+//!   reduced piece out of the peer's slot. A rank waits for every peer's
+//!   chunk k before it reduces, and for every peer's piece of chunk k
+//!   before it copies; its "done" word then covers both reads.
 //!
 //! A staging area holds [`SPREAD_SLOTS`] chunks of [`SPREAD_CHUNK`]
 //! bytes. Chunks are numbered per communicator (`Control::spread_chunks`,
@@ -63,6 +71,11 @@ pub(super) const W_SPREAD_WRITTEN: usize = 24;
 /// of its own.
 pub(super) const W_SPREAD_READ: usize = 32;
 
+/// Word of a page: chunks of an allreduce whose piece its rank reduced
+/// into its staging area so far (the number of the last one plus one),
+/// stored with Release once the piece is there; in a cache line of its own.
+pub(super) const W_SPREAD_REDUCED: usize = 40;
+
 /// Where the staging area starts in a page (bytes): after the inline areas
 /// (`checkin::W_INLINE`), on a page boundary.
 pub(crate) const SPREAD_AT: usize =
@@ -74,8 +87,8 @@ fn slot_at(g: u64) -> usize {
     SPREAD_AT + (g % SPREAD_SLOTS) as usize * SPREAD_CHUNK
 }
 
-/// Run a broadcast or allgather of `count` input elements per rank
-/// through the staging areas (after the check-in).
+/// Run a broadcast, allgather or allreduce of `count` input elements per
+/// rank through the staging areas (after the check-in).
 pub(super) fn run<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
@@ -102,6 +115,29 @@ pub(super) fn run<T: Element>(
     let page = c.pages.words(rank);
     let (written, read) = (word(page, W_SPREAD_WRITTEN)?, word(page, W_SPREAD_READ)?);
     let mut staging = Staging::new(ctx, call, deadline);
+    if call.kind == CollKind::AllReduce {
+        // Every rank stages chunk k of its input, reduces its piece of
+        // chunk k out of every rank's slot into its output and its own
+        // slot, then copies every peer's reduced piece out of theirs.
+        let reduced = word(page, W_SPREAD_REDUCED)?;
+        for k in 0..chunks {
+            let g = base + k;
+            let (from, len) = part(k);
+            staging.stage(io, g, (from, len), written)?;
+            staging.reduce_piece(io, g, from, piece::<T>(len, rank, size))?;
+            // Release: a peer that sees it finds the piece in the slot.
+            reduced.store(g + 1, Ordering::Release);
+            for j in (1..size).map(|s| (rank + s) % size) {
+                let (off, n) = piece::<T>(len, j, size);
+                if n > 0 {
+                    staging.take_at(io, j, g, W_SPREAD_REDUCED, off, (from + off, n))?;
+                }
+            }
+            // Release: a peer that sees it may overwrite its slot of g.
+            read.store(g + 1, Ordering::Release);
+        }
+        return Ok(());
+    }
     if call.kind == CollKind::AllGather {
         // Every rank stages its block and reads every peer's, chunk by
         // chunk in step: chunk k of its own, then chunk k of each peer,
@@ -140,6 +176,16 @@ pub(super) fn run<T: Element>(
     Ok(())
 }
 
+/// Rank `j`'s piece of an allreduce's chunk of `len` elements on `size`
+/// ranks, as (first element, elements): the chunk cut into `size`
+/// pieces of whole cache lines, the last ones short or empty.
+fn piece<T>(len: usize, j: usize, size: usize) -> (usize, usize) {
+    let line = (64 / std::mem::size_of::<T>().max(1)).max(1);
+    let per = len.div_ceil(size.max(1)).div_ceil(line) * line;
+    let off = (j * per).min(len);
+    (off, per.min(len - off))
+}
+
 /// One call's use of the staging areas, with what it last saw of its
 /// peers' words (each read again only when that falls short).
 struct Staging<'c, 'a> {
@@ -150,6 +196,8 @@ struct Staging<'c, 'a> {
     done_by_all: u64,
     /// Each peer's "written" word when last read.
     there: Vec<u64>,
+    /// Each peer's "reduced" word when last read.
+    reduced: Vec<u64>,
 }
 
 impl<'c, 'a> Staging<'c, 'a> {
@@ -160,7 +208,72 @@ impl<'c, 'a> Staging<'c, 'a> {
             deadline,
             done_by_all: 0,
             there: vec![0; ctx.size],
+            reduced: vec![0; ctx.size],
         }
+    }
+
+    /// Wait until rank `j`'s word `w` (`W_SPREAD_WRITTEN` or
+    /// `W_SPREAD_REDUCED`) passes chunk `g`.
+    fn wait_past(&mut self, j: usize, w: usize, g: u64) -> Result<()> {
+        let ctx = self.ctx;
+        let (seen, what) = if w == W_SPREAD_REDUCED {
+            (
+                &mut self.reduced[j],
+                "it to reduce its piece of the next chunk",
+            )
+        } else {
+            (&mut self.there[j], "it to stage its next chunk")
+        };
+        if *seen > g {
+            return Ok(());
+        }
+        let word = word(ctx.control.pages.words(j), w)?;
+        wait(ctx, j, self.deadline, self.call, what, || {
+            *seen = word.load(Ordering::Acquire);
+            *seen > g
+        })
+    }
+
+    /// Reduce this rank's piece (`off`, `len` elements of the chunk) of
+    /// chunk `g`, which starts at element `from` of the call, out of every
+    /// rank's slot of `g` in rank order (every rank gets the same bits)
+    /// into its output, and copy the result into its own slot, where it
+    /// read its own part (no peer reads that part of it).
+    fn reduce_piece<T: Element>(
+        &mut self,
+        io: &mut HostIo<'_, T>,
+        g: u64,
+        from: usize,
+        (off, len): (usize, usize),
+    ) -> Result<()> {
+        let ctx = self.ctx;
+        for j in (1..ctx.size).map(|s| (ctx.rank + s) % ctx.size) {
+            self.wait_past(j, W_SPREAD_WRITTEN, g)?;
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let elem = std::mem::size_of::<T>();
+        let at = slot_at(g) + off * elem;
+        let part = |j: usize| -> Result<&[T]> {
+            let raw = ctx
+                .control
+                .pages
+                .page(j)
+                .slice(at, len * elem)
+                .map_err(|e| Error::Io(format!("window control page: {e}")))?;
+            bytemuck::try_cast_slice(raw)
+                .map_err(|e| Error::Io(format!("window control page: {e:?}")))
+        };
+        let out = io.output(from + off, len);
+        super::inline::reduce_ranks(out, self.call.op, ctx.size, part)?;
+        let bytes: &[u8] = bytemuck::cast_slice(out);
+        let mut page = super::checkin::lock(&ctx.control.own);
+        let slot = page
+            .slice_mut(at, bytes.len())
+            .map_err(|e| Error::Io(format!("window control page: {e}")))?;
+        ferroccl_transport::copy_into_shared(slot, bytes);
+        Ok(())
     }
 
     /// Copy elements `from..from + len` of this rank's input into its
@@ -212,30 +325,30 @@ impl<'c, 'a> Staging<'c, 'a> {
         io: &mut HostIo<'_, T>,
         j: usize,
         g: u64,
+        to_len: (usize, usize),
+    ) -> Result<()> {
+        self.take_at(io, j, g, W_SPREAD_WRITTEN, 0, to_len)
+    }
+
+    /// [`Staging::take`] of `len` elements from element `off` of the
+    /// slot, once rank `j`'s word `w` passes `g`.
+    fn take_at<T: Element>(
+        &mut self,
+        io: &mut HostIo<'_, T>,
+        j: usize,
+        g: u64,
+        w: usize,
+        off: usize,
         (to, len): (usize, usize),
     ) -> Result<()> {
         let ctx = self.ctx;
-        if self.there[j] <= g {
-            let written = word(ctx.control.pages.words(j), W_SPREAD_WRITTEN)?;
-            let there = &mut self.there[j];
-            wait(
-                ctx,
-                j,
-                self.deadline,
-                self.call,
-                "it to stage its next chunk",
-                || {
-                    *there = written.load(Ordering::Acquire);
-                    *there > g
-                },
-            )?;
-        }
+        self.wait_past(j, w, g)?;
         let elem = std::mem::size_of::<T>();
         let raw = ctx
             .control
             .pages
             .page(j)
-            .slice(slot_at(g), len * elem)
+            .slice(slot_at(g) + off * elem, len * elem)
             .map_err(|e| Error::Io(format!("window control page: {e}")))?;
         ferroccl_transport::copy_from_shared(bytemuck::cast_slice_mut(io.output(to, len)), raw);
         Ok(())
@@ -261,6 +374,13 @@ mod tests {
         let mut starts: Vec<usize> = (0..SPREAD_SLOTS).map(slot_at).collect();
         starts.dedup();
         assert_eq!(starts.len(), SPREAD_SLOTS as usize);
-        assert_ne!(W_SPREAD_WRITTEN / 8, W_SPREAD_READ / 8);
+        let lines = [
+            W_SPREAD_WRITTEN / 8,
+            W_SPREAD_READ / 8,
+            W_SPREAD_REDUCED / 8,
+        ];
+        assert!(lines[0] != lines[1] && lines[1] != lines[2] && lines[0] != lines[2]);
+        // Clear of the notes (words 48 to 55) and the announcements (64 on).
+        const { assert!(W_SPREAD_REDUCED < 48) };
     }
 }

@@ -417,6 +417,25 @@ pub(crate) const SPREAD_MIN_BYTES: usize = INLINE_MAX_BYTES + 1;
 /// (docs/performance-log.md, "Broadcast through one staging area").
 pub(crate) const SPREAD_MIN_BYTES_3: usize = 8 << 20;
 
+/// The smallest allreduce that runs through the staging areas on 4 to 8
+/// ranks ([`takes_spread`]). Each rank stages its input chunk by chunk,
+/// reduces its piece of each chunk out of every rank's slot and puts the
+/// result back in its own, and copies every peer's reduced piece out:
+/// per rank S written to stage, S read to reduce, S/N written and S read
+/// back, where the ring through slots copies 2(N-1)/N of the input into and
+/// out of a slot at every one of its 2(N - 1) steps. On the 2-core Intel
+/// VM, in turns against the ring (docs/performance-log.md, "Allreduce
+/// through the staging areas"): 4 ranks 8 KiB 0.88-0.93x, 16 KiB
+/// 1.22-1.31x, 32 KiB to 8 MiB 0.93-1.60x (three runs; below 1 in 7 of
+/// 46 cells, none of them in all three), 32 MiB out of place 0.78-0.79x
+/// (the output written with ordinary stores, where the ring streams it);
+/// 8 ranks 1.07-1.75x from 16 KiB to 4 MiB.
+pub(crate) const SPREAD_REDUCE_MIN_BYTES: usize = 16 << 10;
+
+/// The largest allreduce that runs through the staging areas
+/// ([`SPREAD_REDUCE_MIN_BYTES`]).
+pub(crate) const SPREAD_REDUCE_MAX_BYTES: usize = 8 << 20;
+
 /// The largest block (an allgather's input) that runs through the staging
 /// areas ([`takes_spread`]). Each rank stages its block and copies every
 /// peer's out: N + N(N - 1) block copies with the own output's, where the
@@ -439,8 +458,11 @@ pub(crate) const SPREAD_MAX_RANKS: usize = INLINE_WIDE_MAX_RANKS;
 /// (`exec::spread`; `Config::spread`): an allgather on 4 to
 /// [`SPREAD_MAX_RANKS`] ranks whose blocks are above the inline limit and
 /// at most [`SPREAD_GATHER_MAX_BYTES`], every rank staging its block and
-/// reading every peer's; a broadcast above the inline limit on 4 to
-/// [`SPREAD_MAX_RANKS`] ranks, from [`SPREAD_MIN_BYTES_3`] on 3. The root
+/// reading every peer's; an allreduce of [`SPREAD_REDUCE_MIN_BYTES`] to
+/// [`SPREAD_REDUCE_MAX_BYTES`] on 4 to [`SPREAD_MAX_RANKS`] ranks, each
+/// rank reducing its piece of every chunk; a broadcast above the inline
+/// limit on 4 to [`SPREAD_MAX_RANKS`] ranks, from [`SPREAD_MIN_BYTES_3`]
+/// on 3. The root
 /// copies its input once into the staging area and every other rank
 /// copies it once out of it, N copies of the buffer, where the chain
 /// through pairwise slots copies it 2(N - 1) times (each rank but the
@@ -465,6 +487,10 @@ pub(crate) fn takes_spread(kind: CollKind, in_bytes: usize, facts: &Facts) -> bo
         }
         CollKind::AllGather => {
             facts.size >= 4 && (SPREAD_MIN_BYTES..=SPREAD_GATHER_MAX_BYTES).contains(&in_bytes)
+        }
+        CollKind::AllReduce => {
+            facts.size >= 4
+                && (SPREAD_REDUCE_MIN_BYTES..=SPREAD_REDUCE_MAX_BYTES).contains(&in_bytes)
         }
         _ => false,
     }
@@ -608,8 +634,9 @@ pub(crate) enum Direct {
     },
     /// Each rank copies what it needs out of the peers' processes.
     Pull,
-    /// A broadcast: the root copies its input through its staging area,
-    /// every receiver out of it (`exec::spread`).
+    /// Through the staging areas (`exec::spread`): a broadcast's root
+    /// copies its input through its own, every receiver out of it; an
+    /// allgather's and an allreduce's ranks each through their own.
     Spread,
     /// The buffers do not allow a direct path: the schedule, through slots.
     Slots,
@@ -629,6 +656,7 @@ pub(crate) fn after_check_in(
     match (kind, inputs, outputs) {
         (CollKind::Barrier, _, _) => Direct::Done,
         (CollKind::AllReduce, Some(input), Some(output)) => Direct::AllReduce { input, output },
+        (CollKind::AllReduce, _, _) if spread => Direct::Spread,
         (CollKind::AllGather, _, Some(output)) => Direct::AllGather { output },
         (CollKind::AllGather, _, None) if cma => Direct::Pull,
         (CollKind::AllGather, _, None) if spread => Direct::Spread,
@@ -1214,7 +1242,10 @@ mod tests {
                     "{size} {bytes}"
                 );
                 for kind in CollKind::ALL {
-                    if !matches!(kind, CollKind::Broadcast | CollKind::AllGather) {
+                    if !matches!(
+                        kind,
+                        CollKind::Broadcast | CollKind::AllGather | CollKind::AllReduce
+                    ) {
                         assert_ne!(r(kind, bytes, &f), spread, "{kind:?}");
                     }
                 }
@@ -1297,6 +1328,73 @@ mod tests {
                 output: 2
             }
         );
+    }
+
+    /// An allreduce of 16 KiB to 8 MiB on 4 to 8 ranks goes through the
+    /// staging areas where its buffers are ordinary; below, inline or
+    /// through slots, above and on other sizes through slots, and between
+    /// windows the path between windows.
+    #[test]
+    fn allreduces_of_16_kib_to_8_mib_on_4_to_8_ranks_go_through_the_staging_areas() {
+        let spread = Route::CheckIn {
+            cma: false,
+            spread: true,
+        };
+        let (lo, hi) = (SPREAD_REDUCE_MIN_BYTES, SPREAD_REDUCE_MAX_BYTES);
+        for size in [2, 3, 4, 5, 8, 9] {
+            let f = Facts {
+                size,
+                layout: Layout::one_host(size),
+                spread: true,
+                ..facts()
+            };
+            let r = |bytes, f: &Facts| {
+                route(CollKind::AllReduce, bytes, false, Memory::Host, f).unwrap()
+            };
+            let wide = (4..=SPREAD_MAX_RANKS).contains(&size);
+            for bytes in [lo, lo + 4, 1 << 20, hi] {
+                assert_eq!(r(bytes, &f) == spread, wide, "{size} {bytes}");
+                // Off (above the inline limit), or with an algorithm
+                // forced: through slots.
+                let off = Facts { spread: false, ..f };
+                if bytes > inline_limit(CollKind::AllReduce, &f) {
+                    assert_eq!(r(bytes, &off), Route::Slots { note: true });
+                }
+                let forced = Facts {
+                    forced: Some(Algorithm::Ring),
+                    ..f
+                };
+                assert_eq!(r(bytes, &forced), Route::Slots { note: true });
+            }
+            assert_ne!(r(lo - 4, &f), spread, "{size}");
+            assert_ne!(r(hi + 4, &f), spread, "{size}");
+            // In place too.
+            if wide {
+                assert_eq!(
+                    route(CollKind::AllReduce, lo, true, Memory::Host, &f).unwrap(),
+                    spread
+                );
+            }
+        }
+        // Windows on every rank take their own path; otherwise the
+        // staging areas.
+        assert_eq!(
+            after_check_in(CollKind::AllReduce, Some(1), Some(2), (false, true)),
+            Direct::AllReduce {
+                input: 1,
+                output: 2
+            }
+        );
+        for (i, o) in [(None, None), (Some(1), None), (None, Some(2))] {
+            assert_eq!(
+                after_check_in(CollKind::AllReduce, i, o, (false, true)),
+                Direct::Spread
+            );
+            assert_eq!(
+                after_check_in(CollKind::AllReduce, i, o, (false, false)),
+                Direct::Slots
+            );
+        }
     }
 
     /// The calibration's range: from the smallest probe the pull won over
