@@ -350,7 +350,7 @@ impl Route {
             }
             Route::CheckIn { spread: true, .. } => {
                 "check-in, then through the staging areas on the control pages (a broadcast's \
-                 root's, every rank's in an allgather), or directly between windows"
+                 root's, every rank's in an allgather or allreduce), or directly between windows"
             }
             Route::CheckIn { .. } => {
                 "check-in, then directly between windows where every rank's buffers lie in one"
