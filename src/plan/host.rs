@@ -426,8 +426,9 @@ pub(crate) const SPREAD_MIN_BYTES_3: usize = 8 << 20;
 /// out of a slot at every one of its 2(N - 1) steps. On the 2-core Intel
 /// VM, in turns against the ring (docs/performance-log.md, "Allreduce
 /// through the staging areas"): 4 ranks 8 KiB 0.88-0.93x, 16 KiB
-/// 1.22-1.31x, 32 KiB to 8 MiB 0.93-1.60x (three runs; below 1 in 7 of
-/// 46 cells, none of them in all three), 32 MiB out of place 0.78-0.79x
+/// 1.22-1.31x, 32 KiB to 8 MiB 0.77-1.60x (three runs; below 1 in 7 of
+/// 38 cells, 128 KiB out of place in two runs of three: 0.77 and 0.85,
+/// 1.30 in the third), 32 MiB out of place 0.78-0.79x
 /// (the output written with ordinary stores, where the ring streams it);
 /// 8 ranks 1.07-1.75x from 16 KiB to 4 MiB.
 pub(crate) const SPREAD_REDUCE_MIN_BYTES: usize = 16 << 10;
