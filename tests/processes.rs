@@ -790,6 +790,76 @@ fn a_rank_killed_at_a_random_moment_is_named_by_every_survivor() {
     }
 }
 
+/// Over shared memory on 4 ranks, with counts whose allreduces,
+/// allgathers and broadcasts go through the staging areas on the control
+/// pages (16 KiB to 8 MiB), a rank killed at a random moment: every
+/// survivor ends with an error in bounded time, and one names the rank.
+#[test]
+fn a_rank_killed_during_staged_calls_is_named_by_every_survivor() {
+    let seed = fault_seed();
+    let mut rng = SplitMix(seed ^ 0x5_7a6e);
+    let Some(shm) = ShmDir::new("staged") else {
+        eprintln!("/dev/shm is not writable here; staged case skipped");
+        return;
+    };
+    let n = 4;
+    let victim = rng.below(n as u64) as usize;
+    let after_ms = 50 + rng.below(600);
+    let what = format!("seed {seed}: rank {victim} killed {after_ms} ms after joining");
+    eprintln!("{what}");
+    let marker = format!("kill-staged-{}", std::process::id());
+    let dir = shm.path();
+    let env = [
+        ("FERROCCL_TIMEOUT", "5"),
+        ("FERROCCL_RUN_GRACE_S", "2"),
+        ("FERROCCL_TRANSPORT", "shm"),
+        ("FERROCCL_SHM_DIR", dir.as_str()),
+    ];
+    let (v, ms) = (victim.to_string(), after_ms.to_string());
+    let args = [
+        "--kill-rank",
+        &v,
+        "--kill-after-ms",
+        &ms,
+        "--iters",
+        "1000",
+        "--count",
+        "300000",
+    ];
+    let f = launch_marked(n, &env, &args, Duration::from_secs(90), &marker);
+    assert!(
+        f.stderr.contains(&format!(
+            "ferroccl-run: rank {victim} was killed by signal 9"
+        )),
+        "{what}\n{}",
+        f.all()
+    );
+    let survivors: Vec<usize> = (0..n).filter(|&r| r != victim).collect();
+    for &r in &survivors {
+        let e = f
+            .error_of(r)
+            .unwrap_or_else(|| panic!("{what}: rank {r} printed no error\n{}", f.all()));
+        assert!(
+            e.contains(" failed") || e.contains("timed out"),
+            "{what}: rank {r}: {e}"
+        );
+    }
+    assert!(
+        survivors
+            .iter()
+            .filter_map(|&r| f.error_of(r))
+            .any(|e| blames(&e, victim)),
+        "{what}: no survivor named rank {victim}\n{}",
+        f.all()
+    );
+    assert!(
+        f.elapsed < Duration::from_secs(60),
+        "{what}: took {:?}",
+        f.elapsed
+    );
+    assert_nothing_left(&marker, Some(&shm), &f);
+}
+
 #[test]
 fn a_socket_closed_mid_frame_is_named_by_every_survivor() {
     // Rank 1 writes half of its 40th data frame, then shuts the socket down.
