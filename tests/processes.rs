@@ -745,49 +745,65 @@ fn a_rank_killed_at_a_random_moment_is_named_by_every_survivor() {
                 args.push("--windows");
             }
             let f = launch_marked(n, &env, &args, Duration::from_secs(90), &marker);
-            assert!(
-                f.stderr.contains(&format!(
-                    "ferroccl-run: rank {victim} was killed by signal 9"
-                )),
-                "{what}\n{}",
-                f.all()
-            );
-            let survivors: Vec<usize> = (0..n).filter(|&r| r != victim).collect();
-            for &r in &survivors {
-                let e = f
-                    .error_of(r)
-                    .unwrap_or_else(|| panic!("{what}: rank {r} printed no error\n{}", f.all()));
+            assert_kill_reported(&f, n, victim, &what, |r, e| {
                 // A survivor names the dead rank in the call it was in
                 // (split sub-communicators number their own ranks, so the
                 // name there is checked on the job's ranks only); a kill
                 // before the communicator exists has no call to number.
                 assert!(
-                    has_numbered_call(&e)
+                    has_numbered_call(e)
                         || e.contains("split")
                         || e.contains("communicator set-up"),
                     "{what}: rank {r}: {e}"
                 );
-                assert!(
-                    e.contains(" failed") || e.contains("timed out"),
-                    "{what}: rank {r}: {e}"
-                );
-            }
-            assert!(
-                survivors
-                    .iter()
-                    .filter_map(|&r| f.error_of(r))
-                    .any(|e| blames(&e, victim)),
-                "{what}: no survivor named rank {victim}\n{}",
-                f.all()
-            );
-            assert!(
-                f.elapsed < Duration::from_secs(60),
-                "{what}: took {:?}",
-                f.elapsed
-            );
+            });
             assert_nothing_left(&marker, shm.as_ref(), &f);
         }
     }
+}
+
+/// What a job whose rank `victim` of `n` was killed at a random moment
+/// must show: the launcher saw the kill, every survivor printed an error
+/// that says a rank failed or timed out (and passes `each`), at least one
+/// names `victim`, and all within 60 s.
+fn assert_kill_reported(
+    f: &Finished,
+    n: usize,
+    victim: usize,
+    what: &str,
+    each: impl Fn(usize, &str),
+) {
+    assert!(
+        f.stderr.contains(&format!(
+            "ferroccl-run: rank {victim} was killed by signal 9"
+        )),
+        "{what}\n{}",
+        f.all()
+    );
+    let survivors: Vec<usize> = (0..n).filter(|&r| r != victim).collect();
+    for &r in &survivors {
+        let e = f
+            .error_of(r)
+            .unwrap_or_else(|| panic!("{what}: rank {r} printed no error\n{}", f.all()));
+        each(r, &e);
+        assert!(
+            e.contains(" failed") || e.contains("timed out"),
+            "{what}: rank {r}: {e}"
+        );
+    }
+    assert!(
+        survivors
+            .iter()
+            .filter_map(|&r| f.error_of(r))
+            .any(|e| blames(&e, victim)),
+        "{what}: no survivor named rank {victim}\n{}",
+        f.all()
+    );
+    assert!(
+        f.elapsed < Duration::from_secs(60),
+        "{what}: took {:?}",
+        f.elapsed
+    );
 }
 
 /// Over shared memory on 4 ranks, with counts whose allreduces,
@@ -827,36 +843,7 @@ fn a_rank_killed_during_staged_calls_is_named_by_every_survivor() {
         "300000",
     ];
     let f = launch_marked(n, &env, &args, Duration::from_secs(90), &marker);
-    assert!(
-        f.stderr.contains(&format!(
-            "ferroccl-run: rank {victim} was killed by signal 9"
-        )),
-        "{what}\n{}",
-        f.all()
-    );
-    let survivors: Vec<usize> = (0..n).filter(|&r| r != victim).collect();
-    for &r in &survivors {
-        let e = f
-            .error_of(r)
-            .unwrap_or_else(|| panic!("{what}: rank {r} printed no error\n{}", f.all()));
-        assert!(
-            e.contains(" failed") || e.contains("timed out"),
-            "{what}: rank {r}: {e}"
-        );
-    }
-    assert!(
-        survivors
-            .iter()
-            .filter_map(|&r| f.error_of(r))
-            .any(|e| blames(&e, victim)),
-        "{what}: no survivor named rank {victim}\n{}",
-        f.all()
-    );
-    assert!(
-        f.elapsed < Duration::from_secs(60),
-        "{what}: took {:?}",
-        f.elapsed
-    );
+    assert_kill_reported(&f, n, victim, &what, |_, _| {});
     assert_nothing_left(&marker, Some(&shm), &f);
 }
 
