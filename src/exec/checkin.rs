@@ -231,6 +231,23 @@ pub(super) fn word(words: &[AtomicU64], index: usize) -> Result<&AtomicU64> {
     }
 }
 
+/// `len` elements of rank `j`'s control page from byte `at` (its inline
+/// areas, its staging area), read in place.
+pub(super) fn page_elements<'x, T: bytemuck::Pod>(
+    ctx: &'x Ctx<'_>,
+    j: usize,
+    at: usize,
+    len: usize,
+) -> Result<&'x [T]> {
+    let raw = ctx
+        .control
+        .pages
+        .page(j)
+        .slice(at, len * std::mem::size_of::<T>())
+        .map_err(|e| Error::Io(format!("window control page: {e}")))?;
+    bytemuck::try_cast_slice(raw).map_err(|e| Error::Io(format!("window control page: {e:?}")))
+}
+
 #[cold]
 fn outside(index: usize, words: usize) -> Error {
     Error::Io(format!(

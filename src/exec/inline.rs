@@ -9,8 +9,8 @@
 //! completion wait: one exchange in all; a barrier is the check-in alone.
 
 use super::checkin::{
-    all_read, announce_inline, heard_inline, left_early, lock, small_words, Ctx, Deadline,
-    CHECKIN_SLOTS, INLINE_WORDS, SMALL_BYTES, SMALL_WORDS, W_INLINE,
+    all_read, announce_inline, heard_inline, left_early, lock, page_elements, small_words, Ctx,
+    Deadline, CHECKIN_SLOTS, INLINE_WORDS, SMALL_BYTES, SMALL_WORDS, W_INLINE,
 };
 use super::io::HostIo;
 use super::Call;
@@ -98,14 +98,12 @@ fn peer_inline<'x, T: Element>(
     turn: u64,
     (off, len): (usize, usize),
 ) -> Result<&'x [T]> {
-    let elem = std::mem::size_of::<T>();
-    let raw = ctx
-        .control
-        .pages
-        .page(j)
-        .slice(inline_at(turn) + off * elem, len * elem)
-        .map_err(|e| Error::Io(format!("window control page: {e}")))?;
-    bytemuck::try_cast_slice(raw).map_err(|e| Error::Io(format!("window control page: {e:?}")))
+    page_elements(
+        ctx,
+        j,
+        inline_at(turn) + off * std::mem::size_of::<T>(),
+        len,
+    )
 }
 
 /// `output[..len] = input_0 op input_1 op ...` over elements

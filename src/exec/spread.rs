@@ -44,7 +44,7 @@
 //! deadline, or when the peer's process is gone, as every check-in wait
 //! (`checkin::wait`).
 
-use super::checkin::{least_of_peers, wait, word, Ctx, Deadline};
+use super::checkin::{least_of_peers, page_elements, wait, word, Ctx, Deadline};
 use super::io::HostIo;
 use super::Call;
 use crate::algo::{Operand, Prim, Step};
@@ -255,18 +255,10 @@ impl<'c, 'a> Staging<'c, 'a> {
         }
         let elem = std::mem::size_of::<T>();
         let at = slot_at(g) + off * elem;
-        let part = |j: usize| -> Result<&[T]> {
-            let raw = ctx
-                .control
-                .pages
-                .page(j)
-                .slice(at, len * elem)
-                .map_err(|e| Error::Io(format!("window control page: {e}")))?;
-            bytemuck::try_cast_slice(raw)
-                .map_err(|e| Error::Io(format!("window control page: {e:?}")))
-        };
         let out = io.output(from + off, len);
-        super::inline::reduce_ranks(out, self.call.op, ctx.size, part)?;
+        super::inline::reduce_ranks(out, self.call.op, ctx.size, |j| {
+            page_elements(ctx, j, at, len)
+        })?;
         let bytes: &[u8] = bytemuck::cast_slice(out);
         let mut page = super::checkin::lock(&ctx.control.own);
         let slot = page
