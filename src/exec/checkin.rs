@@ -593,6 +593,36 @@ pub(super) fn left_early(ctx: &Ctx<'_>, turn: u64) {
     }
 }
 
+/// How many check-ins ahead [`claim_ahead`] claims its line: far enough
+/// that the claim is done by the time that call stores (a call of a few
+/// bytes in a loop takes 70-130 ns, a claim a cross-core round trip).
+const CLAIM_AHEAD: u64 = 2;
+
+/// The first line of the announcement slot this rank will write at
+/// check-in `turn + CLAIM_AHEAD`, taken for writing now
+/// (`ferroccl_transport::prefetch_for_write`). For a small broadcast or
+/// reduce whose input travels in that line (`inline::run_words`), whose
+/// ranks do not wait for each other ([`plan::leaves_early`]): a peer read
+/// that line `CHECKIN_SLOTS` check-ins before, so the store to it waited
+/// for the peer's core to give it up, and every locked instruction of the
+/// call after it waited too; a rank that runs ahead paid that round trip
+/// each call (2-rank broadcast and reduce of 8-32 bytes in a loop 1.20-1.47x
+/// with the claim: docs/performance-log.md, "Lines claimed ahead"). Calls
+/// whose ranks meet (an allreduce) wait for a round trip anyway, and a
+/// claim only adds traffic to it; claiming the inline area's lines too, for
+/// inputs of 128 bytes to 2 KiB, measured no gain (0.68-1.10x).
+#[inline]
+pub(super) fn claim_ahead(ctx: &Ctx<'_>, turn: u64) {
+    if let Some(w) = ctx
+        .control
+        .pages
+        .words(ctx.rank)
+        .get(entry(turn + CLAIM_AHEAD))
+    {
+        ferroccl_transport::prefetch_for_write(w);
+    }
+}
+
 /// Say on this rank's page up to which check-in it is done with its
 /// peers' pages: it will read nothing of a check-in before the first it
 /// left early and has not compared yet (`confirm_left`), or else before

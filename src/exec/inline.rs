@@ -9,8 +9,8 @@
 //! completion wait: one exchange in all; a barrier is the check-in alone.
 
 use super::checkin::{
-    all_read, announce_inline, heard_inline, left_early, lock, page_elements, small_words, Ctx,
-    Deadline, CHECKIN_SLOTS, INLINE_WORDS, SMALL_BYTES, SMALL_WORDS, W_INLINE,
+    all_read, announce_inline, claim_ahead, heard_inline, left_early, lock, page_elements,
+    small_words, Ctx, Deadline, CHECKIN_SLOTS, INLINE_WORDS, SMALL_BYTES, SMALL_WORDS, W_INLINE,
 };
 use super::io::HostIo;
 use super::Call;
@@ -242,6 +242,16 @@ pub(super) fn run<T: Element>(
     }
 }
 
+/// Whether the ranks of an inline `kind` call do not wait for each other
+/// (a broadcast or reduce, where `plan::leaves_early` lets its root or
+/// senders leave): then every rank of one whose input travels in its
+/// announcement's line claims that line two check-ins on
+/// (`checkin::claim_ahead`).
+#[inline(always)]
+fn rooted_early(ctx: &Ctx<'_>, kind: CollKind) -> bool {
+    ctx.control.early_return && matches!(kind, CollKind::Broadcast | CollKind::Reduce)
+}
+
 /// After the announcements a rank reads in an inline call (`every`: all
 /// its peers'): note that, or that it left the call early.
 fn read_all(ctx: &Ctx<'_>, call: &Call, turn: u64, every: bool) {
@@ -309,6 +319,9 @@ pub(super) fn run_words<T: Element>(
         }
     }
     read_all(ctx, call, turn, every);
+    if rooted_early(ctx, kind) {
+        claim_ahead(ctx, turn);
+    }
     // Rank `j`'s input words; this rank's own from its copy, not from
     // its page: a load from the line it has just written waits until the
     // line is this core's again (the peer reading it took it), a

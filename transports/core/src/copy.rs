@@ -33,9 +33,9 @@
 //! per process ([`memcpy_keeps_pace`]; FERROCCL_COPY=memcpy or `loop`
 //! decides instead). Copies of 32-512 KiB out of slots go by
 //! [`copy_pages`] instead, eight pages side by side (FERROCCL_COPY_PAGES=0
-//! turns that off). The loops are the one `unsafe` of this crate: the
-//! vector loads and stores are hardware instructions with no safe
-//! wrapper.
+//! turns that off). The loops, with [`prefetch_for_write`], are this
+//! crate's `unsafe`: the vector loads and stores, and PREFETCHW, are
+//! hardware instructions with no safe wrapper.
 
 /// Copies shorter than this stay `copy_from_slice`: `memcpy` moves them
 /// with vector moves, not `rep movsb`.
@@ -248,6 +248,36 @@ pub fn choose_shared_copy(memcpy: bool) {
     }
 }
 
+/// Ask the CPU to take the cache line holding `word` into this core's
+/// cache in the state a store needs (x86's PREFETCHW), ahead of the store:
+/// a hint, which changes no value and cannot fault. A store to a line a
+/// peer on another core has read waits for that core to give the line up
+/// (a cross-core round trip, 100-170 ns on the build VMs), and so does
+/// every locked instruction after it; claimed earlier, the line is this
+/// core's by the time the store comes. The check-in of a small
+/// broadcast or reduce claims the lines of the announcement slot it will
+/// write two calls later (`exec::checkin::claim_ahead` in the main
+/// crate). Nothing where the CPU lacks the instruction (CPUID
+/// 8000_0001h, ECX bit 8, asked once) or on other architectures.
+#[inline]
+pub fn prefetch_for_write<T>(word: &T) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::has_prefetchw() {
+        // SAFETY: PREFETCHW is a hint: it writes no register or memory,
+        // never faults (even on an unmapped address), and `word` is a
+        // live reference anyway; the CPU has it (checked just above).
+        unsafe {
+            core::arch::asm!(
+                "prefetchw [{0}]",
+                in(reg) (word as *const T),
+                options(nostack, readonly, preserves_flags)
+            );
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = word;
+}
+
 #[cfg(target_arch = "x86_64")]
 fn measure_memcpy() -> bool {
     use std::time::Instant;
@@ -288,6 +318,24 @@ mod x86 {
         __m128i, __m256i, _mm256_loadu_si256, _mm256_setzero_si256, _mm256_storeu_si256,
         _mm_loadu_si128, _mm_storeu_si128,
     };
+
+    /// Whether the CPU has PREFETCHW (CPUID 8000_0001h, ECX bit 8:
+    /// PRFCHW), asked once: 0 not yet, 1 yes, 2 no.
+    pub(super) fn has_prefetchw() -> bool {
+        use std::sync::atomic::{AtomicU8, Ordering};
+        static HAS: AtomicU8 = AtomicU8::new(0);
+        match HAS.load(Ordering::Relaxed) {
+            1 => true,
+            2 => false,
+            _ => {
+                let max = core::arch::x86_64::__cpuid(0x8000_0000).eax;
+                let has = max >= 0x8000_0001
+                    && core::arch::x86_64::__cpuid(0x8000_0001).ecx & (1 << 8) != 0;
+                HAS.store(if has { 1 } else { 2 }, Ordering::Relaxed);
+                has
+            }
+        }
+    }
 
     /// Bytes per iteration of the AVX2 loop: four 32-byte vectors.
     const AVX2_STEP: usize = 128;
@@ -420,6 +468,44 @@ mod tests {
                 x as u8
             })
             .collect()
+    }
+
+    /// The write prefetch is a hint: words it touches (atomics another
+    /// thread stores to meanwhile, and ordinary bytes) keep their values;
+    /// whether the CPU has the instruction agrees with the kernel's flags.
+    #[test]
+    fn prefetch_for_write_changes_nothing() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let words: Vec<AtomicU64> = (0..64).map(AtomicU64::new).collect();
+        let bytes = pattern(4096, 7);
+        let copy_of = bytes.clone();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for round in 0..1000u64 {
+                    words[(round % 64) as usize].store(round * 64 + round % 64, Ordering::Release);
+                }
+            });
+            for round in 0..1000 {
+                prefetch_for_write(&words[round % 64]);
+                for b in bytes.iter().step_by(64) {
+                    prefetch_for_write(b);
+                }
+            }
+        });
+        assert_eq!(bytes, copy_of);
+        for (i, w) in words.iter().enumerate() {
+            let v = w.load(Ordering::Acquire);
+            let last = (0..1000u64).filter(|r| r % 64 == i as u64).max().unwrap();
+            assert_eq!(v, last * 64 + i as u64, "word {i}");
+        }
+        // What the kernel says of the CPU: Linux names the CPUID bit
+        // "3dnowprefetch".
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        if let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") {
+            let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
+            let named = flags.split_whitespace().any(|f| f == "3dnowprefetch");
+            assert_eq!(x86::has_prefetchw(), named, "{flags}");
+        }
     }
 
     /// `copy` of `src` into a buffer at offset `d_off` writes exactly
