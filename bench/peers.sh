@@ -15,9 +15,11 @@
 # gathered array), from MINB (8) to MAXB (64 MiB) by 4x; TURNS (3). f32 sum,
 # out of place (broadcast in place, as MPI_Bcast is), root 0. The peers run
 # bench/peers/mpi_coll.c and bench/peers/gloo_coll.py: at least 20 calls and
-# about 50 ms a size; ferroccl-perf gets as many calls (5,000 up to 32 KiB,
-# 500 to 1 MiB, 50 above). MPICH is left out when the ranks outnumber the
-# cores (its polling then takes milliseconds a call).
+# about 50 ms a size (at most 20,000, after a trial of 3); ferroccl-perf gets
+# as many by the same rule (until 2026-12-01 19:35 UTC a fixed 5,000 up to
+# 32 KiB, 500 to 1 MiB, 50 above: fewer than the MPIs below 1 MiB). MPICH
+# is left out when the ranks outnumber the cores (its polling then takes
+# milliseconds a call).
 #
 # Environment: PEERS_DIR (/tmp/ferroccl-peers: the MPI builds, made on first
 # use: Open MPI from the system's mpicc, installed with apt-get if absent;
@@ -95,12 +97,14 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 rows() { grep -E '^ +[0-9]' || true; }
 ferroccl() {
-  # As many calls as the peers make at each size (about 50 ms of them).
-  local s iters
+  # As many calls as the peers make at each size, by mpi_coll.c's rule:
+  # a trial of 3 calls, then about 50 ms of them, at least 20 and at most
+  # 20,000.
+  local s t iters
   for ((s = minb; s <= maxb; s *= 4)); do
-    iters=50
-    [ "$s" -le 1048576 ] && iters=500
-    [ "$s" -le 32768 ] && iters=5000
+    t=$("$F" "$op" --ranks "$n" -b "$s" -e "$s" -n 3 -w 5 -c 0 ${fresh[@]+"${fresh[@]}"} "$@" 2>&1 |
+      rows | awk '{print $6}')
+    iters=$(awk -v t="${t:-0}" 'BEGIN { k = 20; if (t > 0 && 50000 / t > k) k = int(50000 / t); if (k > 20000) k = 20000; print k }')
     "$F" "$op" --ranks "$n" -b "$s" -e "$s" -n "$iters" -w 20 -c 0 ${fresh[@]+"${fresh[@]}"} "$@" 2>&1 |
       rows | awk '{print $1, $6}'
   done
