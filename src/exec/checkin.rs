@@ -593,33 +593,41 @@ pub(super) fn left_early(ctx: &Ctx<'_>, turn: u64) {
     }
 }
 
-/// How many check-ins ahead [`claim_ahead`] claims its line: far enough
+/// How many check-ins ahead [`claim_ahead`] claims its lines: far enough
 /// that the claim is done by the time that call stores (a call of a few
 /// bytes in a loop takes 70-130 ns, a claim a cross-core round trip).
 const CLAIM_AHEAD: u64 = 2;
 
-/// The first line of the announcement slot this rank will write at
-/// check-in `turn + CLAIM_AHEAD`, taken for writing now
-/// (`ferroccl_transport::prefetch_for_write`). For a small broadcast or
-/// reduce whose input travels in that line (`inline::run_words`), whose
+/// The lines this rank will write at check-in `turn + CLAIM_AHEAD` if that
+/// is a call like this one (its announcement's first line, and the first
+/// `inline_bytes` of its inline area), taken for writing now
+/// (`ferroccl_transport::prefetch_for_write`). For the small calls whose
 /// ranks do not wait for each other ([`plan::leaves_early`]): a peer read
-/// that line `CHECKIN_SLOTS` check-ins before, so the store to it waited
-/// for the peer's core to give it up, and every locked instruction of the
-/// call after it waited too; a rank that runs ahead paid that round trip
-/// each call (2-rank broadcast and reduce of 8-32 bytes in a loop 1.20-1.47x
-/// with the claim: docs/performance-log.md, "Lines claimed ahead"). Calls
-/// whose ranks meet (an allreduce) wait for a round trip anyway, and a
-/// claim only adds traffic to it; claiming the inline area's lines too, for
-/// inputs of 128 bytes to 2 KiB, measured no gain (0.68-1.10x).
+/// those lines of that slot `CHECKIN_SLOTS` check-ins before, so each store
+/// to them waited for the peer's core to give them up, and every locked
+/// instruction of the call after it waited too; a rank that runs ahead
+/// paid that round trip each call. In turns, 2 ranks: broadcast and reduce
+/// of 8-32 bytes (announcement only) 1.20-1.47x, broadcast of 1-4 KiB
+/// (with its inline area, written without the page's lock) 1.41-2.03x at
+/// 2 KiB (docs/performance-log.md, "Lines claimed ahead", "Inline inputs
+/// without the page's lock"). Not made where it lost: by a reduce of 64
+/// B-4 KiB (0.64-0.93x: its root, the slower side, reads the senders'
+/// lines while they claim the next), by a broadcast of 64-512 B or 8 KiB,
+/// and by calls whose ranks meet (an allreduce waits for a round trip
+/// anyway, and a claim only adds traffic to it: 8 B 0.23 -> 0.24-0.25 µs).
 #[inline]
-pub(super) fn claim_ahead(ctx: &Ctx<'_>, turn: u64) {
-    if let Some(w) = ctx
-        .control
-        .pages
-        .words(ctx.rank)
-        .get(entry(turn + CLAIM_AHEAD))
-    {
+pub(super) fn claim_ahead(ctx: &Ctx<'_>, turn: u64, inline_bytes: usize) {
+    let page = ctx.control.pages.words(ctx.rank);
+    let ahead = turn + CLAIM_AHEAD;
+    if let Some(w) = page.get(entry(ahead)) {
         ferroccl_transport::prefetch_for_write(w);
+    }
+    if inline_bytes > 0 {
+        let at = W_INLINE + (ahead % CHECKIN_SLOTS) as usize * INLINE_WORDS;
+        let words = inline_bytes.min(INLINE_CAPACITY).div_ceil(8);
+        for w in page.get(at..at + words).unwrap_or(&[]).iter().step_by(8) {
+            ferroccl_transport::prefetch_for_write(w);
+        }
     }
 }
 

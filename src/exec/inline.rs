@@ -20,10 +20,22 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::plan;
 use crate::reduce::{copy, reduce_into, reduce_to, Store};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The smallest broadcast whose root copies its input onto its page as
 /// into a slot (see `write_inline`).
 const SHARED_COPY_MIN: usize = 8 << 10;
+
+/// The inline inputs (up to their last published byte) that go onto the
+/// page word by word, without the page's lock (see `write_inline`), and
+/// the broadcasts whose ranks claim their lines of the call two check-ins
+/// on (`checkin::claim_ahead`). Below, both measured level or lost (at
+/// 128-512 B 0.90-1.03x); above, the lock's wait is a small part of the
+/// copy, `memcpy`'s wide stores beat a word at a time (a reduce of 8 KiB
+/// 0.81-0.84x), and claiming 128 lines lost (a broadcast of 8 KiB
+/// 0.92-0.96x).
+const WORDS_MIN: usize = 1 << 10;
+const WORDS_MAX: usize = 4 << 10;
 
 fn inline_at(turn: u64) -> usize {
     (W_INLINE + (turn % CHECKIN_SLOTS) as usize * INLINE_WORDS) * 8
@@ -31,15 +43,25 @@ fn inline_at(turn: u64) -> usize {
 
 /// Copy the `parts` of a small input (as (first element, elements); over
 /// [`SMALL_BYTES`]: [`run_words`] takes the others) into this rank's
-/// inline area of check-in `turn`, each where it lies in the input, under
-/// one lock of the page. A broadcast's root of at least [`SHARED_COPY_MIN`]
-/// bytes, the page's one writer, copies as into a slot (`copy_into_shared`: the way
-/// the calibration chose for buffers not aligned like the page): 1.6-1.8x
-/// at 8-16 KiB on 2 ranks of the EPYC VM with memcpy. Where every rank
-/// writes its page (allreduce, allgather, reduce-scatter) the same copy
-/// lost 0.73-0.91x at 4-8 KiB, and below 8 KiB the broadcast gained
-/// nothing (docs/performance-log.md, "The copy into a slot, chosen by the
-/// calibration").
+/// inline area of check-in `turn`, each where it lies in the input.
+///
+/// From [`WORDS_MIN`] to [`WORDS_MAX`] bytes word by word, through the
+/// page's atomics ([`store_words`]), without a lock: the page's mutex is
+/// only there to hand out a `&mut` view, and its locked instructions wait
+/// for the copy's stores, each to a line a peer read the last time round
+/// (a cross-core round trip). Against `memcpy` under the lock, 2 ranks,
+/// in turns: 1.01-1.25x at 1-4 KiB (allgather, allreduce, reduce-scatter,
+/// all-to-all, broadcast; docs/performance-log.md, "Inline inputs without
+/// the page's lock").
+///
+/// Otherwise under the lock; a broadcast's root of at least
+/// [`SHARED_COPY_MIN`] bytes, the page's one writer, copies as into a
+/// slot (`copy_into_shared`: the way the calibration chose for buffers not
+/// aligned like the page): 1.6-1.8x at 8-16 KiB on 2 ranks of the EPYC VM
+/// with memcpy. Where every rank writes its page (allreduce, allgather,
+/// reduce-scatter) the same copy lost 0.73-0.91x at 4-8 KiB, and below 8
+/// KiB the broadcast gained nothing (docs/performance-log.md, "The copy
+/// into a slot, chosen by the calibration").
 fn write_inline<T: Element>(
     ctx: &Ctx<'_>,
     turn: u64,
@@ -48,6 +70,28 @@ fn write_inline<T: Element>(
     one_writer: bool,
 ) -> Result<()> {
     let elem = std::mem::size_of::<T>();
+    let end = parts
+        .iter()
+        .map(|&(from, len)| from + len)
+        .max()
+        .unwrap_or(0);
+    if (WORDS_MIN..=WORDS_MAX).contains(&(end * elem)) {
+        let input: &[u8] = bytemuck::cast_slice(io.input(0, end));
+        let area = inline_at(turn) / 8;
+        let page = ctx.control.pages.words(ctx.rank);
+        for (from, len) in parts.into_iter().filter(|&(_, len)| len > 0) {
+            let words = (from * elem / 8, ((from + len) * elem).div_ceil(8));
+            let at = page
+                .get(area + words.0..area + words.1)
+                .ok_or_else(|| {
+                    Error::Io(format!(
+                        "window control page: inline part {from}+{len} of check-in {turn} lies outside it"
+                    ))
+                })?;
+            store_words(at, input, words.0);
+        }
+        return Ok(());
+    }
     let mut own = lock(&ctx.control.own);
     for (from, len) in parts.into_iter().filter(|&(_, len)| len > 0) {
         let bytes: &[u8] = bytemuck::cast_slice(io.input(from, len));
@@ -61,6 +105,36 @@ fn write_inline<T: Element>(
         }
     }
     Ok(())
+}
+
+/// Store into `words` the input's 8-byte words `first..first + words.len()`
+/// (word k is `input[8k..8k + 8]`, zero-padded past the input's end), with
+/// relaxed stores: the announcement's Release store publishes them. A part
+/// that starts or ends inside a word also writes the input's bytes beside
+/// it there, which are where they lie in the input too; no peer reads them
+/// as this rank's part.
+fn store_words(words: &[AtomicU64], input: &[u8], first: usize) {
+    let whole = input.len() / 8;
+    let (mut k, end) = (first, first + words.len());
+    for (w, c) in words.iter().zip(
+        input
+            .get(8 * first.min(whole)..8 * whole.min(end))
+            .unwrap_or(&[])
+            .chunks_exact(8),
+    ) {
+        w.store(
+            u64::from_ne_bytes(c.try_into().unwrap_or([0; 8])),
+            Ordering::Relaxed,
+        );
+        k += 1;
+    }
+    if k < end {
+        let mut last = [0u8; 8];
+        let tail = input.get(8 * k..).unwrap_or(&[]);
+        let n = tail.len().min(8);
+        last[..n].copy_from_slice(&tail[..n]);
+        words[k - first].store(u64::from_ne_bytes(last), Ordering::Relaxed);
+    }
 }
 
 /// The parts of this rank's input, as (first element, elements), that an
@@ -216,6 +290,12 @@ pub(super) fn run<T: Element>(
         }
     }
     read_all(ctx, call, turn, every);
+    if kind == CollKind::Broadcast && ctx.control.early_return {
+        let bytes = in_len * std::mem::size_of::<T>();
+        if (WORDS_MIN..=WORDS_MAX).contains(&bytes) {
+            claim_ahead(ctx, turn, if rank == root { bytes } else { 0 });
+        }
+    }
     // Copy peer `j`'s elements `from` (of its input) into `to` (of the
     // output); this rank's own straight from input to output.
     let take = |io: &mut HostIo<'_, T>, j: usize, from: (usize, usize), to: usize| -> Result<()> {
@@ -246,7 +326,7 @@ pub(super) fn run<T: Element>(
 /// (a broadcast or reduce, where `plan::leaves_early` lets its root or
 /// senders leave): then every rank of one whose input travels in its
 /// announcement's line claims that line two check-ins on
-/// (`checkin::claim_ahead`).
+/// (`checkin::claim_ahead`; [`run`] claims for a broadcast alone).
 #[inline(always)]
 fn rooted_early(ctx: &Ctx<'_>, kind: CollKind) -> bool {
     ctx.control.early_return && matches!(kind, CollKind::Broadcast | CollKind::Reduce)
@@ -320,7 +400,7 @@ pub(super) fn run_words<T: Element>(
     }
     read_all(ctx, call, turn, every);
     if rooted_early(ctx, kind) {
-        claim_ahead(ctx, turn);
+        claim_ahead(ctx, turn, 0);
     }
     // Rank `j`'s input words; this rank's own from its copy, not from
     // its page: a load from the line it has just written waits until the
@@ -375,7 +455,39 @@ pub(super) fn run_words<T: Element>(
 
 #[cfg(test)]
 mod tests {
-    use super::published_parts;
+    use super::{published_parts, store_words};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Every byte of a part lands where it lies in the input, for parts
+    /// that start and end inside words and inputs that end inside one;
+    /// words outside the part's are not touched.
+    #[test]
+    fn store_words_puts_each_byte_of_a_part_where_it_lies_in_the_input() {
+        for len in 1..=40usize {
+            let input: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            for b0 in 0..len {
+                for b1 in b0 + 1..=len {
+                    let page: Vec<AtomicU64> = (0..8).map(|_| AtomicU64::new(u64::MAX)).collect();
+                    let (k0, k1) = (b0 / 8, b1.div_ceil(8));
+                    store_words(&page[k0..k1], &input, k0);
+                    let bytes: Vec<u8> = page
+                        .iter()
+                        .flat_map(|w| w.load(Ordering::Relaxed).to_ne_bytes())
+                        .collect();
+                    assert_eq!(
+                        &bytes[b0..b1],
+                        &input[b0..b1],
+                        "input {len}, part {b0}..{b1}"
+                    );
+                    for (k, w) in page.iter().enumerate() {
+                        if !(k0..k1).contains(&k) {
+                            assert_eq!(w.load(Ordering::Relaxed), u64::MAX, "word {k}");
+                        }
+                    }
+                }
+            }
+        }
+    }
     use crate::coll::CollKind;
 
     /// What a rank publishes, with the block it keeps to itself, covers
