@@ -29,8 +29,8 @@ const SHARED_COPY_MIN: usize = 8 << 10;
 /// The inline inputs (up to their last published byte) that go onto the
 /// page word by word, without the page's lock (see `write_inline`), and
 /// the broadcasts whose ranks claim their lines of the call two check-ins
-/// on (`checkin::claim_ahead`). Below, both measured level or lost (at
-/// 128-512 B 0.90-1.03x); above, the lock's wait is a small part of the
+/// on (`checkin::claim_ahead`). Below, neither paid (at 128-512 B the
+/// words 0.80-1.09x, the broadcast's claims 0.90-0.98x); above, the lock's wait is a small part of the
 /// copy, `memcpy`'s wide stores beat a word at a time (a reduce of 8 KiB
 /// 0.81-0.84x), and claiming 128 lines lost (a broadcast of 8 KiB
 /// 0.92-0.96x).
@@ -50,7 +50,7 @@ fn inline_at(turn: u64) -> usize {
 /// only there to hand out a `&mut` view, and its locked instructions wait
 /// for the copy's stores, each to a line a peer read the last time round
 /// (a cross-core round trip). Against `memcpy` under the lock, 2 ranks,
-/// in turns: 1.01-1.25x at 1-4 KiB (allgather, allreduce, reduce-scatter,
+/// in turns: 0.99-1.25x at 1-4 KiB (allgather, allreduce, reduce-scatter,
 /// all-to-all, broadcast; docs/performance-log.md, "Inline inputs without
 /// the page's lock").
 ///
