@@ -30,10 +30,10 @@ const SHARED_COPY_MIN: usize = 8 << 10;
 /// page word by word, without the page's lock (see `write_inline`), and
 /// the broadcasts whose ranks claim their lines of the call two check-ins
 /// on (`checkin::claim_ahead`). Below, neither paid (at 128-512 B the
-/// words 0.80-1.09x, the broadcast's claims 0.90-0.98x); above, the lock's wait is a small part of the
-/// copy, `memcpy`'s wide stores beat a word at a time (a reduce of 8 KiB
-/// 0.81-0.84x), and claiming 128 lines lost (a broadcast of 8 KiB
-/// 0.92-0.96x).
+/// words 0.80-1.09x, the broadcast's claims 0.90-0.98x); above, the lock's
+/// wait is a small part of the copy, `memcpy`'s wide stores beat a word at
+/// a time (a reduce of 8 KiB 0.81-0.84x), and claiming 128 lines lost (a
+/// broadcast of 8 KiB 0.92-0.96x).
 const WORDS_MIN: usize = 1 << 10;
 const WORDS_MAX: usize = 4 << 10;
 
@@ -456,6 +456,7 @@ pub(super) fn run_words<T: Element>(
 #[cfg(test)]
 mod tests {
     use super::{published_parts, store_words};
+    use crate::coll::CollKind;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     /// Every byte of a part lands where it lies in the input, for parts
@@ -488,7 +489,6 @@ mod tests {
             }
         }
     }
-    use crate::coll::CollKind;
 
     /// What a rank publishes, with the block it keeps to itself, covers
     /// its input once; in place a reduce-scatter publishes all of it.
