@@ -255,6 +255,11 @@ fn outside(index: usize, words: usize) -> Error {
     ))
 }
 
+/// The first word of check-in number `turn`'s inline area.
+pub(super) fn inline_word(turn: u64) -> usize {
+    W_INLINE + (turn % CHECKIN_SLOTS) as usize * INLINE_WORDS
+}
+
 /// The announcement slot of check-in number `turn`.
 pub(super) fn entry(turn: u64) -> usize {
     W_ENTRY + (turn % CHECKIN_SLOTS) as usize * ENTRY_WORDS
@@ -624,7 +629,7 @@ pub(super) fn claim_ahead(ctx: &Ctx<'_>, turn: u64, inline_bytes: usize) {
         ferroccl_transport::prefetch_for_write(w);
     }
     if inline_bytes > 0 {
-        let at = W_INLINE + (ahead % CHECKIN_SLOTS) as usize * INLINE_WORDS;
+        let at = inline_word(ahead);
         let words = inline_bytes.min(INLINE_CAPACITY).div_ceil(8);
         for w in page.get(at..at + words).unwrap_or(&[]).iter().step_by(8) {
             ferroccl_transport::prefetch_for_write(w);

@@ -9,8 +9,8 @@
 //! completion wait: one exchange in all; a barrier is the check-in alone.
 
 use super::checkin::{
-    all_read, announce_inline, claim_ahead, heard_inline, left_early, lock, page_elements,
-    small_words, Ctx, Deadline, CHECKIN_SLOTS, INLINE_WORDS, SMALL_BYTES, SMALL_WORDS, W_INLINE,
+    all_read, announce_inline, claim_ahead, heard_inline, inline_word, left_early, lock,
+    page_elements, small_words, Ctx, Deadline, SMALL_BYTES, SMALL_WORDS,
 };
 use super::io::HostIo;
 use super::Call;
@@ -37,8 +37,9 @@ const SHARED_COPY_MIN: usize = 8 << 10;
 const WORDS_MIN: usize = 1 << 10;
 const WORDS_MAX: usize = 4 << 10;
 
+/// The first byte of check-in `turn`'s inline area.
 fn inline_at(turn: u64) -> usize {
-    (W_INLINE + (turn % CHECKIN_SLOTS) as usize * INLINE_WORDS) * 8
+    inline_word(turn) * 8
 }
 
 /// Copy the `parts` of a small input (as (first element, elements); over
@@ -77,7 +78,7 @@ fn write_inline<T: Element>(
         .unwrap_or(0);
     if (WORDS_MIN..=WORDS_MAX).contains(&(end * elem)) {
         let input: &[u8] = bytemuck::cast_slice(io.input(0, end));
-        let area = inline_at(turn) / 8;
+        let area = inline_word(turn);
         let page = ctx.control.pages.words(ctx.rank);
         for (from, len) in parts.into_iter().filter(|&(_, len)| len > 0) {
             let words = (from * elem / 8, ((from + len) * elem).div_ceil(8));
@@ -293,7 +294,12 @@ pub(super) fn run<T: Element>(
     if kind == CollKind::Broadcast && ctx.control.early_return {
         let bytes = in_len * std::mem::size_of::<T>();
         if (WORDS_MIN..=WORDS_MAX).contains(&bytes) {
-            claim_ahead(ctx, turn, if rank == root { bytes } else { 0 });
+            let published = if publishes(kind, rank, root) {
+                bytes
+            } else {
+                0
+            };
+            claim_ahead(ctx, turn, published);
         }
     }
     // Copy peer `j`'s elements `from` (of its input) into `to` (of the
