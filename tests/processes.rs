@@ -729,16 +729,7 @@ fn a_rank_killed_at_a_random_moment_is_named_by_every_survivor() {
                 env.push(("FERROCCL_SHM_DIR", d));
             }
             let (v, ms) = (victim.to_string(), after_ms.to_string());
-            let mut args = vec![
-                "--kill-rank",
-                &v,
-                "--kill-after-ms",
-                &ms,
-                "--iters",
-                "1000",
-                "--count",
-                "3001",
-            ];
+            let mut args = kill_args(&v, &ms, "3001");
             // The second case on windows (shared over shm, private over
             // TCP): the kill lands in window allocations and direct calls.
             if case == 1 {
@@ -760,6 +751,21 @@ fn a_rank_killed_at_a_random_moment_is_named_by_every_survivor() {
             assert_nothing_left(&marker, shm.as_ref(), &f);
         }
     }
+}
+
+/// `ferroccl-check`'s arguments for 1000 iterations of `count` elements
+/// with rank `victim` killed `after_ms` after it joins.
+fn kill_args<'a>(victim: &'a str, after_ms: &'a str, count: &'a str) -> Vec<&'a str> {
+    vec![
+        "--kill-rank",
+        victim,
+        "--kill-after-ms",
+        after_ms,
+        "--iters",
+        "1000",
+        "--count",
+        count,
+    ]
 }
 
 /// What a job whose rank `victim` of `n` was killed at a random moment
@@ -832,16 +838,7 @@ fn a_rank_killed_during_staged_calls_is_named_by_every_survivor() {
         ("FERROCCL_SHM_DIR", dir.as_str()),
     ];
     let (v, ms) = (victim.to_string(), after_ms.to_string());
-    let args = [
-        "--kill-rank",
-        &v,
-        "--kill-after-ms",
-        &ms,
-        "--iters",
-        "1000",
-        "--count",
-        "300000",
-    ];
+    let args = kill_args(&v, &ms, "300000");
     let f = launch_marked(n, &env, &args, Duration::from_secs(90), &marker);
     assert_kill_reported(&f, n, victim, &what, |_, _| {});
     assert_nothing_left(&marker, Some(&shm), &f);
