@@ -22,6 +22,15 @@
  * MPI_COLL_FRESH=1). SETS shared buffer sets are taken in turn (ferroccl's
  * slots rotate through 8).
  *
+ * ADD=lines (with OUT=pages): the sum reads the peer's copy line after
+ * line, only the copies out go by pages.
+ *
+ * WHOLE=1 (allreduce): each process copies its whole input in, meets its
+ * peer, and adds the peer's whole copy to its input into its output (one
+ * meeting, every element added on both; CHUNK bytes at a time, each
+ * chunk's copy in, its meeting and its sum before the next: CHUNK=BYTES
+ * by default).
+ *
  * allgather: a 2-process allgather of BYTES gathered (BYTES/2 a process)
  * with the steps of ferroccl's 2-rank allgather through slots: copy the
  * input into shared memory, copy it into this rank's block of the output
@@ -32,7 +41,7 @@
  * the copies into shared memory too.
  *
  * build: gcc -O3 -march=native -o /tmp/pages bench/bound/pages.c
- * run:   [OUT=pages] [IN=pages] [SETS=2] [OWN=0] /tmp/pages copy|allreduce|allgather BYTES [ITERS]
+ * run:   [OUT=pages] [IN=pages] [SETS=2] [OWN=0] [ADD=lines] [WHOLE=1 [CHUNK=B]] /tmp/pages copy|allreduce|allgather BYTES [ITERS]
  *        (e.g. OUT=pages /tmp/pages allreduce 524288 1000)
  * Prints the mean and best of ITERS rounds, in microseconds.
  */
@@ -112,6 +121,10 @@ int main(int argc, char **argv) {
   int in_pages = (e = getenv("IN")) && !strcmp(e, "pages");
   int sets = (e = getenv("SETS")) ? atoi(e) : 2;
   int own = !((e = getenv("OWN")) && !strcmp(e, "0"));
+  int add_pages = out_pages && !((e = getenv("ADD")) && !strcmp(e, "lines"));
+  int whole = ar && (e = getenv("WHOLE")) && !strcmp(e, "1");
+  size_t chunk = (e = getenv("CHUNK")) ? strtoul(e, 0, 10) : bytes;
+  long staged = 0;
   if (bytes % 64 || bytes < 128 || sets < 1) {
     fprintf(stderr, "BYTES: a multiple of 64, at least 128; SETS >= 1\n");
     return 2;
@@ -152,12 +165,24 @@ int main(int argc, char **argv) {
       copy(out_pages, out, theirs, bytes);
       t = now() - t;
       meet(r, ++point);
+    } else if (whole) {
+      meet(r, ++point);
+      t = now();
+      for (size_t o = 0; o < bytes; o += chunk) {
+        size_t c = bytes - o < chunk ? bytes - o : chunk;
+        copy(in_pages, (char *)mine + o, (char *)in + o, c);
+        atomic_store_explicit(&words[r * 16 + 8], ++staged, memory_order_release);
+        while (atomic_load_explicit(&words[p * 16 + 8], memory_order_acquire) < staged) {
+        }
+        add(add_pages, out + o / 4, in + o / 4, theirs + o / 4, c / 4);
+      }
+      t = now() - t;
     } else {
       meet(r, ++point);
       t = now();
       copy(in_pages, mine + p * h, in + p * h, h * 4);
       meet(r, ++point);
-      add(out_pages, out + r * h, in + r * h, theirs + r * h, h);
+      add(add_pages, out + r * h, in + r * h, theirs + r * h, h);
       copy(in_pages, mine + r * h, out + r * h, h * 4);
       meet(r, ++point);
       copy(out_pages, out + p * h, theirs + p * h, h * 4);
