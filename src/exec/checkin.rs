@@ -944,7 +944,7 @@ pub(super) fn wait(
     if ready() {
         return Ok(());
     }
-    let spins = if ctx.size > online_cpus() {
+    let spins = if ctx.size > ferroccl_transport::wait::online_cpus() {
         OVERSUBSCRIBED_SPINS
     } else {
         SPINS
@@ -989,32 +989,6 @@ pub(super) fn wait(
         }
         w.pause();
     }
-}
-
-/// CPUs of the machine (not of this process's affinity mask: a launcher
-/// that pins each rank to one CPU does not make the ranks share CPUs), read
-/// once.
-pub(crate) fn online_cpus() -> usize {
-    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CPUS.get_or_init(|| {
-        // "0-3,8-11"
-        let count = std::fs::read_to_string("/sys/devices/system/cpu/online")
-            .ok()
-            .map(|list| {
-                list.trim()
-                    .split(',')
-                    .filter_map(|range| match range.split_once('-') {
-                        Some((a, b)) => {
-                            let (a, b) = (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?);
-                            Some(b.checked_sub(a)? + 1)
-                        }
-                        None => range.parse::<usize>().ok().map(|_| 1),
-                    })
-                    .sum::<usize>()
-            })
-            .filter(|&n| n > 0);
-        count.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-    })
 }
 
 #[cfg(test)]

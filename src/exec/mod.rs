@@ -45,8 +45,8 @@ mod verify;
 
 pub(crate) use checked_in::run as run_checked_in;
 pub(crate) use checkin::{
-    confirm, confirm_left, leave, online_cpus, settle, unsettled, Ctx, CHECKIN_SLOTS,
-    CONTROL_MAGIC, W_MAGIC, W_PID, W_PROBE,
+    confirm, confirm_left, leave, settle, unsettled, Ctx, CHECKIN_SLOTS, CONTROL_MAGIC, W_MAGIC,
+    W_PID, W_PROBE,
 };
 pub(crate) use interp::run;
 pub(crate) use io::{AvgFinish, DeviceBuffers, DeviceIo, ExecIo};

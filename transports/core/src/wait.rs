@@ -22,15 +22,59 @@ const SPINS: u32 = 256;
 pub const OVERSUBSCRIBED_SPINS: u32 = 8;
 
 /// How long a waiter spins: a job with more ranks than this machine has
-/// cores (an upper bound on the ranks that share it) must not spin on a
-/// core its peer needs.
+/// CPUs ([`online_cpus`], an upper bound on the ranks that share it) must
+/// not spin on a core its peer needs.
+///
+/// By the machine's CPUs, not this process's affinity mask: a launcher
+/// that pins each rank to a CPU of its own (`ferroccl-run`, `mpirun
+/// --bind-to core`) leaves each process a mask of one CPU, and counted by
+/// that mask 2 pinned ranks looked oversubscribed. Their slot waits then
+/// slept after 8 spins and 256 yields (about 80 µs), and two ranks that
+/// each slept woke each other late, call after call: the tuner's latency
+/// probe, a one-element allreduce, took 170-190 µs a call in 3 of 12
+/// start-ups on 2 ranks of the Intel VM, its alpha came out 86 µs instead
+/// of 0.4, and it chose recursive doubling for a 512 KiB allreduce, 1.5x
+/// slower in place (docs/performance-log.md, "Pinned ranks counted as
+/// oversubscribed").
 pub fn spins_for(ranks: usize) -> u32 {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if ranks > cores {
+    if ranks > online_cpus() {
         OVERSUBSCRIBED_SPINS
     } else {
         SPINS
     }
+}
+
+/// CPUs of the machine (`/sys/devices/system/cpu/online`; where it cannot
+/// be read, this process's available parallelism), read once. Not this
+/// process's affinity mask: a launcher that pins each rank to one CPU
+/// does not make the ranks share CPUs. Ranks confined together to fewer
+/// CPUs than the machine has (`taskset` around the whole job, a cgroup
+/// quota) are not seen: they spin a few microseconds before they yield,
+/// where a waiter that knew would yield at once.
+pub fn online_cpus() -> usize {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| {
+        std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .ok()
+            .and_then(|list| count_cpu_list(&list))
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    })
+}
+
+/// How many CPUs a kernel CPU list names ("0-3,8-11\n": 8); `None` for
+/// an empty or malformed list.
+pub fn count_cpu_list(list: &str) -> Option<usize> {
+    let mut count = 0usize;
+    for range in list.trim().split(',') {
+        count += match range.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?);
+                b.checked_sub(a)? + 1
+            }
+            None => range.parse::<usize>().ok().map(|_| 1)?,
+        };
+    }
+    (count > 0).then_some(count)
 }
 /// Yields before a waiter starts sleeping.
 const YIELDS: u32 = 256;
@@ -150,6 +194,18 @@ impl Waiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// CPU lists as the kernel writes them, and what is not one.
+    #[test]
+    fn cpu_lists_count_every_cpu_they_name() {
+        assert_eq!(count_cpu_list("0\n"), Some(1));
+        assert_eq!(count_cpu_list("0-3\n"), Some(4));
+        assert_eq!(count_cpu_list("0-3,8-11"), Some(8));
+        assert_eq!(count_cpu_list("0,2,4-5"), Some(4));
+        assert_eq!(count_cpu_list(""), None);
+        assert_eq!(count_cpu_list("3-1"), None);
+        assert_eq!(count_cpu_list("0-x"), None);
+    }
 
     /// A waiter started `ago` (its first clock round then, its latest
     /// now).
