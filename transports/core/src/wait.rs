@@ -31,11 +31,11 @@ pub const OVERSUBSCRIBED_SPINS: u32 = 8;
 /// that mask 2 pinned ranks looked oversubscribed. Their slot waits then
 /// slept after 8 spins and 256 yields (about 80 µs), and two ranks that
 /// each slept woke each other late, call after call: the tuner's latency
-/// probe, a one-element allreduce, took 170-190 µs a call in 3 of 12
-/// start-ups on 2 ranks of the Intel VM, its alpha came out 86 µs instead
-/// of 0.4, and it chose recursive doubling for a 512 KiB allreduce, 1.5x
-/// slower in place (docs/performance-log.md, "Pinned ranks counted as
-/// oversubscribed").
+/// probe, a one-element allreduce, took 170-190 µs a call in 3 of 20
+/// start-ups on 2 ranks of the Intel VM, its alpha came out 86-88 µs
+/// instead of 0.3-0.5, and it chose recursive doubling for a 512 KiB
+/// allreduce, 1.5x slower in place (docs/performance-log.md, "Pinned
+/// ranks counted as oversubscribed").
 pub fn spins_for(ranks: usize) -> u32 {
     if ranks > online_cpus() {
         OVERSUBSCRIBED_SPINS
