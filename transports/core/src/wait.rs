@@ -31,7 +31,7 @@ pub const OVERSUBSCRIBED_SPINS: u32 = 8;
 /// that mask 2 pinned ranks looked oversubscribed. Their slot waits then
 /// slept after 8 spins and 256 yields (about 80 µs), and two ranks that
 /// each slept woke each other late, call after call: the tuner's latency
-/// probe, a one-element allreduce, took 170-190 µs a call in 3 of 20
+/// probe, a one-element allreduce, took 171-232 µs a call in 3 of 20
 /// start-ups on 2 ranks of the Intel VM, its alpha came out 86-88 µs
 /// instead of 0.3-0.5, and it chose recursive doubling for a 512 KiB
 /// allreduce, 1.5x slower in place (docs/performance-log.md, "Pinned
