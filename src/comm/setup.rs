@@ -494,7 +494,7 @@ impl Communicator {
 
         // Whether this rank's host has more ranks than CPUs.
         let here = self.inner.hosts.members_of(self.inner.rank).len();
-        let shared_cores = here > ferroccl_transport::wait::online_cpus();
+        let shared_cores = ferroccl_transport::wait::ranks_share_cpus(here);
         // Agree: the largest latency, the smallest speeds; CPUs shared if
         // on any host.
         let mut agreed = [

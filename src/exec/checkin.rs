@@ -944,7 +944,7 @@ pub(super) fn wait(
     if ready() {
         return Ok(());
     }
-    let spins = if ctx.size > ferroccl_transport::wait::online_cpus() {
+    let spins = if ferroccl_transport::wait::ranks_share_cpus(ctx.size) {
         OVERSUBSCRIBED_SPINS
     } else {
         SPINS

@@ -257,8 +257,9 @@ pub fn choose_shared_copy(memcpy: bool) {
 /// core's by the time the store comes. The check-in of a small
 /// broadcast or reduce claims the lines of the announcement slot it will
 /// write two calls later, and a broadcast's root of 1-4 KiB its inline
-/// area's too (`exec::checkin::claim_ahead` in the main crate). Nothing where the CPU lacks the instruction (CPUID
-/// 8000_0001h, ECX bit 8, asked once) or on other architectures.
+/// area's too (`exec::checkin::claim_ahead` in the main crate). Nothing
+/// where the CPU lacks the instruction (CPUID 8000_0001h, ECX bit 8,
+/// asked once) or on other architectures.
 #[inline]
 pub fn prefetch_for_write<T>(word: &T) {
     #[cfg(target_arch = "x86_64")]

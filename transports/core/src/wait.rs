@@ -21,9 +21,20 @@ const SPINS: u32 = 256;
 /// this very core, so yield almost at once.
 pub const OVERSUBSCRIBED_SPINS: u32 = 8;
 
-/// How long a waiter spins: a job with more ranks than this machine has
-/// CPUs ([`online_cpus`], an upper bound on the ranks that share it) must
-/// not spin on a core its peer needs.
+/// How long a waiter spins: where ranks may share CPUs
+/// ([`ranks_share_cpus`]) it must not spin on a core its peer needs.
+pub fn spins_for(ranks: usize) -> u32 {
+    if ranks_share_cpus(ranks) {
+        OVERSUBSCRIBED_SPINS
+    } else {
+        SPINS
+    }
+}
+
+/// Whether `ranks` ranks of one machine may share its CPUs: more of them
+/// than it has CPUs ([`online_cpus`], an upper bound on the ranks that
+/// share it). The one test of it, for every wait that spins (the shm
+/// slots, the TCP receiver, the check-ins) and for the tuner.
 ///
 /// By the machine's CPUs, not this process's affinity mask: a launcher
 /// that pins each rank to a CPU of its own (`ferroccl-run`, `mpirun
@@ -36,12 +47,8 @@ pub const OVERSUBSCRIBED_SPINS: u32 = 8;
 /// instead of 0.3-0.5, and it chose recursive doubling for a 512 KiB
 /// allreduce, 1.5x slower in place (docs/performance-log.md, "Pinned
 /// ranks counted as oversubscribed").
-pub fn spins_for(ranks: usize) -> u32 {
-    if ranks > online_cpus() {
-        OVERSUBSCRIBED_SPINS
-    } else {
-        SPINS
-    }
+pub fn ranks_share_cpus(ranks: usize) -> bool {
+    ranks > online_cpus()
 }
 
 /// CPUs of the machine (`/sys/devices/system/cpu/online`; where it cannot

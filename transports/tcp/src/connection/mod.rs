@@ -117,15 +117,12 @@ const SPIN: Duration = Duration::from_micros(5);
 pub(crate) const YIELD: Duration = Duration::from_millis(1);
 
 /// How long a receiver retries a read before it yields: [`SPIN`],
-/// unless the job has more ranks than this machine has CPUs (an upper
-/// bound on the ranks that share it; counted as
-/// `ferroccl_transport::wait::spins_for` counts them, not by this
-/// process's affinity mask, which a launcher that pins ranks narrows to
-/// one CPU); then the rank it waits for may need this very core, and
-/// spinning measured 10-15% slower at 4 ranks on 2 cores (256 KiB-1 MiB
+/// unless the ranks may share CPUs (`ferroccl_transport::wait::ranks_share_cpus`);
+/// then the rank it waits for may need this very core, and spinning
+/// measured 10-15% slower at 4 ranks on 2 cores (256 KiB-1 MiB
 /// allreduce).
 pub(crate) fn spin_for(ranks: usize) -> Duration {
-    if ranks > ferroccl_transport::wait::online_cpus() {
+    if ferroccl_transport::wait::ranks_share_cpus(ranks) {
         Duration::ZERO
     } else {
         SPIN
