@@ -243,7 +243,7 @@ impl Config {
     /// FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
     /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_DEVICE_ASYNC, FERROCCL_NT_STORE_BYTES,
-    /// FERROCCL_COPY_PAGES (checked only),
+    /// FERROCCL_COPY_PAGES and FERROCCL_HOST_CPUS (checked only),
     /// FERROCCL_IB_* (each else its NCCL_IB_ name),
     /// FERROCCL_P2P_DISABLE (else NCCL_P2P_DISABLE), FERROCCL_MAX_NCHANNELS
     /// (else NCCL_MAX_NCHANNELS), FERROCCL_SIMD and
@@ -334,6 +334,16 @@ impl Config {
         // misspelt value fails at creation.
         if let Some(v) = get("FERROCCL_COPY_PAGES") {
             parse_flag("FERROCCL_COPY_PAGES", &v)?;
+        }
+        // FERROCCL_HOST_CPUS is the transport core's too
+        // (`ferroccl_transport::wait::host_cpus`, read once per process).
+        if let Some(v) = get(ferroccl_transport::wait::HOST_CPUS_VAR) {
+            if ferroccl_transport::wait::parse_host_cpus(&v).is_none() {
+                return Err(Error::Env(format!(
+                    "FERROCCL_HOST_CPUS='{v}' must be a positive number of CPUs (those this \
+                     host's ranks may run on between them)"
+                )));
+            }
         }
         if let Some(disabled) = crate::plan::gpu_path::p2p_disabled_from_env(get)? {
             self.p2p = !disabled;
@@ -632,6 +642,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("FERROCCL_COPY_PAGES"), "{err}");
+        assert!(with(&[("FERROCCL_HOST_CPUS", "3")]).is_ok());
+        for bad in ["0", "-2", "two"] {
+            let err = with(&[("FERROCCL_HOST_CPUS", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("FERROCCL_HOST_CPUS"), "{err}");
+        }
         assert!(!with(&[]).unwrap().device_async);
         assert!(
             with(&[("FERROCCL_DEVICE_ASYNC", "1")])

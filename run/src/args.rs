@@ -54,7 +54,8 @@ usage: ferroccl-run -n N [options] [--] PROGRAM [ARGS...]
 
 Starts N copies of PROGRAM on this node with RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, FERROCCL_LAUNCHER and
-FERROCCL_TOKEN set (as torchrun does). When a rank fails, the others have
+FERROCCL_TOKEN set (as torchrun does), and FERROCCL_HOST_CPUS (the CPUs it
+places the ranks on, unless set already). When a rank fails, the others have
 FERROCCL_RUN_SETTLE_S seconds (default 1) to stop on their own and report
 it, then get SIGTERM, then SIGKILL after FERROCCL_RUN_GRACE_S seconds
 (default 5); ferroccl-run exits with the failed rank's code.

@@ -24,6 +24,16 @@ pub(crate) fn placement(bind: Bind, nproc: usize) -> Vec<Option<Vec<usize>>> {
         .collect()
 }
 
+/// What the ranks are told of the CPUs they run on between them
+/// (`FERROCCL_HOST_CPUS`, read by `ferroccl_transport::wait::host_cpus`):
+/// those this launcher may run on and places them on; `None` where
+/// unknown. Pinned one to a CPU, a rank's own mask names one CPU and says
+/// nothing of the others'; under `taskset -c 0` two ranks pinned to CPU 0
+/// share it, and only the launcher knows.
+pub(crate) fn host_cpus() -> Option<usize> {
+    Some(allowed_cpus().len()).filter(|&c| c > 0)
+}
+
 /// The CPUs this process may run on, in order (empty where unknown).
 #[cfg(target_os = "linux")]
 fn allowed_cpus() -> Vec<usize> {

@@ -6,7 +6,7 @@
 use crate::args::LaunchOptions;
 #[cfg(target_os = "linux")]
 use crate::cpus::cpu_set;
-use crate::cpus::placement;
+use crate::cpus::{host_cpus, placement};
 use crate::error::{Error, Result};
 use crate::output::pump_lines;
 use crate::rendezvous::{derived_token, free_port, random_u64};
@@ -14,6 +14,11 @@ use crate::signals::{signal_group, SignalPipe, LAUNCH_LOCK};
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
+
+/// The variable that tells each rank the CPUs this node's ranks run on
+/// between them (`ferroccl_transport::wait::HOST_CPUS_VAR`; this crate
+/// depends on nothing of ferroccl).
+const HOST_CPUS_VAR: &str = "FERROCCL_HOST_CPUS";
 use std::time::{Duration, Instant};
 
 /// How long the other ranks may take to stop on their own after one failed,
@@ -129,6 +134,11 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     let mut ranks: Vec<RankProcess> = Vec::with_capacity(opts.nproc_per_node);
 
     let cpus = placement(opts.bind, opts.nproc_per_node);
+    // The CPUs the ranks run on between them, unless the user said it.
+    let told_cpus = host_cpus().filter(|_| {
+        std::env::var_os(HOST_CPUS_VAR).is_none()
+            && !opts.extra_env.iter().any(|(k, _)| k == HOST_CPUS_VAR)
+    });
     for (local, cpu) in cpus.into_iter().enumerate() {
         let rank = opts.node_rank * opts.nproc_per_node + local;
         let mut cmd = Command::new(&opts.program);
@@ -143,6 +153,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
             .env("FERROCCL_LAUNCHER", "ferroccl-run")
             .env("FERROCCL_TOKEN", &token)
             .envs(opts.extra_env.iter().map(|(k, v)| (k, v)))
+            .envs(told_cpus.map(|c| (HOST_CPUS_VAR, c.to_string())))
             .stdin(Stdio::null())
             .process_group(0);
         #[cfg(target_os = "linux")]

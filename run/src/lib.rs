@@ -1,7 +1,8 @@
 //! `ferroccl-run`: starts the ranks of one node as child processes with the
 //! torchrun-style environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
 //! `LOCAL_WORLD_SIZE`, `GROUP_RANK`, `MASTER_ADDR`, `MASTER_PORT`,
-//! `FERROCCL_LAUNCHER`, `FERROCCL_TOKEN`), prefixes their output, forwards
+//! `FERROCCL_LAUNCHER`, `FERROCCL_TOKEN`; and `FERROCCL_HOST_CPUS`, the
+//! CPUs it places them on), prefixes their output, forwards
 //! SIGINT/SIGTERM/SIGHUP, and stops the whole node when one rank fails.
 //!
 //! This crate is the launcher only: the `ferroccl-run` binary and, for

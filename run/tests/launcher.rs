@@ -13,7 +13,8 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(BIN);
     cmd.args(args)
         .env_remove("FERROCCL_TOKEN")
-        .env_remove("FERROCCL_RUN_GRACE_S");
+        .env_remove("FERROCCL_RUN_GRACE_S")
+        .env_remove("FERROCCL_HOST_CPUS");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -76,6 +77,52 @@ fn three_ranks_get_their_environment() {
     // A second job gets another token.
     let again = env_by_rank(&run(&["-n", "1", "sh", "-c", PRINT_ENV], &[]));
     assert_ne!(&again[&0]["FERROCCL_TOKEN"], token);
+}
+
+const PRINT_CPUS: &str = "echo \"HOST_CPUS=$FERROCCL_HOST_CPUS\"";
+
+/// Each rank is told the CPUs the launcher places the ranks on between
+/// them: its own mask's (a rank pinned to one CPU cannot know it), one
+/// where the launcher itself may run on one CPU only (`taskset -c 0`:
+/// both ranks then share it), and what the user set, untouched.
+#[test]
+fn ranks_are_told_the_cpus_they_run_on_between_them() {
+    let told = |out: &Output| -> Vec<String> {
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        env_by_rank(out)
+            .into_values()
+            .map(|v| v["HOST_CPUS"].clone())
+            .collect()
+    };
+    let all = own_cpus().len().to_string();
+    let out = run(&["-n", "2", "--", "sh", "-c", PRINT_CPUS], &[]);
+    assert_eq!(told(&out), vec![all.clone(), all]);
+
+    let mut cmd = Command::new(BIN);
+    cmd.args(["-n", "2", "--", "sh", "-c", PRINT_CPUS])
+        .env_remove("FERROCCL_TOKEN")
+        .env_remove("FERROCCL_HOST_CPUS");
+    // SAFETY: runs in the child between fork and exec and only makes
+    // sched_getcpu and sched_setaffinity calls on a CPU set on its stack.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(libc::sched_getcpu().max(0) as usize, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("cannot run ferroccl-run");
+    assert_eq!(told(&out), vec!["1", "1"]);
+
+    let out = run(
+        &["-n", "2", "--", "sh", "-c", PRINT_CPUS],
+        &[("FERROCCL_HOST_CPUS", "7")],
+    );
+    assert_eq!(told(&out), vec!["7", "7"]);
 }
 
 #[test]

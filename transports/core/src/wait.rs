@@ -32,40 +32,97 @@ pub fn spins_for(ranks: usize) -> u32 {
 }
 
 /// Whether `ranks` ranks of one machine may share its CPUs: more of them
-/// than it has CPUs ([`online_cpus`], an upper bound on the ranks that
-/// share it). The one test of it, for every wait that spins (the shm
-/// slots, the TCP receiver, the check-ins) and for the tuner.
+/// than the CPUs they may run on ([`host_cpus`]). The one test of it, for
+/// every wait that spins (the shm slots, the TCP receiver, the check-ins)
+/// and for the tuner.
 ///
-/// By the machine's CPUs, not this process's affinity mask: a launcher
-/// that pins each rank to a CPU of its own (`ferroccl-run`, `mpirun
-/// --bind-to core`) leaves each process a mask of one CPU, and counted by
-/// that mask 2 pinned ranks looked oversubscribed. Their slot waits then
-/// slept after 8 spins and 256 yields (about 80 µs), and two ranks that
-/// each slept woke each other late, call after call: the tuner's latency
-/// probe, a one-element allreduce, took 171-232 µs a call in 3 of 20
-/// start-ups on 2 ranks of the Intel VM, its alpha came out 86-88 µs
-/// instead of 0.3-0.5, and it chose recursive doubling for a 512 KiB
-/// allreduce, 1.5x slower in place (docs/performance-log.md, "Pinned
-/// ranks counted as oversubscribed").
+/// Not by this process's affinity mask alone: a launcher that pins each
+/// rank to a CPU of its own (`ferroccl-run`, `mpirun --bind-to core`)
+/// leaves each process a mask of one CPU, and counted by that mask 2
+/// pinned ranks looked oversubscribed. Their slot waits then slept after 8
+/// spins and 256 yields (about 80 µs), and two ranks that each slept woke
+/// each other late, call after call: the tuner's latency probe, a
+/// one-element allreduce, took 171-232 µs a call in 3 of 20 start-ups on
+/// 2 ranks of the Intel VM, its alpha came out 86-88 µs instead of
+/// 0.3-0.5, and it chose recursive doubling for a 512 KiB allreduce, 1.5x
+/// slower in place (docs/performance-log.md, "Pinned ranks counted as
+/// oversubscribed").
 pub fn ranks_share_cpus(ranks: usize) -> bool {
-    ranks > online_cpus()
+    ranks > host_cpus()
 }
 
-/// CPUs of the machine (`/sys/devices/system/cpu/online`; where it cannot
-/// be read, this process's available parallelism), read once. Not this
-/// process's affinity mask: a launcher that pins each rank to one CPU
-/// does not make the ranks share CPUs. Ranks confined together to fewer
-/// CPUs than the machine has (`taskset` around the whole job, a cgroup
-/// quota) are not seen: they spin a few microseconds before they yield,
-/// where a waiter that knew would yield at once.
-pub fn online_cpus() -> usize {
+/// The environment variable that says how many CPUs this host's ranks
+/// may run on between them ([`host_cpus`]); `ferroccl-run` (and
+/// `ferroccl-perf --ranks`) set it for their ranks to the CPUs they
+/// placed them on.
+pub const HOST_CPUS_VAR: &str = "FERROCCL_HOST_CPUS";
+
+/// The CPUs this host's ranks may run on between them, read once per
+/// process ([`count_host_cpus`] of what this machine says):
+///
+/// - [`HOST_CPUS_VAR`] where it is set to a positive number (the launcher
+///   that pinned the ranks knows what it pinned them to; a user who pins
+///   them some other way can say it);
+/// - else the machine's online CPUs (`/sys/devices/system/cpu/online`),
+///   narrowed to this process's affinity mask where it names more than
+///   one CPU: `taskset` or a cpuset around a job whose ranks are not
+///   pinned one by one gives every rank the job's mask.
+///
+/// A mask of one CPU is taken for a rank pinned by its launcher, not for a
+/// job confined to one CPU: ranks that a plain `taskset -c 0` put on one
+/// CPU together, outside `ferroccl-run`, are not seen (set
+/// `FERROCCL_HOST_CPUS=1`). Where nothing can be read, this thread's
+/// available parallelism.
+///
+/// A cgroup's CPU quota (`docker --cpus`) is not counted: ranks under a
+/// quota still run side by side, on as many CPUs as the mask gives them,
+/// until the quota throttles all of them alike. Two ranks under a quota of
+/// one CPU that waited as ranks sharing a CPU ran 0.64-1.35x as fast as
+/// spinning ones (most cells below 1) and were throttled as often
+/// (docs/performance-log.md, "Ranks confined to fewer CPUs").
+pub fn host_cpus() -> usize {
     static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CPUS.get_or_init(|| {
-        std::fs::read_to_string("/sys/devices/system/cpu/online")
-            .ok()
-            .and_then(|list| count_cpu_list(&list))
+        let read = |path: &str| std::fs::read_to_string(path).ok();
+        let facts = HostCpus {
+            setting: std::env::var(HOST_CPUS_VAR)
+                .ok()
+                .and_then(|v| parse_host_cpus(&v)),
+            online: read("/sys/devices/system/cpu/online").and_then(|l| count_cpu_list(&l)),
+            mask: read("/proc/thread-self/status").and_then(|s| mask_in_status(&s)),
+        };
+        count_host_cpus(&facts)
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     })
+}
+
+/// What [`host_cpus`] decides by (`None`: not set, or not readable).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostCpus {
+    /// [`HOST_CPUS_VAR`].
+    pub setting: Option<usize>,
+    /// The machine's online CPUs.
+    pub online: Option<usize>,
+    /// The CPUs in this process's affinity mask.
+    pub mask: Option<usize>,
+}
+
+/// [`host_cpus`]'s rule over what it read; `None` where neither a setting
+/// nor the online CPUs are known.
+pub fn count_host_cpus(facts: &HostCpus) -> Option<usize> {
+    match (facts.setting, facts.online) {
+        (Some(set), _) => Some(set),
+        (None, Some(online)) => Some(match facts.mask {
+            Some(mask) if mask > 1 => online.min(mask),
+            _ => online,
+        }),
+        (None, None) => None,
+    }
+}
+
+/// [`HOST_CPUS_VAR`]'s value: a positive whole number of CPUs.
+pub fn parse_host_cpus(value: &str) -> Option<usize> {
+    value.trim().parse::<usize>().ok().filter(|&n| n > 0)
 }
 
 /// How many CPUs a kernel CPU list names ("0-3,8-11\n": 8); `None` for
@@ -83,6 +140,16 @@ pub fn count_cpu_list(list: &str) -> Option<usize> {
     }
     (count > 0).then_some(count)
 }
+
+/// The CPUs of the affinity mask in a `/proc/<pid>/status` text (its
+/// `Cpus_allowed_list` line).
+pub fn mask_in_status(status: &str) -> Option<usize> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .and_then(count_cpu_list)
+}
+
 /// Yields before a waiter starts sleeping.
 const YIELDS: u32 = 256;
 /// How long a waiter with a core of its own yields before it sleeps. A
@@ -212,6 +279,36 @@ mod tests {
         assert_eq!(count_cpu_list(""), None);
         assert_eq!(count_cpu_list("3-1"), None);
         assert_eq!(count_cpu_list("0-x"), None);
+    }
+
+    /// The rule of `host_cpus`: the launcher's count first, else the
+    /// online CPUs narrowed by a mask of more than one CPU (a confined job)
+    /// but not by a mask of one (a pinned rank).
+    #[test]
+    fn host_cpus_are_the_setting_or_the_online_cpus_a_job_mask_allows() {
+        let on = |online, mask| HostCpus {
+            setting: None,
+            online: Some(online),
+            mask,
+        };
+        assert_eq!(count_host_cpus(&on(64, None)), Some(64));
+        assert_eq!(count_host_cpus(&on(64, Some(1))), Some(64), "pinned");
+        assert_eq!(count_host_cpus(&on(64, Some(8))), Some(8), "taskset");
+        assert_eq!(count_host_cpus(&on(64, Some(128))), Some(64));
+        let set = HostCpus {
+            setting: Some(3),
+            online: Some(64),
+            mask: Some(1),
+        };
+        assert_eq!(count_host_cpus(&set), Some(3));
+        assert_eq!(count_host_cpus(&HostCpus::default()), None);
+        assert_eq!(parse_host_cpus(" 4\n"), Some(4));
+        assert_eq!(parse_host_cpus("0"), None);
+        assert_eq!(parse_host_cpus("-1"), None);
+        assert_eq!(parse_host_cpus("four"), None);
+        let status = "Name:\tx\nCpus_allowed:\t5\nCpus_allowed_list:\t0,2\nMems_allowed:\t1\n";
+        assert_eq!(mask_in_status(status), Some(2));
+        assert_eq!(mask_in_status("Name:\tx\n"), None);
     }
 
     /// A waiter started `ago` (its first clock round then, its latest

@@ -3,13 +3,27 @@
 //! yield, as an unpinned rank's do, and do not take it for a rank sharing
 //! its core with the others.
 
-use ferroccl_transport::wait::{online_cpus, spins_for, OVERSUBSCRIBED_SPINS};
+use ferroccl_transport::wait::{
+    count_cpu_list, count_host_cpus, host_cpus, mask_in_status, spins_for, HostCpus,
+    OVERSUBSCRIBED_SPINS,
+};
 
 #[test]
 fn a_rank_pinned_to_one_cpu_is_not_counted_as_sharing_it() {
-    let cpus = online_cpus();
-    if cpus < 2 {
-        eprintln!("skipped: this machine has {cpus} CPU online; pinning changes nothing");
+    // What this thread, not pinned, would count (`host_cpus` itself is
+    // first read below, in the pinned thread: it is read once).
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    let unpinned = count_host_cpus(&HostCpus {
+        setting: None,
+        online: read("/sys/devices/system/cpu/online").and_then(|l| count_cpu_list(&l)),
+        mask: read("/proc/thread-self/status").and_then(|s| mask_in_status(&s)),
+    })
+    .unwrap_or(1);
+    if unpinned < 2 || std::env::var_os("FERROCCL_HOST_CPUS").is_some() {
+        eprintln!(
+            "skipped: this process may use {unpinned} CPU (or FERROCCL_HOST_CPUS is set); \
+             pinning changes nothing"
+        );
         return;
     }
     std::thread::spawn(move || {
@@ -31,6 +45,11 @@ fn a_rank_pinned_to_one_cpu_is_not_counted_as_sharing_it() {
         assert_eq!(
             std::thread::available_parallelism().map(|n| n.get()).ok(),
             Some(1)
+        );
+        let cpus = host_cpus();
+        assert_eq!(
+            cpus, unpinned,
+            "a pinned thread counts the CPUs it would unpinned"
         );
         for ranks in 1..=cpus {
             assert_ne!(
