@@ -14,12 +14,12 @@ use crate::signals::{signal_group, SignalPipe, LAUNCH_LOCK};
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 /// The variable that tells each rank the CPUs this node's ranks run on
 /// between them (`ferroccl_transport::wait::HOST_CPUS_VAR`; this crate
 /// depends on nothing of ferroccl).
 const HOST_CPUS_VAR: &str = "FERROCCL_HOST_CPUS";
-use std::time::{Duration, Instant};
 
 /// How long the other ranks may take to stop on their own after one failed,
 /// before they get SIGTERM (`FERROCCL_RUN_SETTLE_S`, default 1 s): a rank
