@@ -114,7 +114,9 @@ def summary(paths):
 
 
 def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "--summary":
+    if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+    elif len(sys.argv) > 1 and sys.argv[1] == "--summary":
         summary(sys.argv[2:])
     else:
         table(sys.stdin)
