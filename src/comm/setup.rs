@@ -534,13 +534,16 @@ impl Communicator {
         tracing::info!(
             rank = self.inner.rank,
             "tuner: calibrated on {} ranks: alpha {:.1} us, beta {:.2} GB/s, reduce {:.1} GB/s \
-             ({} kernels; the CPU has {}){}",
+             ({} kernels; the CPU has {}); this host: {} ranks, CPUs for them: {} \
+             (FERROCCL_HOST_CPUS, else the online CPUs or a wider process mask){}",
             self.inner.size,
             model.alpha_us,
             model.beta_gbps,
             model.reduce_gbps,
             crate::reduce::SimdLevel::current(),
             crate::reduce::SimdLevel::detected(),
+            here,
+            ferroccl_transport::wait::host_cpus(),
             if agreed[4] > 0.0 {
                 "; a host has more ranks than CPUs"
             } else {
