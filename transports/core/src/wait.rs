@@ -83,15 +83,7 @@ pub const HOST_CPUS_VAR: &str = "FERROCCL_HOST_CPUS";
 pub fn host_cpus() -> usize {
     static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CPUS.get_or_init(|| {
-        let read = |path: &str| std::fs::read_to_string(path).ok();
-        let facts = HostCpus {
-            setting: std::env::var(HOST_CPUS_VAR)
-                .ok()
-                .and_then(|v| parse_host_cpus(&v)),
-            online: read("/sys/devices/system/cpu/online").and_then(|l| count_cpu_list(&l)),
-            mask: read("/proc/thread-self/status").and_then(|s| mask_in_status(&s)),
-        };
-        count_host_cpus(&facts)
+        count_host_cpus(&HostCpus::read())
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     })
 }
@@ -105,6 +97,22 @@ pub struct HostCpus {
     pub online: Option<usize>,
     /// The CPUs in this process's affinity mask.
     pub mask: Option<usize>,
+}
+
+impl HostCpus {
+    /// What this process and machine say now: [`HOST_CPUS_VAR`], the
+    /// online CPUs (`/sys/devices/system/cpu/online`) and the calling
+    /// thread's mask (`/proc/thread-self/status`).
+    pub fn read() -> Self {
+        let read = |path: &str| std::fs::read_to_string(path).ok();
+        HostCpus {
+            setting: std::env::var(HOST_CPUS_VAR)
+                .ok()
+                .and_then(|v| parse_host_cpus(&v)),
+            online: read("/sys/devices/system/cpu/online").and_then(|l| count_cpu_list(&l)),
+            mask: read("/proc/thread-self/status").and_then(|s| mask_in_status(&s)),
+        }
+    }
 }
 
 /// [`host_cpus`]'s rule over what it read; `None` where neither a setting
@@ -143,7 +151,7 @@ pub fn count_cpu_list(list: &str) -> Option<usize> {
 
 /// The CPUs of the affinity mask in a `/proc/<pid>/status` text (its
 /// `Cpus_allowed_list` line).
-pub fn mask_in_status(status: &str) -> Option<usize> {
+fn mask_in_status(status: &str) -> Option<usize> {
     status
         .lines()
         .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))

@@ -4,19 +4,16 @@
 //! its core with the others.
 
 use ferroccl_transport::wait::{
-    count_cpu_list, count_host_cpus, host_cpus, mask_in_status, spins_for, HostCpus,
-    OVERSUBSCRIBED_SPINS,
+    count_host_cpus, host_cpus, spins_for, HostCpus, OVERSUBSCRIBED_SPINS,
 };
 
 #[test]
 fn a_rank_pinned_to_one_cpu_is_not_counted_as_sharing_it() {
     // What this thread, not pinned, would count (`host_cpus` itself is
     // first read below, in the pinned thread: it is read once).
-    let read = |path: &str| std::fs::read_to_string(path).ok();
     let unpinned = count_host_cpus(&HostCpus {
         setting: None,
-        online: read("/sys/devices/system/cpu/online").and_then(|l| count_cpu_list(&l)),
-        mask: read("/proc/thread-self/status").and_then(|s| mask_in_status(&s)),
+        ..HostCpus::read()
     })
     .unwrap_or(1);
     if unpinned < 2 || std::env::var_os("FERROCCL_HOST_CPUS").is_some() {
