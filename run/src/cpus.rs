@@ -9,9 +9,9 @@ use crate::args::Bind;
 /// that wait on each other by spinning and find themselves on one CPU (the
 /// scheduler likes to move a woken process next to its waker) make each
 /// call cost a scheduler slice instead of a microsecond; keeping them on
-/// CPUs of their own avoids that, as mpirun's binding does.
-pub(crate) fn placement(bind: Bind, nproc: usize) -> Vec<Option<Vec<usize>>> {
-    let cpus = allowed_cpus();
+/// CPUs of their own avoids that, as mpirun's binding does. `cpus`: those
+/// the launcher may run on ([`allowed_cpus`]).
+pub(crate) fn placement(bind: Bind, nproc: usize, cpus: &[usize]) -> Vec<Option<Vec<usize>>> {
     let c = cpus.len();
     (0..nproc)
         .map(|i| match bind {
@@ -24,19 +24,9 @@ pub(crate) fn placement(bind: Bind, nproc: usize) -> Vec<Option<Vec<usize>>> {
         .collect()
 }
 
-/// What the ranks are told of the CPUs they run on between them
-/// (`FERROCCL_HOST_CPUS`, read by `ferroccl_transport::wait::host_cpus`):
-/// those this launcher may run on and places them on; `None` where
-/// unknown. Pinned one to a CPU, a rank's own mask names one CPU and says
-/// nothing of the others'; under `taskset -c 0` two ranks pinned to CPU 0
-/// share it, and only the launcher knows.
-pub(crate) fn host_cpus() -> Option<usize> {
-    Some(allowed_cpus().len()).filter(|&c| c > 0)
-}
-
 /// The CPUs this process may run on, in order (empty where unknown).
 #[cfg(target_os = "linux")]
-fn allowed_cpus() -> Vec<usize> {
+pub(crate) fn allowed_cpus() -> Vec<usize> {
     // SAFETY: the set is a plain bit array that the kernel fills; its size
     // is passed with it, and CPU_ISSET reads within it (i < CPU_SETSIZE).
     unsafe {
@@ -51,7 +41,7 @@ fn allowed_cpus() -> Vec<usize> {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn allowed_cpus() -> Vec<usize> {
+pub(crate) fn allowed_cpus() -> Vec<usize> {
     Vec::new()
 }
 

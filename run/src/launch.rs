@@ -6,7 +6,7 @@
 use crate::args::LaunchOptions;
 #[cfg(target_os = "linux")]
 use crate::cpus::cpu_set;
-use crate::cpus::{host_cpus, placement};
+use crate::cpus::{allowed_cpus, placement};
 use crate::error::{Error, Result};
 use crate::output::pump_lines;
 use crate::rendezvous::{derived_token, free_port, random_u64};
@@ -133,10 +133,17 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     let mut pumps = 0usize;
     let mut ranks: Vec<RankProcess> = Vec::with_capacity(opts.nproc_per_node);
 
-    let cpus = placement(opts.bind, opts.nproc_per_node);
-    // The CPUs the ranks run on between them, unless the user said it.
-    let told_cpus = host_cpus().filter(|_| {
-        std::env::var_os(HOST_CPUS_VAR).is_none()
+    let allowed = allowed_cpus();
+    let cpus = placement(opts.bind, opts.nproc_per_node, &allowed);
+    // What the ranks are told of the CPUs they run on between them
+    // (`ferroccl_transport::wait::host_cpus`), unless the user said it:
+    // those this launcher may place them on. Pinned one to a CPU, a rank's
+    // own mask names one CPU and says nothing of the others'; under
+    // `taskset -c 0` two ranks pinned to CPU 0 share it, and only the
+    // launcher knows.
+    let told_cpus = Some(allowed.len()).filter(|&c| {
+        c > 0
+            && std::env::var_os(HOST_CPUS_VAR).is_none()
             && !opts.extra_env.iter().any(|(k, _)| k == HOST_CPUS_VAR)
     });
     for (local, cpu) in cpus.into_iter().enumerate() {
