@@ -23,8 +23,17 @@ use crate::reduce::Store;
 /// Calls whose input has at most this many bytes travel inline in the
 /// check-in wherever the ranks share control pages and no algorithm is
 /// forced, whatever the communicator's size and windows: the floor of
-/// every [`inline_limit`].
+/// every [`inline_limit`] but a 2-rank allgather's with windows
+/// ([`WINDOW_ALLGATHER_INLINE_BYTES`]).
 pub(crate) const INLINE_BYTES: usize = 4096;
+
+/// The inline limit of an allgather on 2 ranks once the communicator has
+/// a shared window: above it the path between windows (each rank stores
+/// its block straight into the peer's output) beat the inline exchange,
+/// 1.6-1.8x at 4 KiB of input and 1.2x at 2 KiB, and lost at 1 KiB
+/// (0.87-0.89x with the limit at 512 B; docs/performance-log.md, "A 2-rank
+/// allgather of 1-4 KiB between windows").
+pub(crate) const WINDOW_ALLGATHER_INLINE_BYTES: usize = 1024;
 
 /// The largest input any call runs inline with: the control page's inline
 /// areas hold this much each (`exec::checkin::INLINE_CAPACITY`).
@@ -53,7 +62,7 @@ pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
 ///
 /// On 3 to [`INLINE_WIDE_MAX_RANKS`] ranks a broadcast, reduce,
 /// reduce-scatter, allgather and all-to-all keep 16 KiB, windows or not
-/// (see [`windows_lower_inline`]): the schedules through slots they
+/// (see [`windows_inline_limit`]): the schedules through slots they
 /// replace pass the data on in several steps, a wait each, where the
 /// inline exchange is one. Against 4 KiB at 8 and 16 KiB of input, in
 /// turns (docs/performance-log.md, "Larger calls inline on 3 to 8 ranks"):
@@ -66,8 +75,10 @@ pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
 /// 4 KiB there: on 4 ranks 16 KiB measured 0.92-1.13x. Above 8 ranks, not
 /// measured, every call keeps 4 KiB.
 pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
-    if facts.size == 2 && facts.windows && windows_lower_inline(kind) {
-        return INLINE_BYTES;
+    if facts.size == 2 && facts.windows {
+        if let Some(limit) = windows_inline_limit(kind) {
+            return limit;
+        }
     }
     match (facts.size, kind) {
         (2, CollKind::AllReduce | CollKind::Reduce | CollKind::Broadcast) => INLINE_MAX_BYTES,
@@ -116,9 +127,11 @@ fn window_path_from(kind: CollKind, facts: &Facts) -> Option<usize> {
     }
 }
 
-/// Whether windows lower a `kind` call's inline limit to 4 KiB on 2
-/// ranks: the calls whose path between windows beats inline from there
-/// (allreduce, allgather, reduce-scatter). A broadcast or reduce keeps
+/// The inline limit of a `kind` call on 2 ranks once the communicator has
+/// a shared window, where windows lower it: the calls whose path between
+/// windows beats inline from there, allreduce and reduce-scatter from 4
+/// KiB, allgather from 1 KiB ([`WINDOW_ALLGATHER_INLINE_BYTES`]); `None`
+/// for the others, which keep their limit. A broadcast or reduce keeps
 /// its 2-rank limit with windows: inline, its root or senders leave as
 /// soon as their data is on their page (`early_return`), which the path
 /// between windows, a check-in and a wait for every rank to finish,
@@ -126,11 +139,12 @@ fn window_path_from(kind: CollKind, facts: &Facts) -> Option<usize> {
 /// there the inline exchange beat the path between windows at 8 and
 /// 16 KiB of input, reduce-scatter 1.47-1.87x and allgather 0.94-1.68x
 /// (docs/performance-log.md, "Larger calls inline on 3 to 8 ranks").
-fn windows_lower_inline(kind: CollKind) -> bool {
-    matches!(
-        kind,
-        CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter
-    )
+fn windows_inline_limit(kind: CollKind) -> Option<usize> {
+    match kind {
+        CollKind::AllReduce | CollKind::ReduceScatter => Some(INLINE_BYTES),
+        CollKind::AllGather => Some(WINDOW_ALLGATHER_INLINE_BYTES),
+        _ => None,
+    }
 }
 
 /// Allgathers and all-to-alls whose blocks have at least this many bytes
@@ -502,10 +516,16 @@ pub(crate) fn takes_spread(kind: CollKind, in_bytes: usize, facts: &Facts) -> bo
 /// forced algorithm nor a user algorithm takes it, whatever the facts that
 /// change during a communicator's life (its windows, the calibrated
 /// cross-memory-attach threshold): the caller of a small call can skip
-/// gathering them. Every inline limit is at least [`INLINE_BYTES`].
+/// gathering them. Every inline limit is at least [`INLINE_BYTES`], but a
+/// 2-rank allgather's with windows, [`WINDOW_ALLGATHER_INLINE_BYTES`].
 #[inline]
 pub(crate) fn always_inline(kind: CollKind, in_bytes: usize) -> bool {
-    kind != CollKind::SendRecv && in_bytes <= INLINE_BYTES
+    let floor = if kind == CollKind::AllGather {
+        WINDOW_ALLGATHER_INLINE_BYTES
+    } else {
+        INLINE_BYTES
+    };
+    kind != CollKind::SendRecv && in_bytes <= floor
 }
 
 /// Whether `rank` reads `peer`'s announcement in an inline call of
@@ -1051,7 +1071,20 @@ mod tests {
                             layout: Layout::one_host(size),
                             ..facts()
                         };
-                        for bytes in [0, 1, 8, 64, 4095, 4096, 4097, 8192, 16 << 10, 1 << 20] {
+                        for bytes in [
+                            0,
+                            1,
+                            8,
+                            64,
+                            1024,
+                            1025,
+                            4095,
+                            4096,
+                            4097,
+                            8192,
+                            16 << 10,
+                            1 << 20,
+                        ] {
                             for in_place in [false, true] {
                                 if always_inline(kind, bytes) {
                                     said += 1;
@@ -1072,6 +1105,8 @@ mod tests {
         // told without the facts.
         assert!(!always_inline(CollKind::SendRecv, 8));
         assert!(!always_inline(CollKind::AllReduce, INLINE_BYTES + 1));
+        assert!(always_inline(CollKind::AllGather, 1024));
+        assert!(!always_inline(CollKind::AllGather, 1025));
     }
 
     /// A broadcast pulls over the range the calibration gave it, and only
@@ -1632,14 +1667,14 @@ mod tests {
         };
         for (kind, limit) in limits {
             assert!(limit <= INLINE_MAX_BYTES, "{kind:?}: the page holds it");
-            // With windows on 2 ranks, allreduce, allgather and
-            // reduce-scatter keep 4 KiB; the others keep their limit. On 3
+            // With windows on 2 ranks, allreduce and reduce-scatter keep
+            // 4 KiB, allgather 1 KiB; the others keep their limit. On 3
             // to 8 ranks, windows or not, all but allreduce 16 KiB,
             // allreduce 4 KiB; above 8, 4 KiB.
-            let with_windows = if windows_lower_inline(kind) {
-                INLINE_BYTES
-            } else {
-                limit
+            let with_windows = match kind {
+                CollKind::AllReduce | CollKind::ReduceScatter => INLINE_BYTES,
+                CollKind::AllGather => 1024,
+                _ => limit,
             };
             let more = if kind == CollKind::AllReduce {
                 INLINE_BYTES
