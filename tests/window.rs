@@ -241,6 +241,110 @@ fn calls_outside_the_common_window_fall_back_to_slots() {
     assert_eq!(leftovers(6), Vec::<String>::new());
 }
 
+/// On 2 ranks with a window, small allgathers and allreduces of ordinary
+/// buffers check in (the windows lowered their inline limit) and, since
+/// no rank's buffers can take the path between windows, run inline after
+/// the check-in, every rank's input on its page before it announced:
+/// counted with the calls that skip the slots (as inline calls are).
+/// Where one rank's buffers
+/// lie in a window and the other's do not, and above the inline limit
+/// without windows (16 KiB for an allreduce, 8 KiB of input for an
+/// allgather), through slots. Every result checked element by element.
+#[test]
+fn small_calls_of_ordinary_buffers_run_inline_after_the_check_in() {
+    let n = 2;
+    let results = run_ranks_with(n, with_token(8), |comm| {
+        let rank = comm.rank();
+        let op = ReduceOp::Sum;
+        let dt = ferroccl::DataType::F32;
+        let most = 5000;
+        let mut w = comm.alloc_window::<f32>(2 * most).unwrap();
+        let mut skipped = Vec::new();
+        // (elements, inline after the check-in)
+        for (count, small) in [
+            (300, true),
+            (1000, true),
+            (2048, true),
+            (4096, true),
+            (5000, false),
+        ] {
+            let want = |i: usize| reference(dt, op, n, i);
+            let input: Vec<f32> = make(count, |i| input_value(dt, op, rank, n, i));
+            let before = comm.direct_window_calls();
+            let mut out = vec![-99f32; count];
+            comm.all_reduce(&input, &mut out, op).unwrap();
+            check(&format!("all_reduce {count}"), &out, want, |v| {
+                tolerance(dt, op, v)
+            });
+            let mut buf = input.clone();
+            comm.all_reduce_in_place(&mut buf, op).unwrap();
+            check(&format!("all_reduce_in_place {count}"), &buf, want, |v| {
+                tolerance(dt, op, v)
+            });
+            let ran = comm.direct_window_calls() - before;
+            skipped.push((
+                format!("all_reduce {count}"),
+                ran,
+                if small { 2 } else { 0 },
+            ));
+            // Allgathers of `count / 2` elements a rank (at most 8 KiB).
+            let block = count / 2;
+            let tag = |r: usize, i: usize| ((r * 31 + i * 7) % 100) as f32;
+            let mine: Vec<f32> = (0..block).map(|i| tag(rank, i)).collect();
+            let before = comm.direct_window_calls();
+            let mut got = vec![-1f32; n * block];
+            comm.all_gather(&mine, &mut got).unwrap();
+            let mut inplace = vec![-1f32; n * block];
+            inplace[rank * block..(rank + 1) * block].copy_from_slice(&mine);
+            comm.all_gather_in_place(&mut inplace).unwrap();
+            for (what, v) in [("all_gather", &got), ("all_gather_in_place", &inplace)] {
+                for (j, x) in v.iter().enumerate() {
+                    assert_eq!(
+                        *x,
+                        tag(j / block, j % block),
+                        "{what} {count} rank {rank} at {j}"
+                    );
+                }
+            }
+            let ran = comm.direct_window_calls() - before;
+            // Up to 1 KiB inline without a check-in; up to 8 KiB inline
+            // after it: counted either way.
+            let inline = block * 4 <= 8 << 10;
+            skipped.push((
+                format!("all_gather {block}"),
+                ran,
+                if inline { 2 } else { 0 },
+            ));
+        }
+        // Rank 0's buffers in the window, rank 1's not: through slots
+        // (8 KB: above the 4 KiB that runs inline whatever the windows).
+        let count = 2000;
+        let want = |i: usize| reference(dt, op, n, i);
+        let input: Vec<f32> = make(count, |i| input_value(dt, op, rank, n, i));
+        let before = comm.direct_window_calls();
+        if rank == 0 {
+            w[..count].copy_from_slice(&input);
+            comm.all_reduce_in_place(&mut w[..count], op).unwrap();
+            check("mixed, window", &w[..count], want, |v| tolerance(dt, op, v));
+        } else {
+            let mut buf = input.clone();
+            comm.all_reduce_in_place(&mut buf, op).unwrap();
+            check("mixed, plain", &buf, want, |v| tolerance(dt, op, v));
+        }
+        skipped.push(("mixed".into(), comm.direct_window_calls() - before, 0));
+        skipped
+    });
+    for (rank, calls) in results.iter().enumerate() {
+        for (what, ran, want) in calls {
+            assert_eq!(
+                ran, want,
+                "rank {rank}: {what}: calls that skipped the slots"
+            );
+        }
+    }
+    assert_eq!(leftovers(8), Vec::<String>::new());
+}
+
 /// Ranks that disagree on a call find out at the check-in, before any byte
 /// moves, and every rank names the other side.
 #[test]

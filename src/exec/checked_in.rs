@@ -121,6 +121,15 @@ fn check_in<T: Element>(
             out_off,
         }
     };
+    // A small call that checks in only because the communicator has
+    // windows, from a rank whose buffers the path between windows could
+    // not take: its input goes on its page first, so that if the ranks'
+    // buffers do not all lie in windows the call runs inline after all
+    // (`plan::inline_after_check_in`) instead of through slots.
+    let inline_after = plan::inline_after_check_in(kind, in_len * elem, ctx.size);
+    if inline_after && !plan::direct_capable(kind, place.in_win, place.out_win) {
+        inline::publish(ctx, io, kind, in_len, turn)?;
+    }
     // The input's address only where a peer may read from it: it lies in
     // the announcement's second cache line, which the other check-ins
     // leave alone.
@@ -161,6 +170,17 @@ fn check_in<T: Element>(
     };
     match direct {
         Direct::Done => return Ok(true),
+        // Every rank put its input on its page (none could take the path
+        // between windows): the inline exchange's second half.
+        Direct::Slots
+            if inline_after
+                && places
+                    .iter()
+                    .all(|p| !plan::direct_capable(kind, p.in_win, p.out_win)) =>
+        {
+            inline::take_all(ctx, io, call, turn)?;
+            return Ok(true);
+        }
         Direct::Slots => return Ok(false),
         Direct::AllReduce { input, output } => {
             direct::all_reduce(&kernel, ctx, io, (input, output), (in_len, out_len))?

@@ -270,11 +270,8 @@ pub(super) fn run<T: Element>(
     let kind = call.kind;
     let (rank, size) = (ctx.rank, ctx.size);
     let root = fp.root as usize;
-    let count = fp.count as usize;
     if publishes(kind, rank, root) {
-        let in_place = matches!(io, HostIo::InPlace { .. });
-        let parts = published_parts(kind, (rank, size), in_len, in_place);
-        write_inline(ctx, turn, io, parts, kind == CollKind::Broadcast)?;
+        publish(ctx, io, kind, in_len, turn)?;
     }
     let own = announce_inline(ctx, turn, call, &[])?;
     // A broadcast's receivers read the root's announcement alone, and the
@@ -302,6 +299,37 @@ pub(super) fn run<T: Element>(
             claim_ahead(ctx, turn, published);
         }
     }
+    take_all(ctx, io, call, turn)
+}
+
+/// Put this rank's input of an inline `kind` call (`in_len` elements) on
+/// its page at check-in `turn`, the parts its peers read.
+pub(super) fn publish<T: Element>(
+    ctx: &Ctx<'_>,
+    io: &HostIo<'_, T>,
+    kind: CollKind,
+    in_len: usize,
+    turn: u64,
+) -> Result<()> {
+    let in_place = matches!(io, HostIo::InPlace { .. });
+    let parts = published_parts(kind, (ctx.rank, ctx.size), in_len, in_place);
+    write_inline(ctx, turn, io, parts, kind == CollKind::Broadcast)
+}
+
+/// The inline exchange's second half: once every peer this rank reads has
+/// announced check-in `turn` (its input on its page before that), take
+/// what this rank needs from the peers' pages into its output.
+pub(super) fn take_all<T: Element>(
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    call: &Call,
+    turn: u64,
+) -> Result<()> {
+    let fp = call.fingerprint;
+    let kind = call.kind;
+    let (rank, size) = (ctx.rank, ctx.size);
+    let root = fp.root as usize;
+    let count = fp.count as usize;
     // Copy peer `j`'s elements `from` (of its input) into `to` (of the
     // output); this rank's own straight from input to output.
     let take = |io: &mut HostIo<'_, T>, j: usize, from: (usize, usize), to: usize| -> Result<()> {

@@ -147,6 +147,41 @@ fn windows_inline_limit(kind: CollKind) -> Option<usize> {
     }
 }
 
+/// Whether a `kind` call of `in_bytes` on `size` ranks that checks in
+/// because the communicator has windows (its inline limit lowered by
+/// [`windows_inline_limit`]) would have run inline without them: then a
+/// rank whose buffers the path between windows cannot take puts its
+/// input on its page before it announces, and where no rank's buffers
+/// can take that path the call runs inline after the check-in
+/// (`exec::checked_in`) instead of through slots: on 2 ranks of a
+/// communicator with a window, ordinary buffers' allgathers of 2 and 4
+/// KiB of input took 1.17 and 1.67 µs a call with it (1.08 and 1.70
+/// inline without a check-in, when their limit with windows was 4 KiB),
+/// 1.77 and 2.23 through slots; allreduces of 8 and 16 KiB 2.24 and 3.34
+/// against 2.95 and 3.96 through slots (docs/performance-log.md, "A
+/// 2-rank allgather of 1-4 KiB between windows").
+pub(crate) fn inline_after_check_in(kind: CollKind, in_bytes: usize, size: usize) -> bool {
+    size == 2
+        && windows_inline_limit(kind).is_some()
+        && in_bytes
+            <= match kind {
+                CollKind::AllReduce => INLINE_MAX_BYTES,
+                CollKind::AllGather => 8 << 10,
+                _ => INLINE_BYTES,
+            }
+}
+
+/// Whether a rank's buffers of a `kind` call (the windows its input and
+/// output lie in, 0 for none) are those the path between windows needs:
+/// an allgather's output, a reduce-scatter's input, an allreduce's both.
+pub(crate) fn direct_capable(kind: CollKind, in_win: u64, out_win: u64) -> bool {
+    match kind {
+        CollKind::AllGather => out_win != 0,
+        CollKind::ReduceScatter => in_win != 0,
+        _ => in_win != 0 && out_win != 0,
+    }
+}
+
 /// Allgathers and all-to-alls whose blocks have at least this many bytes
 /// copy from the peers by cross-memory attach where the ranks may. Below
 /// it the slots win or tie (each `process_vm_readv` pins the peer's pages,
