@@ -80,7 +80,13 @@ pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
             return limit;
         }
     }
-    match (facts.size, kind) {
+    limit_without_windows(kind, facts.size)
+}
+
+/// [`inline_limit`] of a `kind` call on `size` ranks where windows do not
+/// lower it.
+fn limit_without_windows(kind: CollKind, size: usize) -> usize {
+    match (size, kind) {
         (2, CollKind::AllReduce | CollKind::Reduce | CollKind::Broadcast) => INLINE_MAX_BYTES,
         (2, CollKind::AllGather | CollKind::AllToAll) => 8 << 10,
         (
@@ -163,17 +169,13 @@ fn windows_inline_limit(kind: CollKind) -> Option<usize> {
 pub(crate) fn inline_after_check_in(kind: CollKind, in_bytes: usize, size: usize) -> bool {
     size == 2
         && windows_inline_limit(kind).is_some()
-        && in_bytes
-            <= match kind {
-                CollKind::AllReduce => INLINE_MAX_BYTES,
-                CollKind::AllGather => 8 << 10,
-                _ => INLINE_BYTES,
-            }
+        && in_bytes <= limit_without_windows(kind, size)
 }
 
 /// Whether a rank's buffers of a `kind` call (the windows its input and
-/// output lie in, 0 for none) are those the path between windows needs:
-/// an allgather's output, a reduce-scatter's input, an allreduce's both.
+/// output lie in, 0 for none) are those the path between windows needs
+/// ([`after_check_in`] over every rank's): an allgather's output, a
+/// reduce-scatter's input, an allreduce's both.
 pub(crate) fn direct_capable(kind: CollKind, in_win: u64, out_win: u64) -> bool {
     match kind {
         CollKind::AllGather => out_win != 0,
