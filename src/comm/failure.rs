@@ -22,6 +22,7 @@ use std::time::Instant;
 const HOST_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
 impl Inner {
     /// Whether the communicator has failed (its error is in `failure`).
+    #[inline(always)]
     pub(super) fn has_failed(&self) -> bool {
         self.failed.load(Ordering::Acquire)
     }

@@ -368,6 +368,7 @@ fn rooted_early(ctx: &Ctx<'_>, kind: CollKind) -> bool {
 
 /// After the announcements a rank reads in an inline call (`every`: all
 /// its peers'): note that, or that it left the call early.
+#[inline(always)]
 fn read_all(ctx: &Ctx<'_>, call: &Call, turn: u64, every: bool) {
     if every {
         all_read(ctx, turn);

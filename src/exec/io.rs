@@ -124,6 +124,7 @@ pub(crate) enum HostIo<'a, T> {
 }
 
 impl<T: Element> HostIo<'_, T> {
+    #[inline(always)]
     pub(super) fn input(&self, off: usize, len: usize) -> &[T] {
         match self {
             HostIo::OutOfPlace { input, .. } => &input[off..off + len],

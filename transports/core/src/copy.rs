@@ -320,22 +320,32 @@ mod x86 {
         _mm_loadu_si128, _mm_storeu_si128,
     };
 
+    /// Whether the CPU has PREFETCHW: 0 not asked yet, 1 yes, 2 no.
+    static HAS_PREFETCHW: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
     /// Whether the CPU has PREFETCHW (CPUID 8000_0001h, ECX bit 8:
-    /// PRFCHW), asked once: 0 not yet, 1 yes, 2 no.
+    /// PRFCHW), asked once. Inlined (one load), so that a small call's
+    /// claim of its lines costs no call.
+    #[inline(always)]
     pub(super) fn has_prefetchw() -> bool {
-        use std::sync::atomic::{AtomicU8, Ordering};
-        static HAS: AtomicU8 = AtomicU8::new(0);
-        match HAS.load(Ordering::Relaxed) {
+        match HAS_PREFETCHW.load(std::sync::atomic::Ordering::Relaxed) {
             1 => true,
             2 => false,
-            _ => {
-                let max = core::arch::x86_64::__cpuid(0x8000_0000).eax;
-                let has = max >= 0x8000_0001
-                    && core::arch::x86_64::__cpuid(0x8000_0001).ecx & (1 << 8) != 0;
-                HAS.store(if has { 1 } else { 2 }, Ordering::Relaxed);
-                has
-            }
+            _ => ask_prefetchw(),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn ask_prefetchw() -> bool {
+        let max = core::arch::x86_64::__cpuid(0x8000_0000).eax;
+        let has =
+            max >= 0x8000_0001 && core::arch::x86_64::__cpuid(0x8000_0001).ecx & (1 << 8) != 0;
+        HAS_PREFETCHW.store(
+            if has { 1 } else { 2 },
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        has
     }
 
     /// Bytes per iteration of the AVX2 loop: four 32-byte vectors.
