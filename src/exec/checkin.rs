@@ -44,7 +44,7 @@
 //!  word 52  note of a call through slots at an odd position
 //!           each: +0 position (stored last, Release), +1 coll|dtype<<8|op<<16|root<<32,
 //!                 +2 count, +3 number
-//!  word 64  announcement of check-in t in slot t % CHECKIN_SLOTS (24),
+//!  word 64  announcement of check-in t in slot t % CHECKIN_SLOTS (32),
 //!           16 words each (counted per communicator)
 //!           each, first cache line (all an inline call of at most
 //!           32 bytes writes and its peers read):
@@ -56,7 +56,7 @@
 //!                 +11 output offset (window 0: not in one),
 //!                 +12 the input's address in the rank's process (only
 //!                    for calls peers may copy by cross-memory attach)
-//!  word 512   inline input of check-in t in area t % CHECKIN_SLOTS
+//!  word 1024 inline input of check-in t in area t % CHECKIN_SLOTS
 //!             (`INLINE_CAPACITY`, 16 KiB each)
 //!  byte SPREAD_AT (after the inline areas)
 //!             the staging area of a large broadcast's root: chunk g in
@@ -138,8 +138,16 @@ pub(super) const ENTRY_WORDS: usize = 16;
 /// A rank that leaves a check-in before its peers come (a broadcast's
 /// root, a reduce's senders: `exec::inline`) may run that many check-ins
 /// minus one ahead of them.
-pub(crate) const CHECKIN_SLOTS: u64 = 24;
-const _: () = assert!(W_ENTRY + CHECKIN_SLOTS as usize * ENTRY_WORDS <= 512);
+///
+/// A power of two, so that a slot's index is a mask (`turn % 24`, worked
+/// out several times a call, cost about 30 of a small call's
+/// instructions): against 24 slots, 2 ranks in turns, reduces of 8-32 B
+/// 1.26-1.39x, broadcasts 1.03-1.05x, the rest level; 16 slots gained
+/// less and lost 0.95-0.97x at 64-128 B
+/// (docs/data/2026-12-02/checkin-slots/).
+pub(crate) const CHECKIN_SLOTS: u64 = 32;
+const _: () = assert!(CHECKIN_SLOTS.is_power_of_two());
+const _: () = assert!(W_ENTRY + CHECKIN_SLOTS as usize * ENTRY_WORDS <= W_INLINE);
 // One bit a slot in `Control::left_mask`.
 const _: () = assert!(CHECKIN_SLOTS <= 64);
 const E_SEQ: usize = 0;
@@ -167,7 +175,7 @@ pub(super) const E_IN_ADDR: usize = 12;
 /// and how much each holds: the planner's largest inline call
 /// (`plan::INLINE_MAX_BYTES`), every area in the page
 /// (`window::CONTROL_BYTES`).
-pub(super) const W_INLINE: usize = 512;
+pub(super) const W_INLINE: usize = 1024;
 pub(super) const INLINE_CAPACITY: usize = plan::INLINE_MAX_BYTES;
 pub(super) const INLINE_WORDS: usize = INLINE_CAPACITY / 8;
 const _: () = assert!(
