@@ -378,7 +378,7 @@ pub(super) fn heard_inline(
 /// The words of peer `j`'s inline input at check-in `turn` (as many as
 /// its input fills), from its announcement's first line (heard already:
 /// [`heard_inline`]).
-#[inline]
+#[inline(always)]
 pub(super) fn small_words(ctx: &Ctx<'_>, j: usize, turn: u64) -> Result<[u64; SMALL_WORDS]> {
     let words = entry_words(ctx.control.pages.words(j), turn)?;
     // All of them, a fixed number of loads from the one line: those past

@@ -152,6 +152,14 @@ impl<T: Element> HostIo<'_, T> {
         }
     }
 
+    /// In place with input and output at one place: the output holds the
+    /// input already.
+    #[inline(always)]
+    pub(super) fn in_place_at_one_place(&self) -> bool {
+        matches!(self, HostIo::InPlace { input_base, output_base, .. } if input_base == output_base)
+    }
+
+    #[inline(always)]
     pub(super) fn output(&mut self, off: usize, len: usize) -> &mut [T] {
         match self {
             HostIo::OutOfPlace { output, .. } => &mut output[off..off + len],
