@@ -636,10 +636,11 @@ const CLAIM_AHEAD: u64 = 2;
 /// of 8-32 bytes (announcement only) 1.20-1.47x, broadcast of 1-4 KiB
 /// (with its inline area, written without the page's lock) 1.41-2.03x at
 /// 2 KiB (docs/performance-log.md, "Lines claimed ahead", "Inline inputs
-/// without the page's lock"). Not made where it lost: by a reduce of 64
-/// B-1 KiB (0.60-0.93x; 0.72-1.01x when made only where the peers'
-/// "finished" word showed the slot free; why, not found), by a broadcast
-/// of 128-512 B or 8 KiB, and by calls whose ranks meet (an allreduce waits for a
+/// without the page's lock"), and since 2026-12-02 from 33 B (see
+/// `inline::WORDS_MIN`). Not made where it lost: by a reduce of 64
+/// B-4 KiB (0.60-0.93x; 0.72-1.01x when made only where the peers'
+/// "finished" word showed the slot free; 0.83-0.95x again on 2026-12-02;
+/// why, not found), by a broadcast of 8 KiB, and by calls whose ranks meet (an allreduce waits for a
 /// round trip anyway, and a claim only adds traffic to it: 8 B 0.23 ->
 /// 0.24-0.25 µs).
 #[inline(always)]

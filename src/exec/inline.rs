@@ -29,12 +29,18 @@ const SHARED_COPY_MIN: usize = 8 << 10;
 /// The inline inputs (up to their last published byte) that go onto the
 /// page word by word, without the page's lock (see `write_inline`), and
 /// the broadcasts whose ranks claim their lines of the call two check-ins
-/// on (`checkin::claim_ahead`). Below, neither paid (at 128-512 B the
-/// words 0.80-1.09x, the broadcast's claims 0.90-0.98x); above, the lock's
-/// wait is a small part of the copy, `memcpy`'s wide stores beat a word at
-/// a time (a reduce of 8 KiB 0.81-0.84x), and claiming 128 lines lost (a
-/// broadcast of 8 KiB 0.92-0.96x).
-const WORDS_MIN: usize = 1 << 10;
+/// on (`checkin::claim_ahead`): every input over [`SMALL_BYTES`] (which
+/// travels in the announcement) up to 4 KiB. From 33 B to 1 KiB they went
+/// under the lock without claims until the small call's steps were
+/// inlined (the words then measured 0.80-1.09x at 128-512 B); since, 2
+/// ranks in turns, 64-512 B: broadcast 1.15-1.36x, reduce 1.04-1.17x,
+/// allgather, reduce-scatter and all-to-all 1.03-1.08x, allreduce level
+/// (docs/data/2026-12-02/inline-words/); a reduce's senders claiming too
+/// lost (0.83-0.95x at 64 B-4 KiB). Above 4 KiB the lock's wait is a
+/// small part of the copy, `memcpy`'s wide stores beat a word at a time (a
+/// reduce of 8 KiB 0.81-0.84x), and claiming 128 lines lost (a broadcast
+/// of 8 KiB 0.92-0.96x).
+const WORDS_MIN: usize = SMALL_BYTES + 1;
 const WORDS_MAX: usize = 4 << 10;
 
 /// The first byte of check-in `turn`'s inline area.
@@ -53,7 +59,8 @@ fn inline_at(turn: u64) -> usize {
 /// (a cross-core round trip). Against `memcpy` under the lock, 2 ranks,
 /// in turns: 0.99-1.25x at 1-4 KiB (allgather, allreduce, reduce-scatter,
 /// all-to-all, broadcast; docs/performance-log.md, "Inline inputs without
-/// the page's lock").
+/// the page's lock"), and since the small call's steps were inlined
+/// 1.03-1.36x at 64-512 B (see [`WORDS_MIN`]).
 ///
 /// Otherwise under the lock; a broadcast's root of at least
 /// [`SHARED_COPY_MIN`] bytes, the page's one writer, copies as into a
