@@ -142,8 +142,9 @@ pub(super) const ENTRY_WORDS: usize = 16;
 /// A power of two, so that a slot's index is a mask (`turn % 24`, worked
 /// out several times a call, cost about 30 of a small call's
 /// instructions): against 24 slots, 2 ranks in turns, reduces of 8-32 B
-/// 1.26-1.39x, broadcasts 1.03-1.05x, the rest level; 16 slots gained
-/// less and lost 0.95-0.97x at 64-128 B
+/// 1.26-1.39x, broadcasts 1.03-1.05x, the rest level. 16 slots gained
+/// less at 8-32 B; at 64 B-4 KiB the reduce on 16 and on 32 moved between
+/// 0.73 and 1.15x of each other from run to run
 /// (docs/data/2026-12-02/checkin-slots/).
 pub(crate) const CHECKIN_SLOTS: u64 = 32;
 const _: () = assert!(CHECKIN_SLOTS.is_power_of_two());
