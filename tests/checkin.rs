@@ -101,11 +101,12 @@ fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
 }
 
 /// Counts around each limit for each collective's input, and around the
-/// input that travels in the announcement's line (8 and 32 bytes: the
-/// second is the line's room, `exec::checkin::SMALL_BYTES`).
+/// inputs that travel in the announcement: 8 bytes, 32 (its first line's
+/// room, `exec::checkin::SMALL_BYTES`), 96 (two lines) and 160 (three,
+/// `exec::checkin::ENTRY_INPUT_BYTES`).
 fn counts(n: usize, elem: usize) -> Vec<usize> {
     let mut c = vec![0, 1, 3];
-    for line in [8 / elem, 32 / elem] {
+    for line in [8 / elem, 32 / elem, 96 / elem, 160 / elem] {
         c.extend([line / n, line / n + 1, line, line + 1]);
     }
     let limits: &[usize] = match n {
@@ -323,60 +324,69 @@ fn a_count_that_differs_in_the_middle_of_a_batch_is_found() {
 /// start only after the root finished its calls get each call's value,
 /// and a reduce's root gets each call's sum, on 2 and 3 ranks, then the
 /// ranks go on with calls that read every announcement and through slots.
+/// Inputs in the announcement's first line (20 and 24 bytes), in its
+/// three lines (120 and 128 bytes: `exec::checkin::ENTRY_INPUT_BYTES`),
+/// and in the page's inline area (1,200 and 800 bytes).
 #[test]
 fn roots_and_senders_run_ahead_and_every_call_keeps_its_data() {
     const AHEAD: usize = 6;
-    for n in [2, 3] {
-        let gate = std::sync::Barrier::new(n);
-        run_ranks_with(n, quick, |comm| {
-            let rank = comm.rank();
-            // Broadcast from rank 0: the others start once it is done.
-            let mut got = [[0f32; 5]; AHEAD];
-            for (call, buf) in got.iter_mut().enumerate() {
+    for (floats, doubles) in [(5, 3), (30, 16), (300, 100)] {
+        for n in [2, 3] {
+            let gate = std::sync::Barrier::new(n);
+            run_ranks_with(n, quick, |comm| {
+                let rank = comm.rank();
+                let value = |call: usize, i: usize| (call * 10 + i % 7) as f32;
+                // Broadcast from rank 0: the others start once it is done.
+                let mut got = vec![vec![0f32; floats]; AHEAD];
+                for (call, buf) in got.iter_mut().enumerate() {
+                    if rank == 0 {
+                        *buf = (0..floats).map(|i| value(call, i)).collect();
+                    }
+                    if rank != 0 && call == 0 {
+                        gate.wait();
+                    }
+                    comm.broadcast(buf, 0).unwrap();
+                }
                 if rank == 0 {
-                    *buf = [(call * 10) as f32; 5];
-                }
-                if rank != 0 && call == 0 {
                     gate.wait();
                 }
-                comm.broadcast(buf, 0).unwrap();
-            }
-            if rank == 0 {
-                gate.wait();
-            }
-            for (call, buf) in got.iter().enumerate() {
-                assert_eq!(
-                    buf,
-                    &[(call * 10) as f32; 5],
-                    "broadcast {call} rank {rank}"
-                );
-            }
-            // Reduce to the last rank: it starts once every sender is done.
-            let root = n - 1;
-            let mut sums = [[0f64; 3]; AHEAD];
-            for (call, sum) in sums.iter_mut().enumerate() {
-                let mine = [(rank * 100 + call) as f64; 3];
-                if rank == root && call == 0 {
+                for (call, buf) in got.iter().enumerate() {
+                    let want: Vec<f32> = (0..floats).map(|i| value(call, i)).collect();
+                    assert_eq!(
+                        buf, &want,
+                        "broadcast {call} of {floats} rank {rank} of {n}"
+                    );
+                }
+                // Reduce to the last rank: it starts once every sender is done.
+                let root = n - 1;
+                let mine = |r: usize, call: usize, i: usize| (r * 100 + call + i % 5) as f64;
+                let mut sums = vec![vec![0f64; doubles]; AHEAD];
+                for (call, sum) in sums.iter_mut().enumerate() {
+                    let input: Vec<f64> = (0..doubles).map(|i| mine(rank, call, i)).collect();
+                    if rank == root && call == 0 {
+                        gate.wait();
+                    }
+                    comm.reduce(&input, sum, ReduceOp::Sum, root).unwrap();
+                }
+                if rank != root {
                     gate.wait();
+                } else {
+                    for (call, sum) in sums.iter().enumerate() {
+                        let want: Vec<f64> = (0..doubles)
+                            .map(|i| (0..n).map(|r| mine(r, call, i)).sum())
+                            .collect();
+                        assert_eq!(sum, &want, "reduce {call} of {doubles} on {n}");
+                    }
                 }
-                comm.reduce(&mine, sum, ReduceOp::Sum, root).unwrap();
-            }
-            if rank != root {
-                gate.wait();
-            } else {
-                for (call, sum) in sums.iter().enumerate() {
-                    let want: f64 = (0..n).map(|r| (r * 100 + call) as f64).sum();
-                    assert_eq!(sum, &[want; 3], "reduce {call}");
-                }
-            }
-            // Then calls that read every announcement, and through slots.
-            let mut x = [rank as f32 + 1.0; 3];
-            comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
-            assert_eq!(x, [(n * (n + 1) / 2) as f32; 3]);
-            let mut y = vec![1f32; 50_000];
-            comm.all_reduce_in_place(&mut y, ReduceOp::Sum).unwrap();
-            assert!(y.iter().all(|&v| v == n as f32));
-        });
+                // Then calls that read every announcement, and through slots.
+                let mut x = [rank as f32 + 1.0; 3];
+                comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+                assert_eq!(x, [(n * (n + 1) / 2) as f32; 3]);
+                let mut y = vec![1f32; 50_000];
+                comm.all_reduce_in_place(&mut y, ReduceOp::Sum).unwrap();
+                assert!(y.iter().all(|&v| v == n as f32));
+            });
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 
 use super::checkin::{
     all_read, announce, finish, free_slot, lock, note_slot_call, publish_finished,
-    read_announcement, Ctx, Deadline, Place,
+    read_announcement, Ctx, Deadline, Place, ENTRY_INPUT_WORDS, SMALL_WORDS,
 };
 use super::io::HostIo;
 use super::{direct, inline, pull, spread, Call};
@@ -23,11 +23,12 @@ use std::sync::atomic::Ordering;
 /// rank's announcement. `Ok(true)`: done (results in place on every
 /// rank); `Ok(false)`: run the schedule through slots.
 ///
-/// A call whose input travels in its announcement's line
+/// A call whose input travels in its announcement's first line
 /// (`inline::in_words`) runs here, inlined into the blocking call
 /// (`Communicator::run_blocking`); the others in `run_other`, out of
-/// line: inlined, the inline area's path lost 5-12% at 2-8 KiB on 2
-/// ranks (docs/performance-log.md, "Small calls without a locked
+/// line (those of up to 160 bytes through `inline::run_words` too):
+/// inlined, the inline area's path lost 5-12% at 2-8 KiB on 2 ranks
+/// (docs/performance-log.md, "Small calls without a locked
 /// instruction").
 #[inline(always)]
 pub(crate) fn run<T: Element>(
@@ -39,7 +40,7 @@ pub(crate) fn run<T: Element>(
     let extents = call.kind.extents(call.fingerprint.count as usize, ctx.size);
     if route == Route::Inline && inline::in_words::<T>(extents.0) {
         let (turn, deadline) = take_turn(ctx, call)?;
-        inline::run_words(ctx, io, call, extents.0, turn, &deadline)?;
+        inline::run_words::<T, SMALL_WORDS>(ctx, io, call, extents.0, turn, &deadline)?;
         publish_finished(ctx);
         return Ok(true);
     }
@@ -66,7 +67,10 @@ fn run_other<T: Element>(
         Route::CheckIn { cma, spread } => (cma, spread),
     };
     let (turn, deadline) = take_turn(ctx, call)?;
-    let done = if route == Route::Inline {
+    let done = if route == Route::Inline && inline::in_entry::<T>(in_len) {
+        inline::run_words::<T, ENTRY_INPUT_WORDS>(ctx, io, call, in_len, turn, &deadline)
+            .map(|()| true)
+    } else if route == Route::Inline {
         inline::run(ctx, io, call, in_len, turn, &deadline).map(|()| true)
     } else {
         check_in(ctx, io, call, (turn, paths), (in_len, out_len), &deadline)

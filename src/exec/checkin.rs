@@ -45,13 +45,15 @@
 //!           each: +0 position (stored last, Release), +1 coll|dtype<<8|op<<16|root<<32,
 //!                 +2 count, +3 number
 //!  word 64  announcement of check-in t in slot t % CHECKIN_SLOTS (32),
-//!           16 words each (counted per communicator)
+//!           24 words (three cache lines) each (counted per communicator)
 //!           each, first cache line (all an inline call of at most
 //!           32 bytes writes and its peers read):
 //!                 +0 position (stored last, Release), +1 as in a note,
 //!                 +2 count, +3 the call's number (the fingerprint's `seq`),
 //!                 +4..+7 an inline input of at most 32 bytes;
-//!           second cache line (what only calls that are not inline use):
+//!           an inline call of 33 to 160 bytes: +4..+23 its input (the
+//!                 lines it fills);
+//!           a call that is not inline, second cache line:
 //!                 +8 input window, +9 input offset, +10 output window,
 //!                 +11 output offset (window 0: not in one),
 //!                 +12 the input's address in the rank's process (only
@@ -133,7 +135,9 @@ pub(super) const W_DONE: usize = 8;
 /// (`publish_finished`); in a cache line of its own.
 const W_FINISHED: usize = 16;
 const W_ENTRY: usize = 64;
-pub(super) const ENTRY_WORDS: usize = 16;
+/// Words of an announcement slot: three cache lines, so that an inline
+/// input of up to [`ENTRY_INPUT_BYTES`] travels in it (see there).
+pub(super) const ENTRY_WORDS: usize = 24;
 /// Announcement slots of a page: check-in `t` takes slot `t % CHECKIN_SLOTS`.
 /// A rank that leaves a check-in before its peers come (a broadcast's
 /// root, a reduce's senders: `exec::inline`) may run that many check-ins
@@ -158,12 +162,26 @@ const E_COUNT: usize = 2;
 const E_NUM: usize = 3;
 /// An inline input of at most [`SMALL_BYTES`]: in the announcement's
 /// first cache line with the call, so that a peer reads one line.
-const E_SMALL: usize = 4;
+pub(super) const E_SMALL: usize = 4;
 /// Words of [`E_SMALL`].
 pub(super) const SMALL_WORDS: usize = 4;
 /// The largest inline input that travels in the announcement's line.
 pub(super) const SMALL_BYTES: usize = SMALL_WORDS * 8;
 const _: () = assert!(E_SMALL + SMALL_WORDS <= 8);
+/// Words of the largest inline input that travels in its announcement:
+/// every word after the call's (`inline::run_words`).
+pub(super) const ENTRY_INPUT_WORDS: usize = ENTRY_WORDS - E_SMALL;
+/// The largest inline input that travels in its announcement, 160 bytes:
+/// the words after the call's in the first line, then whole lines next to
+/// it, which a peer asks for before it waits for the first
+/// ([`fetch_entry`]) and a rank that runs ahead claims with it
+/// ([`claim_ahead`]). In the page's inline area instead, each of the
+/// reader's loads waited for the announcement's line first: two
+/// cross-core transfers one after the other. 2 ranks, in turns against
+/// the inline area: reduce 1.3-1.4x at 64-160 B, broadcast 1.1-1.2x at
+/// 64-128 B, allreduce, allgather and reduce-scatter 1.05-1.1x at 64-128
+/// B (docs/data/2026-12-02/entry-lines/).
+pub(super) const ENTRY_INPUT_BYTES: usize = ENTRY_INPUT_WORDS * 8;
 const E_IN_WIN: usize = 8;
 const E_IN_OFF: usize = 9;
 const E_OUT_WIN: usize = 10;
@@ -265,6 +283,7 @@ fn outside(index: usize, words: usize) -> Error {
 }
 
 /// The first word of check-in number `turn`'s inline area.
+#[inline(always)]
 pub(super) fn inline_word(turn: u64) -> usize {
     W_INLINE + (turn % CHECKIN_SLOTS) as usize * INLINE_WORDS
 }
@@ -330,9 +349,9 @@ pub(super) fn announce(
 }
 
 /// Announce an inline `call` at check-in `turn`, with the words of its
-/// input where it is at most [`SMALL_BYTES`] (`small`; none for a larger
-/// input, which goes in the inline area, or for a rank that puts none):
-/// the announcement's first cache line alone. This rank's announcement
+/// input where it is at most [`ENTRY_INPUT_BYTES`] (`small`; none for a
+/// larger input, which goes in the inline area, or for a rank that puts
+/// none): up to [`SMALL_BYTES`] the announcement's first cache line alone. This rank's announcement
 /// words, for [`heard_inline`] to compare the peers' with.
 ///
 /// Inlined, as every step of a small call's check-in that runs each call
@@ -349,7 +368,7 @@ pub(super) fn announce_inline<'p>(
     small: &[u64],
 ) -> Result<&'p [AtomicU64; ENTRY_WORDS]> {
     let words = entry_words(ctx.control.pages.words(ctx.rank), turn)?;
-    for (w, &v) in words[E_SMALL..E_SMALL + SMALL_WORDS].iter().zip(small) {
+    for (w, &v) in words[E_SMALL..].iter().zip(small) {
         w.store(v, Ordering::Relaxed);
     }
     fill_call(words, call.order, &call.fingerprint);
@@ -376,16 +395,26 @@ pub(super) fn heard_inline(
     Ok(())
 }
 
-/// The words of peer `j`'s inline input at check-in `turn` (as many as
-/// its input fills), from its announcement's first line (heard already:
-/// [`heard_inline`]).
+/// The words of peer `j`'s inline input at check-in `turn` (its first
+/// `n`), from its announcement (heard already: [`heard_inline`]); `N`:
+/// [`SMALL_WORDS`] or [`ENTRY_INPUT_WORDS`], the rest zero.
 #[inline(always)]
-pub(super) fn small_words(ctx: &Ctx<'_>, j: usize, turn: u64) -> Result<[u64; SMALL_WORDS]> {
+pub(super) fn small_words<const N: usize>(
+    ctx: &Ctx<'_>,
+    j: usize,
+    turn: u64,
+    n: usize,
+) -> Result<[u64; N]> {
+    const { assert!(E_SMALL + N <= ENTRY_WORDS) };
     let words = entry_words(ctx.control.pages.words(j), turn)?;
-    // All of them, a fixed number of loads from the one line: those past
+    // In the first line all of them, a fixed number of loads: those past
     // the input's are left from earlier calls and never used.
     Ok(std::array::from_fn(|k| {
-        words[E_SMALL + k].load(Ordering::Relaxed)
+        if N == SMALL_WORDS || k < n {
+            words[E_SMALL + k].load(Ordering::Relaxed)
+        } else {
+            0
+        }
     }))
 }
 
@@ -626,8 +655,8 @@ pub(super) fn left_early(ctx: &Ctx<'_>, turn: u64) {
 const CLAIM_AHEAD: u64 = 2;
 
 /// The lines this rank will write at check-in `turn + CLAIM_AHEAD` if that
-/// is a call like this one (its announcement's first line, and the first
-/// `inline_bytes` of its inline area), taken for writing now
+/// is a call like this one (its announcement's first `entry_lines` lines,
+/// and the first `inline_bytes` of its inline area), taken for writing now
 /// (`ferroccl_transport::prefetch_for_write`). For the small calls whose
 /// ranks do not wait for each other ([`plan::leaves_early`]): a peer read
 /// those lines of that slot `CHECKIN_SLOTS` check-ins before, so each store
@@ -638,24 +667,48 @@ const CLAIM_AHEAD: u64 = 2;
 /// (with its inline area, written without the page's lock) 1.41-2.03x at
 /// 2 KiB (docs/performance-log.md, "Lines claimed ahead", "Inline inputs
 /// without the page's lock"), and since 2026-12-02 from 33 B (see
-/// `inline::WORDS_MIN`). Not made where it lost: by a reduce of 64
-/// B-4 KiB (0.60-0.93x; 0.72-1.01x when made only where the peers'
-/// "finished" word showed the slot free; 0.83-0.95x again on 2026-12-02;
-/// why, not found), by a broadcast of 8 KiB, and by calls whose ranks meet (an allreduce waits for a
-/// round trip anyway, and a claim only adds traffic to it: 8 B 0.23 ->
-/// 0.24-0.25 µs).
+/// `inline::WORDS_MIN`); every line of an input in the announcement
+/// ([`ENTRY_INPUT_BYTES`]). A reduce's ranks claim their announcement's
+/// line above that too (64 B 1.07x, 256 B 1.3x, the rest level), but not
+/// a sender's inline area, where it lost: 0.60-0.93x at 64 B-4 KiB
+/// (0.72-1.01x when made only where the peers' "finished" word showed
+/// the slot free; 0.83-0.95x again on 2026-12-02; level once the root
+/// fetched its inputs ahead, `inline::fetch_ahead`). Not made by a
+/// broadcast of 8 KiB, and by calls whose ranks meet (an allreduce waits
+/// for a round trip anyway, and a claim only adds traffic to it: 8 B 0.23
+/// -> 0.24-0.25 µs).
 #[inline(always)]
-pub(super) fn claim_ahead(ctx: &Ctx<'_>, turn: u64, inline_bytes: usize) {
+pub(super) fn claim_ahead(ctx: &Ctx<'_>, turn: u64, entry_lines: usize, inline_bytes: usize) {
     let page = ctx.control.pages.words(ctx.rank);
     let ahead = turn + CLAIM_AHEAD;
     if let Some(w) = page.get(entry(ahead)) {
         ferroccl_transport::prefetch_for_write(w);
+    }
+    for line in 1..entry_lines.min(ENTRY_WORDS.div_ceil(8)) {
+        if let Some(w) = page.get(entry(ahead) + 8 * line) {
+            ferroccl_transport::prefetch_for_write(w);
+        }
     }
     if inline_bytes > 0 {
         let at = inline_word(ahead);
         let words = inline_bytes.min(INLINE_CAPACITY).div_ceil(8);
         for w in page.get(at..at + words).unwrap_or(&[]).iter().step_by(8) {
             ferroccl_transport::prefetch_for_write(w);
+        }
+    }
+}
+
+/// Ask for the lines after the first of peer `j`'s announcement of
+/// check-in `turn` that an input of `n` words fills, before this rank
+/// waits for it: read after its first line, each would be a cross-core
+/// transfer of its own.
+#[inline(always)]
+pub(super) fn fetch_entry(ctx: &Ctx<'_>, j: usize, turn: u64, n: usize) {
+    let page = ctx.control.pages.words(j);
+    let e = entry(turn);
+    for line in 1..(E_SMALL + n).div_ceil(8) {
+        if let Some(w) = page.get(e + 8 * line) {
+            ferroccl_transport::prefetch_for_read(w);
         }
     }
 }

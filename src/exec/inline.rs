@@ -1,7 +1,8 @@
 //! Small calls all in one check-in: each rank puts its input (at most
 //! `plan::inline_limit`, 4 to 16 KiB; a broadcast's root only) on its control page with
-//! its announcement (up to 32 bytes in the announcement's first cache line,
-//! else in the page's inline area), reads every peer's announcement, then
+//! its announcement (up to 160 bytes in the announcement itself, up to 32
+//! of them in its first cache line with the call; else in the page's
+//! inline area), reads every peer's announcement, then
 //! takes what it needs from the peers' pages: allreduce reduces every input
 //! in rank order, reduce-scatter its block of each, reduce does so on the
 //! root, allgather copies every block, broadcast the root's, all-to-all its
@@ -9,8 +10,9 @@
 //! completion wait: one exchange in all; a barrier is the check-in alone.
 
 use super::checkin::{
-    all_read, announce_inline, claim_ahead, heard_inline, inline_word, left_early, lock,
-    page_elements, small_words, Ctx, Deadline, SMALL_BYTES, SMALL_WORDS,
+    all_read, announce_inline, claim_ahead, fetch_entry, heard_inline, inline_word, left_early,
+    lock, page_elements, small_words, Ctx, Deadline, ENTRY_INPUT_BYTES, E_SMALL, SMALL_BYTES,
+    SMALL_WORDS,
 };
 use super::io::HostIo;
 use super::Call;
@@ -29,8 +31,8 @@ const SHARED_COPY_MIN: usize = 8 << 10;
 /// The inline inputs (up to their last published byte) that go onto the
 /// page word by word, without the page's lock (see `write_inline`), and
 /// the broadcasts whose ranks claim their lines of the call two check-ins
-/// on (`checkin::claim_ahead`): every input over [`SMALL_BYTES`] (which
-/// travels in the announcement) up to 4 KiB. From 33 B to 1 KiB they went
+/// on (`checkin::claim_ahead`): every input over [`ENTRY_INPUT_BYTES`]
+/// (which travels in the announcement) up to 4 KiB. From 33 B to 1 KiB they went
 /// under the lock without claims until the small call's steps were
 /// inlined (the words then measured 0.80-1.09x at 128-512 B); since, 2
 /// ranks in turns, 64-512 B: broadcast 1.15-1.36x, reduce 1.04-1.17x,
@@ -40,7 +42,7 @@ const SHARED_COPY_MIN: usize = 8 << 10;
 /// small part of the copy, `memcpy`'s wide stores beat a word at a time (a
 /// reduce of 8 KiB 0.81-0.84x), and claiming 128 lines lost (a broadcast
 /// of 8 KiB 0.92-0.96x).
-const WORDS_MIN: usize = SMALL_BYTES + 1;
+const WORDS_MIN: usize = ENTRY_INPUT_BYTES + 1;
 const WORDS_MAX: usize = 4 << 10;
 
 /// The first byte of check-in `turn`'s inline area.
@@ -49,7 +51,7 @@ fn inline_at(turn: u64) -> usize {
 }
 
 /// Copy the `parts` of a small input (as (first element, elements); over
-/// [`SMALL_BYTES`]: [`run_words`] takes the others) into this rank's
+/// [`ENTRY_INPUT_BYTES`]: [`run_words`] takes the others) into this rank's
 /// inline area of check-in `turn`, each where it lies in the input.
 ///
 /// From [`WORDS_MIN`] to [`WORDS_MAX`] bytes word by word, through the
@@ -173,7 +175,7 @@ fn published_parts(
 }
 
 /// Elements `off..off + len` of rank `j`'s inline input of check-in
-/// `turn` (over [`SMALL_BYTES`]: [`run_words`] takes the others).
+/// `turn` (over [`ENTRY_INPUT_BYTES`]: [`run_words`] takes the others).
 fn peer_inline<'x, T: Element>(
     ctx: &'x Ctx<'_>,
     j: usize,
@@ -259,11 +261,19 @@ fn publishes(kind: CollKind, rank: usize, root: usize) -> bool {
 /// from the peers' pages. Nobody touches another rank's buffers, so there
 /// is no completion wait: one exchange in all.
 ///
-/// For an input over [`SMALL_BYTES`], through the page's inline area:
-/// the smaller ones travel in the announcement's line ([`run_words`]),
-/// which `checked_in::run` calls itself (inlined into the blocking call,
-/// where this path stays out of line), and every rank decides between the
-/// two by [`in_words`] alike.
+/// For an input over [`ENTRY_INPUT_BYTES`], through the page's inline
+/// area: the smaller ones travel in the announcement ([`run_words`]; up to
+/// [`SMALL_BYTES`] `checked_in::run` calls it itself, inlined into the
+/// blocking call, where the others stay out of line), and every rank
+/// decides by [`in_words`] and [`in_entry`] alike.
+///
+/// Before it waits for a peer's announcement, a rank asks for the lines
+/// of that peer's input it will read (`fetch_ahead`): read only after the
+/// announcement's line had come, each was a second cross-core transfer
+/// after the first. 2 ranks, in turns: reduce 1.2-1.4x at 64 B-4 KiB,
+/// broadcast 1.1-1.45x at 256 B-1 KiB, allreduce, allgather and
+/// reduce-scatter 1.05-1.1x at 64-512 B (docs/data/2026-12-02/entry-lines/).
+/// Except in a reduce, only up to [`FETCH_ANY_MAX`] bytes of a peer.
 pub(super) fn run<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
@@ -272,12 +282,17 @@ pub(super) fn run<T: Element>(
     turn: u64,
     deadline: &Deadline,
 ) -> Result<()> {
-    debug_assert!(!in_words::<T>(in_len), "run_words takes this call");
+    debug_assert!(!in_entry::<T>(in_len), "run_words takes this call");
     let fp = call.fingerprint;
     let kind = call.kind;
     let (rank, size) = (ctx.rank, ctx.size);
     let root = fp.root as usize;
-    if publishes(kind, rank, root) {
+    // Out of place a reduce's root takes its own input from its buffer
+    // (`reduce_inline`): nobody reads it off its page (about 210 of its
+    // 1,370 instructions a call at 128 B).
+    let own_unread =
+        kind == CollKind::Reduce && rank == root && matches!(io, HostIo::OutOfPlace { .. });
+    if publishes(kind, rank, root) && !own_unread {
         publish(ctx, io, kind, in_len, turn)?;
     }
     let own = announce_inline(ctx, turn, call, &[])?;
@@ -287,6 +302,15 @@ pub(super) fn run<T: Element>(
     // buffers, and compare the announcements of the ranks that read theirs
     // later (`checkin::confirm_left`).
     let mut every = true;
+    if let Some(part) = part_read(kind, rank, size, fp.count as usize).filter(|&(_, len)| {
+        kind == CollKind::Reduce || len * std::mem::size_of::<T>() <= FETCH_ANY_MAX
+    }) {
+        for peer in (0..size).filter(|&p| p != rank) {
+            if plan::reads_inline(kind, rank, peer, root, ctx.control.early_return) {
+                fetch_ahead::<T>(ctx, peer, turn, part);
+            }
+        }
+    }
     for peer in (0..size).filter(|&p| p != rank) {
         if plan::reads_inline(kind, rank, peer, root, ctx.control.early_return) {
             heard_inline(ctx, (turn, peer), own, deadline, call)?;
@@ -295,18 +319,64 @@ pub(super) fn run<T: Element>(
         }
     }
     read_all(ctx, call, turn, every);
-    if kind == CollKind::Broadcast && ctx.control.early_return {
+    if rooted_early(ctx, kind) {
         let bytes = in_len * std::mem::size_of::<T>();
         if (WORDS_MIN..=WORDS_MAX).contains(&bytes) {
-            let published = if publishes(kind, rank, root) {
+            let published = if kind == CollKind::Broadcast && rank == root {
                 bytes
             } else {
                 0
             };
-            claim_ahead(ctx, turn, published);
+            claim_ahead(ctx, turn, 1, published);
         }
     }
     take_all(ctx, io, call, turn)
+}
+
+/// The elements (first, count) of each peer's input that this rank takes
+/// in an inline `kind` call of `count` elements (`take_all`'s), if it
+/// takes any.
+#[inline(always)]
+fn part_read(kind: CollKind, rank: usize, size: usize, count: usize) -> Option<(usize, usize)> {
+    match kind {
+        CollKind::AllReduce | CollKind::Reduce | CollKind::AllGather | CollKind::Broadcast => {
+            Some((0, count))
+        }
+        CollKind::ReduceScatter => Some((rank * count, count)),
+        CollKind::AllToAll => Some((rank * (count / size), count / size)),
+        _ => None,
+    }
+}
+
+/// Lines of a peer's inline input fetched ahead at most ([`fetch_ahead`]).
+const FETCH_LINES: usize = 16;
+
+/// The largest part of a peer's input fetched ahead ([`fetch_ahead`]) in
+/// calls other than a reduce. Where the ranks meet (an allreduce, an
+/// allgather), a rank that comes first takes the lines from the peer
+/// about to write them; from 1 KiB that lost, 2 ranks in turns:
+/// allreduce and allgather 0.90-0.94x at 1-4 KiB. A reduce's root, which
+/// its senders run ahead of, gained at every size (1.15-1.4x at 1-4 KiB).
+const FETCH_ANY_MAX: usize = 512;
+
+/// Ask for the lines of `part` of peer `j`'s inline input of check-in
+/// `turn` (at most [`FETCH_LINES`]) before waiting for its announcement
+/// (`ferroccl_transport::prefetch_for_read`): where the peer is there
+/// already, they come in parallel with the announcement's line.
+#[inline(always)]
+fn fetch_ahead<T>(ctx: &Ctx<'_>, j: usize, turn: u64, (off, len): (usize, usize)) {
+    let elem = std::mem::size_of::<T>();
+    let page = ctx.control.pages.words(j);
+    let first = inline_word(turn) + off * elem / 8;
+    let words = (len * elem).div_ceil(8).min(FETCH_LINES * 8);
+    for w in page
+        .get(first..first + words)
+        .unwrap_or(&[])
+        .iter()
+        .step_by(8)
+    {
+        ferroccl_transport::prefetch_for_read(w);
+    }
 }
 
 /// Put this rank's input of an inline `kind` call (`in_len` elements) on
@@ -388,26 +458,38 @@ fn read_all(ctx: &Ctx<'_>, call: &Call, turn: u64, every: bool) {
 
 /// Elements `from..from + len` of an input that travelled in the
 /// announcement's line.
-fn elems<T: Element>(words: &[u64; SMALL_WORDS], from: usize, len: usize) -> &[T] {
+fn elems<T: Element, const N: usize>(words: &[u64; N], from: usize, len: usize) -> &[T] {
     &bytemuck::cast_slice::<u64, T>(words)[from..from + len]
 }
 
 /// Whether an input of `in_len` elements travels in its announcement's
-/// line ([`run_words`]): at most [`SMALL_BYTES`], of elements of at most
-/// 8 bytes.
+/// first line ([`run_words`] with [`SMALL_WORDS`]): at most
+/// [`SMALL_BYTES`], of elements of at most 8 bytes.
 #[inline(always)]
 pub(super) fn in_words<T>(in_len: usize) -> bool {
     let elem = std::mem::size_of::<T>();
     elem <= 8 && in_len * elem <= SMALL_BYTES
 }
 
-/// The inline call of an input of at most [`SMALL_BYTES`] (a whole
-/// reduce-scatter's, an all-to-all's): each rank's input travels in its
-/// announcement's first cache line (`checkin::announce_inline`), so a
-/// peer's announcement and input are one line (`checkin::heard_inline`,
-/// `checkin::small_words`).
+/// Whether an input of `in_len` elements travels in its announcement
+/// ([`run_words`]): at most [`ENTRY_INPUT_BYTES`], of elements of at most
+/// 8 bytes.
 #[inline(always)]
-pub(super) fn run_words<T: Element>(
+pub(super) fn in_entry<T>(in_len: usize) -> bool {
+    let elem = std::mem::size_of::<T>();
+    elem <= 8 && in_len * elem <= ENTRY_INPUT_BYTES
+}
+
+/// The inline call of an input of at most `N` words (a whole
+/// reduce-scatter's, an all-to-all's): each rank's input travels in its
+/// announcement (`checkin::announce_inline`). With `N` [`SMALL_WORDS`]
+/// (up to [`SMALL_BYTES`]) a peer's announcement and input are one line
+/// (`checkin::heard_inline`, `checkin::small_words`); with
+/// `checkin::ENTRY_INPUT_WORDS` (up to [`ENTRY_INPUT_BYTES`]) the lines
+/// after it come in parallel with it (`checkin::fetch_entry`), and a rank
+/// that runs ahead claims them all.
+#[inline(always)]
+pub(super) fn run_words<T: Element, const N: usize>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
     call: &Call,
@@ -421,7 +503,7 @@ pub(super) fn run_words<T: Element>(
     let root = fp.root as usize;
     let count = fp.count as usize;
     let n = (in_len * std::mem::size_of::<T>()).div_ceil(8);
-    let mut mine = [0u64; SMALL_WORDS];
+    let mut mine = [0u64; N];
     let puts = publishes(kind, rank, root);
     if puts {
         bytemuck::cast_slice_mut::<u64, T>(&mut mine)[..in_len]
@@ -433,6 +515,13 @@ pub(super) fn run_words<T: Element>(
     // 0.91-0.98x at 8-32 B on 2 ranks, 0.96-1.01x forced inline;
     // docs/performance-log.md, "A leaner small call".)
     let mut every = true;
+    if N > SMALL_WORDS && n > SMALL_WORDS {
+        for peer in (0..size).filter(|&p| p != rank) {
+            if plan::reads_inline(kind, rank, peer, root, ctx.control.early_return) {
+                fetch_entry(ctx, peer, turn, n);
+            }
+        }
+    }
     for peer in (0..size).filter(|&p| p != rank) {
         if plan::reads_inline(kind, rank, peer, root, ctx.control.early_return) {
             heard_inline(ctx, (turn, peer), own, deadline, call)?;
@@ -442,12 +531,14 @@ pub(super) fn run_words<T: Element>(
     }
     read_all(ctx, call, turn, every);
     if rooted_early(ctx, kind) {
-        claim_ahead(ctx, turn, 0);
+        let lines = if puts { (E_SMALL + n).div_ceil(8) } else { 1 };
+        claim_ahead(ctx, turn, lines, 0);
     }
     let words = Words {
         ctx,
         turn,
         mine: &mine,
+        n,
     };
     match kind {
         CollKind::AllReduce => words.reduce(io, call.op, (0, count)),
@@ -470,24 +561,26 @@ pub(super) fn run_words<T: Element>(
 /// that they are inlined into the blocking call (a closure called from
 /// several arms stayed a call of its own: 50-75 of an 8-byte call's
 /// instructions).
-struct Words<'c, 'p> {
+struct Words<'c, 'p, const N: usize> {
     ctx: &'c Ctx<'p>,
     turn: u64,
     /// This rank's own input words.
-    mine: &'c [u64; SMALL_WORDS],
+    mine: &'c [u64; N],
+    /// Words of every rank's input.
+    n: usize,
 }
 
-impl Words<'_, '_> {
+impl<const N: usize> Words<'_, '_, N> {
     /// Rank `j`'s input words; this rank's own from its copy, not from
     /// its page: a load from the line it has just written waits until the
     /// line is this core's again (the peer reading it took it), a
     /// cross-core round trip (0.90-0.94x at 8 B on 2 ranks).
     #[inline(always)]
-    fn of(&self, j: usize) -> Result<[u64; SMALL_WORDS]> {
+    fn of(&self, j: usize) -> Result<[u64; N]> {
         if j == self.ctx.rank {
             Ok(*self.mine)
         } else {
-            small_words(self.ctx, j, self.turn)
+            small_words(self.ctx, j, self.turn, self.n)
         }
     }
 
@@ -526,8 +619,8 @@ impl Words<'_, '_> {
         to: usize,
     ) -> Result<()> {
         let w = self.of(j)?;
-        // At most `SMALL_BYTES`: a plain copy (the transport's, for any
-        // alignment, is a call of its own).
+        // At most `ENTRY_INPUT_BYTES`: a plain copy (the transport's, for
+        // any alignment, is a call of its own).
         io.output(to, len).copy_from_slice(elems(&w, from, len));
         Ok(())
     }

@@ -8,8 +8,9 @@
 //! the receiver consumes a filled slot and releases it. Nothing here knows
 //! about collectives, element types or algorithms: that is the executor's
 //! business, one layer up. This crate's `unsafe` is the vector loop of
-//! its byte copy (`copy`, [`copy_bytes`]) and the write prefetch
-//! ([`prefetch_for_write`]): hardware instructions with no safe wrapper.
+//! its byte copy (`copy`, [`copy_bytes`]) and the prefetches
+//! ([`prefetch_for_write`], [`prefetch_for_read`]): hardware instructions
+//! with no safe wrapper.
 //!
 //! - [`Transport`] and [`Listener`] are the set-up half: a connection comes
 //!   back as a [`Connection`] that describes each direction's FIFO
@@ -42,8 +43,8 @@ pub use abort::{AbortHandle, AbortSignal};
 pub use arrivals::Arrivals;
 pub use copy::{
     choose_shared_copy, copy_bytes, copy_from_shared, copy_into_shared, copy_pages,
-    memcpy_keeps_pace, pages_enabled, prefetch_for_write, shared_copy_from_env, PAGES_BLOCK,
-    PAGES_MAX, VECTOR_MIN,
+    memcpy_keeps_pace, pages_enabled, prefetch_for_read, prefetch_for_write, shared_copy_from_env,
+    PAGES_BLOCK, PAGES_MAX, VECTOR_MIN,
 };
 pub use fifo::{Counter, FifoDescriptor, InlinePayload, Mapping, MemoryKind, SlotLayout};
 pub use frame::{Fingerprint, FrameHeader, FrameKind, HEADER_BYTES, MAGIC};
