@@ -178,9 +178,9 @@ pub(super) const ENTRY_INPUT_WORDS: usize = ENTRY_WORDS - E_SMALL;
 /// ([`claim_ahead`]). In the page's inline area instead, each of the
 /// reader's loads waited for the announcement's line first: two
 /// cross-core transfers one after the other. 2 ranks, in turns against
-/// the inline area: reduce 1.3-1.4x at 64-160 B, broadcast 1.1-1.2x at
-/// 64-128 B, allreduce, allgather and reduce-scatter 1.05-1.1x at 64-128
-/// B (docs/data/2026-12-02/entry-lines/).
+/// the inline area: reduce 1.15-1.43x at 64-160 B, broadcast 1.09-1.2x at
+/// 128 B (0.86-1.09x at 64 B), allreduce, allgather and reduce-scatter
+/// 1.05-1.16x at 64-128 B (docs/data/2026-12-02/entry-lines/).
 pub(super) const ENTRY_INPUT_BYTES: usize = ENTRY_INPUT_WORDS * 8;
 const E_IN_WIN: usize = 8;
 const E_IN_OFF: usize = 9;

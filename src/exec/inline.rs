@@ -270,9 +270,10 @@ fn publishes(kind: CollKind, rank: usize, root: usize) -> bool {
 /// Before it waits for a peer's announcement, a rank asks for the lines
 /// of that peer's input it will read (`fetch_ahead`): read only after the
 /// announcement's line had come, each was a second cross-core transfer
-/// after the first. 2 ranks, in turns: reduce 1.2-1.4x at 64 B-4 KiB,
-/// broadcast 1.1-1.45x at 256 B-1 KiB, allreduce, allgather and
-/// reduce-scatter 1.05-1.1x at 64-512 B (docs/data/2026-12-02/entry-lines/).
+/// after the first. 2 ranks, in turns: reduce 1.28-1.43x at 256 B-4 KiB,
+/// broadcast 1.12-1.45x at 256 B-1 KiB, allgather and reduce-scatter
+/// 1.02-1.07x at 256-512 B, allreduce level
+/// (docs/data/2026-12-02/entry-lines/).
 /// Except in a reduce, only up to [`FETCH_ANY_MAX`] bytes of a peer.
 pub(super) fn run<T: Element>(
     ctx: &Ctx<'_>,
