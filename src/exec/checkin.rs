@@ -160,8 +160,9 @@ const E_FP: usize = 1;
 const E_COUNT: usize = 2;
 /// The call's number (the fingerprint's `seq`).
 const E_NUM: usize = 3;
-/// An inline input of at most [`SMALL_BYTES`]: in the announcement's
-/// first cache line with the call, so that a peer reads one line.
+/// Where an inline input in the announcement starts: one of at most
+/// [`SMALL_BYTES`] lies in its first cache line with the call, so that a
+/// peer reads one line.
 pub(super) const E_SMALL: usize = 4;
 /// Words of [`E_SMALL`].
 pub(super) const SMALL_WORDS: usize = 4;
@@ -351,8 +352,9 @@ pub(super) fn announce(
 /// Announce an inline `call` at check-in `turn`, with the words of its
 /// input where it is at most [`ENTRY_INPUT_BYTES`] (`small`; none for a
 /// larger input, which goes in the inline area, or for a rank that puts
-/// none): up to [`SMALL_BYTES`] the announcement's first cache line alone. This rank's announcement
-/// words, for [`heard_inline`] to compare the peers' with.
+/// none): up to [`SMALL_BYTES`] the announcement's first cache line
+/// alone. This rank's announcement words, for [`heard_inline`] to compare
+/// the peers' with.
 ///
 /// Inlined, as every step of a small call's check-in that runs each call
 /// (`entry_words`, `heard_inline`, `same_entry`, `claim_ahead`,
