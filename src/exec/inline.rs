@@ -335,8 +335,9 @@ pub(super) fn run<T: Element>(
 }
 
 /// The elements (first, count) of each peer's input that this rank takes
-/// in an inline `kind` call of `count` elements (`take_all`'s), if it
-/// takes any.
+/// in an inline `kind` call of `count` elements (what [`take_all`] takes,
+/// and [`fetch_ahead`] asks for), if any: all of it, or in a
+/// reduce-scatter and an all-to-all its block.
 #[inline(always)]
 fn part_read(kind: CollKind, rank: usize, size: usize, count: usize) -> Option<(usize, usize)> {
     match kind {
@@ -407,7 +408,10 @@ pub(super) fn take_all<T: Element>(
     let kind = call.kind;
     let (rank, size) = (ctx.rank, ctx.size);
     let root = fp.root as usize;
-    let count = fp.count as usize;
+    // The part of each input this rank takes, as `fetch_ahead` asked for.
+    let Some(part @ (_, len)) = part_read(kind, rank, size, fp.count as usize) else {
+        return Ok(());
+    };
     // Copy peer `j`'s elements `from` (of its input) into `to` (of the
     // output); this rank's own straight from input to output.
     let take = |io: &mut HostIo<'_, T>, j: usize, from: (usize, usize), to: usize| -> Result<()> {
@@ -421,15 +425,15 @@ pub(super) fn take_all<T: Element>(
         Ok(())
     };
     match kind {
-        CollKind::AllReduce => reduce_inline(ctx, io, call.op, turn, 0, count),
-        CollKind::Reduce if rank == root => reduce_inline(ctx, io, call.op, turn, 0, count),
-        CollKind::ReduceScatter => reduce_inline(ctx, io, call.op, turn, rank * count, count),
-        CollKind::AllGather => (0..size).try_for_each(|j| take(io, j, (0, count), j * count)),
-        CollKind::Broadcast => take(io, root, (0, count), 0),
-        CollKind::AllToAll => {
-            let block = count / size;
-            (0..size).try_for_each(|j| take(io, j, (rank * block, block), j * block))
+        CollKind::AllReduce | CollKind::ReduceScatter => {
+            reduce_inline(ctx, io, call.op, turn, part.0, len)
         }
+        CollKind::Reduce if rank == root => reduce_inline(ctx, io, call.op, turn, part.0, len),
+        // Each peer's part to its place in the output.
+        CollKind::AllGather | CollKind::AllToAll => {
+            (0..size).try_for_each(|j| take(io, j, part, j * len))
+        }
+        CollKind::Broadcast => take(io, root, part, 0),
         _ => Ok(()),
     }
 }
