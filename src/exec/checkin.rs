@@ -410,14 +410,14 @@ pub(super) fn small_words<const N: usize>(
     const { assert!(E_SMALL + N <= ENTRY_WORDS) };
     let words = entry_words(ctx.control.pages.words(j), turn)?;
     // In the first line all of them, a fixed number of loads: those past
-    // the input's are left from earlier calls and never used.
-    Ok(std::array::from_fn(|k| {
-        if N == SMALL_WORDS || k < n {
-            words[E_SMALL + k].load(Ordering::Relaxed)
-        } else {
-            0
-        }
-    }))
+    // the input's are left from earlier calls and never used. A plain
+    // loop: `array::from_fn` with a branch in it stayed a call of its own.
+    let m = if N == SMALL_WORDS { N } else { n.min(N) };
+    let mut out = [0u64; N];
+    for (o, w) in out[..m].iter_mut().zip(&words[E_SMALL..E_SMALL + m]) {
+        *o = w.load(Ordering::Relaxed);
+    }
+    Ok(out)
 }
 
 /// Write an announcement into its slot's words: the fields, then (last,
