@@ -478,9 +478,10 @@ fn random_mixture(ranks: usize) {
 /// root's staging area (`exec::spread`; on 3 ranks from 8 MiB), and
 /// allgathers of blocks over 16 KiB and up to 2 MiB on 4 and 5 through
 /// every rank's: from
-/// every root in turn, at sizes around its 256 KiB chunk and past its 2
-/// MiB ring (so that its slots come round again within a call and across
-/// calls of different roots), of f32, f64 and u8, each element checked
+/// every root in turn, at sizes around its chunks (a broadcast's 32 KiB
+/// up to 1 MiB, 256 KiB above) and past its ring of 8 slots (so that its
+/// slots come round again within a call and across calls of different
+/// roots), of f32, f64 and u8, each element checked
 /// against the root's (or every rank's) data; allreduces inline and
 /// through slots between them. Every call through the staging areas is
 /// counted as run without slots, and with `Config::spread` off none is
@@ -495,6 +496,7 @@ fn large_broadcasts_and_allgathers_run_through_the_staging_areas() {
         CHUNK - 8,
         CHUNK,
         CHUNK + 24,
+        1 << 20,
         8 * CHUNK + 40,
         (20 * CHUNK) + 16 + 8,
         (32 * CHUNK) + 8,

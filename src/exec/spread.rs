@@ -3,8 +3,9 @@
 //! pages (`plan::Direct::Spread`, where `plan::takes_spread` says).
 //!
 //! - **Broadcast** (3 to 8 ranks): the root copies its input chunk by
-//!   chunk into its staging area, and every other rank copies each chunk
-//!   out into its output. The buffer is copied N times on N ranks, where
+//!   chunk into its staging area (chunks of 32 KiB up to 1 MiB:
+//!   [`chunk_bytes`]), and every other rank copies each chunk out into
+//!   its output. The buffer is copied N times on N ranks, where
 //!   the chain through pairwise slots copies it 2(N - 1) times (each rank
 //!   but the last copies it out of one slot and into the next): four
 //!   times on 4 ranks against six, which is what decides the time once the
@@ -23,8 +24,8 @@
 //!   chunk k before it reduces, and for every peer's piece of chunk k
 //!   before it copies; its "done" word then covers both reads.
 //!
-//! A staging area holds [`SPREAD_SLOTS`] chunks of [`SPREAD_CHUNK`]
-//! bytes. Chunks are numbered per communicator (`Control::spread_chunks`,
+//! A staging area holds [`SPREAD_SLOTS`] chunks of up to
+//! [`SPREAD_CHUNK`] bytes. Chunks are numbered per communicator (`Control::spread_chunks`,
 //! the same count on every rank, since every rank takes part in every such
 //! call), and chunk `g` of a call takes slot `g % SPREAD_SLOTS` of each
 //! area that stages it. Each rank's page says how many chunks it staged
@@ -82,6 +83,31 @@ pub(crate) const SPREAD_AT: usize =
     super::checkin::W_INLINE * 8 + super::checkin::CHECKIN_SLOTS as usize * plan::INLINE_MAX_BYTES;
 const _: () = assert!(SPREAD_AT.is_multiple_of(4096));
 
+/// Bytes of a broadcast's chunk up to [`SMALL_BROADCAST_BYTES`]: the
+/// receivers start copying once the root staged the first 32 KiB rather
+/// than the whole buffer.
+pub(crate) const SMALL_BROADCAST_CHUNK: usize = 32 << 10;
+
+/// The largest broadcast cut into [`SMALL_BROADCAST_CHUNK`]s.
+pub(crate) const SMALL_BROADCAST_BYTES: usize = 1 << 20;
+
+/// Bytes of each chunk of a call of `bytes` (a rank's input) of `kind`.
+/// A broadcast of up to 1 MiB goes in 32 KiB chunks: on 4 ranks of the
+/// 2-core Intel VM 1.20-1.45x the speed of 256 KiB chunks from 64 to 512
+/// KiB, 1.08-1.14x at 1 MiB; 16 KiB chunks gained less (1.05-1.16x), and
+/// from 2 MiB the 256 KiB chunks won (32 KiB chunks 0.70-0.87x there,
+/// 64 KiB 0.85-0.94x: more waits, a quarter of the area in flight;
+/// docs/performance-log.md, "Small broadcasts through the staging area in
+/// 32 KiB chunks"). The rest stage in [`SPREAD_CHUNK`]s, every chunk in a
+/// slot of its own whatever its size.
+pub(crate) fn chunk_bytes(kind: CollKind, bytes: usize) -> usize {
+    if kind == CollKind::Broadcast && bytes <= SMALL_BROADCAST_BYTES {
+        SMALL_BROADCAST_CHUNK
+    } else {
+        SPREAD_CHUNK
+    }
+}
+
 /// Byte offset in a page of the staging slot of chunk `g`.
 fn slot_at(g: u64) -> usize {
     SPREAD_AT + (g % SPREAD_SLOTS) as usize * SPREAD_CHUNK
@@ -97,7 +123,7 @@ pub(super) fn run<T: Element>(
     deadline: &Deadline,
 ) -> Result<()> {
     let elem = std::mem::size_of::<T>();
-    let per_chunk = SPREAD_CHUNK / elem;
+    let per_chunk = chunk_bytes(call.kind, count * elem) / elem;
     let chunks = count.div_ceil(per_chunk) as u64;
     let c = ctx.control;
     // Every rank numbers this call's chunks alike.
@@ -374,5 +400,24 @@ mod tests {
         assert!(lines[0] != lines[1] && lines[1] != lines[2] && lines[0] != lines[2]);
         // Clear of the notes (words 48 to 55) and the announcements (64 on).
         const { assert!(W_SPREAD_REDUCED < 48) };
+    }
+
+    /// Every chunk fits its slot, whole elements of every type; a
+    /// broadcast of up to 1 MiB goes in small chunks, every other call in
+    /// the slot's size.
+    #[test]
+    fn chunks_fit_their_slots() {
+        for kind in [
+            CollKind::Broadcast,
+            CollKind::AllGather,
+            CollKind::AllReduce,
+        ] {
+            for bytes in [1usize, 4096, 128 << 10, 1 << 20, (1 << 20) + 1, 64 << 20] {
+                let c = chunk_bytes(kind, bytes);
+                assert!(c <= SPREAD_CHUNK && c % 64 == 0, "{kind:?} {bytes}");
+                let small = kind == CollKind::Broadcast && bytes <= SMALL_BROADCAST_BYTES;
+                assert_eq!(c == SMALL_BROADCAST_CHUNK, small, "{kind:?} {bytes}");
+            }
+        }
     }
 }
