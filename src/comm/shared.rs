@@ -479,8 +479,8 @@ impl Communicator {
         let (gathers, broadcasts) = agreed.split_at(2 * blocks.len());
         let (gathers, broadcasts) = (probes(gathers), probes(broadcasts));
         let (gather, broadcast) = (
-            crate::plan::cma_range(&gathers),
-            crate::plan::cma_range(&broadcasts),
+            crate::plan::cma_range(&gathers, crate::plan::NO_CMA),
+            crate::plan::cma_range(&broadcasts, crate::plan::cma_broadcast_default(n)),
         );
         inner.cma_gather.set(gather);
         inner.cma_broadcast.set(broadcast);

@@ -258,7 +258,17 @@ const CMA_WIN: f64 = 0.95;
 /// buffer): from the smallest probe it won (by 5% or more) over the wins
 /// in a row from there, an inclusive range; open above (`usize::MAX`)
 /// where that run reaches the largest probe; [`NO_CMA`] where it won
-/// none.
+/// none. A tie (neither within 5% of winning) counts as a win at the
+/// sizes of `keep`, the range the call pulls over without a calibration
+/// (a broadcast's [`cma_broadcast_default`]; [`NO_CMA`] for the
+/// allgathers): there one timing of single calls says nothing against
+/// what loops measured. On the Intel VM of 2026-12-02 a 2-rank
+/// broadcast's probes tied at 64 KiB in about half the calibrations
+/// (pull 4.5-5.5 µs, slots 4.4-5.8), which moved the range to 512 KiB
+/// alone or to none, while in loops of 1,000 calls, in turns, the pull
+/// took 8.6-10.2 µs at 128 KiB against the slots' 11.0-15.7, and 27-35
+/// at 512 KiB against 42-58 (docs/performance-log.md, "A 2-rank
+/// broadcast keeps its pull through a tie").
 ///
 /// Where the pull wins depends on the machine and the call. Allgathers:
 /// on the earlier Intel build machine from 64 KiB blocks, on the AMD VM
@@ -276,12 +286,14 @@ const CMA_WIN: f64 = 0.95;
 /// 0.74-0.93x at every size (three receivers pull while the root waits);
 /// on an earlier machine it lost at 2 and 8 MiB on 2 ranks
 /// (docs/performance-log.md, "Broadcast out of the root's process").
-pub(crate) fn cma_range(probes: &[(usize, f64, f64)]) -> (usize, usize) {
+pub(crate) fn cma_range(probes: &[(usize, f64, f64)], keep: (usize, usize)) -> (usize, usize) {
     let mut range = NO_CMA;
     for (k, &(bytes, pull, slots)) in probes.iter().enumerate() {
         // A win by less than 5% is a tie on a shared machine: the slots,
-        // every other call's path, keep it.
-        if pull <= slots * CMA_WIN {
+        // every other call's path, keep it, unless the pull is the path
+        // without a calibration there.
+        let tie = pull * CMA_WIN < slots;
+        if pull <= slots * CMA_WIN || (tie && (keep.0..=keep.1).contains(&bytes)) {
             let upto = if k + 1 == probes.len() {
                 usize::MAX
             } else {
@@ -1472,7 +1484,8 @@ mod tests {
 
     /// The calibration's range: from the smallest probe the pull won over
     /// the wins in a row from there, open above where they reach the
-    /// largest probe; none where it won none.
+    /// largest probe; none where it won none; ties won inside the range
+    /// kept without a calibration.
     #[test]
     fn the_pull_runs_over_the_probes_it_won_in_a_row() {
         let at = |wins: [bool; 3]| {
@@ -1481,7 +1494,7 @@ mod tests {
                 .zip(wins)
                 .map(|(&b, w)| (b, if w { 1.0 } else { 2.0 }, 1.5))
                 .collect();
-            cma_range(&probes)
+            cma_range(&probes, NO_CMA)
         };
         let [a, b, d] = CMA_PROBE_BLOCKS;
         let open = usize::MAX;
@@ -1495,10 +1508,32 @@ mod tests {
         assert_eq!(at([true, false, true]), (a, a));
         assert_eq!(at([false; 3]), NO_CMA);
         // A tie, or a win by less than 5%, is no win.
-        assert_eq!(cma_range(&[(a, 1.0, 1.0)]), NO_CMA);
-        assert_eq!(cma_range(&[(a, 0.96, 1.0)]), NO_CMA);
-        assert_eq!(cma_range(&[(a, 0.95, 1.0)]), (a, open));
-        assert_eq!(cma_range(&[]), NO_CMA);
+        assert_eq!(cma_range(&[(a, 1.0, 1.0)], NO_CMA), NO_CMA);
+        assert_eq!(cma_range(&[(a, 0.96, 1.0)], NO_CMA), NO_CMA);
+        assert_eq!(cma_range(&[(a, 0.95, 1.0)], NO_CMA), (a, open));
+        assert_eq!(cma_range(&[], NO_CMA), NO_CMA);
+        // Inside the range kept without a calibration (a 2-rank
+        // broadcast's) a tie counts as a win, a loss by over 5% does
+        // not, and outside it a tie is no win.
+        let keep = cma_broadcast_default(2);
+        assert_eq!(keep, (a, b));
+        let probes = |t: [f64; 3]| -> Vec<(usize, f64, f64)> {
+            [a, b, d]
+                .into_iter()
+                .zip(t)
+                .map(|(x, p)| (x, p, 1.0))
+                .collect()
+        };
+        assert_eq!(cma_range(&probes([1.0, 1.04, 1.0]), keep), (a, b));
+        assert_eq!(cma_range(&probes([1.0, 0.5, 0.5]), keep), (a, open));
+        assert_eq!(cma_range(&probes([1.06, 1.0, 1.0]), keep), (b, b));
+        assert_eq!(cma_range(&probes([1.06, 1.06, 0.5]), keep), (d, open));
+        assert_eq!(cma_range(&probes([1.1, 1.1, 1.1]), keep), NO_CMA);
+        assert_eq!(cma_range(&probes([1.0, 1.0, 1.0]), NO_CMA), NO_CMA);
+        assert_eq!(
+            cma_range(&probes([1.0, 1.0, 1.0]), cma_broadcast_default(4)),
+            NO_CMA
+        );
         // The route follows the range.
         let f = Facts {
             cma_gather: (d, usize::MAX),
