@@ -93,10 +93,10 @@ pub(crate) const SMALL_BROADCAST_BYTES: usize = 1 << 20;
 
 /// Bytes of each chunk of a call of `bytes` (a rank's input) of `kind`.
 /// A broadcast of up to 1 MiB goes in 32 KiB chunks: on 4 ranks of the
-/// 2-core Intel VM 1.20-1.45x the speed of 256 KiB chunks from 64 to 512
-/// KiB, 1.08-1.14x at 1 MiB; 16 KiB chunks gained less (1.05-1.16x), and
+/// 2-core Intel VM 1.16-1.45x the speed of 256 KiB chunks from 64 to 512
+/// KiB, 1.07-1.14x at 1 MiB; 16 KiB chunks gained less (1.05-1.17x), and
 /// from 2 MiB the 256 KiB chunks won (32 KiB chunks 0.70-0.87x there,
-/// 64 KiB 0.85-0.94x: more waits, a quarter of the area in flight;
+/// 64 KiB 0.85-0.94x: more waits, an eighth or a quarter of the area in flight;
 /// docs/performance-log.md, "Small broadcasts through the staging area in
 /// 32 KiB chunks"). The rest stage in [`SPREAD_CHUNK`]s, every chunk in a
 /// slot of its own whatever its size.
