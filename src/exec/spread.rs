@@ -414,7 +414,10 @@ mod tests {
         ] {
             for bytes in [1usize, 4096, 128 << 10, 1 << 20, (1 << 20) + 1, 64 << 20] {
                 let c = chunk_bytes(kind, bytes);
-                assert!(c <= SPREAD_CHUNK && c.is_multiple_of(64), "{kind:?} {bytes}");
+                assert!(
+                    c <= SPREAD_CHUNK && c.is_multiple_of(64),
+                    "{kind:?} {bytes}"
+                );
                 let small = kind == CollKind::Broadcast && bytes <= SMALL_BROADCAST_BYTES;
                 assert_eq!(c == SMALL_BROADCAST_CHUNK, small, "{kind:?} {bytes}");
             }
