@@ -258,7 +258,7 @@ const CMA_WIN: f64 = 0.95;
 /// buffer): from the smallest probe it won (by 5% or more) over the wins
 /// in a row from there, an inclusive range; open above (`usize::MAX`)
 /// where that run reaches the largest probe; [`NO_CMA`] where it won
-/// none. A tie (neither within 5% of winning) counts as a win at the
+/// none. A tie (the pull neither 5% faster nor 5% slower) counts as a win at the
 /// sizes of `keep`, the range the call pulls over without a calibration
 /// (a broadcast's [`cma_broadcast_default`]; [`NO_CMA`] for the
 /// allgathers): there one timing of single calls says nothing against
