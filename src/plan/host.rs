@@ -267,8 +267,8 @@ const CMA_WIN: f64 = 0.95;
 /// (pull 4.5-5.5 µs, slots 4.4-5.8), which moved the range to 512 KiB
 /// alone or to none, while in loops of 1,000 calls, in turns, the pull
 /// took 8.6-10.2 µs at 128 KiB against the slots' 11.0-15.7, and 27-35
-/// at 512 KiB against 42-58 (docs/performance-log.md, "A 2-rank
-/// broadcast keeps its pull through a tie").
+/// at 512 KiB against 42-58 (docs/performance-log.md, "Small broadcasts
+/// through the staging area in 32 KiB chunks").
 ///
 /// Where the pull wins depends on the machine and the call. Allgathers:
 /// on the earlier Intel build machine from 64 KiB blocks, on the AMD VM
