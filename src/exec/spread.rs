@@ -86,10 +86,10 @@ const _: () = assert!(SPREAD_AT.is_multiple_of(4096));
 /// Bytes of a broadcast's chunk up to [`SMALL_BROADCAST_BYTES`]: the
 /// receivers start copying once the root staged the first 32 KiB rather
 /// than the whole buffer.
-pub(crate) const SMALL_BROADCAST_CHUNK: usize = 32 << 10;
+const SMALL_BROADCAST_CHUNK: usize = 32 << 10;
 
 /// The largest broadcast cut into [`SMALL_BROADCAST_CHUNK`]s.
-pub(crate) const SMALL_BROADCAST_BYTES: usize = 1 << 20;
+const SMALL_BROADCAST_BYTES: usize = 1 << 20;
 
 /// Bytes of each chunk of a call of `bytes` (a rank's input) of `kind`.
 /// A broadcast of up to 1 MiB goes in 32 KiB chunks: on 4 ranks of the
@@ -100,7 +100,7 @@ pub(crate) const SMALL_BROADCAST_BYTES: usize = 1 << 20;
 /// docs/performance-log.md, "Small broadcasts through the staging area in
 /// 32 KiB chunks"). The rest stage in [`SPREAD_CHUNK`]s, every chunk in a
 /// slot of its own whatever its size.
-pub(crate) fn chunk_bytes(kind: CollKind, bytes: usize) -> usize {
+fn chunk_bytes(kind: CollKind, bytes: usize) -> usize {
     if kind == CollKind::Broadcast && bytes <= SMALL_BROADCAST_BYTES {
         SMALL_BROADCAST_CHUNK
     } else {

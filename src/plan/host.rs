@@ -1488,13 +1488,19 @@ mod tests {
     /// kept without a calibration.
     #[test]
     fn the_pull_runs_over_the_probes_it_won_in_a_row() {
+        // Each probe's pull time against slots that take 1.0.
+        let probes = |t: [f64; 3]| -> Vec<(usize, f64, f64)> {
+            CMA_PROBE_BLOCKS
+                .into_iter()
+                .zip(t)
+                .map(|(x, p)| (x, p, 1.0))
+                .collect()
+        };
         let at = |wins: [bool; 3]| {
-            let probes: Vec<(usize, f64, f64)> = CMA_PROBE_BLOCKS
-                .iter()
-                .zip(wins)
-                .map(|(&b, w)| (b, if w { 1.0 } else { 2.0 }, 1.5))
-                .collect();
-            cma_range(&probes, NO_CMA)
+            cma_range(
+                &probes(wins.map(|w| if w { 1.0 / 1.5 } else { 2.0 / 1.5 })),
+                NO_CMA,
+            )
         };
         let [a, b, d] = CMA_PROBE_BLOCKS;
         let open = usize::MAX;
@@ -1517,13 +1523,6 @@ mod tests {
         // not, and outside it a tie is no win.
         let keep = cma_broadcast_default(2);
         assert_eq!(keep, (a, b));
-        let probes = |t: [f64; 3]| -> Vec<(usize, f64, f64)> {
-            [a, b, d]
-                .into_iter()
-                .zip(t)
-                .map(|(x, p)| (x, p, 1.0))
-                .collect()
-        };
         assert_eq!(cma_range(&probes([1.0, 1.04, 1.0]), keep), (a, b));
         assert_eq!(cma_range(&probes([1.0, 0.5, 0.5]), keep), (a, open));
         assert_eq!(cma_range(&probes([1.06, 1.0, 1.0]), keep), (b, b));
