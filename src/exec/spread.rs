@@ -224,6 +224,12 @@ struct Staging<'c, 'a> {
     there: Vec<u64>,
     /// Each peer's "reduced" word when last read.
     reduced: Vec<u64>,
+    /// Whether the copies out of a peer's slot go by pages
+    /// (`ferroccl_transport::copy_from_shared`): only where every rank has
+    /// a core of its own. Where the ranks share cores, the writer of a
+    /// chunk often ran on this very core, and line after line
+    /// (`copy_from_shared_by_lines`) was faster (see that function).
+    pages: bool,
 }
 
 impl<'c, 'a> Staging<'c, 'a> {
@@ -235,6 +241,7 @@ impl<'c, 'a> Staging<'c, 'a> {
             done_by_all: 0,
             there: vec![0; ctx.size],
             reduced: vec![0; ctx.size],
+            pages: !ferroccl_transport::wait::ranks_share_cpus(ctx.size),
         }
     }
 
@@ -368,7 +375,12 @@ impl<'c, 'a> Staging<'c, 'a> {
             .page(j)
             .slice(slot_at(g) + off * elem, len * elem)
             .map_err(|e| Error::Io(format!("window control page: {e}")))?;
-        ferroccl_transport::copy_from_shared(bytemuck::cast_slice_mut(io.output(to, len)), raw);
+        let out = bytemuck::cast_slice_mut(io.output(to, len));
+        if self.pages {
+            ferroccl_transport::copy_from_shared(out, raw);
+        } else {
+            ferroccl_transport::copy_from_shared_by_lines(out, raw);
+        }
         Ok(())
     }
 }

@@ -33,7 +33,8 @@
 //! per process ([`memcpy_keeps_pace`]; FERROCCL_COPY=memcpy or `loop`
 //! decides instead). Copies of 32-512 KiB out of slots go by
 //! [`copy_pages`] instead, eight pages side by side (FERROCCL_COPY_PAGES=0
-//! turns that off). The loops, with [`prefetch_for_write`], are this
+//! turns that off), except where the caller asks for line after line
+//! ([`copy_from_shared_by_lines`]: readers that share their cores). The loops, with [`prefetch_for_write`], are this
 //! crate's `unsafe`: the vector loads and stores, and PREFETCHW, are
 //! hardware instructions with no safe wrapper.
 
@@ -87,6 +88,18 @@ pub fn copy_into_shared(dst: &mut [u8], src: &[u8]) {
 #[inline]
 pub fn copy_from_shared(dst: &mut [u8], src: &[u8]) {
     copy_out(dst, src, pages_enabled());
+}
+
+/// [`copy_from_shared`] without the copy by pages: line after line, the
+/// way [`copy_into_shared`] goes. For readers that share their cores with
+/// the writer's process, where the eight streams of [`copy_pages`] lost:
+/// 4 ranks of a broadcast through one staging area on the 2-core Intel VM
+/// ran 1.14-1.27x faster this way from 128 KiB to 1 MiB and 1.2-1.9x at
+/// 8-32 MiB (docs/performance-log.md, "Staging areas read line after line
+/// where ranks share cores").
+#[inline]
+pub fn copy_from_shared_by_lines(dst: &mut [u8], src: &[u8]) {
+    copy_out(dst, src, false);
 }
 
 /// [`copy_from_shared`], by pages from one block to [`PAGES_MAX`] where
@@ -615,7 +628,7 @@ mod tests {
                     ("into", copy_into_shared),
                     ("out of", copy_from_shared),
                     ("out of, by pages", |d, s| copy_out(d, s, true)),
-                    ("out of, not by pages", |d, s| copy_out(d, s, false)),
+                    ("out of, line after line", copy_from_shared_by_lines),
                 ];
                 for (way, copy) in copies {
                     let at = format!("{way} shared memory, n={n} s={s_off} d={d_off}");
