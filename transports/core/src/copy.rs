@@ -34,8 +34,8 @@
 //! decides instead). Copies of 32-512 KiB out of slots go by
 //! [`copy_pages`] instead, eight pages side by side (FERROCCL_COPY_PAGES=0
 //! turns that off), except where the caller asks for line after line
-//! ([`copy_from_shared_by_lines`]: readers that share their cores). The loops, with [`prefetch_for_write`], are this
-//! crate's `unsafe`: the vector loads and stores, and PREFETCHW, are
+//! ([`copy_from_shared_by_lines`]: readers that share their cores). The
+//! loops, with [`prefetch_for_write`], are this crate's `unsafe`: the vector loads and stores, and PREFETCHW, are
 //! hardware instructions with no safe wrapper.
 
 /// Copies shorter than this stay `copy_from_slice`: `memcpy` moves them
@@ -93,10 +93,10 @@ pub fn copy_from_shared(dst: &mut [u8], src: &[u8]) {
 /// [`copy_from_shared`] without the copy by pages: line after line, the
 /// way [`copy_into_shared`] goes. For readers that share their cores with
 /// the writer's process, where the eight streams of [`copy_pages`] lost:
-/// 4 ranks of a broadcast through one staging area on the 2-core Intel VM
-/// ran 1.14-1.27x faster this way from 128 KiB to 1 MiB and 1.2-1.9x at
-/// 8-32 MiB (docs/performance-log.md, "Staging areas read line after line
-/// where ranks share cores").
+/// a 4-rank broadcast through one staging area on the 2-core Intel VM ran
+/// 1.12-1.23x faster this way from 128 KiB to 2 MiB (level at 256 KiB)
+/// and 1.08-1.41x at 8-32 MiB, in turns (docs/performance-log.md,
+/// "Staging areas read line after line where ranks share cores").
 #[inline]
 pub fn copy_from_shared_by_lines(dst: &mut [u8], src: &[u8]) {
     copy_out(dst, src, false);
