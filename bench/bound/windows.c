@@ -18,7 +18,9 @@
  *   broadcast      pull: off the root, the root's (rank 0's) buffer copied
  *                  into its own output; or pieces: piece r of the root's
  *                  buffer copied into every other rank's output (the root
- *                  shares the copying);
+ *                  shares the copying); or chunks: the pieces 128 KiB at a
+ *                  time into every output, the chunk read out of memory
+ *                  once (ferroccl's order);
  *   reduce         pieces: piece r of every input summed into piece r of
  *                  the root's output; or pull: the root sums them all.
  * Each way runs ITERS calls; the faster one's time is printed, and which.
@@ -26,12 +28,24 @@
  * line and waits to see on every other, yielding the CPU between looks
  * after a spin, short where the processes outnumber the CPUs (4 on 2
  * cores must give way to each other, as ferroccl's waits do); where they
- * do not, each process has a CPU of its own. Prints the slowest rank's mean time per
- * call in microseconds, after checking one result against the sum.
+ * do not, each process has a CPU of its own. Prints the slowest process's
+ * mean time per call in microseconds, after checking one result of each
+ * rank against the sum.
+ *
+ * WORKERS=W runs the N ranks' work on W processes, process w doing that of
+ * ranks w, w + W, ... one after the other, and the meetings between the W.
+ * With W the CPUs where the ranks outnumber them (4 ranks on 2 cores,
+ * WORKERS=2), that is the floor of the machine: the same traffic on every
+ * CPU there is, nothing spent on processes taking turns (which N processes
+ * on fewer CPUs spend, so that a library ran below this program's N-process
+ * time in 7 of 19 cells on 4 ranks; docs/performance.md). bench/peers.sh's
+ * "bound" takes the faster of N processes and as many as the CPUs.
  *
  * build: gcc -O3 -march=native -o /tmp/windows bench/bound/windows.c
- * run:   /tmp/windows OP N SIZE [ITERS]     (e.g. /tmp/windows allgather 2 2097152)
- * bench/bound/windows.sh runs it beside ferroccl-perf -R 2 and the MPIs.
+ * run:   [WORKERS=W] /tmp/windows OP N SIZE [ITERS]
+ *        (e.g. /tmp/windows allgather 2 2097152; WORKERS=2 /tmp/windows broadcast 4 32768)
+ * bench/peers.sh with PEERS="... bound" runs it beside ferroccl-perf -R 2
+ * and the MPIs.
  */
 #define _GNU_SOURCE
 #include <sched.h>
@@ -45,10 +59,12 @@
 #include <unistd.h>
 
 #define MAXN 8
+/* Floats a chunk of the broadcast's third way (128 KiB). */
+#define CHUNK 32768
 
 struct shared {
   _Atomic long gen[MAXN][16];
-  double took[2][MAXN];
+  double took[3][MAXN];
 };
 
 static double now(void) {
@@ -90,6 +106,40 @@ static void *shared_buffer(size_t bytes) {
   return p;
 }
 
+/* Rank r's share of a call made the given way (the loop in main). */
+static void work(int way, int r, int n, int ag, int rs, int ar, int bc, float **in, float **out, size_t part,
+                 size_t total) {
+  if (ag && way == 0) {
+    for (int j = 0; j < n; j++) memcpy(out[j] + r * part, in[r], part * 4);
+  } else if (ag) {
+    for (int j = 0; j < n; j++) memcpy(out[r] + j * part, in[j], part * 4);
+  } else if (rs) {
+    sum_into(out[r], in, n, r * part, part);
+  } else if (ar && way == 0) {
+    sum_into(out[r] + r * part, in, n, r * part, part);
+    for (int j = 0; j < n; j++)
+      if (j != r) memcpy(out[j] + r * part, out[r] + r * part, part * 4);
+  } else if (ar) {
+    sum_into(out[r], in, n, 0, total);
+  } else if (bc && way == 0) {
+    for (int j = 1; j < n; j++) memcpy(out[j] + r * part, in[0] + r * part, part * 4);
+  } else if (bc && way == 2) {
+    /* Pieces a chunk at a time into every output, so that the chunk of
+     * the root's buffer is read out of memory once and then out of this
+     * CPU's cache. */
+    for (size_t at = r * part, end = at + part; at < end; at += CHUNK) {
+      size_t len = end - at < CHUNK ? end - at : CHUNK;
+      for (int j = 1; j < n; j++) memcpy(out[j] + at, in[0] + at, len * 4);
+    }
+  } else if (bc) {
+    if (r != 0) memcpy(out[r], in[0], total * 4);
+  } else if (way == 0) {
+    sum_into(out[0] + r * part, in, n, r * part, part);
+  } else if (r == 0) {
+    sum_into(out[0], in, n, 0, total);
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc < 4) {
     fprintf(stderr, "usage: %s allreduce|allgather|reducescatter|broadcast|reduce N SIZE [ITERS]\n", argv[0]);
@@ -110,7 +160,17 @@ int main(int argc, char **argv) {
   size_t in_len = ag ? part : total, out_len = rs ? part : total;
   if (!iters) iters = size <= (1 << 20) ? 2000 : size <= (8 << 20) ? 200 : 30;
   int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  patience = n <= ncpu ? 1L << 20 : 200;
+  /* The processes that do the N ranks' work: one per rank, or (WORKERS=W)
+   * W, each doing the work of ranks w, w + W, ... in turn. With N ranks on
+   * fewer CPUs, W = the CPUs is the floor of the machine: the same traffic
+   * on every CPU there is, none of it spent on processes taking turns. */
+  const char *w_env = getenv("WORKERS");
+  int workers = w_env ? atoi(w_env) : n;
+  if (workers < 1 || workers > n) {
+    fprintf(stderr, "windows: WORKERS between 1 and N\n");
+    return 2;
+  }
+  patience = workers <= ncpu ? 1L << 20 : 200;
   struct shared *s = shared_buffer(sizeof *s);
   float *in[MAXN], *out[MAXN];
   for (int j = 0; j < n; j++) {
@@ -119,12 +179,12 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < in_len; i++) in[j][i] = (float)(j + 1) + (float)(i % 7);
   }
   int r = 0;
-  for (int j = 1; j < n; j++)
+  for (int j = 1; j < workers; j++)
     if (fork() == 0) {
       r = j;
       break;
     }
-  if (n <= ncpu) {
+  if (workers <= ncpu) {
     /* One CPU each, as the MPIs bind their ranks: two spinning processes
      * left on one CPU wait out each other's time slices. */
     cpu_set_t one;
@@ -133,55 +193,38 @@ int main(int argc, char **argv) {
     sched_setaffinity(0, sizeof one, &one);
   }
   long gen = 0;
-  int ways = rs ? 1 : 2;
+  int ways = rs ? 1 : bc ? 3 : 2;
   for (int way = 0; way < ways; way++) {
     double sum = 0;
     for (int it = -10; it < iters; it++) {
-      meet(s, r, n, &gen);
+      meet(s, r, workers, &gen);
       double t = now();
-      if (ag && way == 0) {
-        for (int j = 0; j < n; j++) memcpy(out[j] + r * part, in[r], part * 4);
-      } else if (ag) {
-        for (int j = 0; j < n; j++) memcpy(out[r] + j * part, in[j], part * 4);
-      } else if (rs) {
-        sum_into(out[r], in, n, r * part, part);
-      } else if (ar && way == 0) {
-        sum_into(out[r] + r * part, in, n, r * part, part);
-        for (int j = 0; j < n; j++)
-          if (j != r) memcpy(out[j] + r * part, out[r] + r * part, part * 4);
-      } else if (ar) {
-        sum_into(out[r], in, n, 0, total);
-      } else if (bc && way == 0) {
-        for (int j = 1; j < n; j++) memcpy(out[j] + r * part, in[0] + r * part, part * 4);
-      } else if (bc) {
-        if (r != 0) memcpy(out[r], in[0], total * 4);
-      } else if (way == 0) {
-        sum_into(out[0] + r * part, in, n, r * part, part);
-      } else if (r == 0) {
-        sum_into(out[0], in, n, 0, total);
-      }
-      meet(s, r, n, &gen);
+      for (int q = r; q < n; q += workers) work(way, q, n, ag, rs, ar, bc, in, out, part, total);
+      meet(s, r, workers, &gen);
       if (it >= 0) sum += now() - t;
     }
     s->took[way][r] = sum / iters;
   }
-  /* One element of this rank's output against the sum it must hold. */
+  /* One element of each of this process's ranks' outputs against the sum
+   * it must hold. */
   size_t i = out_len - 1;
-  float want = 0;
   int bad = 0;
-  if (ag) {
-    want = (float)n + (float)((part - 1) % 7); /* block n-1's last */
-  } else if (bc) {
-    want = 1.0f + (float)(i % 7);
-  } else {
-    size_t at = rs ? r * part + i : i;
-    for (int j = 0; j < n; j++) want += (float)(j + 1) + (float)(at % 7);
+  for (int q = r; q < n; q += workers) {
+    float want = 0;
+    if (ag) {
+      want = (float)n + (float)((part - 1) % 7); /* block n-1's last */
+    } else if (bc) {
+      want = 1.0f + (float)(i % 7);
+    } else {
+      size_t at = rs ? q * part + i : i;
+      for (int j = 0; j < n; j++) want += (float)(j + 1) + (float)(at % 7);
+    }
+    if (!(bc && q == 0) && !(rd && q != 0)) bad |= out[q][i] != want;
   }
-  if (!(bc && r == 0) && !(rd && r != 0)) bad = out[r][i] != want;
-  meet(s, r, n, &gen);
+  meet(s, r, workers, &gen);
   if (r) return bad;
   int failed = bad;
-  for (int j = 1; j < n; j++) {
+  for (int j = 1; j < workers; j++) {
     int status = 0;
     wait(&status);
     failed |= !WIFEXITED(status) || WEXITSTATUS(status);
@@ -190,11 +233,11 @@ int main(int argc, char **argv) {
   int best_way = 0;
   for (int way = 0; way < ways; way++) {
     double slowest = 0;
-    for (int j = 0; j < n; j++)
+    for (int j = 0; j < workers; j++)
       if (s->took[way][j] > slowest) slowest = s->took[way][j];
     if (way == 0 || slowest < best) best = slowest, best_way = way;
   }
-  const char *name = ways == 1 ? "" : best_way == 0 ? (ag ? " push" : " pieces") : " pull";
+  const char *name = ways == 1 ? "" : best_way == 0 ? (ag ? " push" : " pieces") : best_way == 1 ? " pull" : " chunks";
   printf("%13zu %10.2f%s%s\n", total * 4, best * 1e6, name, failed ? " WRONG" : "");
   return failed;
 }
