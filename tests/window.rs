@@ -476,9 +476,10 @@ fn rooted_matrix(n: usize, seed: u64, streaming: bool) {
         },
         |comm| {
             let (mut got, mut want) = (0, 0);
-            // On more than 2 ranks from 128 KiB (the reduce's threshold,
-            // `plan::host::window_min_bytes`); on 2 from the inline limit.
-            let small = if n == 2 { 5003 } else { 33_000 };
+            // On more than 2 ranks from 32 KiB (the broadcast's and the
+            // reduce's threshold, `plan::host::window_path_from`; 32,800
+            // bytes here); on 2 from the inline limit.
+            let small = if n == 2 { 5003 } else { 8_200 };
             for (g, w) in [
                 rooted::<f32>(&comm, &[small, 100_003]),
                 rooted::<f64>(&comm, &[16_411]),

@@ -121,14 +121,18 @@ fn limit_without_windows(kind: CollKind, size: usize) -> usize {
 /// up to 8 KiB for a broadcast (0.72-0.75x the slots) and up to 32 KiB
 /// for a reduce (0.54-0.77x), level at 32 / 128 KiB, faster from 128 /
 /// 512 KiB (1.3-4.9x; docs/performance-log.md, "Broadcast and reduce
-/// between windows"). On 2 ranks it was faster at every size above the
-/// inline limit (1.55x at 32 KiB and more).
+/// between windows"). The reduce's threshold has been 32 KiB as the
+/// broadcast's since 2026-12-03: in turns against 128 KiB, 4 ranks, its
+/// path between windows took 8.4 µs at 32 KiB against the slots' 12.4
+/// (1.48x) and 8.9 against 20.2 at 64 KiB (2.26x; docs/performance-log.md,
+/// "The windows column against a floor of the machine"). On 2 ranks it
+/// was faster at every size above the inline limit (1.55x at 32 KiB and
+/// more).
 fn window_path_from(kind: CollKind, facts: &Facts) -> Option<usize> {
     match kind {
         CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter => Some(0),
         CollKind::Broadcast | CollKind::Reduce if facts.size <= 2 => Some(0),
-        CollKind::Broadcast => Some(32 << 10),
-        CollKind::Reduce => Some(128 << 10),
+        CollKind::Broadcast | CollKind::Reduce => Some(32 << 10),
         CollKind::AllToAll | CollKind::Barrier | CollKind::SendRecv => None,
     }
 }
@@ -1963,7 +1967,7 @@ mod tests {
         );
         for (kind, min) in [
             (CollKind::Broadcast, 32 << 10),
-            (CollKind::Reduce, 128 << 10),
+            (CollKind::Reduce, 32 << 10),
         ] {
             assert_eq!(window_path_from(kind, &four), Some(min));
             assert_eq!(
