@@ -1,0 +1,247 @@
+/* The bound of a collective between windows on N processes of this
+ * machine: only the memory traffic every rank must make, between buffers
+ * that all processes map (as ferroccl's windows are: `-R 2`), and the two
+ * meetings any such call needs (every rank's buffers are ready; every
+ * rank is done with the others' buffers), with nothing of a library
+ * around it. Calls run back to back on the same buffers, as ferroccl-perf
+ * and the MPI benchmarks time them.
+ *
+ * SIZE is the nccl-tests size (what ferroccl-perf prints: the gathered
+ * array for allgather and reduce-scatter, the buffer otherwise); f32 sum.
+ * Rank r's work, each way it may be shared out (the bound is the faster):
+ *   allreduce      pieces: piece r (of N) of every input summed into piece
+ *                  r of every output (ferroccl's direct allreduce); or
+ *                  pull: every input summed into its own output;
+ *   allgather      push: its input copied into block r of every output;
+ *                  or pull: every input copied into its own output;
+ *   reducescatter  block r of every input summed into its output;
+ *   broadcast      pull: off the root, the root's (rank 0's) buffer copied
+ *                  into its own output; or pieces: piece r of the root's
+ *                  buffer copied into every other rank's output (the root
+ *                  shares the copying);
+ *   reduce         pieces: piece r of every input summed into piece r of
+ *                  the root's output; or pull: the root sums them all.
+ * Each way runs ITERS calls; the faster one's time is printed, and which.
+ * A meeting is a generation number each rank stores in its own cache
+ * line and waits to see on every other, yielding the CPU between looks
+ * after a spin, short where the processes outnumber the CPUs (4 on 2
+ * cores must give way to each other, as ferroccl's waits do); where they
+ * do not, each process has a CPU of its own. Prints the slowest rank's mean time per
+ * call in microseconds, after checking one result against the sum.
+ *
+ * build: gcc -O3 -march=native -o /tmp/windows bench/bound/windows.c
+ * run:   /tmp/windows OP N SIZE [ITERS]     (e.g. /tmp/windows allgather 2 2097152)
+ * bench/bound/windows.sh runs it beside ferroccl-perf -R 2 and the MPIs.
+ */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAXN 8
+/* Floats a chunk of the broadcast's third way (128 KiB). */
+#define CHUNK 32768
+
+struct shared {
+  _Atomic long gen[MAXN][16];
+  _Atomic long claim[16];
+  _Atomic long done[16];
+  double took[3][MAXN];
+};
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* How many looks a waiter spins before it yields: long where every
+ * process has a CPU of its own, short where they share. */
+static long patience;
+
+static void meet(struct shared *s, int r, int n, long *gen) {
+  ++*gen;
+  atomic_store_explicit(&s->gen[r][0], *gen, memory_order_release);
+  for (int j = 0; j < n; j++) {
+    long spins = 0;
+    while (atomic_load_explicit(&s->gen[j][0], memory_order_acquire) < *gen)
+      if (++spins > patience) sched_yield();
+  }
+}
+
+/* out[i] = a[i] + b[i] over len floats, then out[i] += c[i] for more. */
+static void sum_into(float *restrict out, float *const *in, int n, size_t off, size_t len) {
+  const float *a = in[0] + off, *b = in[1] + off;
+  for (size_t i = 0; i < len; i++) out[i] = a[i] + b[i];
+  for (int j = 2; j < n; j++) {
+    const float *c = in[j] + off;
+    for (size_t i = 0; i < len; i++) out[i] += c[i];
+  }
+}
+
+static void *shared_buffer(size_t bytes) {
+  void *p = mmap(0, bytes ? bytes : 64, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    perror("mmap");
+    exit(1);
+  }
+  return p;
+}
+
+/* Rank r's share of a call made the given way (the loop in main). */
+static void work(int way, int r, int n, int ag, int rs, int ar, int bc, float **in, float **out, size_t part,
+                 size_t total) {
+  if (ag && way == 0) {
+    for (int j = 0; j < n; j++) memcpy(out[j] + r * part, in[r], part * 4);
+  } else if (ag) {
+    for (int j = 0; j < n; j++) memcpy(out[r] + j * part, in[j], part * 4);
+  } else if (rs) {
+    sum_into(out[r], in, n, r * part, part);
+  } else if (ar && way == 0) {
+    sum_into(out[r] + r * part, in, n, r * part, part);
+    for (int j = 0; j < n; j++)
+      if (j != r) memcpy(out[j] + r * part, out[r] + r * part, part * 4);
+  } else if (ar) {
+    sum_into(out[r], in, n, 0, total);
+  } else if (bc && way == 0) {
+    for (int j = 1; j < n; j++) memcpy(out[j] + r * part, in[0] + r * part, part * 4);
+  } else if (bc && way == 2) {
+    /* Pieces a chunk at a time into every output, so that the chunk of
+     * the root's buffer is read out of memory once and then out of this
+     * CPU's cache. */
+    for (size_t at = r * part, end = at + part; at < end; at += CHUNK) {
+      size_t len = end - at < CHUNK ? end - at : CHUNK;
+      for (int j = 1; j < n; j++) memcpy(out[j] + at, in[0] + at, len * 4);
+    }
+  } else if (bc) {
+    if (r != 0) memcpy(out[r], in[0], total * 4);
+  } else if (way == 0) {
+    sum_into(out[0] + r * part, in, n, r * part, part);
+  } else if (r == 0) {
+    sum_into(out[0], in, n, 0, total);
+  }
+}
+
+int main(int argc, char **argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: %s allreduce|allgather|reducescatter|broadcast|reduce N SIZE [ITERS]\n", argv[0]);
+    return 2;
+  }
+  const char *op = argv[1];
+  int n = atoi(argv[2]);
+  size_t size = strtoull(argv[3], 0, 10);
+  int iters = argc > 4 ? atoi(argv[4]) : 0;
+  int ag = !strcmp(op, "allgather"), rs = !strcmp(op, "reducescatter");
+  int ar = !strcmp(op, "allreduce"), bc = !strcmp(op, "broadcast"), rd = !strcmp(op, "reduce");
+  if (n < 2 || n > MAXN || !(ag || rs || ar || bc || rd) || size < 4 * (size_t)n) {
+    fprintf(stderr, "windows: OP one of the five, 2 <= N <= %d, SIZE at least 4 x N bytes\n", MAXN);
+    return 2;
+  }
+  size_t total = size / (4 * n) * n; /* floats, a whole number a rank */
+  size_t part = total / n;
+  size_t in_len = ag ? part : total, out_len = rs ? part : total;
+  if (!iters) iters = size <= (1 << 20) ? 2000 : size <= (8 << 20) ? 200 : 30;
+  int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  /* The processes that do the N ranks' work: one per rank, or (WORKERS=W)
+   * W, each doing the work of ranks w, w + W, ... in turn. With N ranks on
+   * fewer CPUs, W = the CPUs is the floor of the machine: the same traffic
+   * on every CPU there is, none of it spent on processes taking turns. */
+  const char *w_env = getenv("WORKERS");
+  int workers = w_env ? atoi(w_env) : n;
+  if (workers < 1 || workers > n) {
+    fprintf(stderr, "windows: WORKERS between 1 and N\n");
+    return 2;
+  }
+  patience = workers <= ncpu ? 1L << 20 : 200;
+  struct shared *s = shared_buffer(sizeof *s);
+  float *in[MAXN], *out[MAXN];
+  for (int j = 0; j < n; j++) {
+    in[j] = shared_buffer(in_len * 4);
+    out[j] = shared_buffer(out_len * 4);
+    for (size_t i = 0; i < in_len; i++) in[j][i] = (float)(j + 1) + (float)(i % 7);
+  }
+  int r = 0;
+  for (int j = 1; j < workers; j++)
+    if (fork() == 0) {
+      r = j;
+      break;
+    }
+  if (workers <= ncpu) {
+    /* One CPU each, as the MPIs bind their ranks: two spinning processes
+     * left on one CPU wait out each other's time slices. */
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(r, &one);
+    sched_setaffinity(0, sizeof one, &one);
+  }
+  long gen = 0;
+  int ways = rs ? 1 : bc ? 3 : 2;
+  for (int way = 0; way < ways; way++) {
+    double sum = 0;
+    for (int it = -10; it < iters; it++) {
+      meet(s, r, workers, &gen);
+      double t = now();
+      if (getenv("DYN")) {
+        long base = (gen / 2) * n; /* call's first piece index */
+        long c;
+        while ((c = atomic_load(&s->claim[0])) < base + n) {
+          if (c < base) { continue; }
+          if (atomic_compare_exchange_weak(&s->claim[0], &c, c + 1)) {
+            work(way, (int)(c - base), n, ag, rs, ar, bc, in, out, part, total);
+            atomic_fetch_add(&s->done[0], 1);
+          }
+        }
+        long spins = 0;
+        while (atomic_load(&s->done[0]) < base + n)
+          if (++spins > patience) sched_yield();
+        ++gen; /* keep gen parity: a meeting's worth */
+      } else {
+      for (int q = r; q < n; q += workers) work(way, q, n, ag, rs, ar, bc, in, out, part, total);
+      meet(s, r, workers, &gen);
+      }
+      if (it >= 0) sum += now() - t;
+    }
+    s->took[way][r] = sum / iters;
+  }
+  /* One element of each of this process's ranks' outputs against the sum
+   * it must hold. */
+  size_t i = out_len - 1;
+  int bad = 0;
+  for (int q = r; q < n; q += workers) {
+    float want = 0;
+    if (ag) {
+      want = (float)n + (float)((part - 1) % 7); /* block n-1's last */
+    } else if (bc) {
+      want = 1.0f + (float)(i % 7);
+    } else {
+      size_t at = rs ? q * part + i : i;
+      for (int j = 0; j < n; j++) want += (float)(j + 1) + (float)(at % 7);
+    }
+    if (!(bc && q == 0) && !(rd && q != 0)) bad |= out[q][i] != want;
+  }
+  meet(s, r, workers, &gen);
+  if (r) return bad;
+  int failed = bad;
+  for (int j = 1; j < workers; j++) {
+    int status = 0;
+    wait(&status);
+    failed |= !WIFEXITED(status) || WEXITSTATUS(status);
+  }
+  double best = 0;
+  int best_way = 0;
+  for (int way = 0; way < ways; way++) {
+    double slowest = 0;
+    for (int j = 0; j < workers; j++)
+      if (s->took[way][j] > slowest) slowest = s->took[way][j];
+    if (way == 0 || slowest < best) best = slowest, best_way = way;
+  }
+  const char *name = ways == 1 ? "" : best_way == 0 ? (ag ? " push" : " pieces") : best_way == 1 ? " pull" : " chunks";
+  printf("%13zu %10.2f%s%s\n", total * 4, best * 1e6, name, failed ? " WRONG" : "");
+  return failed;
+}
