@@ -40,6 +40,8 @@
 //!           (`spread`)
 //!  word 32  every staged chunk before this number, this rank is done with
 //!           (`spread`)
+//!  word 40  chunks of an allreduce this rank reduced into its staging
+//!           area so far (`spread`)
 //!  word 48  note of a call through slots at an even position
 //!  word 52  note of a call through slots at an odd position
 //!           each: +0 position (stored last, Release), +1 coll|dtype<<8|op<<16|root<<32,
