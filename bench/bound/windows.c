@@ -23,14 +23,17 @@
  *                  once (ferroccl's order);
  *   reduce         pieces: piece r of every input summed into piece r of
  *                  the root's output; or pull: the root sums them all.
- * Each way runs ITERS calls; the faster one's time is printed, and which.
+ * Each way runs ITERS calls, with ordinary stores and again with streaming
+ * (non-temporal) ones, as ferroccl writes large outputs; the fastest one's
+ * time is printed, and which (" streaming" where those stores won).
  * A meeting is a generation number each rank stores in its own cache
  * line and waits to see on every other, yielding the CPU between looks
  * after a spin, short where the processes outnumber the CPUs (4 on 2
  * cores must give way to each other, as ferroccl's waits do); where they
  * do not, each process has a CPU of its own. Prints the slowest process's
- * mean time per call in microseconds, after checking one result of each
- * rank against the sum.
+ * mean time per call in microseconds; after each way every element of
+ * every output is checked against what it must hold (" WRONG" and exit
+ * status 1 where one is not).
  *
  * WORKERS=W runs the N ranks' work on W processes, process w doing that of
  * ranks w, w + W, ... one after the other, and the meetings between the W.
@@ -48,7 +51,9 @@
  * and the MPIs.
  */
 #define _GNU_SOURCE
+#include <immintrin.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,7 +69,7 @@
 
 struct shared {
   _Atomic long gen[MAXN][16];
-  double took[3][MAXN];
+  double took[2][3][MAXN]; /* [streaming][way][process] */
 };
 
 static double now(void) {
@@ -87,14 +92,79 @@ static void meet(struct shared *s, int r, int n, long *gen) {
   }
 }
 
-/* out[i] = a[i] + b[i] over len floats, then out[i] += c[i] for more. */
-static void sum_into(float *restrict out, float *const *in, int n, size_t off, size_t len) {
-  const float *a = in[0] + off, *b = in[1] + off;
-  for (size_t i = 0; i < len; i++) out[i] = a[i] + b[i];
-  for (int j = 2; j < n; j++) {
-    const float *c = in[j] + off;
-    for (size_t i = 0; i < len; i++) out[i] += c[i];
+/* Whether the calls store with streaming (non-temporal) stores, as
+ * ferroccl does from large sizes on: the lines written are not read
+ * first, and do not stay in cache. Each way runs with both; the faster
+ * counts. */
+static int streaming;
+
+#define STREAM_FLOATS 8 /* floats of one 32-byte streaming store */
+
+#ifdef __AVX__
+/* Floats before `p` reaches a 32-byte boundary (all of them where `len`
+ * is shorter). */
+static size_t head(const float *p, size_t len) {
+  size_t h = ((32 - (uintptr_t)p % 32) % 32) / 4;
+  return h < len ? h : len;
+}
+#endif
+
+/* dst = src, len floats. */
+static void copy(float *restrict dst, const float *restrict src, size_t len) {
+#ifdef __AVX__
+  if (!streaming) {
+#else
+  { /* no 32-byte streaming stores to make: both runs alike */
+#endif
+    memcpy(dst, src, len * 4);
+    return;
   }
+#ifdef __AVX__
+  size_t i = head(dst, len);
+  memcpy(dst, src, i * 4);
+  for (; i + STREAM_FLOATS <= len; i += STREAM_FLOATS)
+    _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+  memcpy(dst + i, src + i, (len - i) * 4);
+  _mm_sfence();
+#endif
+}
+
+/* out[i] = in[0][off + i] + ... + in[n - 1][off + i] over len floats, in
+ * rank order. With cached stores: out = a + b, then out += c for more;
+ * streaming: 8 floats at a time summed in a register and streamed out. */
+static void sum_into(float *restrict out, float *const *in, int n, size_t off, size_t len) {
+#ifdef __AVX__
+  if (!streaming) {
+#else
+  {
+#endif
+    const float *a = in[0] + off, *b = in[1] + off;
+    for (size_t i = 0; i < len; i++) out[i] = a[i] + b[i];
+    for (int j = 2; j < n; j++) {
+      const float *c = in[j] + off;
+      for (size_t i = 0; i < len; i++) out[i] += c[i];
+    }
+    return;
+  }
+#ifdef __AVX__
+  size_t i = 0, h = head(out, len);
+  for (; i < h; i++) {
+    float t = in[0][off + i];
+    for (int j = 1; j < n; j++) t += in[j][off + i];
+    out[i] = t;
+  }
+  for (; i + STREAM_FLOATS <= len; i += STREAM_FLOATS) {
+    __m256 t = _mm256_loadu_ps(in[0] + off + i);
+    for (int j = 1; j < n; j++) t = _mm256_add_ps(t, _mm256_loadu_ps(in[j] + off + i));
+    _mm256_stream_ps(out + i, t);
+  }
+  for (; i < len; i++) {
+    float t = in[0][off + i];
+    for (int j = 1; j < n; j++) t += in[j][off + i];
+    out[i] = t;
+  }
+  _mm_sfence();
+#endif
 }
 
 static void *shared_buffer(size_t bytes) {
@@ -110,29 +180,29 @@ static void *shared_buffer(size_t bytes) {
 static void work(int way, int r, int n, int ag, int rs, int ar, int bc, float **in, float **out, size_t part,
                  size_t total) {
   if (ag && way == 0) {
-    for (int j = 0; j < n; j++) memcpy(out[j] + r * part, in[r], part * 4);
+    for (int j = 0; j < n; j++) copy(out[j] + r * part, in[r], part);
   } else if (ag) {
-    for (int j = 0; j < n; j++) memcpy(out[r] + j * part, in[j], part * 4);
+    for (int j = 0; j < n; j++) copy(out[r] + j * part, in[j], part);
   } else if (rs) {
     sum_into(out[r], in, n, r * part, part);
   } else if (ar && way == 0) {
     sum_into(out[r] + r * part, in, n, r * part, part);
     for (int j = 0; j < n; j++)
-      if (j != r) memcpy(out[j] + r * part, out[r] + r * part, part * 4);
+      if (j != r) copy(out[j] + r * part, out[r] + r * part, part);
   } else if (ar) {
     sum_into(out[r], in, n, 0, total);
   } else if (bc && way == 0) {
-    for (int j = 1; j < n; j++) memcpy(out[j] + r * part, in[0] + r * part, part * 4);
+    for (int j = 1; j < n; j++) copy(out[j] + r * part, in[0] + r * part, part);
   } else if (bc && way == 2) {
     /* Pieces a chunk at a time into every output, so that the chunk of
      * the root's buffer is read out of memory once and then out of this
      * CPU's cache. */
     for (size_t at = r * part, end = at + part; at < end; at += CHUNK) {
       size_t len = end - at < CHUNK ? end - at : CHUNK;
-      for (int j = 1; j < n; j++) memcpy(out[j] + at, in[0] + at, len * 4);
+      for (int j = 1; j < n; j++) copy(out[j] + at, in[0] + at, len);
     }
   } else if (bc) {
-    if (r != 0) memcpy(out[r], in[0], total * 4);
+    if (r != 0) copy(out[r], in[0], total);
   } else if (way == 0) {
     sum_into(out[0] + r * part, in, n, r * part, part);
   } else if (r == 0) {
@@ -194,33 +264,39 @@ int main(int argc, char **argv) {
   }
   long gen = 0;
   int ways = rs ? 1 : bc ? 3 : 2;
-  for (int way = 0; way < ways; way++) {
-    double sum = 0;
-    for (int it = -10; it < iters; it++) {
-      meet(s, r, workers, &gen);
-      double t = now();
-      for (int q = r; q < n; q += workers) work(way, q, n, ag, rs, ar, bc, in, out, part, total);
-      meet(s, r, workers, &gen);
-      if (it >= 0) sum += now() - t;
-    }
-    s->took[way][r] = sum / iters;
-  }
-  /* One element of each of this process's ranks' outputs against the sum
-   * it must hold. */
-  size_t i = out_len - 1;
   int bad = 0;
-  for (int q = r; q < n; q += workers) {
-    float want = 0;
-    if (ag) {
-      want = (float)n + (float)((part - 1) % 7); /* block n-1's last */
-    } else if (bc) {
-      want = 1.0f + (float)(i % 7);
-    } else {
-      size_t at = rs ? q * part + i : i;
-      for (int j = 0; j < n; j++) want += (float)(j + 1) + (float)(at % 7);
+  for (streaming = 0; streaming < 2; streaming++)
+    for (int way = 0; way < ways; way++) {
+      double sum = 0;
+      for (int q = r; q < n; q += workers)
+        memset(out[q], 0, out_len * 4);
+      for (int it = -10; it < iters; it++) {
+        meet(s, r, workers, &gen);
+        double t = now();
+        for (int q = r; q < n; q += workers) work(way, q, n, ag, rs, ar, bc, in, out, part, total);
+        meet(s, r, workers, &gen);
+        if (it >= 0) sum += now() - t;
+      }
+      s->took[streaming][way][r] = sum / iters;
+      /* Every element of this process's ranks' outputs against what it
+       * must hold (the outputs were cleared before the way ran). */
+      for (int q = r; q < n; q += workers) {
+        if ((bc && q == 0) || (rd && q != 0)) continue;
+        for (size_t i = 0; i < out_len; i++) {
+          float want = 0;
+          if (ag) {
+            want = (float)(i / part + 1) + (float)(i % part % 7);
+          } else if (bc) {
+            want = 1.0f + (float)(i % 7);
+          } else {
+            size_t at = rs ? q * part + i : i;
+            for (int j = 0; j < n; j++) want += (float)(j + 1) + (float)(at % 7);
+          }
+          bad |= out[q][i] != want;
+        }
+      }
+      meet(s, r, workers, &gen);
     }
-    if (!(bc && q == 0) && !(rd && q != 0)) bad |= out[q][i] != want;
-  }
   meet(s, r, workers, &gen);
   if (r) return bad;
   int failed = bad;
@@ -230,14 +306,16 @@ int main(int argc, char **argv) {
     failed |= !WIFEXITED(status) || WEXITSTATUS(status);
   }
   double best = 0;
-  int best_way = 0;
-  for (int way = 0; way < ways; way++) {
-    double slowest = 0;
-    for (int j = 0; j < workers; j++)
-      if (s->took[way][j] > slowest) slowest = s->took[way][j];
-    if (way == 0 || slowest < best) best = slowest, best_way = way;
-  }
+  int best_way = 0, best_nt = 0;
+  for (int nt = 0; nt < 2; nt++)
+    for (int way = 0; way < ways; way++) {
+      double slowest = 0;
+      for (int j = 0; j < workers; j++)
+        if (s->took[nt][way][j] > slowest) slowest = s->took[nt][way][j];
+      if ((nt == 0 && way == 0) || slowest < best) best = slowest, best_way = way, best_nt = nt;
+    }
   const char *name = ways == 1 ? "" : best_way == 0 ? (ag ? " push" : " pieces") : best_way == 1 ? " pull" : " chunks";
-  printf("%13zu %10.2f%s%s\n", total * 4, best * 1e6, name, failed ? " WRONG" : "");
+  printf("%13zu %10.2f%s%s%s\n", total * 4, best * 1e6, name, best_nt ? " streaming" : "",
+         failed ? " WRONG" : "");
   return failed;
 }
