@@ -145,7 +145,8 @@ for t in $(seq 1 "$turns"); do
         [ "$n" -gt "$(nproc)" ] && workers="$n $(nproc)"
         for ((s = minb; s <= maxb; s *= 4)); do
           for w in $workers; do
-            WORKERS=$w "$P/windows" "$op" "$n" "$s"
+            # A wrong result fails the run whichever count it came from.
+            WORKERS=$w "$P/windows" "$op" "$n" "$s" || exit 1
           done | sort -k2 -g | head -1 | awk '{print $1, $2}'
         done
       fi

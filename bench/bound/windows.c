@@ -100,6 +100,14 @@ static int streaming;
 
 #define STREAM_FLOATS 8 /* floats of one 32-byte streaming store */
 
+/* Whether this build has 32-byte streaming stores to make (AVX): without
+ * them the calls run with ordinary stores alone. */
+#ifdef __AVX__
+#define STREAMS 1
+#else
+#define STREAMS 0
+#endif
+
 #ifdef __AVX__
 /* Floats before `p` reaches a 32-byte boundary (all of them where `len`
  * is shorter). */
@@ -111,11 +119,7 @@ static size_t head(const float *p, size_t len) {
 
 /* dst = src, len floats. */
 static void copy(float *restrict dst, const float *restrict src, size_t len) {
-#ifdef __AVX__
-  if (!streaming) {
-#else
-  { /* no 32-byte streaming stores to make: both runs alike */
-#endif
+  if (!STREAMS || !streaming) {
     memcpy(dst, src, len * 4);
     return;
   }
@@ -133,11 +137,7 @@ static void copy(float *restrict dst, const float *restrict src, size_t len) {
  * rank order. With cached stores: out = a + b, then out += c for more;
  * streaming: 8 floats at a time summed in a register and streamed out. */
 static void sum_into(float *restrict out, float *const *in, int n, size_t off, size_t len) {
-#ifdef __AVX__
-  if (!streaming) {
-#else
-  {
-#endif
+  if (!STREAMS || !streaming) {
     const float *a = in[0] + off, *b = in[1] + off;
     for (size_t i = 0; i < len; i++) out[i] = a[i] + b[i];
     for (int j = 2; j < n; j++) {
@@ -265,7 +265,7 @@ int main(int argc, char **argv) {
   long gen = 0;
   int ways = rs ? 1 : bc ? 3 : 2;
   int bad = 0;
-  for (streaming = 0; streaming < 2; streaming++)
+  for (streaming = 0; streaming <= STREAMS; streaming++)
     for (int way = 0; way < ways; way++) {
       double sum = 0;
       for (int q = r; q < n; q += workers)
@@ -307,7 +307,7 @@ int main(int argc, char **argv) {
   }
   double best = 0;
   int best_way = 0, best_nt = 0;
-  for (int nt = 0; nt < 2; nt++)
+  for (int nt = 0; nt <= STREAMS; nt++)
     for (int way = 0; way < ways; way++) {
       double slowest = 0;
       for (int j = 0; j < workers; j++)
