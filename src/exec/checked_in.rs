@@ -159,6 +159,7 @@ fn check_in<T: Element>(
     let direct = plan::after_check_in(kind, inputs, outputs, (cma, spread));
     let buffers = (in_len + out_len) * elem * ctx.size;
     let mode = plan::direct_store(
+        kind,
         matches!(io, HostIo::OutOfPlace { .. }),
         buffers,
         call.nt_store_bytes,

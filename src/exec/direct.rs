@@ -16,7 +16,9 @@
 //! copy. Out of place with streaming stores (the planner's
 //! `plan::direct_store`), allreduce, allgather and reduce-scatter run fused
 //! where they can: each 64-byte line of the result is computed in registers
-//! and streamed to every rank's output at once. The check-in (`checkin`)
+//! and streamed to every rank's output at once. A broadcast with streaming
+//! stores (in place as out) streams its piece of the root's buffer to every
+//! written output the same way. The check-in (`checkin`)
 //! decided the path and waits for completion; this module only moves bytes
 //! and checks what the peers announced against their mappings here.
 
@@ -553,6 +555,9 @@ impl Kernel<'_> {
         if self.mode == Store::Cached {
             return self.copy_and_spread_direct(io, maps, (root, root_in_place), off, len);
         }
+        if self.copy_and_stream(io, maps, (root, root_in_place), off, len)? {
+            return Ok(());
+        }
         self.through_blocks(len, |t: &mut [T], done| {
             let k = t.len();
             crate::reduce::copy(t, self.input(io, maps, root, off + done, k)?);
@@ -566,6 +571,98 @@ impl Kernel<'_> {
             }
             Ok(())
         })
+    }
+
+    /// [`Self::copy_and_spread`] with streaming stores in one fused pass:
+    /// the root's piece read a cache line at a time and streamed into the
+    /// same piece of every output (`element::reduce_to_streams` with one
+    /// input), without the block buffer's extra copy. A broadcast is in
+    /// place (one buffer a rank), so the input and the outputs usually lie
+    /// in one window: the root's part is read, every other part written.
+    /// False (nothing written) where the outputs lie differently against
+    /// cache lines, or the root's input is also an output written here
+    /// (its input and output in one window, out of place).
+    fn copy_and_stream<T: Element>(
+        &self,
+        io: &mut HostIo<'_, T>,
+        maps: &mut Maps<'_>,
+        (root, root_in_place): (usize, bool),
+        off: usize,
+        len: usize,
+    ) -> Result<bool> {
+        if len == 0 {
+            return Ok(false);
+        }
+        // This rank's own buffers: the root's input (on the root) and the
+        // output it writes here, if any.
+        let (own_in, own_out): (Option<&[T]>, Option<&mut [T]>) = match io {
+            HostIo::OutOfPlace { input, output } => (
+                (root == self.rank).then(|| &input[off..off + len]),
+                Some(&mut output[off..off + len]),
+            ),
+            HostIo::InPlace {
+                buf,
+                input_base,
+                output_base,
+            } => {
+                if root == self.rank {
+                    if !root_in_place {
+                        return Ok(false);
+                    }
+                    (Some(&buf[*input_base + off..*input_base + off + len]), None)
+                } else {
+                    let at = *output_base + off;
+                    (None, Some(&mut buf[at..at + len]))
+                }
+            }
+        };
+        // The peers' parts that are written (every rank's but this one's
+        // and an in-place root's), and the root's input part when it is a
+        // peer's: out of the one list of parts when input and output share
+        // a window, split between the two lists otherwise.
+        let written = |j: usize| j != self.rank && !(j == root && root_in_place);
+        let mut root_part: Option<&dyn SharedRegion> = None;
+        let mut out_parts: Vec<(usize, Option<&mut (dyn SharedRegion + 'static)>)> =
+            Vec::with_capacity(self.size);
+        match maps.output.as_mut() {
+            Some(out) => {
+                root_part = maps.input.get(root).and_then(Option::as_deref);
+                for (j, r) in out.iter_mut().enumerate().filter(|(j, _)| written(*j)) {
+                    out_parts.push((j, r.as_deref_mut()));
+                }
+            }
+            None => {
+                for (j, r) in maps.input.iter_mut().enumerate() {
+                    if j == root && root != self.rank {
+                        if written(j) {
+                            // Out of place in one window: the root's part
+                            // is read and written (the block path does it).
+                            return Ok(false);
+                        }
+                        root_part = r.as_deref().map(|r| r as &dyn SharedRegion);
+                    } else if written(j) {
+                        out_parts.push((j, r.as_deref_mut()));
+                    }
+                }
+            }
+        }
+        let input = match own_in {
+            Some(i) => i,
+            None => self.peer_input(root_part, root, off, len)?,
+        };
+        let mut outs: Vec<&mut [T]> = Vec::with_capacity(self.size);
+        for (j, region) in out_parts {
+            outs.push(self.peer_output_in(region, j, off, len)?);
+        }
+        outs.extend(own_out);
+        if outs.is_empty() {
+            return Ok(true);
+        }
+        Ok(crate::reduce::reduce_to_streams(
+            self.op,
+            &[input],
+            &mut outs,
+        ))
     }
 
     /// [`Self::copy_and_spread`] with ordinary stores, without the block

@@ -786,17 +786,36 @@ pub(crate) fn slot_store(out_of_place: bool, out_bytes: usize, nt_store_bytes: u
 
 /// How a call directly between windows writes its outputs: streaming
 /// stores, out of place, once the buffers of all ranks together (what the
-/// direct kernels stream through: `buffer_bytes`) reach twice the
-/// threshold: a 2-rank allreduce from 16 MiB (64 MiB of buffers; measured
-/// 8.6-10.1 GB/s against 3.6-11.1 with ordinary stores), an allgather from
-/// 32 MiB (48 MiB of buffers at 16 MiB measured better with ordinary
-/// stores).
+/// direct kernels stream through: `buffer_bytes`, the call's input and
+/// output extents times the ranks) reach twice the threshold: a 2-rank
+/// allreduce from 16 MiB (64 MiB of buffers; measured 8.6-10.1 GB/s
+/// against 3.6-11.1 with ordinary stores), an allgather from 32 MiB
+/// (48 MiB of buffers at 16 MiB measured better with ordinary stores).
+///
+/// A broadcast streams in place too, and from an eighth of that: each
+/// buffer it writes is a receiver's, which the call reads no more (the
+/// root's input is only read), and its kernel streams from the root's
+/// piece to every output in one pass. With the 32 MiB default that is
+/// from 8 MiB of buffers summed over the ranks (`buffer_bytes` counts a
+/// broadcast's one buffer twice: from 16 MiB): 2 ranks from 4 MiB, 4
+/// ranks from 2 MiB. On the 2-core Intel VM, against ordinary stores:
+/// 4 ranks 1.9-3.3x at 16-32 MiB, 1.14-1.26x at 2-4 MiB, 0.92x at 1 MiB;
+/// 2 ranks 1.28x at 4 MiB, 0.86x at 2 MiB, 0.49x at 1 MiB
+/// (docs/performance-log.md, "Broadcast streams in place").
 pub(crate) fn direct_store(
+    kind: CollKind,
     out_of_place: bool,
     buffer_bytes: usize,
     nt_store_bytes: usize,
 ) -> Store {
-    if out_of_place && nt_store_bytes > 0 && buffer_bytes >= nt_store_bytes.saturating_mul(2) {
+    let from = if kind == CollKind::Broadcast {
+        (nt_store_bytes / 2).max(1)
+    } else if out_of_place {
+        nt_store_bytes.saturating_mul(2)
+    } else {
+        usize::MAX
+    };
+    if nt_store_bytes > 0 && buffer_bytes >= from {
         Store::Streaming
     } else {
         Store::Cached
@@ -2083,15 +2102,28 @@ mod tests {
     }
 
     #[test]
-    fn streaming_stores_only_out_of_place_from_the_threshold() {
+    fn streaming_stores_from_the_threshold_out_of_place_or_in_a_broadcast() {
+        use CollKind::*;
         let nt = 32 << 20;
         assert_eq!(slot_store(true, nt, nt), Store::Streaming);
         assert_eq!(slot_store(true, nt - 1, nt), Store::Cached);
         assert_eq!(slot_store(false, 4 * nt, nt), Store::Cached);
         assert_eq!(slot_store(true, 4 * nt, 0), Store::Cached);
-        assert_eq!(direct_store(true, 2 * nt, nt), Store::Streaming);
-        assert_eq!(direct_store(true, 2 * nt - 1, nt), Store::Cached);
-        assert_eq!(direct_store(false, 4 * nt, nt), Store::Cached);
+        assert_eq!(direct_store(AllReduce, true, 2 * nt, nt), Store::Streaming);
+        assert_eq!(direct_store(AllReduce, true, 2 * nt - 1, nt), Store::Cached);
+        assert_eq!(direct_store(AllReduce, false, 4 * nt, nt), Store::Cached);
+        assert_eq!(direct_store(AllGather, false, 4 * nt, nt), Store::Cached);
+        assert_eq!(direct_store(AllReduce, true, 4 * nt, 0), Store::Cached);
+        // A broadcast streams in place as out, from an eighth of the bound
+        // (its one buffer counted twice).
+        assert_eq!(direct_store(Broadcast, false, nt / 2, nt), Store::Streaming);
+        assert_eq!(direct_store(Broadcast, true, nt / 2, nt), Store::Streaming);
+        assert_eq!(
+            direct_store(Broadcast, false, nt / 2 - 1, nt),
+            Store::Cached
+        );
+        assert_eq!(direct_store(Broadcast, false, 4 * nt, 0), Store::Cached);
+        assert_eq!(direct_store(Broadcast, false, 8, 1), Store::Streaming);
     }
 
     #[test]
