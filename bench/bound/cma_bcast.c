@@ -10,11 +10,16 @@
  * them, in microseconds (compare with the `broadcast 2` rows of
  * `bench/peers.sh`).
  *
+ * SPLIT=1 shares the copy: the receiver pulls the first half while the
+ * root pushes the second into the receiver's output with
+ * process_vm_writev, and each waits for the other's half (two copies in
+ * parallel on two CPUs, and a wait each way).
+ *
  * Needs ptrace permission on the peer (same user; Yama ptrace_scope 0, or
  * root).
  *
  * build: gcc -O3 -march=native -o /tmp/cma_bcast bench/bound/cma_bcast.c
- * run:   /tmp/cma_bcast BYTES [CHUNK] [ITERS]   (e.g. /tmp/cma_bcast 1048576)
+ * run:   [SPLIT=1] /tmp/cma_bcast BYTES [CHUNK] [ITERS]   (e.g. /tmp/cma_bcast 1048576)
  */
 #define _GNU_SOURCE
 #include <stdatomic.h>
@@ -32,8 +37,11 @@ struct shared {
   char pad[56];
   _Atomic long done; /* the receiver's last call copied */
   char pad2[56];
+  _Atomic long pushed; /* the root's last call whose half is written */
+  char pad3[56];
   char *in;
-  pid_t root;
+  char *out; /* the receiver's output (SPLIT) */
+  pid_t root, receiver;
 };
 
 static double now(void) {
@@ -60,11 +68,27 @@ int main(int argc, char **argv) {
   memset(in, 7, bytes);
   sh->in = in;
   sh->root = getpid();
+  const char *split_env = getenv("SPLIT");
+  int split = split_env && atoi(split_env);
+  /* The receiver pulls [0, half); the root pushes [half, bytes). */
+  size_t half = split ? bytes / 2 / 64 * 64 : bytes;
   pid_t child = fork();
   if (child != 0) {
-    /* The root: its input is ready; wait until the receiver copied it. */
+    /* The root: its input is ready; (SPLIT) it writes its half; it waits
+     * until the receiver copied the rest. */
+    while (split && !atomic_load_explicit(&sh->ready, memory_order_acquire)) {
+    }
     for (long it = 1; it <= iters + 5; it++) {
       atomic_store_explicit(&sh->ready, it, memory_order_release);
+      for (size_t o = half; o < bytes; o += chunk) {
+        size_t n = bytes - o < chunk ? bytes - o : chunk;
+        struct iovec here = {in + o, n}, there = {sh->out + o, n};
+        if (process_vm_writev(sh->receiver, &here, 1, &there, 1, 0) != (ssize_t)n) {
+          perror("process_vm_writev");
+          return 1;
+        }
+      }
+      atomic_store_explicit(&sh->pushed, it, memory_order_release);
       while (atomic_load_explicit(&sh->done, memory_order_acquire) < it) {
       }
     }
@@ -74,12 +98,20 @@ int main(int argc, char **argv) {
   }
   char *out = aligned_alloc(64, (bytes + 63) / 64 * 64);
   memset(out, 0, bytes);
+  if (split) {
+    /* Where the root may write: published before the first call. */
+    sh->out = out;
+    sh->receiver = getpid();
+    atomic_store_explicit(&sh->ready, -1, memory_order_release);
+    while (atomic_load_explicit(&sh->ready, memory_order_acquire) < 1) {
+    }
+  }
   double sum = 0, best = 1e9, last = 0;
   for (long it = 1; it <= iters + 5; it++) {
     while (atomic_load_explicit(&sh->ready, memory_order_acquire) < it) {
     }
-    for (size_t o = 0; o < bytes; o += chunk) {
-      size_t n = bytes - o < chunk ? bytes - o : chunk;
+    for (size_t o = 0; o < half; o += chunk) {
+      size_t n = half - o < chunk ? half - o : chunk;
       struct iovec here = {out + o, n}, there = {sh->in + o, n};
       if (process_vm_readv(sh->root, &here, 1, &there, 1, 0) != (ssize_t)n) {
         perror("process_vm_readv");
@@ -87,6 +119,8 @@ int main(int argc, char **argv) {
       }
     }
     atomic_store_explicit(&sh->done, it, memory_order_release);
+    while (split && atomic_load_explicit(&sh->pushed, memory_order_acquire) < it) {
+    }
     /* A call, as a loop of them sees it: from the last call's end. */
     double t = now();
     if (it > 5) {
@@ -100,7 +134,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "wrong byte at %zu\n", i);
       return 1;
     }
-  printf("CMA broadcast of %zu bytes (chunk %zu), 2 processes: mean %.2f us, best %.2f\n", bytes,
-         chunk, sum / iters * 1e6, best * 1e6);
+  printf("CMA broadcast of %zu bytes (chunk %zu%s), 2 processes: mean %.2f us, best %.2f\n", bytes,
+         chunk, split ? ", split" : "", sum / iters * 1e6, best * 1e6);
   return 0;
 }
