@@ -40,6 +40,18 @@ pub trait SharedMemory: Send + Sync + std::fmt::Debug {
     /// provider cannot do this at all.
     fn read_process(&self, pid: u32, remote_addr: usize, local: &mut [u8]) -> std::io::Result<()>;
 
+    /// Copy `local` to `remote_addr` in process `pid` (cross-memory
+    /// attach, the other way): the same errors as
+    /// [`SharedMemory::read_process`]; [`std::io::ErrorKind::Unsupported`]
+    /// (the default) where the provider cannot.
+    fn write_process(&self, pid: u32, remote_addr: usize, local: &[u8]) -> std::io::Result<()> {
+        let _ = (pid, remote_addr, local);
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this shared-memory provider cannot write another process's memory",
+        ))
+    }
+
     /// Whether process `pid` is gone (does not exist, or is a zombie).
     fn process_gone(&self, pid: u32) -> bool;
 }

@@ -38,7 +38,7 @@ use ferroccl_transport::{
 use std::path::{Path, PathBuf};
 
 pub use listener::ShmListener;
-pub use region::{process_gone, read_process_memory, Region, ShmMemory};
+pub use region::{process_gone, read_process_memory, write_process_memory, Region, ShmMemory};
 pub use wait::Waiter;
 
 /// Where segments live unless told otherwise.

@@ -56,6 +56,50 @@ pub(crate) fn dir_writable(dir: &std::path::Path) -> bool {
     unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
+/// The other process `pid` as the kernel names it: refused where it is
+/// this process (`what`: "read" or "write") or no process id.
+fn other_process(pid: u32, what: &str) -> std::io::Result<libc::pid_t> {
+    if pid == std::process::id() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("cross-memory {what} of this process's own memory"),
+        ));
+    }
+    libc::pid_t::try_from(pid)
+        .ok()
+        .filter(|&p| p > 0)
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no such process id"))
+}
+
+/// Run `step(done, remote + done)` (one system call over the bytes from
+/// `done` on, returning how many it moved or -1) until `len` bytes have
+/// moved: the kernel may move fewer than asked.
+fn in_steps(
+    remote: usize,
+    len: usize,
+    what: &str,
+    mut step: impl FnMut(usize, usize) -> isize,
+) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        let at = remote.checked_add(done).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "address overflow")
+        })?;
+        let n = step(done, at);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("cross-memory {what} stopped after {done} of {len} bytes"),
+            ));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
 /// Copy `local.len()` bytes from address `remote` of process `pid` into
 /// `local` with `process_vm_readv` (cross-memory attach: one copy, by the
 /// kernel, with the caller's permission to ptrace `pid`). Fails rather than
@@ -66,24 +110,10 @@ pub(crate) fn read_process_memory(
     remote: usize,
     local: &mut [u8],
 ) -> std::io::Result<()> {
-    if pid == std::process::id() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "cross-memory read of this process's own memory",
-        ));
-    }
-    let raw = libc::pid_t::try_from(pid)
-        .ok()
-        .filter(|&p| p > 0)
-        .ok_or_else(|| {
-            std::io::Error::new(std::io::ErrorKind::InvalidInput, "no such process id")
-        })?;
-    let mut done = 0;
-    while done < local.len() {
+    let raw = other_process(pid, "read")?;
+    let len = local.len();
+    in_steps(remote, len, "read", |done, from| {
         let rest = &mut local[done..];
-        let from = remote.checked_add(done).ok_or_else(|| {
-            std::io::Error::new(std::io::ErrorKind::InvalidInput, "address overflow")
-        })?;
         let here = libc::iovec {
             iov_base: rest.as_mut_ptr().cast(),
             iov_len: rest.len(),
@@ -97,20 +127,31 @@ pub(crate) fn read_process_memory(
         // owns; `there` names memory of another process (checked above),
         // which the kernel reads or refuses (EFAULT, EPERM, ESRCH) without
         // touching this process's memory. One iovec each; no flags.
-        let n = unsafe { libc::process_vm_readv(raw, &here, 1, &there, 1, 0) };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if n == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!(
-                    "cross-memory read stopped after {done} of {} bytes",
-                    local.len()
-                ),
-            ));
-        }
-        done += n as usize;
-    }
-    Ok(())
+        unsafe { libc::process_vm_readv(raw, &here, 1, &there, 1, 0) }
+    })
+}
+
+/// Copy `local` to address `remote` of process `pid` with
+/// `process_vm_writev` ([`read_process_memory`] the other way). Fails
+/// rather than writing this process's own memory.
+pub(crate) fn write_process_memory(pid: u32, remote: usize, local: &[u8]) -> std::io::Result<()> {
+    let raw = other_process(pid, "write")?;
+    in_steps(remote, local.len(), "write", |done, to| {
+        let rest = &local[done..];
+        let here = libc::iovec {
+            iov_base: rest.as_ptr() as *mut libc::c_void,
+            iov_len: rest.len(),
+        };
+        let there = libc::iovec {
+            iov_base: to as *mut libc::c_void,
+            iov_len: rest.len(),
+        };
+        // SAFETY: `here` describes `rest`, memory of this process borrowed
+        // for the call, which the kernel only reads (the pointer is mutable
+        // only because iovec's is); `there` names memory of another process
+        // (checked above), which the kernel writes or refuses (EFAULT,
+        // EPERM, ESRCH) without touching this process's memory. One iovec
+        // each; no flags.
+        unsafe { libc::process_vm_writev(raw, &here, 1, &there, 1, 0) }
+    })
 }

@@ -275,6 +275,10 @@ impl SharedMemory for ShmMemory {
         read_process_memory(pid, remote_addr, local)
     }
 
+    fn write_process(&self, pid: u32, remote_addr: usize, local: &[u8]) -> std::io::Result<()> {
+        write_process_memory(pid, remote_addr, local)
+    }
+
     fn process_gone(&self, pid: u32) -> bool {
         process_gone(pid)
     }
@@ -294,6 +298,15 @@ pub fn process_gone(pid: u32) -> bool {
 /// not mapped there, or `pid` being this process.
 pub fn read_process_memory(pid: u32, remote: usize, local: &mut [u8]) -> std::io::Result<()> {
     crate::os::read_process_memory(pid, remote, local)
+}
+
+/// Copy `local` to address `remote` in process `pid`
+/// (`process_vm_writev`): [`read_process_memory`] the other way, with the
+/// same permission and the same errors. The caller must know that those
+/// bytes of `pid` are its to write (the peer announced them as a buffer
+/// this call fills).
+pub fn write_process_memory(pid: u32, remote: usize, local: &[u8]) -> std::io::Result<()> {
+    crate::os::write_process_memory(pid, remote, local)
 }
 
 #[cfg(test)]
@@ -412,5 +425,60 @@ mod tests {
             read_process_memory(std::process::id(), own.as_ptr() as usize, &mut four).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
         assert!(read_process_memory(0, 4096, &mut four).is_err());
+    }
+
+    /// The lowest address of process `pid`'s stack mapping (its far end
+    /// from where the stack grows: a `sleep` never reaches it).
+    fn stack_floor_of(pid: u32) -> usize {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+        maps.lines()
+            .find(|line| line.ends_with("[stack]"))
+            .and_then(|line| line.split('-').next())
+            .and_then(|start| usize::from_str_radix(start, 16).ok())
+            .unwrap_or_else(|| panic!("no stack in the maps of process {pid}:\n{maps}"))
+    }
+
+    #[test]
+    fn cross_memory_writes_another_process_and_refuses_the_rest() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let header = header_of(pid, "sleep");
+        let floor = stack_floor_of(pid);
+        let words = *b"ferroccl";
+        match write_process_memory(pid, floor, &words) {
+            Ok(()) => {
+                // What was written reads back, by the other way.
+                let mut back = [0u8; 8];
+                read_process_memory(pid, floor, &mut back).unwrap();
+                assert_eq!(back, words);
+                // A read-only mapping there (the executable's header): an
+                // error, and the header stays.
+                assert!(write_process_memory(pid, header, b"XXXX").is_err());
+                let mut four = [0u8; 4];
+                read_process_memory(pid, header, &mut four).unwrap();
+                assert_eq!(&four, b"\x7fELF");
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                eprintln!("cross-memory attach not permitted here: {e}")
+            }
+            Err(e) => panic!("writing process {pid}: {e}"),
+        }
+        // Unmapped memory there: an error, not a crash.
+        assert!(write_process_memory(pid, 8, &words).is_err());
+        // Nothing to write is nothing to do.
+        write_process_memory(pid, 8, &[]).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // A process that is gone.
+        assert!(write_process_memory(pid, floor, &words).is_err());
+        // This process's own memory is refused.
+        let own = [1u8; 8];
+        let err =
+            write_process_memory(std::process::id(), own.as_ptr() as usize, &words).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(write_process_memory(0, 4096, &words).is_err());
     }
 }
