@@ -213,6 +213,12 @@ pub(crate) struct Control {
     /// sizes, of ordinary buffers copy straight out of the peers'
     /// processes (`exec::pull`).
     pub(crate) cma: bool,
+    /// Every rank could also write every other rank's probe word by
+    /// cross-memory attach, and has a CPU of its own (no more ranks than
+    /// the host's CPUs): a broadcast pulled out of the root's process
+    /// is shared, the root pushing a share of its input into every
+    /// receiver's output while the receivers pull the rest (`exec::pull`).
+    pub(crate) cma_push: bool,
     /// Chunks staged so far through the roots' staging areas by large
     /// broadcasts on 3 or more ranks (`exec::spread`; the same count on
     /// every rank, each rank counting every such call): numbers the next

@@ -239,7 +239,7 @@ impl Communicator {
                     .unwrap_or(0)
             })
             .collect();
-        let cma = self.probe_cma(memory.as_ref(), &pages, &pids)?;
+        let (cma, cma_push) = self.probe_cma(memory.as_ref(), &pages, &pids)?;
         let _ = inner.control.set(Arc::new(Control {
             pages: crate::window::Pages::from_regions(pages),
             own: Mutex::new(own),
@@ -253,6 +253,7 @@ impl Communicator {
             early_return: inner.config.early_return,
             windows: AtomicBool::new(false),
             cma,
+            cma_push,
             spread_chunks: AtomicU64::new(0),
         }));
         tracing::info!(
@@ -273,19 +274,26 @@ impl Communicator {
     /// attach (the probe word of each peer's control page, at the address
     /// the peer wrote there, must read back as the page's magic), agreed by
     /// all ranks (a collective): any rank that cannot, or has FERROCCL_CMA=0,
-    /// turns it off for all.
+    /// turns it off for all. Then whether every rank can also write every
+    /// peer's memory that way (the magic written back over itself, at the
+    /// same address) and has a CPU of its own, agreed the same way: a
+    /// broadcast's root then pushes a share of its input into the
+    /// receivers' outputs while they pull the rest (`exec::pull`).
     pub(super) fn probe_cma(
         &self,
         memory: &dyn SharedMemory,
         pages: &[Box<dyn SharedRegion>],
         pids: &[u32],
-    ) -> Result<bool> {
+    ) -> Result<(bool, bool)> {
         let inner = &self.inner;
-        let probe = |peer: usize| -> std::result::Result<(), String> {
-            let at = pages[peer]
+        let probe_at = |peer: usize| -> std::result::Result<usize, String> {
+            Ok(pages[peer]
                 .word(exec::W_PROBE)
                 .map_err(|e| e.to_string())?
-                .load(Ordering::Relaxed) as usize;
+                .load(Ordering::Relaxed) as usize)
+        };
+        let probe = |peer: usize| -> std::result::Result<(), String> {
+            let at = probe_at(peer)?;
             let mut word = [0u8; 8];
             memory
                 .read_process(pids[peer], at, &mut word)
@@ -305,12 +313,46 @@ impl Communicator {
             Err("FERROCCL_CMA=0".into())
         };
         let all = self.agree_all(mine.is_ok())?;
+        // The magic over itself: the word holds it already, so a peer
+        // reading it meanwhile sees no change.
+        let push = |peer: usize| -> std::result::Result<(), String> {
+            let at = probe_at(peer)?;
+            memory
+                .write_process(pids[peer], at, &exec::CONTROL_MAGIC.to_ne_bytes())
+                .map_err(|e| format!("writing rank {peer}'s memory (process {}): {e}", pids[peer]))
+        };
+        // Only where every rank has a CPU of its own: the share pays for
+        // itself by two copies at once. On 4 ranks over the 2-core VM the
+        // calibration then took the pull for 2 MiB broadcasts in some
+        // start-ups, 0.78x in loops (docs/performance-log.md, "A
+        // broadcast's root pushes a share").
+        let own_cpus = !ferroccl_transport::wait::ranks_share_cpus(inner.size);
+        let pushes = all
+            && self.agree_all(
+                (0..inner.size)
+                    .filter(|&p| p != inner.rank)
+                    .try_for_each(push)
+                    .and_then(|()| {
+                        own_cpus
+                            .then_some(())
+                            .ok_or_else(|| "the ranks share CPUs".to_string())
+                    })
+                    .inspect_err(|why| {
+                        tracing::info!(
+                            rank = inner.rank,
+                            "cross-memory attach reads only ({why}): broadcasts pulled \
+                             are pulled whole"
+                        )
+                    })
+                    .is_ok(),
+            )?;
         match (&mine, all) {
             (_, true) => tracing::info!(
                 rank = inner.rank,
                 "cross-memory attach between the {} ranks: allgathers and all-to-alls of \
                  ordinary buffers with blocks of at least {} bytes{} copy straight out of the \
-                 peers' processes, {} (unless the calibration, where it runs, says otherwise)",
+                 peers' processes, {}{} (unless the calibration, where it runs, says \
+                 otherwise)",
                 inner.size,
                 crate::plan::CMA_MIN_BYTES,
                 if crate::plan::takes_spread(
@@ -328,6 +370,11 @@ impl Communicator {
                 match crate::plan::cma_broadcast_default(inner.size) {
                     crate::plan::NO_CMA => "broadcasts never".to_string(),
                     (from, upto) => format!("and broadcasts of {from} to {upto} bytes"),
+                },
+                if pushes {
+                    " (the root pushing a share of each broadcast into the receivers)"
+                } else {
+                    ""
                 }
             ),
             (Err(why), false) => tracing::info!(
@@ -341,7 +388,7 @@ impl Communicator {
                  allgathers, all-to-alls and broadcasts of ordinary buffers go through slots"
             ),
         }
-        Ok(all)
+        Ok((all, pushes))
     }
     /// How many collectives of this communicator ran without the
     /// transport's slots: inline in the check-in on the shared control

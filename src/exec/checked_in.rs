@@ -134,10 +134,17 @@ fn check_in<T: Element>(
     if inline_after && !plan::direct_capable(kind, place.in_win, place.out_win) {
         inline::publish(ctx, io, kind, in_len, turn)?;
     }
-    // The input's address only where a peer may read from it: it lies in
-    // the announcement's second cache line, which the other check-ins
-    // leave alone.
-    announce(ctx, turn, call, &place, cma.then_some(in_addr as u64))?;
+    // The input's and output's addresses only where a peer may read from
+    // (or, a broadcast's root, write into) them: they lie in the
+    // announcement's second cache line, which the other check-ins leave
+    // alone.
+    announce(
+        ctx,
+        turn,
+        call,
+        &place,
+        cma.then_some((in_addr as u64, out_addr as u64)),
+    )?;
     let mut places = vec![place; ctx.size];
     for peer in (0..ctx.size).filter(|&p| p != ctx.rank) {
         places[peer] = read_announcement(ctx, turn, peer, deadline, call)?;

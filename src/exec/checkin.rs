@@ -192,6 +192,9 @@ const E_OUT_OFF: usize = 11;
 /// Where the input lies in the announcing rank's process (for
 /// cross-memory attach).
 pub(super) const E_IN_ADDR: usize = 12;
+/// Where the output lies in the announcing rank's process (for a
+/// broadcast's root that pushes into it by cross-memory attach).
+pub(super) const E_OUT_ADDR: usize = 13;
 
 /// Where the inline data of the announcement slots start (in words),
 /// and how much each holds: the planner's largest inline call
@@ -338,16 +341,17 @@ fn write_note(page: &[AtomicU64], order: u64, fp: &Fingerprint) -> Result<()> {
 }
 
 /// Announce `call` at check-in `turn`, with where its buffers lie and,
-/// for a call peers may copy out of this process, its input's address.
+/// for a call peers may copy out of (or into) this process, its input's
+/// and output's addresses.
 pub(super) fn announce(
     ctx: &Ctx<'_>,
     turn: u64,
     call: &Call,
     place: &Place,
-    in_addr: Option<u64>,
+    addrs: Option<(u64, u64)>,
 ) -> Result<()> {
     let words = entry_words(ctx.control.pages.words(ctx.rank), turn)?;
-    fill_entry(words, call.order, &call.fingerprint, place, in_addr);
+    fill_entry(words, call.order, &call.fingerprint, place, addrs);
     Ok(())
 }
 
@@ -429,7 +433,7 @@ fn fill_entry(
     order: u64,
     fp: &Fingerprint,
     place: &Place,
-    in_addr: Option<u64>,
+    addrs: Option<(u64, u64)>,
 ) {
     for (field, value) in [
         (E_IN_WIN, place.in_win),
@@ -439,8 +443,9 @@ fn fill_entry(
     ] {
         words[field].store(value, Ordering::Relaxed);
     }
-    if let Some(addr) = in_addr {
-        words[E_IN_ADDR].store(addr, Ordering::Relaxed);
+    if let Some((input, output)) = addrs {
+        words[E_IN_ADDR].store(input, Ordering::Relaxed);
+        words[E_OUT_ADDR].store(output, Ordering::Relaxed);
     }
     fill_call(words, order, fp);
 }
@@ -1172,7 +1177,7 @@ mod tests {
         for (what, order, fp) in variants {
             let theirs = blank();
             // Where a peer's buffers are is not part of the call.
-            fill_entry(&theirs, order, &fp, &Place::default(), Some(4096));
+            fill_entry(&theirs, order, &fp, &Place::default(), Some((4096, 8192)));
             let same = order == 17 && verify::same_call(1, &base, &fp).is_ok();
             assert_eq!(same_entry(&own, &theirs), same, "{what}");
             assert_eq!(same, what == "the same call", "{what}");

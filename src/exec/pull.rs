@@ -9,12 +9,17 @@
 //! (allgather: every peer's input into the peer's block; all-to-all: block
 //! `rank` of every peer's input; broadcast: the root's input, and nothing
 //! on the root): one copy per byte, by the kernel, against two through
-//! slots. Only reads: a rank writes nothing but its own output, so a peer
-//! that failed can at worst make a reader fail, never be corrupted. The
-//! check-in's completion wait follows: no rank returns while a peer may
-//! still read its input.
+//! slots. A broadcast's root, where every rank may write every other's
+//! memory too (`Control::cma_push`), shares the copy: it writes the last
+//! share of its input into every receiver's output (`process_vm_writev`,
+//! at the address the receiver announced for this call) while they pull
+//! the rest. Otherwise only reads: a rank writes nothing but its own
+//! output (and a root only the receivers' outputs, where they said), so
+//! a peer that failed can at worst make a reader fail, never be
+//! corrupted. The check-in's completion wait follows: no rank returns
+//! while a peer may still read its input or write its output.
 
-use super::checkin::{entry, word, Ctx, E_IN_ADDR};
+use super::checkin::{entry, word, Ctx, E_IN_ADDR, E_OUT_ADDR};
 use super::direct::Kernel;
 use super::io::HostIo;
 use crate::algo::{Operand, Prim, Step};
@@ -54,10 +59,23 @@ pub(super) fn run<T: Element>(
     match k.call.kind {
         // Every input into its block.
         CollKind::AllGather => pull(k, from, io, every, |j| (0, j * count, count)),
-        // The root's input, whole (on the root, its own: nothing in place).
+        // The root's input (on the root, its own: nothing in place); where
+        // the root may write into the receivers, it pushes the last share
+        // while they pull the rest.
         CollKind::Broadcast => {
             let root = k.call.fingerprint.root as usize;
-            pull(k, from, io, std::iter::once(root), |_| (0, 0, count))
+            let share = if ctx.control.cma_push {
+                push_share(count, n, k.elem)
+            } else {
+                0
+            };
+            let kept = count - share;
+            if rank == root && share > 0 {
+                pull(k, from, io, std::iter::once(root), |_| (0, 0, count))?;
+                push(k, ctx, io, turn, (kept, share))
+            } else {
+                pull(k, from, io, std::iter::once(root), |_| (0, 0, kept))
+            }
         }
         // Block `rank` of every input into block j.
         _ => {
@@ -65,6 +83,61 @@ pub(super) fn run<T: Element>(
             pull(k, from, io, every, |j| (rank * block, j * block, block))
         }
     }
+}
+
+/// How many of a broadcast's `count` elements its root pushes into each
+/// of the `n - 1` receivers (the last ones) while they pull the rest: a
+/// rank's share, `count / n`, in whole cache lines, so that the root
+/// copies as much as each receiver, on CPUs of their own at once. On 2
+/// ranks of the 2-core Intel VM the bare program of the traffic
+/// (`bench/bound/cma_bcast.c`, SPLIT=1 against the whole pull) ran
+/// 1.2-1.6x faster at 128 KiB and 1.7-3x from 512 KiB to 8 MiB, and
+/// ferroccl's broadcast 1.3-2.3x from 64 KiB to 32 MiB in turns
+/// (docs/performance-log.md, "A broadcast's root pushes a share").
+fn push_share(count: usize, n: usize, elem: usize) -> usize {
+    let line = (64 / elem.max(1)).max(1);
+    count / n.max(1) / line * line
+}
+
+/// The root's share of a broadcast pushed by cross-memory attach: the
+/// `share` elements of its input from element `kept` written at element
+/// `kept` of every receiver's output, at the address each announced at
+/// check-in `turn`, nearest receiver first. The receivers wait at the
+/// completion for this rank's word, stored after the last write.
+fn push<T: Element>(
+    k: &Kernel<'_>,
+    ctx: &Ctx<'_>,
+    io: &HostIo<'_, T>,
+    turn: u64,
+    (kept, share): (usize, usize),
+) -> Result<()> {
+    let (n, rank) = (ctx.size, ctx.rank);
+    let src: &[u8] = bytemuck::cast_slice(io.input(kept, share));
+    for j in (1..n).map(|step| (rank + step) % n) {
+        let fail = |reason: String| Error::PeerFailed {
+            rank: j,
+            during: k.call.during(),
+            reason,
+        };
+        let out =
+            word(ctx.control.pages.words(j), entry(turn) + E_OUT_ADDR)?.load(Ordering::Relaxed);
+        let at = (kept as u64)
+            .checked_mul(k.elem as u64)
+            .and_then(|b| out.checked_add(b))
+            .ok_or_else(|| fail(format!("its announced output address overflows at {kept}")))?;
+        let pid = ctx.control.pids[j];
+        ctx.control
+            .memory
+            .write_process(pid, at as usize, src)
+            .map_err(|e| {
+                fail(format!(
+                    "writing {} bytes into its output at {at:#x} in process {pid} by \
+                     cross-memory attach failed: {e}",
+                    src.len()
+                ))
+            })?;
+    }
+    Ok(())
 }
 
 /// Copy out of the processes of `ranks` (cross-memory attach): for each
