@@ -116,6 +116,18 @@ pub struct Config {
     /// off). Probed when the control pages are made; without permission the
     /// calls go through slots.
     pub cma: bool,
+    /// Where `cma` is on, every rank may also write every other's memory
+    /// that way (`process_vm_writev`, probed alike) and each has a CPU of
+    /// its own, let ranks write into each other's outputs: a broadcast's
+    /// root pushes a share of its input into the receivers while they
+    /// pull the rest, and a 2-rank allreduce of 64 KiB-8 MiB runs as two
+    /// halves, each rank pulling its half of the peer's input and writing
+    /// the result into both outputs. FERROCCL_CMA_PUSH=0 turns it off: the
+    /// ranks then only read each other (broadcasts pulled whole,
+    /// allreduces through slots), so that a peer whose call fails can
+    /// never write into a rank's memory after that rank has returned
+    /// (docs/reliability.md, "Writes into a peer's process").
+    pub cma_push: bool,
     /// Let a broadcast above the inline limit on 4 to 8 ranks of one host
     /// (on 3 from 8 MiB) run through one staging area on its root's
     /// control page that every receiver reads: the buffer copied N times
@@ -214,6 +226,7 @@ impl Config {
             checkin: true,
             early_return: true,
             cma: true,
+            cma_push: true,
             spread: true,
             p2p: true,
             device_async: false,
@@ -244,7 +257,7 @@ impl Config {
     /// FERROCCL_BUFFSIZE, FERROCCL_STEPS, FERROCCL_PIPELINE_DEPTH,
     /// FERROCCL_NSOCKS_PERPEER,
     /// FERROCCL_SOCKET_IFNAME, FERROCCL_SHM_DIR, FERROCCL_CALIBRATE,
-    /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_DEVICE_ASYNC, FERROCCL_NT_STORE_BYTES,
+    /// FERROCCL_CHECKIN, FERROCCL_CMA, FERROCCL_CMA_PUSH, FERROCCL_DEVICE_ASYNC, FERROCCL_NT_STORE_BYTES,
     /// FERROCCL_COPY_PAGES and FERROCCL_HOST_CPUS (checked only),
     /// FERROCCL_IB_* (each else its NCCL_IB_ name),
     /// FERROCCL_P2P_DISABLE (else NCCL_P2P_DISABLE), FERROCCL_MAX_NCHANNELS
@@ -323,6 +336,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_CMA") {
             self.cma = parse_flag("FERROCCL_CMA", &v)?;
+        }
+        if let Some(v) = get("FERROCCL_CMA_PUSH") {
+            self.cma_push = parse_flag("FERROCCL_CMA_PUSH", &v)?;
         }
         if let Some(v) = get("FERROCCL_SPREAD") {
             self.spread = parse_flag("FERROCCL_SPREAD", &v)?;
@@ -635,6 +651,12 @@ mod tests {
         assert!(!with(&[("FERROCCL_CMA", "0")]).unwrap().cma);
         let err = with(&[("FERROCCL_CMA", "maybe")]).unwrap_err().to_string();
         assert!(err.contains("FERROCCL_CMA"), "{err}");
+        assert!(with(&[]).unwrap().cma_push);
+        assert!(!with(&[("FERROCCL_CMA_PUSH", "0")]).unwrap().cma_push);
+        let err = with(&[("FERROCCL_CMA_PUSH", "no way")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("FERROCCL_CMA_PUSH"), "{err}");
         assert!(with(&[]).unwrap().spread);
         assert!(!with(&[("FERROCCL_SPREAD", "0")]).unwrap().spread);
         let err = with(&[("FERROCCL_SPREAD", "2")]).unwrap_err().to_string();

@@ -346,6 +346,10 @@ impl Inner {
             chunk_bytes: self.chunk_bytes,
             cma_gather: self.cma_gather.get(),
             cma_broadcast: self.cma_broadcast.get(),
+            cma_allreduce: crate::plan::cma_allreduce_default(
+                self.size,
+                control.is_some_and(|c| c.cma_push),
+            ),
             shared_cores: self.shared_cores.load(Ordering::Relaxed),
             spread: self.config.spread,
         }

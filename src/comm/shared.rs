@@ -329,22 +329,29 @@ impl Communicator {
         let own_cpus = !ferroccl_transport::wait::ranks_share_cpus(inner.size);
         let pushes = all
             && self.agree_all(
-                (0..inner.size)
-                    .filter(|&p| p != inner.rank)
-                    .try_for_each(push)
-                    .and_then(|()| {
-                        own_cpus
-                            .then_some(())
-                            .ok_or_else(|| "the ranks share CPUs".to_string())
-                    })
-                    .inspect_err(|why| {
-                        tracing::info!(
-                            rank = inner.rank,
-                            "cross-memory attach reads only ({why}): broadcasts pulled \
-                             are pulled whole"
-                        )
-                    })
-                    .is_ok(),
+                (if inner.config.cma_push {
+                    Ok(())
+                } else {
+                    Err("FERROCCL_CMA_PUSH=0".to_string())
+                })
+                .and_then(|()| {
+                    (0..inner.size)
+                        .filter(|&p| p != inner.rank)
+                        .try_for_each(push)
+                })
+                .and_then(|()| {
+                    own_cpus
+                        .then_some(())
+                        .ok_or_else(|| "the ranks share CPUs".to_string())
+                })
+                .inspect_err(|why| {
+                    tracing::info!(
+                        rank = inner.rank,
+                        "cross-memory attach reads only ({why}): broadcasts pulled \
+                             are pulled whole, allreduces go through slots"
+                    )
+                })
+                .is_ok(),
             )?;
         match (&mine, all) {
             (_, true) => tracing::info!(
@@ -371,10 +378,19 @@ impl Communicator {
                     crate::plan::NO_CMA => "broadcasts never".to_string(),
                     (from, upto) => format!("and broadcasts of {from} to {upto} bytes"),
                 },
-                if pushes {
-                    " (the root pushing a share of each broadcast into the receivers)"
-                } else {
-                    ""
+                match (
+                    pushes,
+                    crate::plan::cma_allreduce_default(inner.size, pushes)
+                ) {
+                    (false, _) => String::new(),
+                    (true, crate::plan::NO_CMA) => {
+                        " (the root pushing a share of each broadcast into the receivers)".into()
+                    }
+                    (true, (from, upto)) => format!(
+                        " (the root pushing a share of each broadcast into the receivers), and \
+                         allreduces of {from} to {upto} bytes in halves, each rank pulling its \
+                         half of the peer's input and writing the result into both outputs"
+                    ),
                 }
             ),
             (Err(why), false) => tracing::info!(

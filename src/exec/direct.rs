@@ -44,7 +44,7 @@ const BLOCK_BYTES: usize = 8192;
 /// tenth of a 2-rank 32 KiB broadcast's time (docs/performance-log.md,
 /// "Calls between windows without allocations or locked lookups"). A
 /// nested call (none today) gets a buffer of its own.
-fn with_scratch<T: Element, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+pub(super) fn with_scratch<T: Element, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
     thread_local! {
         static SCRATCH: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
     }

@@ -1,26 +1,32 @@
-//! Allgathers, all-to-alls and broadcasts of ordinary buffers straight
-//! out of the peers' processes (cross-memory attach, `process_vm_readv`),
-//! where every rank could read every other's memory (probed when the
-//! control pages are made; `Control::cma`) and the planner chose it
-//! (`plan::Direct::Pull`: allgather and all-to-all blocks and broadcast
-//! sizes in the ranges the calibration measured the pull to win,
-//! `plan::cma_range`). Each rank copies its own part from input to output
-//! and what it needs out of each peer's process, nearest peer first
-//! (allgather: every peer's input into the peer's block; all-to-all: block
-//! `rank` of every peer's input; broadcast: the root's input, and nothing
-//! on the root): one copy per byte, by the kernel, against two through
-//! slots. A broadcast's root, where every rank may write every other's
-//! memory too (`Control::cma_push`), shares the copy: it writes the last
-//! share of its input into every receiver's output (`process_vm_writev`,
-//! at the address the receiver announced for this call) while they pull
-//! the rest. Otherwise only reads: a rank writes nothing but its own
-//! output (and a root only the receivers' outputs, where they said), so
-//! a peer that failed can at worst make a reader fail, never be
-//! corrupted. The check-in's completion wait follows: no rank returns
+//! Allgathers, all-to-alls, broadcasts and 2-rank allreduces of ordinary
+//! buffers straight out of the peers' processes (cross-memory attach,
+//! `process_vm_readv`), where every rank could read every other's memory
+//! (probed when the control pages are made; `Control::cma`) and the
+//! planner chose it (`plan::Direct::Pull`: allgather and all-to-all blocks
+//! and broadcast sizes in the ranges the calibration measured the pull to
+//! win, `plan::cma_range`; allreduces in `plan::CMA_ALLREDUCE`). Each rank
+//! copies its own part from input to output and what it needs out of each
+//! peer's process, nearest peer first (allgather: every peer's input into
+//! the peer's block; all-to-all: block `rank` of every peer's input;
+//! broadcast: the root's input, and nothing on the root): one copy per
+//! byte, by the kernel, against two through slots.
+//!
+//! Where every rank may write every other's memory too and has a CPU of
+//! its own (`Control::cma_push`), the ranks share the copies: a
+//! broadcast's root writes the last share of its input into every
+//! receiver's output (`process_vm_writev`, at the address the receiver
+//! announced for this call) while they pull the rest; on 2 ranks an
+//! allreduce's rank r pulls half r of the peer's input, reduces it with
+//! its own into its output and writes the result into the peer's output.
+//! A rank writes nothing but its own output and, where the peers said,
+//! theirs, never a peer's input: a peer that failed can make a reader
+//! fail, and a writer can corrupt only the output of the call the
+//! receiver announced (docs/reliability.md, "Writes into a peer's
+//! process"). The check-in's completion wait follows: no rank returns
 //! while a peer may still read its input or write its output.
 
 use super::checkin::{entry, word, Ctx, E_IN_ADDR, E_OUT_ADDR};
-use super::direct::Kernel;
+use super::direct::{with_scratch, Kernel};
 use super::io::HostIo;
 use crate::algo::{Operand, Prim, Step};
 use crate::coll::CollKind;
@@ -29,6 +35,10 @@ use crate::error::{Error, Result};
 use crate::reduce::Store;
 use ferroccl_transport::SharedMemory;
 use std::sync::atomic::Ordering;
+
+/// Where the peers' inputs are: the memory that reaches other processes,
+/// each rank's pid and the address of its input there.
+type Inputs<'a> = (&'a dyn SharedMemory, &'a [u32], &'a [u64]);
 
 /// Run check-in `turn`'s call (an allgather, all-to-all or broadcast of
 /// `count` input elements per rank) by copying out of the peers'
@@ -77,6 +87,7 @@ pub(super) fn run<T: Element>(
                 pull(k, from, io, std::iter::once(root), |_| (0, 0, kept))
             }
         }
+        CollKind::AllReduce => all_reduce(k, ctx, io, turn, (from, count)),
         // Block `rank` of every input into block j.
         _ => {
             let block = count / n;
@@ -114,30 +125,93 @@ fn push<T: Element>(
     let (n, rank) = (ctx.size, ctx.rank);
     let src: &[u8] = bytemuck::cast_slice(io.input(kept, share));
     for j in (1..n).map(|step| (rank + step) % n) {
-        let fail = |reason: String| Error::PeerFailed {
-            rank: j,
-            during: k.call.during(),
-            reason,
-        };
-        let out =
-            word(ctx.control.pages.words(j), entry(turn) + E_OUT_ADDR)?.load(Ordering::Relaxed);
-        let at = (kept as u64)
-            .checked_mul(k.elem as u64)
-            .and_then(|b| out.checked_add(b))
-            .ok_or_else(|| fail(format!("its announced output address overflows at {kept}")))?;
-        let pid = ctx.control.pids[j];
-        ctx.control
-            .memory
-            .write_process(pid, at as usize, src)
-            .map_err(|e| {
-                fail(format!(
-                    "writing {} bytes into its output at {at:#x} in process {pid} by \
-                     cross-memory attach failed: {e}",
-                    src.len()
-                ))
-            })?;
+        write_peer(k, ctx, turn, j, kept, src)?;
     }
     Ok(())
+}
+
+/// Bytes a pulled 2-rank allreduce moves per turn of its loop: the
+/// peer's input read into a buffer this thread keeps, reduced with this
+/// rank's into its output, and the result written into the peer's output
+/// from there while it is still in this core's cache.
+const ALL_REDUCE_CHUNK_BYTES: usize = 64 << 10;
+
+/// A 2-rank allreduce of `count` elements by cross-memory attach: this
+/// rank's half (rank 0 the first `count / 2` elements in whole cache
+/// lines, rank 1 the rest), chunk by chunk, pulled out of the peer's
+/// input, reduced with this rank's input into its output and written at
+/// the same place of the peer's output (the address it announced at
+/// check-in `turn`). The peer does the same with the other half; neither
+/// reads what the other writes, in place too (a rank writes only the
+/// peer's half of the peer's buffer, which the peer never touches). The
+/// completion wait follows. The result of each element is computed once,
+/// so both ranks hold the same bits.
+fn all_reduce<T: Element>(
+    k: &Kernel<'_>,
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    turn: u64,
+    (from, count): (Inputs<'_>, usize),
+) -> Result<()> {
+    let peer = 1 - ctx.rank.min(1);
+    let half = push_share(count, 2, k.elem);
+    let (start, len) = if ctx.rank == 0 {
+        (0, half)
+    } else {
+        (half, count - half)
+    };
+    let chunk = (ALL_REDUCE_CHUNK_BYTES / k.elem.max(1)).max(1);
+    with_scratch::<T, _>(chunk.min(len), |tmp| {
+        for at in (start..start + len).step_by(chunk) {
+            let m = chunk.min(start + len - at);
+            let tmp = &mut tmp[..m];
+            read_peer(k, from, peer, at, bytemuck::cast_slice_mut(tmp))?;
+            let step = Step::local(Prim::Reduce, Operand::Input, at, at, m);
+            io.reduce_to_output(Store::Cached, k.op, &step, tmp);
+            write_peer(
+                k,
+                ctx,
+                turn,
+                peer,
+                at,
+                bytemuck::cast_slice(io.output_ref(at, m)),
+            )?;
+        }
+        Ok(())
+    })
+}
+
+/// Write `src` into rank `j`'s output from element `at`, at the address
+/// `j` announced at check-in `turn`, by cross-memory attach.
+fn write_peer(
+    k: &Kernel<'_>,
+    ctx: &Ctx<'_>,
+    turn: u64,
+    j: usize,
+    at: usize,
+    src: &[u8],
+) -> Result<()> {
+    let fail = |reason: String| Error::PeerFailed {
+        rank: j,
+        during: k.call.during(),
+        reason,
+    };
+    let out = word(ctx.control.pages.words(j), entry(turn) + E_OUT_ADDR)?.load(Ordering::Relaxed);
+    let addr = (at as u64)
+        .checked_mul(k.elem as u64)
+        .and_then(|b| out.checked_add(b))
+        .ok_or_else(|| fail(format!("its announced output address overflows at {at}")))?;
+    let pid = ctx.control.pids[j];
+    ctx.control
+        .memory
+        .write_process(pid, addr as usize, src)
+        .map_err(|e| {
+            fail(format!(
+                "writing {} bytes into its output at {addr:#x} in process {pid} by \
+                 cross-memory attach failed: {e}",
+                src.len()
+            ))
+        })
 }
 
 /// Copy out of the processes of `ranks` (cross-memory attach): for each
@@ -147,7 +221,7 @@ fn push<T: Element>(
 /// to output. Reads only.
 fn pull<T: Element>(
     k: &Kernel<'_>,
-    from: (&dyn SharedMemory, &[u32], &[u64]),
+    from: Inputs<'_>,
     io: &mut HostIo<'_, T>,
     ranks: impl Iterator<Item = usize>,
     part: impl Fn(usize) -> (usize, usize, usize),
@@ -159,20 +233,19 @@ fn pull<T: Element>(
             io.copy_input_to_output(Store::Cached, &own);
             continue;
         }
-        read_peer(k, from, io, j, (at, to, len))?;
+        read_peer(k, from, j, at, bytemuck::cast_slice_mut(io.output(to, len)))?;
     }
     Ok(())
 }
 
-/// Copy `len` elements of rank `j`'s input from element `from` (its
-/// input lies at `inputs[j]` in process `pids[j]`) into this rank's
-/// output at element `to`, by cross-memory attach.
-fn read_peer<T: Element>(
+/// Copy rank `j`'s input from element `from` (its input lies at
+/// `inputs[j]` in process `pids[j]`) into `dst`, by cross-memory attach.
+fn read_peer(
     k: &Kernel<'_>,
-    (memory, pids, inputs): (&dyn SharedMemory, &[u32], &[u64]),
-    io: &mut HostIo<'_, T>,
+    (memory, pids, inputs): Inputs<'_>,
     j: usize,
-    (from, to, len): (usize, usize, usize),
+    from: usize,
+    dst: &mut [u8],
 ) -> Result<()> {
     let fail = |reason: String| Error::PeerFailed {
         rank: j,
@@ -183,7 +256,6 @@ fn read_peer<T: Element>(
         .checked_mul(k.elem as u64)
         .and_then(|b| inputs[j].checked_add(b))
         .ok_or_else(|| fail(format!("its announced input address overflows at {from}")))?;
-    let dst: &mut [u8] = bytemuck::cast_slice_mut(io.output(to, len));
     let bytes = dst.len();
     memory.read_process(pids[j], at as usize, dst).map_err(|e| {
         fail(format!(

@@ -331,6 +331,28 @@ pub(crate) fn cma_broadcast_default(size: usize) -> (usize, usize) {
     }
 }
 
+/// The 2-rank allreduces of ordinary buffers (bytes of input, an
+/// inclusive range) that run by cross-memory attach where the ranks may
+/// read and write each other's memory and each has a CPU
+/// (`Control::cma_push`): each rank pulls its half of the peer's input,
+/// reduces it with its own and writes the result into its output and the
+/// peer's (`exec::pull`), two kernel copies of half the buffer a rank
+/// where the slots copy every byte three times. See
+/// [`cma_allreduce_default`].
+pub(crate) const CMA_ALLREDUCE: (usize, usize) = (64 << 10, 8 << 20);
+
+/// The allreduces that run by cross-memory attach on `size` ranks whose
+/// ranks may write into each other (`push`): [`CMA_ALLREDUCE`] on 2
+/// ranks, none elsewhere (with more ranks each would pull from and write
+/// into every peer, `size - 1` calls for a share of `1 / size`).
+pub(crate) fn cma_allreduce_default(size: usize, push: bool) -> (usize, usize) {
+    if size == 2 && push {
+        CMA_ALLREDUCE
+    } else {
+        NO_CMA
+    }
+}
+
 /// What the communicator knows about its ranks that every rank knows
 /// alike: the facts a route depends on besides the call.
 #[derive(Debug, Clone, Copy)]
@@ -366,6 +388,9 @@ pub(crate) struct Facts {
     /// input out of its process, as the calibration measured
     /// ([`cma_range`]); [`NO_CMA`] where it did not run or the slots won.
     pub(crate) cma_broadcast: (usize, usize),
+    /// Allreduces of this many bytes (an inclusive range) run by
+    /// cross-memory attach ([`cma_allreduce_default`]; [`NO_CMA`]: never).
+    pub(crate) cma_allreduce: (usize, usize),
     /// Some host has more ranks than CPUs, agreed by every rank at the
     /// calibration (`tune::cost_us`); false without it.
     pub(crate) shared_cores: bool,
@@ -645,7 +670,8 @@ pub(crate) fn device_unsupported(kind: CollKind, memory: Memory) -> Error {
 /// (docs/performance-log.md, "Cross-memory attach and streaming stores").
 /// A broadcast pulls within the range the calibration measured it to win
 /// (`facts.cma_broadcast`: [`cma_range`]), its output (the
-/// receiver's buffer, `in_bytes`) under the same streaming-store bound.
+/// receiver's buffer, `in_bytes`) under the same streaming-store bound,
+/// and a 2-rank allreduce within `facts.cma_allreduce` under it too.
 /// An allgather whose blocks the staging areas would take pulls from
 /// [`STAGED_PULL_MIN_BYTES`] at the least.
 fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> bool {
@@ -653,11 +679,12 @@ fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> 
     let (block, out_bytes) = match kind {
         CollKind::AllGather => (in_bytes, in_bytes.saturating_mul(size)),
         CollKind::AllToAll => (in_bytes / size.max(1), in_bytes),
-        CollKind::Broadcast => (in_bytes, in_bytes),
+        CollKind::Broadcast | CollKind::AllReduce => (in_bytes, in_bytes),
         _ => return false,
     };
     let (from, upto) = match kind {
         CollKind::Broadcast => facts.cma_broadcast,
+        CollKind::AllReduce => facts.cma_allreduce,
         CollKind::AllGather if takes_spread(kind, in_bytes, facts) => {
             staged_pull_range(facts.cma_gather)
         }
@@ -730,6 +757,7 @@ pub(crate) fn after_check_in(
     match (kind, inputs, outputs) {
         (CollKind::Barrier, _, _) => Direct::Done,
         (CollKind::AllReduce, Some(input), Some(output)) => Direct::AllReduce { input, output },
+        (CollKind::AllReduce, _, _) if cma => Direct::Pull,
         (CollKind::AllReduce, _, _) if spread => Direct::Spread,
         (CollKind::AllGather, _, Some(output)) => Direct::AllGather { output },
         (CollKind::AllGather, _, None) if cma => Direct::Pull,
@@ -1112,6 +1140,7 @@ mod tests {
             chunk_bytes: 512 << 10,
             cma_gather: CMA_GATHER_DEFAULT,
             cma_broadcast: NO_CMA,
+            cma_allreduce: NO_CMA,
             shared_cores: false,
             // The staging area's route has a test of its own.
             spread: false,
@@ -2054,8 +2083,13 @@ mod tests {
             }
         );
         assert_eq!(
-            after_check_in(AllReduce, None, Some(2), (true, false)),
+            after_check_in(AllReduce, None, Some(2), (false, false)),
             Direct::Slots
+        );
+        // A 2-rank allreduce the route sent by cross-memory attach.
+        assert_eq!(
+            after_check_in(AllReduce, None, Some(2), (true, false)),
+            Direct::Pull
         );
         assert_eq!(
             after_check_in(AllGather, None, Some(2), (true, false)),
@@ -2185,5 +2219,69 @@ mod tests {
         assert!(costs.is_empty());
         let line = explain(CollKind::AllReduce, (1 << 20, false), &forced, a, &costs);
         assert!(line.contains("forced"), "{line}");
+    }
+
+    /// A 2-rank allreduce of ordinary buffers runs by cross-memory attach
+    /// over `CMA_ALLREDUCE` where the ranks may write into each other,
+    /// in place too, and under the streaming-store bound out of place;
+    /// never on more ranks, without the writes, with a forced algorithm
+    /// or between windows.
+    #[test]
+    fn two_rank_allreduce_pulls_and_pushes_where_the_ranks_may_write() {
+        let (lo, hi) = CMA_ALLREDUCE;
+        let two = Facts {
+            size: 2,
+            layout: Layout::one_host(2),
+            cma_allreduce: cma_allreduce_default(2, true),
+            ..facts()
+        };
+        let r = |bytes, in_place, f: &Facts| {
+            route(CollKind::AllReduce, bytes, in_place, Memory::Host, f).unwrap()
+        };
+        let pull = Route::CheckIn {
+            cma: true,
+            spread: false,
+        };
+        for in_place in [false, true] {
+            for bytes in [lo, lo + 4, 1 << 20, hi] {
+                assert_eq!(r(bytes, in_place, &two), pull, "{bytes} {in_place}");
+            }
+            assert_ne!(r(lo - 4, in_place, &two), pull);
+            assert_ne!(r(hi + 4, in_place, &two), pull);
+            for f in [
+                Facts {
+                    cma_allreduce: cma_allreduce_default(2, false),
+                    ..two
+                },
+                Facts {
+                    forced: Some(Algorithm::Ring),
+                    ..two
+                },
+                Facts { cma: false, ..two },
+            ] {
+                assert_ne!(r(1 << 20, in_place, &f), pull);
+            }
+        }
+        // Out of place above the streaming-store bound, the slots.
+        let low_nt = Facts {
+            nt_store_bytes: 1 << 20,
+            ..two
+        };
+        assert_eq!(r(512 << 10, false, &low_nt), pull);
+        assert_ne!(r(1 << 20, false, &low_nt), pull);
+        assert_eq!(r(1 << 20, true, &low_nt), pull);
+        assert_eq!(cma_allreduce_default(3, true), NO_CMA);
+        assert_eq!(cma_allreduce_default(4, true), NO_CMA);
+        assert_eq!(
+            after_check_in(CollKind::AllReduce, None, None, (true, false)),
+            Direct::Pull
+        );
+        assert_eq!(
+            after_check_in(CollKind::AllReduce, Some(1), Some(2), (true, false)),
+            Direct::AllReduce {
+                input: 1,
+                output: 2
+            }
+        );
     }
 }

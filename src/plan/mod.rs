@@ -28,10 +28,10 @@ pub(crate) mod tune;
 // The call's vocabulary: `Memory` stays nameable as `plan::Memory`.
 pub(crate) use crate::call::Memory;
 pub(crate) use host::{
-    after_check_in, algorithm, always_inline, cma_broadcast_default, cma_probes, cma_range,
-    confirms, device_unsupported, direct_capable, direct_store, explain, explain_user, geometry,
-    inline_after_check_in, leaves_early, reads_inline, route, slot_store, staged_pull_range,
-    takes_spread, Direct, Facts, Route, CMA_GATHER_DEFAULT, CMA_MIN_BYTES, INLINE_BYTES,
-    INLINE_MAX_BYTES, NO_CMA,
+    after_check_in, algorithm, always_inline, cma_allreduce_default, cma_broadcast_default,
+    cma_probes, cma_range, confirms, device_unsupported, direct_capable, direct_store, explain,
+    explain_user, geometry, inline_after_check_in, leaves_early, reads_inline, route, slot_store,
+    staged_pull_range, takes_spread, Direct, Facts, Route, CMA_GATHER_DEFAULT, CMA_MIN_BYTES,
+    INLINE_BYTES, INLINE_MAX_BYTES, NO_CMA,
 };
 pub use host::{all_reduce_slice, block_slice};

@@ -94,7 +94,7 @@ pub(crate) fn parse_options(args: &[String]) -> Result<Option<Options>, String> 
 
 /// Settings that change what a run does (which path each call takes), for
 /// the replay line.
-const REPLAY_ENV: [&str; 13] = [
+const REPLAY_ENV: [&str; 14] = [
     "FERROCCL_TRANSPORT",
     "FERROCCL_ALGO",
     "FERROCCL_BUFFSIZE",
@@ -104,6 +104,7 @@ const REPLAY_ENV: [&str; 13] = [
     "FERROCCL_CHECKIN",
     "FERROCCL_EARLY_RETURN",
     "FERROCCL_CMA",
+    "FERROCCL_CMA_PUSH",
     "FERROCCL_SIMD",
     "FERROCCL_CALIBRATE",
     "FERROCCL_FAULT",
