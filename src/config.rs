@@ -120,7 +120,7 @@ pub struct Config {
     /// that way (`process_vm_writev`, probed alike) and each has a CPU of
     /// its own, let ranks write into each other's outputs: a broadcast's
     /// root pushes a share of its input into the receivers while they
-    /// pull the rest, and a 2-rank allreduce of 64 KiB-8 MiB runs as two
+    /// pull the rest, and a 2-rank allreduce of 512 KiB-8 MiB runs as two
     /// halves, each rank pulling its half of the peer's input and writing
     /// the result into both outputs. FERROCCL_CMA_PUSH=0 turns it off: the
     /// ranks then only read each other (broadcasts pulled whole,

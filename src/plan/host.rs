@@ -337,9 +337,16 @@ pub(crate) fn cma_broadcast_default(size: usize) -> (usize, usize) {
 /// (`Control::cma_push`): each rank pulls its half of the peer's input,
 /// reduces it with its own and writes the result into its output and the
 /// peer's (`exec::pull`), two kernel copies of half the buffer a rank
-/// where the slots copy every byte three times. See
-/// [`cma_allreduce_default`].
-pub(crate) const CMA_ALLREDUCE: (usize, usize) = (64 << 10, 8 << 20);
+/// where the slots copy every byte three times. From 512 KiB: on the
+/// Intel VM of model 207 it won 1.14-1.91x from 64 KiB to 8 MiB on
+/// buffers reused call after call (nccl-tests' way), but in rounds that
+/// read the output and rewrite the input first, as a training step does,
+/// it lost 1.1-1.4x out of place below 512 KiB (the peer's output lines
+/// then sit in the peer's cache and each write fetches them), was level
+/// at 512 KiB and won 1.2-1.5x from 1 MiB (docs/performance-log.md, "A
+/// 2-rank allreduce in halves"). Level with the slots at 16 MiB.
+/// See [`cma_allreduce_default`].
+pub(crate) const CMA_ALLREDUCE: (usize, usize) = (512 << 10, 8 << 20);
 
 /// The allreduces that run by cross-memory attach on `size` ranks whose
 /// ranks may write into each other (`push`): [`CMA_ALLREDUCE`] on 2
