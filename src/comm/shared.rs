@@ -327,32 +327,35 @@ impl Communicator {
         // start-ups, 0.78x in loops (docs/performance-log.md, "A
         // broadcast's root pushes a share").
         let own_cpus = !ferroccl_transport::wait::ranks_share_cpus(inner.size);
-        let pushes = all
-            && self.agree_all(
-                (if inner.config.cma_push {
-                    Ok(())
-                } else {
-                    Err("FERROCCL_CMA_PUSH=0".to_string())
-                })
-                .and_then(|()| {
-                    (0..inner.size)
-                        .filter(|&p| p != inner.rank)
-                        .try_for_each(push)
-                })
-                .and_then(|()| {
-                    own_cpus
-                        .then_some(())
-                        .ok_or_else(|| "the ranks share CPUs".to_string())
-                })
-                .inspect_err(|why| {
-                    tracing::info!(
-                        rank = inner.rank,
-                        "cross-memory attach reads only ({why}): broadcasts pulled \
-                             are pulled whole, allreduces go through slots"
-                    )
-                })
-                .is_ok(),
-            )?;
+        let pushes = all && {
+            let mine_push = (if inner.config.cma_push {
+                Ok(())
+            } else {
+                Err("FERROCCL_CMA_PUSH=0".to_string())
+            })
+            .and_then(|()| {
+                (0..inner.size)
+                    .filter(|&p| p != inner.rank)
+                    .try_for_each(push)
+            })
+            .and_then(|()| {
+                own_cpus
+                    .then_some(())
+                    .ok_or_else(|| "the ranks share CPUs".to_string())
+            });
+            let pushes = self.agree_all(mine_push.is_ok())?;
+            if !pushes {
+                let why = mine_push.err().unwrap_or_else(|| {
+                    "another rank cannot write into its peers, or has FERROCCL_CMA_PUSH=0".into()
+                });
+                tracing::info!(
+                    rank = inner.rank,
+                    "cross-memory attach reads only ({why}): broadcasts pulled are pulled \
+                     whole, allreduces go through slots"
+                );
+            }
+            pushes
+        };
         match (&mine, all) {
             (_, true) => tracing::info!(
                 rank = inner.rank,
