@@ -135,14 +135,15 @@ fn routed(f: &Finished, kind: &str, route: &str) -> Vec<usize> {
 /// 65 536 elements (64 KiB to 512 KiB by element type, from every root),
 /// checked element by element against the root's data, must pass routed
 /// so, and pass through slots with FERROCCL_CMA=0, with the same number of
-/// checks. The same run's allreduces of 64 KiB-512 KiB (every type and
-/// op, in place and out, checked against an f64 reference) run by
+/// checks. The same run's allreduces of 512 KiB (8-byte types, every op,
+/// in place and out, checked against an f64 reference) run by
 /// cross-memory attach too, each rank pulling half of the peer's input
-/// and writing the reduced half into the peer's output; with
-/// FERROCCL_CMA_PUSH=0 on one rank neither writes into the other (the
-/// broadcasts pulled whole, the allreduces through slots), with the same
-/// checks passing. Where the machine forbids cross-memory attach (Yama, a
-/// container profile) the runs take the slots and must agree.
+/// and writing the reduced half into the peer's output, while those of
+/// 64-256 KiB go through slots; with FERROCCL_CMA_PUSH=0 on rank 1 alone
+/// neither writes into the other (the broadcasts pulled whole, every
+/// allreduce through slots), with the same checks passing. Where the
+/// machine forbids cross-memory attach (Yama, a container profile) the
+/// runs take the slots and must agree.
 #[test]
 fn two_ranks_broadcast_out_of_the_roots_process() {
     let args = ["--count", "65536", "--iters", "2"];
@@ -197,21 +198,58 @@ fn two_ranks_broadcast_out_of_the_roots_process() {
                 log.contains("the root pushing a share of each broadcast into the receivers"),
                 "{log}"
             );
-            // The allreduces of 64 KiB and more: every one by the pull and
-            // push (none through slots), each checked by ferroccl-check.
-            // (The algorithm named before the route is the tuner's.)
+            // The allreduces of 512 KiB: every one by the pull and push
+            // (none through slots), each checked by ferroccl-check; those
+            // of 64-256 KiB through slots. (The algorithm named before the
+            // route is the tuner's; a plan line is said once per size
+            // class.)
             let (pulled, slots) = (
                 "check-in, then straight out of the peers' processes",
                 "through the transport's slots",
             );
-            // (A plan line is said once per size class.)
-            let reduced = large(routed(&with, "all_reduce", pulled));
-            assert!(!reduced.is_empty(), "allreduces pulled: {reduced:?}\n{log}");
+            let from = |sizes: Vec<usize>, lo: usize| -> Vec<usize> {
+                sizes.into_iter().filter(|&b| b >= lo).collect()
+            };
+            let reduced = routed(&with, "all_reduce", pulled);
             assert!(
-                large(routed(&with, "all_reduce", slots)).is_empty(),
+                !reduced.is_empty() && reduced.iter().all(|&b| b >= 512 << 10),
+                "allreduces pulled: {reduced:?}\n{log}"
+            );
+            let through_slots = large(routed(&with, "all_reduce", slots));
+            assert!(
+                !through_slots.is_empty() && through_slots.iter().all(|&b| b < 512 << 10),
+                "allreduces through slots: {through_slots:?}\n{log}"
+            );
+            assert!(!from(routed(&without, "all_reduce", slots), 512 << 10).is_empty());
+
+            // Rank 1 alone forbids writes: the ranks agree to read only,
+            // and every check still passes.
+            let script = "[ \"$RANK\" = 1 ] && export FERROCCL_CMA_PUSH=0; exec \"$0\" \"$@\"";
+            let mut cmd = clean(ferroccl_run());
+            cmd.args(["-n", "2", "--", "sh", "-c", script, CHECK])
+                .args(args)
+                .envs(env);
+            let reads = run_bounded(cmd, limit);
+            assert!(
+                reads.status.success(),
+                "exit {:?}\n{}",
+                reads.status,
+                reads.all()
+            );
+            assert_eq!(total(&reads), total(&without));
+            let log = reads.all();
+            assert!(
+                log.contains("cross-memory attach reads only (FERROCCL_CMA_PUSH=0")
+                    && log.contains("cross-memory attach reads only (another rank")
+                    && !log.contains("the root pushing a share"),
                 "{log}"
             );
-            assert!(!large(routed(&without, "all_reduce", slots)).is_empty());
+            assert!(routed(&reads, "all_reduce", pulled).is_empty(), "{log}");
+            assert!(!from(routed(&reads, "all_reduce", slots), 512 << 10).is_empty());
+            assert!(
+                !large(broadcasts_routed(&reads, pulled)).is_empty(),
+                "{log}"
+            );
         }
         let mut sizes = large(broadcasts_routed(&with, pulled));
         sizes.sort_unstable();
