@@ -343,8 +343,8 @@ pub(crate) fn cma_broadcast_default(size: usize) -> (usize, usize) {
 /// read the output and rewrite the input first, as a training step does,
 /// it lost 1.1-1.4x out of place below 512 KiB (the peer's output lines
 /// then sit in the peer's cache and each write fetches them), was level
-/// at 512 KiB and won 1.2-1.5x from 1 MiB (docs/performance-log.md, "A
-/// 2-rank allreduce in halves"). Level with the slots at 16 MiB.
+/// at 512 KiB and won 1.02-1.57x from 1 MiB (docs/performance-log.md,
+/// "A 2-rank allreduce in halves"). Level with the slots at 16 MiB.
 /// See [`cma_allreduce_default`].
 pub(crate) const CMA_ALLREDUCE: (usize, usize) = (512 << 10, 8 << 20);
 
