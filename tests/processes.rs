@@ -923,6 +923,50 @@ fn a_rank_killed_during_staged_calls_is_named_by_every_survivor() {
     assert_nothing_left(&marker, Some(&shm), &f);
 }
 
+/// On 2 ranks of one host, where the ranks may write into each other,
+/// allreduces of 512 KiB-8 MiB run in halves (each rank writing into the
+/// peer's output) and broadcasts' roots push a share into the receiver:
+/// with rank 0 or 1 killed at a random moment of calls of up to 131 072
+/// elements (f32 and f64 allreduces of 512 KiB and 1 MiB among them), the
+/// survivor ends with an error naming it in bounded time, whatever it was
+/// reading or writing then, and leaves nothing behind.
+#[test]
+fn a_rank_killed_while_ranks_write_into_each_other_is_named() {
+    let seed = fault_seed();
+    let mut rng = SplitMix(seed ^ 0x9a55);
+    let Some(shm) = ShmDir::new("push") else {
+        eprintln!("/dev/shm is not writable here; push case skipped");
+        return;
+    };
+    let victim = rng.below(2) as usize;
+    let after_ms = 50 + rng.below(600);
+    let what = format!("seed {seed}: rank {victim} of 2 killed {after_ms} ms after joining");
+    eprintln!("{what}");
+    let marker = format!("kill-push-{}", std::process::id());
+    let dir = shm.path();
+    let env = [
+        ("FERROCCL_TIMEOUT", "5"),
+        ("FERROCCL_RUN_GRACE_S", "2"),
+        ("FERROCCL_TRANSPORT", "shm"),
+        ("FERROCCL_SHM_DIR", dir.as_str()),
+        ("FERROCCL_CALIBRATE", "0"),
+        ("FERROCCL_DEBUG", "INFO"),
+    ];
+    let (v, ms) = (victim.to_string(), after_ms.to_string());
+    let args = kill_args(&v, &ms, "131072");
+    let f = launch_marked(2, &env, &args, Duration::from_secs(90), &marker);
+    let log = f.all();
+    if log.contains("in halves, each rank pulling its half") {
+        eprintln!("{what}: the ranks wrote into each other");
+    } else {
+        eprintln!("{what}: cross-memory writes not permitted here; reads and slots only");
+    }
+    assert!(!log.contains("panicked"), "{what}\n{log}");
+    eprintln!("{what}: survivor: {:?}", f.error_of(1 - victim));
+    assert_kill_reported(&f, 2, victim, &what, |_, _| {});
+    assert_nothing_left(&marker, Some(&shm), &f);
+}
+
 #[test]
 fn a_socket_closed_mid_frame_is_named_by_every_survivor() {
     // Rank 1 writes half of its 40th data frame, then shuts the socket down.
