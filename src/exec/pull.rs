@@ -40,9 +40,9 @@ use std::sync::atomic::Ordering;
 /// each rank's pid and the address of its input there.
 type Inputs<'a> = (&'a dyn SharedMemory, &'a [u32], &'a [u64]);
 
-/// Run check-in `turn`'s call (an allgather, all-to-all or broadcast of
-/// `count` input elements per rank) by copying out of the peers'
-/// processes.
+/// Run check-in `turn`'s call (an allgather, all-to-all, broadcast or
+/// 2-rank allreduce of `count` input elements per rank) by copying out of
+/// the peers' processes (and, where they may, into them).
 pub(super) fn run<T: Element>(
     k: &Kernel<'_>,
     ctx: &Ctx<'_>,
