@@ -18,13 +18,30 @@ const CHECK: &str = env!("CARGO_BIN_EXE_ferroccl-check");
 
 /// `ferroccl-run -n N [env] -- ferroccl-check ARGS`.
 fn launch(n: usize, env: &[(&str, &str)], args: &[&str], limit: Duration) -> Finished {
+    launch_via(n, env, &[CHECK], args, limit)
+}
+
+/// `ferroccl-run -n N [env] -- PROGRAM... ARGS`: `program` is the command
+/// line that runs ferroccl-check (a wrapper's words, then the check).
+fn launch_via(
+    n: usize,
+    env: &[(&str, &str)],
+    program: &[&str],
+    args: &[&str],
+    limit: Duration,
+) -> Finished {
     let mut cmd = clean(ferroccl_run());
     let n = n.to_string();
-    cmd.args(["-n", &n, "--", CHECK]).args(args);
+    cmd.args(["-n", &n, "--"]).args(program).args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
     run_bounded(cmd, limit)
+}
+
+/// The sizes in `sizes` of at least `lo` bytes.
+fn at_least(sizes: Vec<usize>, lo: usize) -> Vec<usize> {
+    sizes.into_iter().filter(|&b| b >= lo).collect()
 }
 
 /// Whether `text` names a call with its sequence number (`name #17`).
@@ -173,9 +190,7 @@ fn two_ranks_broadcast_out_of_the_roots_process() {
     assert_eq!(total(&with), total(&without));
     let pulled = "-> ring, check-in, then straight out of the peers' processes";
     let slots = "-> ring, through the transport's slots";
-    let large = |sizes: Vec<usize>| -> Vec<usize> {
-        sizes.into_iter().filter(|&b| b >= 64 << 10).collect()
-    };
+    let large = |sizes: Vec<usize>| at_least(sizes, 64 << 10);
     assert!(large(broadcasts_routed(&without, pulled)).is_empty());
     assert!(
         !large(broadcasts_routed(&without, slots)).is_empty(),
@@ -207,9 +222,6 @@ fn two_ranks_broadcast_out_of_the_roots_process() {
                 "check-in, then straight out of the peers' processes",
                 "through the transport's slots",
             );
-            let from = |sizes: Vec<usize>, lo: usize| -> Vec<usize> {
-                sizes.into_iter().filter(|&b| b >= lo).collect()
-            };
             let reduced = routed(&with, "all_reduce", pulled);
             assert!(
                 !reduced.is_empty() && reduced.iter().all(|&b| b >= 512 << 10),
@@ -220,16 +232,12 @@ fn two_ranks_broadcast_out_of_the_roots_process() {
                 !through_slots.is_empty() && through_slots.iter().all(|&b| b < 512 << 10),
                 "allreduces through slots: {through_slots:?}\n{log}"
             );
-            assert!(!from(routed(&without, "all_reduce", slots), 512 << 10).is_empty());
+            assert!(!at_least(routed(&without, "all_reduce", slots), 512 << 10).is_empty());
 
             // Rank 1 alone forbids writes: the ranks agree to read only,
             // and every check still passes.
             let script = "[ \"$RANK\" = 1 ] && export FERROCCL_CMA_PUSH=0; exec \"$0\" \"$@\"";
-            let mut cmd = clean(ferroccl_run());
-            cmd.args(["-n", "2", "--", "sh", "-c", script, CHECK])
-                .args(args)
-                .envs(env);
-            let reads = run_bounded(cmd, limit);
+            let reads = launch_via(2, &env, &["sh", "-c", script, CHECK], &args, limit);
             assert!(
                 reads.status.success(),
                 "exit {:?}\n{}",
@@ -245,7 +253,7 @@ fn two_ranks_broadcast_out_of_the_roots_process() {
                 "{log}"
             );
             assert!(routed(&reads, "all_reduce", pulled).is_empty(), "{log}");
-            assert!(!from(routed(&reads, "all_reduce", slots), 512 << 10).is_empty());
+            assert!(!at_least(routed(&reads, "all_reduce", slots), 512 << 10).is_empty());
             assert!(
                 !large(broadcasts_routed(&reads, pulled)).is_empty(),
                 "{log}"
@@ -299,9 +307,7 @@ fn four_ranks_broadcast_through_the_roots_staging_area() {
     assert_eq!(total(&with), total(&without));
     let staged = "-> ring, check-in, then through the staging areas";
     let slots = "-> ring, through the transport's slots";
-    let large = |sizes: Vec<usize>| -> Vec<usize> {
-        sizes.into_iter().filter(|&b| b >= 64 << 10).collect()
-    };
+    let large = |sizes: Vec<usize>| at_least(sizes, 64 << 10);
     let mut sizes = large(broadcasts_routed(&with, staged));
     sizes.sort_unstable();
     sizes.dedup();
@@ -897,74 +903,67 @@ fn assert_kill_reported(
 /// survivor ends with an error in bounded time, and one names the rank.
 #[test]
 fn a_rank_killed_during_staged_calls_is_named_by_every_survivor() {
+    killed_over_shm("staged", 0x5_7a6e, 4, "300000", &[], |_, _| {});
+}
+
+/// One of `n` ranks over shared memory (in a fresh directory named after
+/// `case`) killed 50-650 ms after joining, while `ferroccl-check` runs
+/// calls of up to `count` elements with `env` added: `inspect` sees the
+/// run and its description first, then every survivor must end with an
+/// error in bounded time, one naming the rank, and nothing may be left.
+/// The victim and the moment come from the fault seed mixed with `salt`.
+fn killed_over_shm(
+    case: &str,
+    salt: u64,
+    n: usize,
+    count: &str,
+    env: &[(&str, &str)],
+    inspect: impl FnOnce(&Finished, &str),
+) {
     let seed = fault_seed();
-    let mut rng = SplitMix(seed ^ 0x5_7a6e);
-    let Some(shm) = ShmDir::new("staged") else {
-        eprintln!("/dev/shm is not writable here; staged case skipped");
+    let mut rng = SplitMix(seed ^ salt);
+    let Some(shm) = ShmDir::new(case) else {
+        eprintln!("/dev/shm is not writable here; {case} case skipped");
         return;
     };
-    let n = 4;
     let victim = rng.below(n as u64) as usize;
     let after_ms = 50 + rng.below(600);
-    let what = format!("seed {seed}: rank {victim} killed {after_ms} ms after joining");
+    let what = format!("seed {seed}: rank {victim} of {n} killed {after_ms} ms after joining");
     eprintln!("{what}");
-    let marker = format!("kill-staged-{}", std::process::id());
+    let marker = format!("kill-{case}-{}", std::process::id());
     let dir = shm.path();
-    let env = [
+    let mut all_env = vec![
         ("FERROCCL_TIMEOUT", "5"),
         ("FERROCCL_RUN_GRACE_S", "2"),
         ("FERROCCL_TRANSPORT", "shm"),
         ("FERROCCL_SHM_DIR", dir.as_str()),
     ];
+    all_env.extend_from_slice(env);
     let (v, ms) = (victim.to_string(), after_ms.to_string());
-    let args = kill_args(&v, &ms, "300000");
-    let f = launch_marked(n, &env, &args, Duration::from_secs(90), &marker);
+    let args = kill_args(&v, &ms, count);
+    let f = launch_marked(n, &all_env, &args, Duration::from_secs(90), &marker);
+    inspect(&f, &what);
     assert_kill_reported(&f, n, victim, &what, |_, _| {});
     assert_nothing_left(&marker, Some(&shm), &f);
 }
 
-/// On 2 ranks of one host, where the ranks may write into each other,
-/// allreduces of 512 KiB-8 MiB run in halves (each rank writing into the
-/// peer's output) and broadcasts' roots push a share into the receiver:
-/// with rank 0 or 1 killed at a random moment of calls of up to 131 072
-/// elements (f32 and f64 allreduces of 512 KiB and 1 MiB among them), the
-/// survivor ends with an error naming it in bounded time, whatever it was
-/// reading or writing then, and leaves nothing behind.
 #[test]
 fn a_rank_killed_while_ranks_write_into_each_other_is_named() {
-    let seed = fault_seed();
-    let mut rng = SplitMix(seed ^ 0x9a55);
-    let Some(shm) = ShmDir::new("push") else {
-        eprintln!("/dev/shm is not writable here; push case skipped");
-        return;
-    };
-    let victim = rng.below(2) as usize;
-    let after_ms = 50 + rng.below(600);
-    let what = format!("seed {seed}: rank {victim} of 2 killed {after_ms} ms after joining");
-    eprintln!("{what}");
-    let marker = format!("kill-push-{}", std::process::id());
-    let dir = shm.path();
-    let env = [
-        ("FERROCCL_TIMEOUT", "5"),
-        ("FERROCCL_RUN_GRACE_S", "2"),
-        ("FERROCCL_TRANSPORT", "shm"),
-        ("FERROCCL_SHM_DIR", dir.as_str()),
-        ("FERROCCL_CALIBRATE", "0"),
-        ("FERROCCL_DEBUG", "INFO"),
-    ];
-    let (v, ms) = (victim.to_string(), after_ms.to_string());
-    let args = kill_args(&v, &ms, "131072");
-    let f = launch_marked(2, &env, &args, Duration::from_secs(90), &marker);
-    let log = f.all();
-    if log.contains("in halves, each rank pulling its half") {
-        eprintln!("{what}: the ranks wrote into each other");
-    } else {
-        eprintln!("{what}: cross-memory writes not permitted here; reads and slots only");
-    }
-    assert!(!log.contains("panicked"), "{what}\n{log}");
-    eprintln!("{what}: survivor: {:?}", f.error_of(1 - victim));
-    assert_kill_reported(&f, 2, victim, &what, |_, _| {});
-    assert_nothing_left(&marker, Some(&shm), &f);
+    let env = [("FERROCCL_CALIBRATE", "0"), ("FERROCCL_DEBUG", "INFO")];
+    killed_over_shm("push", 0x9a55, 2, "131072", &env, |f, what| {
+        let log = f.all();
+        if log.contains("in halves, each rank pulling its half") {
+            eprintln!("{what}: the ranks wrote into each other");
+        } else {
+            eprintln!("{what}: cross-memory writes not permitted here; reads and slots only");
+        }
+        assert!(!log.contains("panicked"), "{what}\n{log}");
+        for r in 0..2 {
+            if let Some(e) = f.error_of(r) {
+                eprintln!("{what}: rank {r}: {e}");
+            }
+        }
+    });
 }
 
 #[test]
