@@ -104,7 +104,9 @@ pub(super) fn run<T: Element>(
 /// (`bench/bound/cma_bcast.c`, SPLIT=1 against the whole pull) ran
 /// 1.2-1.6x faster at 128 KiB and 1.7-3x from 512 KiB to 8 MiB, and
 /// ferroccl's broadcast 1.3-2.3x from 64 KiB to 32 MiB in turns
-/// (docs/performance-log.md, "A broadcast's root pushes a share").
+/// (docs/performance-log.md, "A broadcast's root pushes a share"). A
+/// 2-rank allreduce splits its halves here too: rank 0 the first
+/// `push_share(count, 2)` elements, rank 1 the rest.
 fn push_share(count: usize, n: usize, elem: usize) -> usize {
     let line = (64 / elem.max(1)).max(1);
     count / n.max(1) / line * line
