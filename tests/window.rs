@@ -315,6 +315,32 @@ fn small_calls_of_ordinary_buffers_run_inline_after_the_check_in() {
                 ran,
                 if inline { 2 } else { 0 },
             ));
+            // Reduce-scatters of `count` elements (inline up to 16 KiB
+            // without windows, so after the check-in up to 4096).
+            let before = comm.direct_window_calls();
+            let mut block_out = vec![-99f32; block];
+            comm.reduce_scatter(&input, &mut block_out, op).unwrap();
+            let mine_of = |i: usize| want(rank * block + i);
+            check(
+                &format!("reduce_scatter {count}"),
+                &block_out,
+                mine_of,
+                |v| tolerance(dt, op, v),
+            );
+            let mut buf = input.clone();
+            comm.reduce_scatter_in_place(&mut buf, op).unwrap();
+            check(
+                &format!("reduce_scatter_in_place {count}"),
+                &buf[rank * block..(rank + 1) * block],
+                mine_of,
+                |v| tolerance(dt, op, v),
+            );
+            let ran = comm.direct_window_calls() - before;
+            skipped.push((
+                format!("reduce_scatter {count}"),
+                ran,
+                if small { 2 } else { 0 },
+            ));
         }
         // Rank 0's buffers in the window, rank 1's not: through slots
         // (8 KB: above the 4 KiB that runs inline whatever the windows).

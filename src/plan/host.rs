@@ -56,9 +56,13 @@ pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
 /// broadcast 1.15-1.2x there, allgather 1.3-1.8x at 16 KiB gathered (8 KiB
 /// of input); level from 32 KiB, behind from 64 KiB (one rank reads all
 /// of the other's input across cores). An allgather's output is twice its
-/// input, so it stops at 8 KiB of input, and a reduce-scatter (whose
-/// input is the whole vector) was 0.8-0.9x at 8 and 16 KiB, so it keeps
-/// 4 KiB.
+/// input, so it stops at 8 KiB of input. A reduce-scatter (whose input is
+/// the whole vector) was 0.8-0.9x at 8 and 16 KiB while every rank put its
+/// whole input on its page; since each puts only the block its peer reduces
+/// (`exec::inline`, 2026-12-01) it runs inline to 16 KiB as well: in turns
+/// against 4 KiB, in both orders, 1.29x at 8 KiB out of place and
+/// 1.10-1.15x in place, 1.16-1.25x and 1.00-1.11x at 16 KiB
+/// (docs/performance-log.md, "The 2-rank reduce-scatter inline to 16 KiB").
 ///
 /// On 3 to [`INLINE_WIDE_MAX_RANKS`] ranks a broadcast, reduce,
 /// reduce-scatter, allgather and all-to-all keep 16 KiB, windows or not
@@ -87,7 +91,10 @@ pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
 /// lower it.
 fn limit_without_windows(kind: CollKind, size: usize) -> usize {
     match (size, kind) {
-        (2, CollKind::AllReduce | CollKind::Reduce | CollKind::Broadcast) => INLINE_MAX_BYTES,
+        (
+            2,
+            CollKind::AllReduce | CollKind::Reduce | CollKind::Broadcast | CollKind::ReduceScatter,
+        ) => INLINE_MAX_BYTES,
         (2, CollKind::AllGather | CollKind::AllToAll) => 8 << 10,
         (
             3..=INLINE_WIDE_MAX_RANKS,
@@ -1785,7 +1792,7 @@ mod tests {
             (CollKind::AllReduce, 16 << 10),
             (CollKind::Reduce, 16 << 10),
             (CollKind::Broadcast, 16 << 10),
-            (CollKind::ReduceScatter, INLINE_BYTES),
+            (CollKind::ReduceScatter, 16 << 10),
             (CollKind::AllGather, 8 << 10),
             (CollKind::AllToAll, 8 << 10),
         ];
