@@ -20,16 +20,16 @@ use std::time::Duration;
 
 /// The largest input, in bytes, of a `kind` call that runs inline on `n`
 /// ranks (docs/architecture.md, the check-in): 4 KiB; on 2 ranks 16 KiB
-/// for allreduce, reduce-scatter, reduce and broadcast and 8 KiB for allgather and
-/// all-to-all (whose output is larger than their input); on 3 to 8 ranks
+/// for allreduce, reduce-scatter, reduce, broadcast and all-to-all and
+/// 8 KiB for allgather (whose output is twice its input); on 3 to 8 ranks
 /// 16 KiB for every collective but allreduce.
 fn inline_limit(kind: &str, n: usize) -> usize {
     match (n, kind) {
-        (2, "all_reduce" | "reduce_scatter" | "reduce" | "broadcast")
+        (2, "all_reduce" | "reduce_scatter" | "reduce" | "broadcast" | "all_to_all")
         | (3..=8, "reduce" | "broadcast" | "reduce_scatter" | "all_gather" | "all_to_all") => {
             16 << 10
         }
-        (2, "all_gather" | "all_to_all") => 8 << 10,
+        (2, "all_gather") => 8 << 10,
         _ => 4096,
     }
 }
