@@ -41,7 +41,8 @@
  * WORKERS=2), that is the floor of the machine: the same traffic on every
  * CPU there is, nothing spent on processes taking turns (which N processes
  * on fewer CPUs spend, so that a library ran below this program's N-process
- * time in 7 of 19 cells on 4 ranks; docs/performance.md). bench/peers.sh's
+ * time in 7 of 19 cells on 4 ranks; docs/performance-log.md, "The windows
+ * column against a floor of the machine"). bench/peers.sh's
  * "bound" takes the faster of N processes and as many as the CPUs.
  *
  * build: gcc -O3 -march=native -o /tmp/windows bench/bound/windows.c

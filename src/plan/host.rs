@@ -50,7 +50,7 @@ pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
 /// place of a schedule through slots.
 ///
 /// On 2 ranks inline wins past 4 KiB for some calls (`bench/ab.sh`, this
-/// build against the one before, 2 ranks, turn by turn; docs/performance.md,
+/// build against the one before, 2 ranks, turn by turn; docs/performance-log.md,
 /// "Inline up to 16 KiB on 2 ranks"): allreduce 1.3-1.5x faster out of
 /// place and 2.4-2.5x in place at 8 and 16 KiB, reduce 1.2-1.3x and
 /// broadcast 1.15-1.2x there, allgather 1.3-1.8x at 16 KiB gathered (8 KiB

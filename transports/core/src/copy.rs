@@ -6,7 +6,7 @@
 //! `rep movsb` on CPUs that advertise fast `rep movsb` (ERMS, FSRM). On AMD
 //! EPYC processors that instruction crawls when source and destination are
 //! not aligned alike modulo 64 bytes. Measured on the build machine (AMD
-//! EPYC, glibc 2.36; docs/performance.md, "Copies that crawl"): 1.8-2.0
+//! EPYC, glibc 2.36; docs/performance-log.md, "Copies that crawl"): 1.8-2.0
 //! GB/s at 4 and 64 KiB for relative offsets of 8 and 16 bytes, against
 //! 28-63 GB/s for equal alignment, and 33-72 GB/s for a loop of 32-byte
 //! vector loads and stores at any offset. A caller's buffer and a slot are
