@@ -352,6 +352,7 @@ impl Inner {
             ),
             shared_cores: self.shared_cores.load(Ordering::Relaxed),
             spread: self.config.spread,
+            doubling: self.doubling.load(Ordering::Relaxed),
         }
     }
 

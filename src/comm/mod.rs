@@ -50,7 +50,7 @@ use crate::plan::tune::LinkModel;
 use crate::window::{Control, Windows};
 use ferroccl_transport::{AbortHandle, ConnectionCloser};
 use order::{Job, Turns};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -170,6 +170,11 @@ struct Inner {
     /// attach: none (`plan::NO_CMA`) until the same calibration measures
     /// the pull winning.
     cma_broadcast: SizeRange,
+    /// Allreduces of up to this many bytes run recursive doubling where
+    /// the model would run the ring, as the control pages' calibration
+    /// measured (`Communicator::calibrate_doubling`); 0 before it, or
+    /// without it.
+    doubling: AtomicUsize,
     /// Some host has more ranks than CPUs (the tuner's tree then costs a
     /// reduce's children one after the other): agreed at the calibration,
     /// false without it.

@@ -296,6 +296,7 @@ impl Communicator {
             cma_gather: super::SizeRange::new(crate::plan::CMA_GATHER_DEFAULT),
             cma_broadcast: super::SizeRange::new(crate::plan::cma_broadcast_default(size)),
             shared_cores: AtomicBool::new(false),
+            doubling: AtomicUsize::new(0),
             gates: Mutex::new(Vec::new()),
             exec_paths: Mutex::new(Vec::new()),
             exec_setups: AtomicU64::new(0),

@@ -34,6 +34,18 @@ type Shared<P> = (Box<dyn SharedRegion>, Vec<P>);
 /// rounds").
 const CALIBRATION_ROUNDS: usize = 2;
 
+/// Rounds of `Communicator::calibrate_doubling` at each size, the two
+/// ways taking turns.
+const DOUBLING_ROUNDS: usize = 4;
+/// Samples of each way in a round of `Communicator::calibrate_doubling`.
+const DOUBLING_SAMPLES: usize = 2;
+/// Milliseconds after which `Communicator::calibrate_doubling` times no
+/// further size (on 2 ranks of the Intel VM of 2026-12-04 two sizes took
+/// about 3 ms).
+const DOUBLING_BUDGET_MS: f64 = 20.0;
+/// Calls back to back in one sample of `Communicator::calibrate_doubling`.
+const DOUBLING_RUN: usize = 8;
+
 impl Communicator {
     /// Allocate a window: `len` elements (zeroed) that every rank of this
     /// communicator maps, used as a slice (`&mut window[..]`). Collectives
@@ -266,6 +278,9 @@ impl Communicator {
         );
         if cma && inner.config.calibrate {
             self.calibrate_cma()?;
+        }
+        if inner.config.calibrate {
+            self.calibrate_doubling()?;
         }
         // The pages just set (or, had another thread set some first, those).
         Ok(inner.control.get().cloned())
@@ -589,6 +604,130 @@ impl Communicator {
             said(&gathers),
             said(&broadcasts),
             range(broadcast, ""),
+        );
+        Ok(())
+    }
+    /// Measure up to which size an allreduce of ordinary buffers through
+    /// slots is faster by recursive doubling than by the ring the model
+    /// chose (`Inner::doubling`): each rank times in-place allreduces of
+    /// each of `plan::DOUBLING_PROBE_BYTES` that `plan::doubling_probe`
+    /// keeps, both ways, in samples of [`DOUBLING_RUN`] calls back to
+    /// back ([`DOUBLING_SAMPLES`] a way in each of [`DOUBLING_ROUNDS`]
+    /// rounds, the two ways taking turns, each after one untimed call);
+    /// the ranks agree on the slowest rank's median sample after each size
+    /// and stop at the first the ring wins by 5% (or once the calibration
+    /// has run [`DOUBLING_BUDGET_MS`]), and `plan::doubling_until` decides.
+    ///
+    /// Medians of calls in a row, not the best single call: what the
+    /// ring's second meeting costs in a loop is the question, and its best
+    /// case is the one the model already assumes. On the Intel VM of
+    /// 2026-12-04 the best of eight single calls of 32 KiB tied the two in
+    /// two calibrations of three (5.8-5.9 µs by the ring, 6.0 by recursive
+    /// doubling) where loops took the ring 6.6-7.2 µs. Where the VM ran
+    /// its fast state the ring's samples were faster (5.0 against 7.0) and
+    /// it kept the ring, which then took 4.2 µs in the loop.
+    ///
+    /// Runs at the control pages' creation (a collective, before any call
+    /// of the user's can be in flight); FERROCCL_CALIBRATE=0 leaves the
+    /// model alone.
+    pub(super) fn calibrate_doubling(&self) -> Result<()> {
+        let inner = &self.inner;
+        let n = inner.size;
+        let facts = inner.facts(CollKind::AllReduce);
+        let links = crate::plan::tune::HostLinks {
+            intra: *lock(&inner.intra_model),
+            inter: *lock(&inner.model),
+        };
+        let sizes: Vec<usize> = crate::plan::DOUBLING_PROBE_BYTES
+            .into_iter()
+            .filter(|&b| crate::plan::doubling_probe(b, &facts, &links))
+            .collect();
+        let Some(&most) = sizes.last() else {
+            return Ok(());
+        };
+        let mut buf = vec![inner.rank as f32; most / 4];
+        let mut probes: Vec<(usize, f64, f64)> = Vec::with_capacity(sizes.len());
+        let allreduce = |buf: &mut [f32], op: ReduceOp| -> Result<()> {
+            let n = buf.len();
+            let call = CollCall {
+                op: Some(op),
+                in_place: true,
+                internal: true,
+                ..CollCall::new(CollKind::AllReduce, n, n, n)
+            };
+            self.collective(&call, Buffers::InPlace(buf))
+        };
+        // `upto` in force, and no plan made under another.
+        let doubling = |upto: usize| {
+            inner.doubling.store(upto, Ordering::Relaxed);
+            inner.plans.clear();
+        };
+        let began = Instant::now();
+        let result = (|| -> Result<()> {
+            for &bytes in &sizes {
+                let buf = &mut buf[..bytes / 4];
+                // Recursive doubling's times, the ring's.
+                let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+                for _round in 0..DOUBLING_ROUNDS {
+                    for (way, upto) in [(0, usize::MAX), (1, 0)] {
+                        doubling(upto);
+                        allreduce(buf, ReduceOp::Max)?;
+                        for _sample in 0..DOUBLING_SAMPLES {
+                            let start = Instant::now();
+                            for _ in 0..DOUBLING_RUN {
+                                allreduce(buf, ReduceOp::Max)?;
+                            }
+                            let us = start.elapsed().as_secs_f64() * 1e6;
+                            times[way].push(us / DOUBLING_RUN as f64);
+                        }
+                    }
+                }
+                // Each rank's medians, then the slowest rank's: every rank
+                // decides alike.
+                doubling(0);
+                let [ours, ring] = times.map(|mut t| {
+                    t.sort_by(f64::total_cmp);
+                    t.get(t.len() / 2).copied().unwrap_or(f64::INFINITY) as f32
+                });
+                // And how long the calibration has run on the slowest
+                // rank: a communicator of many ranks sharing few CPUs
+                // stops before its larger probes.
+                let ms = began.elapsed().as_secs_f64() * 1e3;
+                let mut agreed = [ours, ring, ms as f32];
+                allreduce(&mut agreed, ReduceOp::Max)?;
+                let (ours, ring) = (f64::from(agreed[0]), f64::from(agreed[1]));
+                probes.push((bytes, ours, ring));
+                if ring <= ours * crate::plan::RING_WIN
+                    || f64::from(agreed[2]) >= DOUBLING_BUDGET_MS
+                {
+                    break;
+                }
+            }
+            Ok(())
+        })();
+        // Whatever happened, no probe's setting stays.
+        doubling(if result.is_ok() {
+            crate::plan::doubling_until(&probes)
+        } else {
+            0
+        });
+        result?;
+        let upto = inner.doubling.load(Ordering::Relaxed);
+        tracing::info!(
+            rank = inner.rank,
+            "recursive doubling against the ring calibrated on {n} ranks in {:.1} ms (bytes: \
+             recursive doubling us / ring us): {}; allreduces {} (otherwise the model's choice)",
+            began.elapsed().as_secs_f64() * 1e3,
+            probes
+                .iter()
+                .map(|(b, d, r)| format!("{b}: {d:.1} / {r:.1}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if upto == 0 {
+                "never take recursive doubling for the ring".to_string()
+            } else {
+                format!("of up to {upto} bytes take recursive doubling for the ring")
+            }
         );
         Ok(())
     }

@@ -421,6 +421,10 @@ pub(crate) struct Facts {
     /// `Config::spread`: large broadcasts on 3 or more ranks may run
     /// through the root's staging area ([`takes_spread`]).
     pub(crate) spread: bool,
+    /// Allreduces of up to this many bytes run recursive doubling where
+    /// the model would run the ring: what the control pages' calibration
+    /// measured ([`doubling_until`]); 0 before it, or without it.
+    pub(crate) doubling: usize,
 }
 
 /// How a call starts, decided from the call alone.
@@ -905,15 +909,86 @@ pub(crate) fn algorithm(
                 facts.shared_cores,
             )
         }
-        None => tune::choose_on_with(
-            kind,
-            facts.layout,
-            facts.size,
-            (bytes, facts.chunk_bytes),
-            links,
-            facts.shared_cores,
-        ),
+        None => {
+            let (algo, costs) = tune::choose_on_with(
+                kind,
+                facts.layout,
+                facts.size,
+                (bytes, facts.chunk_bytes),
+                links,
+                facts.shared_cores,
+            );
+            if doubling_measured(kind, bytes, facts, algo) {
+                (Algorithm::RecursiveDoubling, costs)
+            } else {
+                (algo, costs)
+            }
+        }
     }
+}
+
+/// Whether an allreduce of `bytes` for which the model chose `model`
+/// runs recursive doubling instead, as the calibration measured
+/// ([`Facts::doubling`]): only in place of the ring.
+fn doubling_measured(kind: CollKind, bytes: usize, facts: &Facts, model: Algorithm) -> bool {
+    kind == CollKind::AllReduce && model == Algorithm::Ring && bytes <= facts.doubling
+}
+
+/// Allreduce sizes (bytes) at which the control pages' calibration may
+/// time recursive doubling against the ring ([`doubling_probe`] keeps
+/// those where the two compete).
+pub(crate) const DOUBLING_PROBE_BYTES: [usize; 6] =
+    [8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10];
+
+/// Whether the calibration times an allreduce of `bytes` both ways: the
+/// call goes through slots in place and out of place (not inline, not by
+/// cross-memory attach, not through the staging areas), and the model,
+/// before any measurement, runs it by the ring there.
+pub(crate) fn doubling_probe(bytes: usize, facts: &Facts, links: &HostLinks) -> bool {
+    let facts = Facts {
+        doubling: 0,
+        ..*facts
+    };
+    let slots = |in_place| {
+        matches!(
+            route(CollKind::AllReduce, bytes, in_place, Memory::Host, &facts),
+            Ok(Route::Slots { .. })
+        )
+    };
+    facts.forced.is_none()
+        && !facts.user
+        && slots(false)
+        && slots(true)
+        && algorithm(CollKind::AllReduce, bytes, &facts, links).0 == Algorithm::Ring
+}
+
+/// The ring keeps a probe's size where it takes at most this share of
+/// recursive doubling's time; in a tie recursive doubling runs.
+pub(crate) const RING_WIN: f64 = 0.95;
+
+/// Up to which size allreduces run recursive doubling where the model
+/// chose the ring, from `(bytes, doubling µs, ring µs)` in ascending
+/// sizes: the largest probe of the run from the smallest at which the
+/// ring was not faster by 5% or more; 0 where it was at the smallest.
+///
+/// The model costs a ring step at the calibrated latency, the best of
+/// single 4-byte calls, and ties the two at 32 KiB on 2 ranks, where the
+/// ring meets twice and recursive doubling once. On the Intel VM of
+/// 2026-12-04 the ring's second meeting cost more in loops: recursive
+/// doubling was 1.23-1.51x faster there out of place and 1.07-1.42x in
+/// place, where the model chose the ring; at 64 KiB the ring was level or
+/// faster. A tie goes to recursive doubling: a meeting is what that VM's
+/// state changes from one start-up to the next (a 2-rank allreduce of 32
+/// KiB took the ring 4.1 µs in its fast state and 7.4-8.1 in its slow
+/// one, recursive doubling 4.0-4.6 and 5.8-6.0), so in a tie the one
+/// meeting is the smaller risk (docs/performance-log.md, "The 2-rank
+/// allreduce of 32 KiB by recursive doubling, as measured at creation").
+pub(crate) fn doubling_until(probes: &[(usize, f64, f64)]) -> usize {
+    probes
+        .iter()
+        .take_while(|&&(_, doubling, ring)| ring > doubling * RING_WIN)
+        .last()
+        .map_or(0, |&(bytes, _, _)| bytes)
 }
 
 /// Whether the hierarchical algorithm serves `kind` on `layout`.
@@ -1114,6 +1189,11 @@ pub(crate) fn explain(
             route.explain()
         ),
         (_, Some(forced)) => format!("{} (forced by FERROCCL_ALGO), {}", forced, route.explain()),
+        (_, None) if chosen == Algorithm::RecursiveDoubling && bytes <= facts.doubling => format!(
+            "{chosen} (measured faster than the ring up to {} bytes at creation), {}",
+            facts.doubling,
+            route.explain()
+        ),
         (_, None) => format!("{chosen}, {}", route.explain()),
     };
     let model = if costs.is_empty() {
@@ -1168,6 +1248,7 @@ mod tests {
             shared_cores: false,
             // The staging area's route has a test of its own.
             spread: false,
+            doubling: 0,
         }
     }
 
@@ -2306,6 +2387,114 @@ mod tests {
                 input: 1,
                 output: 2
             }
+        );
+    }
+
+    /// The calibration's rule (`doubling_until`): from the smallest
+    /// probe, the run of sizes where the ring was not 5% faster (a tie
+    /// goes to recursive doubling), up to its last size; a ring 5% faster
+    /// ends it; at the smallest, 0.
+    #[test]
+    fn doubling_until_takes_the_run_the_ring_did_not_win_from_the_smallest_probe() {
+        let (a, b, c) = (32 << 10, 64 << 10, 128 << 10);
+        assert_eq!(doubling_until(&[]), 0);
+        assert_eq!(doubling_until(&[(a, 5.0, 7.0)]), a);
+        assert_eq!(doubling_until(&[(a, 5.0, 7.0), (b, 11.0, 9.0)]), a);
+        assert_eq!(
+            doubling_until(&[(a, 5.0, 7.0), (b, 9.0, 10.0), (c, 30.0, 26.0)]),
+            b
+        );
+        assert_eq!(doubling_until(&[(a, 1.0, 1.0)]), a, "a tie");
+        assert_eq!(doubling_until(&[(a, 1.0, 0.96)]), a, "a tie");
+        assert_eq!(doubling_until(&[(a, 1.0, 0.95)]), 0, "the ring 5% faster");
+        assert_eq!(
+            doubling_until(&[(a, 7.0, 5.0), (b, 5.0, 7.0)]),
+            0,
+            "only a run from the smallest probe"
+        );
+    }
+
+    /// Where the calibration measured recursive doubling faster
+    /// (`Facts::doubling`), a 2-rank allreduce that the model runs by the
+    /// ring runs by recursive doubling up to that size and by the ring
+    /// above it; a forced algorithm, another collective and a size where
+    /// the model chose something else keep theirs; the INFO line says
+    /// why. The probes are the sizes that go through slots both in place
+    /// and out of place with the model's ring: on 2 ranks not the inline
+    /// 8 and 16 KiB; none where an algorithm is forced, and none from 16
+    /// KiB on 4 ranks, whose allreduces go through the staging areas.
+    #[test]
+    fn measured_recursive_doubling_replaces_the_models_ring_up_to_its_size() {
+        // The calibration of the Intel VM of 2026-12-04, where the model
+        // ties the two at 32 KiB and prefers the ring.
+        let m = LinkModel {
+            alpha_us: 0.45,
+            beta_gbps: 7.5,
+            reduce_gbps: 28.0,
+        };
+        let l = HostLinks { intra: m, inter: m };
+        let two = Facts {
+            size: 2,
+            layout: Layout::one_host(2),
+            cma_allreduce: cma_allreduce_default(2, true),
+            ..facts()
+        };
+        let (a, b) = (32 << 10, 64 << 10);
+        let ring = |f: &Facts, kind, bytes| algorithm(kind, bytes, f, &l).0;
+        assert_eq!(ring(&two, CollKind::AllReduce, a), Algorithm::Ring);
+        assert_eq!(ring(&two, CollKind::AllReduce, b), Algorithm::Ring);
+        let measured = Facts { doubling: a, ..two };
+        let (got, costs) = algorithm(CollKind::AllReduce, a, &measured, &l);
+        assert_eq!(got, Algorithm::RecursiveDoubling);
+        let line = explain(CollKind::AllReduce, (a, false), &measured, got, &costs);
+        assert!(
+            line.contains("recursive_doubling (measured faster than the ring up to 32768 bytes"),
+            "{line}"
+        );
+        assert_eq!(ring(&measured, CollKind::AllReduce, a + 4), Algorithm::Ring);
+        for bytes in [8, 64, 4096] {
+            assert_eq!(
+                ring(&measured, CollKind::AllReduce, bytes),
+                ring(&two, CollKind::AllReduce, bytes),
+                "{bytes} bytes"
+            );
+        }
+        let forced = Facts {
+            forced: Some(Algorithm::Ring),
+            ..measured
+        };
+        assert_eq!(ring(&forced, CollKind::AllReduce, a), Algorithm::Ring);
+        assert_eq!(
+            ring(&measured, CollKind::Broadcast, a),
+            ring(&two, CollKind::Broadcast, a)
+        );
+
+        let probes = |f: &Facts| -> Vec<usize> {
+            DOUBLING_PROBE_BYTES
+                .into_iter()
+                .filter(|&s| doubling_probe(s, f, &l))
+                .collect()
+        };
+        let want = vec![32 << 10, 64 << 10, 128 << 10, 256 << 10];
+        assert_eq!(probes(&two), want);
+        assert_eq!(probes(&measured), want, "whatever was measured before");
+        assert_eq!(
+            probes(&Facts {
+                doubling: 0,
+                ..forced
+            }),
+            Vec::<usize>::new()
+        );
+        let four = Facts {
+            size: 4,
+            layout: Layout::one_host(4),
+            spread: true,
+            ..facts()
+        };
+        assert!(
+            probes(&four).iter().all(|&s| s < 16 << 10),
+            "{:?}",
+            probes(&four)
         );
     }
 }
