@@ -125,6 +125,15 @@ impl CollCall {
         }
     }
 
+    /// An in-place allreduce by `op` of `count` elements.
+    pub(crate) fn all_reduce_in_place(count: usize, op: ReduceOp) -> Self {
+        CollCall {
+            op: Some(op),
+            in_place: true,
+            ..Self::new(CollKind::AllReduce, count, count, count)
+        }
+    }
+
     /// A send (`sending`) of `count` elements from `rank` to `peer`, or
     /// `rank`'s receive of them from `peer`: one buffer of `count` on the
     /// side that has one, and the sending rank as its root.

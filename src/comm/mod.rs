@@ -286,12 +286,7 @@ impl Communicator {
 
     /// In-place allreduce.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let n = buf.len();
-        let call = CollCall {
-            op: Some(op),
-            in_place: true,
-            ..CollCall::new(CollKind::AllReduce, n, n, n)
-        };
+        let call = CollCall::all_reduce_in_place(buf.len(), op);
         self.collective(&call, Buffers::InPlace(buf))
     }
 
@@ -305,12 +300,7 @@ impl Communicator {
         T: Element,
         B: std::ops::DerefMut<Target = [T]> + Send + 'static,
     {
-        let n = buf.len();
-        let call = CollCall {
-            op: Some(op),
-            in_place: true,
-            ..CollCall::new(CollKind::AllReduce, n, n, n)
-        };
+        let call = CollCall::all_reduce_in_place(buf.len(), op);
         self.in_place_async(call, buf)
     }
 

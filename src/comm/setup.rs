@@ -450,10 +450,8 @@ impl Communicator {
         let ring = |buf: &mut [f32], op: ReduceOp| -> Result<()> {
             let n = buf.len();
             let call = CollCall {
-                op: Some(op),
-                in_place: true,
                 internal: true,
-                ..CollCall::new(CollKind::AllReduce, n, n, n)
+                ..CollCall::all_reduce_in_place(n, op)
             };
             let inner = &self.inner;
             let geometry = plan::geometry(

@@ -648,12 +648,9 @@ impl Communicator {
         let mut buf = vec![inner.rank as f32; most / 4];
         let mut probes: Vec<(usize, f64, f64)> = Vec::with_capacity(sizes.len());
         let allreduce = |buf: &mut [f32], op: ReduceOp| -> Result<()> {
-            let n = buf.len();
             let call = CollCall {
-                op: Some(op),
-                in_place: true,
                 internal: true,
-                ..CollCall::new(CollKind::AllReduce, n, n, n)
+                ..CollCall::all_reduce_in_place(buf.len(), op)
             };
             self.collective(&call, Buffers::InPlace(buf))
         };
