@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{perf_binary, text};
+use common::{perf_binary, text, wrong_cells};
 use ferroccl::cuda::device_count;
 use ferroccl::Error;
 use std::process::{Command, Output};
@@ -19,19 +19,6 @@ fn perf(args: &[&str], env: &[(&str, &str)]) -> Output {
         cmd.env(k, v);
     }
     cmd.output().expect("ferroccl-perf starts")
-}
-
-/// The `#wrong` cells (out-of-place, in-place) of every row of a table.
-fn wrong_cells(stdout: &str) -> Vec<(String, String)> {
-    stdout
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| {
-            let cells: Vec<&str> = l.split_whitespace().collect();
-            assert_eq!(cells.len(), 13, "a row has 13 columns: {l}");
-            (cells[8].to_string(), cells[12].to_string())
-        })
-        .collect()
 }
 
 /// Refused without a device: status 2, the reason on stderr once (rank 0

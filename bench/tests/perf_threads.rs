@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{perf_binary, text};
+use common::{perf_binary, text, wrong_cells};
 use std::collections::BTreeSet;
 use std::process::{Command, Output};
 
@@ -80,17 +80,16 @@ fn assert_thread_ranks(extra: &[&str], processes: usize, threads: usize) {
     let pids: BTreeSet<u32> = seen.iter().map(|&(pid, _)| pid).collect();
     assert_eq!(pids.len(), processes, "processes: {context}");
 
-    // Rows: 13 columns, #wrong in the 9th (out of place) and 13th (in place).
-    let rows: Vec<Vec<&str>> = stdout
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| l.split_whitespace().collect())
-        .collect();
+    // Rows of 13 columns, no wrong element out of place or in place.
+    let rows = wrong_cells(&stdout);
     // 8 B to 64 KiB by 4: 8, 32, ..., 32 KiB.
     assert_eq!(rows.len(), 7, "{context}");
-    for row in &rows {
-        assert_eq!(row.len(), 13, "{row:?}: {context}");
-        assert_eq!((row[8], row[12]), ("0", "0"), "{row:?}: {context}");
+    for (k, row) in rows.iter().enumerate() {
+        assert_eq!(
+            (row.0.as_str(), row.1.as_str()),
+            ("0", "0"),
+            "row {k}: {context}"
+        );
     }
     assert!(
         stdout.contains("# Out of bounds values : 0 OK"),

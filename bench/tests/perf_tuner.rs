@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{perf_binary, text};
+use common::{perf_binary, text, wrong_cells};
 use std::process::Command;
 
 /// One probe of the calibration's line: (bytes, recursive doubling µs,
@@ -90,20 +90,13 @@ fn allreduce_plans_follow_the_calibrated_choice_between_ring_and_doubling() {
     let all = format!("stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(out.status.success(), "{:?}\n{all}", out.status);
 
-    // Rows: size count type redop root time algbw busbw #wrong (x2).
-    let rows: Vec<Vec<&str>> = stdout
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|c| c.len() == 13 && c[0].parse::<usize>().is_ok())
-        .collect();
+    let rows = wrong_cells(&stdout);
     assert_eq!(rows.len(), 4, "16, 32, 64 and 128 KiB\n{all}");
-    for r in &rows {
+    for (k, row) in rows.iter().enumerate() {
         assert_eq!(
-            (r[8], r[12]),
+            (row.0.as_str(), row.1.as_str()),
             ("0", "0"),
-            "wrong elements at {}\n{all}",
-            r[0]
+            "wrong elements in row {k}\n{all}"
         );
     }
 

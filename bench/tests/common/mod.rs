@@ -20,3 +20,17 @@ pub fn perf_binary() -> PathBuf {
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
+
+/// The `#wrong` cells (out-of-place, in-place) of every row of a
+/// `ferroccl-perf` table, each row checked to have its 13 columns.
+pub fn wrong_cells(stdout: &str) -> Vec<(String, String)> {
+    stdout
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(cells.len(), 13, "a row has 13 columns: {l}");
+            (cells[8].to_string(), cells[12].to_string())
+        })
+        .collect()
+}
