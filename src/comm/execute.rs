@@ -231,11 +231,16 @@ impl Inner {
     /// runs it.
     fn links_for(&self, call: &CollCall, facts: &plan::Facts) -> tune::HostLinks {
         match call.memory {
-            Memory::Host => tune::HostLinks {
-                intra: *lock(&self.intra_model),
-                inter: *lock(&self.model),
-            },
+            Memory::Host => self.host_links(),
             Memory::Device { .. } => plan::device::links(facts.layout),
+        }
+    }
+
+    /// The measured links a host call's algorithm is chosen over.
+    pub(super) fn host_links(&self) -> tune::HostLinks {
+        tune::HostLinks {
+            intra: *lock(&self.intra_model),
+            inter: *lock(&self.model),
         }
     }
 

@@ -634,10 +634,7 @@ impl Communicator {
         let inner = &self.inner;
         let n = inner.size;
         let facts = inner.facts(CollKind::AllReduce);
-        let links = crate::plan::tune::HostLinks {
-            intra: *lock(&inner.intra_model),
-            inter: *lock(&inner.model),
-        };
+        let links = inner.host_links();
         let sizes: Vec<usize> = crate::plan::DOUBLING_PROBE_BYTES
             .into_iter()
             .filter(|&b| crate::plan::doubling_probe(b, &facts, &links))
