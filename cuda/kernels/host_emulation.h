@@ -44,6 +44,11 @@ static inline double __ddiv_rn(double a, double b) { return a / b; }
 static inline float __uint2float_rn(unsigned u) { return (float)u; }
 static inline float __ull2float_rn(unsigned long long u) { return (float)u; }
 static inline double __ull2double_rn(unsigned long long u) { return (double)u; }
+// The f16 conversions the device does with cvt.f32.f16 / cvt.rn.f16.f32:
+// here the compiler's IEEE half type (exact widening, rounding to nearest
+// even), not a copy of any code in the kernels.
+static inline float cvt_f32_f16(unsigned short h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
+static inline unsigned short cvt_rn_f16_f32(float f) { _Float16 x = (_Float16)f; unsigned short h; memcpy(&h, &x, 2); return h; }
 
 // A block: its barrier and its shared state.
 struct HostBlock {

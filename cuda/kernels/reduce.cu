@@ -6,8 +6,9 @@
 // cuda/src/kernels.rs appends to this text (see docs/cuda.md).
 //
 // No #include: NVRTC ships no headers we can rely on. Only the built-in
-// device functions (__uint_as_float, __fadd_rn, ...) are used, and the
-// f16/bf16 conversions are written out below with bit operations.
+// device functions (__uint_as_float, __fadd_rn, ...) are used; the f16
+// conversions are the hardware's (inline PTX cvt), the bf16 ones bit
+// operations.
 //
 // Semantics, bit for bit the host library's (src/reduce/arith.rs):
 // - integers: Sum and Prod wrap (computed in unsigned types: signed
@@ -69,50 +70,42 @@ __device__ __forceinline__ double f64_max(double a, double b) {
 
 // ----------------------------------------------------- half conversions
 
-// f16 -> f32, exact.
-__device__ __forceinline__ float f16_to_f32(u16 h) {
-    u32 sign = (u32)(h & 0x8000u) << 16;
-    u32 exp = (h >> 10) & 0x1fu;
-    u32 man = h & 0x3ffu;
-    if (exp == 0x1fu) {
-        // Inf, or NaN with its payload kept.
-        return __uint_as_float(sign | 0x7f800000u | (man << 13));
-    }
-    if (exp == 0u) {
-        // Zero or subnormal: man * 2^-24, exact in f32 (a normal f32).
-        float v = __fmul_rn(__uint2float_rn(man), 5.9604644775390625e-8f);
-        return __uint_as_float(__float_as_uint(v) | sign);
-    }
-    return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
+// f16 <-> f32 by the hardware's conversions, one F2F instruction each
+// way (inline PTX: no header needed). Written out with bit operations
+// they took some 40 integer instructions an element, and the f16 kernels
+// ran at half the copy's rate on an H200 (docs/hardware.md, 2026-12-04)
+// while bf16, whose conversions are a shift and a rounding add, ran at it.
+// The host build (kernels/host_emulation.h) has the C++ compiler's own
+// _Float16 conversions in their place, and the tests check both against
+// a reference written from the rules.
+#ifndef FERROCCL_HOST_EMULATION
+// Exact for every finite value and Inf, subnormals included.
+__device__ __forceinline__ float cvt_f32_f16(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
 }
+// Rounded to nearest even: overflow to Inf, f16 subnormals kept.
+__device__ __forceinline__ u16 cvt_rn_f16_f32(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#endif
 
-// f32 -> f16, rounded to nearest even; a NaN stays a quiet NaN (the
-// canonical f32 NaN gives 0x7e00).
+// f16 -> f32, exact. A NaN gives a NaN, whose payload no result depends
+// on: f32_min/f32_max give the canonical one, and a Sum or Prod with a
+// NaN may give any NaN.
+__device__ __forceinline__ float f16_to_f32(u16 h) { return cvt_f32_f16(h); }
+
+// f32 -> f16, rounded to nearest even; a NaN stays a quiet NaN with the
+// top of its payload (the canonical f32 NaN gives 0x7e00), which the
+// conversion instruction does not promise: NaNs take the bit path.
 __device__ __forceinline__ u16 f32_to_f16(float f) {
     u32 x = __float_as_uint(f);
-    u32 sign = (x >> 16) & 0x8000u;
     u32 ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return (u16)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-    // 65520 and above (the tie above 65504 goes to the even, Inf): Inf.
-    if (ax >= 0x477ff000u) return (u16)(sign | 0x7c00u);
-    if (ax >= 0x38800000u) {
-        // Normal f16: rebias the exponent (127 - 15), round off 13 bits;
-        // a carry out of the mantissa steps the exponent, as it should.
-        u32 r = ax - 0x38000000u;
-        r += 0xfffu + ((r >> 13) & 1u);
-        return (u16)(sign | (r >> 13));
-    }
-    // Subnormal f16 (or zero): the multiple of 2^-24 nearest to the value;
-    // 2^-25 and below (the tie included) round to zero.
-    if (ax <= 0x33000000u) return (u16)sign;
-    u32 e = ax >> 23;                     // 102 ..= 112
-    u32 m = (ax & 0x7fffffu) | 0x800000u; // value = m * 2^(e - 150)
-    u32 s = 126u - e;                     // 14 ..= 24
-    u32 q = m >> s;
-    u32 rem = m & ((1u << s) - 1u);
-    u32 half = 1u << (s - 1u);
-    if (rem > half || (rem == half && (q & 1u))) q += 1u; // may reach 0x400: the least normal
-    return (u16)(sign | q);
+    if (ax > 0x7f800000u) return (u16)(((x >> 16) & 0x8000u) | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    return cvt_rn_f16_f32(f);
 }
 
 // bf16 -> f32, exact: a bf16 is the top half of an f32.
