@@ -41,6 +41,11 @@
 #              CUDA tensors on the device path against the host path
 #              (collected only with FERROCCL_CANDLE_CUDA=1)
 #   bench      bin/ferroccl-kernel-bench 64 256 (reduce vs copy)
+#   perf       ferroccl-perf's busbw: staged (2 slot sizes) against host
+#              memory, the executor under MPS (allreduce, allgather,
+#              reduce-scatter, 1 MiB to 1 GiB)
+#   sanitize   compute-sanitizer memcheck over the kernel and executor
+#              GPU tests
 set -uo pipefail
 dry=0
 [ "${1:-}" = --dry ] && dry=1
@@ -296,6 +301,57 @@ bench() {
 }
 export -f bench
 step bench 60 "reduce kernels vs copy, 64 and 256 MiB" -- bash -c bench
+
+# Speed of the two paths between processes on one GPU (docs/hardware.md,
+# run 8), each against what bounds it in the same run: the staged path
+# (copies through pinned host memory, the host's transport between them)
+# against the same allreduce on host memory, with its default slot and
+# with 4x the slot; the device executor (cuda-ipc, processes under MPS)
+# for allreduce, allgather and reduce-scatter. busbw as nccl-tests.
+perf() {
+  [ $dry = 1 ] && { echo "skipped: dry run (ferroccl-perf --device cuda needs a GPU)"; exit 77; }
+  local p=bin/ferroccl-perf
+  echo "### host memory, 2 processes (the staged path's host part)"
+  timeout 40 $p allreduce --ranks 2 -d float -b 1M -e 256M -f 4 -n 10 -w 2 -c 0 || exit 1
+  echo "### staged, 2 processes, default slot"
+  FERROCCL_P2P_DISABLE=1 timeout 50 $p allreduce --device cuda --ranks 2 -d float -b 1M -e 256M -f 4 -n 5 -w 1 -c 0 || exit 1
+  echo "### staged, 2 processes, FERROCCL_BUFFSIZE=16777216 (4x the slot)"
+  FERROCCL_BUFFSIZE=16777216 FERROCCL_P2P_DISABLE=1 timeout 50 $p allreduce --device cuda --ranks 2 -d float -b 1M -e 256M -f 4 -n 5 -w 1 -c 0 || exit 1
+  command -v nvidia-cuda-mps-control >/dev/null || { echo "skipped: no MPS for the executor"; exit 0; }
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/ferroccl-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/ferroccl-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || { echo "MPS did not start"; exit 0; }
+  trap 'echo quit | nvidia-cuda-mps-control' EXIT
+  sleep 1
+  local op
+  for op in allreduce allgather reduce_scatter; do
+    echo "### executor (cuda-ipc, MPS), 2 processes, $op"
+    FERROCCL_DEBUG=INFO timeout 50 $p $op --device cuda --ranks 2 -d float -b 1M -e 1G -f 4 -n 10 -w 2 -c 0 2>&1 |
+      grep -vE 'INFO (ferroccl::comm::create|rendezvous)' | grep -E '^[ #]|cuda-ipc|staged|ERROR|WARN|error' || exit 1
+  done
+}
+export -f perf
+step perf 150 "speed: staged (2 slots) and host, executor under MPS" -- bash -c perf
+
+# compute-sanitizer (memcheck) over the reduction kernels' GPU test and
+# the executor's kernels: an out-of-bounds access or a misaligned vector
+# no test's bits would show. Capped at 60 s each (the tool slows kernels
+# many times): a cut-short run ends 124 and says so.
+sanitize() {
+  [ $dry = 1 ] && { echo "skipped: dry run (compute-sanitizer needs a GPU)"; exit 77; }
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+  [ -n "$cs" ] || { echo "skipped: no compute-sanitizer"; exit 77; }
+  local rc=0
+  timeout 60 "$cs" --tool memcheck --error-exitcode 3 bin/test-engine every_kernel --test-threads=1 || rc=$?
+  echo "memcheck kernels: exit $rc"
+  local rc2=0
+  timeout 60 "$cs" --tool memcheck --error-exitcode 3 bin/test-ferroccl-lib exec::oracle::kernel_gpu --test-threads=1 || rc2=$?
+  echo "memcheck executor: exit $rc2"
+  [ $rc = 0 ] && [ $rc2 = 0 ]
+}
+export -f sanitize
+step sanitize 130 "compute-sanitizer memcheck: kernels, executor" -- bash -c sanitize
 
 echo
 cat "$summary"
