@@ -170,11 +170,11 @@ impl Inner {
         }
         // Only collectives with a choice ask the model (it allocates the
         // list of costs): the others run their one algorithm.
-        let (algorithm, costs) =
+        let (algorithm, costs, measured) =
             if tune::has_choice(call.kind, facts.layout) || facts.forced.is_some() {
-                plan::algorithm(call.kind, bytes, &facts, &inner.links_for(call, &facts))
+                plan::algorithm_why(call.kind, bytes, &facts, &inner.links_for(call, &facts))
             } else {
-                (crate::algo::Algorithm::Ring, Vec::new())
+                (crate::algo::Algorithm::Ring, Vec::new(), false)
             };
         // A device call says its plan once its path is known
         // (`execute_on_device`, `exec_run`). The library's own calls
@@ -188,7 +188,13 @@ impl Inner {
             tracing::info!(
                 rank = inner.rank,
                 "plan: {}",
-                plan::explain(call.kind, (bytes, call.in_place), &facts, algorithm, &costs)
+                plan::explain(
+                    call.kind,
+                    (bytes, call.in_place),
+                    &facts,
+                    (algorithm, measured),
+                    &costs
+                )
             );
         }
         // Ring passes keep several slices in flight: the host's slots and

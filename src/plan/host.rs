@@ -891,7 +891,20 @@ pub(crate) fn algorithm(
     facts: &Facts,
     links: &HostLinks,
 ) -> (Algorithm, Vec<(Algorithm, f64)>) {
-    match facts.forced {
+    let (algo, costs, _) = algorithm_why(kind, bytes, facts, links);
+    (algo, costs)
+}
+
+/// [`algorithm`], and whether the calibration's measurement
+/// ([`Facts::doubling`]) put recursive doubling in the model's place: the
+/// log says "measured" only then, not where the model chose it itself.
+pub(crate) fn algorithm_why(
+    kind: CollKind,
+    bytes: usize,
+    facts: &Facts,
+    links: &HostLinks,
+) -> (Algorithm, Vec<(Algorithm, f64)>, bool) {
+    let (algo, costs) = match facts.forced {
         Some(Algorithm::Hierarchical) if !hier_applies(kind, facts.layout) => {
             (Algorithm::Ring, Vec::new())
         }
@@ -919,12 +932,12 @@ pub(crate) fn algorithm(
                 facts.shared_cores,
             );
             if doubling_measured(kind, bytes, facts, algo) {
-                (Algorithm::RecursiveDoubling, costs)
-            } else {
-                (algo, costs)
+                return (Algorithm::RecursiveDoubling, costs, true);
             }
+            (algo, costs)
         }
-    }
+    };
+    (algo, costs, false)
 }
 
 /// Whether an allreduce of `bytes` for which the model chose `model`
@@ -1172,7 +1185,7 @@ pub(crate) fn explain(
     kind: CollKind,
     (bytes, in_place): (usize, bool),
     facts: &Facts,
-    chosen: Algorithm,
+    (chosen, measured): (Algorithm, bool),
     costs: &[(Algorithm, f64)],
 ) -> String {
     let route =
@@ -1189,7 +1202,7 @@ pub(crate) fn explain(
             route.explain()
         ),
         (_, Some(forced)) => format!("{} (forced by FERROCCL_ALGO), {}", forced, route.explain()),
-        (_, None) if chosen == Algorithm::RecursiveDoubling && bytes <= facts.doubling => format!(
+        (_, None) if measured => format!(
             "{chosen} (measured faster than the ring up to {} bytes at creation), {}",
             facts.doubling,
             route.explain()
@@ -1801,7 +1814,13 @@ mod tests {
                 assert_eq!(a, Algorithm::Ring, "forced on one host runs the ring");
             }
             let (a, _) = algorithm(CollKind::AllReduce, bytes, &forced, &fast_host);
-            let line = explain(CollKind::AllReduce, (bytes, false), &forced, a, &[]);
+            let line = explain(
+                CollKind::AllReduce,
+                (bytes, false),
+                &forced,
+                (a, false),
+                &[],
+            );
             assert!(line.contains("does not apply"), "{line}");
         }
         // Two hosts of two: 64 MiB. Ring: 6 hops of 50 us and 1.5 times
@@ -1818,7 +1837,7 @@ mod tests {
         assert_cost(&costs, Algorithm::Hierarchical, hier);
         let (a, _) = algorithm(CollKind::AllGather, bytes, &f, &fast_host);
         assert_eq!(a, Algorithm::Hierarchical);
-        let line = explain(CollKind::AllReduce, (bytes, false), &f, a, &costs);
+        let line = explain(CollKind::AllReduce, (bytes, false), &f, (a, false), &costs);
         assert!(
             line.contains("over 2 hosts") && line.contains("hierarchical"),
             "{line}"
@@ -1856,7 +1875,13 @@ mod tests {
         assert_eq!(a, Algorithm::Hierarchical, "{costs:?}");
         assert_cost(&costs, Algorithm::Ring, ring);
         assert_cost(&costs, Algorithm::Hierarchical, hier);
-        let line = explain(CollKind::ReduceScatter, (bytes, false), &f, a, &costs);
+        let line = explain(
+            CollKind::ReduceScatter,
+            (bytes, false),
+            &f,
+            (a, false),
+            &costs,
+        );
         assert!(
             line.contains("reduce_scatter of") && line.contains("-> hierarchical"),
             "{line}"
@@ -2322,7 +2347,13 @@ mod tests {
         let (a, costs) = algorithm(CollKind::AllReduce, 8, &forced, &flat);
         assert_eq!(a, Algorithm::Tree);
         assert!(costs.is_empty());
-        let line = explain(CollKind::AllReduce, (1 << 20, false), &forced, a, &costs);
+        let line = explain(
+            CollKind::AllReduce,
+            (1 << 20, false),
+            &forced,
+            (a, false),
+            &costs,
+        );
         assert!(line.contains("forced"), "{line}");
     }
 
@@ -2444,21 +2475,47 @@ mod tests {
         assert_eq!(ring(&two, CollKind::AllReduce, a), Algorithm::Ring);
         assert_eq!(ring(&two, CollKind::AllReduce, b), Algorithm::Ring);
         let measured = Facts { doubling: a, ..two };
-        let (got, costs) = algorithm(CollKind::AllReduce, a, &measured, &l);
-        assert_eq!(got, Algorithm::RecursiveDoubling);
-        let line = explain(CollKind::AllReduce, (a, false), &measured, got, &costs);
+        let (got, costs, why) = algorithm_why(CollKind::AllReduce, a, &measured, &l);
+        assert_eq!((got, why), (Algorithm::RecursiveDoubling, true));
+        let line = explain(
+            CollKind::AllReduce,
+            (a, false),
+            &measured,
+            (got, why),
+            &costs,
+        );
         assert!(
             line.contains("recursive_doubling (measured faster than the ring up to 32768 bytes"),
             "{line}"
         );
         assert_eq!(ring(&measured, CollKind::AllReduce, a + 4), Algorithm::Ring);
+        let mut model_doubles = 0;
         for bytes in [8, 64, 4096] {
             assert_eq!(
                 ring(&measured, CollKind::AllReduce, bytes),
                 ring(&two, CollKind::AllReduce, bytes),
                 "{bytes} bytes"
             );
+            // Where the model takes recursive doubling itself, below the
+            // measured size, the log must not credit the measurement.
+            let (got, costs, why) = algorithm_why(CollKind::AllReduce, bytes, &measured, &l);
+            if got == Algorithm::RecursiveDoubling {
+                model_doubles += 1;
+                assert!(!why, "{bytes} bytes: the model's own choice");
+                let line = explain(
+                    CollKind::AllReduce,
+                    (bytes, false),
+                    &measured,
+                    (got, why),
+                    &costs,
+                );
+                assert!(!line.contains("measured faster"), "{bytes} bytes: {line}");
+            }
         }
+        assert!(
+            model_doubles > 0,
+            "no size here where the model doubles itself"
+        );
         let forced = Facts {
             forced: Some(Algorithm::Ring),
             ..measured
