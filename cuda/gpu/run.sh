@@ -43,7 +43,8 @@
 #   bench      bin/ferroccl-kernel-bench 64 256 (reduce vs copy)
 #   perf       ferroccl-perf's busbw: staged (2 slot sizes) against host
 #              memory, the executor under MPS (allreduce, allgather,
-#              reduce-scatter, 1 MiB to 1 GiB)
+#              reduce-scatter, 1 MiB to 1 GiB; allreduce on 1 and 32
+#              channels; 8 bytes by LL)
 #   sanitize   compute-sanitizer memcheck over the kernel and executor
 #              GPU tests
 set -uo pipefail
@@ -329,6 +330,15 @@ perf() {
     FERROCCL_DEBUG=INFO timeout 50 $p $op --device cuda --ranks 2 -d float -b 1M -e 1G -f 4 -n 10 -w 2 -c 0 2>&1 |
       grep -vE 'INFO (ferroccl::comm::create|rendezvous)' | grep -E '^[ #]|cuda-ipc|staged|ERROR|WARN|error' || exit 1
   done
+  # Where the executor's time goes (run 8: 60 GB/s at 1 GiB): the same
+  # allreduce on 1 and on 32 channels; then the 8-byte latency by LL.
+  local ch
+  for ch in 1 32; do
+    echo "### executor, allreduce, FERROCCL_MAX_NCHANNELS=$ch"
+    FERROCCL_MAX_NCHANNELS=$ch timeout 40 $p allreduce --device cuda --ranks 2 -d float -b 64M -e 1G -f 4 -n 10 -w 2 -c 0 || exit 1
+  done
+  echo "### executor, allreduce of 8 bytes, LL"
+  FERROCCL_PROTO=LL timeout 30 $p allreduce --device cuda --ranks 2 -d float -b 8 -e 8 -n 1000 -w 100 -c 0 || exit 1
 }
 export -f perf
 step perf 150 "speed: staged (2 slots) and host, executor under MPS" -- bash -c perf
