@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The NCCL ABI's real clients on a GPU machine (issue 19, item 4), from
-# the gpu-run/nccl/ folder that nccl/gpu/collect.sh made. Not run yet: no
-# session has had a GPU since it was written. Each part skips, saying why,
+# the gpu-run/nccl/ folder that nccl/gpu/collect.sh made. Its `ddp` part
+# on 2 processes ran and passed on an H200 (cuda/gpu/run.sh's ddp step,
+# docs/hardware.md runs 5-7); the others have not run. Each part skips, saying why,
 # where what it needs is missing. Logs go to $OUT when set, else ./logs.
 #
 # 1. PyTorch DDP: ddp_losses.py as 1 process with torch's own NCCL, then
