@@ -161,6 +161,15 @@ environment() {
   echo "libnvrtc: ${nvrtc_dir:-not found}"
   python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())' 2>&1 | tail -1
   uname -r; nproc; free -g | head -2
+  # What a short sleep costs there: the host waits of the staged path and
+  # the executor's watchdog sleep 20 us between polls, and a VM's timer
+  # may round that up (run 8's staged calls cost about 1 ms more than the
+  # same calls on host memory, whatever their size).
+  python3 -c 'import time
+for us in (20, 100):
+    t = time.perf_counter()
+    for _ in range(500): time.sleep(us / 1e6)
+    print("sleep(%d us) takes %.1f us" % (us, (time.perf_counter() - t) / 500 * 1e6))' 2>&1
   return 0
 }
 environment >"$out/env.txt" 2>&1
