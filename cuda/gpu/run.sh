@@ -53,6 +53,16 @@ dry=0
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
 out=${OUT:-$here/out}
+# collect.sh packs the binaries, the NCCL library and the Python package
+# into kit.tgz: unpacked into a folder of /tmp, from which every step
+# runs (gpu-run/ itself stays as carried).
+if [ -f kit.tgz ]; then
+  kit=$(mktemp -d /tmp/ferroccl-kit.XXXXXX)
+  tar -xzf kit.tgz -C "$kit" || { echo "cannot unpack $here/kit.tgz" >&2; exit 1; }
+  cp commit "$kit/" 2>/dev/null
+  trap 'cd / && rm -rf "$kit"' EXIT
+  cd "$kit"
+fi
 mkdir -p "$out"
 logs=$(mktemp -d /tmp/ferroccl-gpu-logs.XXXXXX)
 budget=${FERROCCL_GPU_BUDGET:-450}

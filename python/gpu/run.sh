@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The torch backend's check on a GPU (python/gpu/check_cuda.py), as the
-# first GPU run's `torch` step calls it from gpu-run/ (cuda/gpu/run.sh):
-# the package that cuda/gpu/collect.sh laid out in gpu-run/python/pkg, and
+# GPU run's `torch` step calls it from the unpacked gpu-run/kit.tgz
+# (cuda/gpu/run.sh): the package that cuda/gpu/collect.sh laid out in its
+# python/pkg, and
 # the lent machine's own python3 and torch (nothing can be installed
 # there). Exit 77: skipped, with the reason printed.
 set -euo pipefail
