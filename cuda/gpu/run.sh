@@ -230,17 +230,25 @@ export -f staged
 export dry logs
 step staged 90 "2 processes, staged, allreduce 1-64 MiB" -- bash -c staged
 
+# Start the MPS daemon for the calling step's shell, which stops it when
+# it exits; nonzero, the reason printed, where it did not start or does
+# not answer.
+mps_start() {
+  command -v nvidia-cuda-mps-control >/dev/null || { echo "skipped: no nvidia-cuda-mps-control"; return 1; }
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/ferroccl-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/ferroccl-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || { echo "skipped: MPS did not start"; return 1; }
+  trap 'echo quit | nvidia-cuda-mps-control' EXIT
+  sleep 1
+  echo get_server_list | timeout 10 nvidia-cuda-mps-control >/dev/null || { echo "skipped: MPS does not answer"; return 1; }
+}
+export -f mps_start
+
 # Process ranks on one GPU need MPS for their kernels to run at once: the
 # tests run only where the daemon started and answers.
 processes() {
   [ $dry = 1 ] && { echo "skipped: dry run (MPS needs a GPU)"; exit 77; }
-  command -v nvidia-cuda-mps-control >/dev/null || { echo "skipped: no nvidia-cuda-mps-control"; exit 77; }
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/ferroccl-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/ferroccl-mps-log
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d || { echo "skipped: MPS did not start"; exit 77; }
-  trap 'echo quit | nvidia-cuda-mps-control' EXIT
-  sleep 1
-  echo get_server_list | timeout 10 nvidia-cuda-mps-control >/dev/null || { echo "skipped: MPS does not answer"; exit 77; }
+  mps_start || exit 77
   FERROCCL_GPU_PROCESS_TESTS=1 timeout 120 bin/test-cuda process --test-threads=1 || exit 1
   # A rank killed while the others' kernels wait: the launcher's children
   # are the ranks (timeout's child is the launcher itself).
@@ -337,12 +345,8 @@ perf() {
   FERROCCL_P2P_DISABLE=1 timeout 50 $p allreduce --device cuda --ranks 2 -d float -b 1M -e 256M -f 4 -n 5 -w 1 -c 0 || exit 1
   echo "### staged, 2 processes, FERROCCL_BUFFSIZE=16777216 (4x the slot)"
   FERROCCL_BUFFSIZE=16777216 FERROCCL_P2P_DISABLE=1 timeout 50 $p allreduce --device cuda --ranks 2 -d float -b 1M -e 256M -f 4 -n 5 -w 1 -c 0 || exit 1
-  command -v nvidia-cuda-mps-control >/dev/null || { echo "skipped: no MPS for the executor"; exit 0; }
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/ferroccl-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/ferroccl-mps-log
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d || { echo "MPS did not start"; exit 0; }
-  trap 'echo quit | nvidia-cuda-mps-control' EXIT
-  sleep 1
+  # The executor between processes on one GPU needs MPS (processes()).
+  mps_start || exit 0
   local op
   for op in allreduce allgather reduce_scatter; do
     echo "### executor (cuda-ipc, MPS), 2 processes, $op"
