@@ -156,9 +156,11 @@ pub struct Config {
     pub device_async: bool,
     /// The most channels (thread blocks, each over FIFOs of its own) the
     /// device executor cuts a call into (FERROCCL_MAX_NCHANNELS, or NCCL's
-    /// NCCL_MAX_NCHANNELS; 1 to 64, default 8). Every rank's bound is
+    /// NCCL_MAX_NCHANNELS; 1 to 64). `None`, the default: 32, fewer where
+    /// the FIFOs (one a channel and peer, about 4 MiB each) would pass 64
+    /// a rank (16 channels on 4 ranks, 8 on 8). Every rank's bound is
     /// exchanged and the smallest holds (docs/device-executor.md).
-    pub max_channels: usize,
+    pub max_channels: Option<usize>,
     /// The InfiniBand / RoCE settings (FERROCCL_IB_HCA, _GID_INDEX,
     /// _TIMEOUT, _RETRY_CNT, _QPS_PER_CONNECTION, each else its NCCL_IB_
     /// name; docs/ib.md), read and checked once, by the ib crate's parser:
@@ -230,7 +232,7 @@ impl Config {
             spread: true,
             p2p: true,
             device_async: false,
-            max_channels: crate::plan::device::DEFAULT_CHANNELS,
+            max_channels: None,
             ib: ferroccl_ib::IbConfig::default(),
         };
         config.from_env_overrides(&|k| std::env::var(k).ok())?;
@@ -367,7 +369,7 @@ impl Config {
             self.p2p = !disabled;
         }
         if let Some(c) = crate::plan::device::max_channels_from_env(get)? {
-            self.max_channels = c;
+            self.max_channels = Some(c);
         }
         // FERROCCL_PROTO (else NCCL_PROTO) narrows the device executor's
         // protocols; checked here so that a bad value fails at creation.

@@ -353,10 +353,13 @@ perf() {
     FERROCCL_DEBUG=INFO timeout 50 $p $op --device cuda --ranks 2 -d float -b 1M -e 1G -f 4 -n 10 -w 2 -c 0 2>&1 |
       grep -vE 'INFO (ferroccl::comm::create|rendezvous)' | grep -E '^[ #]|cuda-ipc|staged|ERROR|WARN|error' || exit 1
   done
-  # Where the executor's time goes (run 8: 60 GB/s at 1 GiB): the same
-  # allreduce on 1 and on 32 channels; then the 8-byte latency by LL.
+  # The default is 32 channels on 2 ranks since run 9 (1 channel: 9.9
+  # GB/s at 1 GiB, 8: 60, 32: 146): checked results at the default, then
+  # 8 (the old default), 16 and 64 beside it; then the 8-byte latency.
+  echo "### executor, allreduce, default channels, results checked"
+  timeout 40 $p allreduce --device cuda --ranks 2 -d float -b 1M -e 256M -f 16 -n 5 -w 1 -c 1 || exit 1
   local ch
-  for ch in 1 32; do
+  for ch in 8 16 64; do
     echo "### executor, allreduce, FERROCCL_MAX_NCHANNELS=$ch"
     FERROCCL_MAX_NCHANNELS=$ch timeout 40 $p allreduce --device cuda --ranks 2 -d float -b 64M -e 1G -f 4 -n 10 -w 2 -c 0 || exit 1
   done

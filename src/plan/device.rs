@@ -44,15 +44,30 @@ pub(crate) const NCCL_PROTO: &str = "NCCL_PROTO";
 pub(crate) const MAX_NCHANNELS: &str = "FERROCCL_MAX_NCHANNELS";
 /// NCCL's name for it, read when [`MAX_NCHANNELS`] is not set.
 pub(crate) const NCCL_MAX_NCHANNELS: &str = "NCCL_MAX_NCHANNELS";
-/// Channels when neither is set: a placeholder until the GPU run
-/// measures what one GPU and NVLink want (NCCL takes 16 to 32 on H100
-/// NVLink).
-pub(crate) const DEFAULT_CHANNELS: usize = 8;
+/// The most channels when neither is set. Measured on an H200 (2
+/// processes under MPS, allreduce of 1 GiB, docs/hardware.md run 9):
+/// 9.9 GB/s busbw on 1 channel, 60 on 8, 146 on 32; NCCL takes 16 to 32
+/// on H100 NVLink.
+pub(crate) const DEFAULT_CHANNELS: usize = 32;
+/// The FIFOs (one a channel and peer, about 4 MiB each at the default
+/// FERROCCL_BUFFSIZE) a rank makes at most when the channels are not set:
+/// every rank has a FIFO from every other one on every channel, so the
+/// default bound falls as ranks grow (32 channels on 2 ranks, 16 on 4,
+/// 8 on 8: about 260 MiB of device memory a rank).
+pub(crate) const DEFAULT_FIFOS: usize = 64;
 /// The most channels one may ask for.
 pub(crate) const CHANNEL_LIMIT: usize = 64;
 /// Bytes a channel should have of each step before a call takes one
 /// more: below this, a block's share is too small to pay for itself.
 pub(crate) const MIN_CHANNEL_BYTES: usize = 128 << 10;
+
+/// The most channels on `n` ranks where neither FERROCCL_MAX_NCHANNELS
+/// nor NCCL_MAX_NCHANNELS is set: [`DEFAULT_CHANNELS`], fewer where the
+/// FIFOs would pass [`DEFAULT_FIFOS`], at least 1. The same on every
+/// rank (it depends on `n` only).
+pub(crate) fn default_channels(n: usize) -> usize {
+    (DEFAULT_FIFOS / n.max(1)).clamp(1, DEFAULT_CHANNELS)
+}
 
 /// FERROCCL_MAX_NCHANNELS, else NCCL_MAX_NCHANNELS, through `get`: 1 to
 /// [`CHANNEL_LIMIT`]; `None` where neither is set (an empty value counts
@@ -603,6 +618,26 @@ pub(crate) mod tests {
                 Box::leak(vec![(MAX_NCHANNELS, bad)].into_boxed_slice());
             let e = max_channels_from_env(&get(pairs)).unwrap_err().to_string();
             assert!(e.contains(MAX_NCHANNELS) && e.contains(bad), "{e}");
+        }
+    }
+
+    /// The default bound: as many channels as keep a rank's FIFOs
+    /// within DEFAULT_FIFOS, at most DEFAULT_CHANNELS, never none.
+    #[test]
+    fn default_channels_keep_the_fifos_within_the_budget() {
+        assert_eq!(default_channels(2), 32);
+        assert_eq!(default_channels(4), 16);
+        assert_eq!(default_channels(8), 8);
+        for n in 1..=130 {
+            let c = default_channels(n);
+            assert!((1..=DEFAULT_CHANNELS).contains(&c), "{n} ranks: {c}");
+            // Within the budget where more than one channel...
+            assert!(c == 1 || c * n <= DEFAULT_FIFOS, "{n} ranks: {c}");
+            // ...and no channel more would still fit.
+            assert!(
+                c == DEFAULT_CHANNELS || (c + 1) * n > DEFAULT_FIFOS,
+                "{n} ranks: {c}"
+            );
         }
     }
 

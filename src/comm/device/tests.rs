@@ -128,7 +128,7 @@ fn device_calls_run_by_the_executor_on_a_shared_device() {
             config(c);
             c.buffsize = 64 << 10;
             c.steps = 2;
-            c.max_channels = 4;
+            c.max_channels = Some(4);
         };
         every_collective::<f32>(n, &shared, 1 << 18, &wide);
         // 11 calls on every rank for each of the five grids, all by
@@ -516,7 +516,7 @@ fn xproc_child() {
             // own in every peer's mapped memory.
             wide.master_port = port2.parse().unwrap();
             wide.buffsize = 64 << 10;
-            wide.max_channels = 3;
+            wide.max_channels = Some(3);
             let comm = Communicator::init(wide).unwrap();
             every_collective_on::<f32>(&comm, &e, 1 << 18);
             let n = launches.load(std::sync::atomic::Ordering::Relaxed);

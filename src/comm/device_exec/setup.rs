@@ -123,6 +123,7 @@ impl Inner {
             channels: self
                 .config
                 .max_channels
+                .unwrap_or_else(|| device_plan::default_channels(n))
                 .clamp(1, device_plan::CHANNEL_LIMIT) as u8,
             gpu: gpu.ok(),
         };
