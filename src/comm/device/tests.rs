@@ -145,8 +145,35 @@ fn device_calls_run_by_the_executor_on_a_shared_device() {
     }
 }
 
-/// An in-place f32 allreduce of `count` zeroes on `e`, on a stream of
-/// its own: the call and where it runs.
+/// The default channel bound (`Config::max_channels` unset) on 2 ranks
+/// sharing a stand-in device that runs the executor's kernel: calls
+/// of 8 MiB a rank cut their steps into 32 channels (the bound the H200
+/// run chose, `plan::device::default_channels`), every collective's
+/// result checked against the f64 reference as in the test above.
+#[test]
+fn the_default_channels_run_by_the_executor() {
+    let Some(hook) = crate::exec::oracle::host_launch::host_executor() else {
+        return;
+    };
+    let widest = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let wide = widest.clone();
+    let e = Arc::new(
+        HostEngine::with_delays(Duration::from_micros(100), 7).with_executor(Arc::new(
+            move |l: &ferroccl_cuda::executor::ExecLaunch| {
+                wide.fetch_max(l.channels, std::sync::atomic::Ordering::Relaxed);
+                hook(l)
+            },
+        )),
+    );
+    let shared = |_rank: usize| e.clone();
+    every_collective::<f32>(2, &shared, (2 << 20) + 37, &config);
+    assert_eq!(
+        widest.load(std::sync::atomic::Ordering::Relaxed) as usize,
+        crate::plan::device::default_channels(2),
+        "the widest call's channels"
+    );
+}
+
 /// Device buffers `send` and `recv` of stand-in `e`, on `stream`.
 fn on_device(e: &Arc<HostEngine>, stream: Stream, send: DevicePtr, recv: DevicePtr) -> OnDevice {
     OnDevice {
@@ -279,7 +306,9 @@ fn executor_failure(abort: bool) -> Option<(Result<()>, Duration)> {
     let e = Arc::new(HostEngine::new().with_executor(hook));
     // The timeout also bounds the first call's device set-up, which
     // took over 2 s on a loaded 2-core machine (a test binary built
-    // beside three others): 8 s leaves it room.
+    // beside three others): 8 s leaves it room. One channel: the FIFOs
+    // the stand-in zeroes at set-up grow with the channels (256 MiB a
+    // rank at the default 32), and a 1024-element call takes one.
     let timeout = Duration::from_secs(if abort { 60 } else { 8 });
     let stay = if abort {
         Duration::from_secs(5)
@@ -291,6 +320,7 @@ fn executor_failure(abort: bool) -> Option<(Result<()>, Duration)> {
         |c| {
             c.transport = Some("mem".into());
             c.timeout = timeout;
+            c.max_channels = Some(1);
         },
         |comm| {
             let (on, call) = small_allreduce(&e, 1024);
