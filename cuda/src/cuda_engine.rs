@@ -116,6 +116,13 @@ const HOST_WAIT_SPIN: Duration = Duration::from_micros(50);
 /// overshoot (tens of microseconds) is small against calls this long.
 const HOST_WAIT_YIELD: Duration = Duration::from_millis(2);
 
+thread_local! {
+    /// This thread's latest `host_wait` that ended at its timeout: the
+    /// event, when that wait started, when it ended.
+    static LAST_WAIT: std::cell::Cell<Option<(u64, Instant, Instant)>> =
+        const { std::cell::Cell::new(None) };
+}
+
 /// What a host function waits for where the device cannot wait at a gate
 /// itself (`gate_wait`).
 struct GateWait {
@@ -921,17 +928,38 @@ impl Engine for CudaEngine {
 
     fn host_wait(&self, event: Event, timeout: Duration) -> Result<()> {
         self.bind()?;
-        let start = Instant::now();
-        let deadline = start + timeout;
+        let now = Instant::now();
+        // A wait that goes on from this thread's previous one, which
+        // ended at its timeout on the same event just now (the watchdog
+        // waits in slices of a millisecond), keeps that wait's start: a
+        // long call then sleeps between polls instead of yielding the
+        // whole time.
+        let start = LAST_WAIT.with(|last| match last.get() {
+            Some((e, started, ended))
+                if e == event.0 && now.duration_since(ended) < HOST_WAIT_SPIN =>
+            {
+                started
+            }
+            _ => now,
+        });
+        let deadline = now + timeout;
         loop {
             // SAFETY: an event of this context.
             let rc = unsafe { sys::cuEventQuery(event.0 as sys::CUevent) };
             match rc {
-                sys::CUresult::CUDA_SUCCESS => return Ok(()),
+                sys::CUresult::CUDA_SUCCESS => {
+                    LAST_WAIT.with(|last| last.set(None));
+                    return Ok(());
+                }
                 sys::CUresult::CUDA_ERROR_NOT_READY => {}
-                other => return other.result().map_err(driver_err("cuEventQuery")),
+                other => {
+                    LAST_WAIT.with(|last| last.set(None));
+                    return other.result().map_err(driver_err("cuEventQuery"));
+                }
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
+                LAST_WAIT.with(|last| last.set(Some((event.0, start, now))));
                 return Err(CudaError::Timeout {
                     what: "the device's work (an event)".into(),
                     waited_ms: timeout.as_millis() as u64,
