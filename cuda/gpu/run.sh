@@ -363,6 +363,13 @@ perf() {
     echo "### executor, allreduce, FERROCCL_MAX_NCHANNELS=$ch"
     FERROCCL_MAX_NCHANNELS=$ch timeout 40 $p allreduce --device cuda --ranks 2 -d float -b 64M -e 1G -f 4 -n 10 -w 2 -c 0 || exit 1
   done
+  # Bytes in flight a block: since run 9 a thread reads 4 units of 16
+  # bytes before it writes them; 1 is the kernel of run 9, 2 between.
+  local u
+  for u in 1 2; do
+    echo "### executor, allreduce, FERROCCL_EXEC_UNROLL=$u (default channels)"
+    FERROCCL_EXEC_UNROLL=$u timeout 40 $p allreduce --device cuda --ranks 2 -d float -b 64M -e 1G -f 4 -n 10 -w 2 -c 0 || exit 1
+  done
   echo "### executor, allreduce of 8 bytes, LL"
   FERROCCL_PROTO=LL timeout 30 $p allreduce --device cuda --ranks 2 -d float -b 8 -e 8 -n 1000 -w 100 -c 0 || exit 1
 }

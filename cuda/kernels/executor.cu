@@ -256,53 +256,124 @@ struct Operands {
     bool copy;        // the copy primitives store L into O (local is the input)
 };
 
+// Units a thread loads before it stores any of them: a block's bytes in
+// flight. With one (a load, then its store), a block of 512 threads kept
+// 8 KiB in flight and moved about 10 GB/s on an H200 (docs/hardware.md,
+// run 9), far below what one SM can copy. The launcher may set it
+// (FERROCCL_EXEC_UNROLL, 1 to 4) to measure others; 8 spills registers
+// (NVRTC 13.0, sm_90), which the compile refuses.
+#ifndef FERROCCL_EXEC_UNROLL
+#define FERROCCL_EXEC_UNROLL 4
+#endif
+
+// The operands one unit of a record reads, by its primitive: `x` and,
+// for the reducing ones, `y` (in the order `put` combines them).
+template <class E, int N>
+__device__ __forceinline__ void fetch(const Operands<typename E::T>& a, u64 i,
+                                      Frag<typename E::T, N>& x, Frag<typename E::T, N>& y) {
+    typedef typename E::T T;
+    switch (a.opcode) {
+    case P_SEND:
+    case P_COPY_SEND:
+        x = load<T, N>(a.local + i);
+        break;
+    case P_COPY:
+        if (a.copy) x = load<T, N>(a.local + i);
+        break;
+    case P_RECV:
+    case P_RECV_COPY_SEND:
+        x = load<T, N>(a.frame + i);
+        break;
+    case P_RECV_REDUCE_SEND:
+        x = load<T, N>(a.frame + i);
+        y = load<T, N>(a.local + i);
+        break;
+    case P_RECV_REDUCE_COPY_SEND:
+    case P_RECV_REDUCE_COPY:
+        if (a.aliased) {
+            x = load<T, N>(a.out + i);
+            y = load<T, N>(a.frame + i);
+        } else {
+            x = load<T, N>(a.frame + i);
+            y = load<T, N>(a.local + i);
+        }
+        break;
+    case P_REDUCE:
+        x = load<T, N>(a.out + i);
+        y = load<T, N>(a.in + i);
+        break;
+    default:
+        break;
+    }
+}
+
+// What one unit of a record writes, from what `fetch` read.
+template <class E, class O, int N>
+__device__ __forceinline__ void put(const Operands<typename E::T>& a, u64 i,
+                                    const Frag<typename E::T, N>& x,
+                                    const Frag<typename E::T, N>& y) {
+    typedef typename E::T T;
+    switch (a.opcode) {
+    case P_SEND:
+        store<T, N>(a.send + i, x);
+        break;
+    case P_RECV:
+        store<T, N>(a.out + i, x);
+        break;
+    case P_RECV_REDUCE_SEND:
+        store<T, N>(a.send + i, combine<E, O, N>(x, y));
+        break;
+    case P_RECV_REDUCE_COPY_SEND:
+    case P_RECV_REDUCE_COPY: {
+        const Frag<T, N> v = combine<E, O, N>(x, y);
+        store<T, N>(a.out + i, v);
+        if (a.opcode == P_RECV_REDUCE_COPY_SEND) store<T, N>(a.send + i, v);
+        break;
+    }
+    case P_RECV_COPY_SEND:
+        store<T, N>(a.out + i, x);
+        store<T, N>(a.send + i, x);
+        break;
+    case P_COPY_SEND:
+        if (a.copy) store<T, N>(a.out + i, x);
+        store<T, N>(a.send + i, x);
+        break;
+    case P_COPY:
+        if (a.copy) store<T, N>(a.out + i, x);
+        break;
+    case P_REDUCE:
+        store<T, N>(a.out + i, combine<E, O, N>(x, y));
+        break;
+    default:
+        break;
+    }
+}
+
 // Elements [from, from + units * N) of one record, the block's threads
-// taking units in turn: every primitive in one pass over the bytes.
+// taking units in turn: every primitive in one pass over the bytes. A
+// thread reads FERROCCL_EXEC_UNROLL units (a block's width apart) before
+// it writes them (one for byte types); a unit's reads and
+// writes are at its own elements only, so this order gives what one unit
+// at a time gives.
 template <class E, class O, int N>
 __device__ __forceinline__ void pass(const Operands<typename E::T>& a, u64 from, u64 units) {
-    typedef typename E::T T;
-    typedef Frag<T, N> V;
-    for (u64 u = threadIdx.x; u < units; u += blockDim.x) {
-        const u64 i = from + u * N;
-        V v;
-        switch (a.opcode) {
-        case P_SEND:
-            store<T, N>(a.send + i, load<T, N>(a.local + i));
-            break;
-        case P_RECV:
-            store<T, N>(a.out + i, load<T, N>(a.frame + i));
-            break;
-        case P_RECV_REDUCE_SEND:
-            store<T, N>(a.send + i, combine<E, O, N>(load<T, N>(a.frame + i), load<T, N>(a.local + i)));
-            break;
-        case P_RECV_REDUCE_COPY_SEND:
-        case P_RECV_REDUCE_COPY:
-            if (a.aliased)
-                v = combine<E, O, N>(load<T, N>(a.out + i), load<T, N>(a.frame + i));
-            else
-                v = combine<E, O, N>(load<T, N>(a.frame + i), load<T, N>(a.local + i));
-            store<T, N>(a.out + i, v);
-            if (a.opcode == P_RECV_REDUCE_COPY_SEND) store<T, N>(a.send + i, v);
-            break;
-        case P_RECV_COPY_SEND:
-            v = load<T, N>(a.frame + i);
-            store<T, N>(a.out + i, v);
-            store<T, N>(a.send + i, v);
-            break;
-        case P_COPY_SEND:
-            v = load<T, N>(a.local + i);
-            if (a.copy) store<T, N>(a.out + i, v);
-            store<T, N>(a.send + i, v);
-            break;
-        case P_COPY:
-            if (a.copy) store<T, N>(a.out + i, load<T, N>(a.local + i));
-            break;
-        case P_REDUCE:
-            store<T, N>(a.out + i, combine<E, O, N>(load<T, N>(a.out + i), load<T, N>(a.in + i)));
-            break;
-        default:
-            break;
-        }
+    typedef Frag<typename E::T, N> V;
+    // Byte types hold 16 elements a unit, each in a register of its own
+    // as it is combined: one unit at a time (more spill registers).
+    const int U = sizeof(typename E::T) == 1 ? 1 : FERROCCL_EXEC_UNROLL;
+    const u64 s = blockDim.x;
+    u64 u = threadIdx.x;
+    for (; u + (U - 1) * s < units; u += U * s) {
+        V x[U], y[U];
+#pragma unroll
+        for (int k = 0; k < U; k++) fetch<E, N>(a, from + (u + k * s) * N, x[k], y[k]);
+#pragma unroll
+        for (int k = 0; k < U; k++) put<E, O, N>(a, from + (u + k * s) * N, x[k], y[k]);
+    }
+    for (; u < units; u += s) {
+        V x, y;
+        fetch<E, N>(a, from + u * N, x, y);
+        put<E, O, N>(a, from + u * N, x, y);
     }
 }
 

@@ -271,10 +271,11 @@ fn executor_function(
     if let Some(&f) = map.get(&(ordinal, name.clone())) {
         return Ok(f as sys::CUfunction);
     }
+    let unroll = executor::unroll_option(std::env::var(executor::UNROLL_ENV).ok().as_deref())?;
     let cubin = nvrtc::compile(
         &executor::source_for(&[(protocol, executor::kernel_op(op), ty)]),
         arch,
-        &[],
+        &unroll.iter().map(String::as_str).collect::<Vec<_>>(),
     )?;
     let mut image = cubin.image;
     image.push(0);

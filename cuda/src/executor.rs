@@ -22,6 +22,7 @@
 //! Avg runs the Sum kernel (the program's finish divides); calls that
 //! reduce nothing run the Sum kernel of their type too.
 
+use crate::error::{CudaError, Result};
 use crate::{kernels, DataType, ReduceOp};
 use std::sync::OnceLock;
 
@@ -370,6 +371,27 @@ pub fn element_struct(ty: DataType) -> &'static str {
     kernels::element(ty)
 }
 
+/// The variable that sets how many 16-byte units a thread of the
+/// executor reads before it writes them (the kernel's
+/// `FERROCCL_EXEC_UNROLL`, 4 unless set): for measuring, 1 to 4 (8
+/// spills registers, which the compile refuses).
+pub const UNROLL_ENV: &str = "FERROCCL_EXEC_UNROLL";
+
+/// The compile option for [`UNROLL_ENV`]'s `value`: none where it is
+/// unset or empty, the define where it is 1 to 4, an error naming the
+/// variable otherwise.
+pub fn unroll_option(value: Option<&str>) -> Result<Option<String>> {
+    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    match v.parse::<u32>() {
+        Ok(u) if (1..=4).contains(&u) => Ok(Some(format!("-DFERROCCL_EXEC_UNROLL={u}"))),
+        _ => Err(CudaError::InvalidArgument(format!(
+            "{UNROLL_ENV}='{v}': units a thread reads before it writes, 1 to 4"
+        ))),
+    }
+}
+
 /// The `extern "C"` line of one kernel.
 pub fn entry_point(protocol: Protocol, op: ReduceOp, ty: DataType) -> String {
     let (e, c) = (kernels::element(ty), kernels::combiner(op));
@@ -421,6 +443,20 @@ mod tests {
     use super::*;
     use std::collections::HashSet;
     use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn unroll_is_a_define_from_1_to_16_or_an_error_naming_the_variable() {
+        assert_eq!(unroll_option(None).unwrap(), None);
+        assert_eq!(unroll_option(Some(" ")).unwrap(), None);
+        assert_eq!(
+            unroll_option(Some("2")).unwrap().as_deref(),
+            Some("-DFERROCCL_EXEC_UNROLL=2")
+        );
+        for bad in ["0", "5", "8", "x", "-1"] {
+            let e = unroll_option(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains(UNROLL_ENV) && e.contains(bad), "{e}");
+        }
+    }
 
     #[test]
     fn structs_have_the_documented_layout() {
