@@ -374,7 +374,7 @@ perf() {
   FERROCCL_PROTO=LL timeout 30 $p allreduce --device cuda --ranks 2 -d float -b 8 -e 8 -n 1000 -w 100 -c 0 || exit 1
 }
 export -f perf
-step perf 150 "speed: staged (2 slots) and host, executor under MPS" -- bash -c perf
+step perf 200 "speed: staged (2 slots) and host, executor under MPS" -- bash -c perf
 
 # compute-sanitizer (memcheck) over the reduction kernels' GPU test and
 # the executor's kernels: an out-of-bounds access or a misaligned vector
