@@ -97,16 +97,10 @@ fn device_calls_run_by_the_executor_on_a_shared_device() {
         let launches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let widest = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let (counted, wide) = (launches.clone(), widest.clone());
-        let hook = hook.clone();
-        let e = Arc::new(
-            HostEngine::with_delays(Duration::from_micros(100), n as u64).with_executor(Arc::new(
-                move |l: &ferroccl_cuda::executor::ExecLaunch| {
-                    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    wide.fetch_max(l.channels, std::sync::atomic::Ordering::Relaxed);
-                    hook(l)
-                },
-            )),
-        );
+        let e = executor_device(&hook, n as u64, move |l| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            wide.fetch_max(l.channels, std::sync::atomic::Ordering::Relaxed);
+        });
         let shared = |_rank: usize| e.clone();
         every_collective::<f32>(n, &shared, 37, &config);
         every_collective::<i32>(n, &shared, 37, &config);
@@ -157,14 +151,9 @@ fn the_default_channels_run_by_the_executor() {
     };
     let widest = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let wide = widest.clone();
-    let e = Arc::new(
-        HostEngine::with_delays(Duration::from_micros(100), 7).with_executor(Arc::new(
-            move |l: &ferroccl_cuda::executor::ExecLaunch| {
-                wide.fetch_max(l.channels, std::sync::atomic::Ordering::Relaxed);
-                hook(l)
-            },
-        )),
-    );
+    let e = executor_device(&hook, 7, move |l| {
+        wide.fetch_max(l.channels, std::sync::atomic::Ordering::Relaxed);
+    });
     let shared = |_rank: usize| e.clone();
     every_collective::<f32>(2, &shared, (2 << 20) + 37, &config);
     assert_eq!(
@@ -172,6 +161,25 @@ fn the_default_channels_run_by_the_executor() {
         crate::plan::device::default_channels(2),
         "the widest call's channels"
     );
+}
+
+/// A stand-in device (random delays of up to 100 us, seeded by `seed`)
+/// that runs the executor's kernel by `hook`, showing `seen` each launch
+/// first.
+fn executor_device(
+    hook: &ferroccl_cuda::host_engine::ExecutorHook,
+    seed: u64,
+    seen: impl Fn(&ferroccl_cuda::executor::ExecLaunch) + Send + Sync + 'static,
+) -> Arc<HostEngine> {
+    let hook = hook.clone();
+    Arc::new(
+        HostEngine::with_delays(Duration::from_micros(100), seed).with_executor(Arc::new(
+            move |l: &ferroccl_cuda::executor::ExecLaunch| {
+                seen(l);
+                hook(l)
+            },
+        )),
+    )
 }
 
 /// Device buffers `send` and `recv` of stand-in `e`, on `stream`.
@@ -1093,14 +1101,9 @@ fn every_op_in_the_order_the_gpu_run_hung() {
     };
     let launches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = launches.clone();
-    let e = Arc::new(
-        HostEngine::with_delays(Duration::from_micros(100), 2).with_executor(Arc::new(
-            move |l: &ferroccl_cuda::executor::ExecLaunch| {
-                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                hook(l)
-            },
-        )),
-    );
+    let e = executor_device(&hook, 2, move |_| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    });
     let block = 1037;
     run_ranks_with(2, config, |comm| {
         let (rank, size) = (comm.rank(), comm.size());
