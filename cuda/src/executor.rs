@@ -445,7 +445,7 @@ mod tests {
     use std::mem::{offset_of, size_of};
 
     #[test]
-    fn unroll_is_a_define_from_1_to_16_or_an_error_naming_the_variable() {
+    fn unroll_is_a_define_from_1_to_4_or_an_error_naming_the_variable() {
         assert_eq!(unroll_option(None).unwrap(), None);
         assert_eq!(unroll_option(Some(" ")).unwrap(), None);
         assert_eq!(
