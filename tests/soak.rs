@@ -239,3 +239,47 @@ fn three_ranks_allgather_across_processes_and_without() {
         assert_eq!(a, b);
     }
 }
+
+/// The 2-rank allreduce in halves (each rank pulling half of the peer's
+/// input by cross-memory attach and writing the sum into both outputs)
+/// runs where the calibration at creation measured it no slower than the
+/// slots: a sequence whose allreduces reach 2.4 MB (the halves' range
+/// starts at 512 KiB) must pass with the range measured, and with the
+/// fixed one (FERROCCL_CALIBRATE=0, where the halves take 512 KiB to
+/// 8 MiB), and the calibrated run must say what it measured for them.
+/// Where the machine forbids cross-memory writes both runs take the
+/// slots.
+#[test]
+fn two_ranks_allreduce_in_halves_as_calibrated_and_fixed() {
+    let args = [
+        "--seed",
+        "37",
+        "--ops",
+        "80",
+        "--max-count",
+        "600000",
+        "--no-windows",
+    ];
+    let fixed = soak(
+        2,
+        &[("FERROCCL_DEBUG", "INFO"), ("FERROCCL_CALIBRATE", "0")],
+        &args,
+    );
+    assert!(fixed.status.success(), "{}", fixed.all());
+    let calibrated = soak(2, &[("FERROCCL_DEBUG", "INFO")], &args);
+    assert!(calibrated.status.success(), "{}", calibrated.all());
+    if fixed
+        .all()
+        .contains("allreduces of 524288 to 8388608 bytes in halves")
+    {
+        assert!(
+            calibrated
+                .all()
+                .contains("allreduces (halves us / slots us) 524288: "),
+            "{}",
+            calibrated.all()
+        );
+    } else {
+        eprintln!("cross-memory writes not permitted here; both runs used slots");
+    }
+}

@@ -357,10 +357,11 @@ impl Inner {
             chunk_bytes: self.chunk_bytes,
             cma_gather: self.cma_gather.get(),
             cma_broadcast: self.cma_broadcast.get(),
-            cma_allreduce: crate::plan::cma_allreduce_default(
-                self.size,
-                control.is_some_and(|c| c.cma_push),
-            ),
+            cma_allreduce: if control.is_some_and(|c| c.cma_push) {
+                self.cma_allreduce.get()
+            } else {
+                crate::plan::NO_CMA
+            },
             shared_cores: self.shared_cores.load(Ordering::Relaxed),
             spread: self.config.spread,
             doubling: self.doubling.load(Ordering::Relaxed),

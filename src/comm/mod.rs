@@ -170,6 +170,11 @@ struct Inner {
     /// attach: none (`plan::NO_CMA`) until the same calibration measures
     /// the pull winning.
     cma_broadcast: SizeRange,
+    /// The 2-rank allreduces of ordinary buffers that run in halves by
+    /// cross-memory attach where the ranks may write into each other
+    /// (`Control::cma_push`): `plan::CMA_ALLREDUCE` until the same
+    /// calibration measures where the halves win.
+    cma_allreduce: SizeRange,
     /// Allreduces of up to this many bytes run recursive doubling where
     /// the model would run the ring, as the control pages' calibration
     /// measured (`Communicator::calibrate_doubling`); 0 before it, or

@@ -295,6 +295,7 @@ impl Communicator {
             direct_calls: AtomicU64::new(0),
             cma_gather: super::SizeRange::new(crate::plan::CMA_GATHER_DEFAULT),
             cma_broadcast: super::SizeRange::new(crate::plan::cma_broadcast_default(size)),
+            cma_allreduce: super::SizeRange::new(crate::plan::cma_allreduce_default(size, true)),
             shared_cores: AtomicBool::new(false),
             doubling: AtomicUsize::new(0),
             gates: Mutex::new(Vec::new()),

@@ -437,8 +437,11 @@ impl Communicator {
     }
     /// Measure from which block size an allgather of ordinary buffers is
     /// faster pulled by cross-memory attach than through slots, and pull
-    /// over the blocks where it is (`Inner::cma_gather`), and over which
-    /// sizes a broadcast is (`Inner::cma_broadcast`): each rank times allgathers
+    /// over the blocks where it is (`Inner::cma_gather`), over which
+    /// sizes a broadcast is (`Inner::cma_broadcast`), and, on 2 ranks that
+    /// may write into each other, over which an allreduce in halves is
+    /// (`Inner::cma_allreduce`, at `plan::cma_allreduce_probes`, decided
+    /// by `plan::cma_allreduce_range`): each rank times allgathers
     /// and broadcasts of each of `plan::cma_probes` both ways (the best of
     /// four after a warm-up, in each of [`CALIBRATION_ROUNDS`] rounds over
     /// every probe, the best of the rounds), the ranks agree on the slowest
@@ -447,20 +450,24 @@ impl Communicator {
     /// so every rank routes alike. Runs at the control pages' creation
     /// where every rank can pull (a collective, before any call of the
     /// user's can be in flight); FERROCCL_CALIBRATE=0 keeps
-    /// `plan::CMA_MIN_BYTES` and `plan::cma_broadcast_default`.
+    /// `plan::CMA_MIN_BYTES`, `plan::cma_broadcast_default` and
+    /// `plan::CMA_ALLREDUCE`.
     pub(super) fn calibrate_cma(&self) -> Result<()> {
         let inner = &self.inner;
         let n = inner.size;
         let blocks = crate::plan::cma_probes(&inner.facts(CollKind::AllGather));
-        if blocks.is_empty() {
+        let push = inner.control.get().is_some_and(|c| c.cma_push);
+        let reduces = crate::plan::cma_allreduce_probes(n, push, inner.config.nt_store_bytes);
+        if blocks.is_empty() && reduces.is_empty() {
             return Ok(());
         }
-        let most = blocks.iter().copied().max().unwrap_or(0) / 4;
+        let most = blocks.iter().chain(&reduces).copied().max().unwrap_or(0) / 4;
         let input = vec![inner.rank as f32; most];
         let mut output = vec![0f32; most * n];
         // Each probe's best over the rounds: (allgather, broadcast) x
-        // blocks x (pulled, through slots), in the order they run.
-        let mut times = vec![f32::INFINITY; 4 * blocks.len()];
+        // blocks x (pulled, through slots), then allreduces x (in halves,
+        // through slots), in the order they run.
+        let mut times = vec![f32::INFINITY; 4 * blocks.len() + 2 * reduces.len()];
         let gather = |input: &[f32], output: &mut [f32]| -> Result<()> {
             let call = CollCall {
                 internal: true,
@@ -483,6 +490,20 @@ impl Communicator {
                 ..CollCall::new(CollKind::Broadcast, n, n, n)
             };
             self.collective(&call, Buffers::InPlace(buf))
+        };
+        let allreduce = |input: &[f32], output: &mut [f32]| -> Result<()> {
+            let call = CollCall {
+                op: Some(ReduceOp::Sum),
+                internal: true,
+                ..CollCall::new(CollKind::AllReduce, input.len(), input.len(), output.len())
+            };
+            self.collective(
+                &call,
+                Buffers::OutOfPlace {
+                    send: input,
+                    recv: output,
+                },
+            )
         };
         let best_of_four = |mut run: Box<dyn FnMut() -> Result<()> + '_>| -> Result<f32> {
             let mut best = f64::INFINITY;
@@ -527,6 +548,23 @@ impl Communicator {
                         }
                     }
                 }
+                // Allreduces out of place, in halves and through slots.
+                for &bytes in &reduces {
+                    let count = bytes / 4;
+                    for halves in [true, false] {
+                        inner.cma_allreduce.set(if halves {
+                            (0, usize::MAX)
+                        } else {
+                            crate::plan::NO_CMA
+                        });
+                        let best = best_of_four(Box::new(|| {
+                            allreduce(&input[..count], &mut output[..count])
+                        }))?;
+                        if let Some(slot) = slots.next() {
+                            *slot = slot.min(best);
+                        }
+                    }
+                }
             }
             Ok(())
         })();
@@ -535,6 +573,9 @@ impl Communicator {
         inner
             .cma_broadcast
             .set(crate::plan::cma_broadcast_default(n));
+        inner
+            .cma_allreduce
+            .set(crate::plan::cma_allreduce_default(n, true));
         result?;
         // The slowest rank's times: every rank decides alike.
         let mut agreed = vec![0f32; times.len()];
@@ -550,21 +591,32 @@ impl Communicator {
                 recv: &mut agreed,
             },
         )?;
-        let probes = |times: &[f32]| -> Vec<(usize, f64, f64)> {
-            blocks
+        let probes = |sizes: &[usize], times: &[f32]| -> Vec<(usize, f64, f64)> {
+            sizes
                 .iter()
                 .zip(times.chunks(2))
                 .map(|(&b, t)| (b, f64::from(t[0]), f64::from(t[1])))
                 .collect()
         };
-        let (gathers, broadcasts) = agreed.split_at(2 * blocks.len());
-        let (gathers, broadcasts) = (probes(gathers), probes(broadcasts));
+        let (gathers, rest) = agreed.split_at(2 * blocks.len());
+        let (broadcasts, reduced) = rest.split_at(2 * blocks.len());
+        let (gathers, broadcasts, reduced) = (
+            probes(&blocks, gathers),
+            probes(&blocks, broadcasts),
+            probes(&reduces, reduced),
+        );
         let (gather, broadcast) = (
             crate::plan::cma_range(&gathers, crate::plan::NO_CMA),
             crate::plan::cma_range(&broadcasts, crate::plan::cma_broadcast_default(n)),
         );
         inner.cma_gather.set(gather);
         inner.cma_broadcast.set(broadcast);
+        let halves = if reduced.is_empty() {
+            crate::plan::cma_allreduce_default(n, push)
+        } else {
+            crate::plan::cma_allreduce_range(&reduced)
+        };
+        inner.cma_allreduce.set(halves);
         let range = |(from, upto): (usize, usize), what: &str| match (from, upto) {
             crate::plan::NO_CMA => "never (the other route won at every size)".to_string(),
             (from, usize::MAX) => format!("from {what}{from} bytes"),
@@ -600,10 +652,19 @@ impl Communicator {
         tracing::info!(
             rank = inner.rank,
             "cross-memory attach calibrated on {n} ranks (bytes: pull us / otherwise us): \
-             allgather blocks {}; broadcasts {}; {pulls}, broadcasts {}",
+             allgather blocks {}; broadcasts {}; {pulls}, broadcasts {}{}",
             said(&gathers),
             said(&broadcasts),
             range(broadcast, ""),
+            if reduced.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; allreduces (halves us / slots us) {}: in halves {}",
+                    said(&reduced),
+                    range(halves, "")
+                )
+            },
         );
         Ok(())
     }

@@ -362,7 +362,9 @@ pub(crate) fn cma_broadcast_default(size: usize) -> (usize, usize) {
 /// then sit in the peer's cache and each write fetches them), was level
 /// at 512 KiB and won 1.02-1.57x from 1 MiB (docs/performance-log.md,
 /// "A 2-rank allreduce in halves"). Level with the slots at 16 MiB.
-/// See [`cma_allreduce_default`].
+/// See [`cma_allreduce_default`]; the calibration at creation keeps the
+/// part of it where the halves measured no slower
+/// ([`cma_allreduce_range`]).
 pub(crate) const CMA_ALLREDUCE: (usize, usize) = (512 << 10, 8 << 20);
 
 /// The allreduces that run by cross-memory attach on `size` ranks whose
@@ -372,6 +374,41 @@ pub(crate) const CMA_ALLREDUCE: (usize, usize) = (512 << 10, 8 << 20);
 pub(crate) fn cma_allreduce_default(size: usize, push: bool) -> (usize, usize) {
     if size == 2 && push {
         CMA_ALLREDUCE
+    } else {
+        NO_CMA
+    }
+}
+
+/// The allreduce sizes (bytes of input, [`CMA_PROBE_BLOCKS`] within
+/// [`CMA_ALLREDUCE`]) at which the control pages' calibration times a
+/// 2-rank allreduce out of place both in halves and through slots, on
+/// `size` ranks that may write into each other (`push`) and stream their
+/// stores only from `nt_store_bytes` of output: none where
+/// [`cma_allreduce_default`] gives none.
+pub(crate) fn cma_allreduce_probes(size: usize, push: bool, nt_store_bytes: usize) -> Vec<usize> {
+    let (from, upto) = cma_allreduce_default(size, push);
+    CMA_PROBE_BLOCKS
+        .into_iter()
+        .filter(|b| (from..=upto).contains(b))
+        .filter(|&b| slot_store(true, b, nt_store_bytes) == Store::Cached)
+        .collect()
+}
+
+/// The allreduces that run in halves after the calibration timed them
+/// (`(bytes, halves µs, slots µs)` in ascending sizes, from
+/// [`cma_allreduce_probes`]): [`cma_range`] of the probes, a tie counting
+/// for the halves (the route measured without a calibration), held within
+/// [`CMA_ALLREDUCE`]. Where the kernel's copies between processes are
+/// slow the halves lose: on the AMD EPYC VM of 2026-12-04 they took
+/// 1.6-2.1x as long as the slots from 512 KiB to 8 MiB (80.7 against 43.8
+/// µs at 512 KiB, 337 against 186 at 2 MiB), and its calibration pulled
+/// an allgather's blocks only at 512 KiB and a broadcast never
+/// (docs/performance-log.md, "The halves calibrated").
+pub(crate) fn cma_allreduce_range(probes: &[(usize, f64, f64)]) -> (usize, usize) {
+    let (from, upto) = cma_range(probes, CMA_ALLREDUCE);
+    let (from, upto) = (from.max(CMA_ALLREDUCE.0), upto.min(CMA_ALLREDUCE.1));
+    if from <= upto {
+        (from, upto)
     } else {
         NO_CMA
     }
@@ -2419,6 +2456,35 @@ mod tests {
                 output: 2
             }
         );
+    }
+
+    /// The halves' calibration: probed on 2 ranks that may write into each
+    /// other, at the probe sizes within `CMA_ALLREDUCE` whose output is
+    /// written with ordinary stores; kept where they won or tied, held
+    /// within `CMA_ALLREDUCE`.
+    #[test]
+    fn the_halves_run_where_the_calibration_measured_them_no_slower() {
+        let nt = crate::config::DEFAULT_NT_STORE_BYTES;
+        assert_eq!(cma_allreduce_probes(2, true, nt), vec![512 << 10, 2 << 20]);
+        assert_eq!(cma_allreduce_probes(2, true, 1 << 20), vec![512 << 10]);
+        assert!(cma_allreduce_probes(2, false, nt).is_empty());
+        assert!(cma_allreduce_probes(4, true, nt).is_empty());
+        let (a, b) = (512 << 10, 2 << 20);
+        // (halves µs, slots µs) at 512 KiB and 2 MiB.
+        let range = |at_a: (f64, f64), at_b: (f64, f64)| {
+            cma_allreduce_range(&[(a, at_a.0, at_a.1), (b, at_b.0, at_b.1)])
+        };
+        // Faster at both (the Intel VM): the whole default range.
+        assert_eq!(range((53.0, 87.0), (300.0, 400.0)), CMA_ALLREDUCE);
+        // Slower at both (the AMD VM of 2026-12-04): never.
+        assert_eq!(range((99.0, 43.7), (406.2, 186.6)), NO_CMA);
+        // Only from 2 MiB: from there to the default's end.
+        assert_eq!(range((99.0, 43.7), (300.0, 400.0)), (b, CMA_ALLREDUCE.1));
+        // Only at 512 KiB: up to that probe.
+        assert_eq!(range((53.0, 87.0), (406.2, 186.6)), (a, a));
+        // A tie (2% slower) counts for the halves, a 10% loss does not.
+        assert_eq!(range((51.0, 50.0), (300.0, 400.0)), CMA_ALLREDUCE);
+        assert_eq!(range((55.0, 50.0), (300.0, 400.0)), (b, CMA_ALLREDUCE.1));
     }
 
     /// The calibration's rule (`doubling_until`): from the smallest
