@@ -34,7 +34,8 @@
 //! decides instead). Copies of 32-512 KiB out of slots go by
 //! [`copy_pages`] instead, eight pages side by side (FERROCCL_COPY_PAGES=0
 //! turns that off), except where the caller asks for line after line
-//! ([`copy_from_shared_by_lines`]: readers that share their cores). The
+//! ([`copy_from_shared_by_lines`]: readers that share their cores, which
+//! copy by [`copy_bytes`] whatever the choice). The
 //! loops, with [`prefetch_for_write`], are this crate's `unsafe`: the vector loads and stores, and PREFETCHW, are
 //! hardware instructions with no safe wrapper.
 
@@ -90,16 +91,28 @@ pub fn copy_from_shared(dst: &mut [u8], src: &[u8]) {
     copy_out(dst, src, pages_enabled());
 }
 
-/// [`copy_from_shared`] without the copy by pages: line after line, the
-/// way [`copy_into_shared`] goes. For readers that share their cores with
-/// the writer's process, where the eight streams of [`copy_pages`] lost:
-/// a 4-rank broadcast through one staging area on the 2-core Intel VM ran
+/// [`copy_from_shared`] without the copy by pages: line after line, by
+/// [`copy_bytes`] (`memcpy` where the two ends are aligned alike, the
+/// vector loop elsewhere). For readers that share their cores with the
+/// writer's process, where the eight streams of [`copy_pages`] lost: a
+/// 4-rank broadcast through one staging area on the 2-core Intel VM ran
 /// 1.12-1.23x faster this way from 128 KiB to 2 MiB (level at 256 KiB)
 /// and 1.08-1.41x at 8-32 MiB, in turns (docs/performance-log.md,
 /// "Staging areas read line after line where ranks share cores").
+///
+/// Not [`copy_into_shared`]'s way, whose `memcpy` pays where the
+/// destination's lines sit in another core's cache: here the destination
+/// is the reader's own buffer, and a communicator whose calibration
+/// chose `memcpy` (a 128 KiB broadcast through slots, a tie on 4 ranks
+/// of the AMD EPYC VM) copied out of the staging areas at the crawl of
+/// `rep movsb` on pairs aligned differently: there 1.8 GB/s for 16 and
+/// 256 KiB copies 16 bytes apart, against 28-29 by the loop. Taken to the
+/// loop, that VM's 4-rank broadcast ran 1.6-2.6x faster from 128 KiB and
+/// its allgather 1.5-1.9x at 512 KiB-2 MiB (docs/performance-log.md,
+/// "Copies out of the staging areas that crawled").
 #[inline]
 pub fn copy_from_shared_by_lines(dst: &mut [u8], src: &[u8]) {
-    copy_out(dst, src, false);
+    copy_bytes(dst, src);
 }
 
 /// [`copy_from_shared`], by pages from one block to [`PAGES_MAX`] where
