@@ -35,13 +35,8 @@ RANKS=${RANKS:-2 4}
 TRANSPORTS=${TRANSPORTS:-default tcp}
 MINB=${MINB:-8} MAXB=${MAXB:-268435456} FACTOR=${FACTOR:-2}
 ITERS=${ITERS:-10} WARMUP=${WARMUP:-3} TURNS=${TURNS:-2}
-# The machine's cross-core round trip in ns, from AB_STATE's line (a
-# large number where it prints none, so that a wait ends by its limit).
-round_trip() {
-  local line
-  line=$($AB_STATE 2>&1 | head -1)
-  [[ $line =~ round\ trip\ ([0-9]+)\ ns ]] && echo "${BASH_REMATCH[1]}" || echo 999999
-}
+# round_trip and wait_fast: the machine's state from AB_STATE's line.
+. "$here/fast_state.sh"
 turns=()
 for ((i = 1; i <= TURNS; i++)); do turns+=("a$i" "b$i"); done
 REGISTER=${REGISTER:-0}
@@ -58,18 +53,16 @@ for t in $TRANSPORTS; do
         env_t=()
         [[ $t != default ]] && env_t=(FERROCCL_TRANSPORT="$t")
         for ((try = 1; try <= 5; try++)); do
-          if [[ -n ${AB_FAST_NS:-} ]]; then
-            for ((w = 0; w < 120; w++)); do
-              (($(round_trip) < AB_FAST_NS)) && break
-              sleep 5
-            done
-          fi
+          # AB_STATE is a command line: split into its words.
+          # shellcheck disable=SC2086
+          [[ -n ${AB_FAST_NS:-} ]] && wait_fast "$AB_FAST_NS" $AB_STATE
           [[ -n ${AB_STATE:-} ]] && echo "## $case_name $turn: $($AB_STATE 2>&1 | head -1)"
           env "${env_t[@]}" "$exe" "$op" --ranks "$n" -b "$MINB" -e "$MAXB" -f "$FACTOR" \
             -n "$ITERS" -w "$WARMUP" -c 0 -R "$REGISTER" \
             --csv "$out/$case_name-$turn.csv" > "$out/$case_name-$turn.txt"
           [[ -z ${AB_FAST_NS:-} ]] && break
-          after=$(round_trip)
+          # shellcheck disable=SC2086
+          after=$(round_trip $AB_STATE)
           ((after < AB_FAST_NS)) && break
           echo "## $case_name $turn: taken again, the state after it: $after ns"
         done

@@ -93,22 +93,16 @@ if [ ! -x "$P/pingpong" ] || [ "$here/bound/pingpong.c" -nt "$P/pingpong" ]; the
   mkdir -p "$P" && gcc -O2 -o "$P/pingpong" "$here/bound/pingpong.c"
 fi
 machine() { echo "# machine: $("$P/pingpong" 2>&1)"; }
-round_trip() {
-  local line
-  line=$("$P/pingpong" 2>&1 | head -1)
-  [[ $line =~ round\ trip\ ([0-9]+)\ ns ]] && echo "${BASH_REMATCH[1]}" || echo 999999
-}
+# round_trip and wait_fast, from pingpong's line.
+. "$here/fast_state.sh"
 # One peer's run of a turn ("$@"), gated by PEERS_FAST_NS where it is set.
 gated() {
   [[ -z ${PEERS_FAST_NS:-} ]] && { "$@"; return; }
-  local try waited out after
+  local try out after
   for ((try = 1; try <= 5; try++)); do
-    for ((waited = 0; waited < 600; waited += 2)); do
-      (($(round_trip) < PEERS_FAST_NS)) && break
-      sleep 2
-    done
+    wait_fast "$PEERS_FAST_NS" "$P/pingpong"
     out=$("$@")
-    after=$(round_trip)
+    after=$(round_trip "$P/pingpong")
     ((after < PEERS_FAST_NS)) && break
   done
   printf '%s\n' "$out"
