@@ -107,8 +107,8 @@ pub fn copy_from_shared(dst: &mut [u8], src: &[u8]) {
 /// of the AMD EPYC VM) copied out of the staging areas at the crawl of
 /// `rep movsb` on pairs aligned differently: there 1.8 GB/s for 16 and
 /// 256 KiB copies 16 bytes apart, against 28-29 by the loop. Taken to the
-/// loop, that VM's 4-rank broadcast ran 1.6-2.6x faster from 128 KiB and
-/// its allgather 1.5-1.9x at 512 KiB-2 MiB (docs/performance-log.md,
+/// loop, that VM's 4-rank broadcast ran 1.7-2.8x faster from 128 KiB and
+/// its allgather 2.0x at 512 KiB-2 MiB (docs/performance-log.md,
 /// "Copies out of the staging areas that crawled").
 #[inline]
 pub fn copy_from_shared_by_lines(dst: &mut [u8], src: &[u8]) {
