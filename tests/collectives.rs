@@ -136,6 +136,32 @@ fn matrix_1_rank() {
 fn matrix_2_ranks() {
     matrix(2, None, true);
 }
+
+/// Two ranks of one host run a piece of at least the whole ring of slots
+/// in quarter slots (`Geometry::in_shared_memory`): with slots of 128 KiB
+/// (a ring of 1 MiB) and cross-memory attach off, so that every call goes
+/// through them, allreduces with pieces from just under the ring to
+/// twice it, and the reduce-scatters and allgathers of the same counts,
+/// match the f64 reference, in place and out of place.
+#[test]
+fn two_ranks_run_pieces_that_fill_the_ring_in_quarter_slots() {
+    run_ranks_with(
+        2,
+        |c| {
+            c.buffsize = 1 << 20;
+            c.cma = false;
+            c.timeout = std::time::Duration::from_secs(120);
+        },
+        |comm| {
+            for count in [(1 << 19) - 2, (1 << 19) + 7, (1 << 20) + 3] {
+                reducing::<f32>(&comm, count);
+                moving::<f32>(&comm, count);
+            }
+            reducing::<f64>(&comm, (1 << 18) + 5);
+            moving::<u8>(&comm, (1 << 20) + 1);
+        },
+    );
+}
 #[test]
 fn matrix_3_ranks() {
     matrix(3, None, true);

@@ -212,7 +212,11 @@ impl Inner {
             chunk_bytes,
         );
         if facts.control && call.memory == Memory::Host {
-            geometry = geometry.in_shared_memory(call.kind, algorithm, (count, elem, chunk_bytes));
+            geometry = geometry.in_shared_memory(
+                call.kind,
+                algorithm,
+                (count, elem, chunk_bytes, inner.config.steps),
+            );
         }
         let geometry = geometry.pipelined(inner.config.steps, inner.config.pipeline_depth);
         let mut plan = coll::plan_on(call, geometry, algorithm, Some(&inner.hosts))?;
