@@ -2374,28 +2374,14 @@ mod tests {
         assert_eq!(g(CollKind::AllReduce, 2, 2 * ring - 2).1, chunk / 4);
         // Never below 64 KiB, and never above the slot: slots of 128 KiB
         // take slices of 64 KiB, slots of 32 KiB whole slots.
-        let small = 128 << 10;
-        let whole = geometry(
-            CollKind::AllGather,
-            Algorithm::Ring,
-            (0, 2),
-            1 << 22,
-            4,
-            small,
-        )
-        .in_shared_memory(CollKind::AllGather, Algorithm::Ring, (1 << 22, 4, small, 8));
-        assert_eq!(whole.slice, (64 << 10) / 4);
-        let tiny = 32 << 10;
-        let whole = geometry(
-            CollKind::AllGather,
-            Algorithm::Ring,
-            (0, 2),
-            1 << 22,
-            4,
-            tiny,
-        )
-        .in_shared_memory(CollKind::AllGather, Algorithm::Ring, (1 << 22, 4, tiny, 8));
-        assert_eq!(whole.slice, tiny / 4);
+        let slots_of = |chunk: usize| {
+            let (kind, algo) = (CollKind::AllGather, Algorithm::Ring);
+            geometry(kind, algo, (0, 2), 1 << 22, 4, chunk)
+                .in_shared_memory(kind, algo, (1 << 22, 4, chunk, 8))
+                .slice
+        };
+        assert_eq!(slots_of(128 << 10), (64 << 10) / 4);
+        assert_eq!(slots_of(32 << 10), (32 << 10) / 4);
         // A broadcast keeps its slices (its receiver follows its root), and
         // so do more ranks.
         let (sliced, shared) = g(CollKind::Broadcast, 2, count);
