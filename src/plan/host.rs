@@ -1111,10 +1111,10 @@ impl Geometry {
     /// the ring's bytes add to the two ranks' buffers in the caches. On
     /// the AMD EPYC VM (1 MiB L2 a core, 32 MiB L3), in turns against
     /// whole slots: the 2-rank allreduce, allgather and reduce-scatter
-    /// 0.99-1.51x at 8-32 MiB (17 of 18 cells faster), where smaller
-    /// pieces lost (reduce-scatter of 2 MiB 0.76-0.93x)
-    /// (docs/performance-log.md, "Quarter slots for pieces that fill the
-    /// ring").
+    /// 0.98-1.44x at 8-32 MiB (17 of 18 cells faster); smaller pieces
+    /// lost with such slices (the reduce-scatter of 2 MiB 0.76-0.93x), so
+    /// they keep whole slots (docs/performance-log.md, "Quarter slots for
+    /// pieces that fill the ring").
     pub(crate) fn in_shared_memory(
         self,
         kind: CollKind,
