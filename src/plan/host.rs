@@ -1130,9 +1130,9 @@ impl Geometry {
         }
         let piece = piece_bytes(count, pieces(kind, algorithm, self.size), elem);
         let slice = if piece >= chunk_bytes.saturating_mul(steps.max(1)) {
-            (chunk_bytes / 4)
-                .max(tune::MIN_SLICE_BYTES)
-                .min(chunk_bytes)
+            // A slot sliced as the tuner slices any piece: a quarter,
+            // within 64 KiB and the slot.
+            tune::slice_bytes(chunk_bytes, chunk_bytes)
         } else {
             piece.min(chunk_bytes)
         };

@@ -24,7 +24,7 @@ const ANY_CHUNK: usize = 512 << 10;
 /// 128-512 KiB in 11 of 20 cells and nowhere slower
 /// (docs/performance-log.md, "64 KiB slices"). A bare staged transport
 /// (bench/bound/staged.c) is faster with 64 KiB chunks than 32 too.
-pub(crate) const MIN_SLICE_BYTES: usize = 64 * 1024;
+const MIN_SLICE_BYTES: usize = 64 * 1024;
 /// Slices per ring piece we aim for, so that consecutive hops overlap.
 const TARGET_SLICES: usize = 4;
 
