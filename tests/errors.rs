@@ -213,6 +213,47 @@ fn bad_arguments_are_refused_before_any_byte_moves() {
 /// while the first was still news there: it must not be lost, so that rank
 /// 1 ends its call naming rank 0 (not a timeout), and rank 0 then hears
 /// that rank 1 went ahead.
+/// A call that frames far smaller than it would cut into more slices than
+/// a schedule may hold is refused on every rank before anything is built
+/// or moved, with the setting to change, and the communicator goes on.
+#[test]
+fn a_call_too_large_for_its_frames_is_refused() {
+    for transport in [None, Some("mem")] {
+        let timeout = Duration::from_secs(30);
+        run_ranks_with(
+            2,
+            |c: &mut Config| {
+                configure(transport, timeout)(c);
+                // Slots of 64 bytes, the least the config allows.
+                c.buffsize = 512;
+                c.steps = 8;
+            },
+            |comm| {
+                valid_all_reduce(&comm, "start");
+                // Slices of at most 64 bytes: 2^20 of them is 64 MiB. The
+                // buffers are never written, so their pages are never
+                // touched.
+                let limit = 64usize << 20;
+                let mut big = vec![0u8; limit + 64];
+                invalid(
+                    comm.all_reduce_in_place(&mut big, ReduceOp::Sum),
+                    "all_reduce over 64-byte slots",
+                    &["all_reduce", "slices", "FERROCCL_BUFFSIZE"],
+                );
+                // An allgather counts every block it forwards.
+                let part = vec![0u8; limit / 2 + 64];
+                let mut all = vec![0u8; 2 * part.len()];
+                invalid(
+                    comm.all_gather(&part, &mut all),
+                    "all_gather over 64-byte slots",
+                    &["all_gather", "slices", "FERROCCL_BUFFSIZE"],
+                );
+                valid_all_reduce(&comm, "the refused calls");
+            },
+        );
+    }
+}
+
 #[test]
 fn a_refusal_heard_behind_another_is_not_lost() {
     for transport in TRANSPORTS {

@@ -218,7 +218,9 @@ impl Inner {
                 (count, elem, chunk_bytes, inner.config.steps),
             );
         }
-        let geometry = geometry.pipelined(inner.config.steps, inner.config.pipeline_depth);
+        let geometry = geometry
+            .pipelined(inner.config.steps, inner.config.pipeline_depth)
+            .bounded(call.kind, count, elem, chunk_bytes)?;
         let mut plan = coll::plan_on(call, geometry, algorithm, Some(&inner.hosts))?;
         // Without control pages a broadcast or reduce (or a call of no
         // elements) confirms through frames of its own; with them, through
@@ -312,7 +314,8 @@ impl Inner {
             count,
             elem,
             chunk_bytes,
-        );
+        )
+        .bounded(call.kind, count, elem, chunk_bytes)?;
         let mut plan = coll::user_plan(call, geometry, user)?;
         let frames = !facts.control || call.memory != Memory::Host;
         if frames && plan::confirms(call.kind, call.count, self.size) {

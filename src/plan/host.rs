@@ -1210,6 +1210,55 @@ impl Geometry {
             ..self
         }
     }
+
+    /// This geometry if the schedule it cuts a call of `kind` and `count`
+    /// elements (of `elem` bytes, over frames of `chunk_bytes`) into stays
+    /// within [`MAX_SLICES`]; else the error that refuses the call before
+    /// anything is built or moved. Slices are at most a frame, so frames
+    /// small against the call (a `FERROCCL_BUFFSIZE` of a few KiB under a
+    /// call of GiB) would build a schedule of millions of steps, each
+    /// allocated before the first byte moves: slices of 4 bytes made a
+    /// 32 MiB allreduce build several GB a rank and take 1.5 s a call.
+    pub(crate) fn bounded(
+        self,
+        kind: CollKind,
+        count: usize,
+        elem: usize,
+        chunk_bytes: usize,
+    ) -> Result<Geometry> {
+        let slices = schedule_slices(kind, count, self.size, self.slice);
+        if slices <= MAX_SLICES {
+            return Ok(self);
+        }
+        let slice_bytes = self.slice.saturating_mul(elem);
+        Err(Error::InvalidArgument(format!(
+            "{} of {count} elements ({} bytes) on {} ranks would be cut into {slices} \
+             slices of at most {slice_bytes} bytes (frames of {chunk_bytes} bytes), more than \
+             the {MAX_SLICES} a schedule may hold; raise FERROCCL_BUFFSIZE (frames are \
+             FERROCCL_BUFFSIZE / FERROCCL_STEPS on the host) or split the call",
+            kind.name(),
+            count.saturating_mul(elem),
+            self.size,
+        )))
+    }
+}
+
+/// Most slices a call's schedule may be cut into ([`Geometry::bounded`]):
+/// about two million steps (some 150 MB a rank) at the most. At the
+/// default frames (512 KiB slots, slices of 64-512 KiB) only calls of tens
+/// of GiB come near it.
+pub(crate) const MAX_SLICES: usize = 1 << 20;
+
+/// The slices a schedule cuts a call of `kind` and `count` elements on
+/// `size` ranks into, in slices of `slice` elements: every block of an
+/// allgather, reduce-scatter or all-to-all (`count` is one rank's block),
+/// the whole buffer of the others.
+fn schedule_slices(kind: CollKind, count: usize, size: usize, slice: usize) -> usize {
+    let blocks = match kind {
+        CollKind::AllGather | CollKind::ReduceScatter | CollKind::AllToAll => size.max(1),
+        _ => 1,
+    };
+    count.div_ceil(slice.max(1)).saturating_mul(blocks)
 }
 
 /// The INFO line for a call of `kind` (allreduce, allgather or
@@ -2389,6 +2438,42 @@ mod tests {
         let (sliced, shared) = g(CollKind::AllReduce, 3, 3 * count);
         assert_eq!(sliced, shared);
         assert!(sliced < count);
+    }
+
+    #[test]
+    fn a_schedule_holds_at_most_max_slices() {
+        // Slots of 64 bytes (the least the config allows): slices of 16
+        // f32 at most, on 2 and 4 ranks.
+        let chunk = 64;
+        let at = |kind, size, count| {
+            geometry(kind, Algorithm::Ring, (0, size), count, 4, chunk)
+                .bounded(kind, count, 4, chunk)
+                .map(|g| g.slice)
+        };
+        for size in [2, 4] {
+            // The whole buffer of an allreduce, broadcast or reduce.
+            for kind in [CollKind::AllReduce, CollKind::Broadcast, CollKind::Reduce] {
+                assert_eq!(at(kind, size, MAX_SLICES * 16), Ok(16), "{kind:?}");
+                match at(kind, size, MAX_SLICES * 16 + 1) {
+                    Err(Error::InvalidArgument(msg)) => {
+                        assert!(msg.contains(kind.name()), "{msg}");
+                        assert!(msg.contains(&format!("{} slices", MAX_SLICES + 1)), "{msg}");
+                        assert!(msg.contains("FERROCCL_BUFFSIZE"), "{msg}");
+                    }
+                    other => panic!("{kind:?} on {size} ranks: {other:?}"),
+                }
+            }
+            // Every block of an allgather or reduce-scatter.
+            for kind in [CollKind::AllGather, CollKind::ReduceScatter] {
+                let most = MAX_SLICES / size * 16;
+                assert_eq!(at(kind, size, most), Ok(16), "{kind:?}");
+                assert!(at(kind, size, most + 1).is_err(), "{kind:?}");
+            }
+        }
+        // The default slots take calls of far more than any host buffer.
+        let (kind, big, slot) = (CollKind::AllReduce, 1usize << 36, 512 << 10);
+        let default = geometry(kind, Algorithm::Ring, (0, 2), big, 4, slot);
+        assert!(default.bounded(kind, big, 4, slot).is_ok());
     }
 
     #[test]
