@@ -264,14 +264,19 @@ fn executor_function(
     ty: DataType,
     before_load: &dyn Fn(),
 ) -> Result<sys::CUfunction> {
-    static FUNCTIONS: OnceLock<Mutex<HashMap<(usize, String), usize>>> = OnceLock::new();
+    // Keyed by the unroll option too: a kernel compiled under one
+    // FERROCCL_EXEC_UNROLL is not the kernel of another.
+    type Key = (usize, String, Option<String>);
+    static FUNCTIONS: OnceLock<Mutex<HashMap<Key, usize>>> = OnceLock::new();
     let name = executor::kernel_name(protocol, op, ty);
+    let unroll = executor::unroll_option(std::env::var(executor::UNROLL_ENV).ok().as_deref())?;
+    let key = (ordinal, name, unroll);
     let map = FUNCTIONS.get_or_init(|| Mutex::new(HashMap::new()));
     let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(&f) = map.get(&(ordinal, name.clone())) {
+    if let Some(&f) = map.get(&key) {
         return Ok(f as sys::CUfunction);
     }
-    let unroll = executor::unroll_option(std::env::var(executor::UNROLL_ENV).ok().as_deref())?;
+    let (_, name, unroll) = &key;
     let cubin = nvrtc::compile(
         &executor::source_for(&[(protocol, executor::kernel_op(op), ty)]),
         arch,
@@ -293,7 +298,7 @@ fn executor_function(
         "CUDA device {ordinal}: executor kernel {name} compiled in {:?}",
         cubin.elapsed
     );
-    map.insert((ordinal, name), f as usize);
+    map.insert(key, f as usize);
     Ok(f)
 }
 
