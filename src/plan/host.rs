@@ -1245,8 +1245,9 @@ impl Geometry {
 
 /// Most slices a call's schedule may be cut into ([`Geometry::bounded`]):
 /// about two million steps (some 150 MB a rank) at the most. At the
-/// default frames (512 KiB slots, slices of 64-512 KiB) only calls of tens
-/// of GiB come near it.
+/// default frames (512 KiB slots, so slices of 512 KiB in calls this
+/// large) it takes an allreduce of 512 GiB, or an 8-rank allgather with
+/// blocks of 64 GiB, to reach it.
 pub(crate) const MAX_SLICES: usize = 1 << 20;
 
 /// The slices a schedule cuts a call of `kind` and `count` elements on
