@@ -208,14 +208,10 @@ fn bad_arguments_are_refused_before_any_byte_moves() {
     }
 }
 
-/// Rank 0 refuses two calls in a row; rank 1, later, refuses the first too
-/// but makes the second one properly. The second refusal reached rank 1
-/// while the first was still news there: it must not be lost, so that rank
-/// 1 ends its call naming rank 0 (not a timeout), and rank 0 then hears
-/// that rank 1 went ahead.
-/// A call that frames far smaller than it would cut into more slices than
-/// a schedule may hold is refused on every rank before anything is built
-/// or moved, with the setting to change, and the communicator goes on.
+/// A call so large against its frames that it would be cut into more
+/// slices than a schedule may hold is refused on every rank before
+/// anything is built or moved, with the setting to change, and the
+/// communicator goes on.
 #[test]
 fn a_call_too_large_for_its_frames_is_refused() {
     for transport in [None, Some("mem")] {
@@ -254,6 +250,11 @@ fn a_call_too_large_for_its_frames_is_refused() {
     }
 }
 
+/// Rank 0 refuses two calls in a row; rank 1, later, refuses the first too
+/// but makes the second one properly. The second refusal reached rank 1
+/// while the first was still news there: it must not be lost, so that rank
+/// 1 ends its call naming rank 0 (not a timeout), and rank 0 then hears
+/// that rank 1 went ahead.
 #[test]
 fn a_refusal_heard_behind_another_is_not_lost() {
     for transport in TRANSPORTS {
