@@ -22,14 +22,14 @@ use std::time::Duration;
 /// ranks (docs/architecture.md, the check-in): 4 KiB; on 2 ranks 16 KiB
 /// for allreduce, reduce-scatter, reduce, broadcast and all-to-all and
 /// 8 KiB for allgather (whose output is twice its input); on 3 to 8 ranks
-/// 16 KiB for every collective but allreduce.
+/// 16 KiB for every collective but allreduce, and 8 KiB for allreduce.
 fn inline_limit(kind: &str, n: usize) -> usize {
     match (n, kind) {
         (2, "all_reduce" | "reduce_scatter" | "reduce" | "broadcast" | "all_to_all")
         | (3..=8, "reduce" | "broadcast" | "reduce_scatter" | "all_gather" | "all_to_all") => {
             16 << 10
         }
-        (2, "all_gather") => 8 << 10,
+        (2, "all_gather") | (3..=8, "all_reduce") => 8 << 10,
         _ => 4096,
     }
 }
@@ -395,7 +395,8 @@ fn roots_and_senders_run_ahead_and_every_call_keeps_its_data() {
 /// slot sequence numbers stay in step however the two ways interleave.
 #[test]
 fn random_mixtures_of_inline_and_slot_calls_stay_in_step() {
-    // 2 ranks: the larger inline limits; 3: 16 KiB for all but allreduce.
+    // 2 ranks: the larger inline limits; 3: 16 KiB for all but allreduce
+    // (8 KiB).
     for n in [2, 3] {
         random_mixture(n);
     }

@@ -40,9 +40,14 @@ pub(crate) const WINDOW_ALLGATHER_INLINE_BYTES: usize = 1024;
 pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 
 /// The most ranks on which a broadcast, reduce, reduce-scatter, allgather
-/// or all-to-all runs inline up to [`INLINE_MAX_BYTES`] (see
-/// [`inline_limit`]); measured on 3, 4 and 8.
+/// or all-to-all runs inline up to [`INLINE_MAX_BYTES`], and an allreduce
+/// up to [`WIDE_ALLREDUCE_INLINE_BYTES`] (see [`inline_limit`]); measured
+/// on 3, 4 and 8.
 pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
+
+/// The inline limit of an allreduce on 3 to [`INLINE_WIDE_MAX_RANKS`]
+/// ranks, windows or not (see [`inline_limit`]).
+pub(crate) const WIDE_ALLREDUCE_INLINE_BYTES: usize = 8 << 10;
 
 /// The largest input of a `kind` call that runs inline in the check-in,
 /// given `facts`: one exchange, each rank copying its input onto its page
@@ -81,9 +86,16 @@ pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
 /// and 2.45-2.56x; allgather 1.13-1.29x on 3 ranks (up to 11 KiB of
 /// input), 1.08-1.67x on 4 and 2.22-2.63x on 8; all-to-all 1.61-1.91x,
 /// 1.41-2.14x and 3.50-3.73x; 32 KiB (through slots in both) level. An
-/// allreduce, where every rank reads every peer's whole input, keeps
-/// 4 KiB there: on 4 ranks 16 KiB measured 0.92-1.13x. Above 8 ranks, not
-/// measured, every call keeps 4 KiB.
+/// allreduce, where every rank reads every peer's whole input, stops at
+/// [`WIDE_ALLREDUCE_INLINE_BYTES`] there: on 4 ranks 16 KiB measured
+/// 0.92-1.13x against 4 KiB, but 8 KiB, where the ring through slots takes
+/// 2(N - 1) steps and the path between windows two meetings against
+/// inline's one, measured in turns against 4 KiB (docs/performance-log.md,
+/// "An allreduce of 8 KiB inline on 3 to 8 ranks") 1.59x out of place and
+/// 2.31x in place on 4 ranks with ordinary buffers, 1.40x and 1.31x
+/// between windows; on 3 ranks 1.40x and 1.39x, 1.61x and 1.53x; on 8
+/// 1.58x and 1.56x, 1.25x and 1.24x. Above 8 ranks, not measured, every
+/// call keeps 4 KiB.
 pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
     if facts.size == 2 && facts.windows {
         if let Some(limit) = windows_inline_limit(kind) {
@@ -114,6 +126,7 @@ fn limit_without_windows(kind: CollKind, size: usize) -> usize {
             | CollKind::AllGather
             | CollKind::AllToAll,
         ) => INLINE_MAX_BYTES,
+        (3..=INLINE_WIDE_MAX_RANKS, CollKind::AllReduce) => WIDE_ALLREDUCE_INLINE_BYTES,
         _ => INLINE_BYTES,
     }
 }
@@ -2028,14 +2041,14 @@ mod tests {
             // With windows on 2 ranks, allreduce and reduce-scatter keep
             // 4 KiB, allgather 1 KiB; the others keep their limit. On 3
             // to 8 ranks, windows or not, all but allreduce 16 KiB,
-            // allreduce 4 KiB; above 8, 4 KiB.
+            // allreduce 8 KiB; above 8, 4 KiB.
             let with_windows = match kind {
                 CollKind::AllReduce | CollKind::ReduceScatter => INLINE_BYTES,
                 CollKind::AllGather => 1024,
                 _ => limit,
             };
             let more = if kind == CollKind::AllReduce {
-                INLINE_BYTES
+                WIDE_ALLREDUCE_INLINE_BYTES
             } else {
                 INLINE_MAX_BYTES
             };
