@@ -29,7 +29,10 @@
 # (target/release/ferroccl-perf), PEERS ("openmpi mpich intelmpi gloo";
 # add "bound" for the bare program between shared buffers,
 # bench/bound/windows.c, which bench/peers_table.py sets beside the
-# windows: the most any call between windows could gain on the best peer),
+# windows: the most any call between windows could gain on the best peer;
+# where the ranks outnumber the CPUs it is the faster of N processes and
+# as many as the CPUs, and "bound-procs" beside it is N processes alone,
+# the most a library of N processes taking turns could reach),
 # FRESH (1: every call timed alone after its rank read the output and
 # rewrote the input, as a training step does: ferroccl-perf --fresh 1 and
 # MPI_COLL_FRESH=1; Gloo is left out), PEERS_FAST_NS (N: on a machine that
@@ -167,15 +170,28 @@ for t in $(seq 1 "$turns"); do
         echo "## bound"
         # Where the ranks outnumber the CPUs, the same traffic done by as
         # many processes as CPUs too (WORKERS), and the faster counts:
-        # nothing spent on ranks taking turns.
+        # nothing spent on ranks taking turns. There the N processes'
+        # time comes after it too ("bound-procs"): the floor of a library
+        # whose N processes take turns at every meeting.
         workers=$n
         [ "$n" -gt "$(nproc)" ] && workers="$n $(nproc)"
+        procs=()
         for ((s = minb; s <= maxb; s *= 4)); do
+          lines=""
           for w in $workers; do
             # A wrong result fails the run whichever count it came from.
-            WORKERS=$w "$P/windows" "$op" "$n" "$s" || exit 1
-          done | sort -k2 -g | head -1 | awk '{print $1, $2}'
+            got=$(WORKERS=$w "$P/windows" "$op" "$n" "$s") || exit 1
+            lines+="$w $got"$'\n'
+          done
+          printf '%s' "$lines" | awk '{print $2, $3}' | sort -k2 -g | head -1
+          if [ "$workers" != "$n" ]; then
+            procs+=("$(printf '%s' "$lines" | awk -v n="$n" '$1 == n {print $2, $3}')")
+          fi
         done
+        if [ "${#procs[@]}" -gt 0 ]; then
+          echo "## bound-procs"
+          printf '%s\n' "${procs[@]}"
+        fi
       fi
       ;;
     gloo)

@@ -8,7 +8,9 @@ bench/peers.sh allreduce 2 | bench/peers_table.py
     ordinary buffers and for windows; with PEERS="... bound" also the
     bare program between shared buffers (bench/bound/windows.c) and the
     best peer's time over its own ("bound x": the most a call between
-    windows could reach here);
+    windows could reach here), and where the ranks outnumber the CPUs
+    "bound-procs", the same program on N processes alone, with its own
+    "x" (what a library of N processes taking turns could reach);
 bench/peers_table.py --summary OUT1 OUT2 ...
     one row per file (a collective on some ranks): that speed at six
     sizes, how many sizes ordinary buffers are at or above the best
@@ -22,8 +24,9 @@ import sys
 
 PEERS = ("openmpi", "mpich", "intelmpi", "gloo")
 OURS = ("ferroccl", "ferroccl-win")
-# Not a peer: the bare program doing only a windows call's traffic.
-BOUND = "bound"
+# Not peers: the bare program doing only a windows call's traffic (the
+# faster of N processes and as many as the CPUs), and on N processes alone.
+BOUNDS = ("bound", "bound-procs")
 SHORT = {"openmpi": "OMPI", "mpich": "MPICH", "intelmpi": "IMPI", "gloo": "Gloo"}
 # The summary's columns, as positions on the 8 B x 4^k ladder peers.sh runs
 # (allgather and reduce-scatter round the smallest sizes up to a float a
@@ -73,17 +76,17 @@ def table(lines):
         print(f"- machine: {m}")
     if machine:
         print()
-    bound = any(BOUND in row for row in times.values())
-    names = present + list(OURS) + ([BOUND] if bound else [])
-    extra = " bound x |" if bound else ""
+    bounds = [b for b in BOUNDS if any(b in row for row in times.values())]
+    names = present + list(OURS) + bounds
+    extra = "".join(f" {b} x |" for b in bounds)
     print("| size | " + " | ".join(names) + " | best peer | x | windows x |" + extra)
-    print("|---:|" + "---:|" * (len(names) + 3 + bound))
+    print("|---:|" + "---:|" * (len(names) + 3 + len(bounds)))
     for size, med, best, x, xw in out:
         cells = [f"{med[k]:.2f}" if k in med else "-" for k in names]
         cells.append(best or "-")
         cells += [f"{v:.2f}" if v else "-" for v in (x, xw)]
-        if bound:
-            mb = med.get(BOUND, 0)
+        for b in bounds:
+            mb = med.get(b, 0)
             cells.append(f"{med[best] / mb:.2f}" if best and mb > 0 else "-")
         print(f"| {size} | " + " | ".join(cells) + " |")
 

@@ -15,14 +15,27 @@
  *   allgather      push: its input copied into block r of every output;
  *                  or pull: every input copied into its own output;
  *   reducescatter  block r of every input summed into its output;
- *   broadcast      pull: off the root, the root's (rank 0's) buffer copied
- *                  into its own output; or pieces: piece r of the root's
- *                  buffer copied into every other rank's output (the root
- *                  shares the copying); or chunks: the pieces 128 KiB at a
- *                  time into every output, the chunk read out of memory
- *                  once (ferroccl's order);
+ *   broadcast      pull: the root's (rank 0's) input copied into its own
+ *                  output; or pieces: piece r of the root's input copied
+ *                  into every rank's output (the root shares the
+ *                  copying); or chunks: the pieces 128 KiB at a time into
+ *                  every output, the chunk read out of memory once
+ *                  (ferroccl's order). The calls are out of place, so the
+ *                  root's output is written too, as ferroccl-perf's and
+ *                  the MPI benchmarks' broadcasts write it (until
+ *                  2026-12-05 it was left out, which halved the writes
+ *                  of a 2-rank call);
  *   reduce         pieces: piece r of every input summed into piece r of
- *                  the root's output; or pull: the root sums them all.
+ *                  the root's output; or pull: the root sums them all;
+ * and, for every call, staged: one meeting instead of two, as ferroccl's
+ * inline exchange runs small calls: each rank copies what its peers need
+ * of its input (the root alone in a broadcast) into a staging area of
+ * its own that every process maps, meets, and makes its output out of
+ * the staging areas (an allreduce sums every rank's whole input, a
+ * reduce's root sums them; a rank returns once it has read them). The
+ * areas alternate between two halves by call, so a rank writing call
+ * g's never overwrites call g - 2's while a peer reads it (that peer met
+ * this rank at call g - 1 after it had read).
  * Each way runs ITERS calls, with ordinary stores and again with streaming
  * (non-temporal) ones, as ferroccl writes large outputs; the fastest one's
  * time is printed, and which (" streaming" where those stores won).
@@ -31,9 +44,16 @@
  * after a spin, short where the processes outnumber the CPUs (4 on 2
  * cores must give way to each other, as ferroccl's waits do); where they
  * do not, each process has a CPU of its own. Prints the slowest process's
- * mean time per call in microseconds; after each way every element of
- * every output is checked against what it must hold (" WRONG" and exit
- * status 1 where one is not).
+ * mean time per call in microseconds, a call being both its meetings and
+ * its traffic, timed over all the calls back to back (until 2026-12-05
+ * the time ran from the end of the first meeting to the end of the
+ * second, which left out the first: on 4 processes over 2 cores, where
+ * every meeting is a round of process switches, that put an 8 KiB
+ * allreduce at 5-6 µs against 8-12 for whole calls; docs/
+ * performance-log.md, "The windows column on 4 ranks against whole
+ * calls of the bare program"); after each way every element of every
+ * output is checked against what it must hold (" WRONG" and exit status
+ * 1 where one is not).
  *
  * WORKERS=W runs the N ranks' work on W processes, process w doing that of
  * ranks w, w + W, ... one after the other, and the meetings between the W.
@@ -70,7 +90,7 @@
 
 struct shared {
   _Atomic long gen[MAXN][16];
-  double took[2][3][MAXN]; /* [streaming][way][process] */
+  double took[2][4][MAXN]; /* [streaming][way][process] */
 };
 
 static double now(void) {
@@ -193,21 +213,47 @@ static void work(int way, int r, int n, int ag, int rs, int ar, int bc, float **
   } else if (ar) {
     sum_into(out[r], in, n, 0, total);
   } else if (bc && way == 0) {
-    for (int j = 1; j < n; j++) copy(out[j] + r * part, in[0] + r * part, part);
+    for (int j = 0; j < n; j++) copy(out[j] + r * part, in[0] + r * part, part);
   } else if (bc && way == 2) {
     /* Pieces a chunk at a time into every output, so that the chunk of
      * the root's buffer is read out of memory once and then out of this
      * CPU's cache. */
     for (size_t at = r * part, end = at + part; at < end; at += CHUNK) {
       size_t len = end - at < CHUNK ? end - at : CHUNK;
-      for (int j = 1; j < n; j++) copy(out[j] + at, in[0] + at, len);
+      for (int j = 0; j < n; j++) copy(out[j] + at, in[0] + at, len);
     }
   } else if (bc) {
-    if (r != 0) copy(out[r], in[0], total);
+    copy(out[r], in[0], total);
   } else if (way == 0) {
     sum_into(out[0] + r * part, in, n, r * part, part);
   } else if (r == 0) {
     sum_into(out[0], in, n, 0, total);
+  }
+}
+
+/* The staged way's two halves for rank q's call `it`: what it puts into
+ * its own staging area before the meeting (stage), and its output made
+ * from every rank's area after it (take). area[j][h] is rank j's area
+ * in half h, in_len floats. */
+static void stage(int q, int bc, float **in, float *(*area)[2], int h, size_t in_len) {
+  if (bc && q != 0) return;
+  copy(area[q][h], in[q], in_len);
+}
+
+static void take(int q, int n, int ag, int rs, int ar, int bc, float **in, float **out, float *(*area)[2],
+                 int h, size_t part, size_t total) {
+  float *from[MAXN];
+  for (int j = 0; j < n; j++) from[j] = area[j][h];
+  if (ag) {
+    for (int j = 0; j < n; j++) copy(out[q] + j * part, from[j], part);
+  } else if (rs) {
+    sum_into(out[q], from, n, q * part, part);
+  } else if (ar) {
+    sum_into(out[q], from, n, 0, total);
+  } else if (bc) {
+    copy(out[q], q == 0 ? in[0] : from[0], total);
+  } else if (q == 0) {
+    sum_into(out[0], from, n, 0, total);
   }
 }
 
@@ -243,10 +289,12 @@ int main(int argc, char **argv) {
   }
   patience = workers <= ncpu ? 1L << 20 : 200;
   struct shared *s = shared_buffer(sizeof *s);
-  float *in[MAXN], *out[MAXN];
+  float *in[MAXN], *out[MAXN], *area[MAXN][2];
   for (int j = 0; j < n; j++) {
     in[j] = shared_buffer(in_len * 4);
     out[j] = shared_buffer(out_len * 4);
+    area[j][0] = shared_buffer(in_len * 4);
+    area[j][1] = shared_buffer(in_len * 4);
     for (size_t i = 0; i < in_len; i++) in[j][i] = (float)(j + 1) + (float)(i % 7);
   }
   int r = 0;
@@ -264,25 +312,37 @@ int main(int argc, char **argv) {
     sched_setaffinity(0, sizeof one, &one);
   }
   long gen = 0;
-  int ways = rs ? 1 : bc ? 3 : 2;
+  /* The ways above, then the staged one (always the last). */
+  int ways = (rs ? 1 : bc ? 3 : 2) + 1;
   int bad = 0;
   for (streaming = 0; streaming <= STREAMS; streaming++)
     for (int way = 0; way < ways; way++) {
-      double sum = 0;
+      double start = 0;
       for (int q = r; q < n; q += workers)
         memset(out[q], 0, out_len * 4);
+      /* Whole calls back to back, each its two meetings and its traffic,
+       * as a library's calls run in ferroccl-perf and the MPI benchmarks:
+       * a call between windows checks in and waits for every rank to be
+       * done, and the second meeting of one call and the first of the
+       * next are not one (a rank returns in between). */
       for (int it = -10; it < iters; it++) {
+        if (it == 0) start = now();
+        if (way == ways - 1) {
+          int h = (it + 10) & 1;
+          for (int q = r; q < n; q += workers) stage(q, bc, in, area, h, in_len);
+          meet(s, r, workers, &gen);
+          for (int q = r; q < n; q += workers) take(q, n, ag, rs, ar, bc, in, out, area, h, part, total);
+          continue;
+        }
         meet(s, r, workers, &gen);
-        double t = now();
         for (int q = r; q < n; q += workers) work(way, q, n, ag, rs, ar, bc, in, out, part, total);
         meet(s, r, workers, &gen);
-        if (it >= 0) sum += now() - t;
       }
-      s->took[streaming][way][r] = sum / iters;
+      s->took[streaming][way][r] = (now() - start) / iters;
       /* Every element of this process's ranks' outputs against what it
        * must hold (the outputs were cleared before the way ran). */
       for (int q = r; q < n; q += workers) {
-        if ((bc && q == 0) || (rd && q != 0)) continue;
+        if (rd && q != 0) continue;
         for (size_t i = 0; i < out_len; i++) {
           float want = 0;
           if (ag) {
@@ -315,7 +375,11 @@ int main(int argc, char **argv) {
         if (s->took[nt][way][j] > slowest) slowest = s->took[nt][way][j];
       if ((nt == 0 && way == 0) || slowest < best) best = slowest, best_way = way, best_nt = nt;
     }
-  const char *name = ways == 1 ? "" : best_way == 0 ? (ag ? " push" : " pieces") : best_way == 1 ? " pull" : " chunks";
+  const char *name = best_way == ways - 1 ? " staged"
+                     : rs                  ? ""
+                     : best_way == 0       ? (ag ? " push" : " pieces")
+                     : best_way == 1       ? " pull"
+                                           : " chunks";
   printf("%13zu %10.2f%s%s%s\n", total * 4, best * 1e6, name, best_nt ? " streaming" : "",
          failed ? " WRONG" : "");
   return failed;
