@@ -28,11 +28,13 @@
  *   reduce         pieces: piece r of every input summed into piece r of
  *                  the root's output; or pull: the root sums them all;
  * and, for every call, staged: one meeting instead of two, as ferroccl's
- * inline exchange runs small calls: each rank copies what its peers need
- * of its input (the root alone in a broadcast) into a staging area of
- * its own that every process maps, meets, and makes its output out of
- * the staging areas (an allreduce sums every rank's whole input, a
- * reduce's root sums them; a rank returns once it has read them). The
+ * inline exchange runs small calls: each rank copies its whole input (the
+ * root alone in a broadcast) into a staging area of its own that every
+ * process maps, meets, and makes its output out of the staging areas (an
+ * allreduce sums every rank's whole input, a reduce's root sums them; a
+ * rank returns once it has read them). ferroccl's inline reduce-scatter
+ * puts only the blocks its peers reduce, and a reduce's root nothing, so
+ * this way copies up to 1/N more than it must there. The
  * areas alternate between two halves by call, so a rank writing call
  * g's never overwrites call g - 2's while a peer reads it (that peer met
  * this rank at call g - 1 after it had read).
