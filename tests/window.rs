@@ -307,9 +307,9 @@ fn small_calls_of_ordinary_buffers_run_inline_after_the_check_in() {
                 }
             }
             let ran = comm.direct_window_calls() - before;
-            // Up to 1 KiB inline without a check-in; up to 8 KiB inline
+            // Up to 1 KiB inline without a check-in; up to 16 KiB inline
             // after it: counted either way.
-            let inline = block * 4 <= 8 << 10;
+            let inline = block * 4 <= 16 << 10;
             skipped.push((
                 format!("all_gather {block}"),
                 ran,

@@ -60,8 +60,12 @@ pub(crate) const WIDE_ALLREDUCE_INLINE_BYTES: usize = 8 << 10;
 /// place and 2.4-2.5x in place at 8 and 16 KiB, reduce 1.2-1.3x and
 /// broadcast 1.15-1.2x there, allgather 1.3-1.8x at 16 KiB gathered (8 KiB
 /// of input); level from 32 KiB, behind from 64 KiB (one rank reads all
-/// of the other's input across cores). An allgather's output is twice its
-/// input, so it stops at 8 KiB of input. A reduce-scatter (whose input is
+/// of the other's input across cores). So the allgather stopped at 8 KiB
+/// of input until, on the AMD EPYC VM, 16 KiB of input inline measured
+/// faster than the slots in 9 of 10 alternating turns, 1.13x out of
+/// place and 1.11x in place by the medians (the slots' own turns spread
+/// by 1.17x), and 12 KiB in 6 of 6 (docs/performance-log.md, "Probes on
+/// the AMD VM"); it now runs inline to 16 KiB like the others. A reduce-scatter (whose input is
 /// the whole vector) was 0.8-0.9x at 8 and 16 KiB while every rank put its
 /// whole input on its page; since each puts only the block its peer reduces
 /// (`exec::inline`, 2026-12-01) it runs inline to 16 KiB as well: in turns
@@ -115,9 +119,9 @@ fn limit_without_windows(kind: CollKind, size: usize) -> usize {
             | CollKind::Reduce
             | CollKind::Broadcast
             | CollKind::ReduceScatter
+            | CollKind::AllGather
             | CollKind::AllToAll,
         ) => INLINE_MAX_BYTES,
-        (2, CollKind::AllGather) => 8 << 10,
         (
             3..=INLINE_WIDE_MAX_RANKS,
             CollKind::Broadcast
@@ -2027,7 +2031,7 @@ mod tests {
             (CollKind::Reduce, 16 << 10),
             (CollKind::Broadcast, 16 << 10),
             (CollKind::ReduceScatter, 16 << 10),
-            (CollKind::AllGather, 8 << 10),
+            (CollKind::AllGather, 16 << 10),
             (CollKind::AllToAll, 16 << 10),
         ];
         let four = |windows: bool| Facts { windows, ..facts() };
