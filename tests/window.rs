@@ -248,8 +248,7 @@ fn calls_outside_the_common_window_fall_back_to_slots() {
 /// counted with the calls that skip the slots (as inline calls are).
 /// Where one rank's buffers
 /// lie in a window and the other's do not, and above the inline limit
-/// without windows (16 KiB for an allreduce, 8 KiB of input for an
-/// allgather), through slots. Every result checked element by element.
+/// without windows (16 KiB of input for both), through slots. Every result checked element by element.
 #[test]
 fn small_calls_of_ordinary_buffers_run_inline_after_the_check_in() {
     let n = 2;
@@ -287,7 +286,8 @@ fn small_calls_of_ordinary_buffers_run_inline_after_the_check_in() {
                 ran,
                 if small { 2 } else { 0 },
             ));
-            // Allgathers of `count / 2` elements a rank (at most 8 KiB).
+            // Allgathers of `count / 2` elements a rank (up to 10,000 bytes:
+            // inline after the check-in to 16 KiB).
             let block = count / 2;
             let tag = |r: usize, i: usize| ((r * 31 + i * 7) % 100) as f32;
             let mine: Vec<f32> = (0..block).map(|i| tag(rank, i)).collect();
