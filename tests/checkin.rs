@@ -24,13 +24,8 @@ use std::time::Duration;
 /// allreduce, and 8 KiB for allreduce.
 fn inline_limit(kind: &str, n: usize) -> usize {
     match (n, kind) {
-        (
-            2,
-            "all_reduce" | "reduce_scatter" | "reduce" | "broadcast" | "all_gather" | "all_to_all",
-        )
-        | (3..=8, "reduce" | "broadcast" | "reduce_scatter" | "all_gather" | "all_to_all") => {
-            16 << 10
-        }
+        (2..=8, "reduce" | "broadcast" | "reduce_scatter" | "all_gather" | "all_to_all")
+        | (2, "all_reduce") => 16 << 10,
         (3..=8, "all_reduce") => 8 << 10,
         _ => 4096,
     }

@@ -248,7 +248,8 @@ fn calls_outside_the_common_window_fall_back_to_slots() {
 /// counted with the calls that skip the slots (as inline calls are).
 /// Where one rank's buffers
 /// lie in a window and the other's do not, and above the inline limit
-/// without windows (16 KiB of input for both), through slots. Every result checked element by element.
+/// without windows (16 KiB of input for both), through slots. Every
+/// result checked element by element.
 #[test]
 fn small_calls_of_ordinary_buffers_run_inline_after_the_check_in() {
     let n = 2;

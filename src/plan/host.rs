@@ -65,9 +65,10 @@ pub(crate) const WIDE_ALLREDUCE_INLINE_BYTES: usize = 8 << 10;
 /// faster than the slots in 9 of 10 alternating turns, 1.13x out of
 /// place and 1.11x in place by the medians (the slots' own turns spread
 /// by 1.17x), and 12 KiB in 6 of 6 (docs/performance-log.md, "Probes on
-/// the AMD VM"); it now runs inline to 16 KiB like the others. A reduce-scatter (whose input is
-/// the whole vector) was 0.8-0.9x at 8 and 16 KiB while every rank put its
-/// whole input on its page; since each puts only the block its peer reduces
+/// the AMD VM"); it now runs inline to 16 KiB like the others. A
+/// reduce-scatter (whose input is the whole vector) was 0.8-0.9x at 8 and
+/// 16 KiB while every rank put its whole input on its page; since each
+/// puts only the block its peer reduces
 /// (`exec::inline`, 2026-12-01) it runs inline to 16 KiB as well: in turns
 /// against 4 KiB, in both orders, 1.29x at 8 KiB out of place and
 /// 1.10-1.15x in place, 1.16-1.25x and 1.00-1.11x at 16 KiB
@@ -114,22 +115,14 @@ pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
 fn limit_without_windows(kind: CollKind, size: usize) -> usize {
     match (size, kind) {
         (
-            2,
-            CollKind::AllReduce
-            | CollKind::Reduce
-            | CollKind::Broadcast
-            | CollKind::ReduceScatter
-            | CollKind::AllGather
-            | CollKind::AllToAll,
-        ) => INLINE_MAX_BYTES,
-        (
-            3..=INLINE_WIDE_MAX_RANKS,
+            2..=INLINE_WIDE_MAX_RANKS,
             CollKind::Broadcast
             | CollKind::Reduce
             | CollKind::ReduceScatter
             | CollKind::AllGather
             | CollKind::AllToAll,
-        ) => INLINE_MAX_BYTES,
+        )
+        | (2, CollKind::AllReduce) => INLINE_MAX_BYTES,
         (3..=INLINE_WIDE_MAX_RANKS, CollKind::AllReduce) => WIDE_ALLREDUCE_INLINE_BYTES,
         _ => INLINE_BYTES,
     }
