@@ -5,14 +5,14 @@
 # first table (medians over the turns, ferroccl's ratio to the best peer).
 #
 #   bench/peers.sh OP RANKS [MINB] [MAXB] [TURNS] | bench/peers_table.py
-#   OP: allreduce | allgather | reducescatter | broadcast | reduce
+#   OP: allreduce | allgather | reducescatter | broadcast | reduce | alltoall
 #
 # Each turn, and the end, prints the machine's cross-core round trip and
 # copy speed (bench/bound/pingpong.c): compare cells only between runs
 # that printed about the same.
 #
 # Sizes are nccl-tests sizes (allgather and reduce-scatter: the whole
-# gathered array), from MINB (8) to MAXB (64 MiB) by 4x; TURNS (3). f32 sum,
+# gathered array; all-to-all: a rank's whole send buffer), from MINB (8) to MAXB (64 MiB) by 4x; TURNS (3). f32 sum,
 # out of place (broadcast in place, as MPI_Bcast is), root 0. The peers run
 # bench/peers/mpi_coll.c and bench/peers/gloo_coll.py: at least 20 calls and
 # about 50 ms a size (at most 20,000, after a trial of 3); ferroccl-perf gets
@@ -45,7 +45,7 @@ op=${1:?usage: bench/peers.sh OP RANKS [MINB] [MAXB] [TURNS]}
 n=${2:?usage: bench/peers.sh OP RANKS [MINB] [MAXB] [TURNS]}
 minb=${3:-8} maxb=${4:-67108864} turns=${5:-3}
 case $op in
-allreduce | allgather | reducescatter | broadcast | reduce) ;;
+allreduce | allgather | reducescatter | broadcast | reduce | alltoall) ;;
 *) echo "peers.sh: unknown collective '$op'" >&2; exit 2 ;;
 esac
 here=$(cd "$(dirname "$0")" && pwd)

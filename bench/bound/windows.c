@@ -7,7 +7,8 @@
  * and the MPI benchmarks time them.
  *
  * SIZE is the nccl-tests size (what ferroccl-perf prints: the gathered
- * array for allgather and reduce-scatter, the buffer otherwise); f32 sum.
+ * array for allgather and reduce-scatter, a rank's whole send buffer for
+ * all-to-all, the buffer otherwise); f32 sum.
  * Rank r's work, each way it may be shared out (the bound is the faster):
  *   allreduce      pieces: piece r (of N) of every input summed into piece
  *                  r of every output (ferroccl's direct allreduce); or
@@ -27,6 +28,9 @@
  *                  of a 2-rank call);
  *   reduce         pieces: piece r of every input summed into piece r of
  *                  the root's output; or pull: the root sums them all;
+ *   alltoall       push: block j of its input copied into block r of
+ *                  rank j's output, for every j; or pull: block r of
+ *                  rank j's input copied into block j of its own output;
  * and, for every call, staged: one meeting instead of two, as ferroccl's
  * inline exchange runs small calls: each rank copies its whole input (the
  * root alone in a broadcast) into a staging area of its own that every
@@ -200,9 +204,13 @@ static void *shared_buffer(size_t bytes) {
 }
 
 /* Rank r's share of a call made the given way (the loop in main). */
-static void work(int way, int r, int n, int ag, int rs, int ar, int bc, float **in, float **out, size_t part,
-                 size_t total) {
-  if (ag && way == 0) {
+static void work(int way, int r, int n, int ag, int rs, int ar, int bc, int aa, float **in, float **out,
+                 size_t part, size_t total) {
+  if (aa && way == 0) {
+    for (int j = 0; j < n; j++) copy(out[j] + r * part, in[r] + j * part, part);
+  } else if (aa) {
+    for (int j = 0; j < n; j++) copy(out[r] + j * part, in[j] + r * part, part);
+  } else if (ag && way == 0) {
     for (int j = 0; j < n; j++) copy(out[j] + r * part, in[r], part);
   } else if (ag) {
     for (int j = 0; j < n; j++) copy(out[r] + j * part, in[j], part);
@@ -242,11 +250,13 @@ static void stage(int q, int bc, float **in, float *(*area)[2], int h, size_t in
   copy(area[q][h], in[q], in_len);
 }
 
-static void take(int q, int n, int ag, int rs, int ar, int bc, float **in, float **out, float *(*area)[2],
-                 int h, size_t part, size_t total) {
+static void take(int q, int n, int ag, int rs, int ar, int bc, int aa, float **in, float **out,
+                 float *(*area)[2], int h, size_t part, size_t total) {
   float *from[MAXN];
   for (int j = 0; j < n; j++) from[j] = area[j][h];
-  if (ag) {
+  if (aa) {
+    for (int j = 0; j < n; j++) copy(out[q] + j * part, from[j] + q * part, part);
+  } else if (ag) {
     for (int j = 0; j < n; j++) copy(out[q] + j * part, from[j], part);
   } else if (rs) {
     sum_into(out[q], from, n, q * part, part);
@@ -261,7 +271,8 @@ static void take(int q, int n, int ag, int rs, int ar, int bc, float **in, float
 
 int main(int argc, char **argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: %s allreduce|allgather|reducescatter|broadcast|reduce N SIZE [ITERS]\n", argv[0]);
+    fprintf(stderr, "usage: %s allreduce|allgather|reducescatter|broadcast|reduce|alltoall N SIZE [ITERS]\n",
+            argv[0]);
     return 2;
   }
   const char *op = argv[1];
@@ -270,8 +281,9 @@ int main(int argc, char **argv) {
   int iters = argc > 4 ? atoi(argv[4]) : 0;
   int ag = !strcmp(op, "allgather"), rs = !strcmp(op, "reducescatter");
   int ar = !strcmp(op, "allreduce"), bc = !strcmp(op, "broadcast"), rd = !strcmp(op, "reduce");
-  if (n < 2 || n > MAXN || !(ag || rs || ar || bc || rd) || size < 4 * (size_t)n) {
-    fprintf(stderr, "windows: OP one of the five, 2 <= N <= %d, SIZE at least 4 x N bytes\n", MAXN);
+  int aa = !strcmp(op, "alltoall");
+  if (n < 2 || n > MAXN || !(ag || rs || ar || bc || rd || aa) || size < 4 * (size_t)n) {
+    fprintf(stderr, "windows: OP one of the six, 2 <= N <= %d, SIZE at least 4 x N bytes\n", MAXN);
     return 2;
   }
   size_t total = size / (4 * n) * n; /* floats, a whole number a rank */
@@ -333,11 +345,11 @@ int main(int argc, char **argv) {
           int h = (it + 10) & 1;
           for (int q = r; q < n; q += workers) stage(q, bc, in, area, h, in_len);
           meet(s, r, workers, &gen);
-          for (int q = r; q < n; q += workers) take(q, n, ag, rs, ar, bc, in, out, area, h, part, total);
+          for (int q = r; q < n; q += workers) take(q, n, ag, rs, ar, bc, aa, in, out, area, h, part, total);
           continue;
         }
         meet(s, r, workers, &gen);
-        for (int q = r; q < n; q += workers) work(way, q, n, ag, rs, ar, bc, in, out, part, total);
+        for (int q = r; q < n; q += workers) work(way, q, n, ag, rs, ar, bc, aa, in, out, part, total);
         meet(s, r, workers, &gen);
       }
       s->took[streaming][way][r] = (now() - start) / iters;
@@ -349,6 +361,9 @@ int main(int argc, char **argv) {
           float want = 0;
           if (ag) {
             want = (float)(i / part + 1) + (float)(i % part % 7);
+          } else if (aa) {
+            /* Block j holds block q of rank j's input. */
+            want = (float)(i / part + 1) + (float)((q * part + i % part) % 7);
           } else if (bc) {
             want = 1.0f + (float)(i % 7);
           } else {
@@ -379,7 +394,7 @@ int main(int argc, char **argv) {
     }
   const char *name = best_way == ways - 1 ? " staged"
                      : rs                  ? ""
-                     : best_way == 0       ? (ag ? " push" : " pieces")
+                     : best_way == 0       ? (ag || aa ? " push" : " pieces")
                      : best_way == 1       ? " pull"
                                            : " chunks";
   printf("%13zu %10.2f%s%s%s\n", total * 4, best * 1e6, name, best_nt ? " streaming" : "",

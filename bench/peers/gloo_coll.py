@@ -1,13 +1,14 @@
-"""The five collectives of docs/performance.md's first table through
+"""The six collectives of docs/performance.md's first table through
 PyTorch's Gloo backend, timed as bench/peers/mpi_coll.c times an MPI
 library, for bench/peers.sh.
 
     python gloo_coll.py N OP MINBYTES MAXBYTES [FACTOR]
 
 Spawns N local processes. Sizes are nccl-tests sizes (the whole gathered
-array for allgather and reduce-scatter); f32 sum, root 0; each size runs 5
-untimed calls, then at least 20 timed calls and at least about 50 ms of
-them, and prints the slowest rank's mean time per call: SIZE TIME_US.
+array for allgather and reduce-scatter, a rank's whole send buffer for
+all-to-all); f32 sum, root 0; each size runs 5 untimed calls, then at
+least 20 timed calls and at least about 50 ms of them, and prints the
+slowest rank's mean time per call: SIZE TIME_US.
 """
 
 import socket
@@ -18,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce")
+OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall")
 
 
 def caller(op, n, rank, count):
@@ -36,6 +37,8 @@ def caller(op, n, rank, count):
         return lambda: dist.reduce_scatter_tensor(block, src)
     if op == "broadcast":
         return lambda: dist.broadcast(src, 0)
+    if op == "alltoall":
+        return lambda: dist.all_to_all_single(out, src)
     return lambda: dist.reduce(src, 0)
 
 
@@ -73,9 +76,9 @@ def main():
     n, op = int(sys.argv[1]), sys.argv[2]
     minb, maxb = int(sys.argv[3]), int(sys.argv[4])
     factor = max(2, int(sys.argv[5])) if len(sys.argv) > 5 else 4
-    # Whole floats, for allgather and reduce-scatter whole floats a rank
-    # (as ferroccl-perf rounds).
-    unit = 4 * n if op in ("allgather", "reducescatter") else 4
+    # Whole floats, for allgather, reduce-scatter and all-to-all whole
+    # floats a rank (as ferroccl-perf rounds).
+    unit = 4 * n if op in ("allgather", "reducescatter", "alltoall") else 4
     sizes, want = [], minb
     while want <= maxb:
         sizes.append(-(-want // unit) * unit)

@@ -1,11 +1,12 @@
-/* The five collectives of docs/performance.md's first table, timed through
+/* The six collectives of docs/performance.md's first table, timed through
  * an MPI library the way ferroccl-perf times ferroccl, for bench/peers.sh.
  *
  *   mpirun -n N mpi_coll OP MINBYTES MAXBYTES [FACTOR]
- *   OP: allreduce | allgather | reducescatter | broadcast | reduce
+ *   OP: allreduce | allgather | reducescatter | broadcast | reduce | alltoall
  *
  * Sizes are nccl-tests sizes (what ferroccl-perf prints): the whole
- * gathered array for allgather and reduce-scatter, the buffer otherwise.
+ * gathered array for allgather and reduce-scatter, a rank's whole send
+ * buffer for all-to-all (SIZE / N bytes to each rank), the buffer otherwise.
  * f32 sum, out of place (broadcast: in place, as MPI_Bcast is), root 0.
  * Each size runs 5 untimed calls, then at least 20 timed calls and at least
  * about 50 ms of them (the count agreed by all ranks from 3 trial calls),
@@ -28,11 +29,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum op { ALLREDUCE, ALLGATHER, REDUCESCATTER, BROADCAST, REDUCE };
+enum op { ALLREDUCE, ALLGATHER, REDUCESCATTER, BROADCAST, REDUCE, ALLTOALL };
 
 static int parse_op(const char *s) {
-    static const char *names[] = {"allreduce", "allgather", "reducescatter", "broadcast", "reduce"};
-    for (int i = 0; i < 5; i++)
+    static const char *names[] = {"allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall"};
+    for (int i = 0; i < 6; i++)
         if (!strcmp(s, names[i])) return i;
     return -1;
 }
@@ -58,6 +59,9 @@ static void call(int op, float *in, float *out, size_t bytes, int n) {
         break;
     case REDUCE:
         MPI_Reduce(in, out, count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
+        break;
+    case ALLTOALL:
+        MPI_Alltoall(in, count / n, MPI_FLOAT, out, count / n, MPI_FLOAT, MPI_COMM_WORLD);
         break;
     }
     if (barrier_after) MPI_Barrier(MPI_COMM_WORLD);
@@ -107,7 +111,7 @@ int main(int argc, char **argv) {
     int op = argc > 1 ? parse_op(argv[1]) : -1;
     if (op < 0 || argc < 4) {
         if (rank == 0)
-            fprintf(stderr, "usage: mpi_coll allreduce|allgather|reducescatter|broadcast|reduce "
+            fprintf(stderr, "usage: mpi_coll allreduce|allgather|reducescatter|broadcast|reduce|alltoall "
                             "MINBYTES MAXBYTES [FACTOR]\n");
         MPI_Finalize();
         return 2;
@@ -115,9 +119,10 @@ int main(int argc, char **argv) {
     size_t minb = strtoull(argv[2], 0, 10), maxb = strtoull(argv[3], 0, 10);
     size_t factor = argc > 4 ? strtoull(argv[4], 0, 10) : 4;
     if (factor < 2) factor = 2;
-    /* Every size rounds up to whole floats, for allgather and
-     * reduce-scatter to whole floats a rank (as ferroccl-perf rounds). */
-    size_t unit = sizeof(float) * ((op == ALLGATHER || op == REDUCESCATTER) ? (size_t)n : 1);
+    /* Every size rounds up to whole floats, for allgather, reduce-scatter
+     * and all-to-all to whole floats a rank (as ferroccl-perf rounds). */
+    size_t unit =
+        sizeof(float) * ((op == ALLGATHER || op == REDUCESCATTER || op == ALLTOALL) ? (size_t)n : 1);
     float *in = malloc(maxb + unit), *out = malloc(maxb + unit);
     if (!in || !out) {
         fprintf(stderr, "mpi_coll: out of memory for %zu bytes\n", maxb);
