@@ -12,9 +12,10 @@
 # that printed about the same.
 #
 # Sizes are nccl-tests sizes (allgather and reduce-scatter: the whole
-# gathered array; all-to-all: a rank's whole send buffer), from MINB (8) to MAXB (64 MiB) by 4x; TURNS (3). f32 sum,
-# out of place (broadcast in place, as MPI_Bcast is), root 0. The peers run
-# bench/peers/mpi_coll.c and bench/peers/gloo_coll.py: at least 20 calls and
+# gathered array; all-to-all: a rank's whole send buffer), from MINB (8)
+# to MAXB (64 MiB) by 4x; TURNS (3). f32 sum, out of place (broadcast in
+# place, as MPI_Bcast is), root 0. The peers run bench/peers/mpi_coll.c
+# and bench/peers/gloo_coll.py: at least 20 calls and
 # about 50 ms a size (at most 20,000, after a trial of 3); ferroccl-perf gets
 # as many by the same rule (until 2026-12-01 19:35 UTC a fixed 5,000 up to
 # 32 KiB, 500 to 1 MiB, 50 above: fewer than the MPIs below 1 MiB). MPICH
