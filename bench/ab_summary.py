@@ -5,10 +5,12 @@ interference on a shared machine only ever adds time), B's speed relative
 to A (A time / B time: above 1 is faster), and the noise of the case: the
 spread of A's own turns (slowest A / fastest A). A size is marked "slower"
 where B's best is slower than A's best by more than that spread, and by
-more than 5%.
+more than 5%. A side that has no time (an all-to-all has no in place)
+shows "-".
 
     ab_summary.py OUT_DIR CASE [TURNS]
 """
+
 import csv
 import sys
 
@@ -30,7 +32,11 @@ def main():
     for size in sorted(runs["a1"]):
         cells = [str(size)]
         for side in ("oop", "ip"):
-            t = {k: float(runs[k][size][f"{side}_time_us"]) for k in runs}
+            got = {k: runs[k][size][f"{side}_time_us"] for k in runs}
+            if not all(got.values()):
+                cells += ["-"] * 4
+                continue
+            t = {k: float(v) for k, v in got.items()}
             a = [t[k] for k in names if k[0] == "a"]
             b = [t[k] for k in names if k[0] == "b"]
             speed = min(a) / min(b)
