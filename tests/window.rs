@@ -38,9 +38,9 @@ fn leftovers(seed: u64) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Every reducing and gathering collective with its buffers in windows
-/// (so directly), checked against the reference; returns how many calls
-/// ran directly and how many should have.
+/// Every reducing and gathering collective and the all-to-all with their
+/// buffers in windows (so directly), checked against the reference;
+/// returns how many calls ran directly and how many should have.
 fn windowed<T: Element>(comm: &Communicator, counts: &[usize]) -> (u64, u64) {
     let (rank, n, dt) = (comm.rank(), comm.size(), T::DTYPE);
     let most = counts.iter().copied().max().unwrap_or(0) * n + 16;
@@ -121,6 +121,23 @@ fn windowed<T: Element>(comm: &Communicator, counts: &[usize]) -> (u64, u64) {
             |_| 0.0,
         );
         direct += 2;
+
+        // all_to_all from a plain vector into a window at an offset that
+        // differs per rank: block r of rank j's output holds block j of
+        // rank r's input.
+        let sent = |r: usize, i: usize| ((r * 17 + i * 5) % 101) as f64;
+        let send: Vec<T> = make(count * n, |i| sent(rank, i));
+        let at = rank % 3;
+        b[at..at + count * n].fill(T::from_f64(-1.0));
+        comm.all_to_all(&send, &mut b[at..at + count * n]).unwrap();
+        let c = count.max(1);
+        check(
+            &what("all_to_all"),
+            &b[at..at + count * n],
+            |i| sent(i / c, rank * count + i % c),
+            |_| 0.0,
+        );
+        direct += 1;
     }
     let got = comm.direct_window_calls() - before;
     (got, if n == 1 { 0 } else { direct })
@@ -239,6 +256,48 @@ fn calls_outside_the_common_window_fall_back_to_slots() {
     });
     assert_eq!(results, vec![1; n], "only the last call runs directly");
     assert_eq!(leftovers(6), Vec::<String>::new());
+}
+
+/// An all-to-all above the inline limit runs between windows only where
+/// every rank's output lies in the common window (its input need not):
+/// where one rank's does not, every rank sends it through slots, with the
+/// same results, and where they all do, every rank writes its blocks
+/// straight into the peers' outputs. 4 ranks, blocks of 5,000 floats.
+#[test]
+fn an_all_to_all_runs_between_windows_only_where_every_output_is_in_one() {
+    let n = 4;
+    let results = run_ranks_with(n, with_token(40), |comm| {
+        let rank = comm.rank();
+        let block = 5000;
+        let sent = |r: usize, i: usize| (r * 100_000 + i) as f32;
+        let send: Vec<f32> = (0..block * n).map(|i| sent(rank, i)).collect();
+        let want = |i: usize| f64::from(sent(i / block, rank * block + i % block));
+        let mut w = comm.alloc_window::<f32>(block * n + 3).unwrap();
+        let before = comm.direct_window_calls();
+        let mut counted = Vec::new();
+        for plain_rank in [Some(2), None] {
+            let what = format!("rank {rank}, rank {plain_rank:?} not in the window");
+            if plain_rank == Some(rank) {
+                let mut out = vec![-1f32; block * n];
+                comm.all_to_all(&send, &mut out).unwrap();
+                check(&what, &out, want, |_| 0.0);
+            } else {
+                let at = rank % 4;
+                w[at..at + block * n].fill(-1.0);
+                comm.all_to_all(&send, &mut w[at..at + block * n]).unwrap();
+                check(&what, &w[at..at + block * n], want, |_| 0.0);
+            }
+            counted.push(comm.direct_window_calls() - before);
+        }
+        counted
+    });
+    for (rank, counted) in results.into_iter().enumerate() {
+        // Pulled by cross-memory attach (which counts too) where the
+        // calibration chose it for 20,000-byte blocks; else through slots.
+        assert!(counted[0] <= 1, "rank {rank}: {counted:?}");
+        assert_eq!(counted[1], counted[0] + 1, "rank {rank}: between windows");
+    }
+    assert_eq!(leftovers(40), Vec::<String>::new());
 }
 
 /// On 2 ranks with a window, small allgathers and allreduces of ordinary

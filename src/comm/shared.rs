@@ -52,8 +52,10 @@ impl Communicator {
     /// whose buffers lie in windows (the same window on every rank, at any
     /// offset) read and write the peers' buffers directly, copying each
     /// byte once instead of twice through slots: allreduce (input and
-    /// output in windows), allgather (output in a window), reduce-scatter
-    /// (input in a window). This is MPI's `MPI_Win_allocate_shared`, or
+    /// output in windows), allgather and all-to-all (output in a window),
+    /// reduce-scatter (input in a window), broadcast (the root's input
+    /// and every output), reduce (every input and the root's output).
+    /// This is MPI's `MPI_Win_allocate_shared`, or
     /// NCCL's `ncclMemAlloc` plus a symmetric window registration.
     ///
     /// A collective: every rank calls it, in the same order as its other

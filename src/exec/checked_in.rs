@@ -200,6 +200,9 @@ fn check_in<T: Element>(
         Direct::AllGather { output } => {
             direct::all_gather(&kernel, ctx, io, output, (in_len, out_len))?
         }
+        Direct::AllToAll { output } => {
+            direct::all_to_all(&kernel, ctx, io, output, (in_len, out_len))?
+        }
         Direct::ReduceScatter { input } => {
             direct::reduce_scatter(&kernel, ctx, io, input, (in_len, out_len))?
         }

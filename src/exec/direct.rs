@@ -10,7 +10,9 @@
 //! - broadcast: rank r copies piece r of the root's input into piece r of
 //!   every output (the root's own too, out of place);
 //! - reduce: rank r reduces piece r of every input, in rank order, into
-//!   piece r of the root's output.
+//!   piece r of the root's output;
+//! - all-to-all: rank r writes block j of its input into block r of rank
+//!   j's output, for every j.
 //!
 //! Only rank r touches piece (block) r of any buffer, so in place needs no
 //! copy. Out of place with streaming stores (the planner's
@@ -128,6 +130,21 @@ pub(super) fn all_gather<T: Element>(
     let mut maps = Maps::new(&outw, &outw);
     k.check_peers(&maps, (0, None), (out_len, None))?;
     k.gather(io, &mut maps, in_len)
+}
+
+/// All-to-all into window `output` (`in_len` = `out_len` elements per
+/// rank, a block of `in_len / size` to each rank).
+pub(super) fn all_to_all<T: Element>(
+    k: &Kernel<'_>,
+    ctx: &Ctx<'_>,
+    io: &mut HostIo<'_, T>,
+    output: u64,
+    (in_len, out_len): (usize, usize),
+) -> Result<()> {
+    let outw = window(ctx, k.call, output)?;
+    let mut maps = Maps::new(&outw, &outw);
+    k.check_peers(&maps, (0, None), (out_len, None))?;
+    k.exchange(io, &mut maps, in_len / ctx.size.max(1))
 }
 
 /// Reduce-scatter out of window `input`.
@@ -731,6 +748,29 @@ impl Kernel<'_> {
             let own = Step::local(Prim::Copy, Operand::Input, done, base + done, k);
             io.copy_input_to_output(self.mode, &own);
         }
+        Ok(())
+    }
+
+    /// All-to-all share: block j of this rank's input (`count` elements a
+    /// block) into block `rank` of rank j's output, the peers from the
+    /// next rank on (so that no two ranks start on the same output), then
+    /// its own. Each block goes in one copy: unlike an allgather's, the
+    /// blocks are all different, so nothing is read twice to keep in
+    /// cache.
+    fn exchange<T: Element>(
+        &self,
+        io: &mut HostIo<'_, T>,
+        maps: &mut Maps<'_>,
+        count: usize,
+    ) -> Result<()> {
+        let base = self.rank * count;
+        for step in 1..self.size {
+            let j = (self.rank + step) % self.size;
+            let dst = self.peer_output(maps, j, base, count)?;
+            store(self.mode, dst, io.input(j * count, count));
+        }
+        let own = Step::local(Prim::Copy, Operand::Input, base, base, count);
+        io.copy_input_to_output(self.mode, &own);
         Ok(())
     }
 

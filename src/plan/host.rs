@@ -132,13 +132,13 @@ fn limit_without_windows(kind: CollKind, size: usize) -> usize {
 /// runs directly between them ([`after_check_in`]); `None` where `kind`
 /// has no path between windows.
 ///
-/// Allreduce, allgather, reduce-scatter, broadcast and reduce have one. An
-/// all-to-all in a window would only check in and then go through slots
-/// anyway (the check-in, a wait for every rank before any byte moves, made
-/// a broadcast between windows about half as fast as one of ordinary
-/// buffers from 8 to 512 KiB on 2 ranks while broadcast had no path
-/// between windows: docs/performance-log.md, "Every collective against the
-/// four peers"), so windows change neither its route nor its inline limit.
+/// Every collective but send/recv and the barrier has one. The all-to-all
+/// has had its own since 2026-12-05 (each rank writes block j of its input
+/// into its block of rank j's output, [`Direct::AllToAll`]): until then an
+/// all-to-all in a window only checked in and went through slots anyway,
+/// and it read 0.68-1.29x the best peer between windows where the bare
+/// program of its copies was 1.4-2.9x (docs/performance-log.md, "The
+/// all-to-all against the peers, and between windows").
 ///
 /// Below the threshold a call takes its usual route. Between windows every
 /// rank checks in and waits for every other to finish: two meetings of all
@@ -157,10 +157,13 @@ fn limit_without_windows(kind: CollKind, size: usize) -> usize {
 /// more).
 fn window_path_from(kind: CollKind, facts: &Facts) -> Option<usize> {
     match kind {
-        CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter => Some(0),
+        CollKind::AllReduce
+        | CollKind::AllGather
+        | CollKind::ReduceScatter
+        | CollKind::AllToAll => Some(0),
         CollKind::Broadcast | CollKind::Reduce if facts.size <= 2 => Some(0),
         CollKind::Broadcast | CollKind::Reduce => Some(32 << 10),
-        CollKind::AllToAll | CollKind::Barrier | CollKind::SendRecv => None,
+        CollKind::Barrier | CollKind::SendRecv => None,
     }
 }
 
@@ -205,11 +208,11 @@ pub(crate) fn inline_after_check_in(kind: CollKind, in_bytes: usize, size: usize
 
 /// Whether a rank's buffers of a `kind` call (the windows its input and
 /// output lie in, 0 for none) are those the path between windows needs
-/// ([`after_check_in`] over every rank's): an allgather's output, a
-/// reduce-scatter's input, an allreduce's both.
+/// ([`after_check_in`] over every rank's): an allgather's or all-to-all's
+/// output, a reduce-scatter's input, an allreduce's both.
 pub(crate) fn direct_capable(kind: CollKind, in_win: u64, out_win: u64) -> bool {
     match kind {
-        CollKind::AllGather => out_win != 0,
+        CollKind::AllGather | CollKind::AllToAll => out_win != 0,
         CollKind::ReduceScatter => in_win != 0,
         _ => in_win != 0 && out_win != 0,
     }
@@ -787,6 +790,12 @@ pub(crate) enum Direct {
         /// The window every rank's output lies in.
         output: u64,
     },
+    /// Rank r writes block j of its input into block r of rank j's
+    /// output, for every j (its own too).
+    AllToAll {
+        /// The window every rank's output lies in.
+        output: u64,
+    },
     /// Rank r reduces block r of every input into its output.
     ReduceScatter {
         /// The window every rank's input lies in.
@@ -837,6 +846,7 @@ pub(crate) fn after_check_in(
         (CollKind::AllGather, _, Some(output)) => Direct::AllGather { output },
         (CollKind::AllGather, _, None) if cma => Direct::Pull,
         (CollKind::AllGather, _, None) if spread => Direct::Spread,
+        (CollKind::AllToAll, _, Some(output)) => Direct::AllToAll { output },
         (CollKind::AllToAll, _, _) if cma => Direct::Pull,
         (CollKind::Broadcast, Some(input), Some(output)) => Direct::Broadcast { input, output },
         (CollKind::Broadcast, _, _) if cma => Direct::Pull,
@@ -2232,6 +2242,7 @@ mod tests {
             CollKind::AllGather,
             CollKind::Broadcast,
             CollKind::Reduce,
+            CollKind::AllToAll,
         ] {
             assert_eq!(
                 route(kind, 1 << 20, false, Memory::Host, &f).unwrap(),
@@ -2287,17 +2298,27 @@ mod tests {
             after_check_in(CollKind::Reduce, None, Some(1), (false, false)),
             Direct::Slots
         );
-        // No window path: through slots, as without a window, noted for
-        // the mismatch check; a check-in would end in slots anyway.
+        // An all-to-all needs every output in the window (its inputs
+        // need not be); else through slots, or pulled where the route
+        // said so.
         let kind = CollKind::AllToAll;
         assert_eq!(
-            route(kind, 1 << 20, false, Memory::Host, &f).unwrap(),
-            Route::Slots { note: true },
+            after_check_in(kind, None, Some(3), (false, false)),
+            Direct::AllToAll { output: 3 }
         );
-        assert_eq!(window_path_from(kind, &f), None);
         assert_eq!(
-            after_check_in(kind, Some(1), Some(1), (false, false)),
+            after_check_in(kind, Some(1), None, (false, false)),
             Direct::Slots
+        );
+        assert_eq!(
+            after_check_in(kind, Some(1), None, (true, false)),
+            Direct::Pull
+        );
+        // Send/recv involves two ranks and never checks in.
+        assert_eq!(window_path_from(CollKind::SendRecv, &f), None);
+        assert_eq!(
+            route(CollKind::SendRecv, 1 << 20, false, Memory::Host, &f).unwrap(),
+            Route::Slots { note: false },
         );
     }
 
@@ -2348,8 +2369,14 @@ mod tests {
             after_check_in(AllGather, None, None, (false, false)),
             Direct::Slots
         );
+        // Outputs in a window go between windows even where the route
+        // would have pulled.
         assert_eq!(
             after_check_in(AllToAll, Some(1), Some(1), (true, false)),
+            Direct::AllToAll { output: 1 }
+        );
+        assert_eq!(
+            after_check_in(AllToAll, Some(1), None, (true, false)),
             Direct::Pull
         );
         assert_eq!(
@@ -2375,7 +2402,7 @@ mod tests {
             }
         );
         assert_eq!(
-            after_check_in(AllToAll, Some(1), Some(1), (false, false)),
+            after_check_in(AllToAll, Some(1), None, (false, false)),
             Direct::Slots
         );
     }
