@@ -79,9 +79,9 @@ pub struct Config {
     pub shm_dir: Option<std::path::PathBuf>,
     /// Measure at creation: the links, for the tuner, and, where every
     /// rank of one host may read the others' memory, from which block
-    /// size allgathers and all-to-alls pull by cross-memory attach
-    /// (FERROCCL_CALIBRATE=0 to skip: `LinkModel::DEFAULT`, and 64 KiB
-    /// blocks).
+    /// size allgathers and all-to-alls (each timed where their other
+    /// routes differ) pull by cross-memory attach (FERROCCL_CALIBRATE=0
+    /// to skip: `LinkModel::DEFAULT`, and 64 KiB blocks).
     pub calibrate: bool,
     /// Out-of-place calls whose output has at least this many bytes write
     /// it with streaming (non-temporal) stores, which skip reading each

@@ -363,6 +363,7 @@ impl Inner {
             nt_store_bytes: self.config.nt_store_bytes,
             chunk_bytes: self.chunk_bytes,
             cma_gather: self.cma_gather.get(),
+            cma_alltoall: self.cma_alltoall.get(),
             cma_broadcast: self.cma_broadcast.get(),
             cma_allreduce: if control.is_some_and(|c| c.cma_push) {
                 self.cma_allreduce.get()

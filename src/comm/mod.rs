@@ -161,11 +161,15 @@ struct Inner {
     windows: Mutex<Windows>,
     /// Collectives that ran directly between windows.
     direct_calls: AtomicU64,
-    /// The blocks of an allgather or all-to-all of ordinary buffers
-    /// pulled by cross-memory attach: from `plan::CMA_MIN_BYTES` up until
-    /// the control pages' calibration (`Communicator::calibrate_cma`)
+    /// The blocks of an allgather of ordinary buffers pulled by
+    /// cross-memory attach: from `plan::CMA_MIN_BYTES` up until the
+    /// control pages' calibration (`Communicator::calibrate_cma`)
     /// measures them; `plan::NO_CMA`: never.
     cma_gather: SizeRange,
+    /// The same for an all-to-all's blocks: the allgathers' range, or
+    /// where the calibration times the all-to-all itself
+    /// (`plan::cma_alltoall_probes`), its own.
+    cma_alltoall: SizeRange,
     /// The broadcast sizes that pull the root's input by cross-memory
     /// attach: none (`plan::NO_CMA`) until the same calibration measures
     /// the pull winning.

@@ -294,6 +294,7 @@ impl Communicator {
             windows: Mutex::new(Windows::default()),
             direct_calls: AtomicU64::new(0),
             cma_gather: super::SizeRange::new(crate::plan::CMA_GATHER_DEFAULT),
+            cma_alltoall: super::SizeRange::new(crate::plan::CMA_GATHER_DEFAULT),
             cma_broadcast: super::SizeRange::new(crate::plan::cma_broadcast_default(size)),
             cma_allreduce: super::SizeRange::new(crate::plan::cma_allreduce_default(size, true)),
             shared_cores: AtomicBool::new(false),

@@ -443,7 +443,10 @@ impl Communicator {
     /// sizes a broadcast is (`Inner::cma_broadcast`), and, on 2 ranks that
     /// may write into each other, over which an allreduce in halves is
     /// (`Inner::cma_allreduce`, at `plan::cma_allreduce_probes`, decided
-    /// by `plan::cma_allreduce_range`): each rank times allgathers
+    /// by `plan::cma_allreduce_range`), and, where allgathers go through
+    /// the staging areas, over which blocks an all-to-all is
+    /// (`Inner::cma_alltoall`, at `plan::cma_alltoall_probes`; elsewhere
+    /// it takes the allgathers' range): each rank times allgathers
     /// and broadcasts of each of `plan::cma_probes` both ways (the best of
     /// four after a warm-up, in each of [`CALIBRATION_ROUNDS`] rounds over
     /// every probe, the best of the rounds), the ranks agree on the slowest
@@ -460,16 +463,21 @@ impl Communicator {
         let blocks = crate::plan::cma_probes(&inner.facts(CollKind::AllGather));
         let push = inner.control.get().is_some_and(|c| c.cma_push);
         let reduces = crate::plan::cma_allreduce_probes(n, push, inner.config.nt_store_bytes);
+        let exchanges = crate::plan::cma_alltoall_probes(&inner.facts(CollKind::AllToAll));
         if blocks.is_empty() && reduces.is_empty() {
             return Ok(());
         }
         let most = blocks.iter().chain(&reduces).copied().max().unwrap_or(0) / 4;
-        let input = vec![inner.rank as f32; most];
-        let mut output = vec![0f32; most * n];
+        // An all-to-all's buffers are n blocks each.
+        let most_exchanged = exchanges.iter().copied().max().unwrap_or(0) / 4 * n;
+        let input = vec![inner.rank as f32; most.max(most_exchanged)];
+        let mut output = vec![0f32; (most * n).max(most_exchanged)];
         // Each probe's best over the rounds: (allgather, broadcast) x
         // blocks x (pulled, through slots), then allreduces x (in halves,
-        // through slots), in the order they run.
-        let mut times = vec![f32::INFINITY; 4 * blocks.len() + 2 * reduces.len()];
+        // through slots), then all-to-alls x (pulled, through slots), in
+        // the order they run.
+        let mut times =
+            vec![f32::INFINITY; 4 * blocks.len() + 2 * reduces.len() + 2 * exchanges.len()];
         let gather = |input: &[f32], output: &mut [f32]| -> Result<()> {
             let call = CollCall {
                 internal: true,
@@ -498,6 +506,19 @@ impl Communicator {
                 op: Some(ReduceOp::Sum),
                 internal: true,
                 ..CollCall::new(CollKind::AllReduce, input.len(), input.len(), output.len())
+            };
+            self.collective(
+                &call,
+                Buffers::OutOfPlace {
+                    send: input,
+                    recv: output,
+                },
+            )
+        };
+        let all_to_all = |input: &[f32], output: &mut [f32]| -> Result<()> {
+            let call = CollCall {
+                internal: true,
+                ..CollCall::new(CollKind::AllToAll, input.len(), input.len(), output.len())
             };
             self.collective(
                 &call,
@@ -567,11 +588,29 @@ impl Communicator {
                         }
                     }
                 }
+                // All-to-alls of n such blocks, pulled and through slots.
+                for &block in &exchanges {
+                    let count = block / 4 * n;
+                    for pull in [true, false] {
+                        inner.cma_alltoall.set(if pull {
+                            (0, usize::MAX)
+                        } else {
+                            crate::plan::NO_CMA
+                        });
+                        let best = best_of_four(Box::new(|| {
+                            all_to_all(&input[..count], &mut output[..count])
+                        }))?;
+                        if let Some(slot) = slots.next() {
+                            *slot = slot.min(best);
+                        }
+                    }
+                }
             }
             Ok(())
         })();
         // Whatever happened, no route stays forced.
         inner.cma_gather.set(crate::plan::CMA_GATHER_DEFAULT);
+        inner.cma_alltoall.set(crate::plan::CMA_GATHER_DEFAULT);
         inner
             .cma_broadcast
             .set(crate::plan::cma_broadcast_default(n));
@@ -601,17 +640,27 @@ impl Communicator {
                 .collect()
         };
         let (gathers, rest) = agreed.split_at(2 * blocks.len());
-        let (broadcasts, reduced) = rest.split_at(2 * blocks.len());
-        let (gathers, broadcasts, reduced) = (
+        let (broadcasts, rest) = rest.split_at(2 * blocks.len());
+        let (reduced, exchanged) = rest.split_at(2 * reduces.len());
+        let (gathers, broadcasts, reduced, exchanged) = (
             probes(&blocks, gathers),
             probes(&blocks, broadcasts),
             probes(&reduces, reduced),
+            probes(&exchanges, exchanged),
         );
         let (gather, broadcast) = (
             crate::plan::cma_range(&gathers, crate::plan::NO_CMA),
             crate::plan::cma_range(&broadcasts, crate::plan::cma_broadcast_default(n)),
         );
+        // A tie is a win: the pull is the all-to-all's range without a
+        // calibration.
+        let exchange = if exchanged.is_empty() {
+            gather
+        } else {
+            crate::plan::cma_range(&exchanged, crate::plan::CMA_GATHER_DEFAULT)
+        };
         inner.cma_gather.set(gather);
+        inner.cma_alltoall.set(exchange);
         inner.cma_broadcast.set(broadcast);
         let halves = if reduced.is_empty() {
             crate::plan::cma_allreduce_default(n, push)
@@ -637,9 +686,14 @@ impl Communicator {
         let pulls =
             if crate::plan::takes_spread(CollKind::AllGather, crate::plan::CMA_MIN_BYTES, &facts) {
                 format!(
-                    "all-to-alls pull {}, allgathers {} (smaller blocks through the staging \
+                    "all-to-alls pull {}{}, allgathers {} (smaller blocks through the staging \
                      areas)",
-                    range(gather, "blocks of "),
+                    range(exchange, "blocks of "),
+                    if exchanged.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (blocks: pull us / slots us {})", said(&exchanged))
+                    },
                     match crate::plan::staged_pull_range(gather) {
                         crate::plan::NO_CMA => "never".to_string(),
                         staged => range(staged, "blocks of "),

@@ -283,6 +283,46 @@ pub(crate) fn cma_probes(facts: &Facts) -> Vec<usize> {
         .collect()
 }
 
+/// The block (bytes a rank) at which the calibration times an all-to-all
+/// both pulled and through slots where allgathers go through the staging
+/// areas ([`cma_alltoall_probes`]).
+pub(crate) const CMA_ALLTOALL_PROBE_BLOCK: usize = 512 << 10;
+
+/// The blocks at which a calibration on `facts.size` ranks times the
+/// all-to-all itself: [`CMA_ALLTOALL_PROBE_BLOCK`] where allgathers of
+/// pulled sizes go through the staging areas (4 to 8 ranks, [`takes_spread`])
+/// and the probe's buffers fit in 32 MiB; none elsewhere, where the
+/// all-to-all keeps the allgathers' range (on 2 and 3 ranks both weigh the
+/// pull against slots).
+///
+/// The allgathers' probes weigh the pull against the staging areas, but an
+/// all-to-all never takes those: it goes through pairwise slots, which
+/// copy each block into a slot and out of it. On 4 ranks of the AMD EPYC
+/// VM the allgathers' probes chose "never" in every calibration, and
+/// all-to-alls of 4-16 MiB ran through slots at 0.50-0.76x Intel MPI, while
+/// pulled they took 1.3-1.8x less time (docs/performance-log.md, "The
+/// all-to-all against the peers, and between windows"). One probe, 2 MiB
+/// of buffers on 4 ranks (about 10 ms of the calibration there), rather
+/// than the allgathers' three: the 8 MiB one would cost several times
+/// that. A tie counts as a win (the pull is the all-to-all's range without
+/// a calibration), and the range opens there upwards.
+pub(crate) fn cma_alltoall_probes(facts: &Facts) -> Vec<usize> {
+    let n = facts.size.max(1);
+    let block = CMA_ALLTOALL_PROBE_BLOCK;
+    let probing = Facts {
+        cma_gather: (0, usize::MAX),
+        cma_alltoall: (0, usize::MAX),
+        ..*facts
+    };
+    let staged = takes_spread(CollKind::AllGather, block, facts);
+    let fits = block.saturating_mul(n) <= CMA_PROBE_OUTPUT_BYTES;
+    if staged && fits && takes_cma(CollKind::AllToAll, block * n, false, &probing) {
+        vec![block]
+    } else {
+        Vec::new()
+    }
+}
+
 /// A pull wins a probe when it takes at most this share of the slots'
 /// time.
 const CMA_WIN: f64 = 0.95;
@@ -453,11 +493,15 @@ pub(crate) struct Facts {
     /// The host slots' size (`Config::chunk_bytes`), which slices a
     /// broadcast or reduce (and so its modelled cost).
     pub(crate) chunk_bytes: usize,
-    /// The blocks of an allgather or all-to-all pulled by cross-memory
-    /// attach, an inclusive range: from `CMA_MIN_BYTES` up until the
-    /// control pages' calibration measures it ([`cma_range`]; [`NO_CMA`]:
-    /// never).
+    /// The blocks of an allgather pulled by cross-memory attach, an
+    /// inclusive range: from `CMA_MIN_BYTES` up until the control pages'
+    /// calibration measures it ([`cma_range`]; [`NO_CMA`]: never).
     pub(crate) cma_gather: (usize, usize),
+    /// The blocks of an all-to-all pulled by cross-memory attach: the
+    /// allgathers' range, but where allgathers go through the staging
+    /// areas, measured for the all-to-all itself
+    /// ([`cma_alltoall_probes`]).
+    pub(crate) cma_alltoall: (usize, usize),
     /// Broadcasts of this many bytes (an inclusive range) copy the root's
     /// input out of its process, as the calibration measured
     /// ([`cma_range`]); [`NO_CMA`] where it did not run or the slots won.
@@ -766,6 +810,7 @@ fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> 
         CollKind::AllGather if takes_spread(kind, in_bytes, facts) => {
             staged_pull_range(facts.cma_gather)
         }
+        CollKind::AllToAll => facts.cma_alltoall,
         _ => facts.cma_gather,
     };
     (from..=upto).contains(&block)
@@ -1381,6 +1426,7 @@ mod tests {
             nt_store_bytes: crate::config::DEFAULT_NT_STORE_BYTES,
             chunk_bytes: 512 << 10,
             cma_gather: CMA_GATHER_DEFAULT,
+            cma_alltoall: CMA_GATHER_DEFAULT,
             cma_broadcast: NO_CMA,
             cma_allreduce: NO_CMA,
             shared_cores: false,
@@ -1592,6 +1638,76 @@ mod tests {
         assert_eq!(staged_pull_range((floor / 2, floor)), (floor, floor));
         assert_eq!(staged_pull_range((0, 7)), (0, 7));
         assert_eq!(staged_pull_range(NO_CMA), NO_CMA);
+    }
+
+    /// The calibration times the all-to-all itself only where allgathers
+    /// go through the staging areas (4 to 8 ranks, the staging areas on),
+    /// and the all-to-all follows its own range, not the allgathers'.
+    #[test]
+    fn all_to_alls_have_their_own_range_where_allgathers_are_staged() {
+        for (size, spread, probed) in [
+            (2, true, false),
+            (3, true, false),
+            (4, true, true),
+            (8, true, true),
+            (4, false, false),
+            (9, true, false),
+        ] {
+            let f = Facts {
+                size,
+                layout: Layout::one_host(size),
+                spread,
+                ..facts()
+            };
+            let want = if probed {
+                vec![CMA_ALLTOALL_PROBE_BLOCK]
+            } else {
+                Vec::new()
+            };
+            assert_eq!(
+                cma_alltoall_probes(&f),
+                want,
+                "{size} ranks, spread {spread}"
+            );
+        }
+        // Buffers that the slots would write with streaming stores are
+        // not probed (the pull never takes them).
+        let f = Facts {
+            size: 4,
+            layout: Layout::one_host(4),
+            spread: true,
+            nt_store_bytes: 1 << 20,
+            ..facts()
+        };
+        assert_eq!(cma_alltoall_probes(&f), Vec::<usize>::new());
+        let block = 1 << 20;
+        let pulled = Route::CheckIn {
+            cma: true,
+            spread: false,
+        };
+        let f = Facts {
+            size: 4,
+            layout: Layout::one_host(4),
+            spread: true,
+            cma_gather: NO_CMA,
+            cma_alltoall: (CMA_ALLTOALL_PROBE_BLOCK, usize::MAX),
+            ..facts()
+        };
+        let r = |kind, bytes, f: &Facts| route(kind, bytes, false, Memory::Host, f).unwrap();
+        assert_eq!(r(CollKind::AllToAll, 4 * block, &f), pulled);
+        assert_eq!(
+            r(CollKind::AllToAll, 4 * (CMA_ALLTOALL_PROBE_BLOCK - 4), &f),
+            Route::Slots { note: true }
+        );
+        let swapped = Facts {
+            cma_gather: (CMA_MIN_BYTES, usize::MAX),
+            cma_alltoall: NO_CMA,
+            ..f
+        };
+        assert_eq!(
+            r(CollKind::AllToAll, 4 * block, &swapped),
+            Route::Slots { note: true }
+        );
     }
 
     #[test]

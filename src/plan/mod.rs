@@ -29,10 +29,11 @@ pub(crate) mod tune;
 pub(crate) use crate::call::Memory;
 pub(crate) use host::{
     after_check_in, algorithm, algorithm_why, always_inline, cma_allreduce_default,
-    cma_allreduce_probes, cma_allreduce_range, cma_broadcast_default, cma_probes, cma_range,
-    confirms, device_unsupported, direct_capable, direct_store, doubling_probe, doubling_until,
-    explain, explain_user, geometry, inline_after_check_in, leaves_early, reads_inline, route,
-    slot_store, staged_pull_range, takes_spread, Direct, Facts, Route, CMA_GATHER_DEFAULT,
-    CMA_MIN_BYTES, DOUBLING_PROBE_BYTES, INLINE_BYTES, INLINE_MAX_BYTES, NO_CMA, RING_WIN,
+    cma_allreduce_probes, cma_allreduce_range, cma_alltoall_probes, cma_broadcast_default,
+    cma_probes, cma_range, confirms, device_unsupported, direct_capable, direct_store,
+    doubling_probe, doubling_until, explain, explain_user, geometry, inline_after_check_in,
+    leaves_early, reads_inline, route, slot_store, staged_pull_range, takes_spread, Direct, Facts,
+    Route, CMA_GATHER_DEFAULT, CMA_MIN_BYTES, DOUBLING_PROBE_BYTES, INLINE_BYTES, INLINE_MAX_BYTES,
+    NO_CMA, RING_WIN,
 };
 pub use host::{all_reduce_slice, block_slice};
