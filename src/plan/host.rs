@@ -286,7 +286,7 @@ pub(crate) fn cma_probes(facts: &Facts) -> Vec<usize> {
 /// The block (bytes a rank) at which the calibration times an all-to-all
 /// both pulled and through slots where allgathers go through the staging
 /// areas ([`cma_alltoall_probes`]).
-pub(crate) const CMA_ALLTOALL_PROBE_BLOCK: usize = 512 << 10;
+pub(crate) const CMA_ALLTOALL_PROBE_BLOCK: usize = 1 << 20;
 
 /// The blocks at which a calibration on `facts.size` ranks times the
 /// all-to-all itself: [`CMA_ALLTOALL_PROBE_BLOCK`] where allgathers of
@@ -301,11 +301,13 @@ pub(crate) const CMA_ALLTOALL_PROBE_BLOCK: usize = 512 << 10;
 /// VM the allgathers' probes chose "never" in every calibration, and
 /// all-to-alls of 4-16 MiB ran through slots at 0.50-0.76x Intel MPI, while
 /// pulled they took 1.3-1.8x less time (docs/performance-log.md, "The
-/// all-to-all against the peers, and between windows"). One probe, 2 MiB
-/// of buffers on 4 ranks (about 10 ms of the calibration there), rather
-/// than the allgathers' three: the 8 MiB one would cost several times
-/// that. A tie counts as a win (the pull is the all-to-all's range without
-/// a calibration), and the range opens there upwards.
+/// all-to-all against the peers, and between windows"). One probe, 1 MiB
+/// blocks (4 MiB of buffers on 4 ranks, about 60 ms of the calibration
+/// there), rather than the allgathers' three. At 512 KiB blocks the two
+/// ways were level in loops and the choice flipped between start-ups (one
+/// in four never pulled); at 1 MiB the pull won in six of six (1.5-1.8x).
+/// A tie counts as a win (the pull is the all-to-all's range without a
+/// calibration), and the range opens there upwards.
 pub(crate) fn cma_alltoall_probes(facts: &Facts) -> Vec<usize> {
     let n = facts.size.max(1);
     let block = CMA_ALLTOALL_PROBE_BLOCK;
