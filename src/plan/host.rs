@@ -136,9 +136,10 @@ fn limit_without_windows(kind: CollKind, size: usize) -> usize {
 /// has had its own since 2026-12-05 (each rank writes block j of its input
 /// into its block of rank j's output, [`Direct::AllToAll`]): until then an
 /// all-to-all in a window only checked in and went through slots anyway,
-/// and it read 0.68-1.29x the best peer between windows where the bare
-/// program of its copies was 1.4-2.9x (docs/performance-log.md, "The
-/// all-to-all against the peers, and between windows").
+/// and from 32 KiB it read 0.68-1.29x the best peer between windows on the
+/// AMD EPYC VM where the bare program of its copies read 1.4-6.1x
+/// (docs/performance-log.md, "The all-to-all against the peers, and
+/// between windows").
 ///
 /// Below the threshold a call takes its usual route. Between windows every
 /// rank checks in and waits for every other to finish: two meetings of all
