@@ -515,6 +515,9 @@ impl Communicator {
                 },
             )
         };
+        // An out-of-place call the calibration times (allreduce,
+        // all-to-all).
+        type Probe<'p> = dyn Fn(&[f32], &mut [f32]) -> Result<()> + 'p;
         let all_to_all = |input: &[f32], output: &mut [f32]| -> Result<()> {
             let call = CollCall {
                 internal: true,
@@ -571,37 +574,36 @@ impl Communicator {
                         }
                     }
                 }
-                // Allreduces out of place, in halves and through slots.
-                for &bytes in &reduces {
-                    let count = bytes / 4;
-                    for halves in [true, false] {
-                        inner.cma_allreduce.set(if halves {
-                            (0, usize::MAX)
-                        } else {
-                            crate::plan::NO_CMA
-                        });
-                        let best = best_of_four(Box::new(|| {
-                            allreduce(&input[..count], &mut output[..count])
-                        }))?;
-                        if let Some(slot) = slots.next() {
-                            *slot = slot.min(best);
-                        }
-                    }
-                }
-                // All-to-alls of n such blocks, pulled and through slots.
-                for &block in &exchanges {
-                    let count = block / 4 * n;
-                    for pull in [true, false] {
-                        inner.cma_alltoall.set(if pull {
-                            (0, usize::MAX)
-                        } else {
-                            crate::plan::NO_CMA
-                        });
-                        let best = best_of_four(Box::new(|| {
-                            all_to_all(&input[..count], &mut output[..count])
-                        }))?;
-                        if let Some(slot) = slots.next() {
-                            *slot = slot.min(best);
+                // Allreduces out of place, in halves and through slots,
+                // then all-to-alls of n such blocks, pulled and through
+                // slots: each with its route forced one way, then the
+                // other.
+                let forced: [(&super::SizeRange, Vec<usize>, &Probe<'_>); 2] = [
+                    (
+                        &inner.cma_allreduce,
+                        reduces.iter().map(|b| b / 4).collect(),
+                        &allreduce,
+                    ),
+                    (
+                        &inner.cma_alltoall,
+                        exchanges.iter().map(|b| b / 4 * n).collect(),
+                        &all_to_all,
+                    ),
+                ];
+                for (range, counts, run) in forced {
+                    for count in counts {
+                        for direct in [true, false] {
+                            range.set(if direct {
+                                (0, usize::MAX)
+                            } else {
+                                crate::plan::NO_CMA
+                            });
+                            let best = best_of_four(Box::new(|| {
+                                run(&input[..count], &mut output[..count])
+                            }))?;
+                            if let Some(slot) = slots.next() {
+                                *slot = slot.min(best);
+                            }
                         }
                     }
                 }

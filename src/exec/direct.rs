@@ -126,10 +126,23 @@ pub(super) fn all_gather<T: Element>(
     output: u64,
     (in_len, out_len): (usize, usize),
 ) -> Result<()> {
+    into_outputs(k, ctx, output, out_len, |maps| k.gather(io, maps, in_len))
+}
+
+/// Run `share` on the maps of window `output`, where every rank's output
+/// (`out_len` elements) lies and the inputs need not (allgather,
+/// all-to-all), once the peers' announced outputs are checked.
+fn into_outputs(
+    k: &Kernel<'_>,
+    ctx: &Ctx<'_>,
+    output: u64,
+    out_len: usize,
+    share: impl FnOnce(&mut Maps<'_>) -> Result<()>,
+) -> Result<()> {
     let outw = window(ctx, k.call, output)?;
     let mut maps = Maps::new(&outw, &outw);
     k.check_peers(&maps, (0, None), (out_len, None))?;
-    k.gather(io, &mut maps, in_len)
+    share(&mut maps)
 }
 
 /// All-to-all into window `output` (`in_len` = `out_len` elements per
@@ -141,10 +154,8 @@ pub(super) fn all_to_all<T: Element>(
     output: u64,
     (in_len, out_len): (usize, usize),
 ) -> Result<()> {
-    let outw = window(ctx, k.call, output)?;
-    let mut maps = Maps::new(&outw, &outw);
-    k.check_peers(&maps, (0, None), (out_len, None))?;
-    k.exchange(io, &mut maps, in_len / ctx.size.max(1))
+    let block = in_len / ctx.size.max(1);
+    into_outputs(k, ctx, output, out_len, |maps| k.exchange(io, maps, block))
 }
 
 /// Reduce-scatter out of window `input`.
