@@ -478,10 +478,12 @@ impl Communicator {
         // the order they run.
         let mut times =
             vec![f32::INFINITY; 4 * blocks.len() + 2 * reduces.len() + 2 * exchanges.len()];
-        let gather = |input: &[f32], output: &mut [f32]| -> Result<()> {
+        // One internal call out of place (an allreduce sums).
+        let out_of_place = |kind: CollKind, input: &[f32], output: &mut [f32]| -> Result<()> {
             let call = CollCall {
+                op: (kind == CollKind::AllReduce).then_some(ReduceOp::Sum),
                 internal: true,
-                ..CollCall::new(CollKind::AllGather, input.len(), input.len(), output.len())
+                ..CollCall::new(kind, input.len(), input.len(), output.len())
             };
             self.collective(
                 &call,
@@ -501,36 +503,6 @@ impl Communicator {
             };
             self.collective(&call, Buffers::InPlace(buf))
         };
-        let allreduce = |input: &[f32], output: &mut [f32]| -> Result<()> {
-            let call = CollCall {
-                op: Some(ReduceOp::Sum),
-                internal: true,
-                ..CollCall::new(CollKind::AllReduce, input.len(), input.len(), output.len())
-            };
-            self.collective(
-                &call,
-                Buffers::OutOfPlace {
-                    send: input,
-                    recv: output,
-                },
-            )
-        };
-        // An out-of-place call the calibration times (allreduce,
-        // all-to-all).
-        type Probe<'p> = dyn Fn(&[f32], &mut [f32]) -> Result<()> + 'p;
-        let all_to_all = |input: &[f32], output: &mut [f32]| -> Result<()> {
-            let call = CollCall {
-                internal: true,
-                ..CollCall::new(CollKind::AllToAll, input.len(), input.len(), output.len())
-            };
-            self.collective(
-                &call,
-                Buffers::OutOfPlace {
-                    send: input,
-                    recv: output,
-                },
-            )
-        };
         let best_of_four = |mut run: Box<dyn FnMut() -> Result<()> + '_>| -> Result<f32> {
             let mut best = f64::INFINITY;
             for turn in 0..5 {
@@ -541,6 +513,25 @@ impl Communicator {
                 }
             }
             Ok(best as f32)
+        };
+        // `run` timed with `range` forced the direct way (pulled, in
+        // halves), then the other, each best kept in the next of `slots`.
+        let both_ways = |range: &super::SizeRange,
+                         slots: &mut std::slice::IterMut<'_, f32>,
+                         run: &mut dyn FnMut() -> Result<()>|
+         -> Result<()> {
+            for direct in [true, false] {
+                range.set(if direct {
+                    (0, usize::MAX)
+                } else {
+                    crate::plan::NO_CMA
+                });
+                let best = best_of_four(Box::new(&mut *run))?;
+                if let Some(slot) = slots.next() {
+                    *slot = slot.min(best);
+                }
+            }
+            Ok(())
         };
         // Allgathers of each block, then broadcasts of a block's bytes (in
         // place, from rank 0), each pulled and by the route it takes
@@ -555,57 +546,32 @@ impl Communicator {
                 {
                     for &block in &blocks {
                         let count = block / 4;
-                        for pull in [true, false] {
-                            range.set(if pull {
-                                (0, usize::MAX)
+                        both_ways(range, &mut slots, &mut || {
+                            if broadcasts {
+                                broadcast(&mut output[..count])
                             } else {
-                                crate::plan::NO_CMA
-                            });
-                            let best = best_of_four(Box::new(|| {
-                                if broadcasts {
-                                    broadcast(&mut output[..count])
-                                } else {
-                                    gather(&input[..count], &mut output[..count * n])
-                                }
-                            }))?;
-                            if let Some(slot) = slots.next() {
-                                *slot = slot.min(best);
+                                out_of_place(
+                                    CollKind::AllGather,
+                                    &input[..count],
+                                    &mut output[..count * n],
+                                )
                             }
-                        }
+                        })?;
                     }
                 }
-                // Allreduces out of place, in halves and through slots,
-                // then all-to-alls of n such blocks, pulled and through
-                // slots: each with its route forced one way, then the
-                // other.
-                let forced: [(&super::SizeRange, Vec<usize>, &Probe<'_>); 2] = [
-                    (
-                        &inner.cma_allreduce,
-                        reduces.iter().map(|b| b / 4).collect(),
-                        &allreduce,
-                    ),
-                    (
-                        &inner.cma_alltoall,
-                        exchanges.iter().map(|b| b / 4 * n).collect(),
-                        &all_to_all,
-                    ),
-                ];
-                for (range, counts, run) in forced {
-                    for count in counts {
-                        for direct in [true, false] {
-                            range.set(if direct {
-                                (0, usize::MAX)
-                            } else {
-                                crate::plan::NO_CMA
-                            });
-                            let best = best_of_four(Box::new(|| {
-                                run(&input[..count], &mut output[..count])
-                            }))?;
-                            if let Some(slot) = slots.next() {
-                                *slot = slot.min(best);
-                            }
-                        }
-                    }
+                // Allreduces out of place, in halves and through slots.
+                for &bytes in &reduces {
+                    let count = bytes / 4;
+                    both_ways(&inner.cma_allreduce, &mut slots, &mut || {
+                        out_of_place(CollKind::AllReduce, &input[..count], &mut output[..count])
+                    })?;
+                }
+                // All-to-alls of n such blocks, pulled and through slots.
+                for &block in &exchanges {
+                    let count = block / 4 * n;
+                    both_ways(&inner.cma_alltoall, &mut slots, &mut || {
+                        out_of_place(CollKind::AllToAll, &input[..count], &mut output[..count])
+                    })?;
                 }
             }
             Ok(())

@@ -313,7 +313,6 @@ pub(crate) fn cma_alltoall_probes(facts: &Facts) -> Vec<usize> {
     let n = facts.size.max(1);
     let block = CMA_ALLTOALL_PROBE_BLOCK;
     let probing = Facts {
-        cma_gather: (0, usize::MAX),
         cma_alltoall: (0, usize::MAX),
         ..*facts
     };
