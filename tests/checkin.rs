@@ -1,7 +1,7 @@
 //! The check-in on shared control pages for plain buffers: every collective
 //! with an input of at most 4 KiB (on 2 ranks 16 KiB for every
-//! collective; on 3 to 8 ranks 16 KiB for every collective but allreduce,
-//! 8 KiB for allreduce) runs
+//! collective but all-to-all, 32 KiB for all-to-all; on 3 to 8 ranks
+//! 16 KiB for every collective but allreduce, 8 KiB for allreduce) runs
 //! inline in it (one exchange) on ranks of one host,
 //! larger ones go through slots; results against the f64
 //! reference, how many calls ran inline counted, the switch
@@ -20,10 +20,12 @@ use std::time::Duration;
 
 /// The largest input, in bytes, of a `kind` call that runs inline on `n`
 /// ranks (docs/architecture.md, the check-in): 4 KiB; on 2 ranks 16 KiB
-/// for every collective; on 3 to 8 ranks 16 KiB for every collective but
-/// allreduce, and 8 KiB for allreduce.
+/// for every collective but all-to-all, 32 KiB for all-to-all (each rank
+/// puts half its input on its page); on 3 to 8 ranks 16 KiB for every
+/// collective but allreduce, and 8 KiB for allreduce.
 fn inline_limit(kind: &str, n: usize) -> usize {
     match (n, kind) {
+        (2, "all_to_all") => 32 << 10,
         (2..=8, "reduce" | "broadcast" | "reduce_scatter" | "all_gather" | "all_to_all")
         | (2, "all_reduce") => 16 << 10,
         (3..=8, "all_reduce") => 8 << 10,

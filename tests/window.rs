@@ -300,15 +300,15 @@ fn an_all_to_all_runs_between_windows_only_where_every_output_is_in_one() {
     assert_eq!(leftovers(40), Vec::<String>::new());
 }
 
-/// On 2 ranks with a window, small allgathers and allreduces of ordinary
-/// buffers check in (the windows lowered their inline limit) and, since
-/// no rank's buffers can take the path between windows, run inline after
-/// the check-in, every rank's input on its page before it announced:
-/// counted with the calls that skip the slots (as inline calls are).
-/// Where one rank's buffers
-/// lie in a window and the other's do not, and above the inline limit
-/// without windows (16 KiB of input for both), through slots. Every
-/// result checked element by element.
+/// On 2 ranks with a window, small allgathers, allreduces and
+/// all-to-alls of ordinary buffers check in (the windows lowered their
+/// inline limit) and, since no rank's buffers can take the path between
+/// windows, run inline after the check-in, every rank's input on its
+/// page before it announced: counted with the calls that skip the slots
+/// (as inline calls are). Where one rank's buffers lie in a window and
+/// the other's do not, and above the inline limit without windows (16
+/// KiB of input for both, 32 KiB for the all-to-alls), through slots.
+/// Every result checked element by element.
 #[test]
 fn small_calls_of_ordinary_buffers_run_inline_after_the_check_in() {
     let n = 2;
@@ -418,6 +418,34 @@ fn small_calls_of_ordinary_buffers_run_inline_after_the_check_in() {
             check("mixed, plain", &buf, want, |v| tolerance(dt, op, v));
         }
         skipped.push(("mixed".into(), comm.direct_window_calls() - before, 0));
+        // All-to-alls of ordinary buffers: inline up to 16 KiB of input,
+        // inline after the check-in up to 32 KiB (each rank puts the
+        // peer's half on its page), through slots past it; with rank 0's
+        // output in the window and rank 1's not, through slots.
+        let sent = |r: usize, i: usize| (r * 100_000 + i) as f32;
+        for (count, skips, windowed) in [
+            (4096, true, false),
+            (6002, true, false),
+            (8192, true, false),
+            (8194, false, false),
+            (6002, false, true),
+        ] {
+            let block = count / n;
+            let send: Vec<f32> = (0..count).map(|i| sent(rank, i)).collect();
+            let want = |i: usize| f64::from(sent(i / block, rank * block + i % block));
+            let what = format!("all_to_all {count}, rank 0 in the window {windowed}");
+            let before = comm.direct_window_calls();
+            if windowed && rank == 0 {
+                w[..count].fill(-1.0);
+                comm.all_to_all(&send, &mut w[..count]).unwrap();
+                check(&what, &w[..count], want, |_| 0.0);
+            } else {
+                let mut out = vec![-1f32; count];
+                comm.all_to_all(&send, &mut out).unwrap();
+                check(&what, &out, want, |_| 0.0);
+            }
+            skipped.push((what, comm.direct_window_calls() - before, u64::from(skips)));
+        }
         skipped
     });
     for (rank, calls) in results.iter().enumerate() {

@@ -273,10 +273,11 @@ impl Communicator {
         tracing::info!(
             rank = inner.rank,
             "control pages shared by {} ranks: collectives of at most {} bytes (on 2 ranks \
-             without windows up to {}) run inline in the check-in",
+             without windows up to {}, an all-to-all up to {}) run inline in the check-in",
             inner.size,
             crate::plan::INLINE_BYTES,
-            crate::plan::INLINE_MAX_BYTES
+            crate::plan::INLINE_MAX_BYTES,
+            crate::plan::ALLTOALL_2_INLINE_BYTES
         );
         if cma && inner.config.calibrate {
             self.calibrate_cma()?;

@@ -1,8 +1,10 @@
 //! Small calls all in one check-in: each rank puts its input (at most
-//! `plan::inline_limit`, 4 to 16 KiB; a broadcast's root only) on its control page with
-//! its announcement (up to 160 bytes in the announcement itself, up to 32
-//! of them in its first cache line with the call; else in the page's
-//! inline area), reads every peer's announcement, then
+//! `plan::inline_limit`, 4 to 16 KiB, a 2-rank all-to-all's 32 KiB; a
+//! broadcast's root only; of an all-to-all or an out-of-place
+//! reduce-scatter only the blocks its peers read) on its control page
+//! with its announcement (up to 160 bytes in the announcement itself, up
+//! to 32 of them in its first cache line with the call; else in the
+//! page's 16 KiB inline area), reads every peer's announcement, then
 //! takes what it needs from the peers' pages: allreduce reduces every input
 //! in rank order, reduce-scatter its block of each, reduce does so on the
 //! root, allgather copies every block, broadcast the root's, all-to-all its
@@ -11,8 +13,8 @@
 
 use super::checkin::{
     all_read, announce_inline, claim_ahead, fetch_entry, heard_inline, inline_word, left_early,
-    lock, page_elements, small_words, Ctx, Deadline, ENTRY_INPUT_BYTES, E_SMALL, SMALL_BYTES,
-    SMALL_WORDS,
+    lock, page_elements, small_words, Ctx, Deadline, ENTRY_INPUT_BYTES, E_SMALL, INLINE_CAPACITY,
+    SMALL_BYTES, SMALL_WORDS,
 };
 use super::io::HostIo;
 use super::Call;
@@ -76,20 +78,28 @@ fn write_inline<T: Element>(
     ctx: &Ctx<'_>,
     turn: u64,
     io: &HostIo<'_, T>,
-    parts: [(usize, usize); 2],
+    parts: [Part; 2],
     one_writer: bool,
 ) -> Result<()> {
     let elem = std::mem::size_of::<T>();
-    let end = parts
-        .iter()
-        .map(|&(from, len)| from + len)
-        .max()
-        .unwrap_or(0);
-    if (WORDS_MIN..=WORDS_MAX).contains(&(end * elem)) {
+    let end = |at: fn(&Part) -> usize| parts.iter().map(|p| at(p) + p.len).max().unwrap_or(0);
+    // The area of one check-in ends where the next one's begins: nothing
+    // may be written past it.
+    if end(|p| p.at) * elem > INLINE_CAPACITY {
+        return Err(Error::Io(format!(
+            "window control page: an inline input of {} bytes does not fit the {INLINE_CAPACITY} \
+             bytes of check-in {turn}'s area",
+            end(|p| p.at) * elem
+        )));
+    }
+    let end = end(|p| p.from);
+    // Word by word only where every part lies on the page as in the input
+    // (`on_page` moves none of an input this small).
+    if (WORDS_MIN..=WORDS_MAX).contains(&(end * elem)) && parts.iter().all(|p| p.at == p.from) {
         let input: &[u8] = bytemuck::cast_slice(io.input(0, end));
         let area = inline_word(turn);
         let page = ctx.control.pages.words(ctx.rank);
-        for (from, len) in parts.into_iter().filter(|&(_, len)| len > 0) {
+        for Part { from, len, .. } in parts.into_iter().filter(|p| p.len > 0) {
             let words = (from * elem / 8, ((from + len) * elem).div_ceil(8));
             let at = page
                 .get(area + words.0..area + words.1)
@@ -103,10 +113,10 @@ fn write_inline<T: Element>(
         return Ok(());
     }
     let mut own = lock(&ctx.control.own);
-    for (from, len) in parts.into_iter().filter(|&(_, len)| len > 0) {
+    for Part { from, len, at } in parts.into_iter().filter(|p| p.len > 0) {
         let bytes: &[u8] = bytemuck::cast_slice(io.input(from, len));
         let slot = own
-            .slice_mut(inline_at(turn) + from * elem, bytes.len())
+            .slice_mut(inline_at(turn) + at * elem, bytes.len())
             .map_err(|e| Error::Io(format!("window control page: {e}")))?;
         if one_writer && bytes.len() >= SHARED_COPY_MIN {
             ferroccl_transport::copy_into_shared(slot, bytes);
@@ -147,30 +157,66 @@ fn store_words(words: &[AtomicU64], input: &[u8], first: usize) {
     }
 }
 
-/// The parts of this rank's input, as (first element, elements), that an
-/// inline `kind` call of `in_len` elements reads off its page: an
-/// all-to-all's blocks but its own, and an out-of-place reduce-scatter's
-/// (peer `j` reads block `j`; this rank takes its own from its buffer),
-/// the whole input otherwise (in place a reduce-scatter reads its own
-/// block off the page too, its buffer being the output). Each part lies
-/// on the page where it lies in the input: on 2 ranks half the bytes
-/// written, and half the lines taken back from the peer that read them
-/// the call before.
-fn published_parts(
+/// A part of a rank's inline input: elements `from..from + len` of the
+/// input, at element `at` of its inline area ([`on_page`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Part {
+    from: usize,
+    len: usize,
+    at: usize,
+}
+
+/// The parts of this rank's input that an inline `kind` call of `in_len`
+/// elements of `T` reads off its page: an all-to-all's blocks but its
+/// own, and an out-of-place reduce-scatter's (peer `j` reads block `j`;
+/// this rank takes its own from its buffer), the whole input otherwise
+/// (in place a reduce-scatter reads its own block off the page too, its
+/// buffer being the output); on 2 ranks half the bytes written, and half
+/// the lines taken back from the peer that read them the call before.
+/// Each lies on the page where [`on_page`] puts it.
+fn published_parts<T>(
     kind: CollKind,
     (rank, size): (usize, usize),
     in_len: usize,
     in_place: bool,
-) -> [(usize, usize); 2] {
+) -> [Part; 2] {
+    let part = |from: usize, len: usize| Part {
+        from,
+        len,
+        at: on_page::<T>(kind, (rank, size), in_len, from),
+    };
     match kind {
         CollKind::ReduceScatter | CollKind::AllToAll
             if size > 1 && !(in_place && kind == CollKind::ReduceScatter) =>
         {
             let block = in_len / size;
             let after = (rank + 1) * block;
-            [(0, rank * block), (after, in_len - after)]
+            [part(0, rank * block), part(after, in_len - after)]
         }
-        _ => [(0, in_len), (in_len, 0)],
+        _ => [part(0, in_len), part(in_len, 0)],
+    }
+}
+
+/// Where element `from` of rank `owner`'s input lies in its inline area
+/// (in elements from the area's start) in an inline `kind` call whose
+/// inputs have `in_len` elements of `T` (every rank's alike, so each
+/// rank tells where a peer put a part as that peer did): where it lies in
+/// the input, but in an all-to-all whose input is larger than the area
+/// (on 2 ranks 16 to 32 KiB, `plan::ALLTOALL_2_INLINE_BYTES`) the blocks
+/// after the owner's own, which it keeps to itself, move down one block:
+/// what it puts on its page, `(size - 1) / size` of its input, then
+/// fills the area from its start. Inputs that small never travel word by
+/// word ([`WORDS_MAX`]), so the move needs no word alignment.
+#[inline(always)]
+fn on_page<T>(kind: CollKind, (owner, size): (usize, usize), in_len: usize, from: usize) -> usize {
+    let block = in_len / size.max(1);
+    if kind == CollKind::AllToAll
+        && in_len * std::mem::size_of::<T>() > INLINE_CAPACITY
+        && from >= (owner + 1) * block
+    {
+        from - block
+    } else {
+        from
     }
 }
 
@@ -308,7 +354,8 @@ pub(super) fn run<T: Element>(
     }) {
         for peer in (0..size).filter(|&p| p != rank) {
             if plan::reads_inline(kind, rank, peer, root, ctx.control.early_return) {
-                fetch_ahead::<T>(ctx, peer, turn, part);
+                let at = on_page::<T>(kind, (peer, size), in_len, part.0);
+                fetch_ahead::<T>(ctx, peer, turn, (at, part.1));
             }
         }
     }
@@ -391,7 +438,7 @@ pub(super) fn publish<T: Element>(
     turn: u64,
 ) -> Result<()> {
     let in_place = matches!(io, HostIo::InPlace { .. });
-    let parts = published_parts(kind, (ctx.rank, ctx.size), in_len, in_place);
+    let parts = published_parts::<T>(kind, (ctx.rank, ctx.size), in_len, in_place);
     write_inline(ctx, turn, io, parts, kind == CollKind::Broadcast)
 }
 
@@ -409,9 +456,11 @@ pub(super) fn take_all<T: Element>(
     let (rank, size) = (ctx.rank, ctx.size);
     let root = fp.root as usize;
     // The part of each input this rank takes, as `fetch_ahead` asked for.
-    let Some(part @ (_, len)) = part_read(kind, rank, size, fp.count as usize) else {
+    let count = fp.count as usize;
+    let Some(part @ (_, len)) = part_read(kind, rank, size, count) else {
         return Ok(());
     };
+    let in_len = kind.extents(count, size).0;
     // Copy peer `j`'s elements `from` (of its input) into `to` (of the
     // output); this rank's own straight from input to output.
     let take = |io: &mut HostIo<'_, T>, j: usize, from: (usize, usize), to: usize| -> Result<()> {
@@ -420,7 +469,8 @@ pub(super) fn take_all<T: Element>(
             io.copy_input_to_output(Store::Cached, &own);
             return Ok(());
         }
-        let x = peer_inline(ctx, j, turn, from)?;
+        let at = on_page::<T>(kind, (j, size), in_len, from.0);
+        let x = peer_inline(ctx, j, turn, (at, from.1))?;
         copy(io.output(to, from.1), x);
         Ok(())
     };
@@ -633,7 +683,7 @@ impl<const N: usize> Words<'_, '_, N> {
 
 #[cfg(test)]
 mod tests {
-    use super::{published_parts, store_words};
+    use super::{on_page, published_parts, store_words, INLINE_CAPACITY};
     use crate::coll::CollKind;
     use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -682,8 +732,11 @@ mod tests {
                     for in_place in [false, true] {
                         let in_len = size * 7;
                         let mut covered = vec![0; in_len];
-                        for (from, len) in published_parts(kind, (rank, size), in_len, in_place) {
-                            covered[from..from + len].iter_mut().for_each(|c| *c += 1);
+                        for p in published_parts::<f32>(kind, (rank, size), in_len, in_place) {
+                            assert_eq!(p.at, p.from, "{kind:?}: a small input does not move");
+                            covered[p.from..p.from + p.len]
+                                .iter_mut()
+                                .for_each(|c| *c += 1);
                         }
                         let keeps_own = size > 1
                             && (kind == CollKind::AllToAll
@@ -700,5 +753,51 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// An all-to-all input larger than the inline area: on 2 ranks up to
+    /// twice the area (and on more ranks up to `size / (size - 1)` times
+    /// it), each rank's published blocks fill its area without overlap,
+    /// and where a peer looks for a block (`on_page` with the owner's
+    /// rank) is where the owner put it, element for element.
+    #[test]
+    fn all_to_all_blocks_past_the_area_move_down_where_their_readers_look() {
+        fn check<T>(size: usize, in_len: usize) {
+            let elem = std::mem::size_of::<T>();
+            let block = in_len / size;
+            for owner in 0..size {
+                let parts = published_parts::<T>(CollKind::AllToAll, (owner, size), in_len, false);
+                let mut area = vec![None; in_len];
+                for p in parts {
+                    for i in 0..p.len {
+                        assert!(area[p.at + i].is_none(), "{size} ranks: overlap");
+                        area[p.at + i] = Some(p.from + i);
+                    }
+                    assert!(
+                        (p.at + p.len) * elem <= INLINE_CAPACITY,
+                        "{size} ranks, {in_len}"
+                    );
+                }
+                for reader in (0..size).filter(|&r| r != owner) {
+                    let from = reader * block;
+                    let at = on_page::<T>(CollKind::AllToAll, (owner, size), in_len, from);
+                    for i in 0..block {
+                        assert_eq!(area[at + i], Some(from + i), "reader {reader} of {owner}");
+                    }
+                }
+            }
+        }
+        for in_len in [
+            INLINE_CAPACITY + 2,
+            3 * INLINE_CAPACITY / 2,
+            2 * INLINE_CAPACITY,
+        ] {
+            check::<u8>(2, in_len);
+        }
+        check::<u8>(2, 2 * INLINE_CAPACITY - 2);
+        check::<f32>(2, 2 * INLINE_CAPACITY / 4);
+        check::<f64>(2, 2 * INLINE_CAPACITY / 8 - 2);
+        check::<u16>(3, 3 * INLINE_CAPACITY / 2 / 2);
+        check::<f32>(4, INLINE_CAPACITY / 4 + 4);
     }
 }

@@ -35,8 +35,10 @@ pub(crate) const INLINE_BYTES: usize = 4096;
 /// allgather of 1-4 KiB between windows").
 pub(crate) const WINDOW_ALLGATHER_INLINE_BYTES: usize = 1024;
 
-/// The largest input any call runs inline with: the control page's inline
-/// areas hold this much each (`exec::checkin::INLINE_CAPACITY`).
+/// What each check-in's inline area on the control page holds
+/// (`exec::checkin::INLINE_CAPACITY`): the largest input any call runs
+/// inline with, but a 2-rank all-to-all, which puts only half of its on
+/// the page ([`ALLTOALL_2_INLINE_BYTES`]).
 pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 
 /// The most ranks on which a broadcast, reduce, reduce-scatter, allgather
@@ -44,6 +46,16 @@ pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 /// up to [`WIDE_ALLREDUCE_INLINE_BYTES`] (see [`inline_limit`]); measured
 /// on 3, 4 and 8.
 pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
+
+/// The inline limit of an all-to-all on 2 ranks without windows (with
+/// them, [`INLINE_MAX_BYTES`]: [`windows_inline_limit`]): each rank puts
+/// on its page only the block its peer takes, half its input, so an input
+/// of twice the inline area fits (`exec::inline::on_page`). At 32 KiB
+/// inline took 1.65-1.86 µs a call against the slots' 1.95-2.64, faster
+/// in 6 of 6 paired turns on the AMD EPYC VM (medians 1.68 against 2.03);
+/// the slots read 0.81x Intel MPI there (docs/performance-log.md, "The
+/// 2-rank all-to-all inline to 32 KiB").
+pub(crate) const ALLTOALL_2_INLINE_BYTES: usize = 2 * INLINE_MAX_BYTES;
 
 /// The inline limit of an allreduce on 3 to [`INLINE_WIDE_MAX_RANKS`]
 /// ranks, windows or not (see [`inline_limit`]).
@@ -77,8 +89,9 @@ pub(crate) const WIDE_ALLREDUCE_INLINE_BYTES: usize = 8 << 10;
 /// An all-to-all, whose output is no larger than its input and whose
 /// ranks put on their pages only the block the peer takes, went inline
 /// up to 8 KiB as the allgather; at 16 KiB inline measured 1.16-1.19x
-/// faster than the slots in turns, both orders (same entry), so it runs
-/// inline to 16 KiB too.
+/// faster than the slots in turns, both orders (same entry), so it ran
+/// inline to 16 KiB too, and since 2026-12-05 to 32 KiB
+/// ([`ALLTOALL_2_INLINE_BYTES`]).
 ///
 /// On 3 to [`INLINE_WIDE_MAX_RANKS`] ranks a broadcast, reduce,
 /// reduce-scatter, allgather and all-to-all keep 16 KiB, windows or not
@@ -114,6 +127,7 @@ pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
 /// lower it.
 fn limit_without_windows(kind: CollKind, size: usize) -> usize {
     match (size, kind) {
+        (2, CollKind::AllToAll) => ALLTOALL_2_INLINE_BYTES,
         (
             2..=INLINE_WIDE_MAX_RANKS,
             CollKind::Broadcast
@@ -171,9 +185,13 @@ fn window_path_from(kind: CollKind, facts: &Facts) -> Option<usize> {
 /// The inline limit of a `kind` call on 2 ranks once the communicator has
 /// a shared window, where windows lower it: the calls whose path between
 /// windows beats inline from there, allreduce and reduce-scatter from 4
-/// KiB, allgather from 1 KiB ([`WINDOW_ALLGATHER_INLINE_BYTES`]); `None`
-/// for the others, which keep their limit. A broadcast or reduce keeps
-/// its 2-rank limit with windows: inline, its root or senders leave as
+/// KiB, allgather from 1 KiB ([`WINDOW_ALLGATHER_INLINE_BYTES`]), and
+/// all-to-all from 16 KiB, its limit before the one without windows rose
+/// to 32 KiB (between windows 32 KiB took 1.11-1.17 µs a call, inline
+/// 1.65-1.86; docs/performance-log.md, "The 2-rank all-to-all inline to
+/// 32 KiB"); `None` for the others, which keep their limit. A broadcast
+/// or reduce keeps its 2-rank limit with windows: inline, its root or
+/// senders leave as
 /// soon as their data is on their page (`early_return`), which the path
 /// between windows, a check-in and a wait for every rank to finish,
 /// cannot match at those sizes. On 3 to 8 ranks windows lower nothing:
@@ -184,6 +202,7 @@ fn windows_inline_limit(kind: CollKind) -> Option<usize> {
     match kind {
         CollKind::AllReduce | CollKind::ReduceScatter => Some(INLINE_BYTES),
         CollKind::AllGather => Some(WINDOW_ALLGATHER_INLINE_BYTES),
+        CollKind::AllToAll => Some(INLINE_MAX_BYTES),
         _ => None,
     }
 }
@@ -2153,7 +2172,7 @@ mod tests {
             (CollKind::Broadcast, 16 << 10),
             (CollKind::ReduceScatter, 16 << 10),
             (CollKind::AllGather, 16 << 10),
-            (CollKind::AllToAll, 16 << 10),
+            (CollKind::AllToAll, 32 << 10),
         ];
         let four = |windows: bool| Facts { windows, ..facts() };
         let many = |size: usize| Facts {
@@ -2162,14 +2181,22 @@ mod tests {
             ..facts()
         };
         for (kind, limit) in limits {
-            assert!(limit <= INLINE_MAX_BYTES, "{kind:?}: the page holds it");
+            // The page holds what a rank puts on it: a 2-rank
+            // all-to-all's, half its input.
+            let published = if kind == CollKind::AllToAll {
+                limit / 2
+            } else {
+                limit
+            };
+            assert!(published <= INLINE_MAX_BYTES, "{kind:?}: the page holds it");
             // With windows on 2 ranks, allreduce and reduce-scatter keep
-            // 4 KiB, allgather 1 KiB; the others keep their limit. On 3
-            // to 8 ranks, windows or not, all but allreduce 16 KiB,
-            // allreduce 8 KiB; above 8, 4 KiB.
+            // 4 KiB, allgather 1 KiB, all-to-all 16 KiB; the others keep
+            // their limit. On 3 to 8 ranks, windows or not, all but
+            // allreduce 16 KiB, allreduce 8 KiB; above 8, 4 KiB.
             let with_windows = match kind {
                 CollKind::AllReduce | CollKind::ReduceScatter => INLINE_BYTES,
                 CollKind::AllGather => 1024,
+                CollKind::AllToAll => INLINE_MAX_BYTES,
                 _ => limit,
             };
             let more = if kind == CollKind::AllReduce {
