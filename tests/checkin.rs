@@ -1,7 +1,8 @@
 //! The check-in on shared control pages for plain buffers: every collective
 //! with an input of at most 4 KiB (on 2 ranks 16 KiB for every
 //! collective but all-to-all, 32 KiB for all-to-all; on 3 to 8 ranks
-//! 16 KiB for every collective but allreduce, 8 KiB for allreduce) runs
+//! 16 KiB for every collective but allreduce and all-to-all, 8 KiB for
+//! allreduce, up to 24 KiB for all-to-all) runs
 //! inline in it (one exchange) on ranks of one host,
 //! larger ones go through slots; results against the f64
 //! reference, how many calls ran inline counted, the switch
@@ -22,12 +23,15 @@ use std::time::Duration;
 /// ranks (docs/architecture.md, the check-in): 4 KiB; on 2 ranks 16 KiB
 /// for every collective but all-to-all, 32 KiB for all-to-all (each rank
 /// puts half its input on its page); on 3 to 8 ranks 16 KiB for every
-/// collective but allreduce, and 8 KiB for allreduce.
+/// collective but allreduce and all-to-all, 8 KiB for allreduce, and for
+/// all-to-all `n / (n - 1)` times 16 KiB (what a rank puts on its page,
+/// its peers' blocks, fills 16 KiB).
 fn inline_limit(kind: &str, n: usize) -> usize {
     match (n, kind) {
-        (2, "all_to_all") => 32 << 10,
-        (2..=8, "reduce" | "broadcast" | "reduce_scatter" | "all_gather" | "all_to_all")
-        | (2, "all_reduce") => 16 << 10,
+        (2..=8, "all_to_all") => (16 << 10) * n / (n - 1),
+        (2..=8, "reduce" | "broadcast" | "reduce_scatter" | "all_gather") | (2, "all_reduce") => {
+            16 << 10
+        }
         (3..=8, "all_reduce") => 8 << 10,
         _ => 4096,
     }
@@ -115,6 +119,12 @@ fn counts(n: usize, elem: usize) -> Vec<usize> {
     };
     for limit in limits.iter().map(|l| l / elem) {
         c.extend([limit / n, limit / n + 1, limit, limit + 1]);
+    }
+    // An all-to-all of `count * n` elements at its limit on 3 to 8 ranks
+    // (`n / (n - 1)` times 16 KiB), and one block past it.
+    if (3..=8).contains(&n) {
+        let most = inline_limit("all_to_all", n) / elem / n;
+        c.extend([most, most + 1]);
     }
     c.sort_unstable();
     c.dedup();

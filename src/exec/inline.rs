@@ -1,5 +1,5 @@
 //! Small calls all in one check-in: each rank puts its input (at most
-//! `plan::inline_limit`, 4 to 16 KiB, a 2-rank all-to-all's 32 KiB; a
+//! `plan::inline_limit`, 4 to 16 KiB, an all-to-all's 18 to 32 KiB; a
 //! broadcast's root only; of an all-to-all or an out-of-place
 //! reduce-scatter only the blocks its peers read) on its control page
 //! with its announcement (up to 160 bytes in the announcement itself, up
@@ -202,7 +202,8 @@ fn published_parts<T>(
 /// inputs have `in_len` elements of `T` (every rank's alike, so each
 /// rank tells where a peer put a part as that peer did): where it lies in
 /// the input, but in an all-to-all whose input is larger than the area
-/// (on 2 ranks 16 to 32 KiB, `plan::ALLTOALL_2_INLINE_BYTES`) the blocks
+/// (on 2 ranks 16 to 32 KiB, `plan::ALLTOALL_2_INLINE_BYTES`; on 3 to 8
+/// up to `size / (size - 1)` times the area) the blocks
 /// after the owner's own, which it keeps to itself, move down one block:
 /// what it puts on its page, `(size - 1) / size` of its input, then
 /// fills the area from its start. Inputs that small never travel word by

@@ -57,6 +57,19 @@ pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
 /// 2-rank all-to-all inline to 32 KiB").
 pub(crate) const ALLTOALL_2_INLINE_BYTES: usize = 2 * INLINE_MAX_BYTES;
 
+/// The inline limit of an all-to-all on 3 to [`INLINE_WIDE_MAX_RANKS`]
+/// ranks, windows or not: each rank puts on its page the blocks of its
+/// peers, `(size - 1) / size` of its input, so the input may be
+/// `size / (size - 1)` times the area (`exec::inline::on_page`): 24 KiB
+/// on 3 ranks, 21,845 bytes on 4, 18,724 on 8. Against the slots on the
+/// AMD EPYC VM, in paired turns: 4 ranks at 20 KiB 5.7-6.3 µs against
+/// 12.1-18.8 (6 of 6, medians 2.1x), 3 ranks at 24 KiB 5.4-6.1 against
+/// 9.3-11.6 (5 of 5, 1.7x) (docs/performance-log.md, "The 2-rank
+/// all-to-all inline to 32 KiB").
+fn wide_alltoall_inline_bytes(size: usize) -> usize {
+    INLINE_MAX_BYTES * size / size.saturating_sub(1).max(1)
+}
+
 /// The inline limit of an allreduce on 3 to [`INLINE_WIDE_MAX_RANKS`]
 /// ranks, windows or not (see [`inline_limit`]).
 pub(crate) const WIDE_ALLREDUCE_INLINE_BYTES: usize = 8 << 10;
@@ -128,13 +141,10 @@ pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
 fn limit_without_windows(kind: CollKind, size: usize) -> usize {
     match (size, kind) {
         (2, CollKind::AllToAll) => ALLTOALL_2_INLINE_BYTES,
+        (3..=INLINE_WIDE_MAX_RANKS, CollKind::AllToAll) => wide_alltoall_inline_bytes(size),
         (
             2..=INLINE_WIDE_MAX_RANKS,
-            CollKind::Broadcast
-            | CollKind::Reduce
-            | CollKind::ReduceScatter
-            | CollKind::AllGather
-            | CollKind::AllToAll,
+            CollKind::Broadcast | CollKind::Reduce | CollKind::ReduceScatter | CollKind::AllGather,
         )
         | (2, CollKind::AllReduce) => INLINE_MAX_BYTES,
         (3..=INLINE_WIDE_MAX_RANKS, CollKind::AllReduce) => WIDE_ALLREDUCE_INLINE_BYTES,
@@ -2192,25 +2202,30 @@ mod tests {
             // With windows on 2 ranks, allreduce and reduce-scatter keep
             // 4 KiB, allgather 1 KiB, all-to-all 16 KiB; the others keep
             // their limit. On 3 to 8 ranks, windows or not, all but
-            // allreduce 16 KiB, allreduce 8 KiB; above 8, 4 KiB.
+            // allreduce and all-to-all 16 KiB, allreduce 8 KiB,
+            // all-to-all what puts 16 KiB on the page (24 KiB on 3 ranks,
+            // 21,845 bytes on 4, 18,724 on 8); above 8, 4 KiB.
             let with_windows = match kind {
                 CollKind::AllReduce | CollKind::ReduceScatter => INLINE_BYTES,
                 CollKind::AllGather => 1024,
                 CollKind::AllToAll => INLINE_MAX_BYTES,
                 _ => limit,
             };
-            let more = if kind == CollKind::AllReduce {
-                WIDE_ALLREDUCE_INLINE_BYTES
-            } else {
-                INLINE_MAX_BYTES
+            let more = |size: usize| match kind {
+                CollKind::AllReduce => WIDE_ALLREDUCE_INLINE_BYTES,
+                CollKind::AllToAll => [24_576, 21_845, 18_724][[3, 4, 8]
+                    .iter()
+                    .position(|&n| n == size)
+                    .expect("3, 4 or 8 ranks")],
+                _ => INLINE_MAX_BYTES,
             };
             for (f, most, what) in [
                 (two, limit, "2 ranks"),
                 (windows, with_windows, "2 ranks, windows"),
-                (four(false), more, "4 ranks"),
-                (four(true), more, "4 ranks, windows"),
-                (many(3), more, "3 ranks"),
-                (many(INLINE_WIDE_MAX_RANKS), more, "8 ranks"),
+                (four(false), more(4), "4 ranks"),
+                (four(true), more(4), "4 ranks, windows"),
+                (many(3), more(3), "3 ranks"),
+                (many(INLINE_WIDE_MAX_RANKS), more(8), "8 ranks"),
                 (many(INLINE_WIDE_MAX_RANKS + 1), INLINE_BYTES, "9 ranks"),
             ] {
                 assert_eq!(
