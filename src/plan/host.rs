@@ -64,7 +64,7 @@ pub(crate) const ALLTOALL_2_INLINE_BYTES: usize = 2 * INLINE_MAX_BYTES;
 /// on 3 ranks, 21,845 bytes on 4, 18,724 on 8. Against the slots on the
 /// AMD EPYC VM, in paired turns: 4 ranks at 20 KiB 5.7-6.3 µs against
 /// 12.1-18.8 (6 of 6, medians 2.1x), 3 ranks at 24 KiB 5.4-6.1 against
-/// 9.3-11.6 (5 of 5, 1.7x) (docs/performance-log.md, "The 2-rank
+/// 9.3-11.6 (5 of 5, medians 1.9x) (docs/performance-log.md, "The 2-rank
 /// all-to-all inline to 32 KiB").
 fn wide_alltoall_inline_bytes(size: usize) -> usize {
     INLINE_MAX_BYTES * size / size.saturating_sub(1).max(1)
