@@ -598,12 +598,14 @@ pub(super) fn spawn_watcher(
                             }
                             // After a mismatch report, ranks leave on the
                             // mismatch: their going is its echo, not news.
-                            // So is a refuser's going after its refusal
-                            // (it returned its error and its process
-                            // ended): name what it refused.
+                            // So is any rank's going after a refusal: the
+                            // refuser returned its error, the others ended
+                            // their calls on it, and their processes may
+                            // end before this rank reaches the call. Name
+                            // what was refused.
                             let heard = lock(&inner.mismatch_heard).clone();
                             let err = match heard {
-                                Some((reporter, peer, m)) if !m.refused || reporter == local => {
+                                Some((reporter, peer, m)) => {
                                     inner.mismatch_seen_here(reporter, peer, &m, None)
                                 }
                                 _ => Error::PeerFailed {
@@ -658,12 +660,25 @@ mod tests {
     fn a_refuser_that_goes_at_once_is_named_for_its_refusal() {
         for transport in [None, Some("mem"), Some("ib-emu")] {
             for lost in [false, true] {
-                refuser_goes(transport, lost);
+                refuser_goes(transport, lost, 1);
             }
         }
     }
 
-    fn refuser_goes(transport: Option<&str>, lost: bool) {
+    /// The same where the rank that goes is not the refuser but rank 2,
+    /// which ended its own call on rank 1's refusal and whose process then
+    /// ended: rank 0, late to the call, hears the refusal and then rank 2's
+    /// lost connection, and names the refusal (the process test above saw
+    /// "rank 2 failed: lost its rendezvous connection" on rank 0 once).
+    #[test]
+    fn a_rank_that_goes_after_a_refusal_is_its_echo() {
+        for transport in [None, Some("mem")] {
+            refuser_goes(transport, true, 2);
+        }
+    }
+
+    /// `goer`: the rank whose going is reported (with `lost`) after its call.
+    fn refuser_goes(transport: Option<&str>, lost: bool, goer: usize) {
         let store = MemoryStore::new();
         let n = 3;
         let results: Vec<Result<()>> = std::thread::scope(|s| {
@@ -686,12 +701,12 @@ mod tests {
                         comm.barrier().expect("a valid call first");
                         let send = [rank as u32; 4];
                         let mut recv = vec![0u32; 12 - usize::from(rank == 1)];
-                        if rank == 1 {
+                        if rank == 1 || rank == goer {
                             let r = comm.all_gather(&send, &mut recv);
-                            if lost {
+                            if lost && rank == goer {
                                 // What the server says of a process that died.
                                 store.report(FailureReport::failed(
-                                    1,
+                                    goer,
                                     "lost its rendezvous connection (process died or was killed)",
                                 ));
                             }
@@ -708,7 +723,7 @@ mod tests {
                 .map(|h| h.join().expect("rank"))
                 .collect()
         });
-        let how = format!("{transport:?}, process lost: {lost}");
+        let how = format!("{transport:?}, process lost: {lost}, rank {goer} goes");
         for (rank, r) in results.into_iter().enumerate() {
             match (rank, r) {
                 (1, Err(Error::InvalidArgument(_))) => {}
