@@ -270,15 +270,31 @@ impl Communicator {
             cma_push,
             spread_chunks: AtomicU64::new(0),
         }));
+        let limits: Vec<String> = [
+            CollKind::AllReduce,
+            CollKind::Broadcast,
+            CollKind::Reduce,
+            CollKind::ReduceScatter,
+            CollKind::AllGather,
+            CollKind::AllToAll,
+        ]
+        .into_iter()
+        .map(|kind| {
+            let limit = crate::plan::limit_without_windows(kind, inner.size);
+            format!("{} {limit}", kind.name())
+        })
+        .collect();
         tracing::info!(
             rank = inner.rank,
-            "control pages shared by {} ranks: collectives of at most {} bytes (on 2 ranks \
-             without windows up to {}, an all-to-all up to {} on 2 ranks and 18-24 KiB on 3-8) \
-             run inline in the check-in",
+            "control pages shared by {} ranks: calls of at most these bytes of input run inline \
+             in the check-in: {}{}",
             inner.size,
-            crate::plan::INLINE_BYTES,
-            crate::plan::INLINE_MAX_BYTES,
-            crate::plan::ALLTOALL_2_INLINE_BYTES
+            limits.join(", "),
+            if inner.size == 2 {
+                " (fewer where windows take them)"
+            } else {
+                ""
+            },
         );
         if cma && inner.config.calibrate {
             self.calibrate_cma()?;

@@ -138,7 +138,7 @@ pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
 
 /// [`inline_limit`] of a `kind` call on `size` ranks where windows do not
 /// lower it.
-fn limit_without_windows(kind: CollKind, size: usize) -> usize {
+pub(crate) fn limit_without_windows(kind: CollKind, size: usize) -> usize {
     match (size, kind) {
         (2, CollKind::AllToAll) => ALLTOALL_2_INLINE_BYTES,
         (3..=INLINE_WIDE_MAX_RANKS, CollKind::AllToAll) => wide_alltoall_inline_bytes(size),
