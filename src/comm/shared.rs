@@ -270,26 +270,13 @@ impl Communicator {
             cma_push,
             spread_chunks: AtomicU64::new(0),
         }));
-        let limits: Vec<String> = [
-            CollKind::AllReduce,
-            CollKind::Broadcast,
-            CollKind::Reduce,
-            CollKind::ReduceScatter,
-            CollKind::AllGather,
-            CollKind::AllToAll,
-        ]
-        .into_iter()
-        .map(|kind| {
-            let limit = crate::plan::limit_without_windows(kind, inner.size);
-            format!("{} {limit}", kind.name())
-        })
-        .collect();
+        // The arguments are built only where INFO is on.
         tracing::info!(
             rank = inner.rank,
             "control pages shared by {} ranks: calls of at most these bytes of input run inline \
              in the check-in: {}{}",
             inner.size,
-            limits.join(", "),
+            inline_limits(inner.size),
             if inner.size == 2 {
                 " (fewer where windows take them)"
             } else {
@@ -846,4 +833,25 @@ impl Communicator {
         )?;
         Ok(any_failed[0] == 0)
     }
+}
+
+/// Each collective's inline limit on `size` ranks without windows, as the
+/// planner computes it (`plan::limit_without_windows`), for the INFO line
+/// at the control pages' creation: "all_reduce 16384, broadcast 16384, ...".
+fn inline_limits(size: usize) -> String {
+    [
+        CollKind::AllReduce,
+        CollKind::Broadcast,
+        CollKind::Reduce,
+        CollKind::ReduceScatter,
+        CollKind::AllGather,
+        CollKind::AllToAll,
+    ]
+    .into_iter()
+    .map(|kind| {
+        let limit = crate::plan::limit_without_windows(kind, size);
+        format!("{} {limit}", kind.name())
+    })
+    .collect::<Vec<_>>()
+    .join(", ")
 }

@@ -202,8 +202,8 @@ fn published_parts<T>(
 /// inputs have `in_len` elements of `T` (every rank's alike, so each
 /// rank tells where a peer put a part as that peer did): where it lies in
 /// the input, but in an all-to-all whose input is larger than the area
-/// (on 2 ranks 16 to 32 KiB, `plan::ALLTOALL_2_INLINE_BYTES`; on 3 to 8
-/// up to `size / (size - 1)` times the area) the blocks
+/// (up to `size / (size - 1)` times the area on 2 to 8 ranks,
+/// `plan::host::alltoall_inline_bytes`) the blocks
 /// after the owner's own, which it keeps to itself, move down one block:
 /// what it puts on its page, `(size - 1) / size` of its input, then
 /// fills the area from its start. Inputs that small never travel word by

@@ -37,8 +37,8 @@ pub(crate) const WINDOW_ALLGATHER_INLINE_BYTES: usize = 1024;
 
 /// What each check-in's inline area on the control page holds
 /// (`exec::checkin::INLINE_CAPACITY`): the largest input any call runs
-/// inline with, but a 2-rank all-to-all, which puts only half of its on
-/// the page ([`ALLTOALL_2_INLINE_BYTES`]).
+/// inline with, but an all-to-all, which puts only its peers' blocks on
+/// the page ([`alltoall_inline_bytes`]).
 pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 
 /// The most ranks on which a broadcast, reduce, reduce-scatter, allgather
@@ -47,26 +47,19 @@ pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 /// on 3, 4 and 8.
 pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
 
-/// The inline limit of an all-to-all on 2 ranks without windows (with
-/// them, [`INLINE_MAX_BYTES`]: [`windows_inline_limit`]): each rank puts
-/// on its page only the block its peer takes, half its input, so an input
-/// of twice the inline area fits (`exec::inline::on_page`). At 32 KiB
-/// inline took 1.65-1.86 µs a call against the slots' 1.95-2.64, faster
-/// in 6 of 6 paired turns on the AMD EPYC VM (medians 1.68 against 2.03);
-/// the slots read 0.81x Intel MPI there (docs/performance-log.md, "The
-/// 2-rank all-to-all inline to 32 KiB").
-pub(crate) const ALLTOALL_2_INLINE_BYTES: usize = 2 * INLINE_MAX_BYTES;
-
-/// The inline limit of an all-to-all on 3 to [`INLINE_WIDE_MAX_RANKS`]
-/// ranks, windows or not: each rank puts on its page the blocks of its
-/// peers, `(size - 1) / size` of its input, so the input may be
-/// `size / (size - 1)` times the area (`exec::inline::on_page`): 24 KiB
-/// on 3 ranks, 21,845 bytes on 4, 18,724 on 8. Against the slots on the
-/// AMD EPYC VM, in paired turns: 4 ranks at 20 KiB 5.7-6.3 µs against
+/// The inline limit of an all-to-all on 2 to [`INLINE_WIDE_MAX_RANKS`]
+/// ranks (on 2 ranks without windows; with them [`INLINE_MAX_BYTES`]:
+/// [`windows_inline_limit`]): each rank puts on its page only the blocks
+/// its peers take, `(size - 1) / size` of its input, so the input may be
+/// `size / (size - 1)` times the area (`exec::inline::on_page`): 32 KiB
+/// on 2 ranks, 24 KiB on 3, 21,845 bytes on 4, 18,724 on 8. Against the
+/// slots on the AMD EPYC VM, in paired turns: 2 ranks at 32 KiB 1.65-1.86
+/// µs against 1.95-2.64 (6 of 6, medians 1.68 against 2.03; the slots
+/// read 0.81x Intel MPI there), 4 ranks at 20 KiB 5.7-6.3 against
 /// 12.1-18.8 (6 of 6, medians 2.1x), 3 ranks at 24 KiB 5.4-6.1 against
 /// 9.3-11.6 (5 of 5, medians 1.9x) (docs/performance-log.md, "The 2-rank
 /// all-to-all inline to 32 KiB").
-fn wide_alltoall_inline_bytes(size: usize) -> usize {
+fn alltoall_inline_bytes(size: usize) -> usize {
     INLINE_MAX_BYTES * size / size.saturating_sub(1).max(1)
 }
 
@@ -104,7 +97,7 @@ pub(crate) const WIDE_ALLREDUCE_INLINE_BYTES: usize = 8 << 10;
 /// up to 8 KiB as the allgather; at 16 KiB inline measured 1.16-1.19x
 /// faster than the slots in turns, both orders (same entry), so it ran
 /// inline to 16 KiB too, and since 2026-12-05 to 32 KiB
-/// ([`ALLTOALL_2_INLINE_BYTES`]).
+/// ([`alltoall_inline_bytes`]).
 ///
 /// On 3 to [`INLINE_WIDE_MAX_RANKS`] ranks a broadcast, reduce,
 /// reduce-scatter, allgather and all-to-all keep 16 KiB, windows or not
@@ -140,8 +133,7 @@ pub(crate) fn inline_limit(kind: CollKind, facts: &Facts) -> usize {
 /// lower it.
 pub(crate) fn limit_without_windows(kind: CollKind, size: usize) -> usize {
     match (size, kind) {
-        (2, CollKind::AllToAll) => ALLTOALL_2_INLINE_BYTES,
-        (3..=INLINE_WIDE_MAX_RANKS, CollKind::AllToAll) => wide_alltoall_inline_bytes(size),
+        (2..=INLINE_WIDE_MAX_RANKS, CollKind::AllToAll) => alltoall_inline_bytes(size),
         (
             2..=INLINE_WIDE_MAX_RANKS,
             CollKind::Broadcast | CollKind::Reduce | CollKind::ReduceScatter | CollKind::AllGather,
