@@ -19,8 +19,9 @@
  * and copy that sum in, meet; copy the peer's sums out, meet. Before each
  * round (untimed) each process reads its whole output and rewrites its
  * input, as a training step does (ferroccl-perf --fresh 1,
- * MPI_COLL_FRESH=1). SETS shared buffer sets are taken in turn (ferroccl's
- * slots rotate through 8).
+ * MPI_COLL_FRESH=1); FRESH=0 leaves that out, as back-to-back calls
+ * (ferroccl-perf's default, bench/peers.sh without FRESH=1) run. SETS
+ * shared buffer sets are taken in turn (ferroccl's slots rotate through 8).
  *
  * ADD=lines (with OUT=pages): the sum reads the peer's copy line after
  * line, only the copies out go by pages.
@@ -42,7 +43,7 @@
  *
  * build: gcc -O3 -march=native -o /tmp/pages bench/bound/pages.c
  * run:   [OUT=pages] [IN=pages] [SETS=2] [OWN=0] [ADD=lines] [WHOLE=1 [CHUNK=B]] /tmp/pages copy|allreduce|allgather BYTES [ITERS]
- *        (e.g. OUT=pages /tmp/pages allreduce 524288 1000)
+ *        [FRESH=0] (e.g. OUT=pages /tmp/pages allreduce 524288 1000)
  * Prints the mean and best of ITERS rounds, in microseconds.
  */
 #include <immintrin.h>
@@ -123,6 +124,7 @@ int main(int argc, char **argv) {
   int own = !((e = getenv("OWN")) && !strcmp(e, "0"));
   int add_pages = out_pages && !((e = getenv("ADD")) && !strcmp(e, "lines"));
   int whole = ar && (e = getenv("WHOLE")) && !strcmp(e, "1");
+  int fresh = !((e = getenv("FRESH")) && !strcmp(e, "0"));
   size_t chunk = (e = getenv("CHUNK")) ? strtoul(e, 0, 10) : bytes;
   long staged = 0;
   if (bytes % 64 || bytes < 128 || sets < 1) {
@@ -141,10 +143,12 @@ int main(int argc, char **argv) {
   double sum = 0, best = 1e9;
   volatile float sink = 0;
   for (int it = -5; it < iters; it++) {
-    float acc = 0;
-    for (size_t i = 0; i < n; i++) acc += out[i];
-    for (size_t i = 0; i < n; i++) in[i] = (float)(r + 1);
-    sink += acc;
+    if (fresh || it < -4) {
+      float acc = 0;
+      for (size_t i = 0; i < n; i++) acc += out[i];
+      for (size_t i = 0; i < n; i++) in[i] = (float)(r + 1);
+      sink += acc;
+    }
     int set = (it + 5) % sets;
     float *mine = (float *)(shared + (2 * (size_t)set + r) * bytes);
     float *theirs = (float *)(shared + (2 * (size_t)set + p) * bytes);
@@ -205,9 +209,9 @@ int main(int argc, char **argv) {
     }
   if (r == 0) {
     wait(NULL);
-    printf("%s of %zu bytes, 2 processes, copies out %s, in %s, %d set(s): mean %.1f us, best %.1f\n",
+    printf("%s of %zu bytes, 2 processes, copies out %s, in %s, %d set(s)%s: mean %.1f us, best %.1f\n",
            ar ? "allreduce" : ag ? "allgather" : "copy out of shared memory", bytes, out_pages ? "by pages" : "by memcpy",
-           in_pages ? "by pages" : "by memcpy", sets, sum / iters * 1e6, best * 1e6);
+           in_pages ? "by pages" : "by memcpy", sets, fresh ? "" : ", back to back", sum / iters * 1e6, best * 1e6);
   }
   return 0;
 }
