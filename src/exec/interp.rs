@@ -32,7 +32,7 @@ const FROM_SHARED_MAX: usize = 4 << 20;
 /// Write `len` elements computed by `make` into a slot. Slots are 8-byte
 /// aligned by every transport; the fallback keeps a misaligned slot correct
 /// rather than panicking.
-fn fill_slot<T: Element>(slot: &mut [u8], len: usize, make: impl FnOnce(&mut [T])) -> usize {
+fn fill_slot<T: Element>(slot: &mut [u8], len: usize, make: impl FnOnce(&mut [T])) {
     let bytes = len * std::mem::size_of::<T>();
     match bytemuck::try_cast_slice_mut::<u8, T>(&mut slot[..bytes]) {
         Ok(typed) => make(typed),
@@ -42,7 +42,6 @@ fn fill_slot<T: Element>(slot: &mut [u8], len: usize, make: impl FnOnce(&mut [T]
             crate::reduce::copy(&mut slot[..bytes], bytemuck::cast_slice(&tmp));
         }
     }
-    bytes
 }
 
 /// Check a received frame and view its payload as elements.
@@ -187,13 +186,15 @@ fn run_step<T: Element>(
                     }
                 };
                 let data: &[T] = &data;
+                // What a step that sends writes into the slot.
+                let bytes = len * std::mem::size_of::<T>();
                 match prim {
                     Prim::RecvReduceCopy => io.reduce_to_output(mode, call.op, step, data),
                     Prim::RecvReduceSend => {
                         let input = io.local(step);
                         let sender = sender.as_mut().expect("schedule step sends");
-                        sender.send_with_until(header, deadline(call), &mut |slot| {
-                            fill_slot::<T>(slot, len, |dst| reduce_to(call.op, dst, data, input))
+                        sender.send_sized_until(header, deadline(call), bytes, &mut |slot| {
+                            fill_slot::<T>(slot, len, |dst| reduce_to(call.op, dst, data, input));
                         })?;
                     }
                     // Forward the received bytes themselves, then keep
@@ -210,11 +211,16 @@ fn run_step<T: Element>(
                     Prim::RecvReduceCopySend => {
                         let sender = sender.as_mut().expect("schedule step sends");
                         if sender.send_from_copies() {
-                            sender.send_with_until(header, deadline(call), &mut |slot| {
-                                fill_slot::<T>(slot, len, |dst| {
-                                    io.reduce_to_output_and_copy(mode, call.op, step, data, dst)
-                                })
-                            })?;
+                            sender.send_sized_until(
+                                header,
+                                deadline(call),
+                                bytes,
+                                &mut |slot| {
+                                    fill_slot::<T>(slot, len, |dst| {
+                                        io.reduce_to_output_and_copy(mode, call.op, step, data, dst)
+                                    });
+                                },
+                            )?;
                         } else {
                             io.reduce_to_output(Store::Cached, call.op, step, data);
                             let out = io.output(step.output, len);

@@ -102,6 +102,7 @@ pub(crate) fn device_fifo(
             header: None,
             payload: 16,
             inline: None,
+            placement: None,
         },
         head: word(back as u64 + g.ll_head()),
         tail: Counter::Flagged,

@@ -114,6 +114,10 @@ pub struct SlotLayout {
     /// Where a small payload travels instead (next to the header, in its
     /// cache line), if the transport does that.
     pub inline: Option<InlinePayload>,
+    /// Where a larger payload's start inside the payload area is written,
+    /// if the transport moves payloads along it (None: every payload
+    /// starts at [`SlotLayout::payload`]).
+    pub placement: Option<PayloadPlacement>,
 }
 
 /// A small payload's place inside a slot.
@@ -126,6 +130,19 @@ pub struct InlinePayload {
     pub max_bytes: usize,
 }
 
+/// A payload's start inside a slot's payload area, for a transport that
+/// moves payloads along it (shared memory, so that the lines a receiver
+/// read last are not the ones the sender writes next).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadPlacement {
+    /// Offset from the slot's start of a native-endian u32: the payload's
+    /// start past [`SlotLayout::payload`], in `unit`s. Written for every
+    /// payload that does not travel inline.
+    pub offset: usize,
+    /// Bytes per unit of that word.
+    pub unit: usize,
+}
+
 impl SlotLayout {
     /// The layout of a slot that is nothing but its payload.
     pub const PAYLOAD_ONLY: SlotLayout = SlotLayout {
@@ -133,6 +150,7 @@ impl SlotLayout {
         header: None,
         payload: 0,
         inline: None,
+        placement: None,
     };
 }
 

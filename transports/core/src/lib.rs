@@ -46,7 +46,9 @@ pub use copy::{
     copy_pages, memcpy_keeps_pace, pages_enabled, prefetch_for_read, prefetch_for_write,
     shared_copy_from_env, PAGES_BLOCK, PAGES_MAX, VECTOR_MIN,
 };
-pub use fifo::{Counter, FifoDescriptor, InlinePayload, Mapping, MemoryKind, SlotLayout};
+pub use fifo::{
+    Counter, FifoDescriptor, InlinePayload, Mapping, MemoryKind, PayloadPlacement, SlotLayout,
+};
 pub use frame::{Fingerprint, FrameHeader, FrameKind, HEADER_BYTES, MAGIC};
 pub use shared::{SharedMemory, SharedRegion};
 
@@ -325,6 +327,30 @@ pub trait SlotSender: Send {
         fill: &mut dyn FnMut(&mut [u8]) -> usize,
     ) -> Result<(), TransportError> {
         self.send_with(header, deadline.instant(), fill)
+    }
+
+    /// `send_with_until` for a frame whose length the caller knows before
+    /// it fills the slot: `fill` gets exactly `len` bytes (at most
+    /// `chunk_bytes`) to write. A transport that places a payload by its
+    /// length overrides it (shared memory moves payloads along its slots);
+    /// the default goes through `send_with_until`.
+    fn send_sized_until(
+        &mut self,
+        header: FrameHeader,
+        deadline: Deadline,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), TransportError> {
+        let room = self.chunk_bytes();
+        if len > room {
+            return Err(TransportError::Io(format!(
+                "a frame of {len} bytes does not fit a {room}-byte slot"
+            )));
+        }
+        self.send_with_until(header, deadline, &mut |slot| {
+            fill(&mut slot[..len]);
+            len
+        })
     }
 
     /// `send_from` until a [`Deadline`] (see `send_with_until`).

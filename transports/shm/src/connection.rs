@@ -303,14 +303,68 @@ impl SlotSender for ShmSender {
 
     fn send_with_until(
         &mut self,
+        header: FrameHeader,
+        deadline: Deadline,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<(), TransportError> {
+        self.send_placed(header, deadline, None, fill)
+    }
+
+    fn send_sized_until(
+        &mut self,
+        header: FrameHeader,
+        deadline: Deadline,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), TransportError> {
+        self.check_fits(len)?;
+        self.send_placed(header, deadline, Some(len), &mut |slot| {
+            fill(&mut slot[..len]);
+            len
+        })
+    }
+
+    fn send_from_until(
+        &mut self,
+        header: FrameHeader,
+        deadline: Deadline,
+        bytes: &[u8],
+    ) -> Result<(), TransportError> {
+        let n = bytes.len();
+        self.check_fits(n)?;
+        self.send_placed(header, deadline, Some(n), &mut |slot| {
+            ferroccl_transport::copy_into_shared(&mut slot[..n], bytes);
+            n
+        })
+    }
+}
+
+impl ShmSender {
+    /// A frame of `n` bytes fits a slot, or the error that says it does not.
+    fn check_fits(&self, n: usize) -> Result<(), TransportError> {
+        if n > self.link.chunk_bytes {
+            return Err(TransportError::Io(format!(
+                "a frame of {n} bytes does not fit a {}-byte slot for rank {}",
+                self.link.chunk_bytes, self.link.peer
+            )));
+        }
+        Ok(())
+    }
+
+    /// Wait for a free slot and fill and publish it; a payload whose
+    /// length is known beforehand (`sized`) goes where the ring places it
+    /// along the slot (`ring::place`).
+    fn send_placed(
+        &mut self,
         mut header: FrameHeader,
         deadline: Deadline,
+        sized: Option<usize>,
         fill: &mut dyn FnMut(&mut [u8]) -> usize,
     ) -> Result<(), TransportError> {
         self.wait_for_slot(deadline)?;
         let chunk_bytes = self.link.chunk_bytes;
         let peer = self.link.peer;
-        self.ring.fill_and_publish(fill, |len| {
+        self.ring.fill_and_publish(sized, fill, |len| {
             if len > chunk_bytes {
                 return Err(TransportError::Io(format!(
                     "fill wrote {len} bytes into a {chunk_bytes}-byte slot for rank {peer}"
@@ -322,25 +376,6 @@ impl SlotSender for ShmSender {
             // slots.
             header.kind = FrameKind::Data;
             Ok(header.encode())
-        })
-    }
-
-    fn send_from_until(
-        &mut self,
-        header: FrameHeader,
-        deadline: Deadline,
-        bytes: &[u8],
-    ) -> Result<(), TransportError> {
-        let n = bytes.len();
-        if n > self.link.chunk_bytes {
-            return Err(TransportError::Io(format!(
-                "a frame of {n} bytes does not fit a {}-byte slot for rank {}",
-                self.link.chunk_bytes, self.link.peer
-            )));
-        }
-        self.send_with_until(header, deadline, &mut |slot| {
-            ferroccl_transport::copy_into_shared(&mut slot[..n], bytes);
-            n
         })
     }
 }
@@ -405,10 +440,17 @@ impl ShmReceiver {
         let chunk_bytes = self.link.chunk_bytes;
         let (decoded, result) = match self.ring.peek() {
             Some(filled) => match FrameHeader::decode(&filled.header, chunk_bytes) {
-                Ok(h) => {
-                    let r = take(&h, filled.payload(h.len as usize));
-                    (Ok(()), r)
-                }
+                Ok(h) => match filled.payload(h.len as usize) {
+                    Ok(payload) => (Ok(()), take(&h, payload)),
+                    Err(at) => (
+                        Err(format!(
+                            "a frame of {} bytes placed {at} bytes into a {chunk_bytes}-byte slot: \
+                             past its end",
+                            h.len
+                        )),
+                        Ok(()),
+                    ),
+                },
                 Err(detail) => (Err(detail), Ok(())),
             },
             None => unreachable!("wait_for_frame saw a filled slot"),
@@ -537,7 +579,10 @@ pub(crate) fn establish(parts: Parts) -> Connection {
         host: Some(HostPath {
             sender: Box::new(ShmSender {
                 link: link.clone(),
-                ring: Producer::new(parts.out),
+                ring: Producer::new(
+                    parts.out,
+                    !ferroccl_transport::wait::ranks_share_cpus(parts.ranks),
+                ),
             }),
             receiver: Box::new(ShmReceiver {
                 link: link.clone(),

@@ -72,7 +72,11 @@ pub fn segment(data: &[u8]) -> std::io::Result<(Option<u32>, usize)> {
             match ring.peek() {
                 Some(filled) => match FrameHeader::decode(&filled.header, GEOMETRY.chunk_bytes) {
                     Ok(h) => {
-                        let payload = filled.payload(h.len as usize);
+                        // A placement past the slot's end is refused,
+                        // never read.
+                        let Ok(payload) = filled.payload(h.len as usize) else {
+                            break;
+                        };
                         assert_eq!(payload.len(), h.len as usize, "payload past the frame");
                         frames += 1;
                         ring.release();

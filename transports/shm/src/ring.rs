@@ -17,10 +17,23 @@
 //!                  reason_len u32, failed_rank u64
 //!  320  reason     256 bytes (UTF-8)
 //! 1024  slot 0     published u64, 40-byte frame header, 16 bytes of inline
-//!                  payload (one cache line), chunk_bytes payload, padding
-//!                  to a multiple of 64
+//!                  payload or, for a larger payload, its placement (one
+//!                  cache line), chunk_bytes payload area, padding to a
+//!                  multiple of 64
 //!       slot 1 ... slot steps-1
 //! ```
+//!
+//! A payload larger than the inline bytes starts `placement` x 64 bytes
+//! into the slot's payload area (a u32 in the inline bytes' place). The
+//! sender moves a slot's payloads along its area from one use to the next
+//! ([`Producer::fill_and_publish`]; not where ranks share CPUs), so that
+//! a call of small frames
+//! touches every slot's whole area over a few rounds instead of the first
+//! bytes of each again and again. Lines the receiver read are then gone
+//! from its core's private cache by the time the sender writes them again,
+//! and that write no longer waits on the other core to give them up: on
+//! the AMD EPYC build VM a 2-rank allreduce of 64 KiB took half the time
+//! (docs/performance-log.md, "Payloads spread over the slots").
 //!
 //! Every field of the control block is an atomic, so the two processes
 //! never race on plain memory there. Slots are plain memory (but for their
@@ -46,7 +59,8 @@
 //! change here changes it there.
 
 use ferroccl_transport::{
-    Counter, FifoDescriptor, InlinePayload, Mapping, MemoryKind, SlotLayout, HEADER_BYTES,
+    Counter, FifoDescriptor, InlinePayload, Mapping, MemoryKind, PayloadPlacement, SlotLayout,
+    HEADER_BYTES,
 };
 use memmap2::{MmapOptions, MmapRaw};
 use std::fs::File;
@@ -55,8 +69,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 /// "FCCLSHM1" as a little-endian u64.
 const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"FCCLSHM1");
 /// Layout version; bumped on any change of the layout above (2: the
-/// `published` word and the inline payload in each slot).
-pub(crate) const LAYOUT_VERSION: u32 = 2;
+/// `published` word and the inline payload in each slot; 3: the payload's
+/// placement).
+pub(crate) const LAYOUT_VERSION: u32 = 3;
 /// Where slot 0 starts.
 const SLOTS_OFFSET: usize = 1024;
 /// Where a slot's frame header starts, after its `published` word.
@@ -66,8 +81,18 @@ const HEADER_OFFSET: usize = 8;
 const INLINE_OFFSET: usize = HEADER_OFFSET + HEADER_BYTES;
 /// Payloads of at most this many bytes travel in the header's cache line.
 pub(crate) const INLINE_BYTES: usize = PAYLOAD_OFFSET - INLINE_OFFSET;
-/// Where a larger payload starts, from the slot's start (64-aligned).
+/// Where a larger payload's area starts, from the slot's start (64-aligned).
 const PAYLOAD_OFFSET: usize = 64;
+/// Where a larger payload's placement (u32, in `PLACEMENT_UNIT`s past
+/// `PAYLOAD_OFFSET`) is: in the inline payload's bytes, which it leaves
+/// unused.
+const PLACEMENT_OFFSET: usize = INLINE_OFFSET;
+/// The placement's unit, in bytes.
+const PLACEMENT_UNIT: usize = 64;
+/// Successive payloads in one slot start this far apart at least (their
+/// length rounded up to it): a page, so that a payload keeps its
+/// alignment within pages from one use of the slot to the next.
+const PLACEMENT_STEP: usize = 4096;
 /// Most bytes of a failure reason kept in the segment.
 pub(crate) const MAX_REASON_BYTES: usize = 256;
 
@@ -119,6 +144,8 @@ const _: () = {
     assert!(std::mem::offset_of!(Control, reason) == 320);
     assert!(INLINE_OFFSET <= PAYLOAD_OFFSET);
     assert!(INLINE_BYTES >= 8);
+    assert!(PLACEMENT_OFFSET + 4 <= PAYLOAD_OFFSET);
+    assert!(PLACEMENT_STEP.is_multiple_of(PLACEMENT_UNIT));
 };
 
 /// `failure` values: nobody reported one, one is being written, one is
@@ -379,6 +406,10 @@ impl Segment {
                     offset: INLINE_OFFSET,
                     max_bytes: INLINE_BYTES,
                 }),
+                placement: Some(PayloadPlacement {
+                    offset: PLACEMENT_OFFSET,
+                    unit: PLACEMENT_UNIT,
+                }),
             },
             head: Counter::Mapped {
                 addr: &c.head as *const AtomicU64 as usize,
@@ -401,6 +432,35 @@ pub(crate) struct Producer {
     /// `head` as last loaded: the receiver only moves it forward, so a
     /// stale copy can only under-count free slots.
     head_seen: u64,
+    /// Per slot: where in its payload area the next payload may start
+    /// (see [`place`]).
+    next_at: Vec<usize>,
+    /// Whether payloads move along their slots at all: not where the
+    /// host's ranks share CPUs, whose ranks on one core find the lines a
+    /// peer read last in that core's cache (see [`Producer::new`]).
+    spread: bool,
+}
+
+/// Where a payload of `len` bytes goes in a slot of `chunk_bytes` whose
+/// next payload may start at `*next_at`: there if it fits, else at the
+/// area's start; `*next_at` moves past it (its length rounded up to
+/// `PLACEMENT_STEP`). A payload that fits inline, or whose length is
+/// unknown before it is written (None), goes at the start and leaves
+/// `*next_at` alone.
+fn place(next_at: &mut usize, len: Option<usize>, chunk_bytes: usize) -> usize {
+    let Some(len) = len.filter(|&n| n > INLINE_BYTES && n <= chunk_bytes) else {
+        return 0;
+    };
+    let at = if next_at
+        .checked_add(len)
+        .is_some_and(|end| end <= chunk_bytes)
+    {
+        *next_at
+    } else {
+        0
+    };
+    *next_at = at + len.next_multiple_of(PLACEMENT_STEP);
+    at
 }
 
 /// The receiving end of a segment: the single writer of `head`.
@@ -421,28 +481,50 @@ pub(crate) struct Filled<'a> {
 
 impl Filled<'_> {
     /// The first `len` payload bytes, straight out of the mapping: in the
-    /// header's line for a frame of at most `INLINE_BYTES`, else in the
-    /// payload area. `len` comes from a header decoded against the slot
-    /// size, and is clamped to it here all the same.
-    pub(crate) fn payload(&self, len: usize) -> &[u8] {
+    /// header's line for a frame of at most `INLINE_BYTES`, else where the
+    /// slot's placement puts them in the payload area. `len` comes from a
+    /// header decoded against the slot size, and is clamped to it here all
+    /// the same. A placement that would put the payload past the slot's
+    /// end (only a peer that broke the protocol writes one) is an error
+    /// that gives it, in bytes.
+    pub(crate) fn payload(&self, len: usize) -> Result<&[u8], usize> {
         let len = len.min(self.chunk_bytes);
         let offset = if len <= INLINE_BYTES {
             INLINE_OFFSET
         } else {
-            PAYLOAD_OFFSET
+            let at = self.placement() as usize * PLACEMENT_UNIT;
+            if at + len > self.chunk_bytes {
+                return Err(at);
+            }
+            PAYLOAD_OFFSET + at
         };
         // SAFETY: `slot` is the start of a slot inside the mapping; the
         // inline area [INLINE_OFFSET, PAYLOAD_OFFSET) holds INLINE_BYTES >=
         // len bytes, and the payload area at PAYLOAD_OFFSET holds
-        // `chunk_bytes` >= len bytes (the mapping was sized from the local
-        // geometry); both outlive `self` (the borrow of the Consumer that
-        // made it). The slot is the receiver's until `head` moves past it,
-        // which only `Consumer::release` does and which needs `&mut
-        // Consumer`, so no `&mut` alias exists; the peer's sender does not
-        // write it before then (Acquire/Release on head). Neither area
-        // overlaps the atomic `published` word. A peer that broke the
-        // protocol could change the bytes under us, but not their bounds.
-        unsafe { std::slice::from_raw_parts(self.slot.add(offset), len) }
+        // `chunk_bytes` >= at + len bytes (checked above; the mapping was
+        // sized from the local geometry); both outlive `self` (the borrow
+        // of the Consumer that made it). The slot is the receiver's until
+        // `head` moves past it, which only `Consumer::release` does and
+        // which needs `&mut Consumer`, so no `&mut` alias exists; the
+        // peer's sender does not write it before then (Acquire/Release on
+        // head). Neither area overlaps the atomic `published` word. A peer
+        // that broke the protocol could change the bytes under us, but not
+        // their bounds.
+        Ok(unsafe { std::slice::from_raw_parts(self.slot.add(offset), len) })
+    }
+
+    /// The slot's placement word (meaningful for a payload larger than
+    /// `INLINE_BYTES`).
+    fn placement(&self) -> u32 {
+        let mut word = [0u8; 4];
+        // SAFETY: [PLACEMENT_OFFSET, +4) lies in the slot's inline area,
+        // inside the mapping, apart from the `published` word; the slot is
+        // the receiver's (as in `payload`); the bytes are copied into a
+        // distinct local.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.slot.add(PLACEMENT_OFFSET), word.as_mut_ptr(), 4)
+        };
+        u32::from_ne_bytes(word)
     }
 }
 
@@ -471,12 +553,20 @@ fn slot_ptr(seg: &Segment, index: u64) -> (*mut u8, Geometry) {
 }
 
 impl Producer {
-    pub(crate) fn new(seg: std::sync::Arc<Segment>) -> Self {
+    /// The sending end of `seg`; `spread`: move payloads along their
+    /// slots ([`place`]). Off where ranks share CPUs: 4 ranks on the 2-CPU
+    /// AMD VM ran reduce-scatters and all-to-alls 0.5-0.9x as fast with it,
+    /// against 1.1-2.8x for 2 ranks (docs/performance-log.md, "Payloads
+    /// spread over the slots").
+    pub(crate) fn new(seg: std::sync::Arc<Segment>, spread: bool) -> Self {
         let tail = seg.ctl().tail.load(Ordering::Relaxed);
+        let steps = seg.geometry().steps;
         Producer {
             seg,
             tail,
             head_seen: tail,
+            next_at: vec![0; steps],
+            spread,
         }
     }
 
@@ -495,26 +585,37 @@ impl Producer {
         self.tail.wrapping_sub(self.head_seen) < steps
     }
 
-    /// Let `fill` write the next free slot's payload (`chunk_bytes` long)
-    /// and return its length; if `header_for(len)` gives a header, write
-    /// it and publish the slot, else leave the slot free. Call only after
+    /// Let `fill` write the next free slot's payload and return its
+    /// length; if `header_for(len)` gives a header, write it and publish
+    /// the slot, else leave the slot free. Where the caller knows the
+    /// length beforehand (`sized`), the payload goes where [`place`] puts
+    /// it and `fill` gets the area from there (at least that long); else
+    /// it gets the whole area (`chunk_bytes`). Call only after
     /// `has_free_slot` returned true.
     pub(crate) fn fill_and_publish<E>(
         &mut self,
+        sized: Option<usize>,
         fill: &mut dyn FnMut(&mut [u8]) -> usize,
         header_for: impl FnOnce(usize) -> Result<[u8; HEADER_BYTES], E>,
     ) -> Result<(), E> {
         debug_assert!(self.tail.wrapping_sub(self.head_seen) < self.seg.geometry().steps as u64);
         let (slot, g) = slot_ptr(&self.seg, self.tail);
+        let k = (self.tail % g.steps as u64) as usize;
+        let at = if self.spread {
+            place(&mut self.next_at[k], sized, g.chunk_bytes)
+        } else {
+            0
+        };
         // SAFETY: the slot lies in the mapping (slot_ptr) with room for
-        // PAYLOAD_OFFSET + chunk_bytes bytes. It is free: tail - head <
-        // steps with `head` loaded Acquire, so the receiver finished reading
-        // it before it released it; and it is not yet published, so the
-        // receiver does not read it until our Release store of tail below.
-        // We are the only producer, and `&mut self` rules out a second
-        // live slice from this one.
-        let payload =
-            unsafe { std::slice::from_raw_parts_mut(slot.add(PAYLOAD_OFFSET), g.chunk_bytes) };
+        // PAYLOAD_OFFSET + chunk_bytes bytes, and at <= chunk_bytes
+        // (`place`). It is free: tail - head < steps with `head` loaded
+        // Acquire, so the receiver finished reading it before it released
+        // it; and it is not yet published, so the receiver does not read it
+        // until our Release store of tail below. We are the only producer,
+        // and `&mut self` rules out a second live slice from this one.
+        let payload = unsafe {
+            std::slice::from_raw_parts_mut(slot.add(PAYLOAD_OFFSET + at), g.chunk_bytes - at)
+        };
         let len = fill(payload);
         let header = header_for(len)?;
         // SAFETY: as above; the header region [8, 48) of the free slot is
@@ -528,11 +629,19 @@ impl Producer {
             // (from 64) does not overlap it.
             unsafe {
                 std::ptr::copy_nonoverlapping(
-                    slot.add(PAYLOAD_OFFSET),
+                    slot.add(PAYLOAD_OFFSET + at),
                     slot.add(INLINE_OFFSET),
                     len,
                 )
             };
+        } else {
+            // Units of 64 bytes: at < chunk_bytes <= u32::MAX (checked
+            // when listening), so the count fits.
+            let word = ((at / PLACEMENT_UNIT) as u32).to_ne_bytes();
+            // SAFETY: as above; [PLACEMENT_OFFSET, +4) lies in the free
+            // slot's inline area, which this frame leaves unused; `word` is
+            // a distinct local.
+            unsafe { std::ptr::copy_nonoverlapping(word.as_ptr(), slot.add(PLACEMENT_OFFSET), 4) };
         }
         self.tail += 1;
         published_word(slot).store(self.tail, Ordering::Release);

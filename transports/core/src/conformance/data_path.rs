@@ -24,6 +24,16 @@ pub fn caller_memory_paths_cross_intact(suite: &Suite) {
     exchange(c0, c1, 1000, 300, Paths::Caller);
 }
 
+/// The same through `send_sized_until`, in slots of a few pages (where
+/// shared memory moves a slot's payloads along it from one use to the next)
+/// and in slots smaller than a page.
+pub fn sized_sends_cross_intact_wherever_placed(suite: &Suite) {
+    for (chunk, steps) in [(3 * 4096 + 100, 2), (1000, 4), (64, 1)] {
+        let (c0, c1, _abort) = suite.pair(chunk, steps);
+        exchange(c0, c1, chunk, 120, Paths::Sized);
+    }
+}
+
 /// A FIFO of one slot, both ways.
 pub fn one_step_fifo(suite: &Suite) {
     for paths in [Paths::InSlot, Paths::Caller] {

@@ -373,6 +373,9 @@ pub enum Paths {
     InSlot,
     /// `send_from` and `recv_into`: the caller's memory.
     Caller,
+    /// `send_sized_until` and `recv_with`: the closure writes exactly the
+    /// frame's bytes, wherever the transport places them.
+    Sized,
 }
 
 /// Both ends send `frames` frames (sizes from [`size_of`]) to each other at
@@ -395,6 +398,22 @@ pub fn exchange(c0: Connection, c1: Connection, chunk: usize, frames: usize, pat
                     Paths::Caller => {
                         sender.send_from(header_for(me, f), soon(20_000), &payload(me, f, len))
                     }
+                    Paths::Sized => sender.send_sized_until(
+                        header_for(me, f),
+                        crate::Deadline::At(soon(20_000)),
+                        len,
+                        &mut |buf: &mut [u8]| {
+                            assert_eq!(buf.len(), len);
+                            assert_eq!(
+                                buf.as_ptr() as usize % 8,
+                                0,
+                                "sized send slot not 8-byte aligned"
+                            );
+                            for (i, b) in buf.iter_mut().enumerate() {
+                                *b = pattern(me, f, i);
+                            }
+                        },
+                    ),
                     Paths::InSlot => sender.send_with(
                         header_for(me, f),
                         soon(20_000),
@@ -423,7 +442,9 @@ pub fn exchange(c0: Connection, c1: Connection, chunk: usize, frames: usize, pat
                 want.len = size_of(f, chunk) as u32;
                 match paths {
                     Paths::Caller => receive_into(&mut *receiver, me, f, want),
-                    Paths::InSlot => receive_in_slot(&mut *receiver, me, f, want),
+                    Paths::InSlot | Paths::Sized => {
+                        receive_in_slot(&mut *receiver, me, f, want)
+                    }
                 }
             }
             // Nothing more was sent.
@@ -499,6 +520,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases $suite;
             data_path::frames_cross_intact_through_slot_reuse,
             data_path::caller_memory_paths_cross_intact,
+            data_path::sized_sends_cross_intact_wherever_placed,
             data_path::one_step_fifo,
             data_path::odd_chunk_sizes_keep_payloads_aligned,
             data_path::large_chunks,

@@ -75,6 +75,25 @@ pub fn pair_with(
     (c0, c1, prefix)
 }
 
+/// Ranks 0 and 1 of a communicator of `size` ranks (what the shm
+/// transport's waits and payload placement go by), connected.
+#[allow(dead_code)]
+pub fn pair_of(
+    size: usize,
+    chunk_bytes: usize,
+    steps: usize,
+) -> (Connection, Connection, AbortHandle) {
+    let abort = AbortHandle::new();
+    let config = |rank| ListenConfig {
+        size,
+        ..config(rank, chunk_bytes, steps)
+    };
+    let l0 = listen(&config(0), &abort.signal());
+    let l1 = listen(&config(1), &abort.signal());
+    let (c0, c1) = pair_listeners(&l0, Box::new(l1));
+    (c0, c1, abort)
+}
+
 pub fn pair(chunk_bytes: usize, steps: usize) -> (Connection, Connection, AbortHandle) {
     let abort = AbortHandle::new();
     let (a, b, _) = pair_with(chunk_bytes, steps, &abort.signal());
