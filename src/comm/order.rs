@@ -98,6 +98,7 @@ impl Inner {
             op: spec.op.unwrap_or(ReduceOp::Sum),
             timeout: self.config.timeout,
             nt_store_bytes: self.config.nt_store_bytes,
+            place_below: self.config.buffsize,
         };
         if self.has_failed() {
             // Name the call being refused, not the one that failed. Not

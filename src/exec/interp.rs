@@ -17,7 +17,7 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::plan;
 use crate::reduce::{reduce_to, store, Store};
-use ferroccl_transport::{Deadline, FrameHeader, TransportError};
+use ferroccl_transport::{Deadline, FrameHeader, SlotSender, TransportError};
 use std::borrow::Cow;
 
 /// The largest output (bytes) a receive copies out of a slot by
@@ -82,10 +82,50 @@ pub(crate) fn run<T: Element>(
         bytes,
         call.nt_store_bytes,
     );
+    let placed = io.extent_len() * std::mem::size_of::<T>() < call.place_below;
     for step in &schedule.steps {
-        run_step(links, step, &mut io, call, mode)?;
+        run_step(links, step, &mut io, call, (mode, placed))?;
     }
     Ok(())
+}
+
+/// Send `data` as one frame: placed along the slots where `placed` and
+/// the transport copies into slots (`Call::place_below`), else as
+/// `send_from_until` does.
+fn send_data(
+    sender: &mut dyn SlotSender,
+    header: FrameHeader,
+    call: &Call,
+    data: &[u8],
+    placed: bool,
+) -> std::result::Result<(), TransportError> {
+    if placed && sender.send_from_copies() {
+        sender.send_sized_until(header, deadline(call), data.len(), &mut |slot| {
+            ferroccl_transport::copy_into_shared(slot, data)
+        })
+    } else {
+        sender.send_from_until(header, deadline(call), data)
+    }
+}
+
+/// Fill one frame of `bytes` with `fill`: placed along the slots where
+/// `placed` (`Call::place_below`), else from the slot's start.
+fn send_filled(
+    sender: &mut dyn SlotSender,
+    header: FrameHeader,
+    call: &Call,
+    bytes: usize,
+    placed: bool,
+    fill: &mut dyn FnMut(&mut [u8]),
+) -> std::result::Result<(), TransportError> {
+    if placed {
+        sender.send_sized_until(header, deadline(call), bytes, fill)
+    } else {
+        sender.send_with_until(header, deadline(call), &mut |slot| {
+            fill(&mut slot[..bytes]);
+            bytes
+        })
+    }
 }
 
 fn run_step<T: Element>(
@@ -93,7 +133,7 @@ fn run_step<T: Element>(
     step: &Step,
     io: &mut HostIo<'_, T>,
     call: &Call,
-    mode: Store,
+    (mode, placed): (Store, bool),
 ) -> Result<()> {
     let header = FrameHeader::data(call.fingerprint, step.send_tag);
     let len = step.len;
@@ -115,9 +155,14 @@ fn run_step<T: Element>(
             // fetching them first; a fused pass that stored into the slot
             // as it went fetched each one (2-rank allgather of 128 KiB out
             // of place: 4.2 -> 3.0 us).
-            let result = sender
-                .send_from_until(header, deadline(call), bytemuck::cast_slice(io.local(step)))
-                .map_err(|e| Error::from_transport(e, &call.during()));
+            let result = send_data(
+                &mut **sender,
+                header,
+                call,
+                bytemuck::cast_slice(io.local(step)),
+                placed,
+            )
+            .map_err(|e| Error::from_transport(e, &call.during()));
             if step.prim == Prim::CopySend {
                 io.copy_input_to_output(mode, step);
             }
@@ -193,7 +238,7 @@ fn run_step<T: Element>(
                     Prim::RecvReduceSend => {
                         let input = io.local(step);
                         let sender = sender.as_mut().expect("schedule step sends");
-                        sender.send_sized_until(header, deadline(call), bytes, &mut |slot| {
+                        send_filled(&mut ***sender, header, call, bytes, placed, &mut |slot| {
                             fill_slot::<T>(slot, len, |dst| reduce_to(call.op, dst, data, input));
                         })?;
                     }
@@ -201,20 +246,24 @@ fn run_step<T: Element>(
                     // them (the slot first: as `CopySend`).
                     Prim::RecvCopySend => {
                         let sender = sender.as_mut().expect("schedule step sends");
-                        sender.send_from_until(
+                        send_data(
+                            &mut ***sender,
                             header,
-                            deadline(call),
+                            call,
                             bytemuck::cast_slice(data),
+                            placed,
                         )?;
                         store(mode, io.output(step.output, len), data);
                     }
                     Prim::RecvReduceCopySend => {
                         let sender = sender.as_mut().expect("schedule step sends");
                         if sender.send_from_copies() {
-                            sender.send_sized_until(
+                            send_filled(
+                                &mut ***sender,
                                 header,
-                                deadline(call),
+                                call,
                                 bytes,
+                                placed,
                                 &mut |slot| {
                                     fill_slot::<T>(slot, len, |dst| {
                                         io.reduce_to_output_and_copy(mode, call.op, step, data, dst)

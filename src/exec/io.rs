@@ -288,6 +288,15 @@ impl<T: Element> HostIo<'_, T> {
         }
     }
 
+    /// Elements of the larger of input and output (in place: of the whole
+    /// buffer).
+    pub(super) fn extent_len(&self) -> usize {
+        match self {
+            HostIo::OutOfPlace { input, output } => input.len().max(output.len()),
+            HostIo::InPlace { buf, .. } => buf.len(),
+        }
+    }
+
     /// Elements of the output (in place: of the whole buffer).
     pub(super) fn output_len(&self) -> usize {
         match self {

@@ -84,6 +84,16 @@ pub(crate) struct Call {
     /// stores (0: never); `Config::nt_store_bytes`, applied by the
     /// planner's store rules.
     pub(crate) nt_store_bytes: usize,
+    /// Calls whose buffers are smaller than this many bytes (the ring of
+    /// slots of a connection, `Config::buffsize`) let a transport that can
+    /// place their frames along its slots do so
+    /// (`SlotSender::send_sized_until`): on the AMD VM a 2-rank call of
+    /// 32-256 KiB through shm ran 1.1-3.4x as fast. A larger call streams
+    /// through every slot anyway, and a 2-rank piece that fills the ring
+    /// goes in quarter slots to keep their footprint small on purpose
+    /// (docs/performance-log.md, "Quarter slots for pieces that fill the
+    /// ring", "Payloads spread over the slots").
+    pub(crate) place_below: usize,
 }
 
 impl Call {

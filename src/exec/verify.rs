@@ -92,6 +92,7 @@ mod tests {
             op: ReduceOp::Sum,
             timeout: std::time::Duration::from_secs(1),
             nt_store_bytes: 0,
+            place_below: 0,
         }
     }
 

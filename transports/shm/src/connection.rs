@@ -330,9 +330,11 @@ impl SlotSender for ShmSender {
         deadline: Deadline,
         bytes: &[u8],
     ) -> Result<(), TransportError> {
+        // At the slot's start: a caller that wants the payload placed
+        // along the slot sends it by `send_sized_until`.
         let n = bytes.len();
         self.check_fits(n)?;
-        self.send_placed(header, deadline, Some(n), &mut |slot| {
+        self.send_placed(header, deadline, None, &mut |slot| {
             ferroccl_transport::copy_into_shared(&mut slot[..n], bytes);
             n
         })

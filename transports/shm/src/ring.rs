@@ -26,8 +26,9 @@
 //! A payload larger than the inline bytes starts `placement` x 64 bytes
 //! into the slot's payload area (a u32 in the inline bytes' place). The
 //! sender moves a slot's payloads along its area from one use to the next
-//! ([`Producer::fill_and_publish`]; not where ranks share CPUs), so that
-//! a call of small frames
+//! ([`Producer::fill_and_publish`]; only payloads whose length the caller
+//! gave beforehand, `SlotSender::send_sized_until`, and not where ranks
+//! share CPUs), so that a call of small frames
 //! touches every slot's whole area over a few rounds instead of the first
 //! bytes of each again and again. Lines the receiver read are then gone
 //! from its core's private cache by the time the sender writes them again,
