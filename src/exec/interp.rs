@@ -89,9 +89,10 @@ pub(crate) fn run<T: Element>(
     Ok(())
 }
 
-/// Send `data` as one frame: placed along the slots where `placed` and
-/// the transport copies into slots (`Call::place_below`), else as
-/// `send_from_until` does.
+/// Send `data` as one frame: placed along the slots where `placed`
+/// (`Call::place_below`) and the transport places payloads, else by
+/// `send_from_until` (which ib serves from registered memory without a
+/// copy).
 fn send_data(
     sender: &mut dyn SlotSender,
     header: FrameHeader,
@@ -99,7 +100,7 @@ fn send_data(
     data: &[u8],
     placed: bool,
 ) -> std::result::Result<(), TransportError> {
-    if placed && sender.send_from_copies() {
+    if placed && sender.places_payloads() {
         sender.send_sized_until(header, deadline(call), data.len(), &mut |slot| {
             ferroccl_transport::copy_into_shared(slot, data)
         })
@@ -109,7 +110,8 @@ fn send_data(
 }
 
 /// Fill one frame of `bytes` with `fill`: placed along the slots where
-/// `placed` (`Call::place_below`), else from the slot's start.
+/// `placed` (`Call::place_below`) and the transport places payloads,
+/// else from the slot's start.
 fn send_filled(
     sender: &mut dyn SlotSender,
     header: FrameHeader,
@@ -118,7 +120,7 @@ fn send_filled(
     placed: bool,
     fill: &mut dyn FnMut(&mut [u8]),
 ) -> std::result::Result<(), TransportError> {
-    if placed {
+    if placed && sender.places_payloads() {
         sender.send_sized_until(header, deadline(call), bytes, fill)
     } else {
         sender.send_with_until(header, deadline(call), &mut |slot| {

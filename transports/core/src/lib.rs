@@ -329,6 +329,15 @@ pub trait SlotSender: Send {
         self.send_with(header, deadline.instant(), fill)
     }
 
+    /// Whether `send_sized_until` places a payload by its length (shared
+    /// memory moving payloads along its slots); false by default, where
+    /// it is `send_with_until` and a caller keeps to `send_from` (which a
+    /// transport may serve without a copy, as ib does for registered
+    /// memory).
+    fn places_payloads(&self) -> bool {
+        false
+    }
+
     /// `send_with_until` for a frame whose length the caller knows before
     /// it fills the slot: `fill` gets exactly `len` bytes (at most
     /// `chunk_bytes`) to write. A transport that places a payload by its

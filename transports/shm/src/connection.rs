@@ -310,6 +310,10 @@ impl SlotSender for ShmSender {
         self.send_placed(header, deadline, None, fill)
     }
 
+    fn places_payloads(&self) -> bool {
+        self.ring.spreads()
+    }
+
     fn send_sized_until(
         &mut self,
         header: FrameHeader,

@@ -575,6 +575,11 @@ impl Producer {
         &self.seg
     }
 
+    /// Whether payloads of known length move along their slots.
+    pub(crate) fn spreads(&self) -> bool {
+        self.spread
+    }
+
     /// Whether a slot is free, reloading `head` (Acquire) if our copy
     /// says there is none.
     pub(crate) fn has_free_slot(&mut self) -> bool {
