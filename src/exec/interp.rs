@@ -109,9 +109,10 @@ fn send_data(
     }
 }
 
-/// Fill one frame of `bytes` with `fill`: placed along the slots where
-/// `placed` (`Call::place_below`) and the transport places payloads,
-/// else from the slot's start.
+/// Fill one frame of `bytes` with `fill`: by `send_sized_until` where
+/// `placed` (`Call::place_below`), which a transport that places payloads
+/// places and any other serves as `send_with_until`; else from the slot's
+/// start.
 fn send_filled(
     sender: &mut dyn SlotSender,
     header: FrameHeader,
@@ -120,7 +121,7 @@ fn send_filled(
     placed: bool,
     fill: &mut dyn FnMut(&mut [u8]),
 ) -> std::result::Result<(), TransportError> {
-    if placed && sender.places_payloads() {
+    if placed {
         sender.send_sized_until(header, deadline(call), bytes, fill)
     } else {
         sender.send_with_until(header, deadline(call), &mut |slot| {

@@ -350,12 +350,7 @@ pub trait SlotSender: Send {
         len: usize,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), TransportError> {
-        let room = self.chunk_bytes();
-        if len > room {
-            return Err(TransportError::Io(format!(
-                "a frame of {len} bytes does not fit a {room}-byte slot"
-            )));
-        }
+        frame_fits(len, self.chunk_bytes())?;
         self.send_with_until(header, deadline, &mut |slot| {
             fill(&mut slot[..len]);
             len
@@ -382,16 +377,22 @@ pub fn send_from_via_slot<S: SlotSender + ?Sized>(
     bytes: &[u8],
 ) -> Result<(), TransportError> {
     let n = bytes.len();
-    if n > sender.chunk_bytes() {
-        return Err(TransportError::Io(format!(
-            "a frame of {n} bytes does not fit a {}-byte slot",
-            sender.chunk_bytes()
-        )));
-    }
+    frame_fits(n, sender.chunk_bytes())?;
     sender.send_with(header, deadline, &mut |slot| {
         copy_into_shared(&mut slot[..n], bytes);
         n
     })
+}
+
+/// A frame of `n` bytes fits a slot of `room`, or the error that says it
+/// does not (before any byte is written).
+fn frame_fits(n: usize, room: usize) -> Result<(), TransportError> {
+    if n > room {
+        return Err(TransportError::Io(format!(
+            "a frame of {n} bytes does not fit a {room}-byte slot"
+        )));
+    }
+    Ok(())
 }
 
 /// What a receiver hands each filled slot to: the frame's header and its

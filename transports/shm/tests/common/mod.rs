@@ -66,8 +66,28 @@ pub fn pair_with(
     steps: usize,
     abort: &AbortSignal,
 ) -> (Connection, Connection, String) {
-    let l0 = listen(&config(0, chunk_bytes, steps), abort);
-    let l1 = listen(&config(1, chunk_bytes, steps), abort);
+    pair_in(
+        config(0, chunk_bytes, steps).size,
+        chunk_bytes,
+        steps,
+        abort,
+    )
+}
+
+/// `pair_with` for ranks 0 and 1 of a communicator of `size` ranks (what
+/// the shm transport's waits and payload placement go by).
+fn pair_in(
+    size: usize,
+    chunk_bytes: usize,
+    steps: usize,
+    abort: &AbortSignal,
+) -> (Connection, Connection, String) {
+    let config = |rank| ListenConfig {
+        size,
+        ..config(rank, chunk_bytes, steps)
+    };
+    let l0 = listen(&config(0), abort);
+    let l1 = listen(&config(1), abort);
     let prefix = l1.segment_prefix();
     let (c0, c1) = pair_listeners(&l0, Box::new(l1));
     assert_eq!(c0.transport, "shm");
@@ -75,8 +95,7 @@ pub fn pair_with(
     (c0, c1, prefix)
 }
 
-/// Ranks 0 and 1 of a communicator of `size` ranks (what the shm
-/// transport's waits and payload placement go by), connected.
+/// [`pair`] for a communicator of `size` ranks.
 #[allow(dead_code)]
 pub fn pair_of(
     size: usize,
@@ -84,14 +103,8 @@ pub fn pair_of(
     steps: usize,
 ) -> (Connection, Connection, AbortHandle) {
     let abort = AbortHandle::new();
-    let config = |rank| ListenConfig {
-        size,
-        ..config(rank, chunk_bytes, steps)
-    };
-    let l0 = listen(&config(0), &abort.signal());
-    let l1 = listen(&config(1), &abort.signal());
-    let (c0, c1) = pair_listeners(&l0, Box::new(l1));
-    (c0, c1, abort)
+    let (a, b, _) = pair_in(size, chunk_bytes, steps, &abort.signal());
+    (a, b, abort)
 }
 
 pub fn pair(chunk_bytes: usize, steps: usize) -> (Connection, Connection, AbortHandle) {
