@@ -183,6 +183,10 @@ pub(crate) struct Control {
     /// calls check in is decided from the call alone): picks the
     /// announcement slot of the next one.
     pub(crate) checkins: std::sync::atomic::AtomicU64,
+    /// Where (bytes from its start) the last inline input this rank placed
+    /// in its inline region ends: the next one goes after it
+    /// (`exec::checkin::next_area`).
+    pub(crate) inline_end: std::sync::atomic::AtomicU64,
     /// The check-ins this rank left without reading the announcements of
     /// the ranks that read its own (a broadcast's root, a reduce's
     /// senders: `exec::inline`) and has not compared with theirs yet, by

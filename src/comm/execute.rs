@@ -700,6 +700,20 @@ impl Communicator {
 }
 
 #[cfg(test)]
+impl Communicator {
+    /// Test hook of the control-page paths: hand the executor's view of
+    /// this rank's control pages to `f`; `None` where the communicator has
+    /// none.
+    pub(crate) fn with_control_for_test<R>(
+        &self,
+        f: impl FnOnce(&exec::Ctx<'_>) -> R,
+    ) -> Option<R> {
+        let control = self.inner.control.get()?;
+        Some(f(&self.inner.ctx(control)))
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -260,6 +260,7 @@ impl Communicator {
             pids,
             memory,
             checkins: AtomicU64::new(0),
+            inline_end: AtomicU64::new(0),
             left_mask: AtomicU64::new(0),
             oldest_unconfirmed: AtomicU64::new(u64::MAX),
             all_announced: AtomicU64::new(0),

@@ -131,8 +131,12 @@ fn check_in<T: Element>(
     // buffers do not all lie in windows the call runs inline after all
     // (`plan::inline_after_check_in`) instead of through slots.
     let inline_after = plan::inline_after_check_in(kind, in_len * elem, ctx.size);
-    if inline_after && !plan::direct_capable(kind, place.in_win, place.out_win) {
-        inline::publish(ctx, io, kind, in_len, turn)?;
+    if inline_after {
+        // Every rank moves its inline cursor alike (`inline::next_place`).
+        let area = inline::next_place::<T>(ctx, in_len);
+        if !plan::direct_capable(kind, place.in_win, place.out_win) {
+            inline::publish(ctx, io, kind, in_len, (turn, area))?;
+        }
     }
     // The input's and output's addresses only where a peer may read from
     // (or, a broadcast's root, write into) them: they lie in the

@@ -118,8 +118,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// "FCCLWIN1".
-pub(crate) const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"FCCLWIN1");
+/// "FCCLWIN2": the layout of 2026-12-06, whose inline inputs move along a
+/// 2 MiB region (`INLINE_REGION`); a page of the layout before reads as
+/// not a control page of this version.
+pub(crate) const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"FCCLWIN2");
 pub(crate) const W_MAGIC: usize = 0;
 pub(crate) const W_PID: usize = 1;
 /// The notes of calls through slots without a check-in, by the parity of
@@ -170,6 +172,10 @@ pub(super) const E_SMALL: usize = 4;
 pub(super) const SMALL_WORDS: usize = 4;
 /// The largest inline input that travels in the announcement's line.
 pub(super) const SMALL_BYTES: usize = SMALL_WORDS * 8;
+/// Where a larger inline input lies in its rank's inline region (bytes
+/// from its start, [`inline_place`]): the first of the words an input of
+/// at most [`SMALL_BYTES`] takes, which such a call leaves unused.
+const E_AREA: usize = E_SMALL;
 const _: () = assert!(E_SMALL + SMALL_WORDS <= 8);
 /// Words of the largest inline input that travels in its announcement:
 /// every word after the call's (`inline::run_words`).
@@ -196,16 +202,43 @@ pub(super) const E_IN_ADDR: usize = 12;
 /// broadcast's root that pushes into it by cross-memory attach).
 pub(super) const E_OUT_ADDR: usize = 13;
 
-/// Where the inline data of the announcement slots start (in words),
-/// and how much each holds: the planner's largest inline call
-/// (`plan::INLINE_MAX_BYTES`), every area in the page
-/// (`window::CONTROL_BYTES`).
+/// Where the page's inline region starts (in words): the inline inputs
+/// over [`ENTRY_INPUT_BYTES`] lie there, one after the other
+/// ([`inline_place`]).
 pub(super) const W_INLINE: usize = 1024;
+/// The largest inline input a rank puts on its page in one call: the
+/// planner's largest inline call (`plan::INLINE_MAX_BYTES`).
 pub(super) const INLINE_CAPACITY: usize = plan::INLINE_MAX_BYTES;
-pub(super) const INLINE_WORDS: usize = INLINE_CAPACITY / 8;
-const _: () = assert!(
-    W_INLINE * 8 + CHECKIN_SLOTS as usize * INLINE_CAPACITY <= crate::window::CONTROL_BYTES
-);
+/// Bytes of the inline region (`window::CONTROL_BYTES` has room for it).
+///
+/// Each call's input goes where the last one's ended ([`inline_place`]),
+/// so a rank writes a line of it again only once 2 MiB of inputs came
+/// after it: by then the peer that read it has let it go from its core's
+/// L2 (1 MiB on the EPYC VM) to the shared L3, and the store need not
+/// wait for that core to give it up. With one 16 KiB area per
+/// announcement slot, reused every 32 check-ins, a peer still held the
+/// lines of an 8 KiB input there, and the copy onto the page cost 0.9 µs
+/// of a 2-rank allgather's 1.8 (`bench/bound/slot_reuse.c 16384 20000
+/// 32` against 256 sets: 0.2 µs of 1.1). 2 ranks in turns, against those
+/// areas: 1.2-3.5x from 4 to 16 KiB in every inline collective
+/// (docs/performance-log.md, "The inline inputs move along a 2 MiB
+/// region").
+pub(super) const INLINE_REGION: usize = 2 << 20;
+/// Where the inline inputs start in the region: on a page of their own,
+/// each where the last one's page ends ([`inline_place`]). Against cache
+/// lines (64 B), which let the peer that read the last input ask for the
+/// lines after it (a core's prefetchers run ahead of its reads within a
+/// page) just before this rank writes them, 2 ranks in turns: allgather
+/// 1.17-1.47x at 512 B-2 KiB, broadcast 1.3x at 2 KiB, allreduce
+/// 1.1-1.3x at 2 KiB (docs/performance-log.md, "The inline inputs move
+/// along a 2 MiB region").
+pub(super) const INLINE_STEP: usize = 4096;
+// A place is reused only once the cursor went round the region: by then
+// more than `CHECKIN_SLOTS` check-ins came after the one that wrote it,
+// and every peer is done with that one (`free_slot`).
+const _: () =
+    assert!(INLINE_REGION >= (CHECKIN_SLOTS as usize + 2) * (INLINE_CAPACITY + INLINE_STEP));
+const _: () = assert!(W_INLINE * 8 + INLINE_REGION <= crate::window::CONTROL_BYTES);
 
 /// A wait for a peer's announcement looks at its notes too once in this
 /// many rounds (`wait_said`).
@@ -288,10 +321,82 @@ fn outside(index: usize, words: usize) -> Error {
     ))
 }
 
-/// The first word of check-in number `turn`'s inline area.
+/// Where (bytes from the inline region's start) a rank puts an inline
+/// input of `bytes` when the last one it placed ended at `end`: there,
+/// rounded up to an [`INLINE_STEP`], or back at the start where the rest
+/// of the region is too short.
 #[inline(always)]
-pub(super) fn inline_word(turn: u64) -> usize {
-    W_INLINE + (turn % CHECKIN_SLOTS) as usize * INLINE_WORDS
+pub(super) fn inline_place(end: usize, bytes: usize) -> usize {
+    let at = end.next_multiple_of(INLINE_STEP);
+    if at + bytes > INLINE_REGION {
+        0
+    } else {
+        at
+    }
+}
+
+/// Where this rank puts its inline input of `bytes` at the call now
+/// starting (bytes from its inline region's start), the cursor moved past
+/// it. Every rank moves its cursor in every call that may use the region,
+/// whether it puts an input there or not (a broadcast's receivers): the
+/// calls being the same on every rank, the cursors agree, and a peer
+/// asks for a rank's lines where it will put them
+/// (`inline::fetch_ahead`) before it said where; what it reads is where
+/// that rank said ([`said_area`]).
+#[inline(always)]
+pub(super) fn next_area(ctx: &Ctx<'_>, bytes: usize) -> usize {
+    let bytes = bytes.min(INLINE_CAPACITY);
+    let end = &ctx.control.inline_end;
+    let at = inline_place(end.load(Ordering::Relaxed) as usize, bytes);
+    end.store((at + bytes) as u64, Ordering::Relaxed);
+    at
+}
+
+/// Say in this rank's announcement of check-in `turn` (not made yet: its
+/// Release store publishes this) that its inline input lies at byte `at`
+/// of its inline region.
+#[inline(always)]
+pub(super) fn say_area(ctx: &Ctx<'_>, turn: u64, at: usize) -> Result<()> {
+    let words = entry_words(ctx.control.pages.words(ctx.rank), turn)?;
+    words[E_AREA].store(at as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Where peer `j` said its inline input of check-in `turn` lies (heard
+/// already), checked to hold `bytes` inside its inline region: a place
+/// outside it is a protocol error naming the peer, never read.
+#[inline(always)]
+pub(super) fn said_area(
+    ctx: &Ctx<'_>,
+    (j, turn): (usize, u64),
+    bytes: usize,
+    call: &Call,
+) -> Result<usize> {
+    let words = entry_words(ctx.control.pages.words(j), turn)?;
+    let at = words[E_AREA].load(Ordering::Relaxed);
+    match usize::try_from(at) {
+        Ok(at)
+            if at
+                .checked_add(bytes)
+                .is_some_and(|end| end <= INLINE_REGION) =>
+        {
+            Ok(at)
+        }
+        _ => Err(Error::Protocol {
+            peer: j,
+            during: call.during(),
+            detail: format!(
+                "its inline input of {bytes} bytes at check-in {turn} lies at byte {at} of its \
+                 {INLINE_REGION}-byte inline region"
+            ),
+        }),
+    }
+}
+
+/// The word of a page at byte `at` of its inline region.
+#[inline(always)]
+pub(super) fn inline_word(at: usize) -> usize {
+    W_INLINE + at / 8
 }
 
 /// The announcement slot of check-in number `turn`.
@@ -699,8 +804,15 @@ pub(super) fn claim_ahead(ctx: &Ctx<'_>, turn: u64, entry_lines: usize, inline_b
         }
     }
     if inline_bytes > 0 {
-        let at = inline_word(ahead);
-        let words = inline_bytes.min(INLINE_CAPACITY).div_ceil(8);
+        // Where the input of a call like this one lies at check-in `ahead`.
+        let bytes = inline_bytes.min(INLINE_CAPACITY);
+        let (mut place, mut end) = (0, ctx.control.inline_end.load(Ordering::Relaxed) as usize);
+        for _ in 0..CLAIM_AHEAD {
+            place = inline_place(end, bytes);
+            end = place + bytes;
+        }
+        let at = inline_word(place);
+        let words = bytes.div_ceil(8);
         for w in page.get(at..at + words).unwrap_or(&[]).iter().step_by(8) {
             ferroccl_transport::prefetch_for_write(w);
         }

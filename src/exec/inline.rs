@@ -13,8 +13,8 @@
 
 use super::checkin::{
     all_read, announce_inline, claim_ahead, fetch_entry, heard_inline, inline_word, left_early,
-    lock, page_elements, small_words, Ctx, Deadline, ENTRY_INPUT_BYTES, E_SMALL, INLINE_CAPACITY,
-    SMALL_BYTES, SMALL_WORDS,
+    lock, next_area, page_elements, said_area, say_area, small_words, Ctx, Deadline,
+    ENTRY_INPUT_BYTES, E_SMALL, INLINE_CAPACITY, SMALL_BYTES, SMALL_WORDS,
 };
 use super::io::HostIo;
 use super::Call;
@@ -47,14 +47,22 @@ const SHARED_COPY_MIN: usize = 8 << 10;
 const WORDS_MIN: usize = ENTRY_INPUT_BYTES + 1;
 const WORDS_MAX: usize = 4 << 10;
 
-/// The first byte of check-in `turn`'s inline area.
-fn inline_at(turn: u64) -> usize {
-    inline_word(turn) * 8
+/// The byte of a page at byte `at` of its inline region.
+fn inline_at(at: usize) -> usize {
+    inline_word(at) * 8
+}
+
+/// Where this rank puts its inline input of `in_len` elements of `T` at
+/// the call now starting, in its inline region (`checkin::next_area`;
+/// every rank calls it in every call that may use the region).
+pub(super) fn next_place<T>(ctx: &Ctx<'_>, in_len: usize) -> usize {
+    next_area(ctx, in_len * std::mem::size_of::<T>())
 }
 
 /// Copy the `parts` of a small input (as (first element, elements); over
 /// [`ENTRY_INPUT_BYTES`]: [`run_words`] takes the others) into this rank's
-/// inline area of check-in `turn`, each where it lies in the input.
+/// inline region at byte `area` (check-in `turn`'s), each where it lies
+/// in the input.
 ///
 /// From [`WORDS_MIN`] to [`WORDS_MAX`] bytes word by word, through the
 /// page's atomics ([`store_words`]), without a lock: the page's mutex is
@@ -76,7 +84,7 @@ fn inline_at(turn: u64) -> usize {
 /// into a slot, chosen by the calibration").
 fn write_inline<T: Element>(
     ctx: &Ctx<'_>,
-    turn: u64,
+    (turn, area): (u64, usize),
     io: &HostIo<'_, T>,
     parts: [Part; 2],
     one_writer: bool,
@@ -97,7 +105,7 @@ fn write_inline<T: Element>(
     // (`on_page` moves none of an input this small).
     if (WORDS_MIN..=WORDS_MAX).contains(&(end * elem)) && parts.iter().all(|p| p.at == p.from) {
         let input: &[u8] = bytemuck::cast_slice(io.input(0, end));
-        let area = inline_word(turn);
+        let area = inline_word(area);
         let page = ctx.control.pages.words(ctx.rank);
         for Part { from, len, .. } in parts.into_iter().filter(|p| p.len > 0) {
             let words = (from * elem / 8, ((from + len) * elem).div_ceil(8));
@@ -116,7 +124,7 @@ fn write_inline<T: Element>(
     for Part { from, len, at } in parts.into_iter().filter(|p| p.len > 0) {
         let bytes: &[u8] = bytemuck::cast_slice(io.input(from, len));
         let slot = own
-            .slice_mut(inline_at(turn) + at * elem, bytes.len())
+            .slice_mut(inline_at(area) + at * elem, bytes.len())
             .map_err(|e| Error::Io(format!("window control page: {e}")))?;
         if one_writer && bytes.len() >= SHARED_COPY_MIN {
             ferroccl_transport::copy_into_shared(slot, bytes);
@@ -222,19 +230,17 @@ fn on_page<T>(kind: CollKind, (owner, size): (usize, usize), in_len: usize, from
 }
 
 /// Elements `off..off + len` of rank `j`'s inline input of check-in
-/// `turn` (over [`ENTRY_INPUT_BYTES`]: [`run_words`] takes the others).
+/// `turn` (over [`ENTRY_INPUT_BYTES`]: [`run_words`] takes the others),
+/// where `j` said it lies (`checkin::said_area`).
 fn peer_inline<'x, T: Element>(
     ctx: &'x Ctx<'_>,
-    j: usize,
-    turn: u64,
+    (j, turn): (usize, u64),
     (off, len): (usize, usize),
+    call: &Call,
 ) -> Result<&'x [T]> {
-    page_elements(
-        ctx,
-        j,
-        inline_at(turn) + off * std::mem::size_of::<T>(),
-        len,
-    )
+    let elem = std::mem::size_of::<T>();
+    let area = said_area(ctx, (j, turn), (off + len) * elem, call)?;
+    page_elements(ctx, j, inline_at(area) + off * elem, len)
 }
 
 /// `output[..len] = input_0 op input_1 op ...` over elements
@@ -246,12 +252,12 @@ fn peer_inline<'x, T: Element>(
 fn reduce_inline<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
-    op: ReduceOp,
+    call: &Call,
     turn: u64,
-    off: usize,
-    len: usize,
+    (off, len): (usize, usize),
 ) -> Result<()> {
-    let page = |j: usize| peer_inline(ctx, j, turn, (off, len));
+    let op = call.op;
+    let page = |j: usize| peer_inline(ctx, (j, turn), (off, len), call);
     match io {
         // Out of place this rank's own input comes from its buffer: its
         // page's lines, just written, may still be on their way back from
@@ -340,8 +346,10 @@ pub(super) fn run<T: Element>(
     // 1,370 instructions a call at 128 B).
     let own_unread =
         kind == CollKind::Reduce && rank == root && matches!(io, HostIo::OutOfPlace { .. });
+    // Every rank moves its cursor, whether it puts its input there or not.
+    let area = next_place::<T>(ctx, in_len);
     if publishes(kind, rank, root) && !own_unread {
-        publish(ctx, io, kind, in_len, turn)?;
+        publish(ctx, io, kind, in_len, (turn, area))?;
     }
     let own = announce_inline(ctx, turn, call, &[])?;
     // A broadcast's receivers read the root's announcement alone, and the
@@ -356,7 +364,7 @@ pub(super) fn run<T: Element>(
         for peer in (0..size).filter(|&p| p != rank) {
             if plan::reads_inline(kind, rank, peer, root, ctx.control.early_return) {
                 let at = on_page::<T>(kind, (peer, size), in_len, part.0);
-                fetch_ahead::<T>(ctx, peer, turn, (at, part.1));
+                fetch_ahead::<T>(ctx, peer, area, (at, part.1));
             }
         }
     }
@@ -409,15 +417,18 @@ const FETCH_LINES: usize = 16;
 /// its senders run ahead of, gained at every size (1.15-1.4x at 1-4 KiB).
 const FETCH_ANY_MAX: usize = 512;
 
-/// Ask for the lines of `part` of peer `j`'s inline input of check-in
-/// `turn` (at most [`FETCH_LINES`]) before waiting for its announcement
+/// Ask for the lines of `part` of peer `j`'s inline input of this call
+/// (at most [`FETCH_LINES`]) before waiting for its announcement
 /// (`ferroccl_transport::prefetch_for_read`): where the peer is there
-/// already, they come in parallel with the announcement's line.
+/// already, they come in parallel with the announcement's line. `area`:
+/// where this rank put its own input, and so where the peer put its
+/// (`checkin::next_area`); a peer that said otherwise is read where it
+/// said, and the lines asked for here are only wasted.
 #[inline(always)]
-fn fetch_ahead<T>(ctx: &Ctx<'_>, j: usize, turn: u64, (off, len): (usize, usize)) {
+fn fetch_ahead<T>(ctx: &Ctx<'_>, j: usize, area: usize, (off, len): (usize, usize)) {
     let elem = std::mem::size_of::<T>();
     let page = ctx.control.pages.words(j);
-    let first = inline_word(turn) + off * elem / 8;
+    let first = inline_word(area) + off * elem / 8;
     let words = (len * elem).div_ceil(8).min(FETCH_LINES * 8);
     for w in page
         .get(first..first + words)
@@ -430,17 +441,20 @@ fn fetch_ahead<T>(ctx: &Ctx<'_>, j: usize, turn: u64, (off, len): (usize, usize)
 }
 
 /// Put this rank's input of an inline `kind` call (`in_len` elements) on
-/// its page at check-in `turn`, the parts its peers read.
+/// its page at check-in `turn`, the parts its peers read, at byte `area`
+/// of its inline region ([`next_place`]), and say there in its
+/// announcement (made after this) that it lies there.
 pub(super) fn publish<T: Element>(
     ctx: &Ctx<'_>,
     io: &HostIo<'_, T>,
     kind: CollKind,
     in_len: usize,
-    turn: u64,
+    (turn, area): (u64, usize),
 ) -> Result<()> {
     let in_place = matches!(io, HostIo::InPlace { .. });
     let parts = published_parts::<T>(kind, (ctx.rank, ctx.size), in_len, in_place);
-    write_inline(ctx, turn, io, parts, kind == CollKind::Broadcast)
+    write_inline(ctx, (turn, area), io, parts, kind == CollKind::Broadcast)?;
+    say_area(ctx, turn, area)
 }
 
 /// The inline exchange's second half: once every peer this rank reads has
@@ -471,15 +485,13 @@ pub(super) fn take_all<T: Element>(
             return Ok(());
         }
         let at = on_page::<T>(kind, (j, size), in_len, from.0);
-        let x = peer_inline(ctx, j, turn, (at, from.1))?;
+        let x = peer_inline(ctx, (j, turn), (at, from.1), call)?;
         copy(io.output(to, from.1), x);
         Ok(())
     };
     match kind {
-        CollKind::AllReduce | CollKind::ReduceScatter => {
-            reduce_inline(ctx, io, call.op, turn, part.0, len)
-        }
-        CollKind::Reduce if rank == root => reduce_inline(ctx, io, call.op, turn, part.0, len),
+        CollKind::AllReduce | CollKind::ReduceScatter => reduce_inline(ctx, io, call, turn, part),
+        CollKind::Reduce if rank == root => reduce_inline(ctx, io, call, turn, part),
         // Each peer's part to its place in the output.
         CollKind::AllGather | CollKind::AllToAll => {
             (0..size).try_for_each(|j| take(io, j, part, j * len))
@@ -684,9 +696,201 @@ impl<const N: usize> Words<'_, '_, N> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::checkin::{
+        inline_place, said_area, say_area, CHECKIN_SLOTS, INLINE_REGION, INLINE_STEP,
+    };
     use super::{on_page, published_parts, store_words, INLINE_CAPACITY};
     use crate::coll::CollKind;
+    use crate::element::ReduceOp;
+    use crate::error::Error;
+    use crate::exec::Call;
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    /// Inline inputs of any sizes up to the largest go one after the
+    /// other, each on a page boundary and wholly inside the region, and a
+    /// byte of the region is written again only after more than
+    /// `CHECKIN_SLOTS` inputs came after the one that wrote it: by then
+    /// every peer is done with that one's check-in (`checkin::free_slot`).
+    #[test]
+    fn inline_inputs_move_along_the_region_and_reuse_it_only_after_every_slot_turned() {
+        // Sizes from a fixed pseudo-random sequence, with runs of the
+        // largest and the smallest.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut sizes = Vec::new();
+        for k in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            sizes.push(match (k / 500) % 3 {
+                0 => 161 + (x as usize) % (INLINE_CAPACITY - 160),
+                1 => INLINE_CAPACITY,
+                _ => 161 + (x as usize) % 4096,
+            });
+        }
+        // The input that last wrote each step of the region.
+        let mut writer = vec![usize::MAX; INLINE_REGION / INLINE_STEP];
+        let mut end = 0;
+        let mut wrapped = 0;
+        for (k, &bytes) in sizes.iter().enumerate() {
+            let at = inline_place(end, bytes);
+            assert_eq!(at % INLINE_STEP, 0, "input {k}");
+            assert!(at + bytes <= INLINE_REGION, "input {k} of {bytes} at {at}");
+            if at < end {
+                wrapped += 1;
+            } else {
+                assert_eq!(at, end.next_multiple_of(INLINE_STEP), "input {k}");
+            }
+            let steps = at / INLINE_STEP..(at + bytes).div_ceil(INLINE_STEP);
+            for (last, step) in writer[steps.clone()].iter_mut().zip(steps) {
+                assert!(
+                    *last == usize::MAX || k - *last > CHECKIN_SLOTS as usize,
+                    "input {k} writes step {step}, which input {last} wrote"
+                );
+                *last = k;
+            }
+            end = at + bytes;
+        }
+        assert!(
+            wrapped > 10,
+            "the sequence went round the region {wrapped} times"
+        );
+    }
+
+    fn call_for_test() -> Call {
+        Call {
+            kind: CollKind::AllGather,
+            fingerprint: ferroccl_transport::Fingerprint {
+                seq: 3,
+                coll: CollKind::AllGather.code(),
+                dtype: 0,
+                op: 0,
+                count: 64,
+                root: 0,
+            },
+            order: 3,
+            op: ReduceOp::Sum,
+            timeout: Duration::from_secs(5),
+            nt_store_bytes: 0,
+            place_below: 0,
+        }
+    }
+
+    /// Where a peer says its inline input lies is read from the wire, as
+    /// it were: a place whose input would pass the end of its inline
+    /// region (or the address space) is a protocol error that names the
+    /// peer, and one that fits is taken as said.
+    #[test]
+    fn an_inline_input_said_to_lie_past_the_region_is_a_protocol_error_naming_the_peer() {
+        // Check-ins far from the ones the calls below take.
+        let places = [INLINE_REGION - 4096, INLINE_REGION - 64, usize::MAX];
+        let turn = |k: usize| 20 + k as u64;
+        crate::testing::run_ranks(2, |comm| {
+            // A small call makes the control pages.
+            let mut out = [0u64; 2];
+            comm.all_gather(&[comm.rank() as u64], &mut out).unwrap();
+            assert_eq!(out, [0, 1]);
+            if comm.rank() == 0 {
+                comm.with_control_for_test(|ctx| {
+                    for (k, &place) in places.iter().enumerate() {
+                        say_area(ctx, turn(k), place).unwrap();
+                    }
+                })
+                .expect("2 ranks of one process share control pages");
+            }
+            // Its stores before rank 1's loads.
+            comm.barrier().unwrap();
+            if comm.rank() == 1 {
+                comm.with_control_for_test(|ctx| {
+                    for (k, &place) in places.iter().enumerate() {
+                        let said = said_area(ctx, (0, turn(k)), 4096, &call_for_test());
+                        if place
+                            .checked_add(4096)
+                            .is_some_and(|end| end <= INLINE_REGION)
+                        {
+                            assert_eq!(said.unwrap(), place);
+                        } else {
+                            match said {
+                                Err(Error::Protocol {
+                                    peer: 0, detail, ..
+                                }) => {
+                                    assert!(detail.contains("inline region"), "{detail}")
+                                }
+                                other => panic!("place {place}: {other:?}"),
+                            }
+                        }
+                    }
+                })
+                .expect("2 ranks of one process share control pages");
+            }
+        });
+    }
+
+    /// Where the ranks' cursors disagree (as after a mismatch, where the
+    /// ranks had run different calls), each reads the others' inputs where
+    /// they said they put them, not where its own cursor would put them:
+    /// every inline collective still gives the reference result.
+    #[test]
+    fn ranks_whose_inline_cursors_disagree_read_each_input_where_it_was_said_to_lie() {
+        crate::testing::run_ranks(2, |comm| {
+            let (rank, n) = (comm.rank(), comm.size());
+            comm.barrier().unwrap();
+            // Rank 1's cursor 7 steps on: until the region wraps, every
+            // input of it lies elsewhere than rank 0 expects.
+            let ends = [0, 7 * INLINE_STEP];
+            comm.with_control_for_test(|ctx| {
+                ctx.control
+                    .inline_end
+                    .store(ends[rank] as u64, Ordering::Relaxed);
+            })
+            .expect("control pages");
+            for count in [40usize, 128, 1000, 2048] {
+                let value = |r: usize, i: usize| (r * 1_000_003 + i * 7) as u64;
+                let input: Vec<u64> = (0..count).map(|i| value(rank, i)).collect();
+                let mut out = vec![0u64; count * n];
+                comm.all_gather(&input, &mut out).unwrap();
+                for (k, &got) in out.iter().enumerate() {
+                    assert_eq!(
+                        got,
+                        value(k / count, k % count),
+                        "all_gather {count} at {k}"
+                    );
+                }
+                let mut sum = vec![0u64; count];
+                comm.all_reduce(&input, &mut sum, ReduceOp::Sum).unwrap();
+                for (i, &got) in sum.iter().enumerate() {
+                    assert_eq!(got, value(0, i) + value(1, i), "all_reduce {count} at {i}");
+                }
+                let mut buf = if rank == 1 {
+                    input.clone()
+                } else {
+                    vec![0; count]
+                };
+                comm.broadcast(&mut buf, 1).unwrap();
+                assert!(
+                    buf.iter().enumerate().all(|(i, &v)| v == value(1, i)),
+                    "broadcast {count}"
+                );
+                let mut mine = vec![0u64; count];
+                comm.all_to_all(&input, &mut mine).unwrap();
+                let half = count / n;
+                for (k, &got) in mine.iter().enumerate() {
+                    assert_eq!(
+                        got,
+                        value(k / half, rank * half + k % half),
+                        "all_to_all {count}"
+                    );
+                }
+            }
+            // Every call of over 160 bytes went through the region (its
+            // cursor moved), each rank's from where it was set.
+            comm.with_control_for_test(|ctx| {
+                let end = ctx.control.inline_end.load(Ordering::Relaxed) as usize;
+                assert!(end > ends[rank], "rank {rank}: the cursor stayed at {end}");
+            })
+            .expect("control pages");
+        });
+    }
 
     /// Every byte of a part lands where it lies in the input, for parts
     /// that start and end inside words and inputs that end inside one;
