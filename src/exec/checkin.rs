@@ -202,9 +202,8 @@ pub(super) const E_IN_ADDR: usize = 12;
 /// broadcast's root that pushes into it by cross-memory attach).
 pub(super) const E_OUT_ADDR: usize = 13;
 
-/// Where the page's inline region starts (in words): the inline inputs
-/// over [`ENTRY_INPUT_BYTES`] lie there, one after the other
-/// ([`inline_place`]).
+/// Where the page's inline space starts (in words): the inline inputs
+/// over [`ENTRY_INPUT_BYTES`] lie there ([`next_area`]).
 pub(super) const W_INLINE: usize = 1024;
 /// The largest inline input a rank puts on its page in one call: the
 /// planner's largest inline call (`plan::INLINE_MAX_BYTES`).
@@ -233,12 +232,26 @@ pub(super) const INLINE_REGION: usize = 2 << 20;
 /// 1.1-1.3x at 2 KiB (docs/performance-log.md, "The inline inputs move
 /// along a 2 MiB region").
 pub(super) const INLINE_STEP: usize = 4096;
+/// Inline inputs of at most this many bytes go in a fixed area of their
+/// own announcement slot instead (`turn % CHECKIN_SLOTS`, a page each,
+/// before the region), written again every `CHECKIN_SLOTS` check-ins:
+/// their few lines gain little from the move, and a new page a call cost
+/// them some on 4 ranks (in turns against the 32 areas of 16 KiB before:
+/// broadcast of 256 B 0.75-0.90x moving, 1.02-1.07x fixed; reduce
+/// 0.84-0.95x moving, 1.10-1.25x fixed).
+pub(super) const FIXED_AREA_MAX: usize = 512;
+/// Bytes of the fixed areas.
+const FIXED_BYTES: usize = CHECKIN_SLOTS as usize * INLINE_STEP;
+/// Bytes of a page's inline space: the fixed areas, then the region.
+/// Where an inline input lies is said in bytes from its start.
+pub(super) const INLINE_SPACE: usize = FIXED_BYTES + INLINE_REGION;
 // A place is reused only once the cursor went round the region: by then
 // more than `CHECKIN_SLOTS` check-ins came after the one that wrote it,
 // and every peer is done with that one (`free_slot`).
 const _: () =
     assert!(INLINE_REGION >= (CHECKIN_SLOTS as usize + 2) * (INLINE_CAPACITY + INLINE_STEP));
-const _: () = assert!(W_INLINE * 8 + INLINE_REGION <= crate::window::CONTROL_BYTES);
+const _: () = assert!(W_INLINE * 8 + INLINE_SPACE <= crate::window::CONTROL_BYTES);
+const _: () = assert!(FIXED_AREA_MAX <= INLINE_STEP);
 
 /// A wait for a peer's announcement looks at its notes too once in this
 /// many rounds (`wait_said`).
@@ -335,26 +348,36 @@ pub(super) fn inline_place(end: usize, bytes: usize) -> usize {
     }
 }
 
-/// Where this rank puts its inline input of `bytes` at the call now
-/// starting (bytes from its inline region's start), the cursor moved past
-/// it. Every rank moves its cursor in every call that may use the region,
+/// Where this rank puts its inline input of `bytes` at check-in `turn`
+/// (bytes from its inline space's start): up to [`FIXED_AREA_MAX`] in the
+/// check-in's fixed area, else in the region, the cursor moved past it.
+/// Every rank moves its cursor in every call that may use the region,
 /// whether it puts an input there or not (a broadcast's receivers): the
 /// calls being the same on every rank, the cursors agree, and a peer
 /// asks for a rank's lines where it will put them
 /// (`inline::fetch_ahead`) before it said where; what it reads is where
 /// that rank said ([`said_area`]).
 #[inline(always)]
-pub(super) fn next_area(ctx: &Ctx<'_>, bytes: usize) -> usize {
+pub(super) fn next_area(ctx: &Ctx<'_>, turn: u64, bytes: usize) -> usize {
+    if bytes <= FIXED_AREA_MAX {
+        return fixed_area(turn);
+    }
     let bytes = bytes.min(INLINE_CAPACITY);
     let end = &ctx.control.inline_end;
     let at = inline_place(end.load(Ordering::Relaxed) as usize, bytes);
     end.store((at + bytes) as u64, Ordering::Relaxed);
-    at
+    FIXED_BYTES + at
+}
+
+/// The fixed area of check-in `turn` (bytes from the inline space's start).
+#[inline(always)]
+fn fixed_area(turn: u64) -> usize {
+    (turn % CHECKIN_SLOTS) as usize * INLINE_STEP
 }
 
 /// Say in this rank's announcement of check-in `turn` (not made yet: its
 /// Release store publishes this) that its inline input lies at byte `at`
-/// of its inline region.
+/// of its inline space.
 #[inline(always)]
 pub(super) fn say_area(ctx: &Ctx<'_>, turn: u64, at: usize) -> Result<()> {
     let words = entry_words(ctx.control.pages.words(ctx.rank), turn)?;
@@ -363,7 +386,7 @@ pub(super) fn say_area(ctx: &Ctx<'_>, turn: u64, at: usize) -> Result<()> {
 }
 
 /// Where peer `j` said its inline input of check-in `turn` lies (heard
-/// already), checked to hold `bytes` inside its inline region: a place
+/// already), checked to hold `bytes` inside its inline space: a place
 /// outside it is a protocol error naming the peer, never read.
 #[inline(always)]
 pub(super) fn said_area(
@@ -375,25 +398,19 @@ pub(super) fn said_area(
     let words = entry_words(ctx.control.pages.words(j), turn)?;
     let at = words[E_AREA].load(Ordering::Relaxed);
     match usize::try_from(at) {
-        Ok(at)
-            if at
-                .checked_add(bytes)
-                .is_some_and(|end| end <= INLINE_REGION) =>
-        {
-            Ok(at)
-        }
+        Ok(at) if at.checked_add(bytes).is_some_and(|end| end <= INLINE_SPACE) => Ok(at),
         _ => Err(Error::Protocol {
             peer: j,
             during: call.during(),
             detail: format!(
                 "its inline input of {bytes} bytes at check-in {turn} lies at byte {at} of its \
-                 {INLINE_REGION}-byte inline region"
+                 {INLINE_SPACE}-byte inline space"
             ),
         }),
     }
 }
 
-/// The word of a page at byte `at` of its inline region.
+/// The word of a page at byte `at` of its inline space.
 #[inline(always)]
 pub(super) fn inline_word(at: usize) -> usize {
     W_INLINE + at / 8
@@ -806,11 +823,16 @@ pub(super) fn claim_ahead(ctx: &Ctx<'_>, turn: u64, entry_lines: usize, inline_b
     if inline_bytes > 0 {
         // Where the input of a call like this one lies at check-in `ahead`.
         let bytes = inline_bytes.min(INLINE_CAPACITY);
-        let (mut place, mut end) = (0, ctx.control.inline_end.load(Ordering::Relaxed) as usize);
-        for _ in 0..CLAIM_AHEAD {
-            place = inline_place(end, bytes);
-            end = place + bytes;
-        }
+        let place = if bytes <= FIXED_AREA_MAX {
+            fixed_area(ahead)
+        } else {
+            let (mut place, mut end) = (0, ctx.control.inline_end.load(Ordering::Relaxed) as usize);
+            for _ in 0..CLAIM_AHEAD {
+                place = inline_place(end, bytes);
+                end = place + bytes;
+            }
+            FIXED_BYTES + place
+        };
         let at = inline_word(place);
         let words = bytes.div_ceil(8);
         for w in page.get(at..at + words).unwrap_or(&[]).iter().step_by(8) {

@@ -47,21 +47,21 @@ const SHARED_COPY_MIN: usize = 8 << 10;
 const WORDS_MIN: usize = ENTRY_INPUT_BYTES + 1;
 const WORDS_MAX: usize = 4 << 10;
 
-/// The byte of a page at byte `at` of its inline region.
+/// The byte of a page at byte `at` of its inline space.
 fn inline_at(at: usize) -> usize {
     inline_word(at) * 8
 }
 
 /// Where this rank puts its inline input of `in_len` elements of `T` at
-/// the call now starting, in its inline region (`checkin::next_area`;
+/// the call now starting, in its inline space (`checkin::next_area`;
 /// every rank calls it in every call that may use the region).
-pub(super) fn next_place<T>(ctx: &Ctx<'_>, in_len: usize) -> usize {
-    next_area(ctx, in_len * std::mem::size_of::<T>())
+pub(super) fn next_place<T>(ctx: &Ctx<'_>, turn: u64, in_len: usize) -> usize {
+    next_area(ctx, turn, in_len * std::mem::size_of::<T>())
 }
 
 /// Copy the `parts` of a small input (as (first element, elements); over
 /// [`ENTRY_INPUT_BYTES`]: [`run_words`] takes the others) into this rank's
-/// inline region at byte `area` (check-in `turn`'s), each where it lies
+/// inline space at byte `area` (check-in `turn`'s), each where it lies
 /// in the input.
 ///
 /// From [`WORDS_MIN`] to [`WORDS_MAX`] bytes word by word, through the
@@ -347,7 +347,7 @@ pub(super) fn run<T: Element>(
     let own_unread =
         kind == CollKind::Reduce && rank == root && matches!(io, HostIo::OutOfPlace { .. });
     // Every rank moves its cursor, whether it puts its input there or not.
-    let area = next_place::<T>(ctx, in_len);
+    let area = next_place::<T>(ctx, turn, in_len);
     if publishes(kind, rank, root) && !own_unread {
         publish(ctx, io, kind, in_len, (turn, area))?;
     }
@@ -442,7 +442,7 @@ fn fetch_ahead<T>(ctx: &Ctx<'_>, j: usize, area: usize, (off, len): (usize, usiz
 
 /// Put this rank's input of an inline `kind` call (`in_len` elements) on
 /// its page at check-in `turn`, the parts its peers read, at byte `area`
-/// of its inline region ([`next_place`]), and say there in its
+/// of its inline space ([`next_place`]), and say there in its
 /// announcement (made after this) that it lies there.
 pub(super) fn publish<T: Element>(
     ctx: &Ctx<'_>,
@@ -697,7 +697,7 @@ impl<const N: usize> Words<'_, '_, N> {
 #[cfg(test)]
 mod tests {
     use super::super::checkin::{
-        inline_place, said_area, say_area, CHECKIN_SLOTS, INLINE_REGION, INLINE_STEP,
+        inline_place, said_area, say_area, CHECKIN_SLOTS, INLINE_REGION, INLINE_SPACE, INLINE_STEP,
     };
     use super::{on_page, published_parts, store_words, INLINE_CAPACITY};
     use crate::coll::CollKind;
@@ -778,12 +778,12 @@ mod tests {
 
     /// Where a peer says its inline input lies is read from the wire, as
     /// it were: a place whose input would pass the end of its inline
-    /// region (or the address space) is a protocol error that names the
+    /// space (or the address space) is a protocol error that names the
     /// peer, and one that fits is taken as said.
     #[test]
     fn an_inline_input_said_to_lie_past_the_region_is_a_protocol_error_naming_the_peer() {
         // Check-ins far from the ones the calls below take.
-        let places = [INLINE_REGION - 4096, INLINE_REGION - 64, usize::MAX];
+        let places = [INLINE_SPACE - 4096, INLINE_SPACE - 64, usize::MAX];
         let turn = |k: usize| 20 + k as u64;
         crate::testing::run_ranks(2, |comm| {
             // A small call makes the control pages.
@@ -806,7 +806,7 @@ mod tests {
                         let said = said_area(ctx, (0, turn(k)), 4096, &call_for_test());
                         if place
                             .checked_add(4096)
-                            .is_some_and(|end| end <= INLINE_REGION)
+                            .is_some_and(|end| end <= INLINE_SPACE)
                         {
                             assert_eq!(said.unwrap(), place);
                         } else {
@@ -814,7 +814,7 @@ mod tests {
                                 Err(Error::Protocol {
                                     peer: 0, detail, ..
                                 }) => {
-                                    assert!(detail.contains("inline region"), "{detail}")
+                                    assert!(detail.contains("inline space"), "{detail}")
                                 }
                                 other => panic!("place {place}: {other:?}"),
                             }
@@ -882,7 +882,7 @@ mod tests {
                     );
                 }
             }
-            // Every call of over 160 bytes went through the region (its
+            // Every call of over 512 bytes went through the region (its
             // cursor moved), each rank's from where it was set.
             comm.with_control_for_test(|ctx| {
                 let end = ctx.control.inline_end.load(Ordering::Relaxed) as usize;

@@ -78,7 +78,7 @@ pub(super) const W_SPREAD_REDUCED: usize = 40;
 
 /// Where the staging area starts in a page (bytes): after the inline areas
 /// (`checkin::W_INLINE`), on a page boundary.
-pub(crate) const SPREAD_AT: usize = super::checkin::W_INLINE * 8 + super::checkin::INLINE_REGION;
+pub(crate) const SPREAD_AT: usize = super::checkin::W_INLINE * 8 + super::checkin::INLINE_SPACE;
 const _: () = assert!(SPREAD_AT.is_multiple_of(4096));
 
 /// Bytes of a broadcast's chunk up to [`SMALL_BROADCAST_BYTES`]: the
@@ -394,7 +394,7 @@ mod tests {
     /// page's free words, each in a cache line of its own.
     #[test]
     fn the_staging_area_fits_the_page() {
-        let inline_end = super::super::checkin::W_INLINE * 8 + super::super::checkin::INLINE_REGION;
+        let inline_end = super::super::checkin::W_INLINE * 8 + super::super::checkin::INLINE_SPACE;
         assert!(slot_at(0) >= inline_end);
         for g in 0..2 * SPREAD_SLOTS {
             assert!(slot_at(g) + SPREAD_CHUNK <= crate::window::CONTROL_BYTES);
