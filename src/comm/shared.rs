@@ -206,7 +206,7 @@ impl Communicator {
         let create = |memory: &dyn SharedMemory, name: &str| {
             let page = memory.create(name, window::CONTROL_BYTES)?;
             let word = |i: usize| page.word(i);
-            // Every page of the announcements and inline areas in memory
+            // Every page of the announcements and inline space in memory
             // now, not at a call's first use of its slot: each first touch
             // was a page fault (a few µs), which the first 32 calls of each
             // size paid (2-rank allreduce of 64 B, 25 calls: 1.4-2.6 µs a

@@ -55,14 +55,19 @@
 //!                 +4..+7 an inline input of at most 32 bytes;
 //!           an inline call of 33 to 160 bytes: +4..+23 its input (the
 //!                 lines it fills);
+//!           an inline call of over 160 bytes: +4 where its input lies in
+//!                 the rank's inline space (`said_area`);
 //!           a call that is not inline, second cache line:
 //!                 +8 input window, +9 input offset, +10 output window,
 //!                 +11 output offset (window 0: not in one),
 //!                 +12 the input's address in the rank's process (only
 //!                    for calls peers may copy by cross-memory attach)
-//!  word 1024 inline input of check-in t in area t % CHECKIN_SLOTS
-//!             (`INLINE_CAPACITY`, 16 KiB each)
-//!  byte SPREAD_AT (after the inline areas)
+//!  word 1024 the inline space: inline inputs of 161-512 B of check-in t
+//!             in fixed area t % CHECKIN_SLOTS (`INLINE_STEP`, 4 KiB
+//!             each), then the 2 MiB region (`INLINE_REGION`) where each
+//!             larger one goes after the rank's last, on 4 KiB steps
+//!             (`next_area`)
+//!  byte SPREAD_AT (after the inline space)
 //!             the staging area of a large broadcast's root: chunk g in
 //!             slot g % SPREAD_SLOTS, SPREAD_CHUNK bytes each (`spread`)
 //! ```
@@ -86,13 +91,15 @@
 //! has not compared is `CHECKIN_SLOTS - 1` check-ins old. A mismatch fails
 //! that later call, and the error names the call it concerns.
 //!
-//! **When a slot comes round again.** A rank takes the slot and inline
-//! area of check-in t again at t + `CHECKIN_SLOTS` only once every peer
+//! **When a slot comes round again.** A rank takes the slot and fixed
+//! inline area of check-in t again at t + `CHECKIN_SLOTS` only once every peer
 //! is done with check-in t (`free_slot`): each rank says on its page up to
 //! which check-in it is done reading its peers' pages (`publish_finished`;
 //! a rank that left one early is not done with it before it compared it),
 //! and a rank reads its peers' words only when the last it saw falls
 //! short. Calls in between that do not check in do not touch the slots.
+//! A place in the inline region comes round only after more than
+//! `CHECKIN_SLOTS` check-ins (`INLINE_REGION`), so the same wait covers it.
 //!
 //! **Two notes suffice**: a rank leaves a call through slots only once
 //! every peer has started it (the confirmation of a broadcast or reduce
@@ -172,8 +179,8 @@ pub(super) const E_SMALL: usize = 4;
 pub(super) const SMALL_WORDS: usize = 4;
 /// The largest inline input that travels in the announcement's line.
 pub(super) const SMALL_BYTES: usize = SMALL_WORDS * 8;
-/// Where a larger inline input lies in its rank's inline region (bytes
-/// from its start, [`inline_place`]): the first of the words an input of
+/// Where a larger inline input lies in its rank's inline space (bytes
+/// from its start, [`next_area`]): the first of the words an input of
 /// at most [`SMALL_BYTES`] takes, which such a call leaves unused.
 const E_AREA: usize = E_SMALL;
 const _: () = assert!(E_SMALL + SMALL_WORDS <= 8);
@@ -219,7 +226,8 @@ pub(super) const INLINE_CAPACITY: usize = plan::INLINE_MAX_BYTES;
 /// lines of an 8 KiB input there, and the copy onto the page cost 0.9 µs
 /// of a 2-rank allgather's 1.8 (`bench/bound/slot_reuse.c 16384 20000
 /// 32` against 256 sets: 0.2 µs of 1.1). 2 ranks in turns, against those
-/// areas: 1.2-3.5x from 4 to 16 KiB in every inline collective
+/// areas: 1.2-2.1x from 2 to 16 KiB in every inline collective but the
+/// all-to-all (level); 4 ranks level within their noise
 /// (docs/performance-log.md, "The inline inputs move along a 2 MiB
 /// region").
 pub(super) const INLINE_REGION: usize = 2 << 20;
@@ -227,10 +235,10 @@ pub(super) const INLINE_REGION: usize = 2 << 20;
 /// each where the last one's page ends ([`inline_place`]). Against cache
 /// lines (64 B), which let the peer that read the last input ask for the
 /// lines after it (a core's prefetchers run ahead of its reads within a
-/// page) just before this rank writes them, 2 ranks in turns: allgather
-/// 1.17-1.47x at 512 B-2 KiB, broadcast 1.3x at 2 KiB, allreduce
-/// 1.1-1.3x at 2 KiB (docs/performance-log.md, "The inline inputs move
-/// along a 2 MiB region").
+/// page) just before this rank writes them, 2 ranks, each in turns
+/// against 256 fixed areas: allgather 1.1-1.4x at 512 B-2 KiB, broadcast
+/// 1.3x at 2 KiB, allreduce 1.3x at 2 KiB (docs/performance-log.md, "The
+/// inline inputs move along a 2 MiB region").
 pub(super) const INLINE_STEP: usize = 4096;
 /// Inline inputs of at most this many bytes go in a fixed area of their
 /// own announcement slot instead (`turn % CHECKIN_SLOTS`, a page each,
@@ -871,8 +879,8 @@ pub(super) fn publish_finished(ctx: &Ctx<'_>) {
     }
 }
 
-/// Before check-in `turn` takes its announcement slot and inline area
-/// again: wait until every peer is done with check-in `turn -
+/// Before check-in `turn` takes its announcement slot and fixed inline
+/// area again (and so any place of the inline region it may write): wait until every peer is done with check-in `turn -
 /// CHECKIN_SLOTS` (`publish_finished`), unless this rank saw that already.
 /// Each peer's word is read again only when what was seen last falls
 /// short, so a rank that runs ahead reads its peers' words about once in

@@ -4,7 +4,7 @@
 //! reduce-scatter only the blocks its peers read) on its control page
 //! with its announcement (up to 160 bytes in the announcement itself, up
 //! to 32 of them in its first cache line with the call; else in the
-//! page's 16 KiB inline area), reads every peer's announcement, then
+//! page's inline space, `checkin::next_area`), reads every peer's announcement, then
 //! takes what it needs from the peers' pages: allreduce reduces every input
 //! in rank order, reduce-scatter its block of each, reduce does so on the
 //! root, allgather copies every block, broadcast the root's, all-to-all its

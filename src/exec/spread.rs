@@ -76,7 +76,7 @@ pub(super) const W_SPREAD_READ: usize = 32;
 /// stored with Release once the piece is there; in a cache line of its own.
 pub(super) const W_SPREAD_REDUCED: usize = 40;
 
-/// Where the staging area starts in a page (bytes): after the inline areas
+/// Where the staging area starts in a page (bytes): after the inline space
 /// (`checkin::W_INLINE`), on a page boundary.
 pub(crate) const SPREAD_AT: usize = super::checkin::W_INLINE * 8 + super::checkin::INLINE_SPACE;
 const _: () = assert!(SPREAD_AT.is_multiple_of(4096));
@@ -389,7 +389,7 @@ impl<'c, 'a> Staging<'c, 'a> {
 mod tests {
     use super::*;
 
-    /// The staging slots lie inside the page, after the inline areas and
+    /// The staging slots lie inside the page, after the inline space and
     /// apart from each other, and the words the protocol uses lie in the
     /// page's free words, each in a cache line of its own.
     #[test]

@@ -35,7 +35,7 @@ pub(crate) const INLINE_BYTES: usize = 4096;
 /// allgather of 1-4 KiB between windows").
 pub(crate) const WINDOW_ALLGATHER_INLINE_BYTES: usize = 1024;
 
-/// What each check-in's inline area on the control page holds
+/// The most a rank puts on its control page's inline space in one call
 /// (`exec::checkin::INLINE_CAPACITY`): the largest input any call runs
 /// inline with, but an all-to-all, which puts only its peers' blocks on
 /// the page ([`alltoall_inline_bytes`]).
