@@ -367,14 +367,25 @@ pub(super) fn inline_place(end: usize, bytes: usize) -> usize {
 /// that rank said ([`said_area`]).
 #[inline(always)]
 pub(super) fn next_area(ctx: &Ctx<'_>, turn: u64, bytes: usize) -> usize {
+    let end = &ctx.control.inline_end;
+    let (at, after) = area_after(end.load(Ordering::Relaxed) as usize, turn, bytes);
+    end.store(after as u64, Ordering::Relaxed);
+    at
+}
+
+/// Where an inline input of `bytes` at check-in `turn` lies (bytes from
+/// the inline space's start) when the rank's last input in the region
+/// ended at `end` (bytes from the region's start), and where the region's
+/// inputs end after it: [`next_area`]'s rule, which [`claim_ahead`]
+/// follows forward too.
+#[inline(always)]
+fn area_after(end: usize, turn: u64, bytes: usize) -> (usize, usize) {
     if bytes <= FIXED_AREA_MAX {
-        return fixed_area(turn);
+        return (fixed_area(turn), end);
     }
     let bytes = bytes.min(INLINE_CAPACITY);
-    let end = &ctx.control.inline_end;
-    let at = inline_place(end.load(Ordering::Relaxed) as usize, bytes);
-    end.store((at + bytes) as u64, Ordering::Relaxed);
-    FIXED_BYTES + at
+    let at = inline_place(end, bytes);
+    (FIXED_BYTES + at, at + bytes)
 }
 
 /// The fixed area of check-in `turn` (bytes from the inline space's start).
@@ -830,19 +841,12 @@ pub(super) fn claim_ahead(ctx: &Ctx<'_>, turn: u64, entry_lines: usize, inline_b
     }
     if inline_bytes > 0 {
         // Where the input of a call like this one lies at check-in `ahead`.
-        let bytes = inline_bytes.min(INLINE_CAPACITY);
-        let place = if bytes <= FIXED_AREA_MAX {
-            fixed_area(ahead)
-        } else {
-            let (mut place, mut end) = (0, ctx.control.inline_end.load(Ordering::Relaxed) as usize);
-            for _ in 0..CLAIM_AHEAD {
-                place = inline_place(end, bytes);
-                end = place + bytes;
-            }
-            FIXED_BYTES + place
-        };
+        let (mut place, mut end) = (0, ctx.control.inline_end.load(Ordering::Relaxed) as usize);
+        for k in 1..=CLAIM_AHEAD {
+            (place, end) = area_after(end, turn + k, inline_bytes);
+        }
         let at = inline_word(place);
-        let words = bytes.div_ceil(8);
+        let words = inline_bytes.min(INLINE_CAPACITY).div_ceil(8);
         for w in page.get(at..at + words).unwrap_or(&[]).iter().step_by(8) {
             ferroccl_transport::prefetch_for_write(w);
         }
