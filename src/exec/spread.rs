@@ -15,14 +15,15 @@
 //!   chunk and copies chunk k of every peer's block after staging its own
 //!   chunk k: N + N(N - 1) block copies with the own output's, where the
 //!   ring copies each block into and out of a slot at every hop, N(2N - 1).
-//! - **Allreduce** (4 to 8 ranks): every rank stages chunk k of its input,
-//!   reduces its piece of chunk k (a 1/N of it, in whole cache lines) out
-//!   of every rank's slot in rank order (every rank gets the same bits)
-//!   into its output and back into that piece of its own slot, which no
-//!   peer reads, says so (`W_SPREAD_REDUCED`), then copies every peer's
-//!   reduced piece out of the peer's slot. A rank waits for every peer's
-//!   chunk k before it reduces, and for every peer's piece of chunk k
-//!   before it copies; its "done" word then covers both reads.
+//! - **Allreduce** (4 to 8 ranks), in groups of up to [`SPREAD_GROUP`]
+//!   chunks: every rank stages each chunk k of the group from its input,
+//!   then reduces its piece of each (a 1/N of it, in whole cache lines)
+//!   out of every rank's slot in rank order (every rank gets the same
+//!   bits) into its output and back into that piece of its own slot,
+//!   which no peer reads, and says so (`W_SPREAD_REDUCED`), then copies
+//!   every peer's reduced pieces out of the peer's slots. A rank waits for
+//!   every peer's chunk k before it reduces, and for every peer's piece of
+//!   chunk k before it copies; its "done" word then covers both reads.
 //!
 //! A staging area holds [`SPREAD_SLOTS`] chunks of up to
 //! [`SPREAD_CHUNK`] bytes. Chunks are numbered per communicator (`Control::spread_chunks`,
@@ -61,6 +62,21 @@ pub(crate) const SPREAD_CHUNK: usize = 256 << 10;
 pub(crate) const SPREAD_SLOTS: u64 = 8;
 /// Bytes of the staging area at the end of every control page.
 pub(crate) const SPREAD_BYTES: usize = SPREAD_CHUNK * SPREAD_SLOTS as usize;
+
+/// Chunks of an allreduce a rank stages before it reduces the first of
+/// them, reduces before it copies the first piece out, and copies out
+/// before it stages the next: half the slots, so that a group's chunks
+/// take other slots than the group's before it (a rank stages one without
+/// waiting for its peers to read the last group, which they copy out
+/// meanwhile), and a call of up to 1 MiB has two meetings with its peers
+/// rather than two a chunk.
+/// Where ranks share cores a wait that finds the peer not yet there gives
+/// the core away, and the fewer meetings paid: on the 2-core AMD EPYC VM,
+/// in seven turns against one chunk at a time (`bench/ab.sh`; the group
+/// of four's speed): 4 ranks 1.04-1.12x from 512 KiB to 2 MiB, 8 ranks
+/// 1.03-1.27x, no size slower (docs/performance-log.md, "The staging
+/// areas' allreduce in groups of chunks").
+pub(crate) const SPREAD_GROUP: u64 = SPREAD_SLOTS / 2;
 
 /// Word of a page: chunks its rank wrote into its staging area so far
 /// (the number of the last one plus one), stored with Release once the
@@ -140,25 +156,38 @@ pub(super) fn run<T: Element>(
     let (written, read) = (word(page, W_SPREAD_WRITTEN)?, word(page, W_SPREAD_READ)?);
     let mut staging = Staging::new(ctx, call, deadline);
     if call.kind == CollKind::AllReduce {
-        // Every rank stages chunk k of its input, reduces its piece of
-        // chunk k out of every rank's slot into its output and its own
-        // slot, then copies every peer's reduced piece out of theirs.
+        // Group by group of chunks (`SPREAD_GROUP`), every rank stages
+        // each chunk of its input, reduces its piece of each out of every
+        // rank's slot into its output and its own slot, then copies every
+        // peer's reduced piece out of theirs.
         let reduced = word(page, W_SPREAD_REDUCED)?;
-        for k in 0..chunks {
-            let g = base + k;
-            let (from, len) = part(k);
-            staging.stage(io, g, (from, len), written)?;
-            staging.reduce_piece(io, g, from, piece::<T>(len, rank, size))?;
-            // Release: a peer that sees it finds the piece in the slot.
-            reduced.store(g + 1, Ordering::Release);
-            for j in (1..size).map(|s| (rank + s) % size) {
-                let (off, n) = piece::<T>(len, j, size);
-                if n > 0 {
-                    staging.take_at(io, j, g, W_SPREAD_REDUCED, off, (from + off, n))?;
-                }
+        let group = SPREAD_GROUP;
+        let mut k0 = 0;
+        while k0 < chunks {
+            let k1 = (k0 + group).min(chunks);
+            for k in k0..k1 {
+                staging.stage(io, base + k, part(k), written)?;
             }
-            // Release: a peer that sees it may overwrite its slot of g.
-            read.store(g + 1, Ordering::Release);
+            for k in k0..k1 {
+                let g = base + k;
+                let (from, len) = part(k);
+                staging.reduce_piece(io, g, from, piece::<T>(len, rank, size))?;
+                // Release: a peer that sees it finds the piece in the slot.
+                reduced.store(g + 1, Ordering::Release);
+            }
+            for k in k0..k1 {
+                let g = base + k;
+                let (from, len) = part(k);
+                for j in (1..size).map(|s| (rank + s) % size) {
+                    let (off, n) = piece::<T>(len, j, size);
+                    if n > 0 {
+                        staging.take_at(io, j, g, W_SPREAD_REDUCED, off, (from + off, n))?;
+                    }
+                }
+                // Release: a peer that sees it may overwrite its slot of g.
+                read.store(g + 1, Ordering::Release);
+            }
+            k0 = k1;
         }
         return Ok(());
     }
