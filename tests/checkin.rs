@@ -686,3 +686,87 @@ fn spread_once<T: Element>(comm: &Communicator, count: usize, root: usize, tag: 
     let small = inline_limit("broadcast", n);
     (u64::from(bytes <= small), u64::from(bytes >= min && n <= 8))
 }
+
+/// An inline allreduce in place reads the rank's own input out of its
+/// buffer (block by block, copied aside: `exec::inline::reduce_over_own`)
+/// rather than off its page. Every rank's result must still have the
+/// bits of the fold in rank order, `((x0 op x1) op x2) ...`, worked out
+/// here in the element type, and of the same call out of place; the
+/// inputs mix magnitudes so that another order rounds differently. Sizes
+/// around the 4 KiB blocks, up to the inline limit, on 2 to 4 ranks (so
+/// that the own input is first, in the middle and last), f32 and f64,
+/// sum, product, min and max; each call is counted as run inline.
+#[test]
+fn inline_allreduces_in_place_give_every_rank_the_bits_of_the_rank_order_fold() {
+    fn fold<T: Element + Copy>(op: ReduceOp, a: T, b: T) -> T {
+        let (x, y) = (a.to_f64(), b.to_f64());
+        // Each step in the element type: from_f64 of an exact f64 result
+        // rounds as the element type's own operation does (f32 and f64).
+        T::from_f64(match op {
+            ReduceOp::Sum => x + y,
+            ReduceOp::Prod => x * y,
+            ReduceOp::Min => x.min(y),
+            _ => x.max(y),
+        })
+    }
+    fn once<T: Element + Copy>(comm: &Communicator, count: usize, op: ReduceOp) {
+        let (rank, n) = (comm.rank(), comm.size());
+        let value = |r: usize, i: usize| -> T {
+            let v = match op {
+                ReduceOp::Prod => 1.0 + ((r * 7 + i * 3) % 17) as f64 / 1024.0,
+                _ => ((r * 13 + i * 7) % 101) as f64 * 0.1 + [1e7, 0.3, -1e7, 7.7][r % 4],
+            };
+            T::from_f64(v)
+        };
+        let mine: Vec<T> = (0..count).map(|i| value(rank, i)).collect();
+        let mut out = vec![T::from_f64(0.0); count];
+        comm.all_reduce(&mine, &mut out, op).unwrap();
+        let mut buf = mine.clone();
+        comm.all_reduce_in_place(&mut buf, op).unwrap();
+        for i in 0..count {
+            let want = (1..n).fold(value(0, i), |acc, r| fold(op, acc, value(r, i)));
+            let bits = |v: T| v.to_f64().to_bits();
+            assert!(
+                bits(buf[i]) == bits(want) && bits(out[i]) == bits(want),
+                "allreduce {op} of {count} {} on {n} ranks, rank {rank}, element {i}: in place \
+                 {}, out of place {}, the rank-order fold {}",
+                T::DTYPE,
+                buf[i].to_f64(),
+                out[i].to_f64(),
+                want.to_f64()
+            );
+        }
+    }
+    for n in [2, 3, 4] {
+        let got = run_ranks_with(n, quick, |comm| {
+            let before = comm.direct_window_calls();
+            let mut calls = 0u64;
+            let limit = inline_limit("all_reduce", n);
+            for bytes in [
+                8usize,
+                1 << 10,
+                (4 << 10) - 8,
+                4 << 10,
+                (4 << 10) + 24,
+                8 << 10,
+                16 << 10,
+            ] {
+                if bytes > limit {
+                    continue;
+                }
+                for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
+                    once::<f32>(&comm, bytes / 4, op);
+                    once::<f64>(&comm, bytes / 8, op);
+                    calls += 4;
+                }
+            }
+            (comm.direct_window_calls() - before, calls)
+        });
+        for (rank, (inline, calls)) in got.into_iter().enumerate() {
+            assert_eq!(
+                inline, calls,
+                "{n} ranks, rank {rank}: allreduces run inline"
+            );
+        }
+    }
+}

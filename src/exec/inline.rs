@@ -245,10 +245,18 @@ fn peer_inline<'x, T: Element>(
 
 /// `output[..len] = input_0 op input_1 op ...` over elements
 /// `off..off + len` of the inline inputs of check-in `turn`, in rank
-/// order, so that every rank gets the same bits. In place this rank's
-/// own input is read from its page too (it put it there), so the output,
-/// its buffer, is no input: it is written in one pass over the first two
-/// inputs, then reduced into with the others.
+/// order, so that every rank gets the same bits. This rank's own input
+/// comes from its buffer out of place, and in an allreduce in place
+/// ([`reduce_over_own`]); else from its page, where it put it.
+///
+/// An allreduce in place read it off the page until 2026-12-06, and took
+/// 1.3-1.9x as long as out of place at 8-16 KiB on 2 ranks, its peer
+/// reading the same lines meanwhile. Out of its buffer, in turns, 2 ranks:
+/// 1.43-1.65x faster in place at 8-16 KiB. A reduce's root, whose page no
+/// peer reads, measured 0.65-0.90x that way from 512 B to 16 KiB, and a
+/// reduce-scatter level (0.91-1.19x), so both keep the page
+/// (docs/performance-log.md, "An allreduce in place takes its own input
+/// from its buffer").
 fn reduce_inline<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
@@ -273,8 +281,69 @@ fn reduce_inline<T: Element>(
                 }
             })
         }
+        HostIo::InPlace {
+            input_base,
+            output_base,
+            ..
+        } if call.kind == CollKind::AllReduce && *input_base + off == *output_base => {
+            reduce_over_own(io.output(0, len), op, (ctx.rank, ctx.size), page)
+        }
         io => reduce_ranks(io.output(0, len), op, ctx.size, page),
     }
+}
+
+/// Bytes of the copy of this rank's input that [`reduce_over_own`] takes
+/// at a time: a block that stays in L1.
+const OWN_BLOCK_BYTES: usize = 4 << 10;
+
+/// [`reduce_ranks`] where `out` holds this rank's own input (`x(rank)` is
+/// not called): block by block, the block of `out` is copied aside
+/// (into L1) and stands for the own input, so the result has the bits of
+/// [`reduce_ranks`] over the same inputs, every op and type alike. On
+/// more than `plan::host::INLINE_WIDE_MAX_RANKS` ranks, `x(rank)` is read as
+/// the others are.
+fn reduce_over_own<'x, T: Element>(
+    out: &mut [T],
+    op: ReduceOp,
+    (rank, size): (usize, usize),
+    x: impl Fn(usize) -> Result<&'x [T]>,
+) -> Result<()> {
+    if size > plan::host::INLINE_WIDE_MAX_RANKS {
+        return reduce_ranks(out, op, size, x);
+    }
+    let mut inputs: [&[T]; plan::host::INLINE_WIDE_MAX_RANKS] =
+        [&[]; plan::host::INLINE_WIDE_MAX_RANKS];
+    for (j, input) in inputs.iter_mut().enumerate().take(size) {
+        if j != rank {
+            *input = x(j)?;
+        }
+    }
+    let total = out.len();
+    let mut aside = [0u64; OWN_BLOCK_BYTES / 8];
+    let per = OWN_BLOCK_BYTES / std::mem::size_of::<T>().max(1);
+    let mut start = 0;
+    while start < total {
+        let n = per.min(total - start);
+        let own: &mut [T] = &mut bytemuck::cast_slice_mut(&mut aside)[..n];
+        let block = &mut out[start..start + n];
+        copy(own, block);
+        let own: &[T] = own;
+        reduce_ranks(block, op, size, |j| {
+            Ok(if j == rank {
+                own
+            } else {
+                inputs[j].get(start..start + n).ok_or_else(|| {
+                    Error::Io(format!(
+                        "inline reduce: rank {j}'s input has {} elements, not {}",
+                        inputs[j].len(),
+                        total
+                    ))
+                })?
+            })
+        })?;
+        start += n;
+    }
+    Ok(())
 }
 
 /// `out = x(0) op x(1) op ...` over the `size` ranks' inputs `x(j)`, in
