@@ -250,8 +250,9 @@ fn peer_inline<'x, T: Element>(
 /// ([`reduce_over_own`]); else from its page, where it put it.
 ///
 /// An allreduce in place read it off the page until 2026-12-06, and took
-/// 1.3-1.9x as long as out of place at 8-16 KiB on 2 ranks, its peer
-/// reading the same lines meanwhile. Out of its buffer, in turns, 2 ranks:
+/// 1.3-1.9x as long as out of place at 8-16 KiB on 2 ranks (likely
+/// because its peer reads those lines at the same time; not measured
+/// apart). Out of its buffer, in turns, 2 ranks:
 /// 1.43-1.65x faster in place at 8-16 KiB. A reduce's root, whose page no
 /// peer reads, measured 0.65-0.90x that way from 512 B to 16 KiB, and a
 /// reduce-scatter level (0.91-1.19x), so both keep the page
