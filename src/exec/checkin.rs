@@ -884,8 +884,9 @@ pub(super) fn publish_finished(ctx: &Ctx<'_>) {
 }
 
 /// Before check-in `turn` takes its announcement slot and fixed inline
-/// area again (and so any place of the inline region it may write): wait until every peer is done with check-in `turn -
-/// CHECKIN_SLOTS` (`publish_finished`), unless this rank saw that already.
+/// area again (and so any place of the inline region it may write): wait
+/// until every peer is done with check-in `turn - CHECKIN_SLOTS`
+/// (`publish_finished`), unless this rank saw that already.
 /// Each peer's word is read again only when what was seen last falls
 /// short, so a rank that runs ahead reads its peers' words about once in
 /// `CHECKIN_SLOTS` calls; a peer falls that far behind only when it has

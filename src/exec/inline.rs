@@ -312,14 +312,20 @@ fn reduce_over_own<'x, T: Element>(
     if size > plan::host::INLINE_WIDE_MAX_RANKS {
         return reduce_ranks(out, op, size, x);
     }
+    let total = out.len();
     let mut inputs: [&[T]; plan::host::INLINE_WIDE_MAX_RANKS] =
         [&[]; plan::host::INLINE_WIDE_MAX_RANKS];
     for (j, input) in inputs.iter_mut().enumerate().take(size) {
         if j != rank {
             *input = x(j)?;
+            if input.len() != total {
+                return Err(Error::Io(format!(
+                    "inline reduce: rank {j}'s input has {} elements, not {total}",
+                    input.len()
+                )));
+            }
         }
     }
-    let total = out.len();
     let mut aside = [0u64; OWN_BLOCK_BYTES / 8];
     let per = OWN_BLOCK_BYTES / std::mem::size_of::<T>().max(1);
     let mut start = 0;
@@ -333,13 +339,7 @@ fn reduce_over_own<'x, T: Element>(
             Ok(if j == rank {
                 own
             } else {
-                inputs[j].get(start..start + n).ok_or_else(|| {
-                    Error::Io(format!(
-                        "inline reduce: rank {j}'s input has {} elements, not {}",
-                        inputs[j].len(),
-                        total
-                    ))
-                })?
+                &inputs[j][start..start + n]
             })
         })?;
         start += n;

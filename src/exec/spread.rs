@@ -76,7 +76,7 @@ pub(crate) const SPREAD_BYTES: usize = SPREAD_CHUNK * SPREAD_SLOTS as usize;
 /// of four's speed): 4 ranks 1.04-1.12x from 512 KiB to 2 MiB, 8 ranks
 /// 1.03-1.27x, no size slower (docs/performance-log.md, "The staging
 /// areas' allreduce in groups of chunks").
-pub(crate) const SPREAD_GROUP: u64 = SPREAD_SLOTS / 2;
+const SPREAD_GROUP: u64 = SPREAD_SLOTS / 2;
 
 /// Word of a page: chunks its rank wrote into its staging area so far
 /// (the number of the last one plus one), stored with Release once the
@@ -161,10 +161,8 @@ pub(super) fn run<T: Element>(
         // rank's slot into its output and its own slot, then copies every
         // peer's reduced piece out of theirs.
         let reduced = word(page, W_SPREAD_REDUCED)?;
-        let group = SPREAD_GROUP;
-        let mut k0 = 0;
-        while k0 < chunks {
-            let k1 = (k0 + group).min(chunks);
+        for k0 in (0..chunks).step_by(SPREAD_GROUP as usize) {
+            let k1 = (k0 + SPREAD_GROUP).min(chunks);
             for k in k0..k1 {
                 staging.stage(io, base + k, part(k), written)?;
             }
@@ -187,7 +185,6 @@ pub(super) fn run<T: Element>(
                 // Release: a peer that sees it may overwrite its slot of g.
                 read.store(g + 1, Ordering::Release);
             }
-            k0 = k1;
         }
         return Ok(());
     }
