@@ -305,17 +305,17 @@ pub(crate) fn cma_probes(facts: &Facts) -> Vec<usize> {
         .collect()
 }
 
-/// The block (bytes a rank) at which the calibration times an all-to-all
+/// The blocks (bytes a rank) at which the calibration times an all-to-all
 /// both pulled and through slots where allgathers go through the staging
-/// areas ([`cma_alltoall_probes`]).
-pub(crate) const CMA_ALLTOALL_PROBE_BLOCK: usize = 1 << 20;
+/// areas ([`cma_alltoall_probes`]), in ascending order.
+pub(crate) const CMA_ALLTOALL_PROBE_BLOCKS: [usize; 2] = [512 << 10, 1 << 20];
 
 /// The blocks at which a calibration on `facts.size` ranks times the
-/// all-to-all itself: [`CMA_ALLTOALL_PROBE_BLOCK`] where allgathers of
-/// pulled sizes go through the staging areas (4 to 8 ranks, [`takes_spread`])
-/// and the probe's buffers fit in 32 MiB; none elsewhere, where the
-/// all-to-all keeps the allgathers' range (on 2 and 3 ranks both weigh the
-/// pull against slots).
+/// all-to-all itself: those of [`CMA_ALLTOALL_PROBE_BLOCKS`] whose
+/// buffers fit in 32 MiB, where allgathers of pulled sizes go through the
+/// staging areas (4 to 8 ranks, [`takes_spread`]); none elsewhere, where
+/// the all-to-all keeps the allgathers' range (on 2 and 3 ranks both
+/// weigh the pull against slots).
 ///
 /// The allgathers' probes weigh the pull against the staging areas, but an
 /// all-to-all never takes those: it goes through pairwise slots, which
@@ -323,27 +323,30 @@ pub(crate) const CMA_ALLTOALL_PROBE_BLOCK: usize = 1 << 20;
 /// VM the allgathers' probes chose "never" in every calibration, and
 /// all-to-alls of 4-16 MiB ran through slots at 0.50-0.76x Intel MPI, while
 /// pulled they took 1.3-1.8x less time (docs/performance-log.md, "The
-/// all-to-all against the peers, and between windows"). One probe, 1 MiB
-/// blocks (4 MiB of buffers on 4 ranks, about 60 ms of the calibration
-/// there), rather than the allgathers' three. At 512 KiB blocks the two
-/// ways were level in loops and the choice flipped between start-ups (one
-/// in four never pulled); at 1 MiB the pull won in six of six (1.5-1.8x).
-/// A tie counts as a win (the pull is the all-to-all's range without a
-/// calibration), and the range opens there upwards.
+/// all-to-all against the peers, and between windows"). At 1 MiB blocks
+/// the pull won in six calibrations of six (1.5-1.8x); with that probe
+/// alone the range opened there, and 512 KiB blocks went through slots.
+/// On a later instance of that VM (2026-12-06) 512 KiB blocks (a 2 MiB
+/// all-to-all on 4 ranks) took 334-447 µs pulled against 457-570 through
+/// slots in five turns of five, and 256 KiB blocks 149-172 through slots
+/// against 156-288 pulled: so 512 KiB is probed too. A tie counts as a
+/// win (the pull is the all-to-all's range without a calibration), and
+/// the range opens at the smaller block that wins upwards; where only 1
+/// MiB wins, from 1 MiB as before (`cma_range`).
 pub(crate) fn cma_alltoall_probes(facts: &Facts) -> Vec<usize> {
     let n = facts.size.max(1);
-    let block = CMA_ALLTOALL_PROBE_BLOCK;
     let probing = Facts {
         cma_alltoall: (0, usize::MAX),
         ..*facts
     };
-    let staged = takes_spread(CollKind::AllGather, block, facts);
-    let fits = block.saturating_mul(n) <= CMA_PROBE_OUTPUT_BYTES;
-    if staged && fits && takes_cma(CollKind::AllToAll, block * n, false, &probing) {
-        vec![block]
-    } else {
-        Vec::new()
-    }
+    CMA_ALLTOALL_PROBE_BLOCKS
+        .into_iter()
+        .filter(|&block| {
+            let staged = takes_spread(CollKind::AllGather, block, facts);
+            let fits = block.saturating_mul(n) <= CMA_PROBE_OUTPUT_BYTES;
+            staged && fits && takes_cma(CollKind::AllToAll, block * n, false, &probing)
+        })
+        .collect()
 }
 
 /// A pull wins a probe when it takes at most this share of the slots'
@@ -1683,7 +1686,7 @@ mod tests {
                 ..facts()
             };
             let want = if probed {
-                vec![CMA_ALLTOALL_PROBE_BLOCK]
+                CMA_ALLTOALL_PROBE_BLOCKS.to_vec()
             } else {
                 Vec::new()
             };
@@ -1691,6 +1694,21 @@ mod tests {
                 cma_alltoall_probes(&f),
                 want,
                 "{size} ranks, spread {spread}"
+            );
+        }
+        // The range opens at the smaller block where the pull wins or
+        // ties there, else at the larger, as with one probe.
+        let [small, large] = CMA_ALLTOALL_PROBE_BLOCKS;
+        let won_large = (large, 700.0, 1200.0);
+        for (at_small, want) in [
+            ((small, 330.0, 470.0), (small, usize::MAX)),
+            ((small, 410.0, 400.0), (small, usize::MAX)),
+            ((small, 500.0, 400.0), (large, usize::MAX)),
+        ] {
+            assert_eq!(
+                cma_range(&[at_small, won_large], CMA_GATHER_DEFAULT),
+                want,
+                "{at_small:?}"
             );
         }
         // Buffers that the slots would write with streaming stores are
@@ -1713,13 +1731,17 @@ mod tests {
             layout: Layout::one_host(4),
             spread: true,
             cma_gather: NO_CMA,
-            cma_alltoall: (CMA_ALLTOALL_PROBE_BLOCK, usize::MAX),
+            cma_alltoall: (CMA_ALLTOALL_PROBE_BLOCKS[1], usize::MAX),
             ..facts()
         };
         let r = |kind, bytes, f: &Facts| route(kind, bytes, false, Memory::Host, f).unwrap();
         assert_eq!(r(CollKind::AllToAll, 4 * block, &f), pulled);
         assert_eq!(
-            r(CollKind::AllToAll, 4 * (CMA_ALLTOALL_PROBE_BLOCK - 4), &f),
+            r(
+                CollKind::AllToAll,
+                4 * (CMA_ALLTOALL_PROBE_BLOCKS[1] - 4),
+                &f
+            ),
             Route::Slots { note: true }
         );
         let swapped = Facts {
