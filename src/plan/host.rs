@@ -329,10 +329,14 @@ pub(crate) const CMA_ALLTOALL_PROBE_BLOCKS: [usize; 2] = [512 << 10, 1 << 20];
 /// On a later instance of that VM (2026-12-06) 512 KiB blocks (a 2 MiB
 /// all-to-all on 4 ranks) took 334-447 µs pulled against 457-570 through
 /// slots in five turns of five, and 256 KiB blocks 149-172 through slots
-/// against 156-288 pulled: so 512 KiB is probed too. A tie counts as a
+/// against 156-288 pulled: so 512 KiB is probed too. The choice at 512
+/// KiB flips between start-ups (there the pull lost in one calibration of
+/// four on the earlier instance, in one of six on this one); beside the 1
+/// MiB probe such a loss only moves the range's start to 1 MiB, where
+/// with 512 KiB as the one probe it would be "never". A tie counts as a
 /// win (the pull is the all-to-all's range without a calibration), and
-/// the range opens at the smaller block that wins upwards; where only 1
-/// MiB wins, from 1 MiB as before (`cma_range`).
+/// the range opens at the smaller block that wins upwards (`cma_range`).
+/// The buffers are the larger probe's (4 MiB on 4 ranks), as before.
 pub(crate) fn cma_alltoall_probes(facts: &Facts) -> Vec<usize> {
     let n = facts.size.max(1);
     let probing = Facts {
