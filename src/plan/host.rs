@@ -1725,7 +1725,7 @@ mod tests {
             ..facts()
         };
         assert_eq!(cma_alltoall_probes(&f), Vec::<usize>::new());
-        let block = 1 << 20;
+        let block = large;
         let pulled = Route::CheckIn {
             cma: true,
             spread: false,
@@ -1735,17 +1735,13 @@ mod tests {
             layout: Layout::one_host(4),
             spread: true,
             cma_gather: NO_CMA,
-            cma_alltoall: (CMA_ALLTOALL_PROBE_BLOCKS[1], usize::MAX),
+            cma_alltoall: (large, usize::MAX),
             ..facts()
         };
         let r = |kind, bytes, f: &Facts| route(kind, bytes, false, Memory::Host, f).unwrap();
         assert_eq!(r(CollKind::AllToAll, 4 * block, &f), pulled);
         assert_eq!(
-            r(
-                CollKind::AllToAll,
-                4 * (CMA_ALLTOALL_PROBE_BLOCKS[1] - 4),
-                &f
-            ),
+            r(CollKind::AllToAll, 4 * (block - 4), &f),
             Route::Slots { note: true }
         );
         let swapped = Facts {
