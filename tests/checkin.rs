@@ -88,8 +88,9 @@ fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
     check_moving_collectives::<T>(comm, count, &what);
     // all_gather twice and broadcast at `count`, all_to_all at `count * n`;
     // a broadcast past the inline limit on 4 to 8 ranks goes through the
-    // root's staging area, an allgather with blocks up to 2 MiB through
-    // every rank's (counted too; on 3 ranks a broadcast only from 8 MiB).
+    // root's staging area, an allgather with blocks up to 2 MiB and an
+    // all-to-all up to 8 MiB through every rank's (counted too; on 3 ranks
+    // a broadcast only from 8 MiB).
     let staged = |kind: &str| {
         let bytes = count * elem;
         u64::from((4..=8).contains(&n) && bytes > inline_limit(kind, n) && bytes <= 2 << 20)
@@ -97,7 +98,8 @@ fn every_collective<T: Element>(comm: &Communicator, count: usize) -> u64 {
     inline += 2 * (small("all_gather", count) + staged("all_gather"))
         + small("broadcast", count)
         + staged("broadcast")
-        + small("all_to_all", count * n);
+        + small("all_to_all", count * n)
+        + u64::from(staged_alltoall(n, count * n * elem));
 
     comm.barrier().unwrap();
     inline + 1
@@ -486,8 +488,8 @@ fn random_mixture(ranks: usize) {
 
 /// Broadcasts above the inline limit on 3 to 5 ranks run through the
 /// root's staging area (`exec::spread`; on 3 ranks from 8 MiB), and
-/// allgathers of blocks over 16 KiB and up to 2 MiB on 4 and 5 through
-/// every rank's: from
+/// allgathers of blocks over 16 KiB and up to 2 MiB and all-to-alls past
+/// their inline limit and up to 8 MiB on 4 and 5 through every rank's: from
 /// every root in turn, at sizes around its chunks (a broadcast's 32 KiB
 /// up to 1 MiB, 256 KiB above) and past its ring of 8 slots (so that its
 /// slots come round again within a call and across calls of different
@@ -544,6 +546,12 @@ fn large_broadcasts_and_allgathers_run_through_the_staging_areas() {
                                 // staging area), out of place and in place.
                                 add(reduce_once::<f32>(&comm, b / 4, ReduceOp::Sum, tag));
                                 add(reduce_once::<i32>(&comm, b / 4 + 3, ReduceOp::Max, tag));
+                                // An all-to-all of these sizes (4 to 8
+                                // ranks, up to 8 MiB: every rank's
+                                // staging area, each chunk a slice of
+                                // every block).
+                                add(exchange_once::<f32>(&comm, b / 4, tag));
+                                add(exchange_once::<u8>(&comm, b + 5, tag));
                             }
                             // Between them, an inline allreduce and one
                             // through slots on 3 ranks (the staging areas
@@ -579,6 +587,45 @@ fn large_broadcasts_and_allgathers_run_through_the_staging_areas() {
             }
         }
     }
+}
+
+/// Whether an all-to-all of `bytes` (a rank's whole input) on `n` ranks
+/// goes through the staging areas: 4 to 8 ranks, past the inline limit
+/// and up to 8 MiB (where it does not pull; ranks that are threads of one
+/// process never do).
+fn staged_alltoall(n: usize, bytes: usize) -> bool {
+    (4..=8).contains(&n) && bytes > inline_limit("all_to_all", n) && bytes <= 8 << 20
+}
+
+/// An all-to-all of `count` elements a rank (`count / n` a block; each
+/// element a value of its sender, its receiver, `tag` and its place),
+/// checked element by element on every rank; how many ran inline and how
+/// many through the staging areas, as [`spread_once`].
+fn exchange_once<T: Element>(comm: &Communicator, count: usize, tag: u64) -> (u64, u64) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let block = count / n;
+    let value = |from: usize, to: usize, i: usize| {
+        T::from_f64(((from as u64 * 41 + to as u64 * 7 + tag * 3 + i as u64) % 107) as f64)
+    };
+    let mine: Vec<T> = (0..block * n)
+        .map(|i| value(rank, i / block, i % block))
+        .collect();
+    let mut out = vec![T::from_f64(0.0); block * n];
+    comm.all_to_all(&mine, &mut out).unwrap();
+    for (i, v) in out.iter().enumerate() {
+        let (j, at) = (i / block, i % block);
+        assert!(
+            *v == value(j, rank, at),
+            "all-to-all of {} {} on {n} ranks, rank {rank}: element {at} of block {j} differs",
+            block * n,
+            T::DTYPE
+        );
+    }
+    let bytes = block * n * std::mem::size_of::<T>();
+    (
+        u64::from(bytes <= inline_limit("all_to_all", n)),
+        u64::from(staged_alltoall(n, bytes)),
+    )
 }
 
 /// Whether an allreduce of `bytes` on `n` ranks goes through the staging

@@ -572,7 +572,9 @@ impl Communicator {
                         out_of_place(CollKind::AllReduce, &input[..count], &mut output[..count])
                     })?;
                 }
-                // All-to-alls of n such blocks, pulled and through slots.
+                // All-to-alls of n such blocks, pulled and through the
+                // staging areas (which take them wherever these probes
+                // run: `plan::cma_alltoall_probes`).
                 for &block in &exchanges {
                     let count = block / 4 * n;
                     both_ways(&inner.cma_alltoall, &mut slots, &mut || {
@@ -666,7 +668,7 @@ impl Communicator {
                     if exchanged.is_empty() {
                         String::new()
                     } else {
-                        format!(" (blocks: pull us / slots us {})", said(&exchanged))
+                        format!(" (blocks: pull us / staged us {})", said(&exchanged))
                     },
                     match crate::plan::staged_pull_range(gather) {
                         crate::plan::NO_CMA => "never".to_string(),

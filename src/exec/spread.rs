@@ -1,6 +1,7 @@
-//! Large broadcasts, allgathers and allreduces of ordinary buffers on the
-//! ranks of one host through the staging areas at the end of the control
-//! pages (`plan::Direct::Spread`, where `plan::takes_spread` says).
+//! Large broadcasts, allgathers, all-to-alls and allreduces of ordinary
+//! buffers on the ranks of one host through the staging areas at the end
+//! of the control pages (`plan::Direct::Spread`, where
+//! `plan::takes_spread` says).
 //!
 //! - **Broadcast** (3 to 8 ranks): the root copies its input chunk by
 //!   chunk into its staging area (chunks of 32 KiB up to 1 MiB:
@@ -15,6 +16,15 @@
 //!   chunk and copies chunk k of every peer's block after staging its own
 //!   chunk k: N + N(N - 1) block copies with the own output's, where the
 //!   ring copies each block into and out of a slot at every hop, N(2N - 1).
+//! - **All-to-all** (4 to 8 ranks): chunk k of a rank's staging holds
+//!   slice k of each block it sends, its peers' in rank order
+//!   ([`alltoall_slice`] elements each, the chunk shared among them);
+//!   every rank stages its chunk k, then copies its slice of every peer's
+//!   chunk k out into its output, then its own block from input to
+//!   output: two copies of every byte that travels, where the pairwise
+//!   slots take two as well but in N - 1 steps, each pair waiting for the
+//!   other, and the pull one in the kernel, which pins the peer's pages
+//!   first (`bench/bound/staged_alltoall.c` against `cma_alltoall.c`).
 //! - **Allreduce** (4 to 8 ranks), in groups of up to [`SPREAD_GROUP`]
 //!   chunks: every rank stages each chunk k of the group from its input,
 //!   then reduces its piece of each (a 1/N of it, in whole cache lines)
@@ -137,8 +147,15 @@ pub(super) fn run<T: Element>(
     deadline: &Deadline,
 ) -> Result<()> {
     let elem = std::mem::size_of::<T>();
+    let (rank, size) = (ctx.rank, ctx.size);
     let per_chunk = chunk_bytes(call.kind, count * elem) / elem;
-    let chunks = count.div_ceil(per_chunk) as u64;
+    // An all-to-all's chunk holds a slice of each of the peers' blocks.
+    let (block, slice) = (count / size.max(1), alltoall_slice::<T>(size));
+    let chunks = if call.kind == CollKind::AllToAll {
+        block.div_ceil(slice)
+    } else {
+        count.div_ceil(per_chunk)
+    } as u64;
     let c = ctx.control;
     // Every rank numbers this call's chunks alike.
     let base = c.spread_chunks.load(Ordering::Relaxed);
@@ -151,7 +168,6 @@ pub(super) fn run<T: Element>(
         let step = Step::local(Prim::Copy, Operand::Input, 0, to, count);
         io.copy_input_to_output(Store::Cached, &step);
     };
-    let (rank, size) = (ctx.rank, ctx.size);
     let page = c.pages.words(rank);
     let (written, read) = (word(page, W_SPREAD_WRITTEN)?, word(page, W_SPREAD_READ)?);
     let mut staging = Staging::new(ctx, call, deadline);
@@ -205,6 +221,35 @@ pub(super) fn run<T: Element>(
         own(io, rank * count);
         return Ok(());
     }
+    if call.kind == CollKind::AllToAll {
+        // Chunk by chunk in step: slice k of each block this rank sends
+        // (its peers', in rank order) into its slot, then slice k of its
+        // own block out of each peer's slot, nearest peer first; its own
+        // block last, from input to output.
+        for k in 0..chunks {
+            let g = base + k;
+            let from = k as usize * slice;
+            let len = slice.min(block - from);
+            let sent = (0..size).filter(|&j| j != rank);
+            staging.stage_strided(io, g, sent.map(|j| j * block + from), (len, slice), written)?;
+            for j in (1..size).map(|s| (rank + s) % size) {
+                // This rank's slice lies at its place among j's peers.
+                let at = if rank < j { rank } else { rank - 1 } * slice;
+                staging.take_at(io, j, g, W_SPREAD_WRITTEN, at, (j * block + from, len))?;
+            }
+            // Release: a peer that sees it may overwrite its slot of g.
+            read.store(g + 1, Ordering::Release);
+        }
+        let step = Step::local(
+            Prim::Copy,
+            Operand::Input,
+            rank * block,
+            rank * block,
+            block,
+        );
+        io.copy_input_to_output(Store::Cached, &step);
+        return Ok(());
+    }
     let root = call.fingerprint.root as usize;
     if rank == root {
         for k in 0..chunks {
@@ -234,6 +279,15 @@ fn piece<T>(len: usize, j: usize, size: usize) -> (usize, usize) {
     let per = len.div_ceil(size.max(1)).div_ceil(line) * line;
     let off = (j * per).min(len);
     (off, per.min(len - off))
+}
+
+/// Elements of each peer's slice in a chunk of an all-to-all on `size`
+/// ranks: the slot shared among the `size - 1` peers, in whole cache
+/// lines.
+fn alltoall_slice<T>(size: usize) -> usize {
+    let elem = std::mem::size_of::<T>().max(1);
+    let line = (64 / elem).max(1);
+    (SPREAD_CHUNK / elem / size.saturating_sub(1).max(1) / line * line).max(line)
 }
 
 /// One call's use of the staging areas, with what it last saw of its
@@ -337,6 +391,20 @@ impl<'c, 'a> Staging<'c, 'a> {
         (from, len): (usize, usize),
         written: &std::sync::atomic::AtomicU64,
     ) -> Result<()> {
+        self.stage_strided(io, g, std::iter::once(from), (len, len), written)
+    }
+
+    /// [`Staging::stage`] of several parts of `len` elements of this
+    /// rank's input, each starting at an element `froms` names, into the
+    /// slot one after the other, `stride` elements apart.
+    fn stage_strided<T: Element>(
+        &mut self,
+        io: &HostIo<'_, T>,
+        g: u64,
+        froms: impl Iterator<Item = usize>,
+        (len, stride): (usize, usize),
+        written: &std::sync::atomic::AtomicU64,
+    ) -> Result<()> {
         let ctx = self.ctx;
         if let Some(needed) = (g + 1).checked_sub(SPREAD_SLOTS) {
             if self.done_by_all < needed {
@@ -349,13 +417,16 @@ impl<'c, 'a> Staging<'c, 'a> {
                 )?;
             }
         }
-        let bytes: &[u8] = bytemuck::cast_slice(io.input(from, len));
+        let elem = std::mem::size_of::<T>();
         {
             let mut page = super::checkin::lock(&ctx.control.own);
-            let slot = page
-                .slice_mut(slot_at(g), bytes.len())
-                .map_err(|e| Error::Io(format!("window control page: {e}")))?;
-            ferroccl_transport::copy_into_shared(slot, bytes);
+            for (i, from) in froms.enumerate() {
+                let bytes: &[u8] = bytemuck::cast_slice(io.input(from, len));
+                let slot = page
+                    .slice_mut(slot_at(g) + i * stride * elem, bytes.len())
+                    .map_err(|e| Error::Io(format!("window control page: {e}")))?;
+                ferroccl_transport::copy_into_shared(slot, bytes);
+            }
         }
         // Release: a peer that sees the count sees the chunk.
         written.store(g + 1, Ordering::Release);

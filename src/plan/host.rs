@@ -306,8 +306,8 @@ pub(crate) fn cma_probes(facts: &Facts) -> Vec<usize> {
 }
 
 /// The blocks (bytes a rank) at which the calibration times an all-to-all
-/// both pulled and through slots where allgathers go through the staging
-/// areas ([`cma_alltoall_probes`]), in ascending order.
+/// both pulled and through the staging areas where those take allgathers
+/// and all-to-alls ([`cma_alltoall_probes`]), in ascending order.
 pub(crate) const CMA_ALLTOALL_PROBE_BLOCKS: [usize; 2] = [512 << 10, 1 << 20];
 
 /// The blocks at which a calibration on `facts.size` ranks times the
@@ -317,9 +317,18 @@ pub(crate) const CMA_ALLTOALL_PROBE_BLOCKS: [usize; 2] = [512 << 10, 1 << 20];
 /// the all-to-all keeps the allgathers' range (on 2 and 3 ranks both
 /// weigh the pull against slots).
 ///
-/// The allgathers' probes weigh the pull against the staging areas, but an
-/// all-to-all never takes those: it goes through pairwise slots, which
-/// copy each block into a slot and out of it. On 4 ranks of the AMD EPYC
+/// Since 2026-12-06 the all-to-all's probes weigh the pull against the
+/// staging areas, which take all-to-alls up to
+/// [`SPREAD_ALLTOALL_MAX_BYTES`] there. On 4 ranks of the AMD EPYC VM, in
+/// eight start-ups, the pull took 390-698 µs at 512 KiB blocks and
+/// 938-1,577 at 1 MiB, the staging areas 315-574 and 854-1,456: the range
+/// opened at 512 KiB (and closed there) in two, at 1 MiB by a tie in two,
+/// and never in four. Past that size the pull keeps its range from
+/// [`CMA_MIN_BYTES`] ([`takes_cma`]). What follows is
+/// from before, when an all-to-all there went through pairwise slots,
+/// which copy each block into a slot and out of it: the allgathers'
+/// probes weighed the pull against the staging areas, which the
+/// all-to-all did not take. On 4 ranks of the AMD EPYC
 /// VM the allgathers' probes chose "never" in every calibration, and
 /// all-to-alls of 4-16 MiB ran through slots at 0.50-0.76x Intel MPI, while
 /// pulled they took 1.3-1.8x less time (docs/performance-log.md, "The
@@ -693,6 +702,23 @@ pub(crate) const SPREAD_REDUCE_MAX_BYTES: usize = 8 << 20;
 /// within the noise: 3 ranks keep the ring.
 pub(crate) const SPREAD_GATHER_MAX_BYTES: usize = 2 << 20;
 
+/// The largest all-to-all (a rank's whole input) that runs through the
+/// staging areas ([`takes_spread`]) where it does not pull: the largest
+/// measured. Each rank stages the blocks it sends, slice by slice, and
+/// copies its own out of every peer's staging area: two copies of each
+/// byte, as through pairwise slots, but with no step waiting for one
+/// peer at a time. On 4 ranks of the 2-core AMD EPYC VM, five gated turns
+/// against the build before (slots below the pull's range, the pull in
+/// it; the calibration weighing the pull against the route it replaces
+/// in both): 1.12-1.30x from 64 KiB to 8 MiB, no size slower; the bare
+/// programs of the traffic (`bench/bound/staged_alltoall.c` against
+/// `cma_alltoall.c`) took 58-98 against 86-130 µs at 128 KiB blocks and
+/// 2.1-3.3 against 2.2-3.8 ms at 2 MiB blocks (docs/performance-log.md,
+/// "The 4-rank all-to-all at its bare program, and through the staging
+/// areas"). Above it the pull or the slots, whose receiver streams a large
+/// output, as before.
+pub(crate) const SPREAD_ALLTOALL_MAX_BYTES: usize = 8 << 20;
+
 /// The most ranks a broadcast runs through its root's staging area on
 /// ([`takes_spread`]); measured on 3, 4 and 8.
 pub(crate) const SPREAD_MAX_RANKS: usize = INLINE_WIDE_MAX_RANKS;
@@ -705,7 +731,10 @@ pub(crate) const SPREAD_MAX_RANKS: usize = INLINE_WIDE_MAX_RANKS;
 /// at most [`SPREAD_GATHER_MAX_BYTES`], every rank staging its block and
 /// reading every peer's; an allreduce of [`SPREAD_REDUCE_MIN_BYTES`] to
 /// [`SPREAD_REDUCE_MAX_BYTES`] on 4 to [`SPREAD_MAX_RANKS`] ranks, each
-/// rank reducing its piece of every chunk; a broadcast above the inline
+/// rank reducing its piece of every chunk; an all-to-all above the inline
+/// limit and up to [`SPREAD_ALLTOALL_MAX_BYTES`] on 4 to
+/// [`SPREAD_MAX_RANKS`] ranks, each rank staging the blocks it sends and
+/// reading its own out of every peer's area; a broadcast above the inline
 /// limit on 4 to [`SPREAD_MAX_RANKS`] ranks, from [`SPREAD_MIN_BYTES_3`]
 /// on 3. The root
 /// copies its input once into the staging area and every other rank
@@ -736,6 +765,9 @@ pub(crate) fn takes_spread(kind: CollKind, in_bytes: usize, facts: &Facts) -> bo
         CollKind::AllReduce => {
             facts.size >= 4
                 && (SPREAD_REDUCE_MIN_BYTES..=SPREAD_REDUCE_MAX_BYTES).contains(&in_bytes)
+        }
+        CollKind::AllToAll => {
+            facts.size >= 4 && (SPREAD_MIN_BYTES..=SPREAD_ALLTOALL_MAX_BYTES).contains(&in_bytes)
         }
         _ => false,
     }
@@ -825,7 +857,13 @@ pub(crate) fn device_unsupported(kind: CollKind, memory: Memory) -> Error {
 /// receiver's buffer, `in_bytes`) under the same streaming-store bound,
 /// and a 2-rank allreduce within `facts.cma_allreduce` under it too.
 /// An allgather whose blocks the staging areas would take pulls from
-/// [`STAGED_PULL_MIN_BYTES`] at the least.
+/// [`STAGED_PULL_MIN_BYTES`] at the least. An all-to-all past
+/// [`SPREAD_ALLTOALL_MAX_BYTES`] on ranks whose staging areas take
+/// smaller ones pulls from [`CMA_MIN_BYTES`] blocks whatever the
+/// calibration said: its probes weighed the pull against the staging
+/// areas, not against the slots that take those sizes otherwise (on 4
+/// ranks of the AMD EPYC VM all-to-alls of 4-16 MiB pulled took 1.3-1.8x
+/// less time than through slots).
 fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> bool {
     let (size, nt_store_bytes) = (facts.size, facts.nt_store_bytes);
     let (block, out_bytes) = match kind {
@@ -839,6 +877,15 @@ fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> 
         CollKind::AllReduce => facts.cma_allreduce,
         CollKind::AllGather if takes_spread(kind, in_bytes, facts) => {
             staged_pull_range(facts.cma_gather)
+        }
+        // Past what the staging areas take, the probes (weighed against
+        // them) say nothing of the slots the pull would replace: it pulls
+        // as without a calibration.
+        CollKind::AllToAll
+            if in_bytes > SPREAD_ALLTOALL_MAX_BYTES
+                && takes_spread(kind, SPREAD_ALLTOALL_MAX_BYTES, facts) =>
+        {
+            CMA_GATHER_DEFAULT
         }
         CollKind::AllToAll => facts.cma_alltoall,
         _ => facts.cma_gather,
@@ -923,6 +970,7 @@ pub(crate) fn after_check_in(
         (CollKind::AllGather, _, None) if spread => Direct::Spread,
         (CollKind::AllToAll, _, Some(output)) => Direct::AllToAll { output },
         (CollKind::AllToAll, _, _) if cma => Direct::Pull,
+        (CollKind::AllToAll, _, _) if spread => Direct::Spread,
         (CollKind::Broadcast, Some(input), Some(output)) => Direct::Broadcast { input, output },
         (CollKind::Broadcast, _, _) if cma => Direct::Pull,
         (CollKind::Broadcast, _, _) if spread => Direct::Spread,
@@ -1739,19 +1787,109 @@ mod tests {
             ..facts()
         };
         let r = |kind, bytes, f: &Facts| route(kind, bytes, false, Memory::Host, f).unwrap();
+        let staged = Route::CheckIn {
+            cma: false,
+            spread: true,
+        };
         assert_eq!(r(CollKind::AllToAll, 4 * block, &f), pulled);
-        assert_eq!(
-            r(CollKind::AllToAll, 4 * (block - 4), &f),
-            Route::Slots { note: true }
-        );
+        assert_eq!(r(CollKind::AllToAll, 4 * (block - 4), &f), staged);
         let swapped = Facts {
             cma_gather: (CMA_MIN_BYTES, usize::MAX),
             cma_alltoall: NO_CMA,
             ..f
         };
+        assert_eq!(r(CollKind::AllToAll, 4 * block, &swapped), staged);
+        // Every probe weighs the pull against the staging areas, which
+        // take the probe's all-to-all on 4 to 8 ranks.
+        for size in [4, 8] {
+            for block in CMA_ALLTOALL_PROBE_BLOCKS {
+                let g = Facts {
+                    size,
+                    layout: Layout::one_host(size),
+                    cma_alltoall: NO_CMA,
+                    ..swapped
+                };
+                assert_eq!(
+                    r(CollKind::AllToAll, size * block, &g),
+                    staged,
+                    "{size} ranks"
+                );
+            }
+        }
+        // Past the staging areas' largest, the pull takes the all-to-all
+        // whatever the probes said (they weighed it against the staging
+        // areas, not the slots), below the streaming-store bound.
+        let past = SPREAD_ALLTOALL_MAX_BYTES + 4 * 64;
+        let big = Facts {
+            nt_store_bytes: usize::MAX,
+            ..swapped
+        };
+        assert_eq!(r(CollKind::AllToAll, past, &big), pulled);
         assert_eq!(
-            r(CollKind::AllToAll, 4 * block, &swapped),
+            r(CollKind::AllToAll, SPREAD_ALLTOALL_MAX_BYTES, &big),
+            staged
+        );
+        let no_spread = Facts {
+            spread: false,
+            ..big
+        };
+        assert_eq!(
+            r(CollKind::AllToAll, past, &no_spread),
             Route::Slots { note: true }
+        );
+    }
+
+    /// All-to-alls past the inline limit and up to
+    /// [`SPREAD_ALLTOALL_MAX_BYTES`] on 4 to 8 ranks that share control
+    /// pages go through the staging areas where they do not pull; not on
+    /// 2 and 3 ranks, not with `Config::spread` off, not past that size,
+    /// and not where the buffers lie in windows.
+    #[test]
+    fn all_to_alls_past_inline_go_through_the_staging_areas_on_4_to_8_ranks() {
+        let r =
+            |bytes, f: &Facts| route(CollKind::AllToAll, bytes, false, Memory::Host, f).unwrap();
+        let staged = Route::CheckIn {
+            cma: false,
+            spread: true,
+        };
+        for size in 2..=9 {
+            let f = Facts {
+                size,
+                layout: Layout::one_host(size),
+                spread: true,
+                cma: false,
+                ..facts()
+            };
+            let limit = inline_limit(CollKind::AllToAll, &f);
+            assert_eq!(r(limit, &f), Route::Inline, "{size} ranks");
+            for bytes in [limit + size * 4, 1 << 20, SPREAD_ALLTOALL_MAX_BYTES] {
+                let want = if (4..=SPREAD_MAX_RANKS).contains(&size) {
+                    staged
+                } else {
+                    Route::Slots { note: true }
+                };
+                assert_eq!(r(bytes, &f), want, "{size} ranks, {bytes} bytes");
+                assert_eq!(
+                    r(bytes, &Facts { spread: false, ..f }),
+                    Route::Slots { note: true }
+                );
+                if want == staged {
+                    assert_eq!(
+                        after_check_in(CollKind::AllToAll, None, None, (false, true)),
+                        Direct::Spread
+                    );
+                }
+            }
+            assert_eq!(
+                r(SPREAD_ALLTOALL_MAX_BYTES + size * 4, &f),
+                Route::Slots { note: true },
+                "{size} ranks"
+            );
+        }
+        // Between windows the window path, not the staging areas.
+        assert_eq!(
+            after_check_in(CollKind::AllToAll, None, Some(3), (false, true)),
+            Direct::AllToAll { output: 3 }
         );
     }
 
@@ -1785,7 +1923,10 @@ mod tests {
                 for kind in CollKind::ALL {
                     if !matches!(
                         kind,
-                        CollKind::Broadcast | CollKind::AllGather | CollKind::AllReduce
+                        CollKind::Broadcast
+                            | CollKind::AllGather
+                            | CollKind::AllReduce
+                            | CollKind::AllToAll
                     ) {
                         assert_ne!(r(kind, bytes, &f), spread, "{kind:?}");
                     }
