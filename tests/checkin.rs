@@ -549,7 +549,10 @@ fn large_broadcasts_and_allgathers_run_through_the_staging_areas() {
                                 // An all-to-all of these sizes (4 to 8
                                 // ranks, up to 8 MiB: every rank's
                                 // staging area, each chunk a slice of
-                                // every block).
+                                // every block; at 8 MiB on 4 and 5 ranks
+                                // the output written with streaming
+                                // stores, the buffers together reaching
+                                // twice the default threshold).
                                 add(exchange_once::<f32>(&comm, b / 4, tag));
                                 add(exchange_once::<u8>(&comm, b + 5, tag));
                             }

@@ -219,7 +219,7 @@ fn check_in<T: Element>(
         Direct::Pull => pull::run(&kernel, ctx, io, turn, in_len)?,
         // No rank touches another's buffers: no completion wait.
         Direct::Spread => {
-            spread::run(ctx, io, call, in_len, deadline)?;
+            spread::run(ctx, io, call, (in_len, mode), deadline)?;
             return Ok(true);
         }
     }

@@ -25,6 +25,9 @@
 //!   slots take two as well but in N - 1 steps, each pair waiting for the
 //!   other, and the pull one in the kernel, which pins the peer's pages
 //!   first (`bench/bound/staged_alltoall.c` against `cma_alltoall.c`).
+//!   Once the buffers of all ranks together reach `plan::direct_store`'s
+//!   threshold the output is written with streaming stores
+//!   (`Staging::stream`).
 //! - **Allreduce** (4 to 8 ranks), in groups of up to [`SPREAD_GROUP`]
 //!   chunks: every rank stages each chunk k of the group from its input,
 //!   then reduces its piece of each (a 1/N of it, in whole cache lines)
@@ -137,13 +140,15 @@ fn slot_at(g: u64) -> usize {
     SPREAD_AT + (g % SPREAD_SLOTS) as usize * SPREAD_CHUNK
 }
 
-/// Run a broadcast, allgather or allreduce of `count` input elements per
-/// rank through the staging areas (after the check-in).
+/// Run a broadcast, allgather, all-to-all or allreduce of `count` input
+/// elements per rank through the staging areas (after the check-in); an
+/// all-to-all writes its output in `mode` (`plan::direct_store`'s), the
+/// others with ordinary stores.
 pub(super) fn run<T: Element>(
     ctx: &Ctx<'_>,
     io: &mut HostIo<'_, T>,
     call: &Call,
-    count: usize,
+    (count, mode): (usize, Store),
     deadline: &Deadline,
 ) -> Result<()> {
     let elem = std::mem::size_of::<T>();
@@ -171,6 +176,7 @@ pub(super) fn run<T: Element>(
     let page = c.pages.words(rank);
     let (written, read) = (word(page, W_SPREAD_WRITTEN)?, word(page, W_SPREAD_READ)?);
     let mut staging = Staging::new(ctx, call, deadline);
+    staging.stream = call.kind == CollKind::AllToAll && mode == Store::Streaming;
     if call.kind == CollKind::AllReduce {
         // Group by group of chunks (`SPREAD_GROUP`), every rank stages
         // each chunk of its input, reduces its piece of each out of every
@@ -247,7 +253,7 @@ pub(super) fn run<T: Element>(
             rank * block,
             block,
         );
-        io.copy_input_to_output(Store::Cached, &step);
+        io.copy_input_to_output(mode, &step);
         return Ok(());
     }
     let root = call.fingerprint.root as usize;
@@ -310,6 +316,19 @@ struct Staging<'c, 'a> {
     /// lines are then not in another core's cache, where the pages pay
     /// (see that function).
     pages: bool,
+    /// Whether the copies out of the peers' slots write the output with
+    /// streaming stores: an all-to-all whose buffers, all ranks' together,
+    /// reach the threshold of the calls between windows
+    /// (`plan::direct_store`: twice `Config::nt_store_bytes`, out of
+    /// place). Every rank writes an output it will not read in this call,
+    /// and at that size the outputs no longer stay in cache: on the 2-core
+    /// AMD EPYC VM, against ordinary stores (staged both, six gated turns),
+    /// 4 ranks 1.16x at 8 MiB, 8 ranks 1.32x and 1.23x at 4 and 8 MiB;
+    /// at 4 MiB on 4 ranks, below the threshold, streaming measured level
+    /// and at 2 MiB 0.94x (docs/performance-log.md, "The 4-rank all-to-all
+    /// at its bare program, and through the staging areas"). The other
+    /// collectives keep ordinary stores here (see [`Staging::take`]).
+    stream: bool,
 }
 
 impl<'c, 'a> Staging<'c, 'a> {
@@ -322,6 +341,7 @@ impl<'c, 'a> Staging<'c, 'a> {
             there: vec![0; ctx.size],
             reduced: vec![0; ctx.size],
             pages: !ferroccl_transport::wait::ranks_share_cpus(ctx.size),
+            stream: false,
         }
     }
 
@@ -473,7 +493,9 @@ impl<'c, 'a> Staging<'c, 'a> {
             .slice(slot_at(g) + off * elem, len * elem)
             .map_err(|e| Error::Io(format!("window control page: {e}")))?;
         let out = bytemuck::cast_slice_mut(io.output(to, len));
-        if self.pages {
+        if self.stream {
+            crate::reduce::store::<u8>(crate::reduce::Store::Streaming, out, raw);
+        } else if self.pages {
             ferroccl_transport::copy_from_shared(out, raw);
         } else {
             ferroccl_transport::copy_from_shared_by_lines(out, raw);

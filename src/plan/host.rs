@@ -312,7 +312,9 @@ pub(crate) const CMA_ALLTOALL_PROBE_BLOCKS: [usize; 2] = [512 << 10, 1 << 20];
 
 /// The blocks at which a calibration on `facts.size` ranks times the
 /// all-to-all itself: those of [`CMA_ALLTOALL_PROBE_BLOCKS`] whose
-/// buffers fit in 32 MiB, where allgathers of pulled sizes go through the
+/// buffers fit in 32 MiB and that the pull may take at all (not where the
+/// staging areas stream the output, [`takes_cma`]: on 8 ranks neither
+/// probe), where allgathers of pulled sizes go through the
 /// staging areas (4 to 8 ranks, [`takes_spread`]); none elsewhere, where
 /// the all-to-all keeps the allgathers' range (on 2 and 3 ranks both
 /// weigh the pull against slots).
@@ -863,7 +865,12 @@ pub(crate) fn device_unsupported(kind: CollKind, memory: Memory) -> Error {
 /// calibration said: its probes weighed the pull against the staging
 /// areas, not against the slots that take those sizes otherwise (on 4
 /// ranks of the AMD EPYC VM all-to-alls of 4-16 MiB pulled took 1.3-1.8x
-/// less time than through slots).
+/// less time than through slots). One the staging areas take and write
+/// with streaming stores ([`direct_store`]: all ranks' buffers together
+/// at twice `nt_store_bytes`) never pulls, whatever the probes (at
+/// smaller blocks, where nothing streams) said: on 4 ranks of that VM at
+/// 8 MiB, five turns, staged 2,090-2,192 µs against 3,191-3,646 pulled,
+/// by the start-ups' own choice.
 fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> bool {
     let (size, nt_store_bytes) = (facts.size, facts.nt_store_bytes);
     let (block, out_bytes) = match kind {
@@ -877,6 +884,14 @@ fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> 
         CollKind::AllReduce => facts.cma_allreduce,
         CollKind::AllGather if takes_spread(kind, in_bytes, facts) => {
             staged_pull_range(facts.cma_gather)
+        }
+        // Where the staging areas stream the output, they take it.
+        CollKind::AllToAll
+            if takes_spread(kind, in_bytes, facts)
+                && direct_store(kind, !in_place, 2 * in_bytes * size, nt_store_bytes)
+                    == Store::Streaming =>
+        {
+            NO_CMA
         }
         // Past what the staging areas take, the probes (weighed against
         // them) say nothing of the slots the pull would replace: it pulls
@@ -1723,11 +1738,14 @@ mod tests {
     /// and the all-to-all follows its own range, not the allgathers'.
     #[test]
     fn all_to_alls_have_their_own_range_where_allgathers_are_staged() {
+        // On 8 ranks the staging areas stream both probes' outputs (4 and
+        // 8 MiB a rank: the buffers of all ranks at 64 and 128 MiB), which
+        // the pull never takes: no probe there.
         for (size, spread, probed) in [
             (2, true, false),
             (3, true, false),
             (4, true, true),
-            (8, true, true),
+            (8, true, false),
             (4, false, false),
             (9, true, false),
         ] {
@@ -1828,6 +1846,21 @@ mod tests {
         assert_eq!(
             r(CollKind::AllToAll, SPREAD_ALLTOALL_MAX_BYTES, &big),
             staged
+        );
+        // Where the staging areas stream the output (all ranks' buffers at
+        // twice the threshold), they take it, whatever the pull's range.
+        let streams = Facts {
+            cma_alltoall: (CMA_MIN_BYTES, usize::MAX),
+            nt_store_bytes: 16 << 20,
+            ..big
+        };
+        assert_eq!(
+            r(CollKind::AllToAll, SPREAD_ALLTOALL_MAX_BYTES / 2, &streams),
+            staged
+        );
+        assert_eq!(
+            r(CollKind::AllToAll, SPREAD_ALLTOALL_MAX_BYTES / 4, &streams),
+            pulled
         );
         let no_spread = Facts {
             spread: false,
