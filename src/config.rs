@@ -133,9 +133,12 @@ pub struct Config {
     /// control page that every receiver reads: the buffer copied N times
     /// on N ranks, against 2(N - 1) through the chain of pairwise slots;
     /// an allgather of blocks above the inline limit and up to 2 MiB on 4
-    /// to 8 ranks through every rank's; and an allreduce of 16 KiB to 8
+    /// to 8 ranks through every rank's; an allreduce of 16 KiB to 8
     /// MiB on 4 to 8 ranks through every rank's, each rank reducing its
-    /// piece of every chunk (FERROCCL_SPREAD=0: the chain and the rings).
+    /// piece of every chunk; and an all-to-all above the inline limit and
+    /// up to 8 MiB on 4 to 8 ranks through every rank's, each chunk a
+    /// slice of every block the rank sends (FERROCCL_SPREAD=0: the chain,
+    /// the rings and the pairwise slots).
     pub spread: bool,
     /// Let ranks of one host whose GPUs can reach each other move device
     /// data GPU to GPU (cuda-ipc, or device pointers within a process)
