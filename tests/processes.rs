@@ -899,8 +899,10 @@ fn assert_kill_reported(
 
 /// Over shared memory on 4 ranks, with counts whose allreduces,
 /// allgathers and broadcasts go through the staging areas on the control
-/// pages (16 KiB to 8 MiB), a rank killed at a random moment: every
-/// survivor ends with an error in bounded time, and one names the rank.
+/// pages (16 KiB to 8 MiB), and all-to-alls too where the calibration
+/// leaves them there rather than pulling, a rank killed at a random
+/// moment: every survivor ends with an error in bounded time, and one
+/// names the rank.
 #[test]
 fn a_rank_killed_during_staged_calls_is_named_by_every_survivor() {
     killed_over_shm("staged", 0x5_7a6e, 4, "300000", &[], |_, _| {});
