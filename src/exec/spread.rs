@@ -175,8 +175,8 @@ pub(super) fn run<T: Element>(
     };
     let page = c.pages.words(rank);
     let (written, read) = (word(page, W_SPREAD_WRITTEN)?, word(page, W_SPREAD_READ)?);
-    let mut staging = Staging::new(ctx, call, deadline);
-    staging.stream = call.kind == CollKind::AllToAll && mode == Store::Streaming;
+    let stream = call.kind == CollKind::AllToAll && mode == Store::Streaming;
+    let mut staging = Staging::new(ctx, call, deadline, stream);
     if call.kind == CollKind::AllReduce {
         // Group by group of chunks (`SPREAD_GROUP`), every rank stages
         // each chunk of its input, reduces its piece of each out of every
@@ -332,7 +332,7 @@ struct Staging<'c, 'a> {
 }
 
 impl<'c, 'a> Staging<'c, 'a> {
-    fn new(ctx: &'c Ctx<'a>, call: &'c Call, deadline: &'c Deadline) -> Self {
+    fn new(ctx: &'c Ctx<'a>, call: &'c Call, deadline: &'c Deadline, stream: bool) -> Self {
         Staging {
             ctx,
             call,
@@ -341,7 +341,7 @@ impl<'c, 'a> Staging<'c, 'a> {
             there: vec![0; ctx.size],
             reduced: vec![0; ctx.size],
             pages: !ferroccl_transport::wait::ranks_share_cpus(ctx.size),
-            stream: false,
+            stream,
         }
     }
 
@@ -494,7 +494,7 @@ impl<'c, 'a> Staging<'c, 'a> {
             .map_err(|e| Error::Io(format!("window control page: {e}")))?;
         let out = bytemuck::cast_slice_mut(io.output(to, len));
         if self.stream {
-            crate::reduce::store::<u8>(crate::reduce::Store::Streaming, out, raw);
+            crate::reduce::store::<u8>(Store::Streaming, out, raw);
         } else if self.pages {
             ferroccl_transport::copy_from_shared(out, raw);
         } else {
