@@ -140,6 +140,12 @@ pub struct Config {
     /// slice of every block the rank sends (FERROCCL_SPREAD=0: the chain,
     /// the rings and the pairwise slots).
     pub spread: bool,
+    /// Let the thread that first calls the communicator own its issue lock
+    /// and take it, and end its turns, without a locked instruction until
+    /// another thread calls (where the OS offers asymmetric fences: Linux
+    /// `membarrier`); FERROCCL_BIASED_LOCKS=0: a mutex and a locked add
+    /// for every call.
+    pub biased_locks: bool,
     /// Let ranks of one host whose GPUs can reach each other move device
     /// data GPU to GPU (cuda-ipc, or device pointers within a process)
     /// rather than through host memory (FERROCCL_P2P_DISABLE=1, or NCCL's
@@ -233,6 +239,7 @@ impl Config {
             cma: true,
             cma_push: true,
             spread: true,
+            biased_locks: true,
             p2p: true,
             device_async: false,
             max_channels: None,
@@ -347,6 +354,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_SPREAD") {
             self.spread = parse_flag("FERROCCL_SPREAD", &v)?;
+        }
+        if let Some(v) = get("FERROCCL_BIASED_LOCKS") {
+            self.biased_locks = parse_flag("FERROCCL_BIASED_LOCKS", &v)?;
         }
         if let Some(v) = get("FERROCCL_DEVICE_ASYNC") {
             self.device_async = parse_flag("FERROCCL_DEVICE_ASYNC", &v)?;
@@ -664,6 +674,20 @@ mod tests {
         assert!(err.contains("FERROCCL_CMA_PUSH"), "{err}");
         assert!(with(&[]).unwrap().spread);
         assert!(!with(&[("FERROCCL_SPREAD", "0")]).unwrap().spread);
+        assert!(
+            !with(&[("FERROCCL_BIASED_LOCKS", "0")])
+                .unwrap()
+                .biased_locks
+        );
+        assert!(
+            with(&[("FERROCCL_BIASED_LOCKS", "1")])
+                .unwrap()
+                .biased_locks
+        );
+        let err = with(&[("FERROCCL_BIASED_LOCKS", "yes please")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("FERROCCL_BIASED_LOCKS"), "{err}");
         let err = with(&[("FERROCCL_SPREAD", "2")]).unwrap_err().to_string();
         assert!(err.contains("FERROCCL_SPREAD"), "{err}");
         assert!(with(&[("FERROCCL_COPY_PAGES", "1")]).is_ok());

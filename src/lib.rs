@@ -15,6 +15,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod algo;
+mod bias;
 pub mod bootstrap;
 mod call;
 #[cfg(feature = "candle")]

@@ -305,6 +305,46 @@ fn async_calls_run_in_issue_order_between_blocking_ones() {
     );
 }
 
+/// A rank's first thread owns the issue lock (`bias::BiasedLock`) and
+/// ends its turns by plain stores; a second thread of the same rank that
+/// calls while the first is mid-loop revokes that bias, and calls from
+/// both, blocking and async, still take one order (every rank's calls
+/// are alike, so any interleaving matches) and lose no turn.
+#[test]
+fn a_second_thread_calling_mid_loop_takes_the_issue_lock_from_the_first() {
+    for ranks in [2, 3] {
+        run_ranks(ranks, |comm| {
+            let n = comm.size();
+            let want = (n * (n + 1) / 2) as f32;
+            let mine = (comm.rank() + 1) as f32;
+            // One count for every call: the threads' calls interleave
+            // differently on each rank.
+            let blocking = |k: usize| {
+                let mut buf = vec![mine; 3];
+                comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+                assert!(buf.iter().all(|&v| v == want), "call {k}: {buf:?}");
+            };
+            // The first thread alone: it takes the bias.
+            (0..200).for_each(blocking);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    for k in 0..100 {
+                        let w = comm.all_reduce_async(vec![mine; 3], ReduceOp::Sum).unwrap();
+                        let got = w.wait().unwrap();
+                        assert!(got.iter().all(|&v| v == want), "async {k}: {got:?}");
+                        let mut buf = vec![mine; 3];
+                        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+                        assert!(buf.iter().all(|&v| v == want), "second {k}: {buf:?}");
+                    }
+                });
+                (0..300).for_each(blocking);
+            });
+            // The first thread alone again, through the mutex now.
+            (0..50).for_each(blocking);
+        });
+    }
+}
+
 #[test]
 fn async_in_place_allgather_and_reduce_scatter_match_f64() {
     for ranks in [2, 3, 4] {

@@ -247,9 +247,12 @@ impl Inner {
 
     /// The position of the last collective this rank issued, read under
     /// the issue lock (`Inner::issue` stores it there without a fence of
-    /// its own: a locked instruction in every call).
+    /// its own: a locked instruction in every call). Taken from the
+    /// watcher's thread, which revokes the calling thread's bias on it
+    /// (`bias::BiasedLock`): its handshake orders this read after the
+    /// mismatch flag's store as the mutex did.
     fn issued_so_far(&self) -> u64 {
-        let _issuing = lock(&self.turns.issued);
+        let _issuing = self.turns.issued.lock_elsewhere();
         self.issued.load(Ordering::Acquire)
     }
 
@@ -260,7 +263,7 @@ impl Inner {
             // No collective call's position (its slot's "none yet").
             return None;
         }
-        let state = lock(&self.turns.issued);
+        let state = self.turns.issued.lock_elsewhere();
         let (at, fp) = state.recent[order as usize % super::order::RECENT_CALLS];
         (at == order).then(|| crate::fingerprint::describe(&fp))
     }

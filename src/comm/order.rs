@@ -4,6 +4,7 @@
 //! async on the progress thread; so calls run in issue order on every rank.
 
 use super::{lock, CallSpec, Communicator, Inner, Work};
+use crate::bias::{self, BiasedLock};
 use crate::coll::Plan;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -19,8 +20,13 @@ pub(super) type Job = Box<dyn FnOnce() + Send>;
 type MakeJob<'a> = Box<dyn FnOnce(u64, &Call) -> Job + 'a>;
 pub(super) struct Turns {
     /// Next ticket to hand out (under this lock, so that tickets and the
-    /// progress queue agree on order).
-    pub(super) issued: Mutex<IssueState>,
+    /// progress queue agree on order). Biased towards the thread that
+    /// issues (`bias::BiasedLock`): a communicator called from one thread
+    /// takes it without a locked instruction.
+    pub(super) issued: BiasedLock<IssueState>,
+    /// Whether turns end by a plain store (`bias::asymmetric`): a caller
+    /// that sleeps on its turn then fences for the ender as well.
+    pub(super) light_turns: bool,
     /// Tickets served so far: the caller whose ticket is next goes without
     /// taking a lock (a blocking call on an idle communicator always is).
     pub(super) served: AtomicU64,
@@ -77,7 +83,7 @@ impl Inner {
         spec: &CallSpec,
         enqueue: Option<MakeJob<'_>>,
     ) -> Result<(u64, Call)> {
-        let mut state = lock(&self.turns.issued);
+        let mut state = self.turns.issued.lock();
         let (next_seq, order) = match spec.p2p {
             Some(key) => (state.p2p_seq.get(&key).copied().unwrap_or(0) + 1, 0),
             None if spec.internal => ((state.internal_seq + 1) | INTERNAL, state.order + 1),
@@ -168,8 +174,13 @@ impl Inner {
         let turns = &self.turns;
         let mut guard = lock(&turns.sleep);
         // SeqCst with `end_turn`: either it sees this waiter, or this
-        // waiter sees its ticket count (no lost wake-up).
+        // waiter sees its ticket count (no lost wake-up). Where turns end
+        // by a plain store, the ender's side of that handshake is a
+        // compiler fence, and this side fences for both.
         turns.waiting.fetch_add(1, Ordering::SeqCst);
+        if turns.light_turns {
+            bias::heavy_fence();
+        }
         while turns.served.load(Ordering::SeqCst) != ticket {
             guard = turns.turn.wait(guard).unwrap_or_else(|p| p.into_inner());
         }
@@ -178,7 +189,17 @@ impl Inner {
     #[inline(always)]
     pub(super) fn end_turn(&self) {
         let turns = &self.turns;
-        turns.served.fetch_add(1, Ordering::SeqCst);
+        if turns.light_turns {
+            // Only the caller holding the turn moves `served`: a plain
+            // store, no locked add behind the call's last stores. The
+            // load of `waiting` after it is ordered by the sleeper's heavy
+            // fence (`sleep_until_turn`).
+            let next = turns.served.load(Ordering::Relaxed) + 1;
+            turns.served.store(next, Ordering::Release);
+            bias::light_fence();
+        } else {
+            turns.served.fetch_add(1, Ordering::SeqCst);
+        }
         if turns.waiting.load(Ordering::SeqCst) > 0 {
             self.wake_waiters();
         }

@@ -251,6 +251,9 @@ impl Communicator {
         let abort_signal = abort.signal();
         let shared = crate::transports::shared_memory(&config);
         let hosts = Arc::new(links.host_map());
+        // Calls from one thread take no locked instruction to issue and
+        // end their turns (src/bias.rs).
+        let light_turns = config.biased_locks && crate::bias::asymmetric();
         let inner = Arc::new(Inner {
             rank,
             size,
@@ -261,7 +264,8 @@ impl Communicator {
             rendezvous,
             links: Mutex::new(links),
             turns: Turns {
-                issued: Mutex::new(IssueState::default()),
+                issued: crate::bias::BiasedLock::with_bias(IssueState::default(), light_turns),
+                light_turns,
                 served: AtomicU64::new(0),
                 waiting: AtomicUsize::new(0),
                 sleep: Mutex::new(()),
