@@ -171,6 +171,13 @@ impl<T> BiasedLock<T> {
         }
     }
 
+    /// Whether this lock may be biased (what it was created with): the
+    /// process has asymmetric fences, and the caller let it.
+    #[inline(always)]
+    pub(crate) fn biasable(&self) -> bool {
+        self.biasable
+    }
+
     /// Whether a thread owns the lock now (it was taken, and only by it).
     #[cfg(test)]
     pub(crate) fn is_biased(&self) -> bool {
@@ -360,18 +367,18 @@ mod tests {
     #[test]
     fn a_lock_taken_elsewhere_first_is_still_claimed_by_its_first_locker() {
         let lock = Arc::new(BiasedLock::with_bias(0u32, asymmetric()));
-        let other = lock.clone();
-        std::thread::spawn(move || *other.lock_elsewhere() += 1)
-            .join()
-            .unwrap();
+        let elsewhere = || {
+            let other = lock.clone();
+            std::thread::spawn(move || *other.lock_elsewhere() += 1)
+                .join()
+                .unwrap();
+        };
+        elsewhere();
         assert!(!lock.is_biased());
         *lock.lock() += 1;
         assert_eq!(lock.is_biased(), asymmetric());
         // Taken elsewhere again: the bias is gone for good.
-        let other = lock.clone();
-        std::thread::spawn(move || *other.lock_elsewhere() += 1)
-            .join()
-            .unwrap();
+        elsewhere();
         assert!(!lock.is_biased());
         *lock.lock() += 1;
         assert!(!lock.is_biased());

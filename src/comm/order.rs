@@ -22,11 +22,11 @@ pub(super) struct Turns {
     /// Next ticket to hand out (under this lock, so that tickets and the
     /// progress queue agree on order). Biased towards the thread that
     /// issues (`bias::BiasedLock`): a communicator called from one thread
-    /// takes it without a locked instruction.
+    /// takes it without a locked instruction. Where it may be biased,
+    /// turns end by a plain store too ([`Inner::end_turn`]): both need the
+    /// asymmetric fences, and a caller that sleeps on its turn then fences
+    /// for the ender as well.
     pub(super) issued: BiasedLock<IssueState>,
-    /// Whether turns end by a plain store (`bias::asymmetric`): a caller
-    /// that sleeps on its turn then fences for the ender as well.
-    pub(super) light_turns: bool,
     /// Tickets served so far: the caller whose ticket is next goes without
     /// taking a lock (a blocking call on an idle communicator always is).
     pub(super) served: AtomicU64,
@@ -178,7 +178,7 @@ impl Inner {
         // by a plain store, the ender's side of that handshake is a
         // compiler fence, and this side fences for both.
         turns.waiting.fetch_add(1, Ordering::SeqCst);
-        if turns.light_turns {
+        if turns.issued.biasable() {
             bias::heavy_fence();
         }
         while turns.served.load(Ordering::SeqCst) != ticket {
@@ -189,7 +189,7 @@ impl Inner {
     #[inline(always)]
     pub(super) fn end_turn(&self) {
         let turns = &self.turns;
-        if turns.light_turns {
+        if turns.issued.biasable() {
             // Only the caller holding the turn moves `served`: a plain
             // store, no locked add behind the call's last stores. The
             // load of `waiting` after it is ordered by the sleeper's heavy

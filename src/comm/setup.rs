@@ -253,7 +253,7 @@ impl Communicator {
         let hosts = Arc::new(links.host_map());
         // Calls from one thread take no locked instruction to issue and
         // end their turns (src/bias.rs).
-        let light_turns = config.biased_locks && crate::bias::asymmetric();
+        let biased = config.biased_locks && crate::bias::asymmetric();
         let inner = Arc::new(Inner {
             rank,
             size,
@@ -264,8 +264,7 @@ impl Communicator {
             rendezvous,
             links: Mutex::new(links),
             turns: Turns {
-                issued: crate::bias::BiasedLock::with_bias(IssueState::default(), light_turns),
-                light_turns,
+                issued: crate::bias::BiasedLock::with_bias(IssueState::default(), biased),
                 served: AtomicU64::new(0),
                 waiting: AtomicUsize::new(0),
                 sleep: Mutex::new(()),
