@@ -5,7 +5,7 @@
 
 use super::end::{post_cts_entry, End};
 use super::{imm, widen, CLEAN_CLOSE, POLL_BATCH, WAIT_SLICE};
-use crate::verbs::{Completion, CompletionKind, Device, QpState, QueuePair, VerbsError};
+use crate::verbs::{Completion, CompletionKind, Device, QueuePair, VerbsError};
 use ferroccl_transport::{Consume, FrameHeader, SlotReceiver, TransportError, HEADER_BYTES};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -138,8 +138,13 @@ impl<D: Device, Q: QueuePair> IbReceiver<D, Q> {
         }
     }
 
-    /// Why receiving cannot go on, given that the next frame is not here.
-    fn refusal(&self) -> Option<TransportError> {
+    /// Why receiving cannot go on, given that the next frame is not here
+    /// (what a queue pair in error left in its queue taken first:
+    /// `End::take_left`).
+    fn refusal(&mut self) -> Option<TransportError> {
+        let mut left = Vec::new();
+        let errored = self.end.take_left(&self.end.in_qps, &mut left);
+        self.absorb(left);
         if self.peer_total == Some(self.next) {
             return Some(TransportError::PeerClosed {
                 peer: self.end.peer,
@@ -149,8 +154,7 @@ impl<D: Device, Q: QueuePair> IbReceiver<D, Q> {
         if let Some(e) = &self.broken {
             return Some(e.clone());
         }
-        (self.end.in_qps.iter().any(|q| q.state() == QpState::Error))
-            .then(|| self.end.qp_error("receiving from"))
+        errored.then(|| self.end.qp_error("receiving from"))
     }
 
     fn ready(&self) -> bool {

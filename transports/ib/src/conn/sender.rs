@@ -7,7 +7,7 @@ use super::end::{End, WR_CONTROL};
 use super::{imm, widen, CTS_ENTRY_BYTES, POLL_BATCH, STRIPE_MIN_BYTES, WAIT_SLICE};
 use crate::regcache::{CacheStats, RegCache, ZeroCopyConfig};
 use crate::verbs::{
-    Completion, CompletionKind, Device, LocalSlice, MemoryRegion, QpState, QueuePair, RemoteSlice,
+    Completion, CompletionKind, Device, LocalSlice, MemoryRegion, QueuePair, RemoteSlice,
     VerbsError, WriteRequest,
 };
 use ferroccl_transport::{FrameHeader, SlotSender, TransportError, HEADER_BYTES};
@@ -141,11 +141,15 @@ impl<D: Device, Q: QueuePair> IbSender<D, Q> {
         }
     }
 
-    /// Why sending cannot go on, if it cannot.
-    fn refusal(&self) -> Option<TransportError> {
+    /// Why sending cannot go on, if it cannot (what a queue pair in error
+    /// left in its queue taken first: `End::take_left`).
+    fn refusal(&mut self) -> Option<TransportError> {
         if let Some(e) = self.end.fatal() {
             return Some(e);
         }
+        let mut left = Vec::new();
+        let errored = self.end.take_left(&self.end.out_qps, &mut left);
+        self.absorb(left);
         if self.peer_closed {
             return Some(TransportError::PeerClosed {
                 peer: self.end.peer,
@@ -155,8 +159,7 @@ impl<D: Device, Q: QueuePair> IbSender<D, Q> {
         if let Some(e) = &self.broken {
             return Some(e.clone());
         }
-        (self.end.out_qps.iter().any(|q| q.state() == QpState::Error))
-            .then(|| self.end.qp_error("sending to"))
+        errored.then(|| self.end.qp_error("sending to"))
     }
 
     /// The next frame's clear-to-send entry (`wait_for_slot` made sure
