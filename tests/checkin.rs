@@ -17,7 +17,8 @@ use common::{
 };
 use ferroccl::testing::run_ranks_with;
 use ferroccl::{Algorithm, Communicator, Config, Element, Error, ReduceOp};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// The largest input, in bytes, of a `kind` call that runs inline on `n`
 /// ranks (docs/architecture.md, the check-in): 4 KiB; on 2 ranks 16 KiB
@@ -327,6 +328,61 @@ fn a_count_that_differs_in_the_middle_of_a_batch_is_found() {
     );
     assert_mismatch(&results[0], 0, 1);
     assert_mismatch(&results[1], 1, 0);
+}
+
+/// Wait (up to a minute) until `flag` is set by the other rank's thread.
+fn wait_for(flag: &AtomicBool, what: &str) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while !flag.load(Ordering::Acquire) {
+        assert!(Instant::now() < until, "{what} never came");
+        std::thread::yield_now();
+    }
+}
+
+/// Ranks that each leave small calls early where nobody reads their
+/// announcements (two that each think they are a broadcast's root; a
+/// broadcast's root against a reduce's sender) find the mismatch in their
+/// next call, also when each compares only after the other has gone past
+/// those calls (`exec::checkin::confirm_left`: the case the later
+/// comparison is there for, since no reader finds it in the call). Fails
+/// with the comparison skipped: both ranks' next call then runs.
+#[test]
+fn ranks_that_left_differing_calls_early_find_it_after_both_went_on() {
+    for case in ["roots", "kinds"] {
+        let flags = [AtomicBool::new(false), AtomicBool::new(false)];
+        let run = |comm: &Communicator| {
+            let rank = comm.rank();
+            for i in 0..5 {
+                let mut x = [i as f32; 2];
+                if case == "roots" || rank == 0 {
+                    let root = if case == "roots" { rank } else { 0 };
+                    comm.broadcast(&mut x, root)
+                } else {
+                    comm.reduce(&[i as f32; 2], &mut x, ReduceOp::Sum, 0)
+                }
+                .expect("a root or sender leaves a small call once its data is out");
+            }
+            flags[rank].store(true, Ordering::Release);
+            wait_for(&flags[1 - rank], "the other rank's calls");
+            let next = comm.all_reduce_in_place(&mut vec![1f32; 100_000], ReduceOp::Sum);
+            let (mine, theirs) = match (case, rank) {
+                ("roots", _) => (format!("root {rank}"), format!("root {}", 1 - rank)),
+                (_, 0) => ("broadcast #".to_string(), "reduce #".to_string()),
+                _ => ("reduce #".to_string(), "broadcast #".to_string()),
+            };
+            match &next {
+                Err(Error::Mismatch { local, remote, .. }) => {
+                    assert!(local.contains(&mine), "{case}, rank {rank}: {next:?}");
+                    assert!(remote.contains(&theirs), "{case}, rank {rank}: {next:?}");
+                }
+                other => panic!("{case}, rank {rank}: expected a mismatch, got {other:?}"),
+            }
+            next
+        };
+        let results = differing_calls(run, run);
+        assert_mismatch(&results[0], 0, 1);
+        assert_mismatch(&results[1], 1, 0);
+    }
 }
 
 /// A small broadcast's root and a small reduce's senders run ahead of
