@@ -1,0 +1,2 @@
+#!/bin/sh
+FERROCCL_BIASED_LOCKS=0 exec /tmp/perf-table "$@"
