@@ -145,6 +145,11 @@ impl<D: Device, Q: QueuePair> IbReceiver<D, Q> {
         let mut left = Vec::new();
         let errored = self.end.take_left(&self.end.in_qps, &mut left);
         self.absorb(left);
+        // The next frame may have been among what was left: it is read
+        // before the end of the stream or the error is told.
+        if self.ready() {
+            return None;
+        }
         if self.peer_total == Some(self.next) {
             return Some(TransportError::PeerClosed {
                 peer: self.end.peer,
