@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Two builds of ferroccl-perf side by side in one session, in turns: A, B,
-# A, B, ... for every case, so that load from other work on the machine
-# falls on both alike, and the spread of the A runs gives the run-to-run
-# noise. Used to check
+# B, A, A, B, ... for every case, so that load from other work on the
+# machine falls on both alike, and the spread of the A runs gives the
+# run-to-run noise. The order alternates because the build run second in
+# a turn gained on the first by itself (the same binary twice, 4 ranks on
+# the AMD VM: 1.19x; docs/data/2026-12-06/digest/README.md). Used to check
 # that a change costs no speed (docs/performance-log.md, "Restructuring check").
 #
 #   bench/ab.sh A_PERF B_PERF [OUT_DIR]
@@ -38,7 +40,9 @@ ITERS=${ITERS:-10} WARMUP=${WARMUP:-3} TURNS=${TURNS:-2}
 # round_trip and wait_fast: the machine's state from AB_STATE's line.
 . "$here/fast_state.sh"
 turns=()
-for ((i = 1; i <= TURNS; i++)); do turns+=("a$i" "b$i"); done
+for ((i = 1; i <= TURNS; i++)); do
+  if ((i % 2)); then turns+=("a$i" "b$i"); else turns+=("b$i" "a$i"); fi
+done
 REGISTER=${REGISTER:-0}
 echo "## $(date -u '+%Y-%m-%dT%H:%M:%SZ') nproc=$(nproc) load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "## A=$a"
