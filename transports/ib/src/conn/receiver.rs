@@ -146,8 +146,10 @@ impl<D: Device, Q: QueuePair> IbReceiver<D, Q> {
         let errored = self.end.take_left(&self.end.in_qps, &mut left);
         self.absorb(left);
         // The next frame may have been among what was left: it is read
-        // before the end of the stream or the error is told.
-        if self.ready() {
+        // before the end of the stream or the error is told. (Nothing is
+        // left where no queue pair is in error, and the caller found the
+        // frame not ready.)
+        if errored && self.ready() {
             return None;
         }
         if self.peer_total == Some(self.next) {
