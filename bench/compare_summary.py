@@ -13,6 +13,7 @@ WINDOWS_CSV, from `ferroccl-perf -R 2` in the same session, adds the
 columns ferroccl_win and ferroccl_win_ip. The CSV also carries the ratios
 to Open MPI shared memory (ratio_vs_mpi_shm, and win_ratio_vs_mpi_shm).
 """
+
 import csv
 import sys
 
@@ -76,8 +77,16 @@ def main(argv):
     def over(a, b):
         return a / b if a is not None and b else None
 
-    header = ["bytes", "ferroccl", "ferroccl_ip", "mpi_shm", "mpi_tcp", "gloo", "ratio_vs_mpi_tcp",
-              "ratio_vs_mpi_shm"]
+    header = [
+        "bytes",
+        "ferroccl",
+        "ferroccl_ip",
+        "mpi_shm",
+        "mpi_tcp",
+        "gloo",
+        "ratio_vs_mpi_tcp",
+        "ratio_vs_mpi_shm",
+    ]
     if win:
         header += ["ferroccl_win", "ferroccl_win_ip", "win_ratio_vs_mpi_shm"]
     rows = []
@@ -90,9 +99,15 @@ def main(argv):
             row += [w_oop, w_ip, over(w_oop, shm)]
         rows.append(row)
 
-    print("## busbw GB/s (ferroccl: out-of-place and in-place columns; ratio = ferroccl out-of-place / Open MPI TCP)")
+    print(
+        "## busbw GB/s (ferroccl: out-of-place and in-place columns; "
+        "ratio = ferroccl out-of-place / Open MPI TCP)"
+    )
     extra = f" {'windows':>10} {'windows-ip':>10} {'win/shm':>8}" if win else ""
-    print(f"#{'bytes':>12} {'ferroccl':>10} {'ferroccl-ip':>11} {'OMPI shm':>10} {'OMPI TCP':>10} {'Gloo':>10} {'ratio':>7}{extra}")
+    print(
+        f"#{'bytes':>12} {'ferroccl':>10} {'ferroccl-ip':>11} {'OMPI shm':>10} "
+        f"{'OMPI TCP':>10} {'Gloo':>10} {'ratio':>7}{extra}"
+    )
     for row in rows:
         size, oop, ip, shm, tcp, gloo, ratio = row[:7]
         line = f"{size:>13} {fmt(oop)} {fmt(ip, 11)} {fmt(shm)} {fmt(tcp)} {fmt(gloo)} {fmt(ratio, 7)}"

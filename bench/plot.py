@@ -8,6 +8,7 @@ Each SUMMARY.csv is what `bench/compare.sh` writes with COMPARE_CSV=FILE
 several files (e.g. 2 and 4 ranks), give each a label: "2 ranks:a.csv".
 Standard library only, so it runs anywhere the benchmarks run.
 """
+
 import csv
 import math
 import sys
@@ -59,11 +60,19 @@ def main(argv):
     xs = [x for _, _, _, p in points for x, _ in p]
     ymax = max(y for _, _, _, p in points for _, y in p) * 1.1
     lx0, lx1 = math.log2(min(xs)), math.log2(max(xs))
-    sx = lambda x: L + (math.log2(x) - lx0) / max(lx1 - lx0, 1) * (W - L - R)
-    sy = lambda y: H - B - y / ymax * (H - T - B)
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-           f'<rect width="{W}" height="{H}" fill="white"/>',
-           f'<text x="{W / 2}" y="25" text-anchor="middle" font-size="15">{title}</text>']
+
+    def sx(x):
+        return L + (math.log2(x) - lx0) / max(lx1 - lx0, 1) * (W - L - R)
+
+    def sy(y):
+        return H - B - y / ymax * (H - T - B)
+
+    svg = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+        'font-family="sans-serif" font-size="12">',
+        f'<rect width="{W}" height="{H}" fill="white"/>',
+        f'<text x="{W / 2}" y="25" text-anchor="middle" font-size="15">{title}</text>',
+    ]
     # Axes and grid.
     step = 10 ** math.floor(math.log10(ymax / 5)) if ymax > 0 else 1
     for m in (1, 2, 5):
@@ -76,14 +85,17 @@ def main(argv):
         svg.append(f'<text x="{L - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{y:g}</text>')
         y += step
     x = 2 ** math.ceil(lx0)
-    while x <= 2 ** lx1:
+    while x <= 2**lx1:
         svg.append(f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{T}" y2="{H - B}" stroke="#eee"/>')
         svg.append(f'<text x="{sx(x):.1f}" y="{H - B + 16}" text-anchor="middle">{human(x)}</text>')
         x *= 4
     svg.append(f'<line x1="{L}" x2="{W - R}" y1="{H - B}" y2="{H - B}" stroke="black"/>')
     svg.append(f'<line x1="{L}" x2="{L}" y1="{T}" y2="{H - B}" stroke="black"/>')
     svg.append(f'<text x="{(L + W - R) / 2}" y="{H - 15}" text-anchor="middle">message size (bytes)</text>')
-    svg.append(f'<text x="18" y="{(T + H - B) / 2}" transform="rotate(-90 18 {(T + H - B) / 2})" text-anchor="middle">busbw (GB/s)</text>')
+    svg.append(
+        f'<text x="18" y="{(T + H - B) / 2}" transform="rotate(-90 18 {(T + H - B) / 2})" '
+        'text-anchor="middle">busbw (GB/s)</text>'
+    )
     # Lines and legend.
     for i, (name, color, dash, pts) in enumerate(points):
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in sorted(pts))
@@ -92,7 +104,10 @@ def main(argv):
         for x, y in pts:
             svg.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{color}"/>')
         ly = T + 10 + i * 18
-        svg.append(f'<line x1="{W - R + 12}" x2="{W - R + 40}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="2"{extra}/>')
+        svg.append(
+            f'<line x1="{W - R + 12}" x2="{W - R + 40}" y1="{ly}" y2="{ly}" '
+            f'stroke="{color}" stroke-width="2"{extra}/>'
+        )
         svg.append(f'<text x="{W - R + 46}" y="{ly + 4}">{name}</text>')
     svg.append("</svg>")
     with open(out, "w") as f:
