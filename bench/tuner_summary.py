@@ -2,13 +2,14 @@
 """One case of bench/tuner-check.sh as a markdown table: per size, what the
 tuner chose (from its `plan:` line; "inline" where the call does not go
 through an algorithm at all; the route in brackets where the check-in
-leads to the staging areas or a pull), its time, the fastest forced algorithm and
-its time (out of place, the best of each variant's turns: interference
-only ever adds time), the tuner's time over the best, and the noise (the
+leads to the staging areas or a pull), its time, the fastest other variant
+(a forced algorithm, or a route turned off: bench/tuner-check.sh) and its
+time (out of place, the best of each variant's turns: interference only
+ever adds time), the tuner's time over the best, and the noise (the
 larger spread of the tuner's own turns and the best one's). "right" where
 the tuner is within that noise (or 5%) of the best.
 
-    tuner_summary.py OUT_DIR CASE TURNS ALGO...
+    tuner_summary.py OUT_DIR CASE TURNS VARIANT...
 """
 
 import csv
@@ -47,13 +48,17 @@ def choices(path, op):
 
 def main():
     out, case, turns = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    algos = sys.argv[4:]
+    algos = sys.argv[4:]  # the variants other than the tuner's own
     runs = {}
     for v in ["tuner"] + algos:
         runs[v] = [times(f"{out}/{case}-{v}-{i}.csv") for i in range(1, turns + 1)]
-    chose = choices(f"{out}/{case}-tuner-1.log", case.split("-")[0])
+    op, ranks = case.split("-")[0], int(case.split("-")[1])
+    chose = choices(f"{out}/{case}-tuner-1.log", op)
+    # The CSV's size of an allgather or reduce-scatter is the whole
+    # gathered (scattered) array, the plan line's one rank's block.
+    per_block = ranks if op in ("allgather", "reducescatter") else 1
     print(f"\n### {case}\n")
-    print("| size | tuner chose | tuner us | best forced | best us | tuner / best | noise | |")
+    print("| size | tuner chose | tuner us | best other | best us | tuner / best | noise | |")
     print("|---:|---|---:|---|---:|---:|---:|---|")
     right = total = 0
     for size in sorted(runs["tuner"][0]):
@@ -66,7 +71,7 @@ def main():
         total += 1
         right += ok
         print(
-            f"| {size} | {chose.get(size.bit_length(), '?')} | {min(tuner):.2f} | {best_algo} "
+            f"| {size} | {chose.get((size // per_block).bit_length(), '?')} | {min(tuner):.2f} | {best_algo} "
             f"| {best:.2f} | {ratio:.2f} | {noise:.2f} | {'right' if ok else 'off'} |"
         )
     print(f"\n{right} of {total} sizes within the noise of the best.")
