@@ -15,7 +15,8 @@
 #   variant turns one off: "nopull" FERROCCL_CMA=0, "nopush"
 #   FERROCCL_CMA_PUSH=0 (2 ranks: the allreduce's halves and the
 #   broadcast's pushed share), "nostaging" FERROCCL_SPREAD=0 (4 to 8
-#   ranks), "slots" both of the first and the last, "uncalibrated"
+#   ranks; the reduce-scatter's one choice), "slots" both of the first
+#   and the last, "uncalibrated"
 #   FERROCCL_CALIBRATE=0 (the fixed ranges the calibration replaces).
 # The tuner's choice per size is read from its own `plan:` lines
 # (FERROCCL_DEBUG=INFO). Prints one table per case
@@ -23,7 +24,7 @@
 #
 #   bench/tuner-check.sh [PERF] [OUT_DIR]
 # Environment:
-#   OPS="allreduce broadcast reduce allgather alltoall"
+#   OPS="allreduce broadcast reduce allgather alltoall reducescatter"
 #   RANKS="2 4"  TRANSPORTS="default tcp"
 #   MINB=8 MAXB=16777216 FACTOR=4  ITERS=200 WARMUP=20  TURNS=3
 #   ROUTES=1          0: algorithms only, as before 2026-12-07
@@ -39,7 +40,7 @@ root=$(cd "$here/.." && pwd)
 perf=${1:-${CARGO_TARGET_DIR:-$root/target}/release/ferroccl-perf}
 out=${2:-$(mktemp -d "${TMPDIR:-/tmp}/ferroccl-tuner.XXXXXX")}
 mkdir -p "$out"
-OPS=${OPS:-allreduce broadcast reduce allgather alltoall}
+OPS=${OPS:-allreduce broadcast reduce allgather alltoall reducescatter}
 RANKS=${RANKS:-2 4}
 TRANSPORTS=${TRANSPORTS:-default tcp}
 MINB=${MINB:-8} MAXB=${MAXB:-16777216} FACTOR=${FACTOR:-4}
@@ -71,6 +72,7 @@ variants_of() {
           [[ $op != allreduce ]] && v+=(slots)
         fi
         ;;
+      reducescatter) ((n >= 4)) && v+=(nostaging) ;;
     esac
   fi
   echo "${v[@]}"
