@@ -7,13 +7,19 @@ leads to the staging areas or a pull), its time, the fastest other variant
 time (out of place, the best of each variant's turns: interference only
 ever adds time), the tuner's time over the best, and the noise (the
 larger spread of the tuner's own turns and the best one's). "right" where
-the tuner is within that noise (or 5%) of the best.
+the tuner is within that noise (or 5%) of the best. "paired": the median
+over the turns of the tuner's time over the best variant's in the same
+turn, and in how many turns the tuner was the slower: on a machine whose
+slow spells fall inside single runs (the AMD EPYC VM) the best of each
+variant's turns can come from different states, where runs of one turn
+lie minutes apart at most.
 
     tuner_summary.py OUT_DIR CASE TURNS VARIANT...
 """
 
 import csv
 import re
+import statistics
 import sys
 
 PLAN = re.compile(r"plan: (\S+) of (\d+) bytes on \d+ ranks(?: over [^>]*)? -> ([^,( ]+)")
@@ -58,8 +64,8 @@ def main():
     # gathered (scattered) array, the plan line's one rank's block.
     per_block = ranks if op in ("allgather", "reducescatter") else 1
     print(f"\n### {case}\n")
-    print("| size | tuner chose | tuner us | best other | best us | tuner / best | noise | |")
-    print("|---:|---|---:|---|---:|---:|---:|---|")
+    print("| size | tuner chose | tuner us | best other | best us | tuner / best | noise | | paired |")
+    print("|---:|---|---:|---|---:|---:|---:|---|---|")
     right = total = 0
     for size in sorted(runs["tuner"][0]):
         tuner = [r[size] for r in runs["tuner"]]
@@ -70,9 +76,12 @@ def main():
         ok = ratio <= max(noise, 1.05)
         total += 1
         right += ok
+        pairs = [t / b for t, b in zip(tuner, best_turns)]
+        slower = sum(p > 1 for p in pairs)
         print(
             f"| {size} | {chose.get((size // per_block).bit_length(), '?')} | {min(tuner):.2f} | {best_algo} "
-            f"| {best:.2f} | {ratio:.2f} | {noise:.2f} | {'right' if ok else 'off'} |"
+            f"| {best:.2f} | {ratio:.2f} | {noise:.2f} | {'right' if ok else 'off'} "
+            f"| {statistics.median(pairs):.2f} ({slower} of {len(pairs)} slower) |"
         )
     print(f"\n{right} of {total} sizes within the noise of the best.")
 
