@@ -37,7 +37,7 @@ RANKS=${RANKS:-2 4}
 TRANSPORTS=${TRANSPORTS:-default tcp}
 MINB=${MINB:-8} MAXB=${MAXB:-268435456} FACTOR=${FACTOR:-2}
 ITERS=${ITERS:-10} WARMUP=${WARMUP:-3} TURNS=${TURNS:-2}
-# round_trip and wait_fast: the machine's state from AB_STATE's line.
+# run_in_state: every turn in the machine's state that AB_STATE's line reads.
 . "$here/fast_state.sh"
 turns=()
 for ((i = 1; i <= TURNS; i++)); do
@@ -56,20 +56,12 @@ for t in $TRANSPORTS; do
         [[ $turn == b* ]] && exe=$b
         env_t=()
         [[ $t != default ]] && env_t=(FERROCCL_TRANSPORT="$t")
-        for ((try = 1; try <= 5; try++)); do
-          # AB_STATE is a command line: split into its words.
-          # shellcheck disable=SC2086
-          [[ -n ${AB_FAST_NS:-} ]] && wait_fast "$AB_FAST_NS" $AB_STATE
-          [[ -n ${AB_STATE:-} ]] && echo "## $case_name $turn: $($AB_STATE 2>&1 | head -1)"
+        run_turn() {
           env "${env_t[@]}" "$exe" "$op" --ranks "$n" -b "$MINB" -e "$MAXB" -f "$FACTOR" \
             -n "$ITERS" -w "$WARMUP" -c 0 -R "$REGISTER" \
             --csv "$out/$case_name-$turn.csv" > "$out/$case_name-$turn.txt"
-          [[ -z ${AB_FAST_NS:-} ]] && break
-          # shellcheck disable=SC2086
-          after=$(round_trip $AB_STATE)
-          ((after < AB_FAST_NS)) && break
-          echo "## $case_name $turn: taken again, the state after it: $after ns"
-        done
+        }
+        run_in_state "${AB_FAST_NS:-}" "${AB_STATE:-}" "$case_name $turn" run_turn
       done
       python3 "$here/ab_summary.py" "$out" "$case_name" "$TURNS"
     done

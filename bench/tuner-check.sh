@@ -46,7 +46,7 @@ TRANSPORTS=${TRANSPORTS:-default tcp}
 MINB=${MINB:-8} MAXB=${MAXB:-16777216} FACTOR=${FACTOR:-4}
 ITERS=${ITERS:-200} WARMUP=${WARMUP:-20} TURNS=${TURNS:-3}
 ROUTES=${ROUTES:-1}
-# round_trip and wait_fast: the machine's state from TUNER_STATE's line.
+# run_in_state: every run in the machine's state that TUNER_STATE's line reads.
 . "$here/fast_state.sh"
 
 # The variants other than the tuner's own for OP on N ranks over transport T.
@@ -111,20 +111,12 @@ for t in $TRANSPORTS; do
           # shellcheck disable=SC2207
           env_v=(FERROCCL_DEBUG=INFO $(env_of "$v"))
           [[ $t != default ]] && env_v+=(FERROCCL_TRANSPORT="$t")
-          for ((try = 1; try <= 5; try++)); do
-            # TUNER_STATE is a command line: split into its words.
-            # shellcheck disable=SC2086
-            [[ -n ${TUNER_FAST_NS:-} ]] && wait_fast "$TUNER_FAST_NS" $TUNER_STATE
-            [[ -n ${TUNER_STATE:-} ]] && echo "## $case_name $v $i: $($TUNER_STATE 2>&1 | head -1)"
+          run_variant() {
             env "${env_v[@]}" "$perf" "$op" --ranks "$n" -b "$MINB" -e "$MAXB" -f "$FACTOR" \
               -n "$ITERS" -w "$WARMUP" -c 0 --csv "$out/$case_name-$v-$i.csv" \
               > "$out/$case_name-$v-$i.txt" 2> "$out/$case_name-$v-$i.log"
-            [[ -z ${TUNER_FAST_NS:-} ]] && break
-            # shellcheck disable=SC2086
-            after=$(round_trip $TUNER_STATE)
-            ((after < TUNER_FAST_NS)) && break
-            echo "## $case_name $v $i: taken again, the state after it: $after ns"
-          done
+          }
+          run_in_state "${TUNER_FAST_NS:-}" "${TUNER_STATE:-}" "$case_name $v $i" run_variant
         done
       done
       python3 "$here/tuner_summary.py" "$out" "$case_name" "$TURNS" "${others[@]}"
