@@ -34,6 +34,18 @@ type Shared<P> = (Box<dyn SharedRegion>, Vec<P>);
 /// rounds").
 const CALIBRATION_ROUNDS: usize = 2;
 
+/// Rounds of `calibrate_cma` run before [`CALIBRATION_ROUNDS`] and not
+/// kept. The first round finds the slots' lines cold in every cache (a
+/// call's payloads move along the slots, and the probes' sizes are the
+/// first of their kind): on 2 ranks of the AMD EPYC VM of 2026-12-07 it
+/// timed the allgathers through slots 1.2-2.2x slower than the rounds
+/// after it in 12 of 12 calibrations (64 KiB blocks 10.4-17.5 µs against
+/// 5.9-8.8), the pulls 0.9-1.3x, and so leaned to the pull where loops
+/// run faster through slots; the best of the two rounds after it changed
+/// the choice in 2 of the 12 (docs/performance-log.md, "The calibration's
+/// first round").
+const CALIBRATION_WARMUP_ROUNDS: usize = 1;
+
 /// Rounds of `Communicator::calibrate_doubling` at each size, the two
 /// ways taking turns.
 const DOUBLING_ROUNDS: usize = 4;
@@ -454,8 +466,9 @@ impl Communicator {
     /// (`Inner::cma_alltoall`, at `plan::cma_alltoall_probes`; elsewhere
     /// it takes the allgathers' range): each rank times allgathers
     /// and broadcasts of each of `plan::cma_probes` both ways (the best of
-    /// four after a warm-up, in each of [`CALIBRATION_ROUNDS`] rounds over
-    /// every probe, the best of the rounds), the ranks agree on the slowest
+    /// four after a warm-up call, in each of [`CALIBRATION_ROUNDS`] rounds
+    /// over every probe after [`CALIBRATION_WARMUP_ROUNDS`] untimed ones,
+    /// the best of the rounds), the ranks agree on the slowest
     /// rank's times,
     /// and `plan::cma_range` decides for each,
     /// so every rank routes alike. Runs at the control pages' creation
@@ -545,7 +558,11 @@ impl Communicator {
         // the root's staging area (`plan::takes_spread`), so that the pull
         // is weighed against what it would replace.
         let result = (|| -> Result<()> {
-            for _round in 0..CALIBRATION_ROUNDS {
+            for round in 0..CALIBRATION_WARMUP_ROUNDS + CALIBRATION_ROUNDS {
+                if round == CALIBRATION_WARMUP_ROUNDS {
+                    // What the warm-up measured is not kept.
+                    times.fill(f32::INFINITY);
+                }
                 let mut slots = times.iter_mut();
                 for (broadcasts, range) in
                     [(false, &inner.cma_gather), (true, &inner.cma_broadcast)]
