@@ -35,15 +35,16 @@ type Shared<P> = (Box<dyn SharedRegion>, Vec<P>);
 const CALIBRATION_ROUNDS: usize = 2;
 
 /// Rounds of `calibrate_cma` run before [`CALIBRATION_ROUNDS`] and not
-/// kept. The first round finds the slots' lines cold in every cache (a
-/// call's payloads move along the slots, and the probes' sizes are the
-/// first of their kind): on 2 ranks of the AMD EPYC VM of 2026-12-07 it
-/// timed the allgathers through slots 1.2-2.2x slower than the rounds
-/// after it in 12 of 12 calibrations (64 KiB blocks 10.4-17.5 µs against
-/// 5.9-8.8), the pulls 0.9-1.3x, and so leaned to the pull where loops
-/// run faster through slots; the best of the two rounds after it changed
-/// the choice in 2 of the 12 (docs/performance-log.md, "The calibration's
-/// first round").
+/// kept. The first round finds the slots' lines cold (a call's payloads
+/// move along the slots, and each probe is the first call of its size):
+/// on 2 ranks of the AMD EPYC VM of 2026-12-07, in 11 of 12 calibrations
+/// it timed the allgathers of 64 and 512 KiB blocks through slots
+/// 1.4-2.8x slower than the best of the four rounds after it (64 KiB:
+/// 10.4-17.5 µs against 5.9-10.4), the pulls 1.0-1.5x (the twelfth was
+/// as slow in every round), and so leaned to the pull where loops run
+/// faster through slots. Ten start-ups each, in turns: the pull taken
+/// from 64 KiB blocks in 5 of 10 before, in none after
+/// (docs/performance-log.md, "The calibration's first round").
 const CALIBRATION_WARMUP_ROUNDS: usize = 1;
 
 /// Rounds of `Communicator::calibrate_doubling` at each size, the two
