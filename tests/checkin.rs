@@ -25,11 +25,12 @@ use std::time::{Duration, Instant};
 /// for every collective but all-to-all, 32 KiB for all-to-all (each rank
 /// puts half its input on its page); on 3 to 8 ranks 16 KiB for every
 /// collective but allreduce and all-to-all, 8 KiB for allreduce, and for
-/// all-to-all `n / (n - 1)` times 16 KiB (what a rank puts on its page,
-/// its peers' blocks, fills 16 KiB).
+/// all-to-all `n / (n - 1)` times 24 KiB (what a rank puts on its page,
+/// its peers' blocks, fills 24 KiB; 16 KiB on 2 ranks).
 fn inline_limit(kind: &str, n: usize) -> usize {
     match (n, kind) {
-        (2..=8, "all_to_all") => (16 << 10) * n / (n - 1),
+        (2, "all_to_all") => 32 << 10,
+        (3..=8, "all_to_all") => (24 << 10) * n / (n - 1),
         (2..=8, "reduce" | "broadcast" | "reduce_scatter" | "all_gather") | (2, "all_reduce") => {
             16 << 10
         }

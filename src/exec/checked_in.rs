@@ -133,7 +133,7 @@ fn check_in<T: Element>(
     let inline_after = plan::inline_after_check_in(kind, in_len * elem, ctx.size);
     if inline_after {
         // Every rank moves its inline cursor alike (`inline::next_place`).
-        let area = inline::next_place::<T>(ctx, turn, in_len);
+        let area = inline::next_place::<T>(ctx, kind, turn, in_len);
         if !plan::direct_capable(kind, place.in_win, place.out_win) {
             inline::publish(ctx, io, kind, in_len, (turn, area))?;
         }

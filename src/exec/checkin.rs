@@ -212,9 +212,16 @@ pub(super) const E_OUT_ADDR: usize = 13;
 /// Where the page's inline space starts (in words): the inline inputs
 /// over [`ENTRY_INPUT_BYTES`] lie there ([`next_area`]).
 pub(super) const W_INLINE: usize = 1024;
-/// The largest inline input a rank puts on its page in one call: the
-/// planner's largest inline call (`plan::INLINE_MAX_BYTES`).
-pub(super) const INLINE_CAPACITY: usize = plan::INLINE_MAX_BYTES;
+/// The most a rank puts on its page in one inline call: the planner's
+/// largest inline input (`plan::INLINE_MAX_BYTES`), or the page area of
+/// an all-to-all on 3 to 8 ranks (`plan::WIDE_ALLTOALL_INLINE_AREA`)
+/// where that is larger.
+pub(super) const INLINE_CAPACITY: usize =
+    if plan::WIDE_ALLTOALL_INLINE_AREA > plan::INLINE_MAX_BYTES {
+        plan::WIDE_ALLTOALL_INLINE_AREA
+    } else {
+        plan::INLINE_MAX_BYTES
+    };
 /// Bytes of the inline region (`window::CONTROL_BYTES` has room for it).
 ///
 /// Each call's input goes where the last one's ended ([`inline_place`]),

@@ -1,5 +1,5 @@
 //! Small calls all in one check-in: each rank puts its input (at most
-//! `plan::inline_limit`, 4 to 16 KiB, an all-to-all's 18 to 32 KiB; a
+//! `plan::inline_limit`, 4 to 16 KiB, an all-to-all's 27 to 36 KiB; a
 //! broadcast's root only; of an all-to-all or an out-of-place
 //! reduce-scatter only the blocks its peers read) on its control page
 //! with its announcement (up to 160 bytes in the announcement itself, up
@@ -53,10 +53,31 @@ fn inline_at(at: usize) -> usize {
 }
 
 /// Where this rank puts its inline input of `in_len` elements of `T` at
-/// the call now starting, in its inline space (`checkin::next_area`;
-/// every rank calls it in every call that may use the region).
-pub(super) fn next_place<T>(ctx: &Ctx<'_>, turn: u64, in_len: usize) -> usize {
-    next_area(ctx, turn, in_len * std::mem::size_of::<T>())
+/// the `kind` call now starting, in its inline space (`checkin::next_area`;
+/// every rank calls it in every call that may use the region), the
+/// cursor moved by the input up to what such a call may put on the page
+/// (`plan::inline_page_bytes`: 16 KiB but for an all-to-all on 3 to 8
+/// ranks), the same on every rank.
+///
+/// Not by what a packed all-to-all puts there ([`packs`]): a 2-rank
+/// all-to-all of 24 KiB, which writes 12 KiB, took 1.37 µs a call with
+/// the cursor moved 12 KiB and 1.38 with it moved 24 KiB, against 1.16-1.24
+/// with 16 KiB (in turns on the AMD EPYC VM, 2026-12-07).
+pub(super) fn next_place<T>(ctx: &Ctx<'_>, kind: CollKind, turn: u64, in_len: usize) -> usize {
+    let bytes = in_len * std::mem::size_of::<T>();
+    next_area(
+        ctx,
+        turn,
+        bytes.min(plan::inline_page_bytes(kind, ctx.size)),
+    )
+}
+
+/// Whether an inline `kind` call of `in_len` elements of `T` packs the
+/// blocks it puts on its page ([`on_page`]): an all-to-all of more than
+/// `plan::INLINE_MAX_BYTES`.
+#[inline(always)]
+fn packs<T>(kind: CollKind, in_len: usize) -> bool {
+    kind == CollKind::AllToAll && in_len * std::mem::size_of::<T>() > plan::INLINE_MAX_BYTES
 }
 
 /// Copy the `parts` of a small input (as (first element, elements); over
@@ -209,20 +230,20 @@ fn published_parts<T>(
 /// (in elements from the area's start) in an inline `kind` call whose
 /// inputs have `in_len` elements of `T` (every rank's alike, so each
 /// rank tells where a peer put a part as that peer did): where it lies in
-/// the input, but in an all-to-all whose input is larger than the area
-/// (up to `size / (size - 1)` times the area on 2 to 8 ranks,
-/// `plan::host::alltoall_inline_bytes`) the blocks
+/// the input, but in an all-to-all whose input is larger than
+/// `plan::INLINE_MAX_BYTES` (up to `size / (size - 1)` times the area on
+/// 2 to 8 ranks, `plan::host::alltoall_inline_bytes`) the blocks
 /// after the owner's own, which it keeps to itself, move down one block:
 /// what it puts on its page, `(size - 1) / size` of its input, then
 /// fills the area from its start. Inputs that small never travel word by
-/// word ([`WORDS_MAX`]), so the move needs no word alignment.
+/// word ([`WORDS_MAX`]), so the move needs no word alignment. Above 16
+/// KiB whatever the page's capacity (24 KiB since an all-to-all on 3 to
+/// 8 ranks may put that much there): the 2-rank limit was measured
+/// packed from 16 KiB ([`packs`]).
 #[inline(always)]
 fn on_page<T>(kind: CollKind, (owner, size): (usize, usize), in_len: usize, from: usize) -> usize {
     let block = in_len / size.max(1);
-    if kind == CollKind::AllToAll
-        && in_len * std::mem::size_of::<T>() > INLINE_CAPACITY
-        && from >= (owner + 1) * block
-    {
+    if packs::<T>(kind, in_len) && from >= (owner + 1) * block {
         from - block
     } else {
         from
@@ -417,7 +438,7 @@ pub(super) fn run<T: Element>(
     let own_unread =
         kind == CollKind::Reduce && rank == root && matches!(io, HostIo::OutOfPlace { .. });
     // Every rank moves its cursor, whether it puts its input there or not.
-    let area = next_place::<T>(ctx, turn, in_len);
+    let area = next_place::<T>(ctx, kind, turn, in_len);
     if publishes(kind, rank, root) && !own_unread {
         publish(ctx, io, kind, in_len, (turn, area))?;
     }

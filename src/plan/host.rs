@@ -35,10 +35,11 @@ pub(crate) const INLINE_BYTES: usize = 4096;
 /// allgather of 1-4 KiB between windows").
 pub(crate) const WINDOW_ALLGATHER_INLINE_BYTES: usize = 1024;
 
-/// The most a rank puts on its control page's inline space in one call
-/// (`exec::checkin::INLINE_CAPACITY`): the largest input any call runs
-/// inline with, but an all-to-all, which puts only its peers' blocks on
-/// the page ([`alltoall_inline_bytes`]).
+/// The largest input any call runs inline with, but an all-to-all, which
+/// puts only its peers' blocks on the page ([`alltoall_inline_bytes`]);
+/// the most a rank puts on its control page's inline space in one call
+/// (`exec::checkin::INLINE_CAPACITY`) is this or an all-to-all's area on
+/// 3 to 8 ranks ([`WIDE_ALLTOALL_INLINE_AREA`]), the larger.
 pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 
 /// The most ranks on which a broadcast, reduce, reduce-scatter, allgather
@@ -52,15 +53,48 @@ pub(crate) const INLINE_WIDE_MAX_RANKS: usize = 8;
 /// [`windows_inline_limit`]): each rank puts on its page only the blocks
 /// its peers take, `(size - 1) / size` of its input, so the input may be
 /// `size / (size - 1)` times the area (`exec::inline::on_page`): 32 KiB
-/// on 2 ranks, 24 KiB on 3, 21,845 bytes on 4, 18,724 on 8. Against the
+/// on 2 ranks with an area of 16 KiB (and with it, until 2026-12-07,
+/// 24 KiB on 3, 21,845 bytes on 4, 18,724 on 8). Against the
 /// slots on the AMD EPYC VM, in paired turns: 2 ranks at 32 KiB 1.65-1.86
 /// µs against 1.95-2.64 (6 of 6, medians 1.68 against 2.03; the slots
 /// read 0.81x Intel MPI there), 4 ranks at 20 KiB 5.7-6.3 against
 /// 12.1-18.8 (6 of 6, medians 2.1x), 3 ranks at 24 KiB 5.4-6.1 against
 /// 9.3-11.6 (5 of 5, medians 1.9x) (docs/performance-log.md, "The 2-rank
 /// all-to-all inline to 32 KiB").
+///
+/// On 3 to 8 ranks the area is [`WIDE_ALLTOALL_INLINE_AREA`] instead:
+/// 36 KiB of input on 3 ranks, 32 KiB on 4, 28,086 bytes on 8.
 fn alltoall_inline_bytes(size: usize) -> usize {
-    INLINE_MAX_BYTES * size / size.saturating_sub(1).max(1)
+    inline_page_bytes(CollKind::AllToAll, size) * size / size.saturating_sub(1).max(1)
+}
+
+/// The most an inline all-to-all on 3 to [`INLINE_WIDE_MAX_RANKS`] ranks
+/// puts on a rank's page (the blocks its peers take, packed from the
+/// area's start: `exec::inline::on_page`), above the 16 KiB of every
+/// other inline call: past the inline limit the staging areas take the
+/// all-to-all, two meetings a chunk, and were 2x slower than the inline
+/// exchange just below the limit on 4 ranks (20 KiB, 5.7-6.3 against
+/// 12.1-18.8 µs). On the AMD EPYC VM, in turns against the 16 KiB area
+/// (`bench/ab.sh`, gated, four turns, 2,000 calls a size): 4 ranks at 24
+/// and 32 KiB 1.76x and 1.89x (32 KiB: 11.6 -> 6.1 µs, where Intel MPI
+/// took 9.1-9.3), 3 ranks at 32 KiB 1.70x, 8 ranks at 24 KiB 1.52x; 16,
+/// 48 and 64 KiB, which no limit moved past, level; 2 ranks, which keep
+/// 16 KiB (32 KiB of input; at 48 KiB the inline exchange and the slots
+/// were level), level (docs/performance-log.md, "The all-to-all inline to
+/// 32 KiB on 4 ranks").
+pub(crate) const WIDE_ALLTOALL_INLINE_AREA: usize = 24 << 10;
+
+/// The most an inline `kind` call on `size` ranks may put on a rank's
+/// page: [`WIDE_ALLTOALL_INLINE_AREA`] for an all-to-all on 3 to
+/// [`INLINE_WIDE_MAX_RANKS`] ranks, [`INLINE_MAX_BYTES`] for every other
+/// (`exec::inline::next_place` moves the page's inline cursor by the
+/// input up to it).
+pub(crate) fn inline_page_bytes(kind: CollKind, size: usize) -> usize {
+    if kind == CollKind::AllToAll && (3..=INLINE_WIDE_MAX_RANKS).contains(&size) {
+        WIDE_ALLTOALL_INLINE_AREA
+    } else {
+        INLINE_MAX_BYTES
+    }
 }
 
 /// The inline limit of an allreduce on 3 to [`INLINE_WIDE_MAX_RANKS`]
@@ -2391,8 +2425,8 @@ mod tests {
             // 4 KiB, allgather 1 KiB, all-to-all 16 KiB; the others keep
             // their limit. On 3 to 8 ranks, windows or not, all but
             // allreduce and all-to-all 16 KiB, allreduce 8 KiB,
-            // all-to-all what puts 16 KiB on the page (24 KiB on 3 ranks,
-            // 21,845 bytes on 4, 18,724 on 8); above 8, 4 KiB.
+            // all-to-all what puts 24 KiB on the page (36 KiB on 3 ranks,
+            // 32 KiB on 4, 28,086 bytes on 8); above 8, 4 KiB.
             let with_windows = match kind {
                 CollKind::AllReduce | CollKind::ReduceScatter => INLINE_BYTES,
                 CollKind::AllGather => 1024,
@@ -2401,7 +2435,7 @@ mod tests {
             };
             let more = |size: usize| match kind {
                 CollKind::AllReduce => WIDE_ALLREDUCE_INLINE_BYTES,
-                CollKind::AllToAll => [24_576, 21_845, 18_724][[3, 4, 8]
+                CollKind::AllToAll => [36_864, 32_768, 28_086][[3, 4, 8]
                     .iter()
                     .position(|&n| n == size)
                     .expect("3, 4 or 8 ranks")],
