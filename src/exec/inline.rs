@@ -577,7 +577,14 @@ pub(super) fn take_all<T: Element>(
         }
         let at = on_page::<T>(kind, (j, size), in_len, from.0);
         let x = peer_inline(ctx, (j, turn), (at, from.1), call)?;
-        copy(io.output(to, from.1), x);
+        if in_streams(kind, from.1 * std::mem::size_of::<T>()) {
+            ferroccl_transport::copy_streams(
+                bytemuck::cast_slice_mut(io.output(to, from.1)),
+                bytemuck::cast_slice(x),
+            );
+        } else {
+            copy(io.output(to, from.1), x);
+        }
         Ok(())
     };
     match kind {
@@ -590,6 +597,25 @@ pub(super) fn take_all<T: Element>(
         CollKind::Broadcast => take(io, root, part, 0),
         _ => Ok(()),
     }
+}
+
+/// The smallest block of a peer's inline input that an allgather or
+/// all-to-all takes in eight streams (`ferroccl_transport::copy_streams`)
+/// rather than line after line: read as one stream out of the peer's
+/// cache, its lines come one miss at a time. On 2 ranks of the AMD EPYC
+/// VM, in turns (`bench/ab.sh`, gated, 4-6 turns): the allgather of 32 KiB
+/// gathered 1.13-1.15x out of place and 1.20-1.25x in place, the all-to-all
+/// of 32 KiB 1.12x; blocks of 8 KiB level (1.00-1.04x), and a broadcast's
+/// receiver, which reads after its root has left, 0.94x at 16 KiB in
+/// place within the noise (docs/performance-log.md, "A peer's inline
+/// block read in eight streams").
+const STREAMS_MIN_BYTES: usize = 16 << 10;
+
+/// Whether a peer's block of `bytes` in an inline `kind` call goes by
+/// [`ferroccl_transport::copy_streams`] ([`STREAMS_MIN_BYTES`]).
+#[inline(always)]
+fn in_streams(kind: CollKind, bytes: usize) -> bool {
+    matches!(kind, CollKind::AllGather | CollKind::AllToAll) && bytes >= STREAMS_MIN_BYTES
 }
 
 /// Whether the ranks of an inline `kind` call do not wait for each other

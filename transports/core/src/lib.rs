@@ -43,8 +43,8 @@ pub use abort::{AbortHandle, AbortSignal};
 pub use arrivals::Arrivals;
 pub use copy::{
     choose_shared_copy, copy_bytes, copy_from_shared, copy_from_shared_by_lines, copy_into_shared,
-    copy_pages, memcpy_keeps_pace, pages_enabled, prefetch_for_read, prefetch_for_write,
-    shared_copy_from_env, PAGES_BLOCK, PAGES_MAX, VECTOR_MIN,
+    copy_pages, copy_streams, memcpy_keeps_pace, pages_enabled, prefetch_for_read,
+    prefetch_for_write, shared_copy_from_env, PAGES_BLOCK, PAGES_MAX, VECTOR_MIN,
 };
 pub use fifo::{
     Counter, FifoDescriptor, InlinePayload, Mapping, MemoryKind, PayloadPlacement, SlotLayout,
