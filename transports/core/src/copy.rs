@@ -188,8 +188,8 @@ pub fn copy_pages(dst: &mut [u8], src: &[u8]) {
 /// (`exec::inline` in the main crate): line after line, the 2-rank
 /// allgather of 32 KiB gathered took 1.56-1.60 µs a call on the AMD EPYC
 /// VM, and 1.38 in eight streams (1.13-1.15x; in place 1.20-1.25x), the
-/// 2-rank all-to-all of 32 KiB 1.12x (docs/performance-log.md, "A peer's
-/// inline block read in eight streams").
+/// 2-rank all-to-all of 32 KiB 1.12-1.32x (docs/performance-log.md, "A
+/// peer's inline block read in eight streams").
 pub fn copy_streams(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy_streams: the lengths differ");
     let head = dst.as_ptr().align_offset(64).min(dst.len());
