@@ -3,8 +3,8 @@
 # ways of starting its ranks, and Intel MPI, in gated turns (order reversed
 # every other turn): ferroccl-perf --ranks 4 (no pinning: more ranks than
 # CPUs), ferroccl-run --bind-to core (ranks 0, 2 on CPU 0; 1, 3 on CPU 1,
-# as Intel MPI pins them), and Intel MPI's IMB-MPI1 Alltoall (its own
-# pinning), through bench/peers.sh's Intel MPI run.
+# as Intel MPI pins them), and Intel MPI (its own pinning) through
+# bench/peers.sh's run of mpi_coll.c.
 # usage: run.sh PERF TURNS
 cd /work/main; . bench/fast_state.sh
 PERF=$1 turns=$2; PP=/tmp/ferroccl-peers/pingpong
