@@ -124,6 +124,12 @@ fn counts(n: usize, elem: usize) -> Vec<usize> {
     for limit in limits.iter().map(|l| l / elem) {
         c.extend([limit / n, limit / n + 1, limit, limit + 1]);
     }
+    // An input between the smallest peer block read in eight streams
+    // (`exec::inline::STREAMS_MIN_BYTES`, 10 KiB) and the largest (16 KiB),
+    // of a length that is no multiple of a line.
+    if (2..=8).contains(&n) {
+        c.push((12 << 10) / elem + 1);
+    }
     // An all-to-all of `count * n` elements at its limit on 3 to 8 ranks
     // (`n / (n - 1)` times 16 KiB), and one block past it.
     if (3..=8).contains(&n) {

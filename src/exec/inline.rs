@@ -604,14 +604,16 @@ pub(super) fn take_all<T: Element>(
 /// rather than line after line: read as one stream out of the peer's
 /// cache, its lines come one miss at a time. On 2 ranks of the AMD EPYC
 /// VM, in turns (`bench/ab.sh`, gated, 4-6 turns): the allgather of 32 KiB
-/// gathered 1.13-1.15x out of place and 1.20-1.25x in place, the all-to-all
-/// of 32 KiB 1.12-1.32x; blocks of 8 KiB level (1.00-1.04x), 4 ranks on the
-/// 2 CPUs level (1.02x at 64 KiB gathered), and a broadcast's receiver,
-/// which reads after its root has left, 0.94x at 16 KiB in place within
-/// the noise (docs/performance-log.md, "A peer's inline block read in
-/// eight streams"). 16 KiB is also the largest block an inline call puts
-/// on a page (an allgather's whole input, a 2-rank all-to-all's half).
-const STREAMS_MIN_BYTES: usize = 16 << 10;
+/// gathered (16 KiB blocks) 1.13-1.15x out of place and 1.20-1.25x in
+/// place, of 20, 24 and 28 KiB gathered 1.05-1.13x; the all-to-all of 32
+/// KiB 1.12-1.32x, of 20-28 KiB level (0.97-1.02x); blocks of 8 KiB level
+/// (1.00-1.04x), 4 ranks on the 2 CPUs level (1.02x at 64 KiB gathered),
+/// and a broadcast's receiver, which reads after its root has left, 0.94x
+/// at 16 KiB in place within the noise (docs/performance-log.md, "A
+/// peer's inline block read in eight streams"). The largest block an
+/// inline call puts on a page is 16 KiB (an allgather's whole input, a
+/// 2-rank all-to-all's half).
+const STREAMS_MIN_BYTES: usize = 10 << 10;
 
 /// Whether a peer's block of `bytes` in an inline `kind` call goes by
 /// [`ferroccl_transport::copy_streams`] ([`STREAMS_MIN_BYTES`]).

@@ -184,8 +184,8 @@ pub fn copy_pages(dst: &mut [u8], src: &[u8]) {
 /// bytes go through [`copy_bytes`], and so does everything off x86-64 or
 /// without AVX2. Panics where the lengths differ.
 ///
-/// The inline exchange's reader takes a peer's block of 16 KiB this way
-/// (`exec::inline` in the main crate): line after line, the 2-rank
+/// The inline exchange's reader takes a peer's block of 10-16 KiB this
+/// way (`exec::inline` in the main crate): line after line, the 2-rank
 /// allgather of 32 KiB gathered took 1.56-1.60 µs a call on the AMD EPYC
 /// VM, and 1.38 in eight streams (1.13-1.15x; in place 1.20-1.25x), the
 /// 2-rank all-to-all of 32 KiB 1.12-1.32x (docs/performance-log.md, "A
@@ -511,10 +511,11 @@ mod x86 {
                 // SAFETY: `s` and `d` are `block` valid bytes each
                 // (chunks_exact); every offset `page * stride + line + 32`
                 // plus the vector's 32 bytes stays below `block` (page <
-                // 8, line <= stride - 64, stride a multiple of 64); the loads and stores are the
-                // unaligned forms; `d` is borrowed mutably and `s` shared,
-                // so they do not overlap. AVX2 is enabled for this function
-                // and present (the caller checked).
+                // 8, line <= stride - 64, stride a multiple of 64); the
+                // loads and stores are the unaligned forms; `d` is
+                // borrowed mutably and `s` shared, so they do not overlap.
+                // AVX2 is enabled for this function and present (the
+                // caller checked).
                 unsafe {
                     let mut v = [_mm256_setzero_si256(); 16];
                     for (page, pair) in v.chunks_exact_mut(2).enumerate() {
