@@ -72,7 +72,8 @@
  * "bound" takes the faster of N processes and as many as the CPUs.
  *
  * build: gcc -O3 -march=native -o /tmp/windows bench/bound/windows.c
- * run:   [WORKERS=W] /tmp/windows OP N SIZE [ITERS]
+ * run:   [WORKERS=W] [WAYS=1] /tmp/windows OP N SIZE [ITERS]
+ *        (WAYS=1 also prints every way's time on stderr)
  *        (e.g. /tmp/windows allgather 2 2097152; WORKERS=2 /tmp/windows broadcast 4 32768)
  * bench/peers.sh with PEERS="... bound" runs it beside ferroccl-perf -R 2
  * and the MPIs.
@@ -392,6 +393,18 @@ int main(int argc, char **argv) {
         if (s->took[nt][way][j] > slowest) slowest = s->took[nt][way][j];
       if ((nt == 0 && way == 0) || slowest < best) best = slowest, best_way = way, best_nt = nt;
     }
+  /* WAYS=1: every way's time too, on stderr (way 0 push or pieces, 1
+   * pull, 2 chunks where a broadcast has them, the last staged; nt 1 the
+   * streaming stores). */
+  const char *ways_env = getenv("WAYS");
+  if (ways_env && strcmp(ways_env, "1") == 0)
+    for (int nt = 0; nt <= STREAMS; nt++)
+      for (int way = 0; way < ways; way++) {
+        double slowest = 0;
+        for (int j = 0; j < workers; j++)
+          if (s->took[nt][way][j] > slowest) slowest = s->took[nt][way][j];
+        fprintf(stderr, "way %d nt %d: %.3f us\n", way, nt, slowest * 1e6);
+      }
   const char *name = best_way == ways - 1 ? " staged"
                      : rs                  ? ""
                      : best_way == 0       ? (ag || aa ? " push" : " pieces")

@@ -149,16 +149,7 @@ pub const PAGES_BLOCK: usize = 8 << 12;
 /// lengths differ.
 pub fn copy_pages(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy_pages: the lengths differ");
-    // The head up to the destination's next line boundary first, so that
-    // no store of the blocks straddles two lines (a split store costs
-    // about two; unaligned loads are cheap).
-    let head = dst.as_ptr().align_offset(64).min(dst.len());
-    let (d_head, dst) = dst.split_at_mut(head);
-    let (s_head, src) = src.split_at(head);
-    copy_bytes(d_head, s_head);
-    let body = dst.len() / PAGES_BLOCK * PAGES_BLOCK;
-    let (d_body, d_tail) = dst.split_at_mut(body);
-    let (s_body, s_tail) = src.split_at(body);
+    let ((d_body, s_body), (d_tail, s_tail)) = head_then_body(dst, src, PAGES_BLOCK);
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked just above), the one
@@ -192,16 +183,11 @@ pub fn copy_pages(dst: &mut [u8], src: &[u8]) {
 /// peer's inline block read in eight streams").
 pub fn copy_streams(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy_streams: the lengths differ");
-    let head = dst.as_ptr().align_offset(64).min(dst.len());
-    let (d_head, dst) = dst.split_at_mut(head);
-    let (s_head, src) = src.split_at(head);
-    copy_bytes(d_head, s_head);
     // Eight streams of whole lines each.
-    let block = dst.len() / STREAMS_UNIT * STREAMS_UNIT;
-    let (d_body, d_tail) = dst.split_at_mut(block);
-    let (s_body, s_tail) = src.split_at(block);
+    let ((d_body, s_body), (d_tail, s_tail)) = head_then_body(dst, src, STREAMS_UNIT);
     #[cfg(target_arch = "x86_64")]
-    if block > 0 && std::arch::is_x86_feature_detected!("avx2") {
+    if !d_body.is_empty() && std::arch::is_x86_feature_detected!("avx2") {
+        let block = d_body.len();
         // SAFETY: the CPU has AVX2 (checked just above); `d_body` and
         // `s_body` are `block` bytes each, a multiple of 512 (eight
         // streams of whole lines), as `copy_streams_avx2` requires.
@@ -216,6 +202,29 @@ pub fn copy_streams(dst: &mut [u8], src: &[u8]) {
 /// The body of [`copy_streams`] is a multiple of this: eight streams of
 /// whole 64-byte lines.
 const STREAMS_UNIT: usize = 8 * 64;
+
+/// A destination and its source, of one length.
+type Halves<'d, 's> = (&'d mut [u8], &'s [u8]);
+
+/// Copy the head of `dst` up to its next 64-byte boundary (by
+/// [`copy_bytes`]), so that no store of the body straddles two lines (a
+/// split store costs about two; unaligned loads are cheap), and split the
+/// rest of both slices (one length) into a body of whole `unit`s and a
+/// tail: `((dst body, src body), (dst tail, src tail))`.
+fn head_then_body<'d, 's>(
+    dst: &'d mut [u8],
+    src: &'s [u8],
+    unit: usize,
+) -> (Halves<'d, 's>, Halves<'d, 's>) {
+    let head = dst.as_ptr().align_offset(64).min(dst.len());
+    let (d_head, dst) = dst.split_at_mut(head);
+    let (s_head, src) = src.split_at(head);
+    copy_bytes(d_head, s_head);
+    let body = dst.len() / unit * unit;
+    let (d_body, d_tail) = dst.split_at_mut(body);
+    let (s_body, s_tail) = src.split_at(body);
+    ((d_body, s_body), (d_tail, s_tail))
+}
 
 /// One block of [`copy_pages`] without vector instructions: 64 bytes of
 /// each page in turn (the compiler's copies of 64 bytes).
