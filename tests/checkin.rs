@@ -131,7 +131,7 @@ fn counts(n: usize, elem: usize) -> Vec<usize> {
         c.push((12 << 10) / elem + 1);
     }
     // An all-to-all of `count * n` elements at its limit on 3 to 8 ranks
-    // (`n / (n - 1)` times 16 KiB), and one block past it.
+    // (`n / (n - 1)` times 24 KiB), and one block past it.
     if (3..=8).contains(&n) {
         let most = inline_limit("all_to_all", n) / elem / n;
         c.extend([most, most + 1]);

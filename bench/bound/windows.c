@@ -386,25 +386,19 @@ int main(int argc, char **argv) {
   }
   double best = 0;
   int best_way = 0, best_nt = 0;
+  /* WAYS=1: every way's time too, on stderr (way 0 push or pieces, 1
+   * pull, 2 chunks where a broadcast has them, the last staged; nt 1 the
+   * streaming stores). */
+  const char *ways_env = getenv("WAYS");
+  int every_way = ways_env && strcmp(ways_env, "1") == 0;
   for (int nt = 0; nt <= STREAMS; nt++)
     for (int way = 0; way < ways; way++) {
       double slowest = 0;
       for (int j = 0; j < workers; j++)
         if (s->took[nt][way][j] > slowest) slowest = s->took[nt][way][j];
+      if (every_way) fprintf(stderr, "way %d nt %d: %.3f us\n", way, nt, slowest * 1e6);
       if ((nt == 0 && way == 0) || slowest < best) best = slowest, best_way = way, best_nt = nt;
     }
-  /* WAYS=1: every way's time too, on stderr (way 0 push or pieces, 1
-   * pull, 2 chunks where a broadcast has them, the last staged; nt 1 the
-   * streaming stores). */
-  const char *ways_env = getenv("WAYS");
-  if (ways_env && strcmp(ways_env, "1") == 0)
-    for (int nt = 0; nt <= STREAMS; nt++)
-      for (int way = 0; way < ways; way++) {
-        double slowest = 0;
-        for (int j = 0; j < workers; j++)
-          if (s->took[nt][way][j] > slowest) slowest = s->took[nt][way][j];
-        fprintf(stderr, "way %d nt %d: %.3f us\n", way, nt, slowest * 1e6);
-      }
   const char *name = best_way == ways - 1 ? " staged"
                      : rs                  ? ""
                      : best_way == 0       ? (ag || aa ? " push" : " pieces")

@@ -152,9 +152,10 @@ pub fn copy_pages(dst: &mut [u8], src: &[u8]) {
     let ((d_body, s_body), (d_tail, s_tail)) = head_then_body(dst, src, PAGES_BLOCK);
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above), the one
-        // requirement of a `target_feature(enable = "avx2")` function.
-        unsafe { x86::copy_pages_avx2(d_body, s_body) };
+        // SAFETY: the CPU has AVX2 (checked just above); `d_body` and
+        // `s_body` are whole blocks of PAGES_BLOCK bytes (a multiple of
+        // 512), as `copy_streams_avx2` requires.
+        unsafe { x86::copy_streams_avx2(d_body, s_body, PAGES_BLOCK) };
         copy_bytes(d_tail, s_tail);
         return;
     }
@@ -496,20 +497,11 @@ mod x86 {
         d_tail.copy_from_slice(s_tail);
     }
 
-    /// The blocks of `copy_pages`: `dst` and `src` have one length, a
-    /// multiple of `PAGES_BLOCK`. Each step loads a line (two 32-byte
-    /// vectors) from each of the block's eight pages, then stores them.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn copy_pages_avx2(dst: &mut [u8], src: &[u8]) {
-        // SAFETY: the caller's contract is this one's, with blocks of
-        // PAGES_BLOCK (a multiple of 512) bytes.
-        unsafe { copy_streams_avx2(dst, src, super::PAGES_BLOCK) }
-    }
-
-    /// `copy_pages_avx2` with blocks of `block` bytes: `dst` and `src`
-    /// have one length, a multiple of `block`, itself a multiple of 512.
-    /// Each step loads a line from each eighth of the block (its streams),
-    /// then stores them.
+    /// The blocks of `copy_pages` (`block` = `PAGES_BLOCK`: eight 4 KiB
+    /// pages) and the body of `copy_streams` (one block, the whole body):
+    /// `dst` and `src` have one length, a multiple of `block`, itself a
+    /// multiple of 512. Each step loads a line (two 32-byte vectors) from
+    /// each eighth of the block (its streams), then stores them.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn copy_streams_avx2(dst: &mut [u8], src: &[u8], block: usize) {
         debug_assert!(block > 0 && block.is_multiple_of(super::STREAMS_UNIT));
