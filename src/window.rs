@@ -19,6 +19,7 @@
 //! calls' fingerprints before any data moves and carries small calls
 //! inline.
 
+use crate::bias::BiasedLock;
 use crate::element::Element;
 use ferroccl_transport::{SharedMemory, SharedRegion};
 use std::sync::atomic::AtomicU64;
@@ -40,9 +41,9 @@ use std::sync::{Arc, Mutex, Weak};
 pub struct Window<T: Element> {
     mem: Mem<T>,
     len: usize,
-    /// The mappings of the peers' parts, shared with the communicator's
-    /// registry (which holds it weakly): they live as long as this window.
-    maps: Option<Arc<WindowMaps>>,
+    /// Its place in the communicator's registry, which holds the
+    /// mappings of the peers' parts: they live as long as this window.
+    maps: Option<WindowMaps>,
 }
 
 enum Mem<T> {
@@ -51,7 +52,7 @@ enum Mem<T> {
 }
 
 impl<T: Element> Window<T> {
-    pub(crate) fn shared(own: Box<dyn SharedRegion>, len: usize, maps: Arc<WindowMaps>) -> Self {
+    pub(crate) fn shared(own: Box<dyn SharedRegion>, len: usize, maps: WindowMaps) -> Self {
         Window {
             mem: Mem::Shared(own),
             len,
@@ -121,18 +122,30 @@ impl<T: Element> std::fmt::Debug for Window<T> {
     }
 }
 
-/// What the communicator knows of one shared window: where this rank's part
-/// is (to recognise buffers inside it) and the mappings of the peers' parts.
+/// A shared window's place in its communicator's registry ([`Windows`],
+/// which holds the mappings of the peers' parts): dropped with the
+/// window, it takes them out of the registry, so that they are unmapped
+/// then and a buffer at its addresses is found in it no more.
 pub(crate) struct WindowMaps {
     pub(crate) id: u64,
-    /// Address and length in bytes of this rank's part, in this process.
-    pub(crate) own_addr: usize,
-    pub(crate) own_bytes: usize,
-    /// Each rank's part as mapped here; `None` at this rank's index (its
-    /// part is the window's own region, reached through the caller's
-    /// slices).
-    pub(crate) peers: Mutex<Vec<Option<Box<dyn SharedRegion>>>>,
+    /// The registry that holds the window (gone with its communicator).
+    pub(crate) registry: Weak<BiasedLock<Windows>>,
 }
+
+impl Drop for WindowMaps {
+    fn drop(&mut self) {
+        if let Some(registry) = self.registry.upgrade() {
+            // Rarely, and maybe on another thread than the calls': the
+            // bias stays with the thread that calls.
+            registry.lock_elsewhere().forget(self.id);
+        }
+    }
+}
+
+/// Each rank's part of one window as mapped here, by rank; `None` at this
+/// rank's index (its part is the window's own region, reached through the
+/// caller's slices).
+pub(crate) type Parts = Vec<Option<Box<dyn SharedRegion>>>;
 
 /// The words of each control page, borrowed once from the pages.
 type PageWords<'a> = Vec<&'a [AtomicU64]>;
@@ -239,49 +252,69 @@ pub(crate) struct Windows {
     live: Vec<Live>,
 }
 
-/// A window [`Windows`] remembers: its number and own part, read without
-/// touching its count, and the window while it lives.
+/// A window [`Windows`] holds while it lives: its number, where this
+/// rank's part is (to recognise buffers inside it), and the peers' parts.
+/// A call between windows reaches the parts under the registry's lock,
+/// which the thread that calls takes without a locked instruction
+/// (`bias::BiasedLock`): looking a window up by a weak pointer and locking
+/// its parts took about seven locked instructions a call, each waiting for
+/// the call's stores to the peers' lines to leave the core
+/// (docs/performance-log.md, "Calls between windows without a locked
+/// instruction").
 struct Live {
     id: u64,
     own_addr: usize,
     own_bytes: usize,
-    maps: Weak<WindowMaps>,
+    parts: Parts,
 }
 
 impl Windows {
     /// The live shared window whose own part holds `bytes` bytes at
-    /// `addr`, and the offset of `addr` in it. Compares the numbers it
-    /// keeps and reads the window's count only where they match: upgrading
-    /// every entry took two locked instructions each, four lookups a call
-    /// between windows (docs/performance-log.md, "Calls between windows
-    /// without allocations or locked lookups").
+    /// `addr`, and the offset of `addr` in it.
     pub(crate) fn find(&self, addr: usize, bytes: usize) -> Option<(u64, usize)> {
         let end = addr.checked_add(bytes)?;
         self.live
             .iter()
-            .find(|w| {
-                addr >= w.own_addr && end <= w.own_addr + w.own_bytes && w.maps.strong_count() > 0
-            })
+            .find(|w| addr >= w.own_addr && end <= w.own_addr + w.own_bytes)
             .map(|w| (w.id, addr - w.own_addr))
     }
 
-    /// The live window numbered `id`.
-    pub(crate) fn get(&self, id: u64) -> Option<Arc<WindowMaps>> {
-        self.live
-            .iter()
-            .filter(|w| w.id == id)
-            .find_map(|w| w.maps.upgrade())
+    /// The peers' parts of live windows `a` and `b` (`None` for `b` when
+    /// it is `a`), or the number of one that is not live here.
+    pub(crate) fn parts(
+        &mut self,
+        a: u64,
+        b: u64,
+    ) -> Result<(&mut Parts, Option<&mut Parts>), u64> {
+        let (mut first, mut second) = (None, None);
+        for w in &mut self.live {
+            if w.id == a {
+                first = Some(&mut w.parts);
+            } else if w.id == b {
+                second = Some(&mut w.parts);
+            }
+        }
+        match (first, second) {
+            (Some(first), second) if a == b || second.is_some() => Ok((first, second)),
+            (None, _) => Err(a),
+            _ => Err(b),
+        }
     }
 
-    /// Remember a new window (and forget the dropped ones).
-    pub(crate) fn add(&mut self, maps: &Arc<WindowMaps>) {
-        self.live.retain(|w| w.maps.strong_count() > 0);
+    /// Hold window `id`'s peers' parts, this rank's own of `own_bytes`
+    /// bytes at `own_addr`, until its [`WindowMaps`] drops.
+    pub(crate) fn add(&mut self, id: u64, (own_addr, own_bytes): (usize, usize), parts: Parts) {
         self.live.push(Live {
-            id: maps.id,
-            own_addr: maps.own_addr,
-            own_bytes: maps.own_bytes,
-            maps: Arc::downgrade(maps),
+            id,
+            own_addr,
+            own_bytes,
+            parts,
         });
+    }
+
+    /// Let go of window `id` (its window dropped).
+    fn forget(&mut self, id: u64) {
+        self.live.retain(|w| w.id != id);
     }
 }
 
@@ -312,16 +345,15 @@ pub(crate) const CONTROL_BYTES: usize = crate::exec::SPREAD_AT + crate::exec::SP
 
 #[cfg(test)]
 mod tests {
-    use super::{WindowMaps, Windows};
-    use std::sync::{Arc, Mutex};
+    use super::{BiasedLock, WindowMaps, Windows};
+    use std::sync::Arc;
 
-    fn maps(id: u64, own_addr: usize, own_bytes: usize) -> Arc<WindowMaps> {
-        Arc::new(WindowMaps {
+    fn maps(registry: &Arc<BiasedLock<Windows>>, id: u64, own: (usize, usize)) -> WindowMaps {
+        registry.lock().add(id, own, Vec::new());
+        WindowMaps {
             id,
-            own_addr,
-            own_bytes,
-            peers: Mutex::new(Vec::new()),
-        })
+            registry: Arc::downgrade(registry),
+        }
     }
 
     /// A buffer is found in the live window that holds it whole, at its
@@ -329,23 +361,38 @@ mod tests {
     /// took its addresses.
     #[test]
     fn finds_live_windows_by_address_and_number() {
-        let mut w = Windows::default();
-        let a = maps(1, 4096, 8192);
-        let b = maps(2, 65536, 4096);
-        w.add(&a);
-        w.add(&b);
-        assert_eq!(w.find(4096, 8192), Some((1, 0)));
-        assert_eq!(w.find(8192, 16), Some((1, 4096)));
-        assert_eq!(w.find(12000, 8192), None, "runs past the window's end");
-        assert_eq!(w.find(65536 + 4000, 96), Some((2, 4000)));
-        assert_eq!(w.find(usize::MAX - 4, 16), None, "the end overflows");
-        assert!(w.get(2).is_some_and(|m| Arc::ptr_eq(&m, &b)));
+        let registry = Arc::new(BiasedLock::with_bias(Windows::default(), false));
+        let a = maps(&registry, 1, (4096, 8192));
+        let b = maps(&registry, 2, (65536, 4096));
+        {
+            let mut w = registry.lock();
+            assert_eq!(w.find(4096, 8192), Some((1, 0)));
+            assert_eq!(w.find(8192, 16), Some((1, 4096)));
+            assert_eq!(w.find(12000, 8192), None, "runs past the window's end");
+            assert_eq!(w.find(65536 + 4000, 96), Some((2, 4000)));
+            assert_eq!(w.find(usize::MAX - 4, 16), None, "the end overflows");
+            assert!(w.parts(2, 2).is_ok_and(|(_, other)| other.is_none()));
+            assert!(w.parts(1, 2).is_ok_and(|(_, other)| other.is_some()));
+            assert_eq!(w.parts(1, 7).err(), Some(7));
+        }
         drop(a);
-        assert_eq!(w.find(4096, 16), None);
-        assert!(w.get(1).is_none());
-        let c = maps(3, 4096, 8192);
-        w.add(&c);
-        assert_eq!(w.find(4096, 16), Some((3, 0)));
-        assert!(w.get(1).is_none() && w.get(3).is_some());
+        {
+            let mut w = registry.lock();
+            assert_eq!(w.find(4096, 16), None);
+            assert_eq!(w.parts(1, 1).err(), Some(1));
+            assert_eq!(w.parts(2, 1).err(), Some(1));
+        }
+        let c = maps(&registry, 3, (4096, 8192));
+        {
+            let mut w = registry.lock();
+            assert_eq!(w.find(4096, 16), Some((3, 0)));
+            assert!(w.parts(1, 1).is_err() && w.parts(3, 3).is_ok());
+        }
+        drop((b, c));
+        assert_eq!(registry.lock().find(65536, 16), None);
+        assert!(
+            registry.lock().live.is_empty(),
+            "every dropped window is let go"
+        );
     }
 }

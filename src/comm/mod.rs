@@ -158,7 +158,7 @@ struct Inner {
     /// Device path set-ups so far: numbers their rounds' keys.
     exec_setups: AtomicU64,
     /// Shared windows and the control pages that go with them.
-    windows: Mutex<Windows>,
+    windows: Arc<crate::bias::BiasedLock<Windows>>,
     /// Collectives that ran directly between windows.
     direct_calls: AtomicU64,
     /// The blocks of an allgather of ordinary buffers pulled by

@@ -294,7 +294,10 @@ impl Communicator {
             hosts,
             tuned: Mutex::new(std::collections::HashSet::new()),
             plans: super::plans::Plans::new(),
-            windows: Mutex::new(Windows::default()),
+            windows: Arc::new(crate::bias::BiasedLock::with_bias(
+                Windows::default(),
+                biased,
+            )),
             direct_calls: AtomicU64::new(0),
             cma_gather: super::SizeRange::new(crate::plan::CMA_GATHER_DEFAULT),
             cma_alltoall: super::SizeRange::new(crate::plan::CMA_GATHER_DEFAULT),

@@ -89,7 +89,15 @@ impl Communicator {
             ))
         })?;
         let id = {
-            let mut windows = lock(&inner.windows);
+            let mut windows = inner.windows.lock_elsewhere();
+            // Numbers travel in half a word of an announcement
+            // (`exec::checkin`); every rank counts alike and refuses alike.
+            if windows.created >= u64::from(u32::MAX) {
+                return Err(Error::InvalidArgument(format!(
+                    "alloc_window: this communicator has made {} windows, the most it can number",
+                    windows.created
+                )));
+            }
             windows.created += 1;
             windows.created
         };
@@ -109,13 +117,14 @@ impl Communicator {
         let Some((own, parts)) = shared else {
             return Ok(Window::private(len));
         };
-        let maps = Arc::new(WindowMaps {
+        inner
+            .windows
+            .lock_elsewhere()
+            .add(id, (own.addr(), bytes), parts);
+        let maps = WindowMaps {
             id,
-            own_addr: own.addr(),
-            own_bytes: bytes,
-            peers: Mutex::new(parts),
-        });
-        lock(&inner.windows).add(&maps);
+            registry: Arc::downgrade(&inner.windows),
+        };
         if let Some(control) = inner.control.get() {
             control.windows.store(true, Ordering::Relaxed);
         }

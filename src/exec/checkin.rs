@@ -57,11 +57,13 @@
 //!                 lines it fills);
 //!           an inline call of over 160 bytes: +4 where its input lies in
 //!                 the rank's inline space (`said_area`);
-//!           a call that is not inline, second cache line:
-//!                 +8 input window, +9 input offset, +10 output window,
-//!                 +11 output offset (window 0: not in one),
-//!                 +12 the input's address in the rank's process (only
-//!                    for calls peers may copy by cross-memory attach)
+//!           a call that is not inline, in the first line too (+4 as
+//!                 above where it put its input inline after all):
+//!                 +5 input window | output window << 32 (0: not in
+//!                 one), +6 input offset, +7 output offset; in the
+//!                 second line +12 the input's and +13 the output's
+//!                 addresses in the rank's process (only for calls
+//!                 peers may copy by cross-memory attach)
 //!  word 1024 the inline space: inline inputs of 161-512 B of check-in t
 //!             in fixed area t % CHECKIN_SLOTS (`INLINE_STEP`, 4 KiB
 //!             each), then the 2 MiB region (`INLINE_REGION`) where each
@@ -122,7 +124,6 @@ use crate::window::{Control, Windows};
 use ferroccl_transport::wait::{Waiter, OVERSUBSCRIBED_SPINS};
 use ferroccl_transport::{AbortSignal, Fingerprint};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// "FCCLWIN2": the layout of 2026-12-06, whose inline inputs move along a
@@ -198,10 +199,18 @@ pub(super) const ENTRY_INPUT_WORDS: usize = ENTRY_WORDS - E_SMALL;
 /// 128 B (0.86-1.09x at 64 B), allreduce, allgather and reduce-scatter
 /// 1.05-1.16x at 64-128 B (docs/data/2026-12-02/entry-lines/).
 pub(super) const ENTRY_INPUT_BYTES: usize = ENTRY_INPUT_WORDS * 8;
-const E_IN_WIN: usize = 8;
-const E_IN_OFF: usize = 9;
-const E_OUT_WIN: usize = 10;
-const E_OUT_OFF: usize = 11;
+/// Where a call that is not inline says where its buffers lie: the input's
+/// and output's windows (their numbers, [`pack_windows`]), then their
+/// offsets, in the words of the first line that [`E_AREA`] leaves. In the
+/// second line each peer's read of them waited for the first line's
+/// transfer before it began its own: two cross-core transfers one after
+/// the other in every call between windows, where the bare program of
+/// the traffic has one (docs/performance-log.md, "Calls between windows
+/// without a locked instruction").
+const E_WINS: usize = E_AREA + 1;
+const E_IN_OFF: usize = E_AREA + 2;
+const E_OUT_OFF: usize = E_AREA + 3;
+const _: () = assert!(E_OUT_OFF < 8);
 /// Where the input lies in the announcing rank's process (for
 /// cross-memory attach).
 pub(super) const E_IN_ADDR: usize = 12;
@@ -309,7 +318,7 @@ pub(crate) struct Ctx<'a> {
     pub(crate) rank: usize,
     pub(crate) size: usize,
     pub(crate) control: &'a Control,
-    pub(crate) windows: &'a Mutex<Windows>,
+    pub(crate) windows: &'a crate::bias::BiasedLock<Windows>,
     pub(crate) abort: &'a AbortSignal,
 }
 
@@ -584,9 +593,8 @@ fn fill_entry(
     addrs: Option<(u64, u64)>,
 ) {
     for (field, value) in [
-        (E_IN_WIN, place.in_win),
+        (E_WINS, pack_windows(place.in_win, place.out_win)),
         (E_IN_OFF, place.in_off),
-        (E_OUT_WIN, place.out_win),
         (E_OUT_OFF, place.out_off),
     ] {
         words[field].store(value, Ordering::Relaxed);
@@ -743,12 +751,20 @@ pub(super) fn read_announcement(
         )?
     };
     verify::same_call(peer, &call.fingerprint, &heard)?;
+    let wins = read(E_WINS);
     Ok(Place {
-        in_win: read(E_IN_WIN),
+        in_win: wins & u64::from(u32::MAX),
         in_off: read(E_IN_OFF),
-        out_win: read(E_OUT_WIN),
+        out_win: wins >> 32,
         out_off: read(E_OUT_OFF),
     })
+}
+
+/// The numbers of an input's and an output's window in one word: window
+/// numbers stay below 2^32 (`Communicator::alloc_window` refuses more).
+fn pack_windows(input: u64, output: u64) -> u64 {
+    debug_assert!(input <= u64::from(u32::MAX) && output <= u64::from(u32::MAX));
+    input | output << 32
 }
 
 /// The end of a call that ran through slots while the ranks share control

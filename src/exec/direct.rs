@@ -24,16 +24,15 @@
 //! decided the path and waits for completion; this module only moves bytes
 //! and checks what the peers announced against their mappings here.
 
-use super::checkin::{lock, Ctx, Place};
+use super::checkin::{Ctx, Place};
 use super::io::HostIo;
 use super::Call;
 use crate::algo::{partition, Operand, Prim, Step};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::reduce::{reduce_into, reduce_to, store, Store};
-use crate::window::WindowMaps;
+use crate::window::Parts;
 use ferroccl_transport::SharedRegion;
-use std::sync::{Arc, MutexGuard};
 
 /// Elements reduced per block: a block of each input and the result stay
 /// in L1 while the result is written to every output.
@@ -75,31 +74,24 @@ enum Fused {
     ReduceScatter,
 }
 
-/// The mapping of window `id`, or the error that says it is not mapped here.
-fn window(ctx: &Ctx<'_>, call: &Call, id: u64) -> Result<Arc<WindowMaps>> {
-    found(lock(ctx.windows).get(id), call, id)
-}
-
-/// The mappings of windows `input` and `output`, under one lock.
-fn windows(
+/// Run `f` on the peers' parts of windows `input` and `output` (one set
+/// when they are the same window), under the lock of the communicator's
+/// registry of windows for the whole call: the thread that calls takes it
+/// without a locked instruction (`window::Live`).
+fn with_maps<R>(
     ctx: &Ctx<'_>,
     call: &Call,
     (input, output): (u64, u64),
-) -> Result<(Arc<WindowMaps>, Arc<WindowMaps>)> {
-    let live = lock(ctx.windows);
-    Ok((
-        found(live.get(input), call, input)?,
-        found(live.get(output), call, output)?,
-    ))
-}
-
-fn found(maps: Option<Arc<WindowMaps>>, call: &Call, id: u64) -> Result<Arc<WindowMaps>> {
-    maps.ok_or_else(|| {
+    f: impl FnOnce(&mut Maps<'_>) -> Result<R>,
+) -> Result<R> {
+    let mut live = ctx.windows.lock();
+    let (input, output) = live.parts(input, output).map_err(|id| {
         Error::Io(format!(
             "{}: window {id} is not mapped on this rank",
             call.during()
         ))
-    })
+    })?;
+    f(&mut Maps { input, output })
 }
 
 /// Allreduce between windows `input` and `output` (`in_len`/`out_len`
@@ -111,11 +103,11 @@ pub(super) fn all_reduce<T: Element>(
     (input, output): (u64, u64),
     (in_len, out_len): (usize, usize),
 ) -> Result<()> {
-    let (inw, outw) = windows(ctx, k.call, (input, output))?;
-    let mut maps = Maps::new(&inw, &outw);
-    k.check_peers(&maps, (in_len, None), (out_len, None))?;
-    let (off, len) = partition(k.call.fingerprint.count as usize, ctx.size, ctx.rank);
-    k.reduce_and_spread(io, &mut maps, off, len)
+    with_maps(ctx, k.call, (input, output), |maps| {
+        k.check_peers(maps, (in_len, None), (out_len, None))?;
+        let (off, len) = partition(k.call.fingerprint.count as usize, ctx.size, ctx.rank);
+        k.reduce_and_spread(io, maps, off, len)
+    })
 }
 
 /// Allgather into window `output`.
@@ -139,10 +131,10 @@ fn into_outputs(
     out_len: usize,
     share: impl FnOnce(&mut Maps<'_>) -> Result<()>,
 ) -> Result<()> {
-    let outw = window(ctx, k.call, output)?;
-    let mut maps = Maps::new(&outw, &outw);
-    k.check_peers(&maps, (0, None), (out_len, None))?;
-    share(&mut maps)
+    with_maps(ctx, k.call, (output, output), |maps| {
+        k.check_peers(maps, (0, None), (out_len, None))?;
+        share(maps)
+    })
 }
 
 /// All-to-all into window `output` (`in_len` = `out_len` elements per
@@ -166,10 +158,10 @@ pub(super) fn reduce_scatter<T: Element>(
     input: u64,
     (in_len, out_len): (usize, usize),
 ) -> Result<()> {
-    let inw = window(ctx, k.call, input)?;
-    let mut maps = Maps::new(&inw, &inw);
-    k.check_peers(&maps, (in_len, None), (0, None))?;
-    k.scatter(io, &mut maps, out_len)
+    with_maps(ctx, k.call, (input, input), |maps| {
+        k.check_peers(maps, (in_len, None), (0, None))?;
+        k.scatter(io, maps, out_len)
+    })
 }
 
 /// Broadcast from the call's root: its input in window `input`, every
@@ -181,12 +173,12 @@ pub(super) fn broadcast<T: Element>(
     (input, output): (u64, u64),
     count: usize,
 ) -> Result<()> {
-    let (inw, outw) = windows(ctx, k.call, (input, output))?;
     let root = k.root();
-    let mut maps = Maps::new(&inw, &outw);
-    k.check_peers(&maps, (count, Some(root)), (count, None))?;
-    let (off, len) = partition(count, ctx.size, ctx.rank);
-    k.copy_and_spread(io, &mut maps, root, off, len)
+    with_maps(ctx, k.call, (input, output), |maps| {
+        k.check_peers(maps, (count, Some(root)), (count, None))?;
+        let (off, len) = partition(count, ctx.size, ctx.rank);
+        k.copy_and_spread(io, maps, root, off, len)
+    })
 }
 
 /// Reduce to the call's root: every input in window `input`, the root's
@@ -198,37 +190,25 @@ pub(super) fn reduce<T: Element>(
     (input, output): (u64, u64),
     count: usize,
 ) -> Result<()> {
-    let (inw, outw) = windows(ctx, k.call, (input, output))?;
     let root = k.root();
-    let mut maps = Maps::new(&inw, &outw);
-    k.check_peers(&maps, (count, None), (count, Some(root)))?;
-    let (off, len) = partition(count, ctx.size, ctx.rank);
-    k.reduce_blocks(io, &mut maps, off, len, |io, maps, done, t| {
-        store(k.mode, k.output(io, maps, root, off + done, t.len())?, t);
-        Ok(())
+    with_maps(ctx, k.call, (input, output), |maps| {
+        k.check_peers(maps, (count, None), (count, Some(root)))?;
+        let (off, len) = partition(count, ctx.size, ctx.rank);
+        k.reduce_blocks(io, maps, off, len, |io, maps, done, t| {
+            store(k.mode, k.output(io, maps, root, off + done, t.len())?, t);
+            Ok(())
+        })
     })
 }
 
-/// Each peer's part of one window as mapped here, by rank (`None` for this
-/// rank's own).
-type Parts = Vec<Option<Box<dyn SharedRegion>>>;
-
-/// The peers' parts of the call's input and output windows (one lock when
-/// both are the same window).
+/// The peers' parts of the call's input and output windows (`output`
+/// `None` when both are the same window), borrowed from the registry.
 struct Maps<'a> {
-    input: MutexGuard<'a, Parts>,
-    output: Option<MutexGuard<'a, Parts>>,
+    input: &'a mut Parts,
+    output: Option<&'a mut Parts>,
 }
 
-impl<'a> Maps<'a> {
-    fn new(input: &'a Arc<WindowMaps>, output: &'a Arc<WindowMaps>) -> Self {
-        let same = Arc::ptr_eq(input, output);
-        Maps {
-            input: lock(&input.peers),
-            output: (!same).then(|| lock(&output.peers)),
-        }
-    }
-
+impl Maps<'_> {
     fn input_region(&self, peer: usize) -> Option<&dyn SharedRegion> {
         self.input.get(peer)?.as_deref()
     }
@@ -277,7 +257,7 @@ impl Kernel<'_> {
         (out_elems, out_only): (usize, Option<usize>),
     ) -> Result<()> {
         let elem = self.elem as u64;
-        let ins: &Parts = &maps.input;
+        let ins: &Parts = maps.input;
         let outs: &Parts = maps.output.as_deref().unwrap_or(ins);
         for peer in (0..self.size).filter(|&p| p != self.rank) {
             let p = self.places[peer];
@@ -502,10 +482,10 @@ impl Kernel<'_> {
         // the window they use is the one set of maps.
         let (in_regions, out_regions): (Option<&Parts>, Option<&mut Parts>) =
             match (kind, maps.output.as_mut()) {
-                (Fused::AllReduce, Some(out)) => (Some(&maps.input), Some(&mut **out)),
+                (Fused::AllReduce, Some(out)) => (Some(&*maps.input), Some(&mut **out)),
                 (Fused::AllReduce, None) => return Ok(false),
                 (Fused::AllGather, out) => (None, Some(out.map_or(&mut *maps.input, |o| &mut **o))),
-                (Fused::ReduceScatter, _) => (Some(&maps.input), None),
+                (Fused::ReduceScatter, _) => (Some(&*maps.input), None),
             };
         let ranks = if in_regions.is_some() {
             0..self.size
