@@ -39,11 +39,13 @@ use std::sync::{Arc, Mutex, Weak};
 /// A window's memory goes back to the system when every rank has dropped
 /// its window. Elements start zeroed.
 pub struct Window<T: Element> {
-    mem: Mem<T>,
-    len: usize,
     /// Its place in the communicator's registry, which holds the
     /// mappings of the peers' parts: they live as long as this window.
+    /// First, so that it drops first: the registry forgets the window
+    /// before its own part is unmapped (and its addresses free to reuse).
     maps: Option<WindowMaps>,
+    mem: Mem<T>,
+    len: usize,
 }
 
 enum Mem<T> {
