@@ -126,10 +126,12 @@ use ferroccl_transport::{AbortSignal, Fingerprint};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// "FCCLWIN2": the layout of 2026-12-06, whose inline inputs move along a
-/// 2 MiB region (`INLINE_REGION`); a page of the layout before reads as
-/// not a control page of this version.
-pub(crate) const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"FCCLWIN2");
+/// "FCCLWIN3": the layout of 2026-12-07, whose announcements say where a
+/// call's buffers lie in their first line (`E_WINS`; before, "FCCLWIN2",
+/// whose inline inputs first moved along a 2 MiB region, `INLINE_REGION`,
+/// said it in the second); a page of a layout before reads as not a
+/// control page of this version.
+pub(crate) const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"FCCLWIN3");
 pub(crate) const W_MAGIC: usize = 0;
 pub(crate) const W_PID: usize = 1;
 /// The notes of calls through slots without a check-in, by the parity of
@@ -751,11 +753,11 @@ pub(super) fn read_announcement(
         )?
     };
     verify::same_call(peer, &call.fingerprint, &heard)?;
-    let wins = read(E_WINS);
+    let (in_win, out_win) = unpack_windows(read(E_WINS));
     Ok(Place {
-        in_win: wins & u64::from(u32::MAX),
+        in_win,
         in_off: read(E_IN_OFF),
-        out_win: wins >> 32,
+        out_win,
         out_off: read(E_OUT_OFF),
     })
 }
@@ -765,6 +767,11 @@ pub(super) fn read_announcement(
 fn pack_windows(input: u64, output: u64) -> u64 {
     debug_assert!(input <= u64::from(u32::MAX) && output <= u64::from(u32::MAX));
     input | output << 32
+}
+
+/// [`pack_windows`]'s two numbers.
+fn unpack_windows(word: u64) -> (u64, u64) {
+    (word & u64::from(u32::MAX), word >> 32)
 }
 
 /// The end of a call that ran through slots while the ranks share control
