@@ -713,6 +713,51 @@ fn windows_come_and_go() {
     assert_eq!(leftovers(9), Vec::<String>::new());
 }
 
+/// A call of a size routed inline before the communicator had a window
+/// (8 KiB of allreduce on 2 ranks) and routed to the path between windows
+/// once it has one (`comm::routes`: the first window moves the facts'
+/// epoch on) is right before, between windows, and of ordinary buffers
+/// after.
+#[test]
+fn a_repeated_call_is_right_before_and_after_the_first_window() {
+    let n = 2;
+    let count = 2048;
+    run_ranks_with(n, with_token(41), |comm| {
+        let (rank, op, dt) = (comm.rank(), ReduceOp::Sum, ferroccl::DataType::F32);
+        let want = |i: usize| reference(dt, op, n, i);
+        let tol = |v: f64| tolerance(dt, op, v);
+        let input: Vec<f32> = make(count, |i| input_value(dt, op, rank, n, i));
+        let mut out = vec![0f32; count];
+        for round in 0..3 {
+            out.fill(-99.0);
+            comm.all_reduce(&input, &mut out, op).unwrap();
+            check(
+                &format!("before the window, round {round}"),
+                &out,
+                want,
+                tol,
+            );
+        }
+        let mut w = comm.alloc_window::<f32>(2 * count).unwrap();
+        for round in 0..3 {
+            let (a, b) = w.split_at_mut(count);
+            a.copy_from_slice(&input);
+            b.fill(-99.0);
+            comm.all_reduce(a, b, op).unwrap();
+            check(&format!("between windows, round {round}"), b, want, tol);
+            out.fill(-99.0);
+            comm.all_reduce(&input, &mut out, op).unwrap();
+            check(
+                &format!("ordinary buffers after, round {round}"),
+                &out,
+                want,
+                tol,
+            );
+        }
+    });
+    assert_eq!(leftovers(41), Vec::<String>::new());
+}
+
 /// A long random sequence of calls on 4 ranks in which each rank, per
 /// call, picks window or plain buffers and offsets from a shared seed
 /// (so ranks sometimes agree on the direct path and sometimes not), mixed

@@ -9,6 +9,7 @@
 //! (`exec::staged`).
 
 use super::plans::PlanKey;
+use super::routes::Range;
 use super::{lock, CallSpec, Communicator, Inner};
 use crate::coll::{self, CollCall, CollKind, Plan};
 use crate::element::Element;
@@ -362,17 +363,17 @@ impl Inner {
                 && coll::user_collective(kind).is_some_and(|c| self.user.get(c).is_some()),
             nt_store_bytes: self.config.nt_store_bytes,
             chunk_bytes: self.chunk_bytes,
-            cma_gather: self.cma_gather.get(),
-            cma_alltoall: self.cma_alltoall.get(),
-            cma_broadcast: self.cma_broadcast.get(),
+            cma_gather: self.routing.range(Range::Gather),
+            cma_alltoall: self.routing.range(Range::AllToAll),
+            cma_broadcast: self.routing.range(Range::Broadcast),
             cma_allreduce: if control.is_some_and(|c| c.cma_push) {
-                self.cma_allreduce.get()
+                self.routing.range(Range::AllReduce)
             } else {
                 crate::plan::NO_CMA
             },
-            shared_cores: self.shared_cores.load(Ordering::Relaxed),
+            shared_cores: self.routing.shared_cores(),
             spread: self.config.spread,
-            doubling: self.doubling.load(Ordering::Relaxed),
+            doubling: self.routing.doubling(),
         }
     }
 
@@ -383,6 +384,19 @@ impl Inner {
             chunk_bytes,
             ..self.facts(kind)
         }
+    }
+
+    /// The route of a host call of `kind` with `in_bytes` of input, in
+    /// place or not, from the facts as they are now, kept for the calls
+    /// that repeat it (`routes::Routing::kept`).
+    #[inline(never)]
+    fn route_afresh(&self, kind: CollKind, in_bytes: usize, in_place: bool) -> Result<plan::Route> {
+        // The epoch before the facts: a change after this read keeps the
+        // route under the old epoch, never used again.
+        let epoch = self.routing.epoch();
+        let route = plan::route(kind, in_bytes, in_place, Memory::Host, &self.facts(kind))?;
+        self.routing.keep((kind, in_bytes, in_place), route, epoch);
+        Ok(route)
     }
 
     /// Run a checked call (the caller holds its turn).
@@ -415,15 +429,13 @@ impl Inner {
                 {
                     Some(plan::Route::Inline)
                 } else {
-                    match plan::route(
-                        call.kind,
-                        bytes,
-                        matches!(host, HostIo::InPlace { .. }),
-                        io.memory(),
-                        &self.facts(call.kind),
-                    ) {
-                        Ok(route) => Some(route),
-                        Err(err) => return Err(self.on_error(err, call)),
+                    let in_place = matches!(host, HostIo::InPlace { .. });
+                    match self.routing.kept(call.kind, bytes, in_place) {
+                        Some(route) => Some(route),
+                        None => match self.route_afresh(call.kind, bytes, in_place) {
+                            Ok(route) => Some(route),
+                            Err(err) => return Err(self.on_error(err, call)),
+                        },
                     }
                 }
             }

@@ -33,6 +33,7 @@ mod execute;
 mod failure;
 mod order;
 mod plans;
+mod routes;
 mod setup;
 mod shared;
 mod shrink;
@@ -50,7 +51,7 @@ use crate::plan::tune::LinkModel;
 use crate::window::{Control, Windows};
 use ferroccl_transport::{AbortHandle, ConnectionCloser};
 use order::{Job, Turns};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -161,33 +162,10 @@ struct Inner {
     windows: Arc<crate::bias::BiasedLock<Windows>>,
     /// Collectives that ran directly between windows.
     direct_calls: AtomicU64,
-    /// The blocks of an allgather of ordinary buffers pulled by
-    /// cross-memory attach: from `plan::CMA_MIN_BYTES` up until the
-    /// control pages' calibration (`Communicator::calibrate_cma`)
-    /// measures them; `plan::NO_CMA`: never.
-    cma_gather: SizeRange,
-    /// The same for an all-to-all's blocks: the allgathers' range, or
-    /// where the calibration times the all-to-all itself
-    /// (`plan::cma_alltoall_probes`), its own.
-    cma_alltoall: SizeRange,
-    /// The broadcast sizes that pull the root's input by cross-memory
-    /// attach: none (`plan::NO_CMA`) until the same calibration measures
-    /// the pull winning.
-    cma_broadcast: SizeRange,
-    /// The 2-rank allreduces of ordinary buffers that run in halves by
-    /// cross-memory attach where the ranks may write into each other
-    /// (`Control::cma_push`): `plan::CMA_ALLREDUCE` until the same
-    /// calibration measures where the halves win.
-    cma_allreduce: SizeRange,
-    /// Allreduces of up to this many bytes run recursive doubling where
-    /// the model would run the ring, as the control pages' calibration
-    /// measured (`Communicator::calibrate_doubling`); 0 before it, or
-    /// without it.
-    doubling: AtomicUsize,
-    /// Some host has more ranks than CPUs (the tuner's tree then costs a
-    /// reduce's children one after the other): agreed at the calibration,
-    /// false without it.
-    shared_cores: AtomicBool,
+    /// The facts of host routes that change after creation (the
+    /// calibrated ranges of cross-memory attach, recursive doubling's
+    /// limit, CPUs shared), and the routes of recent calls.
+    routing: routes::Routing,
     /// The control pages (set once, read without a lock), made at creation
     /// where every rank is on one host (or with the first window under
     /// FERROCCL_CHECKIN=0): from then on every collective checks in there.
@@ -563,33 +541,6 @@ impl Communicator {
             }
         }
         Ok(())
-    }
-}
-
-/// An inclusive range of sizes that calibration sets and every call
-/// reads (its ends apart: a call routed between two stores of a
-/// calibration is one of the calibration's own).
-struct SizeRange(
-    std::sync::atomic::AtomicUsize,
-    std::sync::atomic::AtomicUsize,
-);
-
-impl SizeRange {
-    fn new((from, upto): (usize, usize)) -> Self {
-        SizeRange(
-            std::sync::atomic::AtomicUsize::new(from),
-            std::sync::atomic::AtomicUsize::new(upto),
-        )
-    }
-    fn get(&self) -> (usize, usize) {
-        (
-            self.0.load(std::sync::atomic::Ordering::Relaxed),
-            self.1.load(std::sync::atomic::Ordering::Relaxed),
-        )
-    }
-    fn set(&self, (from, upto): (usize, usize)) {
-        self.0.store(from, std::sync::atomic::Ordering::Relaxed);
-        self.1.store(upto, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

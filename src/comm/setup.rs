@@ -299,12 +299,7 @@ impl Communicator {
                 biased,
             )),
             direct_calls: AtomicU64::new(0),
-            cma_gather: super::SizeRange::new(crate::plan::CMA_GATHER_DEFAULT),
-            cma_alltoall: super::SizeRange::new(crate::plan::CMA_GATHER_DEFAULT),
-            cma_broadcast: super::SizeRange::new(crate::plan::cma_broadcast_default(size)),
-            cma_allreduce: super::SizeRange::new(crate::plan::cma_allreduce_default(size, true)),
-            shared_cores: AtomicBool::new(false),
-            doubling: AtomicUsize::new(0),
+            routing: super::routes::Routing::new(size),
             gates: Mutex::new(Vec::new()),
             exec_paths: Mutex::new(Vec::new()),
             exec_setups: AtomicU64::new(0),
@@ -512,9 +507,7 @@ impl Communicator {
             f32::from(u8::from(shared_cores)),
         ];
         ring(&mut agreed, ReduceOp::Max)?;
-        self.inner
-            .shared_cores
-            .store(agreed[4] > 0.0, Ordering::Relaxed);
+        self.inner.routing.set_shared_cores(agreed[4] > 0.0);
         let model = LinkModel {
             alpha_us: f64::from(agreed[0]).max(0.1),
             beta_gbps: (1.0 / f64::from(agreed[1])).clamp(0.01, 1000.0),

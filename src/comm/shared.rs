@@ -4,6 +4,7 @@
 //! share, and the probe of cross-memory attach. What the pages and windows
 //! are used for is `exec`'s; which calls use them is `plan`'s.
 
+use super::routes::Range;
 use super::{lock, Buffers, Communicator};
 use crate::coll::{CollCall, CollKind};
 use crate::element::{Element, ReduceOp};
@@ -126,7 +127,10 @@ impl Communicator {
             registry: Arc::downgrade(&inner.windows),
         };
         if let Some(control) = inner.control.get() {
-            control.windows.store(true, Ordering::Relaxed);
+            // The first window moves every route on (`plan::route`).
+            if !control.windows.swap(true, Ordering::Relaxed) {
+                inner.routing.changed();
+            }
         }
         tracing::debug!(
             rank = inner.rank,
@@ -293,6 +297,8 @@ impl Communicator {
             cma_push,
             spread_chunks: AtomicU64::new(0),
         }));
+        // Calls check in from now on (`plan::route`).
+        inner.routing.changed();
         // The arguments are built only where INFO is on.
         tracing::info!(
             rank = inner.rank,
@@ -545,16 +551,17 @@ impl Communicator {
         };
         // `run` timed with `range` forced the direct way (pulled, in
         // halves), then the other, each best kept in the next of `slots`.
-        let both_ways = |range: &super::SizeRange,
+        let both_ways = |range: Range,
                          slots: &mut std::slice::IterMut<'_, f32>,
                          run: &mut dyn FnMut() -> Result<()>|
          -> Result<()> {
             for direct in [true, false] {
-                range.set(if direct {
+                let forced = if direct {
                     (0, usize::MAX)
                 } else {
                     crate::plan::NO_CMA
-                });
+                };
+                inner.routing.set_range(range, forced);
                 let best = best_of_four(Box::new(&mut *run))?;
                 if let Some(slot) = slots.next() {
                     *slot = slot.min(best);
@@ -574,9 +581,7 @@ impl Communicator {
                     times.fill(f32::INFINITY);
                 }
                 let mut slots = times.iter_mut();
-                for (broadcasts, range) in
-                    [(false, &inner.cma_gather), (true, &inner.cma_broadcast)]
-                {
+                for (broadcasts, range) in [(false, Range::Gather), (true, Range::Broadcast)] {
                     for &block in &blocks {
                         let count = block / 4;
                         both_ways(range, &mut slots, &mut || {
@@ -595,7 +600,7 @@ impl Communicator {
                 // Allreduces out of place, in halves and through slots.
                 for &bytes in &reduces {
                     let count = bytes / 4;
-                    both_ways(&inner.cma_allreduce, &mut slots, &mut || {
+                    both_ways(Range::AllReduce, &mut slots, &mut || {
                         out_of_place(CollKind::AllReduce, &input[..count], &mut output[..count])
                     })?;
                 }
@@ -604,7 +609,7 @@ impl Communicator {
                 // run: `plan::cma_alltoall_probes`).
                 for &block in &exchanges {
                     let count = block / 4 * n;
-                    both_ways(&inner.cma_alltoall, &mut slots, &mut || {
+                    both_ways(Range::AllToAll, &mut slots, &mut || {
                         out_of_place(CollKind::AllToAll, &input[..count], &mut output[..count])
                     })?;
                 }
@@ -612,14 +617,14 @@ impl Communicator {
             Ok(())
         })();
         // Whatever happened, no route stays forced.
-        inner.cma_gather.set(crate::plan::CMA_GATHER_DEFAULT);
-        inner.cma_alltoall.set(crate::plan::CMA_GATHER_DEFAULT);
-        inner
-            .cma_broadcast
-            .set(crate::plan::cma_broadcast_default(n));
-        inner
-            .cma_allreduce
-            .set(crate::plan::cma_allreduce_default(n, true));
+        let routing = &inner.routing;
+        routing.set_range(Range::Gather, crate::plan::CMA_GATHER_DEFAULT);
+        routing.set_range(Range::AllToAll, crate::plan::CMA_GATHER_DEFAULT);
+        routing.set_range(Range::Broadcast, crate::plan::cma_broadcast_default(n));
+        routing.set_range(
+            Range::AllReduce,
+            crate::plan::cma_allreduce_default(n, true),
+        );
         result?;
         // The slowest rank's times: every rank decides alike.
         let mut agreed = vec![0f32; times.len()];
@@ -662,15 +667,15 @@ impl Communicator {
         } else {
             crate::plan::cma_range(&exchanged, crate::plan::CMA_GATHER_DEFAULT)
         };
-        inner.cma_gather.set(gather);
-        inner.cma_alltoall.set(exchange);
-        inner.cma_broadcast.set(broadcast);
+        routing.set_range(Range::Gather, gather);
+        routing.set_range(Range::AllToAll, exchange);
+        routing.set_range(Range::Broadcast, broadcast);
         let halves = if reduced.is_empty() {
             crate::plan::cma_allreduce_default(n, push)
         } else {
             crate::plan::cma_allreduce_range(&reduced)
         };
-        inner.cma_allreduce.set(halves);
+        routing.set_range(Range::AllReduce, halves);
         let range = |(from, upto): (usize, usize), what: &str| match (from, upto) {
             crate::plan::NO_CMA => "never (the other route won at every size)".to_string(),
             (from, usize::MAX) => format!("from {what}{from} bytes"),
@@ -773,7 +778,7 @@ impl Communicator {
         };
         // `upto` in force, and no plan made under another.
         let doubling = |upto: usize| {
-            inner.doubling.store(upto, Ordering::Relaxed);
+            inner.routing.set_doubling(upto);
             inner.plans.clear();
         };
         let began = Instant::now();
@@ -826,7 +831,7 @@ impl Communicator {
             0
         });
         result?;
-        let upto = inner.doubling.load(Ordering::Relaxed);
+        let upto = inner.routing.doubling();
         tracing::info!(
             rank = inner.rank,
             "recursive doubling against the ring calibrated on {n} ranks in {:.1} ms (bytes: \
