@@ -43,7 +43,7 @@ pub struct Window<T: Element> {
     /// mappings of the peers' parts: they live as long as this window.
     /// First, so that it drops first: the registry forgets the window
     /// before its own part is unmapped (and its addresses free to reuse).
-    maps: Option<WindowMaps>,
+    entry: Option<Registration>,
     mem: Mem<T>,
     len: usize,
 }
@@ -54,11 +54,11 @@ enum Mem<T> {
 }
 
 impl<T: Element> Window<T> {
-    pub(crate) fn shared(own: Box<dyn SharedRegion>, len: usize, maps: WindowMaps) -> Self {
+    pub(crate) fn shared(own: Box<dyn SharedRegion>, len: usize, entry: Registration) -> Self {
         Window {
             mem: Mem::Shared(own),
             len,
-            maps: Some(maps),
+            entry: Some(entry),
         }
     }
 
@@ -66,7 +66,7 @@ impl<T: Element> Window<T> {
         Window {
             mem: Mem::Private(vec![T::zeroed(); len]),
             len,
-            maps: None,
+            entry: None,
         }
     }
 
@@ -79,7 +79,7 @@ impl<T: Element> Window<T> {
     /// The window's number on its communicator (the same on every rank;
     /// 0 for a private window).
     pub fn id(&self) -> u64 {
-        self.maps.as_ref().map_or(0, |m| m.id)
+        self.entry.as_ref().map_or(0, |m| m.id)
     }
 }
 
@@ -128,13 +128,13 @@ impl<T: Element> std::fmt::Debug for Window<T> {
 /// which holds the mappings of the peers' parts): dropped with the
 /// window, it takes them out of the registry, so that they are unmapped
 /// then and a buffer at its addresses is found in it no more.
-pub(crate) struct WindowMaps {
+pub(crate) struct Registration {
     pub(crate) id: u64,
     /// The registry that holds the window (gone with its communicator).
     pub(crate) registry: Weak<BiasedLock<Windows>>,
 }
 
-impl Drop for WindowMaps {
+impl Drop for Registration {
     fn drop(&mut self) {
         if let Some(registry) = self.registry.upgrade() {
             // Rarely, and maybe on another thread than the calls': the
@@ -304,7 +304,7 @@ impl Windows {
     }
 
     /// Hold window `id`'s peers' parts, this rank's own of `own_bytes`
-    /// bytes at `own_addr`, until its [`WindowMaps`] drops.
+    /// bytes at `own_addr`, until its [`Registration`] drops.
     pub(crate) fn add(&mut self, id: u64, (own_addr, own_bytes): (usize, usize), parts: Parts) {
         self.live.push(Live {
             id,
@@ -347,12 +347,16 @@ pub(crate) const CONTROL_BYTES: usize = crate::exec::SPREAD_AT + crate::exec::SP
 
 #[cfg(test)]
 mod tests {
-    use super::{BiasedLock, WindowMaps, Windows};
+    use super::{BiasedLock, Registration, Windows};
     use std::sync::Arc;
 
-    fn maps(registry: &Arc<BiasedLock<Windows>>, id: u64, own: (usize, usize)) -> WindowMaps {
+    fn registered(
+        registry: &Arc<BiasedLock<Windows>>,
+        id: u64,
+        own: (usize, usize),
+    ) -> Registration {
         registry.lock().add(id, own, Vec::new());
-        WindowMaps {
+        Registration {
             id,
             registry: Arc::downgrade(registry),
         }
@@ -364,8 +368,8 @@ mod tests {
     #[test]
     fn finds_live_windows_by_address_and_number() {
         let registry = Arc::new(BiasedLock::with_bias(Windows::default(), false));
-        let a = maps(&registry, 1, (4096, 8192));
-        let b = maps(&registry, 2, (65536, 4096));
+        let a = registered(&registry, 1, (4096, 8192));
+        let b = registered(&registry, 2, (65536, 4096));
         {
             let mut w = registry.lock();
             assert_eq!(w.find(4096, 8192), Some((1, 0)));
@@ -384,7 +388,7 @@ mod tests {
             assert_eq!(w.parts(1, 1).err(), Some(1));
             assert_eq!(w.parts(2, 1).err(), Some(1));
         }
-        let c = maps(&registry, 3, (4096, 8192));
+        let c = registered(&registry, 3, (4096, 8192));
         {
             let mut w = registry.lock();
             assert_eq!(w.find(4096, 16), Some((3, 0)));

@@ -10,7 +10,7 @@ use crate::coll::{CollCall, CollKind};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec;
-use crate::window::{self, Control, Window, WindowMaps};
+use crate::window::{self, Control, Registration, Window};
 use ferroccl_transport::{SharedMemory, SharedRegion};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -122,7 +122,7 @@ impl Communicator {
             .windows
             .lock_elsewhere()
             .add(id, (own.addr(), bytes), parts);
-        let maps = WindowMaps {
+        let entry = Registration {
             id,
             registry: Arc::downgrade(&inner.windows),
         };
@@ -137,7 +137,7 @@ impl Communicator {
             "alloc_window: window {id} of {bytes} bytes shared by {} ranks",
             inner.size
         );
-        Ok(Window::shared(own, len, maps))
+        Ok(Window::shared(own, len, entry))
     }
     /// Where the ranks can share memory: more than one rank, on one host,
     /// with a provider of shared memory (none where FERROCCL_TRANSPORT=tcp);
