@@ -178,12 +178,18 @@ fn check_in<T: Element>(
     };
     let direct = plan::after_check_in(kind, inputs, outputs, (cma, spread));
     let buffers = (in_len + out_len) * elem * ctx.size;
-    let mode = plan::direct_store(
-        kind,
-        matches!(io, HostIo::OutOfPlace { .. }),
-        buffers,
-        call.nt_store_bytes,
-    );
+    let out_of_place = matches!(io, HostIo::OutOfPlace { .. });
+    let mode = match direct {
+        // Reduced straight between windows: streaming also past the
+        // last-level cache.
+        Direct::AllReduce { .. } | Direct::ReduceScatter { .. } => plan::direct_reduce_store(
+            kind,
+            out_of_place,
+            buffers,
+            (call.nt_store_bytes, crate::topo::last_level_cache_bytes()),
+        ),
+        _ => plan::direct_store(kind, out_of_place, buffers, call.nt_store_bytes),
+    };
     let kernel = direct::Kernel {
         rank: ctx.rank,
         size: ctx.size,

@@ -30,10 +30,11 @@ pub(crate) use crate::call::Memory;
 pub(crate) use host::{
     after_check_in, algorithm, algorithm_why, always_inline, cma_allreduce_default,
     cma_allreduce_probes, cma_allreduce_range, cma_alltoall_probes, cma_broadcast_default,
-    cma_probes, cma_range, confirms, device_unsupported, direct_capable, direct_store,
-    doubling_probe, doubling_until, explain, explain_user, geometry, inline_after_check_in,
-    inline_page_bytes, leaves_early, limit_without_windows, reads_inline, route, slot_store,
-    staged_pull_range, takes_spread, Direct, Facts, Route, CMA_GATHER_DEFAULT, CMA_MIN_BYTES,
-    DOUBLING_PROBE_BYTES, INLINE_MAX_BYTES, NO_CMA, RING_WIN, WIDE_ALLTOALL_INLINE_AREA,
+    cma_probes, cma_range, confirms, device_unsupported, direct_capable, direct_reduce_store,
+    direct_store, doubling_probe, doubling_until, explain, explain_user, geometry,
+    inline_after_check_in, inline_page_bytes, leaves_early, limit_without_windows, reads_inline,
+    route, slot_store, staged_pull_range, takes_spread, Direct, Facts, Route, CMA_GATHER_DEFAULT,
+    CMA_MIN_BYTES, DOUBLING_PROBE_BYTES, INLINE_MAX_BYTES, NO_CMA, RING_WIN,
+    WIDE_ALLTOALL_INLINE_AREA,
 };
 pub use host::{all_reduce_slice, block_slice};
