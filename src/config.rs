@@ -89,9 +89,11 @@ pub struct Config {
     /// never does (FERROCCL_NT_STORE_BYTES). In-place calls never do: their
     /// output lines were just read and are in cache. Calls straight
     /// between windows do once the inputs and outputs of all ranks
-    /// together reach twice this size, and a broadcast between windows,
-    /// in place too (no rank reads what it writes), once the ranks'
-    /// buffers together reach a quarter of it (`plan::direct_store`).
+    /// together reach twice this size, an allreduce or reduce-scatter
+    /// also once they reach the host's last-level cache (as sysfs gives
+    /// it), and a broadcast between windows, in place too (no rank reads
+    /// what it writes), once the ranks' buffers together reach a quarter
+    /// of it (`plan::direct_store`, `plan::direct_reduce_store`).
     pub nt_store_bytes: usize,
     /// Where every rank is on one host and shared memory is allowed, give
     /// the communicator shared control pages at creation, so that every
