@@ -299,6 +299,9 @@ impl Communicator {
         }));
         // Calls check in from now on (`plan::route`).
         inner.routing.changed();
+        // Read here, once, not inside the first call between windows that
+        // asks (`plan::direct_reduce_store`).
+        let _ = crate::topo::last_level_cache_bytes();
         // The arguments are built only where INFO is on.
         tracing::info!(
             rank = inner.rank,
