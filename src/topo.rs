@@ -1,5 +1,6 @@
 //! Who shares a host with whom: a host identity that survives containers
-//! (boot id, hostname and network namespace together).
+//! (boot id, hostname and network namespace together); and the host's
+//! last-level cache, which decides how large calls between windows store.
 
 use ferroccl_transport::HostInfo;
 
