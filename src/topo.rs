@@ -40,44 +40,9 @@ pub(crate) fn last_level_cache_bytes() -> usize {
                     return None;
                 }
                 let level: u32 = read("level").parse().ok()?;
-                Some((level, cache_size_bytes(&read("size"))?))
+                Some((level, ferroccl_transport::size_value(&read("size"))?))
             })
             .max()
             .map_or(0, |(_, bytes)| bytes)
     })
-}
-
-/// A sysfs cache size ("32768K", "1M", "512") in bytes.
-fn cache_size_bytes(text: &str) -> Option<usize> {
-    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((at, _)) => text.split_at(at),
-        None => (text, ""),
-    };
-    let n: usize = digits.parse().ok()?;
-    let scale = match unit {
-        "" => 1,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        _ => return None,
-    };
-    n.checked_mul(scale)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Sizes as sysfs writes them; anything else is not a size.
-    #[test]
-    fn cache_sizes_read_as_sysfs_writes_them() {
-        assert_eq!(cache_size_bytes("32768K"), Some(32 << 20));
-        assert_eq!(cache_size_bytes("1M"), Some(1 << 20));
-        assert_eq!(cache_size_bytes("512"), Some(512));
-        assert_eq!(cache_size_bytes("2G"), Some(2 << 30));
-        assert_eq!(cache_size_bytes(""), None);
-        assert_eq!(cache_size_bytes("K"), None);
-        assert_eq!(cache_size_bytes("12Q"), None);
-        assert_eq!(cache_size_bytes("1 MiB"), None);
-    }
 }

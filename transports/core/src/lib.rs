@@ -63,6 +63,21 @@ pub fn flag_value(value: &str) -> Option<bool> {
     }
 }
 
+/// A size as FERROCCL_ settings and sysfs write it: a number of bytes with
+/// an optional binary suffix (`K`, `M`, `G`, either case), surrounding
+/// blanks ignored; anything else, or one past `usize`, `None`.
+pub fn size_value(value: &str) -> Option<usize> {
+    let v = value.trim();
+    let (digits, shift) = match v.char_indices().last()? {
+        (i, 'k' | 'K') => (&v[..i], 10),
+        (i, 'm' | 'M') => (&v[..i], 20),
+        (i, 'g' | 'G') => (&v[..i], 30),
+        _ => (v, 0),
+    };
+    let n: usize = digits.parse().ok()?;
+    n.checked_mul(1usize.checked_shl(shift)?)
+}
+
 /// Lock `m`, recovering the guard if a holder panicked: what transports
 /// guard (error slots, socket lists, free slots) stays consistent across a
 /// panic, and tearing a connection down must still work then.
@@ -533,5 +548,37 @@ mod deliver_tests {
         let err = deliver_into(4, &header(), &src, refuse, &mut dst).unwrap_err();
         assert!(matches!(err, TransportError::Aborted), "{err:?}");
         assert!(dst.iter().all(|&b| b == 0xA5), "wrote on a refusal");
+    }
+}
+
+#[cfg(test)]
+mod value_tests {
+    use super::size_value;
+
+    /// Sizes with binary suffixes, as settings and sysfs ("32768K") write
+    /// them; anything else is not a size.
+    #[test]
+    fn sizes_parse_with_binary_suffixes_and_refuse_the_rest() {
+        assert_eq!(size_value("0"), Some(0));
+        assert_eq!(size_value("4096"), Some(4096));
+        assert_eq!(size_value("512"), Some(512));
+        assert_eq!(size_value("256K"), Some(256 << 10));
+        assert_eq!(size_value("32768K"), Some(32 << 20));
+        assert_eq!(size_value(" 2m "), Some(2 << 20));
+        assert_eq!(size_value("1M"), Some(1 << 20));
+        assert_eq!(size_value("1G"), Some(1 << 30));
+        assert_eq!(size_value("2G"), Some(2 << 30));
+        for bad in [
+            "",
+            "K",
+            "-1",
+            "1.5M",
+            "12KB",
+            "12Q",
+            "1 MiB",
+            "99999999999999999999",
+        ] {
+            assert_eq!(size_value(bad), None, "{bad}");
+        }
     }
 }

@@ -111,7 +111,7 @@ impl ZeroCopyConfig {
             match lookup(var).filter(|v| !v.trim().is_empty()) {
                 None => Ok(()),
                 Some(v) => {
-                    *into = parse_size(&v).ok_or_else(|| {
+                    *into = ferroccl_transport::size_value(&v).ok_or_else(|| {
                         format!("{var}={v:?} is not a byte count (digits, then K, M or G)")
                     })?;
                     Ok(())
@@ -123,18 +123,6 @@ impl ZeroCopyConfig {
         read(ZCOPY_MIN_VAR, &mut cfg.min_bytes)?;
         Ok(cfg)
     }
-}
-
-fn parse_size(v: &str) -> Option<usize> {
-    let v = v.trim();
-    let (digits, shift) = match v.char_indices().last()? {
-        (i, 'k' | 'K') => (&v[..i], 10),
-        (i, 'm' | 'M') => (&v[..i], 20),
-        (i, 'g' | 'G') => (&v[..i], 30),
-        _ => (v, 0),
-    };
-    let n: usize = digits.parse().ok()?;
-    n.checked_mul(1usize.checked_shl(shift)?)
 }
 
 /// What a lease covers.
@@ -430,18 +418,6 @@ impl RegCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_with_binary_suffixes_and_refuse_the_rest() {
-        assert_eq!(parse_size("0"), Some(0));
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("256K"), Some(256 << 10));
-        assert_eq!(parse_size(" 2m "), Some(2 << 20));
-        assert_eq!(parse_size("1G"), Some(1 << 30));
-        for bad in ["", "K", "-1", "1.5M", "12KB", "99999999999999999999"] {
-            assert_eq!(parse_size(bad), None, "{bad}");
-        }
-    }
 
     #[test]
     fn settings_come_from_the_environment_or_name_the_bad_one() {
