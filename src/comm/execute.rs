@@ -374,6 +374,7 @@ impl Inner {
             shared_cores: self.routing.shared_cores(),
             spread: self.config.spread,
             doubling: self.routing.doubling(),
+            llc_bytes: crate::topo::last_level_cache_bytes(),
         }
     }
 

@@ -347,8 +347,8 @@ pub(crate) const CMA_ALLTOALL_PROBE_BLOCKS: [usize; 2] = [512 << 10, 1 << 20];
 /// The blocks at which a calibration on `facts.size` ranks times the
 /// all-to-all itself: those of [`CMA_ALLTOALL_PROBE_BLOCKS`] whose
 /// buffers fit in 32 MiB and that the pull may take at all (not where the
-/// staging areas stream the output, [`takes_cma`]: on 8 ranks neither
-/// probe), where allgathers of pulled sizes go through the
+/// staging areas stream the output, [`takes_cma`], whatever the
+/// last-level cache: on 8 ranks neither probe), where allgathers of pulled sizes go through the
 /// staging areas (4 to 8 ranks, [`takes_spread`]); none elsewhere, where
 /// the all-to-all keeps the allgathers' range (on 2 and 3 ranks both
 /// weigh the pull against slots).
@@ -384,8 +384,12 @@ pub(crate) const CMA_ALLTOALL_PROBE_BLOCKS: [usize; 2] = [512 << 10, 1 << 20];
 /// The buffers are the larger probe's (4 MiB on 4 ranks), as before.
 pub(crate) fn cma_alltoall_probes(facts: &Facts) -> Vec<usize> {
     let n = facts.size.max(1);
+    // Where the staging areas stream, not probed whatever the cache (as
+    // if it were unknown): on 8 ranks of the 2-core Intel VM the two
+    // probes took the start-up from 0.53-0.62 to 0.85-1.01 s.
     let probing = Facts {
         cma_alltoall: (0, usize::MAX),
+        llc_bytes: 0,
         ..*facts
     };
     CMA_ALLTOALL_PROBE_BLOCKS
@@ -594,6 +598,11 @@ pub(crate) struct Facts {
     /// the model would run the ring: what the control pages' calibration
     /// measured ([`doubling_until`]); 0 before it, or without it.
     pub(crate) doubling: usize,
+    /// The host's last-level cache in bytes (`topo::last_level_cache_bytes`;
+    /// 0 where unknown): the staging areas' streaming stores take an
+    /// all-to-all from the pull only where all ranks' buffers pass it
+    /// ([`takes_cma`]).
+    pub(crate) llc_bytes: usize,
 }
 
 /// How a call starts, decided from the call alone.
@@ -901,10 +910,15 @@ pub(crate) fn device_unsupported(kind: CollKind, memory: Memory) -> Error {
 /// ranks of the AMD EPYC VM all-to-alls of 4-16 MiB pulled took 1.3-1.8x
 /// less time than through slots). One the staging areas take and write
 /// with streaming stores ([`direct_store`]: all ranks' buffers together
-/// at twice `nt_store_bytes`) never pulls, whatever the probes (at
-/// smaller blocks, where nothing streams) said: on 4 ranks of that VM at
-/// 8 MiB, five turns, staged 2,090-2,192 µs against 3,191-3,646 pulled,
-/// by the start-ups' own choice.
+/// at twice `nt_store_bytes`) past the last-level cache (`facts.llc_bytes`,
+/// or where it is unknown) never pulls, whatever the probes (at smaller
+/// blocks, where nothing streams) said: on 4 ranks of that VM (a 32 MiB
+/// L3) at 8 MiB, five turns, staged 2,090-2,192 µs against 3,191-3,646
+/// pulled, by the start-ups' own choice. Where the cache holds those
+/// buffers the pull's copy stays in it and the probes' range holds: on 4
+/// ranks of the Intel VM (a 260 MiB L3) at 8 MiB the pull took 1.42x less
+/// time than the staging areas in four turns (docs/performance-log.md,
+/// "The Intel VM's table after the week on the AMD VM").
 fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> bool {
     let (size, nt_store_bytes) = (facts.size, facts.nt_store_bytes);
     let (block, out_bytes) = match kind {
@@ -919,11 +933,11 @@ fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> 
         CollKind::AllGather if takes_spread(kind, in_bytes, facts) => {
             staged_pull_range(facts.cma_gather)
         }
-        // Where the staging areas stream the output, they take it.
+        // Where the staging areas stream the output past the last-level
+        // cache, they take it.
         CollKind::AllToAll
             if takes_spread(kind, in_bytes, facts)
-                && direct_store(kind, !in_place, 2 * in_bytes * size, nt_store_bytes)
-                    == Store::Streaming =>
+                && staging_streams_past_cache(2 * in_bytes * size, in_place, facts) =>
         {
             NO_CMA
         }
@@ -941,6 +955,22 @@ fn takes_cma(kind: CollKind, in_bytes: usize, in_place: bool, facts: &Facts) -> 
     };
     (from..=upto).contains(&block)
         && slot_store(!in_place, out_bytes, nt_store_bytes) == Store::Cached
+}
+
+/// Whether an all-to-all through the staging areas whose ranks' buffers
+/// come to `buffer_bytes` writes them with streaming stores
+/// ([`direct_store`]) and they pass the host's last-level cache
+/// (`facts.llc_bytes`; where it is unknown, the streaming alone, the rule
+/// before 2026-12-07): only there do the staging areas' streaming stores
+/// beat the pull, whose copy writes with ordinary stores.
+fn staging_streams_past_cache(buffer_bytes: usize, in_place: bool, facts: &Facts) -> bool {
+    direct_store(
+        CollKind::AllToAll,
+        !in_place,
+        buffer_bytes,
+        facts.nt_store_bytes,
+    ) == Store::Streaming
+        && buffer_bytes >= facts.llc_bytes
 }
 
 /// How a checked-in call runs, decided from every rank's announcement.
@@ -1591,6 +1621,8 @@ mod tests {
             // The staging area's route has a test of its own.
             spread: false,
             doubling: 0,
+            // Unknown: the rules that read it keep their rule without it.
+            llc_bytes: 0,
         }
     }
 
@@ -1805,7 +1837,8 @@ mod tests {
     fn all_to_alls_have_their_own_range_where_allgathers_are_staged() {
         // On 8 ranks the staging areas stream both probes' outputs (4 and
         // 8 MiB a rank: the buffers of all ranks at 64 and 128 MiB), which
-        // the pull never takes: no probe there.
+        // the pull never takes past the last-level cache: no probe there,
+        // whatever the cache (a probe's cost on 8 ranks).
         for (size, spread, probed) in [
             (2, true, false),
             (3, true, false),
@@ -1820,6 +1853,16 @@ mod tests {
                 spread,
                 ..facts()
             };
+            // A cache that holds those buffers adds no probe.
+            let roomy = Facts {
+                llc_bytes: 256 << 20,
+                ..f
+            };
+            assert_eq!(
+                cma_alltoall_probes(&roomy),
+                cma_alltoall_probes(&f),
+                "{size} ranks, a 256 MiB cache"
+            );
             let want = if probed {
                 CMA_ALLTOALL_PROBE_BLOCKS.to_vec()
             } else {
@@ -1927,6 +1970,21 @@ mod tests {
             r(CollKind::AllToAll, SPREAD_ALLTOALL_MAX_BYTES / 4, &streams),
             pulled
         );
+        // Not where all ranks' buffers fit in the last-level cache: there
+        // the pull's range holds (4 MiB on 4 ranks: 32 MiB of buffers).
+        let half = SPREAD_ALLTOALL_MAX_BYTES / 2;
+        let cached = |llc_bytes| Facts {
+            llc_bytes,
+            ..streams
+        };
+        assert_eq!(r(CollKind::AllToAll, half, &cached(32 << 20)), staged);
+        assert_eq!(r(CollKind::AllToAll, half, &cached((32 << 20) + 1)), pulled);
+        // Outside the pull's range the staging areas take it all the same.
+        let unmeasured = Facts {
+            cma_alltoall: NO_CMA,
+            ..cached(usize::MAX)
+        };
+        assert_eq!(r(CollKind::AllToAll, half, &unmeasured), staged);
         let no_spread = Facts {
             spread: false,
             ..big
