@@ -342,16 +342,28 @@ pub(crate) fn cma_probes(facts: &Facts) -> Vec<usize> {
 /// The blocks (bytes a rank) at which the calibration times an all-to-all
 /// both pulled and through the staging areas where those take allgathers
 /// and all-to-alls ([`cma_alltoall_probes`]), in ascending order.
-pub(crate) const CMA_ALLTOALL_PROBE_BLOCKS: [usize; 2] = [512 << 10, 1 << 20];
+pub(crate) const CMA_ALLTOALL_PROBE_BLOCKS: [usize; 3] = [128 << 10, 512 << 10, 1 << 20];
 
 /// The blocks at which a calibration on `facts.size` ranks times the
 /// all-to-all itself: those of [`CMA_ALLTOALL_PROBE_BLOCKS`] whose
 /// buffers fit in 32 MiB and that the pull may take at all (not where the
 /// staging areas stream the output, [`takes_cma`], whatever the
-/// last-level cache: on 8 ranks neither probe), where allgathers of pulled sizes go through the
-/// staging areas (4 to 8 ranks, [`takes_spread`]); none elsewhere, where
-/// the all-to-all keeps the allgathers' range (on 2 and 3 ranks both
-/// weigh the pull against slots).
+/// last-level cache: on 8 ranks the smallest alone), where allgathers of
+/// pulled sizes go through the staging areas (4 to 8 ranks,
+/// [`takes_spread`]); none elsewhere, where the all-to-all keeps the
+/// allgathers' range (on 2 and 3 ranks both weigh the pull against slots).
+///
+/// The 128 KiB probe since 2026-12-07: on the Intel VM of model 207 the
+/// pull beat the staging areas from the smallest blocks it takes (4
+/// ranks, against `FERROCCL_CALIBRATE=0`, which pulls from
+/// [`CMA_MIN_BYTES`]: 1.83x at 64 KiB blocks, 1.50x at 128 KiB, 1.28x at
+/// 256 KiB; 8 ranks 1.30-1.47x from 64 KiB to 512 KiB blocks), while the
+/// two larger probes opened the range at 512 KiB: a 512 KiB all-to-all on
+/// 4 ranks ran at 0.54x Open MPI. With it, 1.71x there and 1.29x at 1
+/// MiB; 8 ranks 1.38-1.47x from 1 to 4 MiB; the start-up level (4 ranks
+/// 210-233 against 229-233 ms, 8 ranks 544-648 against 571-685)
+/// (docs/performance-log.md, "The Intel VM's table after the week on the
+/// AMD VM").
 ///
 /// Since 2026-12-06 the all-to-all's probes weigh the pull against the
 /// staging areas, which take all-to-alls up to
@@ -386,7 +398,7 @@ pub(crate) fn cma_alltoall_probes(facts: &Facts) -> Vec<usize> {
     let n = facts.size.max(1);
     // Where the staging areas stream, not probed whatever the cache (as
     // if it were unknown): on 8 ranks of the 2-core Intel VM the two
-    // probes took the start-up from 0.53-0.62 to 0.85-1.01 s.
+    // larger probes took the start-up from 0.53-0.62 to 0.85-1.01 s.
     let probing = Facts {
         cma_alltoall: (0, usize::MAX),
         llc_bytes: 0,
@@ -1835,17 +1847,20 @@ mod tests {
     /// and the all-to-all follows its own range, not the allgathers'.
     #[test]
     fn all_to_alls_have_their_own_range_where_allgathers_are_staged() {
-        // On 8 ranks the staging areas stream both probes' outputs (4 and
-        // 8 MiB a rank: the buffers of all ranks at 64 and 128 MiB), which
-        // the pull never takes past the last-level cache: no probe there,
-        // whatever the cache (a probe's cost on 8 ranks).
-        for (size, spread, probed) in [
-            (2, true, false),
-            (3, true, false),
-            (4, true, true),
-            (8, true, false),
-            (4, false, false),
-            (9, true, false),
+        // On 8 ranks the staging areas stream the two larger probes'
+        // outputs (4 and 8 MiB a rank: the buffers of all ranks at 64 and
+        // 128 MiB), which the pull never takes past the last-level cache:
+        // only the smallest is probed there, whatever the cache (a probe's
+        // cost on 8 ranks).
+        let all = CMA_ALLTOALL_PROBE_BLOCKS.to_vec();
+        let smallest = vec![CMA_ALLTOALL_PROBE_BLOCKS[0]];
+        for (size, spread, want) in [
+            (2, true, vec![]),
+            (3, true, vec![]),
+            (4, true, all),
+            (8, true, smallest),
+            (4, false, vec![]),
+            (9, true, vec![]),
         ] {
             let f = Facts {
                 size,
@@ -1863,32 +1878,49 @@ mod tests {
                 cma_alltoall_probes(&f),
                 "{size} ranks, a 256 MiB cache"
             );
-            let want = if probed {
-                CMA_ALLTOALL_PROBE_BLOCKS.to_vec()
-            } else {
-                Vec::new()
-            };
             assert_eq!(
                 cma_alltoall_probes(&f),
                 want,
                 "{size} ranks, spread {spread}"
             );
         }
-        // The range opens at the smaller block where the pull wins or
-        // ties there, else at the larger, as with one probe.
-        let [small, large] = CMA_ALLTOALL_PROBE_BLOCKS;
+        // The range opens at the smallest block where the pull wins or
+        // ties and wins on from there, else at the next, as with one probe.
+        let [least, small, large] = CMA_ALLTOALL_PROBE_BLOCKS;
+        let won_small = (small, 330.0, 470.0);
         let won_large = (large, 700.0, 1200.0);
+        for (at_least, want) in [
+            ((least, 80.0, 150.0), (least, usize::MAX)),
+            ((least, 102.0, 100.0), (least, usize::MAX)),
+            ((least, 130.0, 100.0), (small, usize::MAX)),
+        ] {
+            assert_eq!(
+                cma_range(&[at_least, won_small, won_large], CMA_GATHER_DEFAULT),
+                want,
+                "{at_least:?}"
+            );
+        }
         for (at_small, want) in [
             ((small, 330.0, 470.0), (small, usize::MAX)),
             ((small, 410.0, 400.0), (small, usize::MAX)),
             ((small, 500.0, 400.0), (large, usize::MAX)),
         ] {
+            let lost_least = (least, 130.0, 100.0);
             assert_eq!(
-                cma_range(&[at_small, won_large], CMA_GATHER_DEFAULT),
+                cma_range(&[lost_least, at_small, won_large], CMA_GATHER_DEFAULT),
                 want,
                 "{at_small:?}"
             );
         }
+        // A win at the smallest alone (the staging areas ahead at 512 KiB)
+        // pulls those blocks only.
+        assert_eq!(
+            cma_range(
+                &[(least, 80.0, 150.0), (small, 500.0, 400.0), won_large],
+                CMA_GATHER_DEFAULT
+            ),
+            (least, least)
+        );
         // Buffers that the slots would write with streaming stores are
         // not probed (the pull never takes them).
         let f = Facts {
